@@ -1,0 +1,124 @@
+"""Every error duragent raises, grouped by who must act on it.
+
+- `UsageError`: the caller asked for something that cannot be done.
+- `StoreError`: the store refused or could not do a write or read.
+- `ModelError`: a model provider failed.
+Lower libraries' exceptions (sqlite3, psycopg, SDKs) are translated into
+these at the boundary and never escape raw.
+"""
+
+from __future__ import annotations
+
+
+class DuragentError(Exception):
+    """Base of every duragent error."""
+
+
+# --- the caller's mistakes --------------------------------------------------
+
+
+class UsageError(DuragentError):
+    """The call cannot be done as asked; the message says what to do instead."""
+
+
+class InvalidTransition(UsageError):
+    def __init__(self, old: str, new: str, detail: str | None = None) -> None:
+        self.old = old
+        self.new = new
+        msg = f"a task cannot go from {old!r} to {new!r}"
+        super().__init__(f"{msg}: {detail}" if detail else msg)
+
+
+class TaskNotFound(UsageError):
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+        super().__init__(f"no task with id {task_id!r}")
+
+
+class UnknownAgent(UsageError):
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        super().__init__(
+            f"no agent named {name!r}; known agents: {', '.join(sorted(known)) or '(none)'}"
+        )
+
+
+class MissingExtra(UsageError):
+    def __init__(self, what: str, extra: str) -> None:
+        super().__init__(f"{what} needs an optional extra: pip install 'duragent[{extra}]'")
+
+
+class MissingCredential(UsageError):
+    def __init__(self, provider: str, env_var: str) -> None:
+        self.env_var = env_var
+        super().__init__(
+            f"{provider} needs an API key: set the {env_var} environment variable "
+            "or pass api_key= to the model"
+        )
+
+
+# --- the store --------------------------------------------------------------
+
+
+class StoreError(DuragentError):
+    """The store could not do what was asked."""
+
+
+class StaleLease(StoreError):
+    """The writer's lease epoch is no longer current: another owner took over."""
+
+    def __init__(self, task_id: str, epoch: int, current: int) -> None:
+        self.task_id = task_id
+        self.epoch = epoch
+        self.current = current
+        super().__init__(
+            f"task {task_id!r}: commit carries lease epoch {epoch} but the current epoch is "
+            f"{current}; another worker owns this task now, nothing was written"
+        )
+
+
+class Conflict(StoreError):
+    """A conditional write found the row in another state than expected."""
+
+
+class StoreVersionError(StoreError):
+    def __init__(self, where: str, found: int, supported: int) -> None:
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            f"{where} has schema version {found}, but this duragent supports up to version "
+            f"{supported}; upgrade duragent to open it (nothing was changed)"
+        )
+
+
+class StoreLocked(StoreError):
+    """A single-owner store is already open in another process."""
+
+
+class StoreCorrupt(StoreError):
+    """The store's files hold data that cannot be read back."""
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be reached (connection lost, server down)."""
+
+
+# --- models -----------------------------------------------------------------
+
+
+class ModelError(DuragentError):
+    """A model provider failed."""
+
+    retryable: bool = False
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+class RetryableModelError(ModelError):
+    retryable = True
+
+
+class MalformedModelOutput(ModelError):
+    """The model produced output that cannot be parsed (e.g. truncated tool arguments)."""

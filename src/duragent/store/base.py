@@ -1,0 +1,383 @@
+"""The Store protocol, the Commit it applies, and the rules every backend shares.
+
+A backend decides how bytes reach disk; the rules of what a commit means
+(fencing, status transitions, seq assignment, the model's view) live here so
+that every backend applies them identically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol, runtime_checkable
+
+from duragent.errors import Conflict, StaleLease
+from duragent.types import (
+    API_KINDS,
+    API_MESSAGES,
+    PATCHABLE,
+    UI_MESSAGE,
+    ApiMessage,
+    Document,
+    Entry,
+    EntryKind,
+    NewEntry,
+    Task,
+    TaskStatus,
+    UiMessage,
+    check_transition,
+    utcnow,
+)
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(slots=True)
+class TaskPatch:
+    """Change fields of an existing task row, optionally only if it is in an expected state."""
+
+    task_id: str
+    set: dict[str, Any]
+    expect_status: Sequence[TaskStatus] | None = None
+    expect_version: int | None = None
+
+
+@dataclass(slots=True)
+class DocumentWrite:
+    scope: str
+    key: str
+    value: Any = None
+    expect_version: int | None = None  # 0 = must not exist yet
+    delete: bool = False
+
+
+@dataclass(slots=True)
+class Commit:
+    """One atomic write: everything in it is applied, or nothing is.
+
+    `fence` maps each task the writer owns to the lease epoch it holds; if any
+    epoch is stale the whole commit is refused with StaleLease.
+    """
+
+    entries: list[NewEntry] = field(default_factory=list)
+    patches: list[TaskPatch] = field(default_factory=list)
+    documents: list[DocumentWrite] = field(default_factory=list)
+    new_tasks: list[Task] = field(default_factory=list)
+    fence: dict[str, int] = field(default_factory=dict)
+
+    def is_empty(self) -> bool:
+        return not (self.entries or self.patches or self.documents or self.new_tasks)
+
+
+@dataclass(slots=True)
+class CommitResult:
+    entries: list[Entry]
+    tasks: dict[str, Task]  # every task row the commit touched, as now stored
+    documents: list[Document]
+
+
+@dataclass(slots=True)
+class TaskQuery:
+    owner: str | None = None
+    status: TaskStatus | Sequence[TaskStatus] | None = None
+    session_id: str | None = None
+    parent_id: str | None = None
+    root_id: str | None = None
+    agent: str | None = None
+    limit: int = 50
+    cursor: str | None = None  # opaque; from TaskPage.next_cursor
+
+    def statuses(self) -> list[str] | None:
+        if self.status is None:
+            return None
+        if isinstance(self.status, TaskStatus | str):
+            return [TaskStatus(self.status).value]
+        return [TaskStatus(s).value for s in self.status]
+
+
+@dataclass(slots=True)
+class TaskPage:
+    tasks: list[Task]
+    next_cursor: str | None
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Everything duragent persists goes through one of these."""
+
+    url: str
+
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+
+    async def commit(self, commit: Commit) -> CommitResult: ...
+    async def create_task(
+        self, task: Task, entries: Sequence[NewEntry] = ()
+    ) -> tuple[Task, bool]: ...
+
+    async def get_task(self, task_id: str) -> Task: ...
+    async def list_tasks(self, query: TaskQuery | None = None) -> TaskPage: ...
+    async def entries(
+        self,
+        task_id: str,
+        *,
+        after_seq: int = 0,
+        kinds: Iterable[EntryKind] | None = None,
+        limit: int | None = None,
+    ) -> list[Entry]: ...
+    async def model_view(self, task_id: str) -> list[ApiMessage]: ...
+    async def ui_messages(self, task_id: str) -> list[UiMessage]: ...
+    async def get_document(self, scope: str, key: str) -> Document | None: ...
+    async def list_documents(self, scope: str) -> list[Document]: ...
+
+    async def claim_task(
+        self,
+        worker_id: str,
+        *,
+        agents: Iterable[str] | None = None,
+        ttl: float = 30.0,
+        task_id: str | None = None,
+    ) -> Task | None: ...
+    async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task: ...
+    async def release_lease(self, task_id: str, epoch: int) -> None: ...
+    async def next_wake_at(self, agents: Iterable[str] | None = None) -> datetime | None: ...
+
+    async def delete_task(self, task_id: str) -> None: ...
+    async def wait_for_change(self, timeout: float) -> None: ...
+
+
+# --- rules every backend applies --------------------------------------------
+
+
+def check_fence(task: Task, epoch: int) -> None:
+    if task.lease.epoch != epoch:
+        raise StaleLease(task.id, epoch, task.lease.epoch)
+
+
+def apply_patch(task: Task, patch: TaskPatch, now: datetime) -> tuple[Task, NewEntry | None]:
+    """Return the patched task and, when the status changed, the status entry to log."""
+    if patch.expect_status is not None and task.status not in patch.expect_status:
+        raise Conflict(
+            f"task {task.id!r} is {task.status.value}, expected "
+            + " or ".join(TaskStatus(s).value for s in patch.expect_status)
+        )
+    if patch.expect_version is not None and task.version != patch.expect_version:
+        raise Conflict(
+            f"task {task.id!r} is at version {task.version}, expected {patch.expect_version}"
+        )
+    unknown = set(patch.set) - PATCHABLE
+    if unknown:
+        raise ValueError(f"these task fields cannot be patched: {sorted(unknown)}")
+    changes = dict(patch.set)
+    status_entry = None
+    if "status" in changes:
+        new_status = TaskStatus(changes["status"])
+        reason = changes.get("status_reason")
+        if new_status != task.status or reason != task.status_reason:
+            check_transition(task.status, new_status, reason)
+            status_entry = status_change_entry(task, new_status, reason, changes.get("error"))
+            changes.setdefault("status_reason", None)
+            if new_status is TaskStatus.PAUSED:
+                changes.setdefault("paused_at", now)
+            if new_status.terminal:
+                changes.setdefault("completed_at", now)
+                changes.setdefault("control", None)
+    changes["updated_at"] = now
+    changes["version"] = task.version + 1
+    patched = task.model_copy()
+    for name, value in changes.items():
+        # Validate each value as its field's type, so a patch of "waiting" or a
+        # usage dict is stored as TaskStatus / Usage, exactly like a fresh task.
+        Task.__pydantic_validator__.validate_assignment(patched, name, value)
+    return patched, status_entry
+
+
+def status_change_entry(
+    task: Task, new: TaskStatus, reason: str | None, error: str | None = None, **extra: Any
+) -> NewEntry:
+    payload: dict[str, Any] = {"from": task.status.value, "to": new.value, **extra}
+    if reason is not None:
+        payload["reason"] = reason
+    if error is not None:
+        payload["error"] = error
+    return NewEntry(task_id=task.id, kind=EntryKind.STATUS, payload=payload)
+
+
+def claimable(task: Task, now: datetime) -> bool:
+    """Runnable = pending, running with an expired lease, or a due timer."""
+    if task.status is TaskStatus.PENDING:
+        return True
+    if task.status is TaskStatus.RUNNING:
+        return task.lease.expires_at is None or task.lease.expires_at <= now
+    return (
+        task.status is TaskStatus.WAITING
+        and task.status_reason == "timer"
+        and task.wake_at is not None
+        and task.wake_at <= now
+    )
+
+
+def claim(task: Task, worker_id: str, ttl: float, now: datetime) -> tuple[Task, NewEntry]:
+    """The task as a new owner holds it, and the status entry recording the claim."""
+    takeover = task.status is TaskStatus.RUNNING
+    restarts = task.restarts + (1 if takeover else 0)
+    lease = task.lease.model_copy(
+        update={
+            "owner": worker_id,
+            "expires_at": now + timedelta(seconds=ttl),
+            "epoch": task.lease.epoch + 1,
+        }
+    )
+    entry = status_change_entry(
+        task,
+        TaskStatus.RUNNING,
+        None,
+        worker=worker_id,
+        epoch=lease.epoch,
+        takeover=takeover,
+    )
+    claimed = task.model_copy(
+        update={
+            "status": TaskStatus.RUNNING,
+            "status_reason": None,
+            "wake_at": None,
+            "restarts": restarts,
+            "lease": lease,
+            "updated_at": now,
+            "version": task.version + 1,
+        }
+    )
+    return claimed, entry
+
+
+def renewed(task: Task, worker_id: str, epoch: int, ttl: float, now: datetime) -> Task:
+    check_fence(task, epoch)
+    if task.lease.owner != worker_id:
+        raise StaleLease(task.id, epoch, task.lease.epoch)
+    lease = task.lease.model_copy(update={"expires_at": now + timedelta(seconds=ttl)})
+    return task.model_copy(update={"lease": lease})
+
+
+def released(task: Task, epoch: int, now: datetime) -> tuple[Task, NewEntry | None]:
+    """Drop the lease; a task still `running` goes back to `pending` for the next worker."""
+    check_fence(task, epoch)
+    update: dict[str, Any] = {"lease": task.lease.model_copy(update={"owner": None})}
+    entry = None
+    if task.status is TaskStatus.RUNNING:
+        entry = status_change_entry(task, TaskStatus.PENDING, None, released=True)
+        update.update(status=TaskStatus.PENDING, updated_at=now, version=task.version + 1)
+    return task.model_copy(update=update), entry
+
+
+def check_new_child(task: Task) -> None:
+    if task.status is not TaskStatus.PENDING:
+        raise ValueError(f"new task {task.id!r} must start pending, not {task.status.value}")
+
+
+# --- the model's view: one place decides what the model sees -----------------
+
+
+def build_model_view(rows: Iterable[tuple[int, str, str]]) -> list[ApiMessage]:
+    """API messages in seq order, skipping every range voided by a rollback marker.
+
+    `rows` are (seq, kind, payload JSON text) for API kinds and rollback markers.
+    Payload texts are joined and validated in one call: a 10,000-message history
+    parses in milliseconds.
+    """
+    rows = list(rows)
+    voided: list[tuple[int, int]] = []
+    for _seq, kind, payload in rows:
+        if kind == EntryKind.ROLLBACK:
+            marker = json.loads(payload)
+            if marker.get("scope", "api") == "api":
+                voided.append((marker["from_seq"], marker["to_seq"]))
+    parts = []
+    for seq, kind, payload in rows:
+        if kind == EntryKind.ROLLBACK:
+            continue
+        if voided and any(lo <= seq <= hi for lo, hi in voided):
+            continue
+        # A tool_result payload is the tool message plus an `outcome` field the
+        # message model ignores, so every payload text parses as a message.
+        parts.append(payload)
+    return API_MESSAGES.validate_json("[" + ",".join(parts) + "]")
+
+
+def build_ui_view(rows: Iterable[tuple[int, str]]) -> list[UiMessage]:
+    """UI messages in seq order; only a `scope: "ui"` rollback (seed-000 delete) hides them."""
+    rows = list(rows)
+    hidden: list[tuple[int, int]] = []
+    out: list[tuple[int, str]] = []
+    for seq, payload in rows:
+        data = json.loads(payload)
+        if data.get("scope") == "ui" and "from_seq" in data:
+            hidden.append((data["from_seq"], data["to_seq"]))
+        else:
+            out.append((seq, payload))
+    return [
+        UI_MESSAGE.validate_json(p) for s, p in out if not any(lo <= s <= hi for lo, hi in hidden)
+    ]
+
+
+VIEW_KINDS = tuple(k.value for k in (*API_KINDS, EntryKind.ROLLBACK))
+
+
+def to_ts(dt: datetime | None) -> float | None:
+    return None if dt is None else dt.timestamp()
+
+
+def from_ts(ts: float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC)
+
+
+def ts_to_dt(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, UTC)
+
+
+def encode_cursor(task: Task) -> str:
+    return f"{task.created_at.timestamp():.6f}|{task.id}"
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        ts, task_id = cursor.split("|", 1)
+        return float(ts), task_id
+    except ValueError as exc:
+        raise ValueError(f"invalid cursor {cursor!r}") from exc
+
+
+class ChangeSignal:
+    """Wakes local waiters after each commit; cross-process backends add polling."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, timeout: float) -> None:
+        event = self._event
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout)
+
+
+async def iter_entries(
+    store: Store, task_id: str, *, after_seq: int = 0, page: int = 500
+) -> AsyncIterator[Entry]:
+    """Stream a task's entries in pages so a huge log never sits in memory at once."""
+    while True:
+        batch = await store.entries(task_id, after_seq=after_seq, limit=page)
+        for entry in batch:
+            yield entry
+        if len(batch) < page:
+            return
+        after_seq = batch[-1].seq
+
+
+def now_utc() -> datetime:
+    return utcnow()

@@ -1,0 +1,280 @@
+"""The in-memory store: dicts in one process, nothing survives it. For tests and examples."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from duragent.errors import TaskNotFound
+from duragent.store.base import (
+    VIEW_KINDS,
+    ChangeSignal,
+    Commit,
+    CommitResult,
+    TaskPage,
+    TaskQuery,
+    build_model_view,
+    build_ui_view,
+    claimable,
+    decode_cursor,
+    encode_cursor,
+)
+from duragent.store.tx import apply_claim, apply_commit, apply_create, apply_release, apply_renew
+from duragent.types import (
+    ApiMessage,
+    Document,
+    Entry,
+    EntryKind,
+    NewEntry,
+    Task,
+    TaskStatus,
+    UiMessage,
+    utcnow,
+)
+
+_T = TypeVar("_T")
+
+
+class _MemoryTx:
+    """Reads see this transaction's own writes; nothing reaches the store until `install`."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+        self.tasks: dict[str, str] = {}
+        self.entries: list[Entry] = []
+        self.docs: dict[tuple[str, str], str | None] = {}
+
+    def load_task(self, task_id: str) -> Task | None:
+        raw = self.tasks.get(task_id) or self.store._tasks.get(task_id)
+        return None if raw is None else Task.model_validate_json(raw)
+
+    def find_by_request(self, owner: str | None, request_id: str) -> Task | None:
+        task_id = self.store._requests.get((owner, request_id))
+        return None if task_id is None else self.load_task(task_id)
+
+    def insert_task(self, task: Task) -> None:
+        self.tasks[task.id] = task.model_dump_json()
+
+    update_task = insert_task
+
+    def append(self, entries: list[Entry]) -> None:
+        self.entries.extend(entries)
+
+    def load_document(self, scope: str, key: str) -> Document | None:
+        if (scope, key) in self.docs:
+            raw = self.docs[(scope, key)]
+        else:
+            raw = self.store._docs.get((scope, key))
+        return None if raw is None else Document.model_validate_json(raw)
+
+    def put_document(self, doc: Document) -> None:
+        self.docs[(doc.scope, doc.key)] = doc.model_dump_json()
+
+    def delete_document(self, scope: str, key: str) -> None:
+        self.docs[(scope, key)] = None
+
+    def find_claimable(
+        self, now: datetime, agents: Sequence[str] | None, task_id: str | None
+    ) -> Task | None:
+        ids = [task_id] if task_id else list(self.store._tasks)
+        for tid in ids:
+            task = self.load_task(tid)
+            if task is None or (agents is not None and task.agent not in agents):
+                continue
+            if claimable(task, now):
+                return task
+        return None
+
+    def install(self) -> None:
+        s = self.store
+        for task_id, raw in self.tasks.items():
+            s._tasks[task_id] = raw
+            task = Task.model_validate_json(raw)
+            if task.request_id is not None:
+                s._requests.setdefault((task.owner, task.request_id), task_id)
+        for e in self.entries:
+            s._entries.setdefault(e.task_id, []).append(
+                (e.seq, e.kind.value, e.round, json.dumps(e.payload), e.created_at)
+            )
+        for k, raw_doc in self.docs.items():
+            if raw_doc is None:
+                s._docs.pop(k, None)
+            else:
+                s._docs[k] = raw_doc
+
+
+class MemoryStore:
+    """Holds everything as JSON text, so what comes back is a fresh copy, as from disk."""
+
+    def __init__(self, url: str = "memory://") -> None:
+        self.url = url
+        self._tasks: dict[str, str] = {}
+        self._requests: dict[tuple[str | None, str], str] = {}
+        self._entries: dict[str, list[tuple[int, str, int, str, datetime]]] = {}
+        self._docs: dict[tuple[str, str], str] = {}
+        self._signal = ChangeSignal()
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def __aenter__(self) -> MemoryStore:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
+        tx = _MemoryTx(self)
+        result = fn(tx, *args, utcnow())
+        tx.install()
+        if tx.entries or tx.tasks or tx.docs:
+            self._signal.notify()
+        return result
+
+    async def commit(self, commit: Commit) -> CommitResult:
+        return self._run(apply_commit, commit)
+
+    async def create_task(self, task: Task, entries: Sequence[NewEntry] = ()) -> tuple[Task, bool]:
+        return self._run(apply_create, task, entries)
+
+    async def claim_task(
+        self,
+        worker_id: str,
+        *,
+        agents: Iterable[str] | None = None,
+        ttl: float = 30.0,
+        task_id: str | None = None,
+    ) -> Task | None:
+        names = None if agents is None else list(agents)
+        return self._run(apply_claim, worker_id, names, ttl, task_id)
+
+    async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task:
+        return self._run(apply_renew, task_id, worker_id, epoch, ttl)
+
+    async def release_lease(self, task_id: str, epoch: int) -> None:
+        self._run(apply_release, task_id, epoch)
+
+    async def get_task(self, task_id: str) -> Task:
+        raw = self._tasks.get(task_id)
+        if raw is None:
+            raise TaskNotFound(task_id)
+        return Task.model_validate_json(raw)
+
+    async def list_tasks(self, query: TaskQuery | None = None) -> TaskPage:
+        q = query or TaskQuery()
+        statuses = q.statuses()
+        tasks = [Task.model_validate_json(raw) for raw in self._tasks.values()]
+        tasks.sort(key=lambda t: (t.created_at.timestamp(), t.id), reverse=True)
+        if q.cursor:
+            ts, cid = decode_cursor(q.cursor)
+            tasks = [t for t in tasks if (round(t.created_at.timestamp(), 6), t.id) < (ts, cid)]
+        out = []
+        for t in tasks:
+            if q.owner is not None and t.owner != q.owner:
+                continue
+            if statuses is not None and t.status.value not in statuses:
+                continue
+            if q.session_id is not None and t.session_id != q.session_id:
+                continue
+            if q.parent_id is not None and t.parent_id != q.parent_id:
+                continue
+            if q.root_id is not None and t.root_id != q.root_id:
+                continue
+            if q.agent is not None and t.agent != q.agent:
+                continue
+            out.append(t)
+            if len(out) > q.limit:
+                break
+        more = len(out) > q.limit
+        out = out[: q.limit]
+        return TaskPage(out, encode_cursor(out[-1]) if more and out else None)
+
+    async def entries(
+        self,
+        task_id: str,
+        *,
+        after_seq: int = 0,
+        kinds: Iterable[EntryKind] | None = None,
+        limit: int | None = None,
+    ) -> list[Entry]:
+        wanted = None if kinds is None else {EntryKind(k).value for k in kinds}
+        out = []
+        for seq, kind, rnd, payload, created in self._entries.get(task_id, ()):
+            if seq <= after_seq or (wanted is not None and kind not in wanted):
+                continue
+            out.append(
+                Entry(
+                    task_id=task_id,
+                    seq=seq,
+                    kind=EntryKind(kind),
+                    round=rnd,
+                    payload=json.loads(payload),
+                    created_at=created,
+                )
+            )
+            if limit is not None and len(out) >= limit:
+                break
+        return out
+
+    async def model_view(self, task_id: str) -> list[ApiMessage]:
+        rows = self._entries.get(task_id, ())
+        return build_model_view((s, k, p) for s, k, _r, p, _c in rows if k in VIEW_KINDS)
+
+    async def ui_messages(self, task_id: str) -> list[UiMessage]:
+        rows = self._entries.get(task_id, ())
+        return build_ui_view((s, p) for s, k, _r, p, _c in rows if k == EntryKind.UI_MESSAGE)
+
+    async def get_document(self, scope: str, key: str) -> Document | None:
+        raw = self._docs.get((scope, key))
+        return None if raw is None else Document.model_validate_json(raw)
+
+    async def list_documents(self, scope: str) -> list[Document]:
+        return [
+            Document.model_validate_json(raw)
+            for (s, _k), raw in sorted(self._docs.items())
+            if s == scope
+        ]
+
+    async def next_wake_at(self, agents: Iterable[str] | None = None) -> datetime | None:
+        names = None if agents is None else set(agents)
+        wakes = []
+        for raw in self._tasks.values():
+            t = Task.model_validate_json(raw)
+            if names is not None and t.agent not in names:
+                continue
+            if t.status is TaskStatus.WAITING and t.status_reason == "timer" and t.wake_at:
+                wakes.append(t.wake_at)
+            elif t.status is TaskStatus.RUNNING and t.lease.expires_at:
+                wakes.append(t.lease.expires_at)
+        return min(wakes, default=None)
+
+    async def delete_task(self, task_id: str) -> None:
+        if task_id not in self._tasks:
+            raise TaskNotFound(task_id)
+        doomed = [task_id]
+        i = 0
+        while i < len(doomed):
+            parent = doomed[i]
+            doomed += [
+                tid
+                for tid, raw in self._tasks.items()
+                if Task.model_validate_json(raw).parent_id == parent
+            ]
+            i += 1
+        for tid in doomed:
+            task = Task.model_validate_json(self._tasks.pop(tid))
+            self._entries.pop(tid, None)
+            if task.request_id is not None:
+                self._requests.pop((task.owner, task.request_id), None)
+            for k in [k for k in self._docs if k[0] == f"task:{tid}"]:
+                del self._docs[k]
+        self._signal.notify()
+
+    async def wait_for_change(self, timeout: float) -> None:
+        await self._signal.wait(timeout)

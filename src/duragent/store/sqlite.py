@@ -1,0 +1,622 @@
+"""The SQLite store: one file, WAL, many processes on one host.
+
+All writes of a process go through one writer thread that groups whatever
+commits are waiting into a single transaction (one fsync for many commits),
+each commit inside its own SAVEPOINT so a refused commit (stale lease,
+conflict) leaves its batch-mates untouched. Reads use per-thread connections
+and never wait for the writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from duragent.errors import (
+    StoreCorrupt,
+    StoreError,
+    StoreUnavailable,
+    StoreVersionError,
+    TaskNotFound,
+)
+from duragent.store.base import (
+    SCHEMA_VERSION,
+    VIEW_KINDS,
+    ChangeSignal,
+    Commit,
+    CommitResult,
+    TaskPage,
+    TaskQuery,
+    build_model_view,
+    build_ui_view,
+    decode_cursor,
+    encode_cursor,
+    from_ts,
+    to_ts,
+    ts_to_dt,
+)
+from duragent.store.tx import apply_claim, apply_commit, apply_create, apply_release, apply_renew
+from duragent.types import (
+    ApiMessage,
+    Document,
+    Entry,
+    EntryKind,
+    NewEntry,
+    Task,
+    UiMessage,
+    utcnow,
+)
+
+Durability = Literal["normal", "full"]
+
+# Forward-only: MIGRATIONS[n] takes a store from version n-1 to n.
+MIGRATIONS: dict[int, list[str]] = {
+    1: [
+        """CREATE TABLE tasks (
+            id TEXT PRIMARY KEY,
+            owner TEXT, request_id TEXT, session_id TEXT, parent_id TEXT, root_id TEXT,
+            agent TEXT NOT NULL, status TEXT NOT NULL, status_reason TEXT,
+            created_at REAL NOT NULL, updated_at REAL NOT NULL, wake_at REAL,
+            lease_owner TEXT, lease_expires REAL, lease_epoch INTEGER NOT NULL DEFAULT 0,
+            last_seq INTEGER NOT NULL DEFAULT 0, version INTEGER NOT NULL DEFAULT 0,
+            data TEXT NOT NULL, input TEXT NOT NULL
+        )""",
+        "CREATE UNIQUE INDEX tasks_request ON tasks(coalesce(owner, ''), request_id)"
+        " WHERE request_id IS NOT NULL",
+        "CREATE INDEX tasks_runnable ON tasks(status, created_at)",
+        "CREATE INDEX tasks_owner ON tasks(owner, created_at)",
+        "CREATE INDEX tasks_parent ON tasks(parent_id)",
+        "CREATE INDEX tasks_session ON tasks(session_id, created_at)",
+        """CREATE TABLE entries (
+            task_id TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL,
+            round INTEGER NOT NULL, payload TEXT NOT NULL, created_at REAL NOT NULL,
+            PRIMARY KEY (task_id, seq)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE documents (
+            scope TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
+            version INTEGER NOT NULL, updated_at REAL NOT NULL,
+            PRIMARY KEY (scope, key)
+        ) WITHOUT ROWID""",
+    ],
+}
+assert max(MIGRATIONS) == SCHEMA_VERSION
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _connect(path: str, durability: Durability) -> sqlite3.Connection:
+    try:
+        conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
+        conn.execute("PRAGMA busy_timeout=30000")
+        conn.execute("PRAGMA foreign_keys=OFF")
+    except sqlite3.DatabaseError as exc:
+        raise StoreCorrupt(f"{path} is not a readable duragent SQLite store: {exc}") from exc
+    return conn
+
+
+def migrate(conn: sqlite3.Connection, path: str) -> int:
+    """Bring the file to SCHEMA_VERSION; refuse a file written by a newer duragent."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        found = int(row["value"]) if row else 0
+        if found > SCHEMA_VERSION:
+            conn.execute("ROLLBACK")
+            raise StoreVersionError(path, found, SCHEMA_VERSION)
+        for version in range(found + 1, SCHEMA_VERSION + 1):
+            for ddl in MIGRATIONS[version]:
+                conn.execute(ddl)
+        conn.execute(
+            "INSERT INTO meta(key, value) VALUES('schema_version', ?)"
+            " ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            (str(SCHEMA_VERSION),),
+        )
+        conn.execute("COMMIT")
+        return found
+    except sqlite3.DatabaseError as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise StoreCorrupt(f"{path} is not a readable duragent SQLite store: {exc}") from exc
+
+
+def _row_task(row: sqlite3.Row) -> Task:
+    task = Task.model_validate_json(row["data"])
+    task.input = json.loads(row["input"])
+    return task
+
+
+class _SqliteTx:
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.inputs: dict[str, Any] = {}
+
+    def _task(self, row: sqlite3.Row | None) -> Task | None:
+        if row is None:
+            return None
+        task = _row_task(row)
+        self.inputs[task.id] = task.input
+        return task
+
+    def load_task(self, task_id: str) -> Task | None:
+        row = self.conn.execute("SELECT data, input FROM tasks WHERE id=?", (task_id,)).fetchone()
+        return self._task(row)
+
+    def find_by_request(self, owner: str | None, request_id: str) -> Task | None:
+        row = self.conn.execute(
+            "SELECT data, input FROM tasks WHERE coalesce(owner, '')=? AND request_id=?",
+            (owner or "", request_id),
+        ).fetchone()
+        return self._task(row)
+
+    @staticmethod
+    def _columns(task: Task) -> dict[str, Any]:
+        return {
+            "id": task.id,
+            "status": task.status.value,
+            "status_reason": task.status_reason,
+            "updated_at": to_ts(task.updated_at),
+            "wake_at": to_ts(task.wake_at),
+            "lease_owner": task.lease.owner,
+            "lease_expires": to_ts(task.lease.expires_at),
+            "lease_epoch": task.lease.epoch,
+            "last_seq": task.last_seq,
+            "version": task.version,
+            "data": task.model_dump_json(exclude={"input"}),
+        }
+
+    def insert_task(self, task: Task) -> None:
+        cols = self._columns(task)
+        cols.update(
+            owner=task.owner,
+            request_id=task.request_id,
+            session_id=task.session_id,
+            parent_id=task.parent_id,
+            root_id=task.root_id,
+            agent=task.agent,
+            created_at=to_ts(task.created_at),
+            input=_dumps(task.input),
+        )
+        names = ", ".join(cols)
+        marks = ", ".join(f":{k}" for k in cols)
+        self.conn.execute(f"INSERT INTO tasks ({names}) VALUES ({marks})", cols)
+
+    def update_task(self, task: Task) -> None:
+        cols = self._columns(task)
+        if task.id not in self.inputs or self.inputs[task.id] != task.input:
+            cols["input"] = _dumps(task.input)
+        sets = ", ".join(f"{k}=:{k}" for k in cols if k != "id")
+        self.conn.execute(f"UPDATE tasks SET {sets} WHERE id=:id", cols)
+
+    def append(self, entries: list[Entry]) -> None:
+        self.conn.executemany(
+            "INSERT INTO entries (task_id, seq, kind, round, payload, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (e.task_id, e.seq, e.kind.value, e.round, _dumps(e.payload), to_ts(e.created_at))
+                for e in entries
+            ],
+        )
+
+    def load_document(self, scope: str, key: str) -> Document | None:
+        row = self.conn.execute(
+            "SELECT * FROM documents WHERE scope=? AND key=?", (scope, key)
+        ).fetchone()
+        return None if row is None else _row_document(row)
+
+    def put_document(self, doc: Document) -> None:
+        self.conn.execute(
+            "INSERT INTO documents (scope, key, value, version, updated_at) VALUES (?,?,?,?,?)"
+            " ON CONFLICT(scope, key) DO UPDATE SET value=excluded.value,"
+            " version=excluded.version, updated_at=excluded.updated_at",
+            (doc.scope, doc.key, _dumps(doc.value), doc.version, to_ts(doc.updated_at)),
+        )
+
+    def delete_document(self, scope: str, key: str) -> None:
+        self.conn.execute("DELETE FROM documents WHERE scope=? AND key=?", (scope, key))
+
+    def find_claimable(
+        self, now: datetime, agents: Sequence[str] | None, task_id: str | None
+    ) -> Task | None:
+        sql = (
+            "SELECT data, input FROM tasks WHERE (status='pending'"
+            " OR (status='running' AND (lease_expires IS NULL OR lease_expires <= :now))"
+            " OR (status='waiting' AND status_reason='timer' AND wake_at <= :now))"
+        )
+        params: dict[str, Any] = {"now": now.timestamp()}
+        if agents is not None:
+            names = list(agents)
+            if not names:
+                return None
+            sql += " AND agent IN (" + ", ".join(f":a{i}" for i in range(len(names))) + ")"
+            params.update({f"a{i}": n for i, n in enumerate(names)})
+        if task_id is not None:
+            sql += " AND id=:id"
+            params["id"] = task_id
+        sql += " ORDER BY created_at LIMIT 1"
+        return self._task(self.conn.execute(sql, params).fetchone())
+
+
+def _row_document(row: sqlite3.Row) -> Document:
+    return Document(
+        scope=row["scope"],
+        key=row["key"],
+        value=json.loads(row["value"]),
+        version=row["version"],
+        updated_at=ts_to_dt(row["updated_at"]),
+    )
+
+
+@dataclass(slots=True)
+class _Job:
+    fn: Callable[[_SqliteTx], Any]
+    future: asyncio.Future[Any]
+
+
+class SQLiteStore:
+    """Writes are grouped: every commit asked for in the same event-loop tick
+    shares one transaction (one fsync). The batch runs inline on the loop,
+    which is cheaper than a thread hand-off for a sub-millisecond write; when
+    another process holds the write lock the batch moves to a thread that
+    waits for it, so the loop never sits in a busy wait.
+    """
+
+    def __init__(
+        self,
+        path: str = "duragent.db",
+        *,
+        durability: Durability = "normal",
+        poll_interval: float = 0.1,
+        max_batch: int = 1024,
+    ) -> None:
+        if durability not in ("normal", "full"):
+            raise ValueError(f"durability must be 'normal' or 'full', not {durability!r}")
+        self.path = path
+        self.url = f"sqlite:///{path}"
+        self.durability: Durability = durability
+        self.poll_interval = poll_interval
+        self.max_batch = max_batch
+        self.batches = 0  # transactions the writer ran: commits / batches = group size
+        self.jobs_done = 0
+        self._writer_conn = _connect(path, durability)
+        self.migrated_from = migrate(self._writer_conn, path)
+        self._reader_conn = _connect(path, durability)
+        self._pending: list[_Job] = []
+        self._flushing = False
+        self._signal: ChangeSignal | None = None
+        self._closed = False
+
+    # --- lifecycle ---
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        while self._pending or self._flushing:
+            await asyncio.sleep(0.001)
+        self._closed = True
+        self._writer_conn.close()
+        self._reader_conn.close()
+
+    async def __aenter__(self) -> SQLiteStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- the writer ---
+
+    def _changed(self) -> ChangeSignal:
+        if self._signal is None:
+            self._signal = ChangeSignal()
+        return self._signal
+
+    async def _write(self, fn: Callable[[_SqliteTx], Any]) -> Any:
+        if self._closed:
+            raise StoreError(f"store {self.url} is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._pending.append(_Job(fn, future))
+        if not self._flushing:
+            self._flushing = True
+            # call_soon, not now: every coroutine already runnable in this tick
+            # gets to add its commit to the same transaction.
+            loop.call_soon(self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+        conn = self._writer_conn
+        try:
+            conn.execute("PRAGMA busy_timeout=0")
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            # Another process is writing: wait for it in a thread, not on the loop.
+            loop = asyncio.get_running_loop()
+            done = loop.run_in_executor(None, self._run_batch_blocking, batch)
+            done.add_done_callback(lambda f: self._settle_batch(batch, f.result()))
+            return
+        self._settle_batch(batch, self._run_batch(conn, batch))
+
+    def _run_batch_blocking(self, batch: list[_Job]) -> list[tuple[bool, Any]]:
+        conn = self._writer_conn
+        try:
+            conn.execute("PRAGMA busy_timeout=30000")
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            return [(False, _translate(exc))] * len(batch)
+        return self._run_batch(conn, batch)
+
+    def _run_batch(self, conn: sqlite3.Connection, batch: list[_Job]) -> list[tuple[bool, Any]]:
+        """Run the jobs in the open transaction, each in its own savepoint, and commit."""
+        outcomes: list[tuple[bool, Any]] = []
+        try:
+            for job in batch:
+                conn.execute("SAVEPOINT job")
+                try:
+                    outcomes.append((True, job.fn(_SqliteTx(conn))))
+                    conn.execute("RELEASE job")
+                except Exception as exc:  # the job's own failure: undo only this job
+                    conn.execute("ROLLBACK TO job")
+                    conn.execute("RELEASE job")
+                    outcomes.append((False, _translate(exc)))
+            conn.execute("COMMIT")
+        except Exception as exc:  # the transaction itself failed: nothing was written
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            outcomes = [(False, _translate(exc))] * len(batch)
+        self.batches += 1
+        self.jobs_done += len(batch)
+        return outcomes
+
+    def _settle_batch(self, batch: list[_Job], outcomes: list[tuple[bool, Any]]) -> None:
+        for job, (ok, value) in zip(batch, outcomes, strict=True):
+            _settle(job.future, ok, value)
+        if any(ok for ok, _ in outcomes):
+            self._changed().notify()
+        if self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        else:
+            self._flushing = False
+
+    # --- reads: inline; WAL readers never wait for writers ---
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        if self._closed:
+            raise StoreError(f"store {self.url} is closed")
+        try:
+            return fn(self._reader_conn)
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+
+    # --- the protocol ---
+
+    async def commit(self, commit: Commit) -> CommitResult:
+        return await self._write(lambda tx: apply_commit(tx, commit, utcnow()))  # type: ignore[no-any-return]
+
+    async def create_task(self, task: Task, entries: Sequence[NewEntry] = ()) -> tuple[Task, bool]:
+        return await self._write(lambda tx: apply_create(tx, task, entries, utcnow()))  # type: ignore[no-any-return]
+
+    async def claim_task(
+        self,
+        worker_id: str,
+        *,
+        agents: Iterable[str] | None = None,
+        ttl: float = 30.0,
+        task_id: str | None = None,
+    ) -> Task | None:
+        names = None if agents is None else list(agents)
+        return await self._write(  # type: ignore[no-any-return]
+            lambda tx: apply_claim(tx, worker_id, names, ttl, task_id, utcnow())
+        )
+
+    async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task:
+        return await self._write(  # type: ignore[no-any-return]
+            lambda tx: apply_renew(tx, task_id, worker_id, epoch, ttl, utcnow())
+        )
+
+    async def release_lease(self, task_id: str, epoch: int) -> None:
+        await self._write(lambda tx: apply_release(tx, task_id, epoch, utcnow()))
+
+    async def get_task(self, task_id: str) -> Task:
+        def read(conn: sqlite3.Connection) -> Task:
+            row = conn.execute("SELECT data, input FROM tasks WHERE id=?", (task_id,)).fetchone()
+            if row is None:
+                raise TaskNotFound(task_id)
+            return _row_task(row)
+
+        return await self._read(read)  # type: ignore[no-any-return]
+
+    async def list_tasks(self, query: TaskQuery | None = None) -> TaskPage:
+        q = query or TaskQuery()
+        where: list[str] = []
+        params: list[Any] = []
+        for column, value in (
+            ("owner", q.owner),
+            ("session_id", q.session_id),
+            ("parent_id", q.parent_id),
+            ("root_id", q.root_id),
+            ("agent", q.agent),
+        ):
+            if value is not None:
+                where.append(f"{column}=?")
+                params.append(value)
+        statuses = q.statuses()
+        if statuses is not None:
+            where.append("status IN (" + ", ".join("?" * len(statuses)) + ")")
+            params.extend(statuses)
+        if q.cursor:
+            ts, cid = decode_cursor(q.cursor)
+            where.append("(round(created_at, 6), id) < (?, ?)")
+            params.extend([ts, cid])
+        sql = "SELECT data, input FROM tasks"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
+        params.append(q.limit + 1)
+
+        def read(conn: sqlite3.Connection) -> TaskPage:
+            tasks = [_row_task(r) for r in conn.execute(sql, params)]
+            more = len(tasks) > q.limit
+            tasks = tasks[: q.limit]
+            return TaskPage(tasks, encode_cursor(tasks[-1]) if more and tasks else None)
+
+        return await self._read(read)  # type: ignore[no-any-return]
+
+    async def entries(
+        self,
+        task_id: str,
+        *,
+        after_seq: int = 0,
+        kinds: Iterable[EntryKind] | None = None,
+        limit: int | None = None,
+    ) -> list[Entry]:
+        sql = "SELECT * FROM entries WHERE task_id=? AND seq>?"
+        params: list[Any] = [task_id, after_seq]
+        if kinds is not None:
+            names = [EntryKind(k).value for k in kinds]
+            sql += " AND kind IN (" + ", ".join("?" * len(names)) + ")"
+            params.extend(names)
+        sql += " ORDER BY seq"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+
+        def read(conn: sqlite3.Connection) -> list[Entry]:
+            return [
+                Entry(
+                    task_id=r["task_id"],
+                    seq=r["seq"],
+                    kind=EntryKind(r["kind"]),
+                    round=r["round"],
+                    payload=json.loads(r["payload"]),
+                    created_at=ts_to_dt(r["created_at"]),
+                )
+                for r in conn.execute(sql, params)
+            ]
+
+        return await self._read(read)  # type: ignore[no-any-return]
+
+    async def model_view(self, task_id: str) -> list[ApiMessage]:
+        marks = ", ".join("?" * len(VIEW_KINDS))
+        sql = (
+            f"SELECT seq, kind, payload FROM entries WHERE task_id=? AND kind IN ({marks})"
+            " ORDER BY seq"
+        )
+        return await self._read(  # type: ignore[no-any-return]
+            lambda conn: build_model_view(
+                (r[0], r[1], r[2]) for r in conn.execute(sql, (task_id, *VIEW_KINDS))
+            )
+        )
+
+    async def ui_messages(self, task_id: str) -> list[UiMessage]:
+        sql = "SELECT seq, payload FROM entries WHERE task_id=? AND kind=? ORDER BY seq"
+        return await self._read(  # type: ignore[no-any-return]
+            lambda conn: build_ui_view(
+                (r[0], r[1]) for r in conn.execute(sql, (task_id, EntryKind.UI_MESSAGE.value))
+            )
+        )
+
+    async def get_document(self, scope: str, key: str) -> Document | None:
+        def read(conn: sqlite3.Connection) -> Document | None:
+            row = conn.execute(
+                "SELECT * FROM documents WHERE scope=? AND key=?", (scope, key)
+            ).fetchone()
+            return None if row is None else _row_document(row)
+
+        return await self._read(read)  # type: ignore[no-any-return]
+
+    async def list_documents(self, scope: str) -> list[Document]:
+        return await self._read(  # type: ignore[no-any-return]
+            lambda conn: [
+                _row_document(r)
+                for r in conn.execute(
+                    "SELECT * FROM documents WHERE scope=? ORDER BY key", (scope,)
+                )
+            ]
+        )
+
+    async def next_wake_at(self, agents: Iterable[str] | None = None) -> datetime | None:
+        sql = (
+            "SELECT min(t) FROM (SELECT wake_at AS t FROM tasks WHERE status='waiting'"
+            " AND status_reason='timer' {a} UNION ALL SELECT lease_expires FROM tasks"
+            " WHERE status='running' {a})"
+        )
+        params: list[Any] = []
+        clause = ""
+        if agents is not None:
+            names = list(agents)
+            clause = "AND agent IN (" + ", ".join("?" * len(names)) + ")" if names else "AND 0"
+            params = names * 2
+        sql = sql.format(a=clause)
+        return await self._read(lambda conn: from_ts(conn.execute(sql, params).fetchone()[0]))  # type: ignore[no-any-return]
+
+    async def delete_task(self, task_id: str) -> None:
+        def delete(tx: _SqliteTx) -> None:
+            conn = tx.conn
+            doomed = [
+                r[0]
+                for r in conn.execute(
+                    "WITH RECURSIVE tree(id) AS (SELECT id FROM tasks WHERE id=?"
+                    " UNION ALL SELECT t.id FROM tasks t JOIN tree ON t.parent_id=tree.id)"
+                    " SELECT id FROM tree",
+                    (task_id,),
+                )
+            ]
+            if not doomed:
+                raise TaskNotFound(task_id)
+            for tid in doomed:
+                conn.execute("DELETE FROM entries WHERE task_id=?", (tid,))
+                conn.execute("DELETE FROM documents WHERE scope=?", (f"task:{tid}",))
+                conn.execute("DELETE FROM tasks WHERE id=?", (tid,))
+
+        await self._write(delete)
+
+    async def wait_for_change(self, timeout: float) -> None:
+        # Other processes' commits are not signalled; the bounded poll covers them.
+        await self._changed().wait(min(timeout, self.poll_interval))
+
+
+def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    if future.done():
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
+
+
+def _translate(exc: BaseException) -> BaseException:
+    if isinstance(exc, sqlite3.OperationalError):
+        msg = str(exc)
+        if "locked" in msg or "busy" in msg:
+            return StoreUnavailable(f"the SQLite store is busy: {msg}")
+        if "disk" in msg or "I/O" in msg:
+            return StoreUnavailable(f"the SQLite store could not write: {msg}")
+        return StoreError(f"SQLite error: {msg}")
+    if isinstance(exc, sqlite3.DatabaseError):
+        return StoreCorrupt(f"the SQLite store cannot be read: {exc}")
+    return exc
+
+
+def sqlite_path_from_url(url: str) -> str:
+    """sqlite:///rel.db -> rel.db; sqlite:////abs/x.db -> /abs/x.db."""
+    rest = url.split("://", 1)[1]
+    path = rest[1:] if rest.startswith("/") else rest
+    path = path.split("?", 1)[0]
+    if not path:
+        raise ValueError(f"no file in store URL {url!r}; use sqlite:///path/to/file.db")
+    return os.path.expanduser(path)

@@ -1,0 +1,311 @@
+"""The data model: tasks, entries, messages and documents.
+
+Every type here round-trips through JSON exactly (enums, datetimes, nested
+dicts come back as the same types), so the restore path never guesses.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from duragent.errors import InvalidTransition
+
+JSON = Any
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id(prefix: str = "t") -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class TaskStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    PAUSED = "paused"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    ABORTED = "aborted"
+    BLOCKED = "blocked"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.ABORTED})
+
+
+class WaitReason(StrEnum):
+    SUBTASK = "subtask"
+    TIMER = "timer"
+    INPUT = "input"
+
+
+class BlockReason(StrEnum):
+    RESTART_LIMIT = "restart_limit"
+    MISSING_DEFINITION = "missing_definition"
+    INCOMPATIBLE_STORE = "incompatible_store"
+
+
+_S = TaskStatus
+# Which status may follow which. Every status change in every store goes
+# through check_transition; nothing else decides this.
+TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
+    _S.PENDING: frozenset({_S.RUNNING, _S.PAUSED, _S.ABORTED, _S.BLOCKED, _S.FAILED}),
+    _S.RUNNING: frozenset(
+        {
+            _S.RUNNING,  # a new owner takes over an expired lease
+            _S.PENDING,  # released on graceful shutdown
+            _S.PAUSED,
+            _S.WAITING,
+            _S.COMPLETED,
+            _S.FAILED,
+            _S.ABORTED,
+            _S.BLOCKED,
+        }
+    ),
+    _S.PAUSED: frozenset({_S.PENDING, _S.ABORTED}),
+    _S.WAITING: frozenset({_S.PENDING, _S.RUNNING, _S.PAUSED, _S.ABORTED, _S.FAILED}),
+    _S.BLOCKED: frozenset({_S.PENDING, _S.ABORTED}),
+    _S.COMPLETED: frozenset(),
+    _S.FAILED: frozenset(),
+    _S.ABORTED: frozenset(),
+}
+
+_REASONS: dict[TaskStatus, type[StrEnum]] = {_S.WAITING: WaitReason, _S.BLOCKED: BlockReason}
+
+
+def check_transition(old: TaskStatus, new: TaskStatus, reason: str | None = None) -> None:
+    """Raise InvalidTransition unless a task may go from `old` to `new` (with `reason`)."""
+    if new not in TRANSITIONS[old]:
+        raise InvalidTransition(old.value, new.value)
+    kind = _REASONS.get(new)
+    if kind is not None:
+        if reason is None or reason not in kind.__members__.values():
+            allowed = ", ".join(m.value for m in kind)
+            raise InvalidTransition(
+                old.value, new.value, f"status {new.value!r} needs a reason, one of: {allowed}"
+            )
+    elif reason is not None and new is not _S.FAILED:
+        raise InvalidTransition(old.value, new.value, f"status {new.value!r} takes no reason")
+
+
+class Usage(BaseModel):
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+        )
+
+
+class Lease(BaseModel):
+    owner: str | None = None
+    expires_at: datetime | None = None
+    # Bumped by every claim and never reset, so a stale writer can be fenced.
+    epoch: int = 0
+
+
+class Task(BaseModel):
+    model_config = ConfigDict(validate_assignment=False)
+
+    id: str = Field(default_factory=new_id)
+    parent_id: str | None = None
+    root_id: str | None = None
+    session_id: str | None = None
+    owner: str | None = None
+    agent: str
+    status: TaskStatus = TaskStatus.PENDING
+    status_reason: str | None = None
+    input: JSON = None
+    config: dict[str, JSON] = Field(default_factory=dict)
+    context: dict[str, JSON] = Field(default_factory=dict)
+    output: JSON = None
+    error: str | None = None
+    iterations: int = 0
+    usage: Usage = Field(default_factory=Usage)
+    restarts: int = 0
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+    paused_at: datetime | None = None
+    completed_at: datetime | None = None
+    wake_at: datetime | None = None
+    request_id: str | None = None
+    lease: Lease = Field(default_factory=Lease)
+    # A control request from outside the owning worker ("pause", "abort"),
+    # observed by the owner at its next heartbeat or commit.
+    control: dict[str, JSON] | None = None
+    last_seq: int = 0
+    version: int = 0
+
+    def model_post_init(self, __context: Any) -> None:
+        if self.root_id is None:
+            self.root_id = self.id
+
+
+# Fields a TaskPatch may change. id, input, created_at, request_id, owner,
+# parent/root/session and agent are fixed at creation; lease and last_seq are
+# the store's own.
+PATCHABLE = frozenset(
+    {
+        "input",  # only the seed-000 save_task_input helper rewrites it
+        "status",
+        "status_reason",
+        "config",
+        "context",
+        "output",
+        "error",
+        "iterations",
+        "usage",
+        "restarts",
+        "updated_at",
+        "paused_at",
+        "completed_at",
+        "wake_at",
+        "control",
+    }
+)
+
+
+class EntryKind(StrEnum):
+    API_MESSAGE = "api_message"
+    UI_MESSAGE = "ui_message"
+    TOOL_INTENT = "tool_intent"
+    TOOL_RESULT = "tool_result"
+    PROGRESS = "progress"
+    ROLLBACK = "rollback"
+    STATUS = "status"
+    CHECKPOINT = "checkpoint"
+    REQUEST = "request"
+
+
+# Entries whose payload is an API message and so part of the model's view.
+API_KINDS = frozenset({EntryKind.API_MESSAGE, EntryKind.TOOL_RESULT})
+
+
+class Entry(BaseModel):
+    task_id: str
+    seq: int
+    kind: EntryKind
+    round: int = 0
+    payload: dict[str, JSON]
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class NewEntry(BaseModel):
+    """An entry to append; the store assigns seq and created_at."""
+
+    task_id: str
+    kind: EntryKind
+    round: int = 0
+    payload: dict[str, JSON]
+
+
+# --- API messages: the OpenAI chat shape -----------------------------------
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text, exactly as the model produced it
+
+
+class ToolCallData(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class SystemMessage(BaseModel):
+    role: Literal["system"] = "system"
+    content: str
+
+
+class UserMessage(BaseModel):
+    role: Literal["user"] = "user"
+    content: str
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    tool_calls: list[ToolCallData] | None = None
+
+
+class ToolMessage(BaseModel):
+    role: Literal["tool"] = "tool"
+    tool_call_id: str
+    content: str
+
+
+ApiMessage = Annotated[
+    SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")
+]
+API_MESSAGE: TypeAdapter[ApiMessage] = TypeAdapter(ApiMessage)
+API_MESSAGES: TypeAdapter[list[ApiMessage]] = TypeAdapter(list[ApiMessage])
+
+
+def dump_message(message: BaseModel) -> dict[str, JSON]:
+    return message.model_dump(mode="json", exclude_none=True)
+
+
+# --- UI messages: what a person sees ----------------------------------------
+
+
+class UIText(BaseModel):
+    type: Literal["text"] = "text"
+    role: Literal["user", "assistant", "system"] = "assistant"
+    text: str
+
+
+class UIToolCard(BaseModel):
+    type: Literal["tool"] = "tool"
+    call_id: str
+    name: str
+    arguments: dict[str, JSON] = Field(default_factory=dict)
+    state: Literal["intent", "running", "ok", "error", "interrupted", "waiting"] = "intent"
+    result: str | None = None
+
+
+class UIError(BaseModel):
+    type: Literal["error"] = "error"
+    message: str
+    detail: str | None = None
+
+
+class UINotice(BaseModel):
+    type: Literal["notice"] = "notice"
+    message: str
+
+
+UiMessage = Annotated[UIText | UIToolCard | UIError | UINotice, Field(discriminator="type")]
+UI_MESSAGE: TypeAdapter[UiMessage] = TypeAdapter(UiMessage)
+
+
+# --- documents --------------------------------------------------------------
+
+
+class Document(BaseModel):
+    scope: str  # "task:<id>" or "session:<id>"
+    key: str
+    value: JSON
+    version: int = 1
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+def task_scope(task_id: str) -> str:
+    return f"task:{task_id}"
+
+
+def session_scope(session_id: str) -> str:
+    return f"session:{session_id}"

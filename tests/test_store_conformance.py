@@ -1,0 +1,453 @@
+"""One suite, every backend: what a Store must do."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from duragent.errors import Conflict, InvalidTransition, StaleLease, TaskNotFound
+from duragent.store import Commit, DocumentWrite, Store, TaskPatch, TaskQuery, iter_entries
+from duragent.types import (
+    AssistantMessage,
+    EntryKind,
+    FunctionCall,
+    NewEntry,
+    Task,
+    TaskStatus,
+    ToolCallData,
+    ToolMessage,
+    UIText,
+    UserMessage,
+    dump_message,
+    task_scope,
+)
+
+
+def api(task_id: str, message: object, rnd: int = 0) -> NewEntry:
+    return NewEntry(
+        task_id=task_id, kind=EntryKind.API_MESSAGE, round=rnd, payload=dump_message(message)
+    )  # type: ignore[arg-type]
+
+
+def ui(task_id: str, text: str) -> NewEntry:
+    return NewEntry(
+        task_id=task_id, kind=EntryKind.UI_MESSAGE, payload=dump_message(UIText(text=text))
+    )
+
+
+async def make(store: Store, **kw: object) -> Task:
+    task, created = await store.create_task(Task(agent=str(kw.pop("agent", "a")), **kw))  # type: ignore[arg-type]
+    assert created
+    return task
+
+
+async def test_task_round_trips_with_exact_types(store: Store) -> None:
+    wake = datetime(2030, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
+    original = Task(
+        agent="writer",
+        owner="alice",
+        session_id="s1",
+        input={"text": "hi", "n": [1, 2.5, None, True]},
+        context={"nested": {"deep": {"x": [1, {"y": "z"}]}}, "when": "2030-01-01"},
+        config={"temperature": 0.1},
+        wake_at=wake,
+    )
+    await store.create_task(original)
+    loaded = await store.get_task(original.id)
+    assert loaded.status is TaskStatus.PENDING
+    assert loaded.input == original.input
+    assert loaded.context == original.context
+    assert loaded.config == original.config
+    assert loaded.wake_at == wake and loaded.wake_at.tzinfo is not None
+    assert isinstance(loaded.created_at, datetime)
+    assert loaded.root_id == original.id
+    assert Task.model_validate_json(loaded.model_dump_json()) == loaded
+
+
+async def test_missing_task_raises_task_not_found(store: Store) -> None:
+    with pytest.raises(TaskNotFound, match="nope"):
+        await store.get_task("nope")
+
+
+async def test_request_id_deduplicates_per_owner(store: Store) -> None:
+    first, created = await store.create_task(Task(agent="a", owner="alice", request_id="r1"))
+    assert created
+    again, created_again = await store.create_task(Task(agent="a", owner="alice", request_id="r1"))
+    assert not created_again and again.id == first.id
+    other, created_other = await store.create_task(Task(agent="a", owner="bob", request_id="r1"))
+    assert created_other and other.id != first.id
+    page = await store.list_tasks(TaskQuery(owner="alice"))
+    assert [t.id for t in page.tasks] == [first.id]
+
+
+async def test_concurrent_duplicate_requests_create_one_task(store: Store) -> None:
+    results = await asyncio.gather(
+        *(store.create_task(Task(agent="a", owner="o", request_id="same")) for _ in range(10))
+    )
+    assert len({t.id for t, _ in results}) == 1
+    assert sum(created for _, created in results) == 1
+
+
+async def test_create_with_entries_is_atomic_and_numbered(store: Store) -> None:
+    task = Task(agent="a")
+    await store.create_task(task, [api(task.id, UserMessage(content="hello"))])
+    entries = await store.entries(task.id)
+    assert [(e.seq, e.kind) for e in entries] == [(1, EntryKind.API_MESSAGE)]
+    assert (await store.get_task(task.id)).last_seq == 1
+
+
+async def test_commit_seqs_are_gap_free_across_tasks(store: Store) -> None:
+    a, b = await make(store), await make(store)
+    r1 = await store.commit(Commit(entries=[ui(a.id, "1"), ui(b.id, "x"), ui(a.id, "2")]))
+    assert [(e.task_id, e.seq) for e in r1.entries] == [(a.id, 1), (b.id, 1), (a.id, 2)]
+    await store.commit(Commit(entries=[ui(a.id, "3")]))
+    assert [e.seq for e in await store.entries(a.id)] == [1, 2, 3]
+    assert [e.payload["text"] for e in await store.entries(a.id)] == ["1", "2", "3"]
+    assert r1.tasks[a.id].last_seq == 2
+
+
+async def test_commit_is_all_or_nothing(store: Store) -> None:
+    a = await make(store)
+    child = Task(agent="a", parent_id=a.id)
+    bad = Commit(
+        entries=[ui(a.id, "should vanish")],
+        documents=[DocumentWrite(task_scope(a.id), "plan", {"x": 1})],
+        new_tasks=[child],
+        patches=[
+            TaskPatch(a.id, {"status": TaskStatus.COMPLETED})
+        ],  # pending -> completed: illegal
+    )
+    with pytest.raises(InvalidTransition):
+        await store.commit(bad)
+    assert await store.entries(a.id) == []
+    assert await store.get_document(task_scope(a.id), "plan") is None
+    with pytest.raises(TaskNotFound):
+        await store.get_task(child.id)
+    assert (await store.get_task(a.id)).version == a.version
+
+
+async def test_stale_epoch_commit_is_rejected_and_leaves_no_trace(store: Store) -> None:
+    task = await make(store)
+    first = await store.claim_task("w1", ttl=0.0)
+    assert first is not None and first.lease.epoch == 1
+    second = await store.claim_task("w2", ttl=30)  # w1's lease expired: w2 takes over
+    assert second is not None and second.lease.epoch == 2
+    before = await store.get_task(task.id)
+    with pytest.raises(StaleLease) as info:
+        await store.commit(
+            Commit(
+                fence={task.id: 1},
+                entries=[ui(task.id, "zombie write")],
+                patches=[TaskPatch(task.id, {"context": {"zombie": True}})],
+                documents=[DocumentWrite(task_scope(task.id), "k", 1)],
+            )
+        )
+    assert info.value.epoch == 1 and info.value.current == 2
+    after = await store.get_task(task.id)
+    assert after == before
+    assert all(e.kind is EntryKind.STATUS for e in await store.entries(task.id))
+    assert await store.get_document(task_scope(task.id), "k") is None
+    ok = await store.commit(Commit(fence={task.id: 2}, entries=[ui(task.id, "owner")]))
+    assert ok.entries[0].seq == after.last_seq + 1
+
+
+async def test_status_change_is_validated_and_logged(store: Store) -> None:
+    task = await make(store)
+    with pytest.raises(InvalidTransition, match="'pending' to 'completed'"):
+        await store.commit(Commit(patches=[TaskPatch(task.id, {"status": "completed"})]))
+    claimed = await store.claim_task("w")
+    assert claimed is not None
+    res = await store.commit(
+        Commit(
+            fence={task.id: claimed.lease.epoch},
+            patches=[TaskPatch(task.id, {"status": TaskStatus.COMPLETED, "output": "done"})],
+        )
+    )
+    done = res.tasks[task.id]
+    assert done.status is TaskStatus.COMPLETED and done.completed_at is not None
+    statuses = await store.entries(task.id, kinds=[EntryKind.STATUS])
+    assert [(e.payload["from"], e.payload["to"]) for e in statuses] == [
+        ("pending", "running"),
+        ("running", "completed"),
+    ]
+    with pytest.raises(InvalidTransition, match="'completed' to 'pending'"):
+        await store.commit(Commit(patches=[TaskPatch(task.id, {"status": "pending"})]))
+
+
+async def test_waiting_needs_a_reason(store: Store) -> None:
+    task = await make(store)
+    claimed = await store.claim_task("w")
+    assert claimed
+    with pytest.raises(InvalidTransition, match="needs a reason"):
+        await store.commit(Commit(patches=[TaskPatch(task.id, {"status": "waiting"})]))
+    res = await store.commit(
+        Commit(patches=[TaskPatch(task.id, {"status": "waiting", "status_reason": "input"})])
+    )
+    assert res.tasks[task.id].status_reason == "input"
+
+
+async def test_expect_status_guards_a_patch(store: Store) -> None:
+    task = await make(store)
+    with pytest.raises(Conflict):
+        await store.commit(
+            Commit(
+                patches=[
+                    TaskPatch(task.id, {"status": "aborted"}, expect_status=[TaskStatus.PAUSED])
+                ]
+            )
+        )
+    assert (await store.get_task(task.id)).status is TaskStatus.PENDING
+
+
+async def test_list_tasks_filters_newest_first_with_cursor(store: Store) -> None:
+    made = []
+    for i in range(7):
+        made.append(
+            await make(store, owner="alice" if i % 2 == 0 else "bob", session_id=f"s{i % 3}")
+        )
+    child = await make(store, owner="alice", parent_id=made[0].id, agent="sub")
+    page = await store.list_tasks(TaskQuery(owner="alice", limit=2))
+    seen = [t.id for t in page.tasks]
+    while page.next_cursor:
+        page = await store.list_tasks(TaskQuery(owner="alice", limit=2, cursor=page.next_cursor))
+        seen += [t.id for t in page.tasks]
+    alice = [t.id for t in [*made, child] if t.owner == "alice"]
+    assert seen == list(reversed(alice))
+    assert [t.id for t in (await store.list_tasks(TaskQuery(parent_id=made[0].id))).tasks] == [
+        child.id
+    ]
+    assert [t.id for t in (await store.list_tasks(TaskQuery(agent="sub"))).tasks] == [child.id]
+    s1 = (await store.list_tasks(TaskQuery(session_id="s1"))).tasks
+    assert {t.id for t in s1} == {made[1].id, made[4].id}
+    assert len((await store.list_tasks(TaskQuery(status=TaskStatus.PENDING, limit=100))).tasks) == 8
+    assert (await store.list_tasks(TaskQuery(status=[TaskStatus.COMPLETED]))).tasks == []
+
+
+async def test_entries_after_seq_by_kind_with_limit_and_streamed(store: Store) -> None:
+    task = await make(store)
+    await store.commit(
+        Commit(
+            entries=[
+                ui(task.id, str(i)) if i % 2 else api(task.id, UserMessage(content=str(i)))
+                for i in range(10)
+            ]
+        )
+    )
+    assert [e.seq for e in await store.entries(task.id, after_seq=7)] == [8, 9, 10]
+    uis = await store.entries(task.id, kinds=[EntryKind.UI_MESSAGE], limit=3)
+    assert [e.seq for e in uis] == [2, 4, 6]
+    streamed = [e.seq async for e in iter_entries(store, task.id, after_seq=2, page=3)]
+    assert streamed == list(range(3, 11))
+
+
+async def test_model_view_skips_rolled_back_rounds_but_ui_stays(store: Store) -> None:
+    task = await make(store)
+    call = ToolCallData(id="c1", function=FunctionCall(name="f", arguments='{"a": 1}'))
+    await store.commit(
+        Commit(entries=[api(task.id, UserMessage(content="q")), ui(task.id, "you: q")])
+    )
+    r = await store.commit(
+        Commit(
+            entries=[
+                api(task.id, AssistantMessage(content="thinking", tool_calls=[call]), 1),
+                ui(task.id, "assistant is calling f"),
+                NewEntry(
+                    task_id=task.id,
+                    kind=EntryKind.TOOL_RESULT,
+                    round=1,
+                    payload={
+                        **dump_message(ToolMessage(tool_call_id="c1", content="r")),
+                        "outcome": "ok",
+                    },
+                ),
+            ]
+        )
+    )
+    first, last = r.entries[0].seq, r.entries[-1].seq
+    await store.commit(
+        Commit(
+            entries=[
+                NewEntry(
+                    task_id=task.id,
+                    kind=EntryKind.ROLLBACK,
+                    payload={"from_seq": first, "to_seq": last},
+                )
+            ]
+        )
+    )
+    await store.commit(Commit(entries=[api(task.id, AssistantMessage(content="final"), 1)]))
+    view = await store.model_view(task.id)
+    assert [type(m).__name__ for m in view] == ["UserMessage", "AssistantMessage"]
+    assert view[1].content == "final"  # type: ignore[union-attr]
+    assert [m.text for m in await store.ui_messages(task.id)] == [
+        "you: q",
+        "assistant is calling f",
+    ]  # type: ignore[union-attr]
+
+
+async def test_model_view_keeps_tool_messages(store: Store) -> None:
+    task = await make(store)
+    call = ToolCallData(id="c1", function=FunctionCall(name="f", arguments="{}"))
+    await store.commit(
+        Commit(
+            entries=[
+                api(task.id, AssistantMessage(tool_calls=[call])),
+                NewEntry(
+                    task_id=task.id,
+                    kind=EntryKind.TOOL_RESULT,
+                    payload={
+                        "role": "tool",
+                        "tool_call_id": "c1",
+                        "content": "42",
+                        "outcome": "ok",
+                    },
+                ),
+            ]
+        )
+    )
+    view = await store.model_view(task.id)
+    assert isinstance(view[1], ToolMessage) and view[1].content == "42"
+    assert view[0].tool_calls[0].function.name == "f"  # type: ignore[union-attr]
+
+
+async def test_documents_upsert_with_versions(store: Store) -> None:
+    scope = "session:s1"
+    r = await store.commit(
+        Commit(documents=[DocumentWrite(scope, "plan", {"steps": ["a"]}, expect_version=0)])
+    )
+    assert r.documents[0].version == 1
+    await store.commit(Commit(documents=[DocumentWrite(scope, "plan", {"steps": ["a", "b"]})]))
+    doc = await store.get_document(scope, "plan")
+    assert doc is not None and doc.version == 2 and doc.value == {"steps": ["a", "b"]}
+    with pytest.raises(Conflict):
+        await store.commit(Commit(documents=[DocumentWrite(scope, "plan", {}, expect_version=1)]))
+    await store.commit(Commit(documents=[DocumentWrite(scope, "other", 7)]))
+    assert [d.key for d in await store.list_documents(scope)] == ["other", "plan"]
+    await store.commit(Commit(documents=[DocumentWrite(scope, "other", delete=True)]))
+    assert await store.get_document(scope, "other") is None
+
+
+async def test_claim_bumps_epoch_and_hands_out_a_task_once(store: Store) -> None:
+    task = await make(store, agent="known")
+    await make(store, agent="unknown")
+    assert await store.claim_task("w0", agents=["nobody"]) is None
+    claimed = await store.claim_task("w1", agents=["known"], ttl=30)
+    assert claimed is not None and claimed.id == task.id
+    assert claimed.status is TaskStatus.RUNNING
+    assert claimed.lease.owner == "w1" and claimed.lease.epoch == 1
+    assert await store.claim_task("w2", agents=["known"]) is None
+    assert claimed.restarts == 0
+
+
+async def test_expired_lease_is_taken_over_and_counts_a_restart(store: Store) -> None:
+    task = await make(store)
+    await store.claim_task("w1", ttl=0.0)
+    taken = await store.claim_task("w2", ttl=30)
+    assert taken is not None and taken.id == task.id
+    assert taken.restarts == 1 and taken.lease.epoch == 2 and taken.lease.owner == "w2"
+    claims = await store.entries(task.id, kinds=[EntryKind.STATUS])
+    assert [e.payload.get("takeover") for e in claims] == [False, True]
+
+
+async def test_due_timer_is_claimable_future_one_is_not(store: Store) -> None:
+    due, later = await make(store), await make(store)
+    for t, wake in ((due, -1), (later, 3600)):
+        c = await store.claim_task("w", task_id=t.id)
+        assert c is not None
+        await store.commit(
+            Commit(
+                fence={t.id: c.lease.epoch},
+                patches=[
+                    TaskPatch(
+                        t.id,
+                        {
+                            "status": "waiting",
+                            "status_reason": "timer",
+                            "wake_at": datetime.now(UTC) + timedelta(seconds=wake),
+                        },
+                    )
+                ],
+            )
+        )
+        await store.release_lease(t.id, c.lease.epoch)
+    woke = await store.claim_task("w2")
+    assert woke is not None and woke.id == due.id and woke.wake_at is None
+    assert await store.claim_task("w2") is None
+    await store.commit(
+        Commit(
+            fence={due.id: woke.lease.epoch}, patches=[TaskPatch(due.id, {"status": "completed"})]
+        )
+    )
+    nxt = await store.next_wake_at()
+    assert nxt is not None and nxt > datetime.now(UTC) + timedelta(seconds=3000)
+
+
+async def test_renew_and_release(store: Store) -> None:
+    task = await make(store)
+    c = await store.claim_task("w1", ttl=1)
+    assert c is not None
+    r = await store.renew_lease(task.id, "w1", c.lease.epoch, ttl=60)
+    assert r.lease.expires_at is not None and r.lease.expires_at > datetime.now(UTC) + timedelta(
+        seconds=50
+    )
+    with pytest.raises(StaleLease):
+        await store.renew_lease(task.id, "w1", c.lease.epoch - 1, ttl=60)
+    await store.release_lease(task.id, c.lease.epoch)
+    released = await store.get_task(task.id)
+    assert released.status is TaskStatus.PENDING and released.lease.owner is None
+    again = await store.claim_task("w2")
+    assert again is not None and again.lease.epoch == c.lease.epoch + 1 and again.restarts == 0
+
+
+async def test_delete_removes_task_descendants_entries_and_documents(store: Store) -> None:
+    root = await make(store, owner="o", request_id="r")
+    child = await make(store, parent_id=root.id)
+    grandchild = await make(store, parent_id=child.id)
+    other = await make(store)
+    await store.commit(
+        Commit(
+            entries=[ui(root.id, "x"), ui(grandchild.id, "y"), ui(other.id, "z")],
+            documents=[
+                DocumentWrite(task_scope(child.id), "k", 1),
+                DocumentWrite(task_scope(other.id), "k", 2),
+            ],
+        )
+    )
+    await store.delete_task(root.id)
+    for t in (root, child, grandchild):
+        with pytest.raises(TaskNotFound):
+            await store.get_task(t.id)
+        assert await store.entries(t.id) == []
+    assert await store.get_document(task_scope(child.id), "k") is None
+    assert (await store.get_document(task_scope(other.id), "k")) is not None
+    assert len(await store.entries(other.id)) == 1
+    again, created = await store.create_task(Task(agent="a", owner="o", request_id="r"))
+    assert created and again.id != root.id
+
+
+async def test_new_child_and_parent_wait_commit_together(store: Store) -> None:
+    parent = await make(store)
+    c = await store.claim_task("w", task_id=parent.id)
+    assert c
+    child = Task(agent="a", parent_id=parent.id, root_id=parent.root_id, input="sub")
+    res = await store.commit(
+        Commit(
+            fence={parent.id: c.lease.epoch},
+            new_tasks=[child],
+            patches=[TaskPatch(parent.id, {"status": "waiting", "status_reason": "subtask"})],
+        )
+    )
+    assert res.tasks[child.id].status is TaskStatus.PENDING
+    assert res.tasks[parent.id].status is TaskStatus.WAITING
+    loaded = await store.get_task(child.id)
+    assert loaded.root_id == parent.id and loaded.input == "sub"
+
+
+async def test_wait_for_change_wakes_on_local_commit(store: Store) -> None:
+    task = await make(store)
+    waiter = asyncio.create_task(store.wait_for_change(30))
+    await asyncio.sleep(0)
+    await store.commit(Commit(entries=[ui(task.id, "x")]))
+    await asyncio.wait_for(waiter, 5)
