@@ -16,6 +16,17 @@ from duragent.errors import (
     TaskNotFound,
     UsageError,
 )
+from duragent.llm import ChatModel, ModelRequest, ScriptedModel, ToolCall, Turn
+from duragent.runtime import (
+    Agent,
+    Runtime,
+    Submission,
+    TaskTree,
+    Tool,
+    ToolContext,
+    Worker,
+    tool,
+)
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
 from duragent.types import (
     AssistantMessage,
@@ -36,8 +47,10 @@ from duragent.types import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Agent",
     "AssistantMessage",
     "BlockReason",
+    "ChatModel",
     "Commit",
     "Conflict",
     "Document",
@@ -46,7 +59,10 @@ __all__ = [
     "EntryKind",
     "InvalidTransition",
     "ModelError",
+    "ModelRequest",
     "NewEntry",
+    "Runtime",
+    "ScriptedModel",
     "StaleLease",
     "Store",
     "StoreCorrupt",
@@ -54,17 +70,25 @@ __all__ = [
     "StoreLocked",
     "StoreUnavailable",
     "StoreVersionError",
+    "Submission",
     "SystemMessage",
     "Task",
     "TaskNotFound",
     "TaskPatch",
     "TaskQuery",
     "TaskStatus",
+    "TaskTree",
+    "Tool",
+    "ToolCall",
+    "ToolContext",
     "ToolMessage",
+    "Turn",
     "UsageError",
     "UserMessage",
     "WaitReason",
+    "Worker",
     "__version__",
     "check_transition",
     "open_store",
+    "tool",
 ]

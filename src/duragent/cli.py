@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 app = typer.Typer(no_args_is_help=True, help="Durable AI agent tasks.")
@@ -13,6 +15,18 @@ def version() -> None:
     from duragent import __version__
 
     typer.echo(__version__)
+
+
+@app.command()
+def demo(
+    crash: bool = typer.Option(True, "--crash/--no-crash", help="SIGKILL the agent mid-round."),
+    keep: bool = typer.Option(False, "--keep", help="Keep the store file afterwards."),
+    store: Path = typer.Option(Path("duragent-demo.db"), help="SQLite file for the demo."),
+) -> None:
+    """Run a demo agent, kill it mid-round with SIGKILL, and finish the task after restart."""
+    from duragent.demo import run_demo
+
+    raise typer.Exit(run_demo(store, crash=crash, keep=keep))
 
 
 def main() -> None:

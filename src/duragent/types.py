@@ -74,7 +74,7 @@ TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
         }
     ),
     _S.PAUSED: frozenset({_S.PENDING, _S.ABORTED}),
-    _S.WAITING: frozenset({_S.PENDING, _S.RUNNING, _S.PAUSED, _S.ABORTED, _S.FAILED}),
+    _S.WAITING: frozenset({_S.WAITING, _S.PENDING, _S.RUNNING, _S.PAUSED, _S.ABORTED, _S.FAILED}),
     _S.BLOCKED: frozenset({_S.PENDING, _S.ABORTED}),
     _S.COMPLETED: frozenset(),
     _S.FAILED: frozenset(),
@@ -147,6 +147,9 @@ class Task(BaseModel):
     # observed by the owner at its next heartbeat or commit.
     control: dict[str, JSON] | None = None
     last_seq: int = 0
+    # A lower bound for the seqs of the current round's entries, so recovery
+    # reads only the tail of the log.
+    round_seq: int = 0
     version: int = 0
 
     def model_post_init(self, __context: Any) -> None:
@@ -174,6 +177,7 @@ PATCHABLE = frozenset(
         "completed_at",
         "wake_at",
         "control",
+        "round_seq",
     }
 )
 

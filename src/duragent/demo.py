@@ -1,0 +1,232 @@
+"""`duragent demo`: a task survives a SIGKILL in the middle of a round.
+
+The parent runs the demo agent in a child process, kills it with SIGKILL
+while a tool is running, starts it again, and prints what the log shows:
+what was committed, what recovery did, and that the side-effecting tool ran
+exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from duragent.llm.scripted import ScriptedModel, ToolCall, Turn
+from duragent.runtime import Agent, Runtime, ToolContext, tool
+from duragent.store import open_store
+from duragent.types import Entry, EntryKind
+
+REQUEST_ID = "demo-trip"
+KILL_MARK = "DEMO-AT-KILL-POINT"
+
+
+def _ledger_append(path: str, line: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def build_agent(ledger: str, hold: bool) -> Agent:
+    @tool(replay="safe")
+    async def search_flights(origin: str, destination: str) -> list[dict[str, Any]]:
+        """Search flights between two cities."""
+        await asyncio.sleep(0.2)
+        return [{"flight": "DA 101", "from": origin, "to": destination, "price": 420}]
+
+    @tool(replay="safe")
+    async def get_weather(city: str, ctx: ToolContext) -> str:
+        """Get the weather forecast for a city (slow)."""
+        if hold and ctx.attempt == 1:
+            print(KILL_MARK, flush=True)  # the demo kills the process here
+            await asyncio.sleep(3600)
+        await asyncio.sleep(0.3)
+        return f"{city}: sunny, 24°C"
+
+    @tool  # replay="never": booking twice would cost the user twice
+    async def book_hotel(city: str, nights: int, ctx: ToolContext) -> str:
+        """Book a hotel. Has a side effect: it charges a card."""
+        _ledger_append(ledger, f"book_hotel {ctx.idempotency_key} {city} {nights}")
+        return f"Booked 'Hotel Durable' in {city} for {nights} nights (ref HD-{ctx.call_id})."
+
+    model = ScriptedModel(
+        [
+            Turn(
+                text="I'll look for flights to Lisbon first. ",
+                tool_calls=[
+                    ToolCall("search_flights", {"origin": "Berlin", "destination": "Lisbon"})
+                ],
+            ),
+            Turn(
+                text="Flight DA 101 looks good. I'll book the hotel and check the weather. ",
+                tool_calls=[
+                    ToolCall("book_hotel", {"city": "Lisbon", "nights": 3}),
+                    ToolCall("get_weather", {"city": "Lisbon"}),
+                ],
+            ),
+            "Your trip is set: flight DA 101 Berlin→Lisbon (€420), 3 nights at Hotel Durable, "
+            "and the forecast is sunny, 24°C.",
+        ],
+        chunk_delay=0.03,
+        chunk_size=5,
+    )
+    return Agent(
+        name="trip-planner",
+        model=model,
+        instructions="You plan trips.",
+        tools=[search_flights, get_weather, book_hotel],
+        progress_interval=0.1,
+    )
+
+
+async def _child(url: str, ledger: str, hold: bool) -> None:
+    agent = build_agent(ledger, hold)
+    async with Runtime(url, agents=[agent], lease_ttl=2.0, poll_interval=0.1) as rt:
+        sub = await rt.submit(
+            "trip-planner",
+            "Plan a 3-night trip from Berlin to Lisbon.",
+            request_id=REQUEST_ID,
+            owner="demo",
+        )
+        task = await sub.wait(timeout=120)
+        print(f"DEMO-DONE {task.id} {task.status.value}", flush=True)
+
+
+def _spawn(url: str, ledger: str, hold: bool) -> subprocess.Popen[str]:
+    args = [
+        sys.executable,
+        "-m",
+        "duragent.demo",
+        "--child",
+        url,
+        ledger,
+        "hold" if hold else "run",
+    ]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+
+
+def _summary(e: Entry) -> str:
+    p = e.payload
+    if e.kind is EntryKind.API_MESSAGE:
+        if p.get("role") == "assistant":
+            calls = ", ".join(c["function"]["name"] for c in p.get("tool_calls") or ())
+            text = (p.get("content") or "").strip()
+            return f"assistant: {text[:60]}" + (f"  → calls {calls}" if calls else "")
+        return f"{p.get('role')}: {str(p.get('content'))[:70]}"
+    if e.kind is EntryKind.TOOL_INTENT:
+        return f"intent {p['name']} ({p['call_id']}, replay={p['replay']})"
+    if e.kind is EntryKind.TOOL_RESULT:
+        return f"result {p['tool_call_id']} [{p['outcome']}]: {p['content'][:60]}"
+    if e.kind is EntryKind.PROGRESS:
+        return f"streamed text: '{p.get('text', '')}'"
+    if e.kind is EntryKind.STATUS:
+        extra = " (took over from a dead worker)" if p.get("takeover") else ""
+        return f"status {p['from']} → {p['to']}{extra}"
+    if e.kind is EntryKind.ROLLBACK:
+        return f"rollback of seqs {p['from_seq']}–{p['to_seq']} ({p.get('reason')})"
+    if e.kind is EntryKind.UI_MESSAGE:
+        return f"notice: {p.get('message') or p.get('text')}"
+    return str(p)[:80]
+
+
+async def _timeline(url: str, killed_after: int) -> tuple[list[list[str]], int]:
+    from rich.markup import escape
+
+    store = open_store(url)
+    try:
+        task = (await store.list_tasks()).tasks[0]
+        rows: list[list[str]] = []
+        for e in await store.entries(task.id):
+            phase = "before kill" if e.seq <= killed_after else "after restart"
+            what = escape(_summary(e))
+            last = rows[-1] if rows else None
+            if e.kind is EntryKind.PROGRESS and last and last[2] == "progress" and last[3] == phase:
+                # Collapse a stream's progress batches into one line.
+                last[0] = f"{last[0].split('–')[0]}–{e.seq}"
+                last[4] = last[4][:-1] + escape(e.payload.get("text", "")) + "'"
+                continue
+            rnd = str(e.round) if e.round else "-"
+            rows.append([str(e.seq), rnd, e.kind.value, phase, what])
+        return rows, task.iterations
+    finally:
+        await store.close()
+
+
+def run_demo(store_path: Path, *, crash: bool = True, keep: bool = False) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{store_path}{suffix}").unlink(missing_ok=True)
+    ledger = Path(f"{store_path}.bookings")
+    ledger.unlink(missing_ok=True)
+    url = f"sqlite:///{store_path.resolve()}"
+    console.print(f"[bold]duragent demo[/] — store: {store_path.resolve()}")
+    killed_after = 0
+    if crash:
+        console.print("1. Running the trip-planner agent in a child process…")
+        child = _spawn(url, str(ledger), hold=True)
+        assert child.stdout is not None
+        for line in child.stdout:
+            if line.startswith(KILL_MARK):
+                break
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        killed_after = asyncio.run(_last_seq(url))
+        console.print(
+            f"2. [red]SIGKILL[/] while get_weather was running (pid {child.pid}); "
+            f"{killed_after} entries were committed."
+        )
+        console.print("3. Starting a new process; it takes the task over when the lease expires…")
+    else:
+        console.print("Running the trip-planner agent (no crash)…")
+    child = _spawn(url, str(ledger), hold=False)
+    out, _ = child.communicate(timeout=120)
+    if child.returncode != 0 or "DEMO-DONE" not in out:
+        console.print(f"[red]the demo task did not finish[/]: {out}")
+        return 1
+    rows, rounds = asyncio.run(_timeline(url, killed_after if crash else 10**9))
+    table = Table(title="The task's log (every line a committed entry)")
+    for col in ("seq", "round", "kind", "when", "what"):
+        table.add_column(col)
+    for row in rows:
+        style = "yellow" if row[3] == "after restart" and crash else None
+        table.add_row(*row, style=style)
+    console.print(table)
+    bookings = ledger.read_text().splitlines() if ledger.exists() else []
+    console.print(
+        f"The side-effecting tool book_hotel ran [bold]{len(bookings)}[/] time(s) "
+        f"(ledger: {ledger}); get_weather is replay-safe and was re-run after the crash."
+    )
+    console.print(f"[green]Task completed in {rounds} rounds.[/]")
+    if keep:
+        console.print(
+            f"Store kept at {store_path.resolve()} (try: duragent show --store {url} ...)"
+        )
+    else:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{store_path}{suffix}").unlink(missing_ok=True)
+        ledger.unlink(missing_ok=True)
+        console.print("Store removed (use --keep to keep it).")
+    return 0 if len(bookings) == 1 else 1
+
+
+async def _last_seq(url: str) -> int:
+    store = open_store(url)
+    try:
+        page = await store.list_tasks()
+        return page.tasks[0].last_seq if page.tasks else 0
+    finally:
+        await store.close()
+
+
+if __name__ == "__main__" and len(sys.argv) >= 5 and sys.argv[1] == "--child":
+    asyncio.run(_child(sys.argv[2], sys.argv[3], sys.argv[4] == "hold"))

@@ -1,0 +1,61 @@
+"""Model providers behind one streaming protocol, and `resolve_model("provider:name")`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from duragent.llm.base import (
+    ChatModel,
+    Finish,
+    ModelRequest,
+    Response,
+    ResponseAssembler,
+    StreamEvent,
+    TextDelta,
+    ToolCallDelta,
+    ToolSpec,
+    UsageDelta,
+)
+from duragent.llm.scripted import ScriptedModel, ToolCall, Turn
+
+__all__ = [
+    "ChatModel",
+    "Finish",
+    "ModelRequest",
+    "Response",
+    "ResponseAssembler",
+    "ScriptedModel",
+    "StreamEvent",
+    "TextDelta",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolSpec",
+    "Turn",
+    "UsageDelta",
+    "resolve_model",
+]
+
+
+def resolve_model(spec: str | ChatModel, **options: Any) -> ChatModel:
+    """`"openai:gpt-4o-mini"`, `"anthropic:claude-..."`, `"scripted:demo"`, or a ChatModel."""
+    if not isinstance(spec, str):
+        return spec
+    provider, sep, name = spec.partition(":")
+    if not sep or not name:
+        raise ValueError(
+            f"model {spec!r} should be 'provider:model', e.g. 'openai:gpt-4o-mini', "
+            "'anthropic:claude-sonnet-4-5' or 'scripted:demo'"
+        )
+    if provider == "scripted":
+        return ScriptedModel([], name=spec, **options)
+    if provider == "openai":
+        from duragent.llm.openai import OpenAIChat  # type: ignore[import-not-found]
+
+        return OpenAIChat(name, **options)  # type: ignore[no-any-return]
+    if provider == "anthropic":
+        from duragent.llm.anthropic import AnthropicChat  # type: ignore[import-not-found]
+
+        return AnthropicChat(name, **options)  # type: ignore[no-any-return]
+    raise ValueError(
+        f"unknown model provider {provider!r} in {spec!r}; use openai, anthropic or scripted"
+    )

@@ -1,0 +1,21 @@
+"""The durable agent runtime."""
+
+from duragent.runtime.agent import Agent
+from duragent.runtime.context import ToolContext
+from duragent.runtime.engine import Control, TaskRunner
+from duragent.runtime.runtime import Runtime, Submission, TaskTree
+from duragent.runtime.tools import Tool, tool
+from duragent.runtime.worker import Worker
+
+__all__ = [
+    "Agent",
+    "Control",
+    "Runtime",
+    "Submission",
+    "TaskRunner",
+    "TaskTree",
+    "Tool",
+    "ToolContext",
+    "Worker",
+    "tool",
+]

@@ -1,0 +1,60 @@
+"""Agent definitions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from duragent.llm import ChatModel, resolve_model
+from duragent.runtime.tools import Tool, make_tool
+
+
+@dataclass
+class Agent:
+    """What a task runs: a model, instructions, tools and limits.
+
+    `model` is a ChatModel or a string such as "openai:gpt-4o-mini".
+    """
+
+    name: str
+    model: str | ChatModel
+    instructions: str = ""
+    tools: Sequence[Tool | Callable[..., Any]] = ()
+    max_iterations: int = 25
+    max_restarts: int = 3
+    model_settings: dict[str, Any] = field(default_factory=dict)
+    progress_interval: float = 0.1  # seconds between progress commits while streaming
+    tool_grace: float = 10.0  # how long a pause waits for running tools
+    state_debounce: float = 1.0
+    state_max_wait: float = 5.0
+    model_retries: int = 4
+    retry_base_delay: float = 1.0
+    retry_max_delay: float = 30.0
+    plan_tool: bool = True  # offer the built-in update_plan tool (the task's pending steps)
+    ask_user_tool: bool = False  # offer the built-in ask_user tool (waits for an answer)
+
+    def __post_init__(self) -> None:
+        from duragent.runtime.builtin import ask_user, update_plan
+
+        tools = [t if isinstance(t, Tool) else make_tool(t) for t in self.tools]
+        if self.plan_tool and not any(t.name == update_plan.name for t in tools):
+            tools.append(update_plan)
+        if self.ask_user_tool and not any(t.name == ask_user.name for t in tools):
+            tools.append(ask_user)
+        names = [t.name for t in tools]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise ValueError(f"agent {self.name!r} has two tools named {sorted(dupes)}")
+        self.tool_map: dict[str, Tool] = {t.name: t for t in tools}
+        self._model: ChatModel | None = None
+
+    @property
+    def chat_model(self) -> ChatModel:
+        if self._model is None:
+            self._model = resolve_model(self.model)
+        return self._model
+
+    @property
+    def model_name(self) -> str:
+        return self.model if isinstance(self.model, str) else self.model.name

@@ -1,0 +1,121 @@
+"""What a tool sees of its task while it runs, and the durable waits it can ask for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from duragent.store.base import DocumentWrite
+from duragent.types import session_scope, task_scope, utcnow
+
+if TYPE_CHECKING:
+    from duragent.runtime.engine import TaskRunner
+
+
+# --- durable waits: a tool returns one of these instead of a result ----------
+
+
+@dataclass
+class Suspend:
+    """Base of the markers a tool returns to park the task durably."""
+
+
+@dataclass
+class WaitForInput(Suspend):
+    question: str
+    kind: str = "question"  # "question" (ask_user) or "approval"
+
+
+@dataclass
+class SleepUntil(Suspend):
+    wake_at: datetime
+
+
+@dataclass
+class SpawnSubtask(Suspend):
+    agent: str
+    input: Any
+    context: dict[str, Any] = field(default_factory=dict)
+
+
+class Documents:
+    """Named JSON documents in one scope. Writes are staged and committed
+    together with the tool's result, so a crash never leaves half of them."""
+
+    def __init__(self, runner: TaskRunner, scope: str) -> None:
+        self._runner = runner
+        self.scope = scope
+        self.staged: dict[str, DocumentWrite] = {}
+
+    async def get(self, key: str, default: Any = None) -> Any:
+        if key in self.staged:
+            w = self.staged[key]
+            return default if w.delete else w.value
+        doc = await self._runner.store.get_document(self.scope, key)
+        return default if doc is None else doc.value
+
+    def put(self, key: str, value: Any) -> None:
+        self.staged[key] = DocumentWrite(self.scope, key, value)
+
+    def delete(self, key: str) -> None:
+        self.staged[key] = DocumentWrite(self.scope, key, delete=True)
+
+    def take(self) -> list[DocumentWrite]:
+        writes, self.staged = list(self.staged.values()), {}
+        return writes
+
+
+class ToolContext:
+    """Passed to a tool that asks for it (a parameter annotated `ToolContext`)."""
+
+    def __init__(self, runner: TaskRunner, call_id: str, round: int, attempt: int) -> None:
+        self._runner = runner
+        self.task_id = runner.task.id
+        self.call_id = call_id
+        self.round = round
+        self.attempt = attempt  # 1, or more when a replay-safe call is re-run after a crash
+        self.owner = runner.task.owner
+        self.session_id = runner.task.session_id
+        # Stable across restarts: hand it to external services to make calls idempotent.
+        self.idempotency_key = f"{runner.task.id}:{round}:{call_id}"
+        self.documents = Documents(runner, task_scope(runner.task.id))
+        self.session_documents = (
+            Documents(runner, session_scope(runner.task.session_id))
+            if runner.task.session_id
+            else None
+        )
+        self.partial: list[str] = []
+
+    @property
+    def context(self) -> dict[str, Any]:
+        """The task's context (read it; change it with update_state)."""
+        ctx: dict[str, Any] = self._runner.state.state["context"]
+        return ctx
+
+    def update_state(self, **changes: Any) -> None:
+        """Merge keys into the task context now; persisted debounced (and at every commit)."""
+        self._runner.state.update(context={**self.context, **changes})
+
+    async def report(self, text: str) -> None:
+        """Partial output; committed as progress so an interrupted call can show it."""
+        self.partial.append(text)
+        await self._runner.tool_progress(self.call_id, text)
+
+    def wait_for_input(self, question: str) -> WaitForInput:
+        return WaitForInput(question)
+
+    def sleep(self, seconds: float) -> SleepUntil:
+        return SleepUntil(utcnow() + timedelta(seconds=seconds))
+
+    def wait_until(self, when: datetime) -> SleepUntil:
+        return SleepUntil(when)
+
+    def spawn(self, agent: str, input: Any, context: dict[str, Any] | None = None) -> SpawnSubtask:
+        return SpawnSubtask(agent, input, dict(context or {}))
+
+    def staged_documents(self) -> list[DocumentWrite]:
+        writes = self.documents.take()
+        if self.session_documents is not None:
+            writes += self.session_documents.take()
+        return writes

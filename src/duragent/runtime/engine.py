@@ -1,0 +1,737 @@
+"""Running one task: the round, recovery, and stopping. Every step is a commit.
+
+A round: model view -> stream the model (progress committed at most every
+`progress_interval`) -> commit the assistant message with its tool intents ->
+run the tools concurrently, committing each result -> next round. The commit
+that brings the last result of a round also closes it (iterations + 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from duragent.errors import Conflict, ModelError, RetryableModelError, StaleLease
+from duragent.llm.base import ModelRequest, ResponseAssembler, TextDelta, parse_arguments
+from duragent.runtime.agent import Agent
+from duragent.runtime.context import SleepUntil, SpawnSubtask, Suspend, ToolContext, WaitForInput
+from duragent.runtime.log import (
+    INTERRUPTED,
+    RoundState,
+    api_entry,
+    notice,
+    read_round,
+    result_entries,
+    started_entry,
+    ui_entry,
+    wait_entry,
+    wait_reason,
+)
+from duragent.runtime.state import Clock, DebouncedState
+from duragent.runtime.submit import new_task
+from duragent.runtime.tools import ToolArgumentError
+from duragent.runtime.waits import child_resolution
+from duragent.store.base import Commit, CommitResult, DocumentWrite, Store, TaskPatch
+from duragent.types import (
+    ApiMessage,
+    BlockReason,
+    EntryKind,
+    NewEntry,
+    SystemMessage,
+    Task,
+    TaskStatus,
+    ToolCallData,
+    ToolMessage,
+    UIError,
+    dump_message,
+    utcnow,
+)
+
+log = logging.getLogger("duragent.engine")
+
+StatusHook = Callable[[Task, TaskStatus, TaskStatus], None]
+# Called at named points of a round ("progress", "intents", "tool_start",
+# "result", "final"), after what precedes them is committed. For tests, demos
+# and tracing; a hook that never returns holds the task at that point.
+TraceHook = Callable[..., Awaitable[None]]
+
+
+class Abandoned(Exception):
+    """This worker lost the task's lease: stop at once and write nothing more."""
+
+
+@dataclass
+class Control:
+    """A request to stop: pause (status paused), abort (terminal), or release
+    (hand the task back to the queue, e.g. on worker shutdown)."""
+
+    action: Literal["pause", "abort", "release"]
+    rollback: bool = False
+    reason: str | None = None
+
+
+@dataclass
+class _Outcome:
+    call_id: str
+    content: str | None = None
+    outcome: str = "ok"
+    suspend: Suspend | None = None
+    documents: Sequence[DocumentWrite] = ()
+
+
+def request_pin(agent: Agent) -> dict[str, Any]:
+    """What a task's model requests depend on, pinned on the task at creation."""
+    return {"model": agent.model_name, "settings": dict(agent.model_settings)}
+
+
+class TaskRunner:
+    def __init__(
+        self,
+        store: Store,
+        agent: Agent,
+        task: Task,
+        *,
+        agents: Mapping[str, Agent] | None = None,
+        on_status: StatusHook | None = None,
+        clock: Clock | None = None,
+        detached: bool = False,
+        trace: TraceHook | None = None,
+    ) -> None:
+        self.store = store
+        self.agent = agent
+        self.agents = dict(agents or {agent.name: agent})
+        self.task = task
+        self.epoch = task.lease.epoch
+        # Detached: acting on a task no worker holds (pause/abort of a waiting
+        # task); commits are guarded by the row's version instead of a lease.
+        self.detached = detached
+        self.trace = trace
+        self.on_status = on_status
+        self.view: list[ApiMessage] = []
+        self.state = DebouncedState(
+            {"context": dict(task.context)},
+            self._save_state,
+            debounce=agent.state_debounce,
+            max_wait=agent.state_max_wait,
+            clock=clock,
+        )
+        self.control: Control | None = None
+        self._control_event = asyncio.Event()
+        self._commit_lock = asyncio.Lock()
+        self._round_no = 0  # the round _round_api_seqs belongs to
+        self._round_api_seqs: list[int] = []
+        self._round_progress: list[int] = []
+        self._tool_progress_at: dict[str, float] = {}
+
+    # --- control from outside ---
+
+    def request(self, control: Control) -> None:
+        if self.control is None or control.action == "abort":
+            self.control = control
+            self._control_event.set()
+
+    # --- commits ---
+
+    async def commit(
+        self,
+        entries: Iterable[NewEntry] = (),
+        patch: dict[str, Any] | None = None,
+        *,
+        documents: Iterable[DocumentWrite] = (),
+        new_tasks: Iterable[Task] = (),
+        patches: Iterable[TaskPatch] = (),
+    ) -> CommitResult:
+        async with self._commit_lock:  # one task's commits land in the order it made them
+            changes = dict(patch or {})
+            state = self.state.take()  # the debounced state rides along with every commit
+            if state is not None:
+                changes.setdefault("context", state["context"])
+            own = [TaskPatch(self.task.id, changes)] if changes else []
+            if self.detached:
+                own = [TaskPatch(self.task.id, changes, expect_version=self.task.version)]
+            commit = Commit(
+                fence={} if self.detached else {self.task.id: self.epoch},
+                entries=list(entries),
+                patches=own + list(patches),
+                documents=list(documents),
+                new_tasks=list(new_tasks),
+            )
+            try:
+                result = await self.store.commit(commit)
+            except StaleLease as exc:
+                raise Abandoned(str(exc)) from exc
+            except BaseException:
+                if state is not None:
+                    self.state.mark_dirty()
+                raise
+        old = self.task.status
+        self.task = result.tasks[self.task.id]
+        if self.task.status != old and self.on_status is not None:
+            self.on_status(self.task, old, self.task.status)
+        return result
+
+    async def _save_state(self, snapshot: dict[str, Any]) -> None:
+        try:
+            await self.commit(patch={"context": snapshot["context"]})
+        except Abandoned:
+            log.info("task %s: lease lost while saving state", self.task.id)
+
+    async def tool_progress(self, call_id: str, text: str) -> None:
+        now = time.monotonic()
+        if now - self._tool_progress_at.get(call_id, 0.0) < self.agent.progress_interval:
+            return
+        self._tool_progress_at[call_id] = now
+        rnd = self.task.iterations + 1
+        payload = {"call_id": call_id, "text": text}
+        await self.commit(
+            [NewEntry(task_id=self.task.id, kind=EntryKind.PROGRESS, round=rnd, payload=payload)]
+        )
+
+    # --- the loop ---
+
+    async def run(self) -> Task:
+        try:
+            await self._start()
+            while self.task.status is TaskStatus.RUNNING:
+                if self.control is not None:
+                    await self._stop(self.control)
+                    break
+                if self.task.iterations >= self.agent.max_iterations:
+                    await self._finish(
+                        TaskStatus.FAILED,
+                        error=f"max_iterations reached: {self.agent.max_iterations} rounds "
+                        "without a final answer",
+                    )
+                    break
+                await self._round()
+            if self.control is not None and self.task.status is TaskStatus.WAITING:
+                await self._stop(self.control)  # asked to stop just as it parked
+        except Abandoned as exc:
+            log.warning("task %s abandoned: %s", self.task.id, exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("task %s failed", self.task.id)
+            with contextlib.suppress(Abandoned):
+                await self._finish(TaskStatus.FAILED, error=_describe(exc))
+        finally:
+            await self.state.close()
+        return self.task
+
+    async def _trace(self, point: str, **info: Any) -> None:
+        if self.trace is not None:
+            await self.trace(point, task_id=self.task.id, round=self.task.iterations + 1, **info)
+
+    async def stop_now(self, control: Control) -> Task:
+        """Pause or abort a task nobody is running, from what its log says."""
+        t = self.task
+        rs = read_round(await self.store.entries(t.id, after_seq=t.round_seq), t.iterations + 1)
+        self._round_no, self._round_progress = rs.round, list(rs.progress_seqs)
+        self._round_api_seqs = list(rs.api_seqs)
+        entries: list[NewEntry] = []
+        if control.action == "abort":
+            for cid in rs.missing:  # every call keeps exactly one result
+                text = "Tool call cancelled: the task was aborted before it finished."
+                entries += result_entries(t.id, rs.round, cid, text, "interrupted")
+        await self._stop(control, entries)
+        return self.task
+
+    async def _start(self) -> None:
+        t = self.task
+        if t.restarts > self.agent.max_restarts:
+            await self._block(
+                BlockReason.RESTART_LIMIT,
+                f"the task was taken over {t.restarts} times after its worker died or lost its "
+                f"lease (max_restarts={self.agent.max_restarts}); fix the cause, then resume it",
+            )
+            return
+        self.view = await self.store.model_view(t.id)
+        entries = await self.store.entries(t.id, after_seq=t.round_seq)
+        await self._recover(read_round(entries, t.iterations + 1))
+
+    async def _recover(self, rs: RoundState) -> None:
+        """Bring an interrupted round to a state the loop can continue from (DESIGN §3)."""
+        tid, r = self.task.id, rs.round
+        if rs.assistant is None:
+            if rs.progress_seqs:  # a partial stream: void it and ask again
+                marker = {
+                    "scope": "progress",
+                    "from_seq": rs.progress_seqs[0],
+                    "to_seq": rs.progress_seqs[-1],
+                    "reason": "interrupted stream",
+                }
+                await self.commit(
+                    [
+                        NewEntry(task_id=tid, kind=EntryKind.ROLLBACK, round=r, payload=marker),
+                        notice(tid, r, "The model's answer was interrupted; asking again."),
+                    ]
+                )
+            return
+        self._round_no, self._round_api_seqs = r, list(rs.api_seqs)
+        for cid in rs.missing:
+            name = rs.intents[cid]["name"]
+            if name not in self.agent.tool_map and cid not in rs.waits:
+                await self._block(
+                    BlockReason.MISSING_DEFINITION,
+                    f"tool {name!r} (call {cid}) has no result and agent {self.agent.name!r} no "
+                    "longer defines it; restore the tool, then resume the task",
+                )
+                return
+        calls = [c for c in rs.assistant.tool_calls or () if c.id in rs.intents]
+        await self._run_calls(r, calls, rs)
+
+    async def _round(self) -> None:
+        r = self.task.iterations + 1
+        self._round_no, self._round_api_seqs, self._round_progress = r, [], []
+        response = await self._ask_model(r)
+        if response is None:  # stopped by a control request while streaming
+            await self._stop(self.control or Control("pause"))
+            return
+        message = response.message()
+        usage = (self.task.usage + response.usage).model_dump()
+        tid = self.task.id
+        if not response.tool_calls:
+            self.task.output = response.text  # _finish reports it to a parent
+            await self._finish(
+                TaskStatus.COMPLETED,
+                entries=[api_entry(tid, r, message)],
+                extra={"output": response.text, "usage": usage, "iterations": r},
+            )
+            await self._trace("final")
+            return
+        intents = [
+            NewEntry(
+                task_id=tid,
+                kind=EntryKind.TOOL_INTENT,
+                round=r,
+                payload={
+                    "call_id": c.id,
+                    "name": c.function.name,
+                    "replay": self._replay(c.function.name),
+                },
+            )
+            for c in response.tool_calls
+        ]
+        res = await self.commit(
+            [api_entry(tid, r, message), *intents],
+            {"usage": usage, "round_seq": self.task.last_seq},
+        )
+        self._round_api_seqs.append(res.entries[0].seq)
+        self.view.append(message)
+        await self._trace("intents", calls=[c.id for c in response.tool_calls])
+        await self._run_calls(r, response.tool_calls, None)
+
+    def _replay(self, name: str) -> str:
+        tool = self.agent.tool_map.get(name)
+        return tool.replay if tool is not None else "never"
+
+    # --- the model ---
+
+    def _request(self) -> ModelRequest:
+        pin = self.task.config.get("request") or {}
+        messages: list[Any] = []
+        if self.agent.instructions:
+            messages.append(SystemMessage(content=self.agent.instructions))
+        messages += self.view
+        return ModelRequest(
+            model=pin.get("model", self.agent.model_name),
+            messages=messages,
+            tools=[t.spec() for t in self.agent.tool_map.values()],
+            settings=pin.get("settings", self.agent.model_settings),
+        )
+
+    async def _ask_model(self, r: int) -> Any:
+        """Stream the model with retries; None if a control request stopped it."""
+        attempt = 0
+        while True:
+            stream = asyncio.ensure_future(self._stream_once(r))
+            stopper = asyncio.ensure_future(self._control_event.wait())
+            try:
+                done, _ = await asyncio.wait({stream, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopper.cancel()
+            if stream not in done:
+                stream.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await stream
+                return None
+            try:
+                return stream.result()
+            except RetryableModelError as exc:
+                attempt += 1
+                if attempt > self.agent.model_retries:
+                    raise ModelError(f"the model failed {attempt} times in a row: {exc}") from exc
+                delay = exc.retry_after
+                if delay is None:
+                    base = self.agent.retry_base_delay * 2 ** (attempt - 1)
+                    delay = min(self.agent.retry_max_delay, base) * (0.5 + random.random() / 2)
+                entries = [
+                    notice(
+                        self.task.id,
+                        r,
+                        f"Model error ({exc}); retry {attempt} of "
+                        f"{self.agent.model_retries} in {delay:.1f} s.",
+                    )
+                ]
+                if self._round_progress:
+                    entries.insert(0, self._void_progress(r, "retry"))
+                await self.commit(entries)
+                await asyncio.sleep(delay)
+
+    def _void_progress(self, r: int, reason: str) -> NewEntry:
+        marker = {
+            "scope": "progress",
+            "from_seq": self._round_progress[0],
+            "to_seq": self._round_progress[-1],
+            "reason": reason,
+        }
+        self._round_progress = []
+        return NewEntry(task_id=self.task.id, kind=EntryKind.ROLLBACK, round=r, payload=marker)
+
+    async def _stream_once(self, r: int) -> Any:
+        assembler = ResponseAssembler()
+        pending: list[str] = []
+        last = time.monotonic()
+        interval = self.agent.progress_interval
+        async for event in self.agent.chat_model.stream(self._request()):
+            assembler.add(event)
+            if isinstance(event, TextDelta):
+                pending.append(event.text)
+                now = time.monotonic()
+                if now - last >= interval:
+                    await self._commit_progress(r, "".join(pending))
+                    pending, last = [], now
+        return assembler.response(call_id_prefix=f"call_{r}")
+
+    async def _commit_progress(self, r: int, text: str) -> None:
+        entry = NewEntry(
+            task_id=self.task.id, kind=EntryKind.PROGRESS, round=r, payload={"text": text}
+        )
+        patch = None if self._round_progress else {"round_seq": self.task.last_seq}
+        res = await self.commit([entry], patch)
+        self._round_progress.append(res.entries[0].seq)
+        await self._trace("progress", seq=res.entries[0].seq)
+
+    # --- tools ---
+
+    async def _run_calls(
+        self, r: int, calls: Sequence[ToolCallData], rs: RoundState | None
+    ) -> None:
+        """Run every call of round r that has no result yet; commit each result as it comes."""
+        done_ids = set(rs.results) if rs else set()
+        todo = [c for c in calls if c.id not in done_ids]
+        remaining = {c.id for c in todo}
+        suspended: dict[str, _Outcome] = {}
+
+        committing: dict[str, asyncio.Future[None]] = {}
+
+        async def finish(out: _Outcome) -> None:
+            if out.suspend is not None:
+                suspended[out.call_id] = out
+                return
+            remaining.discard(out.call_id)
+            # The last result closes the round (a suspended call keeps it open).
+            patch = None if remaining else {"iterations": r}
+            entries = result_entries(self.task.id, r, out.call_id, out.content or "", out.outcome)
+            res = await self.commit(entries, patch, documents=out.documents)
+            self._round_api_seqs.append(res.entries[0].seq)
+            self.view.append(ToolMessage(tool_call_id=out.call_id, content=out.content or ""))
+            await self._trace("result", call_id=out.call_id, outcome=out.outcome)
+
+        async def one(call: ToolCallData) -> None:
+            out = await self._call(r, call, rs)  # a stop may cancel the tool...
+            # ...but never a result commit once it started: that would leave the
+            # call with a result written and an "interrupted" one added.
+            committing[call.id] = asyncio.ensure_future(finish(out))
+            await asyncio.shield(committing[call.id])
+
+        if not todo:
+            if self.task.iterations < r:
+                await self.commit(patch={"iterations": r})
+            return
+        self._round_no = r
+        jobs = {asyncio.ensure_future(one(c)): c.id for c in todo}
+        stopper = asyncio.ensure_future(self._control_event.wait())
+        pending_jobs = set(jobs)
+        try:
+            while pending_jobs:
+                done, _ = await asyncio.wait(
+                    pending_jobs | {stopper}, return_when=asyncio.FIRST_COMPLETED
+                )
+                pending_jobs -= done
+                for job in done - {stopper}:
+                    job.result()  # surface Abandoned / store errors
+                if stopper in done and pending_jobs:
+                    await self._stop_tools(r, pending_jobs, jobs, committing)
+                    return
+        finally:
+            stopper.cancel()
+        if suspended:
+            await self._park(r, suspended, rs)
+
+    async def _call(self, r: int, call: ToolCallData, rs: RoundState | None) -> _Outcome:
+        cid, name = call.id, call.function.name
+        tool = self.agent.tool_map.get(name)
+        if tool is None:
+            known = ", ".join(sorted(self.agent.tool_map)) or "(none)"
+            return _Outcome(
+                cid, f"Error: unknown tool {name!r}. Available tools: {known}.", "error"
+            )
+        try:
+            arguments = parse_arguments(call.function.arguments)
+            tool.validate(arguments)
+        except (ValueError, ToolArgumentError) as exc:
+            return _Outcome(cid, f"Error: {exc}", "error")
+        attempt = 1
+        if rs is not None and cid in rs.intents:
+            wait = rs.waits.get(cid)
+            if wait is not None and cid not in rs.started:
+                resolved = self._resumed_wait(cid, wait, rs)
+                if resolved is not None:
+                    return resolved
+                # Approved: record that it starts, so a crash while it runs is
+                # treated like any interrupted call, never silently re-run.
+                await self.commit([started_entry(self.task.id, r, cid)])
+            else:
+                # The call was running when its worker stopped: re-run only if both
+                # the stored intent and the current definition say it is safe.
+                if rs.intents[cid].get("replay") == "safe" and tool.replay == "safe":
+                    attempt = 2
+                else:
+                    partial = "".join(rs.tool_partial.get(cid, []))
+                    text = INTERRUPTED + (f" Partial output: {partial}" if partial else "")
+                    return _Outcome(cid, text, "interrupted")
+        elif tool.needs_approval(arguments):
+            return _Outcome(
+                cid, suspend=WaitForInput(f"Approve {name}({call.function.arguments})?", "approval")
+            )
+        ctx = ToolContext(self, cid, r, attempt)
+        await self._trace("tool_start", call_id=cid, tool=name, attempt=attempt)
+        try:
+            value = await tool.invoke(arguments, ctx)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return _Outcome(
+                cid, f"Error: {_describe(exc)}", "error", documents=ctx.staged_documents()
+            )
+        if isinstance(value, SpawnSubtask) and value.agent not in self.agents:
+            known = ", ".join(sorted(self.agents))
+            return _Outcome(
+                cid,
+                f"Error: no agent named {value.agent!r} to run a sub-task; known: {known}",
+                "error",
+            )
+        if isinstance(value, Suspend):
+            return _Outcome(cid, suspend=value, documents=ctx.staged_documents())
+        return _Outcome(cid, _render(value), "ok", documents=ctx.staged_documents())
+
+    def _resumed_wait(self, cid: str, wait: dict[str, Any], rs: RoundState) -> _Outcome | None:
+        """A parked call seen again on claim: its outcome, or None to run it now."""
+        kind = wait["wait"]
+        if kind == "timer":
+            if _parse_dt(wait["wake_at"]) <= utcnow():
+                return _Outcome(cid, f"Slept until {wait['wake_at']}.", "ok")
+            return _Outcome(cid, suspend=SleepUntil(_parse_dt(wait["wake_at"])))
+        if kind == "approval":
+            decision = rs.decisions.get(cid)
+            if decision is None:
+                return _Outcome(cid, suspend=WaitForInput(wait.get("question", ""), "approval"))
+            if decision["approved"]:
+                return None  # approved: run it (its first run)
+            reason = decision.get("reason") or "no reason given"
+            return _Outcome(cid, f"The user denied this call: {reason}", "denied")
+        # input / subtask are resolved by whoever answers; still open means still waiting
+        return _Outcome(cid, suspend=_reconstruct(wait))
+
+    async def _park(self, r: int, suspended: Mapping[str, _Outcome], rs: RoundState | None) -> None:
+        """Commit the waits of this round and the task's waiting status, together."""
+        tid = self.task.id
+        entries: list[NewEntry] = []
+        new_tasks: list[Task] = []
+        documents: list[DocumentWrite] = []
+        waits: dict[str, dict[str, Any]] = {}
+        recorded = rs.open_waits if rs else {}
+        for cid, out in suspended.items():
+            documents += out.documents
+            if cid in recorded:
+                waits[cid] = recorded[cid]
+                continue
+            s = out.suspend
+            if isinstance(s, SleepUntil):
+                details: dict[str, Any] = {"wake_at": s.wake_at.isoformat()}
+                kind = "timer"
+            elif isinstance(s, WaitForInput):
+                details, kind = (
+                    {"question": s.question},
+                    ("approval" if s.kind == "approval" else "input"),
+                )
+            elif isinstance(s, SpawnSubtask):
+                child, first = self._child(s)
+                new_tasks.append(child)
+                entries.append(first)
+                details, kind = {"child_id": child.id, "agent": s.agent}, "subtask"
+            else:  # pragma: no cover - Suspend is closed
+                raise TypeError(f"unknown suspension {s!r}")
+            entry = wait_entry(tid, r, cid, kind, **details)
+            entries.append(entry)
+            waits[cid] = entry.payload
+        timers = [w["wake_at"] for w in waits.values() if w["wait"] == "timer"]
+        patch = {
+            "status": TaskStatus.WAITING,
+            "status_reason": wait_reason(waits),
+            "wake_at": _parse_dt(min(timers)) if timers else None,
+        }
+        await self.commit(entries, patch, new_tasks=new_tasks, documents=documents)
+
+    def _child(self, s: SpawnSubtask) -> tuple[Task, NewEntry]:
+        parent = self.task
+        return new_task(
+            self.agents[s.agent],
+            s.input,
+            owner=parent.owner,
+            session_id=parent.session_id,
+            parent_id=parent.id,
+            root_id=parent.root_id,
+            context=s.context,
+        )
+
+    async def _stop_tools(
+        self,
+        r: int,
+        pending_jobs: set[asyncio.Task[None]],
+        jobs: Mapping[asyncio.Task[None], str],
+        committing: Mapping[str, asyncio.Future[None]],
+    ) -> None:
+        control = self.control or Control("pause")
+        if control.action == "pause":
+            # Let running tools finish (and commit their results) within the grace period.
+            done, pending = await asyncio.wait(pending_jobs, timeout=self.agent.tool_grace)
+            for job in done:
+                job.result()
+            pending_jobs = set(pending)
+        for job in pending_jobs:
+            job.cancel()
+        entries = []
+        for job in pending_jobs:
+            with contextlib.suppress(asyncio.CancelledError):
+                await job
+            cid = jobs[job]
+            if cid in committing:
+                await committing[cid]  # its result was already on its way: let it land
+                continue
+            text = f"Tool call cancelled: the task was {control.action}ed while it ran."
+            entries += result_entries(self.task.id, r, cid, text, "interrupted")
+        await self._stop(control, entries)
+
+    # --- ending ---
+
+    async def _stop(self, control: Control, entries: list[NewEntry] | None = None) -> None:
+        tid, r = self.task.id, self.task.iterations + 1
+        entries = list(entries or [])
+        if control.action == "release":
+            entries.append(notice(tid, r, "The worker stopped; the task goes back to the queue."))
+            await self.commit(entries, {"status": TaskStatus.PENDING, "control": None})
+            return
+        if control.action == "abort":
+            entries.append(notice(tid, r, control.reason or "Aborted."))
+            await self._finish(
+                TaskStatus.ABORTED, entries=entries, error=control.reason or "aborted"
+            )
+            return
+        if control.rollback:
+            if self._round_progress:
+                entries.append(self._void_progress(r, "paused with rollback"))
+            if self._round_api_seqs and self.task.iterations < self._round_no:
+                # Void the incomplete round's API entries; UI entries are never voided.
+                marker = {
+                    "scope": "api",
+                    "from_seq": min(self._round_api_seqs),
+                    "to_seq": self.task.last_seq + len(entries),
+                    "reason": "paused with rollback",
+                }
+                entries.append(
+                    NewEntry(task_id=tid, kind=EntryKind.ROLLBACK, round=r, payload=marker)
+                )
+        entries.append(
+            notice(
+                tid, r, "Paused" + (" (incomplete round rolled back)." if control.rollback else ".")
+            )
+        )
+        await self.commit(entries, {"status": TaskStatus.PAUSED, "control": None})
+
+    async def _finish(
+        self,
+        status: TaskStatus,
+        *,
+        error: str | None = None,
+        entries: list[NewEntry] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        entries = list(entries or [])
+        r = self.task.iterations + 1
+        if status is TaskStatus.FAILED and error:
+            entries.append(
+                ui_entry(self.task.id, r, UIError(message="The task failed.", detail=error))
+            )
+        patch = {"status": status, "error": error, "control": None, **(extra or {})}
+        if self.task.parent_id is None:
+            await self.commit(entries, patch)
+            return
+        # A sub-task's end and its parent's tool result land in one commit.
+        if status is TaskStatus.COMPLETED:
+            content, outcome = _render(self.task.output), "ok"
+        else:
+            content, outcome = f"Sub-task {status.value}: {error or 'no reason given'}", "error"
+        for attempt in range(5):
+            parent_entries, parent_patches = await child_resolution(
+                self.store, self.task, content, outcome
+            )
+            try:
+                await self.commit([*entries, *parent_entries], patch, patches=parent_patches)
+                return
+            except Conflict:
+                if attempt == 4:
+                    raise
+
+    async def _block(self, reason: BlockReason, message: str) -> None:
+        r = self.task.iterations + 1
+        await self.commit(
+            [ui_entry(self.task.id, r, UIError(message="The task is blocked.", detail=message))],
+            {"status": TaskStatus.BLOCKED, "status_reason": reason.value, "error": message},
+        )
+
+
+def _render(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if hasattr(value, "model_dump_json"):
+        return str(value.model_dump_json())
+    return json.dumps(value, default=str, ensure_ascii=False)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _parse_dt(text: str) -> Any:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text)
+
+
+def _reconstruct(wait: dict[str, Any]) -> Suspend:
+    if wait["wait"] == "subtask":
+        return SpawnSubtask(wait.get("agent", ""), None)
+    return WaitForInput(wait.get("question", ""))
+
+
+__all__ = ["Abandoned", "Control", "TaskRunner", "dump_message", "request_pin"]

@@ -1,0 +1,168 @@
+"""What the log says about a round, and the entries the runtime writes.
+
+Payload shapes live here so the engine, recovery and wait resolution read and
+write them the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from duragent.types import (
+    API_MESSAGE,
+    AssistantMessage,
+    Entry,
+    EntryKind,
+    NewEntry,
+    ToolMessage,
+    UIError,
+    UINotice,
+    UIText,
+    UIToolCard,
+    dump_message,
+)
+
+INTERRUPTED = (
+    "Tool call interrupted: the process running it stopped before its result was saved. "
+    "It may or may not have taken effect; it was not re-run because it is not marked "
+    "replay-safe."
+)
+
+
+@dataclass
+class RoundState:
+    """The committed, non-voided facts of one round."""
+
+    round: int
+    assistant: AssistantMessage | None = None
+    api_seqs: list[int] = field(default_factory=list)
+    intents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    waits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    progress_seqs: list[int] = field(default_factory=list)
+    tool_partial: dict[str, list[str]] = field(default_factory=dict)
+    started: set[str] = field(default_factory=set)
+
+    @property
+    def missing(self) -> list[str]:
+        """Call ids with an intent and no result, in call order."""
+        return [cid for cid in self.intents if cid not in self.results]
+
+    @property
+    def open_waits(self) -> dict[str, dict[str, Any]]:
+        """Waits nobody has answered yet (an approved call is no longer waiting)."""
+        return {
+            cid: w
+            for cid, w in self.waits.items()
+            if cid not in self.results and cid not in self.decisions
+        }
+
+
+def read_round(entries: Iterable[Entry], rnd: int) -> RoundState:
+    entries = list(entries)
+    voided: list[tuple[str, int, int]] = []
+    for e in entries:
+        if e.kind is EntryKind.ROLLBACK:
+            p = e.payload
+            voided.append((p.get("scope", "api"), p["from_seq"], p["to_seq"]))
+
+    def void(scope: str, seq: int) -> bool:
+        return any(s == scope and lo <= seq <= hi for s, lo, hi in voided)
+
+    st = RoundState(rnd)
+    for e in entries:
+        if e.round != rnd:
+            continue
+        p = e.payload
+        if e.kind is EntryKind.PROGRESS:
+            if "call_id" in p:
+                st.tool_partial.setdefault(p["call_id"], []).append(p.get("text", ""))
+            elif not void("progress", e.seq):
+                st.progress_seqs.append(e.seq)
+            continue
+        if void("api", e.seq):
+            continue
+        if e.kind is EntryKind.API_MESSAGE and p.get("role") == "assistant":
+            msg = API_MESSAGE.validate_python(p)
+            assert isinstance(msg, AssistantMessage)
+            st.assistant = msg
+            st.api_seqs.append(e.seq)
+        elif e.kind is EntryKind.TOOL_INTENT:
+            st.intents[p["call_id"]] = p
+        elif e.kind is EntryKind.TOOL_RESULT:
+            st.results[p["tool_call_id"]] = p
+            st.api_seqs.append(e.seq)
+        elif e.kind is EntryKind.CHECKPOINT and p.get("type") == "wait":
+            st.waits[p["call_id"]] = p
+        elif e.kind is EntryKind.CHECKPOINT and p.get("type") == "decision":
+            st.decisions[p["call_id"]] = p
+        elif e.kind is EntryKind.CHECKPOINT and p.get("type") == "started":
+            st.started.add(p["call_id"])
+    return st
+
+
+# --- entry builders ----------------------------------------------------------
+
+
+def api_entry(task_id: str, rnd: int, message: Any) -> NewEntry:
+    return NewEntry(
+        task_id=task_id, kind=EntryKind.API_MESSAGE, round=rnd, payload=dump_message(message)
+    )
+
+
+def ui_entry(task_id: str, rnd: int, message: UIText | UIToolCard | UIError | UINotice) -> NewEntry:
+    return NewEntry(
+        task_id=task_id, kind=EntryKind.UI_MESSAGE, round=rnd, payload=dump_message(message)
+    )
+
+
+def notice(task_id: str, rnd: int, text: str) -> NewEntry:
+    return ui_entry(task_id, rnd, UINotice(message=text))
+
+
+def result_entries(
+    task_id: str, rnd: int, call_id: str, content: str, outcome: str
+) -> list[NewEntry]:
+    """A tool result: the tool message the model sees plus its outcome.
+
+    No UI card is stored beside it: the UI view derives tool cards from intents
+    and results (runtime/views.py), so a round costs one row per fact.
+    """
+    message = dump_message(ToolMessage(tool_call_id=call_id, content=content))
+    return [
+        NewEntry(
+            task_id=task_id,
+            kind=EntryKind.TOOL_RESULT,
+            round=rnd,
+            payload={**message, "outcome": outcome},
+        )
+    ]
+
+
+def wait_entry(task_id: str, rnd: int, call_id: str, wait: str, **details: Any) -> NewEntry:
+    payload = {"type": "wait", "call_id": call_id, "wait": wait, **details}
+    return NewEntry(task_id=task_id, kind=EntryKind.CHECKPOINT, round=rnd, payload=payload)
+
+
+def started_entry(task_id: str, rnd: int, call_id: str) -> NewEntry:
+    payload = {"type": "started", "call_id": call_id}
+    return NewEntry(task_id=task_id, kind=EntryKind.CHECKPOINT, round=rnd, payload=payload)
+
+
+def decision_entry(
+    task_id: str, rnd: int, call_id: str, approved: bool, reason: str | None
+) -> NewEntry:
+    payload = {"type": "decision", "call_id": call_id, "approved": approved, "reason": reason}
+    return NewEntry(task_id=task_id, kind=EntryKind.CHECKPOINT, round=rnd, payload=payload)
+
+
+def wait_reason(waits: dict[str, dict[str, Any]]) -> str:
+    """The status reason for a set of open waits: input first (a person must act)."""
+    kinds = {w["wait"] for w in waits.values()}
+    for kind, reason in (("input", "input"), ("approval", "input"), ("subtask", "subtask")):
+        if kind in kinds:
+            return reason
+    return "timer"

@@ -1,0 +1,498 @@
+"""The Runtime: what users call. Submit, wait, pause, resume, abort, answer, watch."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from duragent.errors import Conflict, InvalidTransition, TaskNotFound, UnknownAgent, UsageError
+from duragent.runtime.agent import Agent
+from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
+from duragent.runtime.log import api_entry
+from duragent.runtime.submit import new_task
+from duragent.runtime.views import Steps, build_steps, ui_view
+from duragent.runtime.waits import open_waits, resolution
+from duragent.runtime.worker import Worker, lease_alive
+from duragent.store import open_store
+from duragent.store.base import Commit, Store, TaskPatch, TaskQuery
+from duragent.types import ApiMessage, Entry, Task, TaskStatus, UiMessage
+
+T = TypeVar("T")
+ACTIVE = (TaskStatus.PENDING, TaskStatus.RUNNING, TaskStatus.WAITING)
+
+
+@dataclass
+class Submission:
+    """A submitted task. Cancelling `wait` stops waiting; it never stops the task."""
+
+    runtime: Runtime
+    task_id: str
+    created: bool
+
+    async def status(self) -> TaskStatus:
+        return (await self.runtime.get(self.task_id)).status
+
+    async def wait(self, timeout: float | None = None) -> Task:
+        return await self.runtime.wait(self.task_id, timeout=timeout)
+
+
+@dataclass
+class TaskTree:
+    task: Task
+    children: list[TaskTree] = field(default_factory=list)
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+class Runtime:
+    """`async with Runtime("sqlite:///agent.db", agents=[...]) as rt: ...`
+
+    With `run_worker=True` (the default) an in-process worker runs the tasks of
+    the given agents; it starts on the first `submit`, `wait` or `resume()`.
+    """
+
+    def __init__(
+        self,
+        store: str | Store | None = None,
+        agents: Iterable[Agent] = (),
+        *,
+        run_worker: bool = True,
+        concurrency: int = 32,
+        lease_ttl: float = 30.0,
+        poll_interval: float = 0.5,
+        worker_id: str | None = None,
+        on_status_change: StatusHook | None = None,
+        trace: TraceHook | None = None,
+    ) -> None:
+        self.store: Store = (
+            store if store is not None and not isinstance(store, str) else open_store(store)
+        )
+        self._owns_store = store is None or isinstance(store, str)
+        self.agents = {a.name: a for a in agents}
+        self.run_worker = run_worker
+        self.worker: Worker | None = None
+        self._worker_args = {
+            "concurrency": concurrency,
+            "lease_ttl": lease_ttl,
+            "poll_interval": poll_interval,
+            "worker_id": worker_id,
+            "on_status": on_status_change,
+            "trace": trace,
+        }
+        self._worker_job: asyncio.Task[None] | None = None
+
+    # --- lifecycle ---
+
+    async def __aenter__(self) -> Runtime:
+        await self.store.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def start_worker(self) -> None:
+        """Start the in-process scheduler (idempotent)."""
+        if not self.run_worker or self._worker_job is not None:
+            return
+        self.worker = Worker(self.store, self.agents.values(), **self._worker_args)  # type: ignore[arg-type]
+        self._worker_job = asyncio.ensure_future(self.worker.run())
+
+    async def close(self, *, graceful: bool = True) -> None:
+        if self.worker is not None and self._worker_job is not None:
+            await self.worker.stop(graceful=graceful)
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker_job
+            self._worker_job = None
+        if self._owns_store:
+            await self.store.close()
+
+    def _wake(self) -> None:
+        if self.worker is not None:
+            self.worker.wake()
+
+    # --- tasks ---
+
+    def agent(self, name: str) -> Agent:
+        try:
+            return self.agents[name]
+        except KeyError:
+            raise UnknownAgent(name, list(self.agents)) from None
+
+    async def submit(
+        self,
+        agent: str,
+        input: Any,
+        *,
+        request_id: str | None = None,
+        owner: str | None = None,
+        session_id: str | None = None,
+        context: dict[str, Any] | None = None,
+        continue_session: bool = False,
+    ) -> Submission:
+        """Start a task. The same `request_id` from the same owner returns the same task.
+
+        `continue_session=True` starts the model from the conversation of the
+        session's latest finished task (chat continuation: a new task, its own log);
+        resuming an interrupted task is `resume`, not this.
+        """
+        definition = self.agent(agent)
+        history: builtins.list[Any] | None = None
+        if continue_session:
+            if session_id is None:
+                raise UsageError("continue_session=True needs a session_id")
+            history = await self._session_history(session_id, owner)
+        task, first = new_task(
+            definition,
+            input,
+            owner=owner,
+            session_id=session_id,
+            request_id=request_id,
+            context=context,
+        )
+        entries = [first]
+        if history:
+            # Round 0: earlier conversation, visible to the model, never a round to recover.
+            entries = [api_entry(task.id, 0, m) for m in history] + entries
+            task.config["continues_session"] = len(history)
+        stored, created = await self.store.create_task(task, entries)
+        self.start_worker()
+        self._wake()
+        return Submission(self, stored.id, created)
+
+    async def _session_history(self, session_id: str, owner: str | None) -> builtins.list[Any]:
+        page = await self.store.list_tasks(
+            TaskQuery(session_id=session_id, owner=owner, status=TaskStatus.COMPLETED, limit=1)
+        )
+        if not page.tasks:
+            return []
+        return list(await self.store.model_view(page.tasks[0].id))
+
+    async def get(self, task_id: str, *, owner: str | None = None) -> Task:
+        """The task; with `owner`, another owner's task is reported as not found."""
+        task = await self.store.get_task(task_id)
+        if owner is not None and task.owner != owner:
+            raise TaskNotFound(task_id)
+        return task
+
+    async def list(
+        self,
+        *,
+        owner: str | None = None,
+        status: TaskStatus | Sequence[TaskStatus] | None = None,
+        session_id: str | None = None,
+        parent_id: str | None = None,
+        agent: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Any:
+        return await self.store.list_tasks(
+            TaskQuery(
+                owner=owner,
+                status=status,
+                session_id=session_id,
+                parent_id=parent_id,
+                agent=agent,
+                limit=limit,
+                cursor=cursor,
+            )
+        )
+
+    async def wait(
+        self,
+        task_id: str,
+        *,
+        timeout: float | None = None,
+        until: Callable[[Task], bool] | None = None,
+    ) -> Task:
+        """Until the task ends (or `until(task)` holds). Raises TimeoutError; never cancels it."""
+        self.start_worker()
+        done = until or (lambda t: t.status.terminal)
+
+        async def poll() -> Task:
+            while True:
+                task = await self.store.get_task(task_id)
+                if done(task):
+                    return task
+                await self.store.wait_for_change(0.5)
+
+        return await asyncio.wait_for(poll(), timeout)
+
+    async def load_task(self, task_id: str, context: dict[str, Any] | None = None) -> Task:
+        """The task as stored; `context` is deep-merged over the stored context and saved."""
+        task = await self.store.get_task(task_id)
+        if not context:
+            return task
+        merged = deep_merge(task.context, context)
+        res = await self.store.commit(Commit(patches=[TaskPatch(task_id, {"context": merged})]))
+        return res.tasks[task_id]
+
+    async def messages(
+        self, task_id: str, view: Literal["model", "ui"] = "model"
+    ) -> builtins.list[Any]:
+        if view == "model":
+            return list(await self.store.model_view(task_id))
+        return await self.ui_messages(task_id)
+
+    async def model_view(self, task_id: str) -> builtins.list[ApiMessage]:
+        return await self.store.model_view(task_id)
+
+    async def ui_messages(self, task_id: str) -> builtins.list[UiMessage]:
+        return ui_view(await self.store.entries(task_id))
+
+    async def steps(self, task_id: str) -> Steps:
+        task = await self.store.get_task(task_id)
+        return await build_steps(self.store, task)
+
+    async def tree(self, task_id: str) -> TaskTree:
+        node = TaskTree(await self.store.get_task(task_id))
+        page = await self.store.list_tasks(TaskQuery(parent_id=task_id, limit=1000))
+        for child in sorted(page.tasks, key=lambda t: t.created_at):
+            node.children.append(await self.tree(child.id))
+        return node
+
+    async def subscribe(self, task_id: str, after_seq: int = 0) -> AsyncIterator[Entry]:
+        """Committed entries after `after_seq`, as they are committed; ends when the task ends."""
+        while True:
+            batch = await self.store.entries(task_id, after_seq=after_seq, limit=500)
+            for entry in batch:
+                after_seq = entry.seq
+                yield entry
+            if batch:
+                continue
+            task = await self.store.get_task(task_id)
+            if task.status.terminal and task.last_seq <= after_seq:
+                return
+            await self.store.wait_for_change(0.5)
+
+    # --- control ---
+
+    async def pause(self, task_id: str, rollback: bool = False, *, timeout: float = 60.0) -> Task:
+        """Stop at the next safe point; returns once `paused` is committed.
+
+        With `rollback`, the incomplete round's API entries are voided (the model
+        will redo the round); UI entries are kept. Active sub-tasks pause too.
+        """
+        task = await self._stop(task_id, Control("pause", rollback), timeout)
+        for child in await self._descendants(task_id, ACTIVE):
+            with contextlib.suppress(InvalidTransition, Conflict):
+                await self._stop(child.id, Control("pause"), timeout)
+        return task
+
+    async def abort(
+        self, task_id: str, reason: str | None = None, *, timeout: float = 60.0
+    ) -> Task:
+        """End the task for good (terminal), cancelling its model call and tools; children too."""
+        task = await self._stop(task_id, Control("abort", reason=reason or "aborted"), timeout)
+        for child in await self._descendants(
+            task_id, (*ACTIVE, TaskStatus.PAUSED, TaskStatus.BLOCKED)
+        ):
+            with contextlib.suppress(InvalidTransition, Conflict):
+                await self._stop(child.id, Control("abort", reason="parent task aborted"), timeout)
+        return task
+
+    async def _stop(self, task_id: str, control: Control, timeout: float) -> Task:
+        target = TaskStatus.PAUSED if control.action == "pause" else TaskStatus.ABORTED
+        for _ in range(50):
+            task = await self.store.get_task(task_id)
+            if task.status is target or task.status.terminal:
+                if task.status.terminal and task.status is not target:
+                    raise InvalidTransition(task.status.value, target.value)
+                return task
+            if target is TaskStatus.PAUSED and task.status in (
+                TaskStatus.PAUSED,
+                TaskStatus.BLOCKED,
+            ):
+                raise InvalidTransition(task.status.value, target.value)
+            runner = self.worker.runner(task_id) if self.worker else None
+            if runner is not None:
+                runner.request(control)
+                await self.worker.wait_task(task_id)  # type: ignore[union-attr]
+                continue
+            if lease_alive(task):
+                # Another process runs it: leave the request on the row; its worker
+                # sees it at the next heartbeat and stops at a safe point.
+                try:
+                    await self.store.commit(
+                        Commit(
+                            patches=[
+                                TaskPatch(
+                                    task_id,
+                                    {
+                                        "control": {
+                                            "action": control.action,
+                                            "rollback": control.rollback,
+                                            "reason": control.reason,
+                                        }
+                                    },
+                                    expect_status=[TaskStatus.RUNNING],
+                                    expect_version=task.version,
+                                )
+                            ]
+                        )
+                    )
+                except Conflict:
+                    continue
+                return await self.wait(
+                    task_id, timeout=timeout, until=lambda t: t.status is not TaskStatus.RUNNING
+                )
+            try:
+                return await self._stop_unowned(task, control)
+            except Conflict:
+                continue  # it moved under us (claimed, answered): look again
+        raise Conflict(f"task {task_id!r} kept changing; could not {control.action} it")
+
+    async def _stop_unowned(self, task: Task, control: Control) -> Task:
+        if task.status is TaskStatus.RUNNING:
+            # Its worker is gone: take the lease so no one else runs it meanwhile.
+            claimed = await self.store.claim_task("runtime-stop", task_id=task.id, ttl=30.0)
+            if claimed is None:
+                raise Conflict("claimed by someone else")
+            runner = TaskRunner(self.store, self._agent_for(claimed), claimed)
+        else:
+            runner = TaskRunner(self.store, self._agent_for(task), task, detached=True)
+        return await runner.stop_now(control)
+
+    def _agent_for(self, task: Task) -> Agent:
+        return self.agents.get(task.agent) or Agent(
+            name=task.agent, model="scripted:none", plan_tool=False
+        )
+
+    async def _descendants(
+        self, task_id: str, statuses: Sequence[TaskStatus]
+    ) -> builtins.list[Task]:
+        out: builtins.list[Task] = []
+        page = await self.store.list_tasks(TaskQuery(parent_id=task_id, limit=1000))
+        for child in page.tasks:
+            if child.status in statuses:
+                out.append(child)
+            out += await self._descendants(child.id, statuses)
+        return out
+
+    async def resume(self, task_id: str | None = None) -> Task | None:
+        """Make a paused or blocked task runnable again (a `running` task whose
+        worker died is taken over by itself). With no id: start the scheduler."""
+        self.start_worker()
+        if task_id is None:
+            self._wake()
+            return None
+        task = await self.store.get_task(task_id)
+        if task.status is TaskStatus.RUNNING:
+            if lease_alive(task):
+                raise InvalidTransition(task.status.value, "pending", "it is running right now")
+            self._wake()  # its lease is expired: any worker takes it over
+            return task
+        if task.status not in (TaskStatus.PAUSED, TaskStatus.BLOCKED):
+            raise InvalidTransition(
+                task.status.value,
+                "pending",
+                "only a paused or blocked task (or a running one whose worker is gone) "
+                "can be resumed",
+            )
+        changes: dict[str, Any] = {"status": TaskStatus.PENDING, "error": None}
+        if task.status_reason == "restart_limit":
+            changes["restarts"] = 0
+        res = await self.store.commit(
+            Commit(
+                patches=[
+                    TaskPatch(
+                        task_id, changes, expect_status=[task.status], expect_version=task.version
+                    )
+                ]
+            )
+        )
+        for child in await self._descendants(task_id, (TaskStatus.PAUSED,)):
+            with contextlib.suppress(InvalidTransition, Conflict):
+                await self.store.commit(
+                    Commit(
+                        patches=[
+                            TaskPatch(
+                                child.id,
+                                {"status": TaskStatus.PENDING},
+                                expect_status=[TaskStatus.PAUSED],
+                            )
+                        ]
+                    )
+                )
+        self._wake()
+        return res.tasks[task_id]
+
+    async def respond(
+        self,
+        task_id: str,
+        *,
+        approve: bool | None = None,
+        reason: str | None = None,
+        answer: str | None = None,
+        call_id: str | None = None,
+    ) -> Task:
+        """Answer a task waiting for input: approve or deny a tool call, or answer a question."""
+        for _ in range(10):
+            task = await self.store.get_task(task_id)
+            waits = {
+                c: w
+                for c, w in (await open_waits(self.store, task)).items()
+                if w["wait"] in ("input", "approval")
+            }
+            if call_id is None:
+                if len(waits) != 1:
+                    raise UsageError(
+                        f"task {task_id!r} waits for {len(waits)} answers; pass call_id= one of "
+                        f"{sorted(waits)}"
+                        if waits
+                        else f"task {task_id!r} is not waiting for input"
+                    )
+                (cid,) = waits
+            else:
+                cid = call_id
+            wait = waits.get(cid)
+            if wait is None:
+                raise UsageError(
+                    f"task {task_id!r} has no question or approval open for call {cid!r}"
+                )
+            if wait["wait"] == "approval":
+                if approve is None:
+                    raise UsageError("this call waits for an approval: pass approve=True or False")
+                kwargs: dict[str, Any] = {"decision": (approve, reason)}
+                if not approve:
+                    kwargs["content"] = f"The user denied this call: {reason or 'no reason given'}"
+                    kwargs["outcome"] = "denied"
+            else:
+                if answer is None:
+                    raise UsageError("this call waits for an answer: pass answer='...'")
+                kwargs = {"content": answer}
+            entries, patch = await resolution(self.store, task, cid, **kwargs)
+            try:
+                res = await self.store.commit(Commit(entries=entries, patches=[patch]))
+            except Conflict:
+                continue
+            self.start_worker()
+            self._wake()
+            return res.tasks[task_id]
+        raise Conflict(f"task {task_id!r} kept changing while answering it")
+
+    async def delete(self, task_id: str) -> None:
+        await self.store.delete_task(task_id)
+
+    # --- sync convenience ---
+
+    def run_sync(self, agent: str, input: Any, *, timeout: float | None = None, **kw: Any) -> Task:
+        """Submit and wait, for scripts without an event loop."""
+
+        async def go() -> Task:
+            async with self:
+                sub = await self.submit(agent, input, **kw)
+                return await sub.wait(timeout)
+
+        return asyncio.run(go())

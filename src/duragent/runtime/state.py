@@ -1,0 +1,139 @@
+"""Memory-first task state with debounced persistence (seed 000's StateManager).
+
+`update` changes memory at once; a save follows after `debounce` seconds of
+quiet, or at the latest `max_wait` seconds after the first unsaved change.
+Saves never overlap, a failed save is retried, and `flush` saves right away
+(the engine flushes at every round commit and at pause/complete/fail/abort).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+log = logging.getLogger("duragent.state")
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class MonotonicClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+SaveFn = Callable[[dict[str, Any]], Awaitable[None]]
+StatusCallback = Callable[[Any, Any], None]
+
+
+class DebouncedState:
+    def __init__(
+        self,
+        initial: dict[str, Any],
+        save: SaveFn,
+        *,
+        debounce: float = 1.0,
+        max_wait: float = 5.0,
+        retry_delay: float = 0.5,
+        clock: Clock | None = None,
+        on_status_change: StatusCallback | None = None,
+    ) -> None:
+        self.state = dict(initial)
+        self._save_fn = save
+        self.debounce = debounce
+        self.max_wait = max_wait
+        self.retry_delay = retry_delay
+        self.clock = clock or MonotonicClock()
+        self.on_status_change = on_status_change
+        self.dirty = False
+        self.saves = 0
+        self._first_pending: float | None = None
+        self._timer: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    def update(self, **changes: Any) -> None:
+        old_status = self.state.get("status")
+        self.state.update(changes)
+        new_status = self.state.get("status")
+        if "status" in changes and new_status != old_status and self.on_status_change:
+            self.on_status_change(old_status, new_status)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        self.dirty = True
+        now = self.clock.now()
+        if self._first_pending is None:
+            self._first_pending = now
+        waited = now - self._first_pending
+        self._cancel_timer()
+        delay = 0.0 if waited >= self.max_wait else min(self.debounce, self.max_wait - waited)
+        self._timer = asyncio.ensure_future(self._save_after(delay))
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None and not self._timer.done():
+            self._timer.cancel()
+        self._timer = None
+
+    async def _save_after(self, delay: float) -> None:
+        if delay > 0:
+            await self.clock.sleep(delay)
+        await self._save()
+
+    async def _save(self) -> None:
+        async with self._lock:  # saves never overlap
+            if not self.dirty:
+                return
+            snapshot = dict(self.state)
+            self.dirty = False
+            self._first_pending = None
+            try:
+                await self._save_fn(snapshot)
+                self.saves += 1
+            except asyncio.CancelledError:
+                self.dirty = True
+                raise
+            except Exception:
+                log.warning("saving task state failed; retrying", exc_info=True)
+                self.dirty = True
+                if self._first_pending is None:
+                    self._first_pending = self.clock.now()
+                self._timer = asyncio.ensure_future(self._save_after(self.retry_delay))
+
+    async def flush(self) -> None:
+        """Save now if anything is unsaved (waits for a save in progress)."""
+        self._cancel_timer()
+        await self._save()
+        if self.dirty:  # the save failed: surface it to the caller this time
+            snapshot = dict(self.state)
+            await self._save_fn(snapshot)
+            self.dirty = False
+            self._first_pending = None
+
+    def mark_dirty(self) -> None:
+        """A commit that carried the state failed: save it again later."""
+        self._schedule()
+
+    def take(self) -> dict[str, Any] | None:
+        """Hand the unsaved state to a commit the caller is making anyway."""
+        if not self.dirty:
+            return None
+        self._cancel_timer()
+        self.dirty = False
+        self._first_pending = None
+        return dict(self.state)
+
+    async def close(self) -> None:
+        timer = self._timer
+        self._cancel_timer()
+        if timer is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await timer

@@ -1,0 +1,55 @@
+"""Creating tasks: the row, its pinned model request, and its first message."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from duragent.runtime.log import api_entry
+from duragent.types import NewEntry, Task, UserMessage
+
+if TYPE_CHECKING:
+    from duragent.runtime.agent import Agent
+
+
+def input_text(value: Any) -> str:
+    """The user message a task's input becomes."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("text"), str):
+        return str(value["text"])
+    import json
+
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def new_task(
+    agent: Agent,
+    input: Any,
+    *,
+    owner: str | None = None,
+    session_id: str | None = None,
+    request_id: str | None = None,
+    parent_id: str | None = None,
+    root_id: str | None = None,
+    context: dict[str, Any] | None = None,
+) -> tuple[Task, NewEntry]:
+    """A pending task and the entry holding its user message.
+
+    The model request (model and settings) is pinned on the task now, so every
+    model call of the task, including a resend after a crash, asks the same way.
+    """
+    config: dict[str, Any] = {
+        "request": {"model": agent.model_name, "settings": dict(agent.model_settings)}
+    }
+    task = Task(
+        agent=agent.name,
+        input=input,
+        owner=owner,
+        session_id=session_id,
+        request_id=request_id,
+        parent_id=parent_id,
+        root_id=root_id,
+        context=dict(context or {}),
+        config=config,
+    )
+    return task, api_entry(task.id, 1, UserMessage(content=input_text(input)))

@@ -1,0 +1,135 @@
+"""Views a person reads: the UI message list and the steps of a task (seed 001)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from duragent.runtime.builtin import PLAN_KEY
+from duragent.runtime.log import read_round
+from duragent.store.base import Store, iter_entries
+from duragent.types import (
+    UI_MESSAGE,
+    Entry,
+    EntryKind,
+    Task,
+    UiMessage,
+    UIText,
+    UIToolCard,
+    task_scope,
+)
+
+_CARD_STATE = {"ok": "ok", "interrupted": "interrupted", "error": "error", "denied": "error"}
+
+
+def _arguments(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {"_raw": text}
+    return value if isinstance(value, dict) else {"_value": value}
+
+
+def ui_view(entries: list[Entry]) -> list[UiMessage]:
+    """What a person sees, in commit order.
+
+    Stored UI entries (notices, errors) come as they are; user and assistant
+    text and tool cards are derived from the API entries, intents and results.
+    Rolled-back rounds stay visible: UI is never voided. A stream still in
+    progress shows as assistant text until its message is committed.
+    """
+    out: list[UiMessage] = []
+    cards: dict[str, UIToolCard] = {}
+    streaming: dict[int, UIText] = {}
+    answered: set[int] = set()
+    for e in entries:
+        p = e.payload
+        if e.kind is EntryKind.UI_MESSAGE:
+            if "from_seq" not in p:
+                out.append(UI_MESSAGE.validate_python(p))
+        elif e.kind is EntryKind.API_MESSAGE:
+            role = p.get("role")
+            if role == "user":
+                out.append(UIText(role="user", text=p.get("content", "")))
+            elif role == "assistant":
+                answered.add(e.round)
+                partial = streaming.pop(e.round, None)
+                if partial is not None and partial in out:
+                    out.remove(partial)
+                if p.get("content"):
+                    out.append(UIText(role="assistant", text=p["content"]))
+                for call in p.get("tool_calls") or ():
+                    card = UIToolCard(
+                        call_id=call["id"],
+                        name=call["function"]["name"],
+                        arguments=_arguments(call["function"]["arguments"]),
+                    )
+                    cards[card.call_id] = card
+                    out.append(card)
+        elif e.kind is EntryKind.TOOL_RESULT:
+            done = cards.get(p["tool_call_id"])
+            if done is not None:
+                done.state = _CARD_STATE.get(p.get("outcome", "ok"), "error")  # type: ignore[assignment]
+                done.result = p.get("content", "")[:4000]
+        elif e.kind is EntryKind.CHECKPOINT and p.get("type") == "wait":
+            parked = cards.get(p["call_id"])
+            if parked is not None:
+                parked.state = "waiting"
+        elif e.kind is EntryKind.PROGRESS and "call_id" not in p and e.round not in answered:
+            text = streaming.get(e.round)
+            if text is None:
+                text = streaming[e.round] = UIText(role="assistant", text="")
+                out.append(text)
+            text.text += p.get("text", "")
+        elif e.kind is EntryKind.ROLLBACK and p.get("scope") == "progress":
+            partial = streaming.pop(e.round, None)
+            if partial is not None and partial in out:
+                out.remove(partial)
+    return out
+
+
+@dataclass
+class Step:
+    round: int
+    thought: str | None
+    actions: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Steps:
+    """Seed 001's task record: completed steps, pending steps and output."""
+
+    completed: list[Step]
+    pending: list[str]
+    output: Any
+    iterations: int
+
+
+async def build_steps(store: Store, task: Task) -> Steps:
+    entries = [e async for e in iter_entries(store, task.id)]
+    markers = [e for e in entries if e.kind is EntryKind.ROLLBACK]
+    by_round: dict[int, list[Entry]] = defaultdict(list)
+    for e in entries:
+        by_round[e.round].append(e)
+    completed = []
+    for r in range(1, task.iterations + 1):
+        rs = read_round([*by_round.get(r, []), *markers], r)
+        if rs.assistant is None:
+            continue
+        step = Step(r, rs.assistant.content)
+        for call in rs.assistant.tool_calls or ():
+            result = rs.results.get(call.id, {})
+            step.actions.append(
+                {
+                    "tool": call.function.name,
+                    "arguments": _arguments(call.function.arguments),
+                    "observation": result.get("content"),
+                    "outcome": result.get("outcome"),
+                }
+            )
+        completed.append(step)
+    plan = await store.get_document(task_scope(task.id), PLAN_KEY)
+    pending = list(plan.value.get("pending", [])) if plan is not None else []
+    return Steps(completed, pending, task.output, task.iterations)

@@ -1,0 +1,210 @@
+"""The worker: claims runnable tasks, runs them, keeps their leases alive."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from duragent.errors import StaleLease, StoreError, TaskNotFound
+from duragent.runtime.agent import Agent
+from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
+from duragent.runtime.state import Clock
+from duragent.store.base import Store
+from duragent.types import Task, TaskStatus, utcnow
+
+log = logging.getLogger("duragent.worker")
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Worker:
+    """Runs up to `concurrency` tasks of the agents it knows.
+
+    Leases last `lease_ttl` seconds and are renewed every `heartbeat` seconds;
+    a task whose worker died is taken over by any worker once its lease expires.
+    New work is noticed at once when it is submitted in this process, and
+    otherwise within `poll_interval` (or the store's own notification).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        agents: Iterable[Agent],
+        *,
+        concurrency: int = 32,
+        lease_ttl: float = 30.0,
+        heartbeat: float | None = None,
+        poll_interval: float = 0.5,
+        worker_id: str | None = None,
+        on_status: StatusHook | None = None,
+        clock: Clock | None = None,
+        shutdown_grace: float = 30.0,
+        trace: TraceHook | None = None,
+    ) -> None:
+        self.store = store
+        self.agents = {a.name: a for a in agents}
+        self.concurrency = concurrency
+        self.lease_ttl = lease_ttl
+        self.heartbeat = heartbeat if heartbeat is not None else lease_ttl / 3
+        self.poll_interval = poll_interval
+        self.id = worker_id or default_worker_id()
+        self.on_status = on_status
+        self.clock = clock
+        self.shutdown_grace = shutdown_grace
+        self.trace = trace
+        self.runners: dict[str, TaskRunner] = {}
+        self._jobs: dict[str, asyncio.Task[Task]] = {}
+        self._done: dict[str, asyncio.Event] = {}
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._stopped = asyncio.Event()
+        self.claimed = 0  # tasks this worker has claimed
+
+    # --- control ---
+
+    def wake(self) -> None:
+        """Look for work now (something was just submitted or resumed here)."""
+        self._wake.set()
+
+    def runner(self, task_id: str) -> TaskRunner | None:
+        return self.runners.get(task_id)
+
+    async def wait_task(self, task_id: str) -> None:
+        """Until this worker has stopped running `task_id` (if it is running it)."""
+        job = self._jobs.get(task_id)
+        if job is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.shield(job)
+
+    async def stop(self, *, graceful: bool = True) -> None:
+        """Stop claiming. Graceful: running tasks stop at their next safe point and
+        go back to the queue (status pending) for another worker."""
+        self._stopping = True
+        self._wake.set()
+        if graceful:
+            for runner in list(self.runners.values()):
+                runner.request(Control("release"))
+            jobs = list(self._jobs.values())
+            if jobs:
+                _, late = await asyncio.wait(jobs, timeout=self.shutdown_grace)
+                for job in late:
+                    job.cancel()
+        else:
+            for job in self._jobs.values():
+                job.cancel()
+        for job in list(self._jobs.values()):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await job
+        await self._stopped.wait()
+
+    # --- the loop ---
+
+    async def run(self) -> None:
+        beat = asyncio.ensure_future(self._heartbeat())
+        try:
+            while not self._stopping:
+                await self._claim_some()
+                await self._idle()
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+            self._stopped.set()
+
+    async def _claim_some(self) -> None:
+        while len(self._jobs) < self.concurrency and not self._stopping:
+            try:
+                task = await self.store.claim_task(
+                    self.id, agents=list(self.agents), ttl=self.lease_ttl
+                )
+            except StoreError as exc:
+                log.warning("claim failed: %s", exc)
+                return
+            if task is None:
+                return
+            self.claimed += 1
+            self._start(task)
+
+    async def _idle(self) -> None:
+        timeout = self.poll_interval
+        if len(self._jobs) < self.concurrency:
+            with contextlib.suppress(StoreError):
+                due = await self.store.next_wake_at(list(self.agents))
+                if due is not None:
+                    timeout = max(0.0, min(timeout, (due - utcnow()).total_seconds() + 0.01))
+        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._wake.wait())]
+        if getattr(self.store, "notifies_across_processes", False):
+            waits.append(asyncio.ensure_future(self.store.wait_for_change(timeout)))
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        self._wake.clear()
+
+    def _start(self, task: Task) -> None:
+        agent = self.agents[task.agent]
+        runner = TaskRunner(
+            self.store,
+            agent,
+            task,
+            agents=self.agents,
+            on_status=self.on_status,
+            clock=self.clock,
+            trace=self.trace,
+        )
+        self.runners[task.id] = runner
+        self._done[task.id] = asyncio.Event()
+        job = asyncio.ensure_future(runner.run())
+        self._jobs[task.id] = job
+        job.add_done_callback(lambda _: self._finished(task.id))
+
+    def _finished(self, task_id: str) -> None:
+        self.runners.pop(task_id, None)
+        self._jobs.pop(task_id, None)
+        done = self._done.pop(task_id, None)
+        if done is not None:
+            done.set()
+        self._wake.set()  # a slot is free
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat)
+            for task_id, runner in list(self.runners.items()):
+                await self._renew(task_id, runner)
+
+    async def _renew(self, task_id: str, runner: TaskRunner) -> None:
+        try:
+            row = await self.store.renew_lease(task_id, self.id, runner.epoch, self.lease_ttl)
+        except (StaleLease, TaskNotFound):
+            # Another worker owns it now (we were stopped past our lease): stop
+            # without writing; fencing would refuse our writes anyway.
+            log.warning("task %s: lease lost, abandoning it", task_id)
+            job = self._jobs.get(task_id)
+            if job is not None:
+                job.cancel()
+            return
+        except StoreError as exc:
+            log.warning("task %s: lease renewal failed: %s", task_id, exc)
+            return
+        if row.control:
+            runner.request(Control(**row.control))
+
+
+def lease_alive(task: Task, now: datetime | None = None) -> bool:
+    expires = task.lease.expires_at
+    return (
+        task.status is TaskStatus.RUNNING
+        and task.lease.owner is not None
+        and expires is not None
+        and expires > (now or utcnow())
+    )

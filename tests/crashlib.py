@@ -1,0 +1,65 @@
+"""Helpers for tests that SIGKILL real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+HERE = Path(__file__).parent
+
+
+def spawn(script: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(HERE / script), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def read_until(stream: IO[str], marker: str, timeout: float) -> str:
+    """Read lines until one starts with `marker`; fail on EOF or timeout."""
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            raise AssertionError(f"process ended before {marker!r}; it printed {seen}")
+        seen.append(line.strip())
+        if line.startswith(marker):
+            return line.strip()
+    raise AssertionError(f"no {marker!r} within {timeout}s; saw {seen}")
+
+
+def kill_at(proc: subprocess.Popen[str], marker: str, timeout: float = 60) -> None:
+    try:
+        assert proc.stdout is not None
+        read_until(proc.stdout, marker, timeout)
+    except AssertionError:
+        proc.kill()
+        err = proc.stderr.read() if proc.stderr else ""
+        raise AssertionError(f"child never reached {marker!r}:\n{err}") from None
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 60) -> str:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{out}\n{err}"
+    return out
+
+
+def ledger_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def dump(obj: object) -> str:
+    return json.dumps(obj, sort_keys=True, default=str)
