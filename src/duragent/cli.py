@@ -1,12 +1,20 @@
-"""The `duragent` command."""
+"""The `duragent` command.
+
+Each command group lives in its own module (`duragent/cli_*.py`) and registers
+itself on `app`; this module only assembles them.
+"""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from pathlib import Path
 
 import typer
 
 app = typer.Typer(no_args_is_help=True, help="Durable AI agent tasks.")
+
+COMMAND_MODULES = ("cli_tasks", "cli_serve", "cli_worker", "cli_run", "cli_store")
 
 
 @app.command()
@@ -29,5 +37,12 @@ def demo(
     raise typer.Exit(run_demo(store, crash=crash, keep=keep))
 
 
+def _register() -> None:
+    for name in COMMAND_MODULES:
+        if importlib.util.find_spec(f"duragent.{name}") is not None:
+            importlib.import_module(f"duragent.{name}")
+
+
 def main() -> None:
+    _register()
     app()

@@ -1,0 +1,83 @@
+"""`duragent worker`: run tasks from a store in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import signal
+from collections.abc import Iterable
+from typing import Any
+
+import typer
+
+from duragent.cli import app
+from duragent.runtime.agent import Agent
+
+
+def load_agents(spec: str) -> list[Agent]:
+    """`module:attr` naming an Agent, a list of Agents, or a function returning either."""
+    module_name, _, attr = spec.partition(":")
+    if not attr:
+        raise typer.BadParameter(f"{spec!r} should be 'module:attribute'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise typer.BadParameter(f"cannot import {module_name!r}: {exc}") from exc
+    try:
+        value: Any = getattr(module, attr)
+    except AttributeError:
+        raise typer.BadParameter(f"module {module_name!r} has no attribute {attr!r}") from None
+    if callable(value) and not isinstance(value, Agent):
+        value = value()
+    agents = [value] if isinstance(value, Agent) else list(value)
+    if not agents or not all(isinstance(a, Agent) for a in agents):
+        raise typer.BadParameter(f"{spec!r} is not an Agent or a list of Agents")
+    return agents
+
+
+async def run_worker(store_url: str, agents: Iterable[Agent], **options: Any) -> None:
+    from duragent.runtime.worker import Worker
+    from duragent.store import open_store
+
+    store = open_store(store_url)
+    await store.open()
+    worker = Worker(store, agents, **options)
+    loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task[None]] = []
+
+    def shutdown() -> None:
+        if not stopping:  # SIGTERM/SIGINT: finish or hand back in-flight rounds, then exit
+            stopping.append(asyncio.ensure_future(worker.stop(graceful=True)))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, shutdown)
+    try:
+        await worker.run()
+        for job in stopping:
+            await job
+    finally:
+        await store.close()
+
+
+@app.command()
+def worker(
+    store: str = typer.Option("sqlite:///duragent.db", help="Store URL."),
+    agents: str = typer.Option(..., help="module:attr naming the agents this worker runs."),
+    concurrency: int = typer.Option(32, help="Tasks run at once."),
+    lease_ttl: float = typer.Option(30.0, help="Seconds a lease lasts without renewal."),
+    poll_interval: float = typer.Option(0.5, help="Seconds between looks for new work."),
+    worker_id: str | None = typer.Option(None, help="Name of this worker (default host:pid)."),
+) -> None:
+    """Claim and run tasks until SIGTERM (then stop at a safe point and hand them back)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    asyncio.run(
+        run_worker(
+            store,
+            load_agents(agents),
+            concurrency=concurrency,
+            lease_ttl=lease_ttl,
+            poll_interval=poll_interval,
+            worker_id=worker_id,
+        )
+    )
