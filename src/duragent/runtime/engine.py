@@ -437,8 +437,10 @@ class TaskRunner:
                 suspended[out.call_id] = out
                 return
             remaining.discard(out.call_id)
-            # The last result closes the round (a suspended call keeps it open).
-            patch = None if remaining else {"iterations": r}
+            # The last result closes the round (a suspended call keeps it open),
+            # unless a pause with rollback is waiting to undo this very round.
+            rolling_back = self.control is not None and self.control.rollback
+            patch = None if remaining or rolling_back else {"iterations": r}
             entries = result_entries(self.task.id, r, out.call_id, out.content or "", out.outcome)
             res = await self.commit(entries, patch, documents=out.documents)
             self._round_api_seqs.append(res.entries[0].seq)

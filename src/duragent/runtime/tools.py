@@ -6,7 +6,7 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, get_type_hints, overload
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
@@ -71,9 +71,12 @@ class Tool:
 
 
 def _is_context(annotation: Any) -> bool:
+    """`ToolContext`, or `ToolContext | None`."""
     from duragent.runtime.context import ToolContext
 
-    return annotation is ToolContext or getattr(annotation, "__name__", None) == "ToolContext"
+    if annotation is ToolContext:
+        return True
+    return ToolContext in get_args(annotation)
 
 
 def _describe(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:

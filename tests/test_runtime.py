@@ -1,0 +1,441 @@
+"""The runtime in one process: rounds, errors the model sees, lifecycle, views."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from duragent import (
+    Agent,
+    InvalidTransition,
+    Runtime,
+    ScriptedModel,
+    TaskStatus,
+    ToolCall,
+    ToolContext,
+    Turn,
+    tool,
+)
+from duragent.errors import ModelError, RetryableModelError, UnknownAgent
+from duragent.llm.base import Finish, ModelRequest, StreamEvent, TextDelta
+from duragent.types import AssistantMessage, EntryKind, ToolMessage, UIText, UIToolCard
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return "memory://" if request.param == "memory" else f"sqlite:///{tmp_path}/rt.db"
+
+
+def tool_messages(view: list[Any]) -> list[str]:
+    return [m.content for m in view if isinstance(m, ToolMessage)]
+
+
+async def wait_for_entry(rt: Runtime, task_id: str, kind: EntryKind, **match: Any) -> None:
+    async def look() -> None:
+        async for e in rt.subscribe(task_id):
+            if e.kind is kind and all(e.payload.get(k) == v for k, v in match.items()):
+                return
+        raise AssertionError(f"task ended without a {kind} entry matching {match}")
+
+    await asyncio.wait_for(look(), 10)
+
+
+async def test_final_answer_completes_with_output_and_usage(url: str) -> None:
+    agent = Agent(name="a", model=ScriptedModel(["Hello there."]))
+    async with Runtime(url, agents=[agent]) as rt:
+        task = await (await rt.submit("a", "hi", owner="u")).wait(10)
+    assert task.status is TaskStatus.COMPLETED and task.output == "Hello there."
+    assert task.iterations == 1 and task.usage.output_tokens > 0 and task.usage.input_tokens > 0
+    assert task.completed_at is not None and task.owner == "u"
+
+
+async def test_parallel_tool_calls_run_concurrently(url: str) -> None:
+    both_started = asyncio.Barrier(2)
+
+    @tool
+    async def meet(name: str) -> str:
+        """Wait until the other call has started too."""
+        await asyncio.wait_for(both_started.wait(), 5)  # deadlocks if run one after another
+        return f"met {name}"
+
+    model = ScriptedModel(
+        [[ToolCall("meet", {"name": "x"}), ToolCall("meet", {"name": "y"})], "ok"]
+    )
+    async with Runtime(url, agents=[Agent(name="a", model=model, tools=[meet])]) as rt:
+        task = await (await rt.submit("a", "go")).wait(10)
+        assert task.status is TaskStatus.COMPLETED
+        assert sorted(tool_messages(await rt.model_view(task.id))) == ["met x", "met y"]
+
+
+async def test_tool_errors_become_results_the_model_can_react_to(url: str) -> None:
+    @tool
+    def explode(n: int) -> str:
+        """Always fails."""
+        raise RuntimeError(f"boom {n}")
+
+    seen: list[list[str]] = []
+
+    def script(messages: list[Any]) -> Any:
+        rounds = sum(isinstance(m, AssistantMessage) for m in messages)
+        seen.append(tool_messages(messages))
+        if rounds == 0:
+            return [
+                ToolCall("explode", {"n": 1}),
+                ToolCall("no_such_tool", {}),
+                ToolCall("explode", {"n": "not a number"}),
+                ToolCall("explode", raw_arguments='{"n": 1'),  # truncated JSON
+            ]
+        return "I saw the errors."
+
+    agent = Agent(name="a", model=ScriptedModel(script), tools=[explode])
+    async with Runtime(url, agents=[agent]) as rt:
+        task = await (await rt.submit("a", "go")).wait(10)
+    assert task.status is TaskStatus.COMPLETED
+    errors = seen[-1]
+    assert len(errors) == 4 and all(e.startswith("Error:") for e in errors)
+    joined = "\n".join(errors)
+    assert "RuntimeError: boom 1" in joined
+    assert "unknown tool 'no_such_tool'" in joined and "explode" in joined
+    assert "invalid arguments for explode" in joined
+    assert "not valid JSON" in joined
+
+
+async def test_max_iterations_fails_with_that_reason(url: str) -> None:
+    @tool
+    def noop() -> str:
+        """Does nothing."""
+        return "ok"
+
+    model = ScriptedModel(lambda msgs: [ToolCall("noop")])
+    async with Runtime(
+        url, agents=[Agent(name="a", model=model, tools=[noop], max_iterations=3)]
+    ) as rt:
+        task = await (await rt.submit("a", "loop forever")).wait(10)
+    assert task.status is TaskStatus.FAILED and task.iterations == 3
+    assert task.error is not None and "max_iterations" in task.error
+
+
+async def test_request_id_returns_the_same_task(url: str) -> None:
+    agent = Agent(name="a", model=ScriptedModel(["done"]))
+    async with Runtime(url, agents=[agent]) as rt:
+        first = await rt.submit("a", "x", request_id="r", owner="u")
+        again = await rt.submit("a", "x", request_id="r", owner="u")
+        other = await rt.submit("a", "x", request_id="r", owner="v")
+        assert first.created and not again.created and again.task_id == first.task_id
+        assert other.task_id != first.task_id
+        await first.wait(10)
+        assert len((await rt.list(owner="u")).tasks) == 1
+
+
+async def test_cancelling_a_wait_never_cancels_the_task(url: str) -> None:
+    gate = asyncio.Event()
+
+    @tool
+    async def slow() -> str:
+        """Waits for the test."""
+        await gate.wait()
+        return "finished"
+
+    agent = Agent(name="a", model=ScriptedModel([[ToolCall("slow")], "done"]), tools=[slow])
+    async with Runtime(url, agents=[agent]) as rt:
+        sub = await rt.submit("a", "go")
+        waiter = asyncio.ensure_future(sub.wait())
+        await wait_for_entry(rt, sub.task_id, EntryKind.TOOL_INTENT)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        with pytest.raises(TimeoutError):
+            await sub.wait(timeout=0.2)
+        assert await sub.status() is TaskStatus.RUNNING
+        gate.set()
+        assert (await sub.wait(10)).status is TaskStatus.COMPLETED
+
+
+async def test_unknown_agent_is_a_clear_error(url: str) -> None:
+    async with Runtime(url, agents=[Agent(name="a", model=ScriptedModel(["x"]))]) as rt:
+        with pytest.raises(UnknownAgent, match="known agents: a"):
+            await rt.submit("nope", "x")
+
+
+async def test_resume_of_a_completed_task_names_both_states(url: str) -> None:
+    async with Runtime(url, agents=[Agent(name="a", model=ScriptedModel(["x"]))]) as rt:
+        task = await (await rt.submit("a", "x")).wait(10)
+        with pytest.raises(InvalidTransition, match="'completed' to 'pending'"):
+            await rt.resume(task.id)
+        with pytest.raises(InvalidTransition, match="'completed' to 'paused'"):
+            await rt.pause(task.id)
+
+
+def streaming_model(text: str = "word " * 200) -> ScriptedModel:
+    return ScriptedModel(
+        [Turn(text=text, tool_calls=[ToolCall("noop")]), "finished"], chunk_delay=0.01, chunk_size=5
+    )
+
+
+@tool(replay="safe")
+def noop() -> str:
+    """Does nothing."""
+    return "noop done"
+
+
+@pytest.mark.parametrize("rollback", [False, True])
+async def test_pause_mid_stream_then_resume_completes(url: str, rollback: bool) -> None:
+    agent = Agent(name="a", model=streaming_model(), tools=[noop], progress_interval=0.02)
+    async with Runtime(url, agents=[agent]) as rt:
+        sub = await rt.submit("a", "talk")
+        await wait_for_entry(rt, sub.task_id, EntryKind.PROGRESS)
+        paused = await rt.pause(sub.task_id, rollback=rollback)
+        assert paused.status is TaskStatus.PAUSED and paused.iterations == 0
+        assert [type(m).__name__ for m in await rt.model_view(sub.task_id)] == ["UserMessage"]
+        markers = await rt.store.entries(sub.task_id, kinds=[EntryKind.ROLLBACK])
+        assert [m.payload["scope"] for m in markers] == (["progress"] if rollback else [])
+        await rt.resume(sub.task_id)
+        done = await sub.wait(10)
+        assert done.status is TaskStatus.COMPLETED and done.output == "finished"
+        view = await rt.model_view(sub.task_id)
+        assert [type(m).__name__ for m in view] == [
+            "UserMessage",
+            "AssistantMessage",
+            "ToolMessage",
+            "AssistantMessage",
+        ]
+
+
+@pytest.mark.parametrize("rollback", [False, True])
+async def test_pause_mid_tool_lets_it_finish_then_resume(url: str, rollback: bool) -> None:
+    release = asyncio.Event()
+    runs: list[int] = []
+
+    @tool
+    async def slow(n: int) -> str:
+        """A tool the test holds open."""
+        runs.append(n)
+        await release.wait()
+        return f"slow {n} done"
+
+    model = ScriptedModel(
+        [Turn(text="working", tool_calls=[ToolCall("slow", {"n": 1})]), "all done"]
+    )
+    agent = Agent(name="a", model=model, tools=[slow], tool_grace=10)
+    async with Runtime(url, agents=[agent]) as rt:
+        sub = await rt.submit("a", "go")
+        await wait_for_entry(rt, sub.task_id, EntryKind.TOOL_INTENT)
+        pausing = asyncio.ensure_future(rt.pause(sub.task_id, rollback=rollback))
+        await asyncio.sleep(0.05)
+        assert not pausing.done(), "pause waits for the running tool (grace period)"
+        release.set()
+        paused = await asyncio.wait_for(pausing, 10)
+        assert paused.status is TaskStatus.PAUSED
+        view = await rt.model_view(sub.task_id)
+        ui = await rt.ui_messages(sub.task_id)
+        if rollback:
+            assert [type(m).__name__ for m in view] == ["UserMessage"]
+            # UI keeps the rolled-back round: its text and its finished tool card.
+            assert any(isinstance(m, UIText) and m.text == "working" for m in ui)
+            assert any(isinstance(m, UIToolCard) and m.state == "ok" for m in ui)
+        else:
+            assert tool_messages(view) == ["slow 1 done"]
+        await rt.resume(sub.task_id)
+        done = await sub.wait(10)
+        assert done.status is TaskStatus.COMPLETED and done.output == "all done"
+        assert runs == (
+            [1, 1] if rollback else [1]
+        )  # rollback redoes the round: the model asked again
+
+
+async def test_pause_past_the_grace_period_interrupts_the_tool(url: str) -> None:
+    @tool
+    async def forever() -> str:
+        """Never returns."""
+        await asyncio.sleep(3600)
+        return "unreachable"
+
+    model = ScriptedModel([[ToolCall("forever")], "ok then"])
+    agent = Agent(name="a", model=model, tools=[forever], tool_grace=0.1)
+    async with Runtime(url, agents=[agent]) as rt:
+        sub = await rt.submit("a", "go")
+        await wait_for_entry(rt, sub.task_id, EntryKind.TOOL_INTENT)
+        paused = await rt.pause(sub.task_id)
+        assert paused.status is TaskStatus.PAUSED
+        results = await rt.store.entries(sub.task_id, kinds=[EntryKind.TOOL_RESULT])
+        assert [r.payload["outcome"] for r in results] == ["interrupted"]
+        await rt.resume(sub.task_id)
+        assert (await sub.wait(10)).output == "ok then"
+
+
+async def test_abort_is_terminal_and_cancels_the_tool(url: str) -> None:
+    cancelled = asyncio.Event()
+
+    @tool
+    async def forever() -> str:
+        """Never returns."""
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "unreachable"
+
+    agent = Agent(name="a", model=ScriptedModel([[ToolCall("forever")]]), tools=[forever])
+    async with Runtime(url, agents=[agent]) as rt:
+        sub = await rt.submit("a", "go")
+        await wait_for_entry(rt, sub.task_id, EntryKind.TOOL_INTENT)
+        aborted = await rt.abort(sub.task_id, reason="user changed their mind")
+        assert aborted.status is TaskStatus.ABORTED and cancelled.is_set()
+        assert aborted.error == "user changed their mind"
+        results = await rt.store.entries(sub.task_id, kinds=[EntryKind.TOOL_RESULT])
+        assert [r.payload["outcome"] for r in results] == ["interrupted"]
+        with pytest.raises(InvalidTransition, match="'aborted' to 'pending'"):
+            await rt.resume(sub.task_id)
+
+
+async def test_pause_and_abort_a_task_no_worker_runs(url: str) -> None:
+    agent = Agent(name="a", model=ScriptedModel(["x"]))
+    async with Runtime(url, agents=[agent], run_worker=False) as rt:
+        sub = await rt.submit("a", "queued")
+        assert (await rt.pause(sub.task_id)).status is TaskStatus.PAUSED
+        assert (await rt.resume(sub.task_id)).status is TaskStatus.PENDING  # type: ignore[union-attr]
+        assert (await rt.abort(sub.task_id)).status is TaskStatus.ABORTED
+
+
+async def test_load_task_deep_merges_context(url: str) -> None:
+    agent = Agent(name="a", model=ScriptedModel(["x"]))
+    async with Runtime(url, agents=[agent], run_worker=False) as rt:
+        sub = await rt.submit(
+            "a", "x", context={"user": {"name": "Ann", "prefs": {"lang": "en"}}, "n": 1}
+        )
+        task = await rt.load_task(sub.task_id, context={"user": {"prefs": {"tz": "UTC"}}, "n": 2})
+        assert task.context == {
+            "user": {"name": "Ann", "prefs": {"lang": "en", "tz": "UTC"}},
+            "n": 2,
+        }
+        assert (await rt.get(sub.task_id)).context == task.context
+
+
+async def test_subscribe_yields_every_committed_entry_once_and_ends(url: str) -> None:
+    agent = Agent(
+        name="a", model=streaming_model("abc " * 40), tools=[noop], progress_interval=0.01
+    )
+    async with Runtime(url, agents=[agent]) as rt:
+        sub = await rt.submit("a", "x")
+        seqs = [e.seq async for e in rt.subscribe(sub.task_id)]
+        task = await rt.get(sub.task_id)
+        assert task.status is TaskStatus.COMPLETED
+        assert seqs == list(range(1, task.last_seq + 1))
+        kinds = {e.kind for e in await rt.store.entries(sub.task_id)}
+        assert EntryKind.PROGRESS in kinds
+
+
+async def test_tool_context_state_documents_and_steps(url: str) -> None:
+    @tool
+    async def remember(fact: str, ctx: ToolContext) -> str:
+        """Remember a fact."""
+        ctx.update_state(facts=[*ctx.context.get("facts", []), fact])
+        ctx.documents.put("notes", {"last": fact, "key": ctx.idempotency_key})
+        return "noted"
+
+    model = ScriptedModel(
+        [
+            [ToolCall("update_plan", {"steps": ["remember", "answer"]})],
+            Turn(text="Remembering.", tool_calls=[ToolCall("remember", {"fact": "sky is blue"})]),
+            [ToolCall("update_plan", {"steps": ["answer"]})],
+            "The sky is blue.",
+        ]
+    )
+    statuses: list[tuple[str, str]] = []
+    agent = Agent(name="a", model=model, tools=[remember])
+    async with Runtime(
+        url, agents=[agent], on_status_change=lambda t, a, b: statuses.append((a.value, b.value))
+    ) as rt:
+        task = await (await rt.submit("a", "x", context={"facts": []})).wait(10)
+        assert task.context == {"facts": ["sky is blue"]}
+        doc = await rt.store.get_document(f"task:{task.id}", "notes")
+        assert doc is not None and doc.value["last"] == "sky is blue"
+        assert doc.value["key"] == f"{task.id}:2:call_1_0"
+        steps = await rt.steps(task.id)
+        assert [s.round for s in steps.completed] == [1, 2, 3, 4]
+        assert steps.completed[1].thought == "Remembering."
+        assert steps.completed[1].actions[0]["observation"] == "noted"
+        assert steps.pending == ["answer"] and steps.output == "The sky is blue."
+    assert statuses == [("pending", "running"), ("running", "completed")] or statuses[-1] == (
+        "running",
+        "completed",
+    )
+
+
+class FlakyModel:
+    """Fails with a retryable error `fails` times, then answers."""
+
+    name = "flaky"
+
+    def __init__(self, fails: int, fatal: bool = False) -> None:
+        self.fails = fails
+        self.fatal = fatal
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        if self.fails:
+            self.fails -= 1
+            yield TextDelta("partial ")
+            if self.fatal:
+                raise ModelError("the API key was rejected (401)")
+            raise RetryableModelError("overloaded (529)", retry_after=0.01)
+        yield TextDelta("recovered")
+        yield Finish("stop")
+
+
+async def test_retryable_model_errors_are_retried_and_visible(url: str) -> None:
+    async with Runtime(url, agents=[Agent(name="a", model=FlakyModel(2))]) as rt:
+        task = await (await rt.submit("a", "x")).wait(10)
+        assert task.status is TaskStatus.COMPLETED and task.output == "recovered"
+        notices = [m.message for m in await rt.ui_messages(task.id) if m.type == "notice"]  # type: ignore[union-attr]
+        assert len(notices) == 2 and "retry 1 of 4" in notices[0] and "overloaded" in notices[0]
+
+
+async def test_non_retryable_model_error_fails_with_a_readable_reason(url: str) -> None:
+    async with Runtime(url, agents=[Agent(name="a", model=FlakyModel(1, fatal=True))]) as rt:
+        task = await (await rt.submit("a", "x")).wait(10)
+        assert task.status is TaskStatus.FAILED
+        assert task.error is not None and "API key was rejected" in task.error
+
+
+async def test_retry_budget_is_bounded(url: str) -> None:
+    agent = Agent(name="a", model=FlakyModel(10), model_retries=2)
+    async with Runtime(url, agents=[agent]) as rt:
+        task = await (await rt.submit("a", "x")).wait(10)
+        assert task.status is TaskStatus.FAILED and "failed 3 times" in (task.error or "")
+
+
+def test_tool_schema_comes_from_hints_and_docstring() -> None:
+    @tool(replay="safe")
+    def search(query: str, limit: int = 5, ctx: ToolContext | None = None) -> list[str]:
+        """Search the web.
+
+        Args:
+            query: what to look for
+            limit: how many results
+        """
+        return []
+
+    assert search.name == "search" and search.description == "Search the web."
+    assert search.replay == "safe" and search.context_param == "ctx"
+    props = search.parameters["properties"]
+    assert props["query"] == {"description": "what to look for", "type": "string"}
+    assert props["limit"]["default"] == 5 and props["limit"]["type"] == "integer"
+    assert search.parameters["required"] == ["query"]
+    assert "ctx" not in props
+    with pytest.raises(ValueError, match="replay"):
+        tool(replay="sometimes")(lambda: None)  # type: ignore[call-overload]
+
+
+def test_run_sync_for_scripts(tmp_path: Path) -> None:
+    rt = Runtime(
+        f"sqlite:///{tmp_path}/s.db", agents=[Agent(name="a", model=ScriptedModel(["sync ok"]))]
+    )
+    task = rt.run_sync("a", "x", timeout=10)
+    assert task.output == "sync ok"
+    assert json.loads(task.model_dump_json())["status"] == "completed"
