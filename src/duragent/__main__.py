@@ -1,0 +1,3 @@
+from duragent.cli import main
+
+main()

@@ -1,0 +1,320 @@
+"""Workers, leases and the task graph, with real processes (issue 4's acceptance)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from duragent import Runtime, TaskStatus
+from duragent.types import AssistantMessage, EntryKind, Task, ToolMessage
+from worker_agents import AGENTS
+from workerlib import WorkerProc
+
+
+@pytest.fixture
+async def rt(tmp_path: Path) -> AsyncIterator[Runtime]:
+    """A Runtime without a worker: it only submits, answers and reads."""
+    async with Runtime(f"sqlite:///{tmp_path}/w.db", agents=AGENTS, run_worker=False) as runtime:
+        yield runtime
+
+
+@pytest.fixture
+def workers() -> AsyncIterator[list[WorkerProc]]:
+    procs: list[WorkerProc] = []
+    yield procs  # type: ignore[misc]
+    for p in procs:
+        p.stop()
+
+
+def url_of(rt: Runtime) -> str:
+    return rt.store.url
+
+
+async def until(
+    rt: Runtime, task_id: str, cond: Callable[[Task], bool], timeout: float = 30
+) -> Task:
+    return await rt.wait(task_id, timeout=timeout, until=cond)
+
+
+async def one_result_per_call(rt: Runtime, task_id: str) -> None:
+    view = await rt.model_view(task_id)
+    calls = [c.id for m in view if isinstance(m, AssistantMessage) for c in m.tool_calls or ()]
+    results = Counter(m.tool_call_id for m in view if isinstance(m, ToolMessage))
+    assert set(results) == set(calls) and all(n == 1 for n in results.values()), (calls, results)
+
+
+def ledger_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def test_three_workers_200_tasks_one_sigkilled(
+    rt: Runtime, workers: list[WorkerProc], tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger.txt"
+    ids = [(await rt.submit("sleeper", f"task {i}")).task_id for i in range(200)]
+    for _ in range(3):
+        workers.append(WorkerProc(url_of(rt), ttl=2.0, concurrency=80, LEDGER=str(ledger)))
+
+    async def completed() -> int:
+        page = await rt.list(status=TaskStatus.COMPLETED, limit=1000)
+        return len(page.tasks)
+
+    while await completed() < 30:
+        await asyncio.sleep(0.05)
+    victim = workers[0]
+    victim.signal(signal.SIGKILL)
+    victim.proc.wait(10)
+
+    async def all_done() -> None:
+        while await completed() < 200:
+            await asyncio.sleep(0.1)
+
+    await asyncio.wait_for(all_done(), 120)
+    tasks = [await rt.get(i) for i in ids]
+    assert all(t.status is TaskStatus.COMPLETED for t in tasks)
+    starts = Counter(
+        line.split()[2] for line in ledger_lines(ledger) if line.startswith("start nap ")
+    )
+    assert starts and max(starts.values()) == 1, "an unsafe tool ran twice"
+    taken_over = [t for t in tasks if t.restarts > 0]
+    assert taken_over, "the killed worker had tasks in flight; someone must have taken them over"
+    for t in taken_over:
+        claims = await rt.store.entries(t.id, kinds=[EntryKind.STATUS])
+        assert any(e.payload.get("takeover") for e in claims)
+    for t in tasks[:50] + taken_over:
+        await one_result_per_call(rt, t.id)
+
+
+async def test_zombie_worker_writes_nothing_after_takeover(
+    rt: Runtime, workers: list[WorkerProc], tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger.txt"
+    sub = await rt.submit("sleeper", "zombie")
+    zombie = WorkerProc(url_of(rt), ttl=1.0, LEDGER=str(ledger), HOLD="nap_safe", HOLD_SECONDS="2")
+    workers.append(zombie)
+    await zombie.wait_output("AT nap_safe")
+    zombie.signal(signal.SIGSTOP)
+    await until(
+        rt,
+        sub.task_id,
+        lambda t: t.lease.expires_at is not None and t.lease.expires_at < datetime.now(UTC),
+    )
+    heir = WorkerProc(url_of(rt), ttl=30.0, LEDGER=str(ledger))
+    workers.append(heir)
+    task = await until(rt, sub.task_id, lambda t: t.status is TaskStatus.COMPLETED)
+    before = [e.model_dump_json() for e in await rt.store.entries(sub.task_id)]
+    zombie.signal(signal.SIGCONT)
+    await zombie.wait_output("abandon", stream="err", timeout=30)
+    zombie.signal(signal.SIGTERM)
+    zombie.proc.wait(30)
+    after = [e.model_dump_json() for e in await rt.store.entries(sub.task_id)]
+    assert after == before, "the zombie wrote to the task after losing it"
+    entries = await rt.store.entries(sub.task_id)
+    takeover = next(
+        e.seq for e in entries if e.kind is EntryKind.STATUS and e.payload.get("takeover")
+    )
+    later = [
+        e.payload["content"]
+        for e in entries
+        if e.kind is EntryKind.TOOL_RESULT and e.seq > takeover
+    ]
+    assert later and all(f"pid {heir.pid}" in r for r in later)
+    assert task.restarts == 1 and task.lease.epoch == 2
+    await one_result_per_call(rt, sub.task_id)
+
+
+async def test_restart_limit_blocks_then_resume_clears_it(
+    rt: Runtime, workers: list[WorkerProc]
+) -> None:
+    sub = await rt.submit("sleeper", "crashy")
+    env = {"HOLD": "nap_safe", "HOLD_EVERY": "1", "MAX_RESTARTS": "1"}
+    for _ in range(2):
+        w = WorkerProc(url_of(rt), ttl=1.0, **env)
+        workers.append(w)
+        await w.wait_output("AT nap_safe")
+        w.signal(signal.SIGKILL)
+        w.proc.wait(10)
+    workers.append(WorkerProc(url_of(rt), ttl=1.0, **env))
+    task = await until(rt, sub.task_id, lambda t: t.status is TaskStatus.BLOCKED)
+    assert task.status_reason == "restart_limit" and task.restarts == 2
+    assert task.error is not None and "max_restarts=1" in task.error
+    workers[-1].stop()
+    resumed = await rt.resume(sub.task_id)
+    assert resumed is not None and resumed.status is TaskStatus.PENDING and resumed.restarts == 0
+    workers.append(WorkerProc(url_of(rt), ttl=1.0))
+    done = await until(rt, sub.task_id, lambda t: t.status.terminal)
+    assert done.status is TaskStatus.COMPLETED
+
+
+async def test_missing_tool_definition_blocks_naming_the_tool(
+    rt: Runtime, workers: list[WorkerProc]
+) -> None:
+    sub = await rt.submit("sleeper", "lost tool")
+    first = WorkerProc(url_of(rt), ttl=1.0, HOLD="nap")
+    workers.append(first)
+    await first.wait_output("AT nap")
+    first.signal(signal.SIGKILL)
+    first.proc.wait(10)
+    workers.append(WorkerProc(url_of(rt), ttl=1.0, DROP_TOOLS="nap"))
+    task = await until(rt, sub.task_id, lambda t: t.status is TaskStatus.BLOCKED)
+    assert task.status_reason == "missing_definition"
+    assert task.error is not None and "'nap'" in task.error
+    workers[-1].stop()
+    await rt.resume(sub.task_id)
+    workers.append(WorkerProc(url_of(rt), ttl=1.0))
+    done = await until(rt, sub.task_id, lambda t: t.status.terminal)
+    assert done.status is TaskStatus.COMPLETED
+    outcomes = [
+        e.payload["outcome"]
+        for e in await rt.store.entries(sub.task_id, kinds=[EntryKind.TOOL_RESULT])
+    ]
+    assert outcomes[0] == "interrupted"  # nap is not replay-safe
+
+
+async def test_worker_never_claims_agents_it_does_not_know(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/k.db"
+    chat_only = [a for a in AGENTS if a.name == "chat"]
+    async with Runtime(url, agents=AGENTS, run_worker=False) as submitter:
+        foreign = await submitter.submit("sleeper", "not for you")
+        async with Runtime(url, agents=chat_only) as rt:
+            mine = await rt.submit("chat", "hello")
+            assert (await mine.wait(10)).status is TaskStatus.COMPLETED
+            assert (await rt.get(foreign.task_id)).status is TaskStatus.PENDING
+            assert rt.worker is not None and rt.worker.claimed == 1
+
+
+async def test_timer_fires_after_every_process_restarted(
+    rt: Runtime, workers: list[WorkerProc]
+) -> None:
+    sub = await rt.submit("timer", "wake me")
+    first = WorkerProc(url_of(rt), ttl=1.0, TIMER_SECONDS="2")
+    workers.append(first)
+    waiting = await until(rt, sub.task_id, lambda t: t.status is TaskStatus.WAITING)
+    assert waiting.status_reason == "timer" and waiting.wake_at is not None
+    first.signal(signal.SIGKILL)
+    first.proc.wait(10)
+    assert (await rt.get(sub.task_id)).status is TaskStatus.WAITING  # nobody is sleeping on it
+    workers.append(WorkerProc(url_of(rt), ttl=1.0))
+    done = await until(rt, sub.task_id, lambda t: t.status.terminal)
+    assert done.status is TaskStatus.COMPLETED and done.output.startswith("woke up: Slept until")
+    assert done.completed_at is not None and done.completed_at >= waiting.wake_at
+
+
+async def test_subtask_survives_a_crash_of_its_worker(
+    rt: Runtime, workers: list[WorkerProc], tmp_path: Path
+) -> None:
+    sub = await rt.submit("parent", "ask the researcher", owner="ann")
+    first = WorkerProc(url_of(rt), ttl=1.0, HOLD="nap", LEDGER=str(tmp_path / "l.txt"))
+    workers.append(first)
+    await first.wait_output("AT nap")
+    parent = await rt.get(sub.task_id)
+    assert parent.status is TaskStatus.WAITING and parent.status_reason == "subtask"
+    tree = await rt.tree(sub.task_id)
+    assert len(tree.children) == 1
+    child = tree.children[0].task
+    assert child.agent == "researcher" and child.owner == "ann" and child.root_id == parent.id
+    first.signal(signal.SIGKILL)
+    first.proc.wait(10)
+    workers.append(WorkerProc(url_of(rt), ttl=1.0))
+    done = await until(rt, sub.task_id, lambda t: t.status.terminal)
+    assert done.status is TaskStatus.COMPLETED and done.output == "the researcher says: 42"
+    child = await rt.get(child.id)
+    assert child.status is TaskStatus.COMPLETED and child.restarts == 1
+    await one_result_per_call(rt, sub.task_id)
+
+
+async def test_approval_and_denial_answered_from_another_process(
+    rt: Runtime, workers: list[WorkerProc], tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger.txt"
+    workers.append(WorkerProc(url_of(rt), ttl=2.0, LEDGER=str(ledger)))
+    approved = await rt.submit("banker", "pay bob and ann")
+    denied = await rt.submit("banker", "pay bob and ann again")
+    for s in (approved, denied):
+        t = await until(rt, s.task_id, lambda t: t.status is TaskStatus.WAITING)
+        assert t.status_reason == "input"
+    small = [line for line in ledger_lines(ledger) if line.startswith("transfer 5.0")]
+    assert len(small) == 2  # the small transfers ran without waiting
+    await rt.respond(approved.task_id, approve=True)
+    await rt.respond(denied.task_id, approve=False, reason="too much money")
+    ok = await until(rt, approved.task_id, lambda t: t.status.terminal)
+    no = await until(rt, denied.task_id, lambda t: t.status.terminal)
+    assert "sent 500.0 to bob" in ok.output and "sent 5.0 to ann" in ok.output
+    assert "denied this call: too much money" in no.output
+    big = [line for line in ledger_lines(ledger) if line.startswith("transfer 500.0")]
+    assert len(big) == 1 and approved.task_id in big[0]
+
+
+async def test_ask_user_waits_for_an_answer(rt: Runtime, workers: list[WorkerProc]) -> None:
+    workers.append(WorkerProc(url_of(rt), ttl=2.0))
+    sub = await rt.submit("asker", "plan a trip")
+    t = await until(rt, sub.task_id, lambda t: t.status is TaskStatus.WAITING)
+    assert t.status_reason == "input"
+    with pytest.raises(Exception, match="pass answer="):
+        await rt.respond(sub.task_id, approve=True)
+    await rt.respond(sub.task_id, answer="Lisbon")
+    done = await until(rt, sub.task_id, lambda t: t.status.terminal)
+    assert done.output == "you chose Lisbon"
+
+
+async def test_chat_continuation_is_not_resumption(tmp_path: Path) -> None:
+    async with Runtime(f"sqlite:///{tmp_path}/c.db", agents=AGENTS) as rt:
+        first = await (await rt.submit("chat", "hello", session_id="s1", owner="u")).wait(10)
+        assert first.output == "I have heard 1 messages: hello"
+        cont = await rt.submit("chat", "again", session_id="s1", owner="u", continue_session=True)
+        second = await cont.wait(10)
+        assert cont.task_id != first.id  # a new task with its own log
+        assert second.output == "I have heard 2 messages: hello / again"
+        view = await rt.model_view(cont.task_id)
+        assert [type(m).__name__ for m in view] == [
+            "UserMessage",
+            "AssistantMessage",
+            "UserMessage",
+            "AssistantMessage",
+        ]
+        assert view[1].content == first.output  # type: ignore[union-attr]
+        fresh = await (await rt.submit("chat", "new topic", session_id="s1", owner="u")).wait(10)
+        assert fresh.output == "I have heard 1 messages: new topic"
+        # The first task's own log is untouched by the continuation.
+        assert len(await rt.model_view(first.id)) == 2
+
+
+async def test_parent_pause_and_abort_reach_the_child(
+    tmp_path: Path, workers: list[WorkerProc]
+) -> None:
+    url = f"sqlite:///{tmp_path}/g.db"
+    async with Runtime(url, agents=AGENTS, run_worker=False) as rt:
+        sub = await rt.submit("parent", "delegate")
+        w = WorkerProc(url, ttl=2.0, HOLD="nap", HOLD_SECONDS="0.5")
+        workers.append(w)
+        await w.wait_output("AT nap")
+        child = (await rt.tree(sub.task_id)).children[0].task
+        paused = await rt.pause(sub.task_id)
+        assert paused.status is TaskStatus.PAUSED
+        child = await until(rt, child.id, lambda t: t.status is not TaskStatus.RUNNING)
+        assert child.status is TaskStatus.PAUSED
+        await rt.resume(sub.task_id)
+        assert (await rt.get(child.id)).status in (
+            TaskStatus.PENDING,
+            TaskStatus.RUNNING,
+            TaskStatus.COMPLETED,
+        )
+        done = await until(rt, sub.task_id, lambda t: t.status.terminal)
+        assert done.status is TaskStatus.COMPLETED
+
+        second = await rt.submit("parent", "delegate again")
+        await until(rt, second.task_id, lambda t: t.status is TaskStatus.WAITING)
+        kid = (await rt.tree(second.task_id)).children[0].task
+        aborted = await rt.abort(second.task_id)
+        assert aborted.status is TaskStatus.ABORTED
+        kid = await until(rt, kid.id, lambda t: t.status.terminal)
+        assert kid.status is TaskStatus.ABORTED

@@ -1,0 +1,88 @@
+"""Start real `duragent worker` processes for tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+class WorkerProc:
+    """A `python -m duragent worker` child whose output is collected as it comes."""
+
+    def __init__(self, url: str, *, ttl: float = 2.0, concurrency: int = 50, **env: str) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "duragent",
+                "worker",
+                "--store",
+                url,
+                "--agents",
+                "worker_agents:AGENTS",
+                "--concurrency",
+                str(concurrency),
+                "--lease-ttl",
+                str(ttl),
+                "--poll-interval",
+                "0.1",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                **os.environ,
+                "PYTHONPATH": f"{HERE}:{os.environ.get('PYTHONPATH', '')}",
+                "PYTHONUNBUFFERED": "1",
+                **env,
+            },
+        )
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._threads = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, self.out), daemon=True),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, self.err), daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    @staticmethod
+    def _pump(stream: object, sink: list[str]) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            sink.append(line.rstrip("\n"))
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    async def wait_output(self, prefix: str, timeout: float = 30, stream: str = "out") -> str:
+        sink = self.out if stream == "out" else self.err
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            for line in sink:
+                if prefix in line:
+                    return line
+            if self.proc.poll() is not None and not any(prefix in x for x in sink):
+                raise AssertionError(
+                    f"worker exited ({self.proc.returncode}) before {prefix!r}:\n"
+                    + "\n".join(self.err[-30:])
+                )
+            await asyncio.sleep(0.02)
+        raise AssertionError(
+            f"no {prefix!r} from worker within {timeout}s:\n" + "\n".join(self.err[-30:])
+        )
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.proc.pid, sig)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
