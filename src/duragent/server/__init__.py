@@ -1,0 +1,15 @@
+"""The HTTP service (needs the `server` extra: pip install 'duragent[server]')."""
+
+from __future__ import annotations
+
+from duragent.errors import MissingExtra
+
+try:
+    import fastapi  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised without the extra installed
+    raise MissingExtra("the HTTP service", "server") from exc
+
+from duragent.server.app import create_app
+from duragent.server.auth import TokenStore
+
+__all__ = ["TokenStore", "create_app"]

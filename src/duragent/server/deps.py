@@ -1,0 +1,47 @@
+"""Request dependencies: the runtime, the signed-in user, and a task that user owns."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from duragent.runtime.runtime import Runtime
+from duragent.server.auth import TokenStore
+from duragent.server.problems import NotAuthenticated
+from duragent.types import Task
+
+bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer <token>`")
+
+
+def get_runtime(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+def current_user(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> str:
+    if credentials is None:
+        raise NotAuthenticated("this endpoint needs an 'Authorization: Bearer <token>' header")
+    tokens: TokenStore = request.app.state.tokens
+    user = tokens.user_for(credentials.credentials)
+    if user is None:
+        raise NotAuthenticated("the bearer token is not valid")
+    return user
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+UserDep = Annotated[str, Depends(current_user)]
+TaskId = Annotated[str, Path(min_length=1, max_length=200, description="A task id.")]
+
+
+async def owned_task(task_id: TaskId, user: UserDep, runtime: RuntimeDep) -> Task:
+    """The task, if the signed-in user owns it; another user's task is 'not found', exactly
+    like a task that does not exist."""
+    return await runtime.get(task_id, owner=user)
+
+
+OwnedTask = Annotated[Task, Depends(owned_task)]

@@ -1,0 +1,253 @@
+"""Request and response bodies of the HTTP API (so /openapi.json tells the truth)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from duragent.runtime.agent import Agent
+from duragent.runtime.runtime import TaskTree
+from duragent.runtime.views import Steps
+from duragent.types import ApiMessage, Entry, Task, TaskStatus, UiMessage, Usage
+
+
+class Problem(BaseModel):
+    """An error, as RFC 9457 problem details."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str | None = None
+    errors: list[dict[str, Any]] | None = None
+
+
+# --- requests ----------------------------------------------------------------
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TaskCreate(_Request):
+    agent: str = Field(min_length=1, max_length=200, description="Name of the agent to run.")
+    input: Any = Field(description="The task's input: text, or any JSON value.")
+    request_id: str | None = Field(
+        None, max_length=200, description="Idempotency key: the same id returns the same task."
+    )
+    context: dict[str, Any] | None = None
+    session_id: str | None = Field(None, max_length=200)
+    continue_session: bool = Field(
+        False, description="Start from the conversation of the session's latest finished task."
+    )
+
+
+class PauseRequest(_Request):
+    rollback: bool = Field(False, description="Void the incomplete round's API entries.")
+
+
+class AbortRequest(_Request):
+    reason: str | None = Field(None, max_length=2000)
+
+
+class RespondRequest(_Request):
+    approve: bool | None = Field(None, description="For an approval: allow or deny the call.")
+    reason: str | None = Field(None, max_length=2000)
+    answer: str | None = Field(None, max_length=100_000, description="For a question.")
+    call_id: str | None = Field(None, max_length=200, description="Which open wait to answer.")
+
+
+# --- responses ---------------------------------------------------------------
+
+
+class OpenWait(BaseModel):
+    call_id: str
+    wait: str  # "approval", "input", "timer" or "subtask"
+    question: str | None = None
+    child_id: str | None = None
+    wake_at: datetime | None = None
+
+
+class TaskSummary(BaseModel):
+    id: str
+    agent: str
+    status: TaskStatus
+    status_reason: str | None
+    session_id: str | None
+    parent_id: str | None
+    iterations: int
+    current_step: int | None = Field(
+        description="The round being worked on (iterations + 1) while the task is active."
+    )
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, task: Task) -> TaskSummary:
+        return cls(**_summary_fields(task))
+
+
+class TaskOut(TaskSummary):
+    root_id: str | None
+    request_id: str | None
+    input: Any
+    output: Any
+    context: dict[str, Any]
+    usage: Usage
+    restarts: int
+    last_seq: int = Field(description="Seq of the last committed entry (resume events after it).")
+    paused_at: datetime | None
+    completed_at: datetime | None
+    wake_at: datetime | None
+    waiting_for: list[OpenWait] = Field(
+        default_factory=list, description="Open approvals, questions, timers and sub-tasks."
+    )
+
+    @classmethod
+    def full(cls, task: Task, waits: list[OpenWait] | None = None) -> TaskOut:
+        return cls(
+            **_summary_fields(task),
+            root_id=task.root_id,
+            request_id=task.request_id,
+            input=task.input,
+            output=task.output,
+            context=task.context,
+            usage=task.usage,
+            restarts=task.restarts,
+            last_seq=task.last_seq,
+            paused_at=task.paused_at,
+            completed_at=task.completed_at,
+            wake_at=task.wake_at,
+            waiting_for=waits or [],
+        )
+
+
+ACTIVE_STATUSES = (TaskStatus.PENDING, TaskStatus.RUNNING, TaskStatus.WAITING, TaskStatus.PAUSED)
+
+
+def _summary_fields(task: Task) -> dict[str, Any]:
+    return {
+        "id": task.id,
+        "agent": task.agent,
+        "status": task.status,
+        "status_reason": task.status_reason,
+        "session_id": task.session_id,
+        "parent_id": task.parent_id,
+        "iterations": task.iterations,
+        "current_step": task.iterations + 1 if task.status in ACTIVE_STATUSES else None,
+        "error": task.error,
+        "created_at": task.created_at,
+        "updated_at": task.updated_at,
+    }
+
+
+class TaskPageOut(BaseModel):
+    tasks: list[TaskSummary]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page.")
+
+
+class MessagesOut(BaseModel):
+    view: Literal["model", "ui"]
+    messages: list[ApiMessage] | list[UiMessage]
+
+
+class EntriesOut(BaseModel):
+    entries: list[Entry]
+    last_seq: int = Field(description="The task's last committed seq when these were read.")
+
+
+class ActionOut(BaseModel):
+    tool: str
+    arguments: dict[str, Any]
+    observation: str | None
+    outcome: str | None
+
+
+class StepOut(BaseModel):
+    round: int
+    thought: str | None
+    actions: list[ActionOut]
+
+
+class StepsOut(BaseModel):
+    completed: list[StepOut]
+    pending: list[str]
+    output: Any
+    iterations: int
+
+    @classmethod
+    def of(cls, steps: Steps) -> StepsOut:
+        return cls(
+            completed=[
+                StepOut(
+                    round=s.round,
+                    thought=s.thought,
+                    actions=[ActionOut(**a) for a in s.actions],
+                )
+                for s in steps.completed
+            ],
+            pending=steps.pending,
+            output=steps.output,
+            iterations=steps.iterations,
+        )
+
+
+class TreeOut(BaseModel):
+    task: TaskSummary
+    children: list[TreeOut]
+
+    @classmethod
+    def of(cls, tree: TaskTree) -> TreeOut:
+        return cls(task=TaskSummary.of(tree.task), children=[cls.of(c) for c in tree.children])
+
+
+class ToolOut(BaseModel):
+    name: str
+    description: str
+    parameters: dict[str, Any] = Field(description="JSON schema of the arguments.")
+    replay: Literal["never", "safe"]
+    requires_approval: bool | Literal["conditional"]
+
+
+class AgentOut(BaseModel):
+    name: str
+    model: str
+    max_iterations: int
+    tools: list[ToolOut]
+
+    @classmethod
+    def of(cls, agent: Agent) -> AgentOut:
+        tools = []
+        for t in agent.tool_map.values():
+            rule = t.requires_approval
+            tools.append(
+                ToolOut(
+                    name=t.name,
+                    description=t.description,
+                    parameters=t.parameters,
+                    replay=t.replay,
+                    requires_approval="conditional" if callable(rule) else bool(rule),
+                )
+            )
+        return cls(
+            name=agent.name,
+            model=agent.model_name,
+            max_iterations=agent.max_iterations,
+            tools=tools,
+        )
+
+
+class AgentsOut(BaseModel):
+    agents: list[AgentOut]
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+    store: str
+    worker: bool
+
+
+class Me(BaseModel):
+    user: str

@@ -1,0 +1,208 @@
+"""REST routes for tasks under /v1/tasks. Every route sees only the caller's own tasks."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Body, Query, Response
+
+from duragent.runtime.waits import open_waits
+from duragent.server.deps import OwnedTask, RuntimeDep, UserDep
+from duragent.server.problems import BadRequest, problem_responses
+from duragent.server.schemas import (
+    AbortRequest,
+    EntriesOut,
+    MessagesOut,
+    OpenWait,
+    PauseRequest,
+    RespondRequest,
+    StepsOut,
+    TaskCreate,
+    TaskOut,
+    TaskPageOut,
+    TaskSummary,
+    TreeOut,
+)
+from duragent.store.base import decode_cursor
+from duragent.types import Task, TaskStatus
+
+router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
+
+_READ = problem_responses(401, 404, 422)
+_CONTROL = problem_responses(400, 401, 404, 409, 422)
+
+
+async def task_out(runtime: RuntimeDep, task: Task) -> TaskOut:
+    waits: list[OpenWait] = []
+    if task.status in (TaskStatus.WAITING, TaskStatus.PAUSED):
+        for call_id, w in (await open_waits(runtime.store, task)).items():
+            waits.append(
+                OpenWait(
+                    call_id=call_id,
+                    wait=w["wait"],
+                    question=w.get("question"),
+                    child_id=w.get("child_id"),
+                    wake_at=w.get("wake_at"),
+                )
+            )
+    return TaskOut.full(task, waits)
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=TaskOut,
+    summary="Start a task",
+    responses={
+        200: {"model": TaskOut, "description": "A task with this request_id already exists"},
+        **problem_responses(400, 401, 422),
+    },
+)
+async def create_task(
+    body: TaskCreate, user: UserDep, runtime: RuntimeDep, response: Response
+) -> TaskOut:
+    sub = await runtime.submit(
+        body.agent,
+        body.input,
+        request_id=body.request_id,
+        owner=user,
+        session_id=body.session_id,
+        context=body.context,
+        continue_session=body.continue_session,
+    )
+    if not sub.created:
+        response.status_code = 200
+    return await task_out(runtime, await runtime.get(sub.task_id))
+
+
+@router.get(
+    "",
+    response_model=TaskPageOut,
+    summary="List my tasks",
+    responses=problem_responses(400, 401, 422),
+)
+async def list_tasks(
+    user: UserDep,
+    runtime: RuntimeDep,
+    status: Annotated[list[TaskStatus] | None, Query()] = None,
+    session_id: Annotated[str | None, Query(max_length=200)] = None,
+    agent: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=500)] = None,
+) -> TaskPageOut:
+    if cursor is not None:
+        try:
+            ts, _ = decode_cursor(cursor)
+        except ValueError:
+            ts = math.nan
+        if not math.isfinite(ts):
+            raise BadRequest(f"invalid cursor {cursor!r}: pass a next_cursor from a previous page")
+    page = await runtime.list(
+        owner=user,
+        status=status or None,
+        session_id=session_id,
+        agent=agent,
+        limit=limit,
+        cursor=cursor,
+    )
+    return TaskPageOut(tasks=[TaskSummary.of(t) for t in page.tasks], next_cursor=page.next_cursor)
+
+
+@router.get("/{task_id}", response_model=TaskOut, summary="A task's status", responses=_READ)
+async def get_task(task: OwnedTask, runtime: RuntimeDep) -> TaskOut:
+    return await task_out(runtime, task)
+
+
+@router.get(
+    "/{task_id}/messages",
+    response_model=MessagesOut,
+    summary="The model's messages or the UI's",
+    responses=_READ,
+)
+async def get_messages(
+    task: OwnedTask,
+    runtime: RuntimeDep,
+    view: Annotated[Literal["model", "ui"], Query()] = "model",
+) -> MessagesOut:
+    return MessagesOut(view=view, messages=await runtime.messages(task.id, view=view))
+
+
+@router.get(
+    "/{task_id}/entries",
+    response_model=EntriesOut,
+    summary="Committed log entries after a seq",
+    responses=_READ,
+)
+async def get_entries(
+    task: OwnedTask,
+    runtime: RuntimeDep,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
+) -> EntriesOut:
+    entries = await runtime.store.entries(task.id, after_seq=after, limit=limit)
+    return EntriesOut(entries=entries, last_seq=task.last_seq)
+
+
+@router.get(
+    "/{task_id}/steps",
+    response_model=StepsOut,
+    summary="Completed and pending steps",
+    responses=_READ,
+)
+async def get_steps(task: OwnedTask, runtime: RuntimeDep) -> StepsOut:
+    return StepsOut.of(await runtime.steps(task.id))
+
+
+@router.get(
+    "/{task_id}/tree", response_model=TreeOut, summary="The task and its sub-tasks", responses=_READ
+)
+async def get_tree(task: OwnedTask, runtime: RuntimeDep) -> TreeOut:
+    return TreeOut.of(await runtime.tree(task.id))
+
+
+@router.post(
+    "/{task_id}/pause",
+    response_model=TaskOut,
+    summary="Pause at the next safe point",
+    responses=_CONTROL,
+)
+async def pause_task(
+    task: OwnedTask, runtime: RuntimeDep, body: Annotated[PauseRequest | None, Body()] = None
+) -> TaskOut:
+    paused = await runtime.pause(task.id, rollback=body.rollback if body else False)
+    return await task_out(runtime, paused)
+
+
+@router.post(
+    "/{task_id}/resume",
+    response_model=TaskOut,
+    summary="Resume a paused or blocked task",
+    responses=_CONTROL,
+)
+async def resume_task(task: OwnedTask, runtime: RuntimeDep) -> TaskOut:
+    resumed = await runtime.resume(task.id)
+    return await task_out(runtime, resumed or await runtime.get(task.id))
+
+
+@router.post(
+    "/{task_id}/abort", response_model=TaskOut, summary="End the task for good", responses=_CONTROL
+)
+async def abort_task(
+    task: OwnedTask, runtime: RuntimeDep, body: Annotated[AbortRequest | None, Body()] = None
+) -> TaskOut:
+    aborted = await runtime.abort(task.id, reason=body.reason if body else None)
+    return await task_out(runtime, aborted)
+
+
+@router.post(
+    "/{task_id}/respond",
+    response_model=TaskOut,
+    summary="Approve or deny a tool call, or answer a question",
+    responses=_CONTROL,
+)
+async def respond(task: OwnedTask, runtime: RuntimeDep, body: RespondRequest) -> TaskOut:
+    answered = await runtime.respond(
+        task.id, approve=body.approve, reason=body.reason, answer=body.answer, call_id=body.call_id
+    )
+    return await task_out(runtime, answered)

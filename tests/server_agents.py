@@ -1,0 +1,94 @@
+"""Agents for the server, CLI and browser tests (`--agents server_agents:agents`).
+
+All use ScriptedModel, so they behave the same in every process and after a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from duragent import Agent, ScriptedModel, ToolCall, ToolContext, Turn, tool
+
+# Streaming speed: seconds between chunks (the browser test wants several seconds of text).
+CHUNK_DELAY = float(os.environ.get("DURAGENT_TEST_CHUNK_DELAY", "0.04"))
+
+FIRST = (
+    "Let me think about durable execution step by step. A task is a log of committed "
+    "entries; every round is a commit, so a crash loses nothing that was stored. "
+    "I will look the topic up first. "
+)
+SECOND = (
+    "The lookup confirms it. Durable agents commit before they publish, record a tool's "
+    "intent before its effect, and resume from the last committed step. A paused task "
+    "keeps its log; resuming continues exactly where it stopped. That is the whole idea."
+)
+
+
+@tool(replay="safe")
+async def lookup(topic: str, ctx: ToolContext) -> str:
+    """Look a topic up in the encyclopedia (takes a moment)."""
+    await ctx.report(f"searching for {topic}…")
+    await asyncio.sleep(0.5)
+    return f"{topic}: surviving crashes by committing every step."
+
+
+@tool(requires_approval=True)
+def send_email(to: str, body: str) -> str:
+    """Send an email (asks for approval first)."""
+    return f"sent to {to}"
+
+
+@tool
+def delegate(job: str, ctx: ToolContext) -> object:
+    """Hand a job to the `quick` agent as a sub-task."""
+    return ctx.spawn("quick", job)
+
+
+def agents() -> list[Agent]:
+    return [
+        Agent(name="quick", model=ScriptedModel(["Hello from quick."]), plan_tool=False),
+        Agent(
+            name="streamer",
+            model=ScriptedModel(
+                [
+                    Turn(text=FIRST, tool_calls=[ToolCall("lookup", {"topic": "durability"})]),
+                    SECOND,
+                ],
+                chunk_delay=CHUNK_DELAY,
+                chunk_size=4,
+            ),
+            tools=[lookup],
+            progress_interval=0.05,
+            plan_tool=False,
+        ),
+        Agent(
+            # Streams for about a minute: something to pause, abort and watch.
+            name="slow",
+            model=ScriptedModel(["tick " * 600], chunk_delay=0.1, chunk_size=5),
+            progress_interval=0.05,
+            plan_tool=False,
+        ),
+        Agent(
+            name="approver",
+            model=ScriptedModel(
+                [[ToolCall("send_email", {"to": "bob@example.com", "body": "hi"})], "Email done."]
+            ),
+            tools=[send_email],
+            plan_tool=False,
+        ),
+        Agent(
+            name="asker",
+            model=ScriptedModel(
+                [[ToolCall("ask_user", {"question": "Which city?"})], "Thanks for answering."]
+            ),
+            ask_user_tool=True,
+            plan_tool=False,
+        ),
+        Agent(
+            name="parent",
+            model=ScriptedModel([[ToolCall("delegate", {"job": "say hello"})], "Delegated."]),
+            tools=[delegate],
+            plan_tool=False,
+        ),
+    ]
