@@ -298,7 +298,6 @@ class TaskRunner:
         usage = (self.task.usage + response.usage).model_dump()
         tid = self.task.id
         if not response.tool_calls:
-            self.task.output = response.text  # _finish reports it to a parent
             await self._finish(
                 TaskStatus.COMPLETED,
                 entries=[api_entry(tid, r, message)],
@@ -689,7 +688,7 @@ class TaskRunner:
             return
         # A sub-task's end and its parent's tool result land in one commit.
         if status is TaskStatus.COMPLETED:
-            content, outcome = _render(self.task.output), "ok"
+            content, outcome = _render((extra or {}).get("output", self.task.output)), "ok"
         else:
             content, outcome = f"Sub-task {status.value}: {error or 'no reason given'}", "error"
         for attempt in range(5):

@@ -137,10 +137,40 @@ def _row_task(row: sqlite3.Row) -> Task:
     return task
 
 
+_Stamp = tuple[int, int, int, float | None]  # version, last_seq, lease epoch, lease expiry
+
+
+class _RowCache:
+    """Task rows this process last wrote, reused when the row's stamp still matches.
+
+    Parsing a task's JSON is the costliest part of a small commit; a matching
+    stamp (read from indexed columns) proves nobody, in any process, changed
+    the row since, so the parsed object can be reused.
+    """
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[_Stamp, Task]] = {}
+
+    def get(self, task_id: str, stamp: _Stamp) -> Task | None:
+        hit = self.rows.get(task_id)
+        return hit[1].model_copy() if hit is not None and hit[0] == stamp else None
+
+    def put(self, task: Task) -> None:
+        if len(self.rows) > 10_000:
+            self.rows.clear()
+        self.rows[task.id] = (_stamp(task), task)
+
+
+def _stamp(task: Task) -> _Stamp:
+    return (task.version, task.last_seq, task.lease.epoch, to_ts(task.lease.expires_at))
+
+
 class _SqliteTx:
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, cache: _RowCache | None = None) -> None:
         self.conn = conn
+        self.cache = cache
         self.inputs: dict[str, Any] = {}
+        self.written: dict[str, Task] = {}  # handed to the cache once the batch commits
 
     def _task(self, row: sqlite3.Row | None) -> Task | None:
         if row is None:
@@ -150,6 +180,17 @@ class _SqliteTx:
         return task
 
     def load_task(self, task_id: str) -> Task | None:
+        if self.cache is not None:
+            stamp = self.conn.execute(
+                "SELECT version, last_seq, lease_epoch, lease_expires FROM tasks WHERE id=?",
+                (task_id,),
+            ).fetchone()
+            if stamp is None:
+                return None
+            cached = self.cache.get(task_id, tuple(stamp))  # type: ignore[arg-type]
+            if cached is not None:
+                self.inputs[task_id] = cached.input
+                return cached
         row = self.conn.execute("SELECT data, input FROM tasks WHERE id=?", (task_id,)).fetchone()
         return self._task(row)
 
@@ -191,6 +232,7 @@ class _SqliteTx:
         names = ", ".join(cols)
         marks = ", ".join(f":{k}" for k in cols)
         self.conn.execute(f"INSERT INTO tasks ({names}) VALUES ({marks})", cols)
+        self.written[task.id] = task
 
     def update_task(self, task: Task) -> None:
         cols = self._columns(task)
@@ -198,6 +240,7 @@ class _SqliteTx:
             cols["input"] = _dumps(task.input)
         sets = ", ".join(f"{k}=:{k}" for k in cols if k != "id")
         self.conn.execute(f"UPDATE tasks SET {sets} WHERE id=:id", cols)
+        self.written[task.id] = task
 
     def append(self, entries: list[Entry]) -> None:
         self.conn.executemany(
@@ -294,6 +337,7 @@ class SQLiteStore:
         self._reader_conn = _connect(path, durability)
         self._pending: list[_Job] = []
         self._flushing = False
+        self._rows = _RowCache()
         self._signal: ChangeSignal | None = None
         self._closed = False
 
@@ -364,19 +408,27 @@ class SQLiteStore:
         """Run the jobs in the open transaction, each in its own savepoint, and commit."""
         outcomes: list[tuple[bool, Any]] = []
         try:
+            written: dict[str, Task] = {}
             for job in batch:
                 conn.execute("SAVEPOINT job")
+                tx = _SqliteTx(conn, self._rows)
                 try:
-                    outcomes.append((True, job.fn(_SqliteTx(conn))))
+                    outcomes.append((True, job.fn(tx)))
                     conn.execute("RELEASE job")
+                    written.update(tx.written)
                 except Exception as exc:  # the job's own failure: undo only this job
                     conn.execute("ROLLBACK TO job")
                     conn.execute("RELEASE job")
+                    for task_id in tx.written:  # its rows never reached the file
+                        self._rows.rows.pop(task_id, None)
                     outcomes.append((False, _translate(exc)))
             conn.execute("COMMIT")
+            for task in written.values():
+                self._rows.put(task)
         except Exception as exc:  # the transaction itself failed: nothing was written
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            self._rows.rows.clear()
             outcomes = [(False, _translate(exc))] * len(batch)
         self.batches += 1
         self.jobs_done += len(batch)
