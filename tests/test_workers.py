@@ -318,3 +318,28 @@ async def test_parent_pause_and_abort_reach_the_child(
         assert aborted.status is TaskStatus.ABORTED
         kid = await until(rt, kid.id, lambda t: t.status.terminal)
         assert kid.status is TaskStatus.ABORTED
+
+
+async def test_sigterm_finishes_the_running_tool_and_hands_the_task_back(
+    rt: Runtime, workers: list[WorkerProc], tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger.txt"
+    sub = await rt.submit("sleeper", "graceful")
+    first = WorkerProc(url_of(rt), ttl=30.0, LEDGER=str(ledger), HOLD="nap", HOLD_SECONDS="0.5")
+    workers.append(first)
+    await first.wait_output("AT nap")
+    first.signal(signal.SIGTERM)
+    assert first.proc.wait(30) == 0
+    task = await rt.get(sub.task_id)
+    # The tool finished within the grace period, its result was committed, and the
+    # task went back to the queue at once (no waiting for a 30 s lease to expire).
+    assert task.status is TaskStatus.PENDING
+    outcomes = [
+        e.payload["outcome"]
+        for e in await rt.store.entries(sub.task_id, kinds=[EntryKind.TOOL_RESULT])
+    ]
+    assert outcomes == ["ok"]
+    workers.append(WorkerProc(url_of(rt), ttl=30.0, LEDGER=str(ledger)))
+    done = await until(rt, sub.task_id, lambda t: t.status.terminal)
+    assert done.status is TaskStatus.COMPLETED and done.restarts == 0
+    assert sum(1 for line in ledger_lines(ledger) if line.startswith("start nap ")) == 1

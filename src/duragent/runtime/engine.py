@@ -612,7 +612,7 @@ class TaskRunner:
         committing: Mapping[str, asyncio.Future[None]],
     ) -> None:
         control = self.control or Control("pause")
-        if control.action == "pause":
+        if control.action in ("pause", "release"):
             # Let running tools finish (and commit their results) within the grace period.
             done, pending = await asyncio.wait(pending_jobs, timeout=self.agent.tool_grace)
             for job in done:
