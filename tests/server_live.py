@@ -1,0 +1,121 @@
+"""A real `duragent serve` (and `duragent worker`) in child processes, for tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).parent
+TOKENS = {"alice": "alice-live-token-1", "bob": "bob-live-token-2"}
+CLI = "from duragent.cli import main; main()"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def duragent(*args: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    out = log.open("wb")
+    return subprocess.Popen(
+        [sys.executable, "-c", CLI, *args],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env=env or child_env(),
+    )
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+
+
+@dataclass
+class LiveServer:
+    url: str
+    store_url: str
+    log: Path
+    proc: subprocess.Popen[bytes]
+
+    def headers(self, user: str = "alice") -> dict[str, str]:
+        return {"Authorization": f"Bearer {TOKENS[user]}"}
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(f"{url}/v1/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"server at {url} not healthy after {timeout} s:\n{log.read_text()}")
+
+
+@contextmanager
+def live_server(
+    tmp_path: Path,
+    *,
+    workers: int = 2,
+    store_url: str | None = None,
+    env: dict[str, str] | None = None,
+    tokens_file: bool = True,
+) -> Iterator[LiveServer]:
+    """`duragent serve` on a free port; alice's and bob's tokens in a file unless
+    `tokens_file=False` (then the environment's DURAGENT_TOKENS)."""
+    token_args: list[str] = []
+    if tokens_file:
+        tokens = tmp_path / "tokens.txt"
+        tokens.write_text("".join(f"{u}:{t}\n" for u, t in TOKENS.items()))
+        token_args = ["--tokens", str(tokens)]
+    store_url = store_url or f"sqlite:///{tmp_path}/live.db"
+    port = free_port()
+    log = tmp_path / f"serve-{port}.log"
+    proc = duragent(
+        "serve",
+        "--store",
+        store_url,
+        "--agents",
+        "server_agents:agents",
+        "--workers",
+        str(workers),
+        "--port",
+        str(port),
+        *token_args,
+        "--lease-ttl",
+        "5",
+        log=log,
+        env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+        yield LiveServer(url, store_url, log, proc)
+    finally:
+        stop(proc)
