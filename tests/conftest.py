@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import functools
 import os
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -26,10 +28,68 @@ async def _sqlite_full(tmp_path: Path) -> Store:
     return open_store(f"sqlite:///{tmp_path}/store.db?durability=full")
 
 
+async def _jsonl(tmp_path: Path) -> Store:
+    return open_store(f"jsonl://{tmp_path}/jsonl-store")
+
+
+PG_URL = os.environ.get("DURAGENT_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@functools.cache
+def postgres_unreachable() -> str | None:
+    """Why the test server cannot be used, or None when it can."""
+    try:
+        import psycopg
+    except ImportError as exc:  # pragma: no cover - the postgres extra is not installed
+        return f"psycopg is not installed: {exc}"
+    try:
+        psycopg.connect(PG_URL, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        return f"PostgreSQL at {PG_URL} is unreachable: {exc}"
+    return None
+
+
+def require_postgres() -> str:
+    """The test server's URL; skip the test without one, except in CI where that fails."""
+    reason = postgres_unreachable()
+    if reason is not None:
+        if IN_CI:
+            pytest.fail(f"CI must run the PostgreSQL tests: {reason}")
+        pytest.skip(reason)
+    return PG_URL
+
+
+def drop_schema(schema: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+async def _postgres(tmp_path: Path) -> Store:
+    from duragent.store.postgres import PostgresStore
+
+    class ThrowawayPostgresStore(PostgresStore):
+        """A store in its own schema, dropped on close: every test starts empty."""
+
+        async def close(self) -> None:
+            try:
+                await super().close()
+            finally:
+                assert self.schema is not None
+                drop_schema(self.schema)
+
+    url = require_postgres()
+    return ThrowawayPostgresStore(url, schema=f"test_{uuid.uuid4().hex[:12]}", max_size=4)
+
+
 STORE_FACTORIES: dict[str, StoreFactory] = {
     "memory": _memory,
     "sqlite": _sqlite,
     "sqlite-full": _sqlite_full,
+    "jsonl": _jsonl,
+    "postgres": _postgres,
 }
 
 

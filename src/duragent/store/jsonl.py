@@ -1,0 +1,420 @@
+"""The JSONL store: one append-only log file in a directory, owned by one process.
+
+The state lives in memory exactly as in MemoryStore (and is changed by the
+same commit algorithm); this module only makes it durable. Each commit is
+written as its record lines followed by a commit marker line. On open the log
+is replayed; lines after the last marker belong to a commit that never
+finished (the process died mid-write) and are cut off the file, so a commit
+exists on disk if and only if its marker does.
+
+    log.jsonl   header line, then records and markers
+    lock        flock'ed by the owning process, holds its pid
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+from urllib.parse import parse_qsl
+
+from duragent.errors import (
+    StoreCorrupt,
+    StoreError,
+    StoreLocked,
+    StoreUnavailable,
+    StoreVersionError,
+    TaskNotFound,
+)
+from duragent.store.base import SCHEMA_VERSION
+from duragent.store.memory import MemoryStore, _MemoryTx
+from duragent.types import Document, Entry, EntryKind, Task, utcnow
+
+Durability = Literal["normal", "full"]
+_T = TypeVar("_T")
+
+LOG_NAME = "log.jsonl"
+LOCK_NAME = "lock"
+COMPACT_SUFFIX = ".compact"
+FORMAT = "duragent-jsonl"
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _header() -> bytes:
+    return (_dumps({"format": FORMAT, "schema_version": SCHEMA_VERSION}) + "\n").encode()
+
+
+def _marker(records: int) -> bytes:
+    return (_dumps({"t": "commit", "records": records}) + "\n").encode()
+
+
+def _entry_line(e: Entry) -> str:
+    return _dumps(
+        {
+            "t": "entry",
+            "task_id": e.task_id,
+            "seq": e.seq,
+            "kind": e.kind.value,
+            "round": e.round,
+            "payload": e.payload,
+            "at": e.created_at.isoformat(),
+        }
+    )
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+# Data and size, without the metadata fsync would also flush (where the OS offers it).
+_sync = getattr(os, "fdatasync", os.fsync)
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _acquire_lock(directory: str) -> int:
+    fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StoreLocked(
+            f"the JSONL store {directory} is owned by pid {holder}; it can have one owner at "
+            "a time: stop that process, or use sqlite:// or postgresql:// to share a store "
+            "between processes"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+@dataclass(slots=True)
+class CompactResult:
+    bytes_before: int
+    bytes_after: int
+    entries_dropped: int
+
+
+class JSONLStore(MemoryStore):
+    """`JSONLStore("/abs/dir", durability="normal" | "full")`.
+
+    `normal` survives the process being killed (the OS has every write);
+    `full` fsyncs the records before writing the marker, and the marker
+    before acknowledging, so a commit also survives power loss.
+    """
+
+    def __init__(self, directory: str, *, durability: Durability = "normal") -> None:
+        if durability not in ("normal", "full"):
+            raise ValueError(f"durability must be 'normal' or 'full', not {durability!r}")
+        directory = os.path.abspath(os.path.expanduser(directory))
+        super().__init__(f"jsonl://{directory}")
+        self.directory = directory
+        self.path = os.path.join(directory, LOG_NAME)
+        self.durability: Durability = durability
+        self.truncated_bytes = 0  # how much torn tail the last open cut off
+        self._closed = False
+        try:
+            os.makedirs(directory, exist_ok=True)
+            self._lock_fd = _acquire_lock(directory)
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot open the JSONL store {directory}: {exc}") from exc
+        try:
+            self._size = self._replay()
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> JSONLStore:
+        """jsonl:///abs/dir?durability=full (keyword options win over the query)."""
+        rest = url.split("://", 1)[1]
+        path, _, query = rest.partition("?")
+        if not path:
+            raise ValueError(f"no directory in store URL {url!r}; use jsonl:///path/to/dir")
+        opts: dict[str, Any] = {**dict(parse_qsl(query)), **options}
+        return cls(path, **opts)
+
+    # --- lifecycle ---
+
+    async def close(self) -> None:
+        self._close_files()
+
+    def _close_files(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        os.close(self._fd)
+        os.close(self._lock_fd)  # closing the descriptor releases the flock
+
+    async def __aenter__(self) -> JSONLStore:
+        return self
+
+    # --- replay ---
+
+    def _replay(self) -> int:
+        """Load the log into memory, cut off a torn tail; return the file's size."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path + COMPACT_SUFFIX)  # a compaction that died before its rename
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            data = b""
+        if b"\n" not in data:
+            if not _header().startswith(data):
+                raise StoreCorrupt(f"{self.path}:1: not a duragent JSONL log (bad header line)")
+            # New, or died while writing the header: nothing was ever committed.
+            self._create_log()
+            return len(_header())
+        lines = data.split(b"\n")
+        self._check_header(lines[0])
+        offset = valid_end = len(lines[0]) + 1
+        group: list[tuple[int, dict[str, Any]]] = []
+        unreadable: tuple[int, str] | None = None  # first bad line since the last marker
+        for number, line in enumerate(lines[1:-1], start=2):
+            offset += len(line) + 1
+            try:
+                record = json.loads(line)
+                kind = record["t"]
+            except (ValueError, TypeError, KeyError) as exc:
+                unreadable = unreadable or (number, f"unreadable line: {exc}")
+                continue
+            if kind != "commit":
+                group.append((number, record))
+                continue
+            if unreadable is not None:
+                # A commit marker after a bad line: the damage is not a torn tail.
+                raise StoreCorrupt(f"{self.path}:{unreadable[0]}: {unreadable[1]}")
+            if record.get("records") != len(group):
+                raise StoreCorrupt(
+                    f"{self.path}:{number}: commit marker counts {record.get('records')} "
+                    f"records but {len(group)} precede it"
+                )
+            self._apply(group)
+            group = []
+            valid_end = offset
+        if valid_end < len(data):
+            self.truncated_bytes = len(data) - valid_end
+            with open(self.path, "r+b") as f:
+                f.truncate(valid_end)
+                f.flush()
+                os.fsync(f.fileno())
+        return valid_end
+
+    def _create_log(self) -> None:
+        tmp = self.path + COMPACT_SUFFIX
+        with open(tmp, "wb") as f:
+            f.write(_header())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        _fsync_dir(self.directory)
+
+    def _check_header(self, line: bytes) -> None:
+        try:
+            header = json.loads(line)
+            found = header["schema_version"]
+            ok = header["format"] == FORMAT and isinstance(found, int)
+        except (ValueError, TypeError, KeyError):
+            ok = False
+        if not ok:
+            raise StoreCorrupt(f"{self.path}:1: not a duragent JSONL log (bad header line)")
+        if found > SCHEMA_VERSION:
+            raise StoreVersionError(self.path, found, SCHEMA_VERSION)
+        # Older versions would be migrated here; version 1 is the first.
+
+    def _apply(self, group: list[tuple[int, dict[str, Any]]]) -> None:
+        """Install one committed group through the same path a live commit takes."""
+        tx = _MemoryTx(self)
+        doomed: list[str] = []
+        for number, r in group:
+            try:
+                kind = r["t"]
+                if kind == "task":
+                    task = Task.model_validate(r["v"])
+                    tx.tasks[task.id] = _dumps(r["v"])
+                elif kind == "entry":
+                    tx.entries.append(
+                        Entry.model_construct(
+                            task_id=r["task_id"],
+                            seq=int(r["seq"]),
+                            kind=EntryKind(r["kind"]),
+                            round=int(r["round"]),
+                            payload=r["payload"],
+                            created_at=datetime.fromisoformat(r["at"]),
+                        )
+                    )
+                elif kind == "doc":
+                    doc = Document.model_validate(r["v"])
+                    tx.docs[(doc.scope, doc.key)] = _dumps(r["v"])
+                elif kind == "undoc":
+                    tx.docs[(r["scope"], r["key"])] = None
+                elif kind == "delete":
+                    doomed += [str(tid) for tid in r["ids"]]
+                else:
+                    raise ValueError(f"unknown record type {kind!r}")
+            except (ValueError, TypeError, KeyError) as exc:
+                raise StoreCorrupt(f"{self.path}:{number}: bad record: {exc}") from exc
+        tx.install()
+        self._forget(doomed)
+
+    # --- writing ---
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"store {self.url} is closed")
+
+    def _append(self, lines: list[str]) -> None:
+        """Write one commit: its records, then its marker. On failure, leave no trace."""
+        body = ("\n".join(lines) + "\n").encode()
+        marker = _marker(len(lines))
+        try:
+            if self.durability == "full":
+                _write_all(self._fd, body)
+                _sync(self._fd)
+                _write_all(self._fd, marker)
+                _sync(self._fd)
+            else:
+                _write_all(self._fd, body + marker)
+        except OSError as exc:
+            try:
+                # Records without a marker would be cut off on the next open anyway,
+                # but a later commit's marker must never follow them.
+                os.ftruncate(self._fd, self._size)
+            except OSError:
+                self._close_files()
+            raise StoreUnavailable(f"could not write the JSONL store {self.path}: {exc}") from exc
+        self._size += len(body) + len(marker)
+
+    def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
+        self._check_open()
+        tx = _MemoryTx(self)
+        result = fn(tx, *args, utcnow())
+        if tx.tasks or tx.entries or tx.docs:
+            self._append(_tx_lines(tx))  # on disk first: memory only ever holds committed state
+            tx.install()
+            self._signal.notify()
+        return result
+
+    async def delete_task(self, task_id: str) -> None:
+        self._check_open()
+        if task_id not in self._tasks:
+            raise TaskNotFound(task_id)
+        doomed = self._subtree(task_id)
+        self._append([_dumps({"t": "delete", "ids": doomed})])
+        self._forget(doomed)
+        self._signal.notify()
+
+    def _subtree(self, task_id: str) -> list[str]:
+        children: dict[str, list[str]] = {}
+        for tid, raw in self._tasks.items():
+            parent = Task.model_validate_json(raw).parent_id
+            if parent is not None:
+                children.setdefault(parent, []).append(tid)
+        doomed = [task_id]
+        for tid in doomed:  # grows while we walk it: breadth-first
+            doomed += children.get(tid, [])
+        return doomed
+
+    def _forget(self, task_ids: Iterable[str]) -> None:
+        for tid in task_ids:
+            raw = self._tasks.pop(tid, None)
+            self._entries.pop(tid, None)
+            if raw is not None:
+                task = Task.model_validate_json(raw)
+                if task.request_id is not None:
+                    self._requests.pop((task.owner, task.request_id), None)
+            for k in [k for k in self._docs if k[0] == f"task:{tid}"]:
+                del self._docs[k]
+
+    # --- compaction ---
+
+    def compact(self) -> CompactResult:
+        """Rewrite the log as one commit of the current state.
+
+        Kept: every task's latest row, every entry with its original seq
+        (voided ones too: they are the audit trail), every document. Dropped:
+        superseded task rows and documents, deleted tasks, and the progress
+        entries of finished tasks (no recovery will ever read them; a live
+        task's progress may still be read to resume, so it stays).
+        The new file is complete and fsynced before it replaces the old one,
+        so a crash at any moment leaves one of the two intact.
+        """
+        self._check_open()
+        lines: list[str] = []
+        dropped = 0
+        for tid, raw in self._tasks.items():
+            lines.append('{"t":"task","v":' + raw + "}")
+            finished = Task.model_validate_json(raw).status.terminal
+            kept = []
+            for row in self._entries.get(tid, ()):
+                seq, kind, rnd, payload, created = row
+                if finished and kind == EntryKind.PROGRESS:
+                    dropped += 1
+                    continue
+                kept.append(row)
+                entry = Entry.model_construct(
+                    task_id=tid,
+                    seq=seq,
+                    kind=EntryKind(kind),
+                    round=rnd,
+                    payload=json.loads(payload),
+                    created_at=created,
+                )
+                lines.append(_entry_line(entry))
+            if tid in self._entries:
+                self._entries[tid] = kept
+        lines += ['{"t":"doc","v":' + raw + "}" for raw in self._docs.values()]
+        tmp = self.path + COMPACT_SUFFIX
+        data = _header()
+        if lines:
+            data += ("\n".join(lines) + "\n").encode() + _marker(len(lines))
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        _fsync_dir(self.directory)
+        before, self._size = self._size, len(data)
+        os.close(self._fd)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        return CompactResult(bytes_before=before, bytes_after=len(data), entries_dropped=dropped)
+
+
+def _tx_lines(tx: _MemoryTx) -> list[str]:
+    # Task and document rows are already JSON text: embed them without re-encoding.
+    lines = ['{"t":"task","v":' + raw + "}" for raw in tx.tasks.values()]
+    lines += [_entry_line(e) for e in tx.entries]
+    for (scope, key), raw in tx.docs.items():
+        if raw is None:
+            lines.append(_dumps({"t": "undoc", "scope": scope, "key": key}))
+        else:
+            lines.append('{"t":"doc","v":' + raw + "}")
+    return lines
+
+
+def compact(path: str) -> CompactResult:
+    """Compact the JSONL store in directory `path` (which no process may have open)."""
+    store = JSONLStore(path, durability="full")
+    try:
+        return store.compact()
+    finally:
+        store._close_files()

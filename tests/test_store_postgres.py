@@ -1,0 +1,393 @@
+"""What only the PostgreSQL store does: migrations, lost connections, NOTIFY, many claimers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from psycopg.rows import dict_row
+
+from conftest import drop_schema, require_postgres
+from duragent.errors import StaleLease, StoreVersionError
+from duragent.store import SCHEMA_VERSION, Commit, TaskPatch, open_store
+from duragent.store.postgres import PostgresStore, split_url
+from duragent.types import EntryKind, NewEntry, Task, UIText, dump_message
+from test_store_property import SETTINGS, op, run
+
+pytestmark = pytest.mark.postgres
+
+
+def ui(task_id: str, text: str) -> NewEntry:
+    return NewEntry(
+        task_id=task_id, kind=EntryKind.UI_MESSAGE, payload=dump_message(UIText(text=text))
+    )
+
+
+@pytest.fixture
+def pg_url() -> str:
+    return require_postgres()
+
+
+@pytest.fixture
+def schema(pg_url: str) -> Iterator[str]:
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    yield name
+    drop_schema(name)
+
+
+@pytest.fixture
+async def store(pg_url: str, schema: str) -> AsyncIterator[PostgresStore]:
+    s = PostgresStore(pg_url, schema=schema)
+    yield s
+    await s.close()
+
+
+def admin(pg_url: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(pg_url, autocommit=True, row_factory=dict_row)
+
+
+def test_own_options_are_taken_out_of_the_url() -> None:
+    conninfo, own = split_url(
+        "postgres://u:pw@h:5/db?schema=s1&application_name=x&max_size=3&sslmode=disable"
+    )
+    assert own == {"schema": "s1", "max_size": "3"}
+    assert conninfo == "postgresql://u:pw@h:5/db?application_name=x&sslmode=disable"
+
+
+async def test_open_store_reads_schema_from_the_url(pg_url: str, schema: str) -> None:
+    s = open_store(f"{pg_url}?schema={schema}")
+    assert isinstance(s, PostgresStore) and s.namespace == schema
+    await s.create_task(Task(agent="a"))
+    await s.close()
+    with admin(pg_url) as conn:
+        row = conn.execute(
+            psycopg.sql.SQL("SELECT count(*) AS n FROM {}.tasks").format(
+                psycopg.sql.Identifier(schema)
+            )
+        ).fetchone()
+    assert row is not None and row["n"] == 1
+
+
+async def test_newer_schema_version_is_refused_naming_both_versions(
+    pg_url: str, schema: str
+) -> None:
+    s = PostgresStore(pg_url, schema=schema)
+    assert s.migrated_from == 0
+    await s.close()
+    with admin(pg_url) as conn:
+        conn.execute(
+            psycopg.sql.SQL(
+                "UPDATE {}.duragent_meta SET value = '99' WHERE key = 'schema_version'"
+            ).format(psycopg.sql.Identifier(schema))
+        )
+    with pytest.raises(StoreVersionError) as info:
+        PostgresStore(pg_url, schema=schema)
+    assert "99" in str(info.value) and f"version {SCHEMA_VERSION}" in str(info.value)
+    with admin(pg_url) as conn:
+        row = conn.execute(
+            psycopg.sql.SQL("SELECT value FROM {}.duragent_meta").format(
+                psycopg.sql.Identifier(schema)
+            )
+        ).fetchone()
+    assert row is not None and row["value"] == "99"  # untouched
+    with admin(pg_url) as conn:
+        conn.execute(
+            psycopg.sql.SQL("UPDATE {}.duragent_meta SET value = '1'").format(
+                psycopg.sql.Identifier(schema)
+            )
+        )
+    again = PostgresStore(pg_url, schema=schema)
+    assert again.migrated_from == SCHEMA_VERSION
+    await again.close()
+
+
+MIGRATOR = r"""
+import os, sys, time
+from duragent.store.postgres import PostgresStore
+url, gate, schemas = sys.argv[1], sys.argv[2], sys.argv[3:]
+while not os.path.exists(gate):  # start together, so the migrations really overlap
+    time.sleep(0.001)
+for schema in schemas:
+    store = PostgresStore(url, schema=schema, min_size=1, max_size=1)
+    print(schema, store.migrated_from, flush=True)
+    store._pool.close()
+"""
+
+
+def test_processes_migrating_at_once_all_succeed(pg_url: str, tmp_path: Path) -> None:
+    schemas = [f"test_{uuid.uuid4().hex[:12]}" for _ in range(8)]
+    gate = tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", MIGRATOR, pg_url, str(gate), *schemas],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    try:
+        time.sleep(1.0)  # not a correctness wait: only lets the processes start
+        gate.touch()
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0, 0, 0]
+        found: dict[str, list[int]] = {s: [] for s in schemas}
+        for out in outs:
+            for printed in out.strip().splitlines():
+                name, version = printed.split()
+                found[name].append(int(version))
+        # Each schema was migrated from 0 exactly once; the others found it done.
+        assert all(sorted(v) == [0, 1, 1] for v in found.values()), found
+        with admin(pg_url) as conn:
+            for name in schemas:
+                row = conn.execute(
+                    psycopg.sql.SQL("SELECT value FROM {}.duragent_meta").format(
+                        psycopg.sql.Identifier(name)
+                    )
+                ).fetchone()
+                assert row is not None and row["value"] == str(SCHEMA_VERSION)
+    finally:
+        for p in procs:
+            p.kill()
+        for name in schemas:
+            drop_schema(name)
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait for a condition, checking every 10 ms; fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def _terminate(pg_url: str, application_name: str) -> int:
+    with admin(pg_url) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity"
+            " WHERE application_name = %s AND pid <> pg_backend_pid()",
+            (application_name,),
+        ).fetchall()
+    return sum(1 for r in rows if r["ok"])
+
+
+async def test_store_reconnects_after_its_backends_are_terminated(pg_url: str, schema: str) -> None:
+    app = f"duragent-test-{uuid.uuid4().hex[:8]}"
+    s = PostgresStore(f"{pg_url}?application_name={app}", schema=schema, min_size=2, max_size=4)
+    try:
+        task, _ = await s.create_task(Task(agent="a"))
+        await s.commit(Commit(entries=[ui(task.id, "before")]))
+        assert _terminate(pg_url, app) >= 1
+        assert (await s.get_task(task.id)).last_seq == 1  # a read after the drop
+        assert _terminate(pg_url, app) >= 1
+        r = await s.commit(Commit(entries=[ui(task.id, "after")]))  # a write after the drop
+        assert r.entries[0].seq == 2
+        assert [e.payload["text"] for e in await s.entries(task.id)] == ["before", "after"]
+    finally:
+        await s.close()
+
+
+async def test_commit_cut_off_before_commit_is_retried_once(pg_url: str, schema: str) -> None:
+    """The backend dies mid-transaction (waiting on a row lock): nothing was committed,
+    so the store runs the commit again on a new connection, and it lands exactly once."""
+    app = f"duragent-test-{uuid.uuid4().hex[:8]}"
+    s = PostgresStore(f"{pg_url}?application_name={app}", schema=schema, max_size=2)
+    try:
+        task, _ = await s.create_task(Task(agent="a"))
+        blocker = admin(pg_url)
+        try:
+            blocker.execute(
+                psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema))
+            )
+            blocker.execute("BEGIN")
+            blocker.execute("SELECT 1 FROM tasks WHERE id = %s FOR UPDATE", (task.id,))
+            pending = asyncio.create_task(s.commit(Commit(entries=[ui(task.id, "once")])))
+            with admin(pg_url) as watch:
+                for _ in range(1000):  # until the commit is really inside its transaction
+                    row = watch.execute(
+                        "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = %s"
+                        " AND wait_event_type = 'Lock'",
+                        (app,),
+                    ).fetchone()
+                    if row is not None and row["n"] == 1:
+                        break
+                    await asyncio.sleep(0.01)
+                else:
+                    raise AssertionError("the commit never blocked on the row lock")
+            assert _terminate(pg_url, app) >= 1
+            blocker.execute("COMMIT")
+        finally:
+            blocker.close()
+        result = await asyncio.wait_for(pending, 30)
+        assert result.entries[0].seq == 1
+        assert [e.payload["text"] for e in await s.entries(task.id)] == ["once"]
+    finally:
+        await s.close()
+
+
+async def test_wait_for_change_wakes_on_another_connections_commit(
+    pg_url: str, schema: str
+) -> None:
+    app = f"duragent-test-{uuid.uuid4().hex[:8]}"
+    waiter_store = PostgresStore(f"{pg_url}?application_name={app}", schema=schema)
+    writer = PostgresStore(pg_url, schema=schema)
+    other_schema = f"test_{uuid.uuid4().hex[:12]}"
+    other = PostgresStore(pg_url, schema=other_schema)
+    try:
+        task, _ = await writer.create_task(Task(agent="a"))
+        assert not waiter_store.listening  # LISTEN starts with the first wait
+        await waiter_store.wait_for_change(10)  # returns as soon as LISTEN is in place
+        assert waiter_store.listening
+        for round_ in range(2):
+            waiting = asyncio.create_task(waiter_store.wait_for_change(60))
+            await asyncio.sleep(0)
+            # A commit in another schema of the same database must not wake it...
+            await other.create_task(Task(agent="a"))
+            done, _ = await asyncio.wait({waiting}, timeout=0.3)
+            assert not done, "woken by another store's commit"
+            # ...a commit to this store by another connection must, at once.
+            started = time.monotonic()
+            await writer.commit(Commit(entries=[ui(task.id, str(round_))]))
+            await asyncio.wait_for(waiting, 10)
+            assert time.monotonic() - started < 5
+            if round_ == 0:
+                # Kill the listening connection: the store must notice and listen again.
+                assert _terminate(pg_url, app) >= 1
+                await until(lambda: not waiter_store.listening)
+                await until(lambda: waiter_store.listening)
+    finally:
+        await waiter_store.close()
+        await writer.close()
+        await other.close()
+        drop_schema(other_schema)
+
+
+async def test_zombie_commits_racing_a_takeover_never_roll_the_lease_back(
+    pg_url: str, schema: str
+) -> None:
+    """The fence is checked under the row lock the write takes: a zombie commit that
+    read the old epoch cannot land after the takeover and put the old owner back."""
+    zombie = PostgresStore(pg_url, schema=schema, max_size=8)
+    claimer = PostgresStore(pg_url, schema=schema, max_size=2)
+    refused = 0
+    try:
+        for _ in range(30):
+            task, _ = await zombie.create_task(Task(agent="a"))
+            first = await zombie.claim_task("w1", task_id=task.id, ttl=0.0)  # expires at once
+            assert first is not None and first.lease.epoch == 1
+            outcomes = await asyncio.gather(
+                *(
+                    zombie.commit(
+                        Commit(
+                            fence={task.id: 1},
+                            patches=[TaskPatch(task.id, {"context": {"zombie": i}})],
+                        )
+                    )
+                    for i in range(6)
+                ),
+                claimer.claim_task("w2", task_id=task.id, ttl=3600),
+                return_exceptions=True,
+            )
+            for outcome in outcomes[:-1]:
+                if isinstance(outcome, BaseException):
+                    assert isinstance(outcome, StaleLease), outcome
+                    refused += 1
+            taken = outcomes[-1]
+            assert not isinstance(taken, BaseException), taken
+            while taken is None:  # skipped while a zombie commit held the row
+                taken = await claimer.claim_task("w2", task_id=task.id, ttl=3600)
+            final = await claimer.get_task(task.id)
+            assert (final.lease.owner, final.lease.epoch) == ("w2", 2)
+            assert final.restarts == 1
+    finally:
+        await zombie.close()
+        await claimer.close()
+    assert refused > 0, "no zombie commit ever raced the takeover; the test proves nothing"
+
+
+CLAIMER = r"""
+import asyncio, json, os, sys
+from duragent.store import Commit, TaskPatch
+from duragent.store.postgres import PostgresStore
+
+async def main(url, schema, worker, out, gate):
+    store = PostgresStore(url, schema=schema, max_size=2)
+    while not os.path.exists(gate):  # start together, so claims really contend
+        await asyncio.sleep(0.001)
+    got = []
+    while True:
+        task = await store.claim_task(worker, ttl=3600)
+        if task is None:
+            break
+        await store.commit(Commit(fence={task.id: task.lease.epoch},
+                                  patches=[TaskPatch(task.id, {"status": "completed"})]))
+        got.append(task.id)
+    await store.close()
+    with open(out, "w") as f:
+        json.dump(got, f)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def test_four_processes_claim_each_task_exactly_once(
+    pg_url: str, schema: str, tmp_path: Path
+) -> None:
+    store = PostgresStore(pg_url, schema=schema)
+    ids = set()
+    for i in range(500):
+        t, _ = await store.create_task(Task(agent="a", input=i))
+        ids.add(t.id)
+    outs = [tmp_path / f"w{i}.json" for i in range(4)]
+    gate = tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CLAIMER, pg_url, schema, f"w{i}", str(out), str(gate)]
+        )
+        for i, out in enumerate(outs)
+    ]
+    try:
+        await asyncio.sleep(1.0)  # not a correctness wait: only lets the claimers start
+        gate.touch()
+        codes = await asyncio.gather(*(asyncio.to_thread(p.wait, 120) for p in procs))
+        assert codes == [0, 0, 0, 0]
+        claimed = [tid for out in outs for tid in json.loads(out.read_text())]
+        assert len(claimed) == 500 and set(claimed) == ids
+        busy = sum(1 for out in outs if json.loads(out.read_text()))
+        assert busy >= 2, "the processes did not contend; the test proves nothing"
+        for tid in list(ids)[:20]:
+            t = await store.get_task(tid)
+            assert t.lease.epoch == 1 and t.status.value == "completed"
+    finally:
+        for p in procs:
+            p.kill()
+        await store.close()
+
+
+@SETTINGS
+@given(st.lists(op, max_size=25))
+def test_postgres_store_matches_model(ops: list[tuple[Any, ...]]) -> None:
+    url = require_postgres()
+    name = f"test_{uuid.uuid4().hex[:12]}"
+
+    async def check() -> None:
+        s = PostgresStore(url, schema=name, max_size=2)
+        try:
+            await run(s, ops)
+        finally:
+            await s.close()
+
+    try:
+        asyncio.run(check())
+    finally:
+        drop_schema(name)
