@@ -1,0 +1,315 @@
+// The duragent web page: sign in, list my tasks, start one, watch one live.
+// A reload (or a reopened tab) rebuilds the open task from its committed
+// entries over REST, then resumes the event stream after the last seq.
+
+import { follow, HttpError } from "./sse.js";
+import { h, Timeline } from "./timeline.js";
+
+const TOKEN_KEY = "duragent.token";
+const AGENT_KEY = "duragent.agent";
+const ACTIVE = new Set(["pending", "running", "waiting", "paused"]);
+const $ = (sel) => document.querySelector(sel);
+
+const state = {
+  token: localStorage.getItem(TOKEN_KEY),
+  taskId: null,
+  task: null,
+  stopFollowing: null,
+  timeline: null,
+  listTimer: null,
+  refreshTimer: null,
+};
+
+// --- HTTP -------------------------------------------------------------------
+
+async function api(method, path, body) {
+  const opts = { method, headers: { Authorization: `Bearer ${state.token}` } };
+  if (body !== undefined) {
+    opts.headers["Content-Type"] = "application/json";
+    opts.body = JSON.stringify(body);
+  }
+  const res = await fetch(path, opts);
+  const data = res.headers.get("content-type")?.includes("json") ? await res.json() : null;
+  if (!res.ok) {
+    if (res.status === 401) signOut("Your token is no longer valid; sign in again.");
+    throw new HttpError(res.status, data);
+  }
+  return data;
+}
+
+function toast(message, kind = "error") {
+  const el = h("div", { class: `toast ${kind}` }, message);
+  $("#toasts").append(el);
+  setTimeout(() => el.remove(), 6000);
+}
+
+function problemText(err) {
+  const p = err.problem;
+  return p ? `${p.title}${p.detail ? ": " + p.detail : ""}` : String(err.message || err);
+}
+
+// --- sign in ----------------------------------------------------------------
+
+async function signIn(token) {
+  state.token = token;
+  try {
+    const me = await api("GET", "/v1/me");
+    localStorage.setItem(TOKEN_KEY, token);
+    $("#user").textContent = me.user;
+    showApp();
+  } catch (err) {
+    state.token = null;
+    localStorage.removeItem(TOKEN_KEY);
+    $("#signin-error").textContent =
+      err instanceof HttpError && err.status === 401 ? "That token is not valid." : problemText(err);
+  }
+}
+
+function signOut(message) {
+  localStorage.removeItem(TOKEN_KEY);
+  state.token = null;
+  closeTask();
+  clearInterval(state.listTimer);
+  $("#app").hidden = true;
+  $("#signin").hidden = false;
+  $("#signin-error").textContent = message || "";
+}
+
+async function showApp() {
+  $("#signin").hidden = true;
+  $("#app").hidden = false;
+  await loadAgents();
+  await refreshList();
+  clearInterval(state.listTimer);
+  state.listTimer = setInterval(refreshList, 2000);
+  const id = new URLSearchParams(location.hash.slice(1)).get("task");
+  if (id) openTask(id);
+}
+
+// --- agents and new tasks ---------------------------------------------------
+
+async function loadAgents() {
+  const { agents } = await api("GET", "/v1/agents");
+  const select = $("#agent");
+  select.replaceChildren(...agents.map((a) => h("option", { value: a.name }, a.name)));
+  const remembered = localStorage.getItem(AGENT_KEY);
+  if (agents.some((a) => a.name === remembered)) select.value = remembered;
+  const describe = () => {
+    const a = agents.find((x) => x.name === select.value);
+    $("#agent-tools").textContent = a && a.tools.length
+      ? "Tools: " + a.tools.map((t) => `${t.name}${t.requires_approval === true ? " (asks first)" : ""}`).join(", ")
+      : "No tools.";
+  };
+  select.onchange = () => { localStorage.setItem(AGENT_KEY, select.value); describe(); };
+  describe();
+}
+
+async function startTask(ev) {
+  ev.preventDefault();
+  const input = $("#input").value.trim();
+  if (!input) { $("#input").focus(); return; }
+  const button = $("#start");
+  button.disabled = true;
+  try {
+    const task = await api("POST", "/v1/tasks", { agent: $("#agent").value, input });
+    $("#input").value = "";
+    await refreshList();
+    openTask(task.id);
+  } catch (err) {
+    toast(problemText(err));
+  } finally {
+    button.disabled = false;
+  }
+}
+
+// --- the task list ----------------------------------------------------------
+
+function ago(iso) {
+  const s = Math.max(0, (Date.now() - new Date(iso).getTime()) / 1000);
+  if (s < 60) return `${Math.floor(s)}s ago`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ago`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h ago`;
+  return new Date(iso).toLocaleDateString();
+}
+
+async function refreshList() {
+  if (!state.token) return;
+  let page;
+  try { page = await api("GET", "/v1/tasks?limit=50"); } catch { return; }
+  const list = $("#tasks");
+  if (!page.tasks.length) {
+    list.replaceChildren(h("li", { class: "empty" }, "No tasks yet. Start one above."));
+    return;
+  }
+  list.replaceChildren(...page.tasks.map((t) => h("li", {
+    class: `task-item${t.id === state.taskId ? " selected" : ""}`,
+    "data-id": t.id,
+    onclick: () => openTask(t.id),
+  },
+  h("div", { class: "row" }, h("span", { class: "agent" }, t.agent), badge(t.status, t.status_reason)),
+  h("div", { class: "meta" }, t.current_step ? `step ${t.current_step} · ` : "", ago(t.created_at), " · ", t.id.slice(0, 10)))));
+}
+
+function badge(status, reason) {
+  return h("span", { class: `badge status-${status}`, "data-status": status }, status + (reason ? ` · ${reason}` : ""));
+}
+
+// --- one task ---------------------------------------------------------------
+
+function closeTask() {
+  if (state.stopFollowing) state.stopFollowing();
+  state.stopFollowing = null;
+  state.taskId = null;
+  state.task = null;
+}
+
+async function openTask(id) {
+  closeTask();
+  state.taskId = id;
+  history.replaceState(null, "", `#task=${encodeURIComponent(id)}`);
+  document.querySelectorAll(".task-item").forEach((el) => el.classList.toggle("selected", el.dataset.id === id));
+  $("#empty").hidden = true;
+  $("#task").hidden = false;
+  $("#conn").textContent = "loading…";
+  const timeline = new Timeline($("#timeline"), { respond });
+  state.timeline = timeline;
+  try {
+    renderTask(await api("GET", `/v1/tasks/${encodeURIComponent(id)}`));
+    // Everything committed so far, page by page...
+    for (;;) {
+      const page = await api("GET", `/v1/tasks/${encodeURIComponent(id)}/entries?after=${timeline.lastSeq}&limit=1000`);
+      if (state.taskId !== id) return;
+      page.entries.forEach((e) => timeline.apply(e));
+      if (page.entries.length < 1000) break;
+    }
+  } catch (err) {
+    $("#conn").textContent = "";
+    if (err instanceof HttpError && err.status === 404) {
+      $("#task").hidden = true;
+      $("#empty").hidden = false;
+      $("#empty").textContent = "That task does not exist (or is not yours).";
+      history.replaceState(null, "", "#");
+    } else toast(problemText(err));
+    return;
+  }
+  scrollDown();
+  // ...then live, from the last seq seen.
+  state.stopFollowing = follow(`/v1/tasks/${encodeURIComponent(id)}/events`, {
+    token: state.token,
+    afterSeq: timeline.lastSeq,
+    onEvent: (ev) => {
+      if (state.taskId !== id) return;
+      const near = nearBottom();
+      timeline.apply(ev.data);
+      if (near) scrollDown();
+      if (["status", "api_message", "tool_result", "checkpoint"].includes(ev.event)) refreshTaskSoon();
+    },
+    onState: (s) => {
+      if (state.taskId !== id) return;
+      $("#conn").textContent = { live: "● live", ended: "", reconnecting: "reconnecting…" }[s];
+      $("#conn").className = `conn ${s}`;
+      if (s === "ended") refreshTaskSoon();
+    },
+    onFatal: (err) => toast(problemText(err)),
+  });
+}
+
+function refreshTaskSoon() {
+  clearTimeout(state.refreshTimer);
+  state.refreshTimer = setTimeout(async () => {
+    const id = state.taskId;
+    if (!id) return;
+    try {
+      const task = await api("GET", `/v1/tasks/${encodeURIComponent(id)}`);
+      if (state.taskId === id) renderTask(task);
+    } catch { /* the next event retries */ }
+    refreshList();
+  }, 150);
+}
+
+function renderTask(task) {
+  state.task = task;
+  $("#task-agent").textContent = task.agent;
+  $("#task-id").textContent = task.id;
+  $("#task-input").textContent = typeof task.input === "string" ? task.input : JSON.stringify(task.input);
+  $("#status").replaceChildren(badge(task.status, task.status_reason));
+  $("#status").dataset.status = task.status;
+  $("#task").dataset.status = task.status;  // e.g. no typing cursor on a paused stream
+  const step = $("#step");
+  step.dataset.step = task.current_step ?? task.iterations;
+  step.textContent = task.current_step
+    ? `Step ${task.current_step}`
+    : `${task.iterations} step${task.iterations === 1 ? "" : "s"}`;
+  $("#usage").textContent = `${task.usage.input_tokens} in · ${task.usage.output_tokens} out tokens`;
+  $("#task-error").textContent = task.error || "";
+  $("#task-error").hidden = !task.error;
+  const s = task.status;
+  $("#pause").disabled = !["pending", "running", "waiting"].includes(s);
+  $("#rollback").disabled = $("#pause").disabled;
+  $("#resume").disabled = !["paused", "blocked"].includes(s);
+  $("#abort").disabled = !(ACTIVE.has(s) || s === "blocked");
+}
+
+async function control(action, body, button) {
+  const id = state.taskId;
+  const label = button.textContent;
+  button.disabled = true;
+  button.textContent = { pause: "Pausing…", resume: "Resuming…", abort: "Aborting…" }[action] || label;
+  try {
+    const task = await api("POST", `/v1/tasks/${encodeURIComponent(id)}/${action}`, body);
+    if (state.taskId === id) renderTask(task);
+    refreshList();
+  } catch (err) {
+    toast(problemText(err));
+    refreshTaskSoon();
+  } finally {
+    button.textContent = label;
+  }
+}
+
+async function respond(callId, body) {
+  try {
+    const task = await api("POST", `/v1/tasks/${encodeURIComponent(state.taskId)}/respond`, { ...body, call_id: callId });
+    renderTask(task);
+    return true;
+  } catch (err) {
+    toast(problemText(err));
+    return false;
+  }
+}
+
+function nearBottom() {
+  const el = $("#timeline-scroll");
+  return el.scrollHeight - el.scrollTop - el.clientHeight < 80;
+}
+
+function scrollDown() {
+  const el = $("#timeline-scroll");
+  el.scrollTop = el.scrollHeight;
+}
+
+// --- wiring -----------------------------------------------------------------
+
+$("#signin-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const token = $("#token").value.trim();
+  if (token) signIn(token);
+});
+$("#signout").addEventListener("click", () => signOut());
+$("#new-task").addEventListener("submit", startTask);
+$("#input").addEventListener("keydown", (ev) => {
+  if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) startTask(ev);
+});
+$("#pause").addEventListener("click", (ev) => control("pause", { rollback: false }, ev.currentTarget));
+$("#rollback").addEventListener("click", (ev) => control("pause", { rollback: true }, ev.currentTarget));
+$("#resume").addEventListener("click", (ev) => control("resume", undefined, ev.currentTarget));
+$("#abort").addEventListener("click", (ev) => {
+  if (confirm("Abort this task for good?")) control("abort", { reason: "aborted from the web page" }, ev.currentTarget);
+});
+window.addEventListener("hashchange", () => {
+  const id = new URLSearchParams(location.hash.slice(1)).get("task");
+  if (id && id !== state.taskId && state.token) openTask(id);
+});
+
+if (state.token) signIn(state.token);
+else $("#signin").hidden = false;

@@ -1,0 +1,206 @@
+// A task's conversation, built from its committed entries in seq order.
+// The same rules as duragent.runtime.views.ui_view: streamed text is shown
+// until the round's assistant message arrives (or a progress rollback voids
+// it); tool cards follow intent -> wait -> decision -> result.
+
+export function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v == null || v === false) continue;
+    if (k === "class") el.className = v;
+    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c == null || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+const STATE_LABEL = {
+  intent: "queued",
+  running: "running…",
+  waiting: "waiting",
+  approved: "approved",
+  ok: "done",
+  error: "error",
+  denied: "denied",
+  interrupted: "interrupted",
+};
+
+function prettyArgs(text) {
+  try { return JSON.stringify(JSON.parse(text || "{}"), null, 1).replace(/\n\s*/g, " "); }
+  catch { return text; }
+}
+
+export class Timeline {
+  // actions: { respond(callId, body) -> Promise } used by approval and answer forms
+  constructor(container, actions) {
+    this.container = container;
+    this.actions = actions;
+    this.lastSeq = 0;
+    this.streaming = new Map();  // round -> item
+    this.answered = new Set();   // rounds whose assistant message is committed
+    this.cards = new Map();      // call_id -> item
+    this.container.replaceChildren();
+  }
+
+  add(item) {
+    item.el = this.render(item);
+    this.container.append(item.el);
+    return item;
+  }
+
+  update(item) {
+    const el = this.render(item);
+    item.el.replaceWith(el);
+    item.el = el;
+  }
+
+  remove(item) {
+    if (item && item.el) item.el.remove();
+  }
+
+  apply(e) {
+    if (e.seq <= this.lastSeq) return;  // never twice
+    this.lastSeq = e.seq;
+    const p = e.payload;
+    switch (e.kind) {
+      case "api_message": return this.message(e, p);
+      case "progress": return this.progress(e, p);
+      case "rollback":
+        if (p.scope === "progress") {
+          this.remove(this.streaming.get(e.round));
+          this.streaming.delete(e.round);
+        }
+        return;
+      case "tool_intent": {
+        const card = this.cards.get(p.call_id);
+        if (card) { card.replay = p.replay; if (card.state === "intent") card.state = "running"; this.update(card); }
+        return;
+      }
+      case "checkpoint": return this.checkpoint(p);
+      case "tool_result": {
+        const card = this.cards.get(p.tool_call_id);
+        if (card) { card.state = p.outcome || "ok"; card.result = p.content; card.wait = null; this.update(card); }
+        return;
+      }
+      case "ui_message":
+        if ("from_seq" in p) return;
+        if (p.type === "notice") this.add({ type: "notice", text: p.message });
+        else if (p.type === "error") this.add({ type: "error", text: p.message, detail: p.detail });
+        else if (p.type === "text") this.add({ type: "bubble", role: p.role, text: p.text });
+        return;
+      default:
+        return;
+    }
+  }
+
+  message(e, p) {
+    if (p.role === "user") {
+      this.add({ type: "bubble", role: "user", text: p.content });
+    } else if (p.role === "assistant") {
+      this.answered.add(e.round);
+      this.remove(this.streaming.get(e.round));
+      this.streaming.delete(e.round);
+      if (p.content) this.add({ type: "bubble", role: "assistant", text: p.content });
+      for (const call of p.tool_calls || []) {
+        const card = this.add({
+          type: "tool", callId: call.id, name: call.function.name,
+          args: prettyArgs(call.function.arguments), state: "intent", partial: "",
+        });
+        this.cards.set(call.id, card);
+      }
+    }
+  }
+
+  progress(e, p) {
+    if ("call_id" in p) {
+      const card = this.cards.get(p.call_id);
+      if (card) { card.partial += p.text || ""; this.update(card); }
+      return;
+    }
+    if (this.answered.has(e.round)) return;
+    let item = this.streaming.get(e.round);
+    if (!item) {
+      item = this.add({ type: "bubble", role: "assistant", text: "", streaming: true });
+      this.streaming.set(e.round, item);
+    }
+    item.text += p.text || "";
+    item.el.querySelector(".text").textContent = item.text;
+  }
+
+  checkpoint(p) {
+    const card = this.cards.get(p.call_id);
+    if (!card) return;
+    if (p.type === "wait") { card.state = "waiting"; card.wait = p; }
+    else if (p.type === "decision") {
+      card.wait = null;
+      card.state = p.approved ? "approved" : "denied";
+      card.decision = p;
+    } else if (p.type === "started") card.state = "running";
+    this.update(card);
+  }
+
+  // --- rendering ---
+
+  render(item) {
+    if (item.type === "bubble") {
+      return h("div", { class: `bubble ${item.role}${item.streaming ? " streaming" : ""}`, "data-role": item.role },
+        h("div", { class: "who" }, item.role === "user" ? "You" : "Assistant"),
+        h("div", { class: "text" }, item.text));
+    }
+    if (item.type === "notice") return h("div", { class: "notice" }, item.text);
+    if (item.type === "error") {
+      return h("div", { class: "error-item" }, h("strong", {}, item.text), item.detail ? h("div", {}, item.detail) : null);
+    }
+    return this.renderCard(item);
+  }
+
+  renderCard(card) {
+    const el = h("div", { class: `tool-card state-${card.state}`, "data-call-id": card.callId, "data-state": card.state },
+      h("div", { class: "tool-head" },
+        h("span", { class: "tool-icon" }, "⚙"),
+        h("span", { class: "tool-name" }, card.name),
+        card.replay ? h("span", { class: "replay", title: "replay policy" }, `replay: ${card.replay}`) : null,
+        h("span", { class: `tool-state badge-${card.state}` }, STATE_LABEL[card.state] || card.state)),
+      h("code", { class: "tool-args" }, card.args));
+    if (card.partial && card.result == null) el.append(h("div", { class: "tool-partial" }, card.partial));
+    if (card.result != null) el.append(h("pre", { class: "tool-result" }, card.result));
+    if (card.state === "waiting" && card.wait) el.append(this.waitForm(card));
+    return el;
+  }
+
+  waitForm(card) {
+    const w = card.wait;
+    if (w.wait === "approval") {
+      const reason = h("input", { type: "text", class: "reason", placeholder: "Reason (optional)" });
+      const go = (approve) => async (ev) => {
+        ev.target.disabled = true;
+        const ok = await this.actions.respond(card.callId, { approve, reason: reason.value || null });
+        if (!ok) ev.target.disabled = false;
+      };
+      return h("div", { class: "wait approval" },
+        h("div", { class: "question" }, w.question || "Allow this call?"),
+        h("div", { class: "row" }, reason,
+          h("button", { class: "approve", onclick: go(true) }, "Approve"),
+          h("button", { class: "deny danger", onclick: go(false) }, "Deny")));
+    }
+    if (w.wait === "input") {
+      const answer = h("input", { type: "text", class: "answer", placeholder: "Your answer" });
+      const send = async (ev) => {
+        ev.preventDefault();
+        if (!answer.value.trim()) return;
+        const ok = await this.actions.respond(card.callId, { answer: answer.value });
+        if (!ok) answer.focus();
+      };
+      return h("form", { class: "wait input", onsubmit: send },
+        h("div", { class: "question" }, w.question),
+        h("div", { class: "row" }, answer, h("button", { type: "submit" }, "Send answer")));
+    }
+    if (w.wait === "timer") return h("div", { class: "wait" }, `Sleeping until ${new Date(w.wake_at).toLocaleString()}`);
+    if (w.wait === "subtask") return h("div", { class: "wait" }, `Waiting for sub-task ${w.child_id}`);
+    return h("div", { class: "wait" }, `Waiting (${w.wait})`);
+  }
+}

@@ -1,0 +1,187 @@
+"""The web page in real headless Chromium against a real `duragent serve`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from server_live import TOKENS, LiveServer, child_env, live_server
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TIMEOUT = 30_000  # ms, for every wait on a condition
+
+sync_api = pytest.importorskip("playwright.sync_api")
+Page = sync_api.Page
+Locator = sync_api.Locator
+expect = sync_api.expect
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    tmp = tmp_path_factory.mktemp("browser")
+    # Text streams slowly enough to watch it, reload and pause in the middle.
+    with live_server(tmp, workers=4, env=child_env(DURAGENT_TEST_CHUNK_DELAY="0.08")) as s:
+        yield s
+
+
+@pytest.fixture
+def page(server: LiveServer) -> Iterator[Page]:
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        context = browser.new_context(viewport={"width": 1280, "height": 860})
+        pg = context.new_page()
+        pg.set_default_timeout(TIMEOUT)
+        errors: list[str] = []
+        pg.on("pageerror", lambda exc: errors.append(str(exc)))
+        try:
+            yield pg
+        finally:
+            browser.close()
+        assert errors == [], f"JavaScript errors on the page: {errors}"
+
+
+def shot(page: Page, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def sign_in(page: Page, server: LiveServer, user: str = "alice") -> None:
+    page.goto(server.url + "/")
+    expect(page.locator("#signin")).to_be_visible()
+    page.fill("#token", TOKENS[user])
+    page.click("#signin-button")
+    expect(page.locator("#user")).to_have_text(user)
+
+
+def start_task(page: Page, agent: str, text: str) -> None:
+    page.select_option("#agent", agent)
+    page.fill("#input", text)
+    page.click("#start")
+    expect(page.locator("#task")).to_be_visible()
+
+
+def streamed_length(page: Page) -> int:
+    return len(page.locator(".bubble.streaming .text").inner_text())
+
+
+def wait_stream_past(page: Page, n: int) -> None:
+    page.wait_for_function(
+        "n => { const el = document.querySelector('.bubble.streaming .text');"
+        " return el && el.textContent.length > n; }",
+        arg=n,
+    )
+
+
+def status(page: Page) -> Locator:
+    return page.locator("#status")
+
+
+def test_watch_reload_pause_resume_complete(page: Page, server: LiveServer) -> None:
+    page.goto(server.url + "/")
+    page.fill("#token", "not-a-token")
+    page.click("#signin-button")
+    expect(page.locator("#signin-error")).to_have_text("That token is not valid.")
+    shot(page, "01-signin")
+    sign_in(page, server)
+
+    start_task(page, "streamer", "Explain durable agents, please.")
+    expect(page.locator(".bubble.user .text")).to_have_text("Explain durable agents, please.")
+    # Text streams in: the bubble grows while the task runs.
+    wait_stream_past(page, 10)
+    first = streamed_length(page)
+    wait_stream_past(page, first + 12)
+    expect(status(page)).to_have_attribute("data-status", "running")
+    expect(page.locator("#step")).to_have_text("Step 1")
+    shot(page, "02-streaming")
+
+    # A reload in the middle: the page rebuilds from REST and the stream goes on.
+    before = streamed_length(page)
+    task_url = page.url
+    assert "#task=t_" in task_url
+    page.reload()
+    expect(page.locator("#task")).to_be_visible()
+    expect(page.locator("#conn")).to_have_text("● live")
+    wait_stream_past(page, before + 8)
+    assert page.locator(".bubble.streaming").count() == 1
+    shot(page, "03-after-reload")
+    # A tab closed and opened again (same browser storage) picks the task up too.
+    tab = page.context.new_page()
+    tab.goto(task_url)
+    expect(tab.locator("#conn")).to_have_text("● live")
+    expect(tab.locator("#task-id")).to_have_text(task_url.rsplit("=", 1)[1])
+    expect(tab.locator(".bubble.user")).to_have_count(1)
+    tab.close()
+
+    # The tool call: a card that ends "done" with its result.
+    card = page.locator('.tool-card:has(.tool-name:text("lookup"))')
+    expect(card).to_have_attribute("data-state", "ok")
+    expect(card.locator(".tool-result")).to_contain_text("surviving crashes")
+    expect(card.locator(".replay")).to_have_text("replay: safe")
+    # Round 2 streams; pause in the middle of it.
+    expect(page.locator("#step")).to_have_text("Step 2")
+    wait_stream_past(page, 20)
+    page.click("#pause")
+    expect(status(page)).to_have_attribute("data-status", "paused")
+    expect(page.locator(".notice").last).to_have_text("Paused.")
+    expect(page.locator("#resume")).to_be_enabled()
+    expect(page.locator("#pause")).to_be_disabled()
+    shot(page, "04-paused")
+
+    page.click("#resume")
+    expect(status(page)).to_have_attribute("data-status", "completed", timeout=60_000)
+    final = page.locator(".bubble.assistant:not(.streaming)").last
+    expect(final).to_contain_text("That is the whole idea.")
+    # The interrupted stream was dropped and streamed again: one answer per round.
+    expect(page.locator(".bubble.streaming")).to_have_count(0)
+    expect(page.locator(".bubble.assistant")).to_have_count(2)
+    expect(page.locator("#step")).to_have_text("2 steps")
+    expect(page.locator("#pause")).to_be_disabled()
+    expect(page.locator("#resume")).to_be_disabled()
+    item = page.locator(".task-item.selected")
+    expect(item.locator(".badge")).to_have_attribute("data-status", "completed")
+    page.locator(".timeline-scroll").evaluate("el => el.scrollTop = el.scrollHeight")
+    shot(page, "05-completed")
+
+
+def test_approve_and_answer_from_the_page(page: Page, server: LiveServer) -> None:
+    sign_in(page, server, "bob")
+    start_task(page, "approver", "Email Bob.")
+    card = page.locator('.tool-card:has(.tool-name:text("send_email"))')
+    expect(card).to_have_attribute("data-state", "waiting")
+    expect(status(page)).to_have_attribute("data-status", "waiting")
+    expect(card.locator(".question")).to_contain_text("Approve send_email")
+    shot(page, "06-approval")
+    card.locator("button.approve").click()
+    expect(status(page)).to_have_attribute("data-status", "completed")
+    expect(card).to_have_attribute("data-state", "ok")
+    expect(card.locator(".tool-result")).to_have_text("sent to bob@example.com")
+
+    start_task(page, "asker", "Plan my trip.")
+    card = page.locator('.tool-card:has(.tool-name:text("ask_user"))')
+    expect(card.locator(".question")).to_have_text("Which city?")
+    card.locator("input.answer").fill("Lisbon")
+    shot(page, "07-question")
+    card.locator("button[type=submit]").click()
+    expect(status(page)).to_have_attribute("data-status", "completed")
+    expect(card.locator(".tool-result")).to_have_text("Lisbon")
+    expect(page.locator(".bubble.assistant").last).to_have_text("AssistantThanks for answering.")
+    # Bob's list holds only bob's tasks.
+    expect(page.locator(".task-item")).to_have_count(2)
+    shot(page, "08-answered")
