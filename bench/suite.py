@@ -1,0 +1,376 @@
+"""The workloads: which measurements run, in which order, and what they return.
+
+Every measurement runs in its own child process (bench/run.py). Repeated runs
+are interleaved (run 1 of every system, then run 2, ...) in a shuffled order,
+so a burst of load on this shared machine hits all systems alike, and every
+ratio is taken between numbers of the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench import failover, machine
+from bench.common import PG_URL, child_env, postgres_unreachable, raw_json_size
+
+
+@dataclass(frozen=True)
+class System:
+    key: str  # row id, e.g. "duragent/sqlite-full"
+    system: str  # bench.run system name
+    config: str
+    label: str  # e.g. "duragent"
+    store: str  # e.g. "SQLite FULL"
+    baseline: str | None = None  # the same system in memory, for the persistence overhead
+    compare: str | None = None  # the duragent row it is compared with
+
+
+ROUND_SYSTEMS = (
+    System("duragent/memory", "duragent", "memory", "duragent", "memory:// (no persistence)"),
+    System(
+        "duragent/sqlite-normal",
+        "duragent",
+        "sqlite-normal",
+        "duragent",
+        "SQLite WAL, synchronous=NORMAL",
+        baseline="duragent/memory",
+    ),
+    System(
+        "duragent/sqlite-full",
+        "duragent",
+        "sqlite-full",
+        "duragent",
+        "SQLite WAL, synchronous=FULL",
+        baseline="duragent/memory",
+    ),
+    System(
+        "duragent/postgres",
+        "duragent",
+        "postgres",
+        "duragent",
+        "PostgreSQL",
+        baseline="duragent/memory",
+    ),
+    System(
+        "langgraph/memory", "langgraph", "memory", "LangGraph", "InMemorySaver (no persistence)"
+    ),
+    System(
+        "langgraph/sqlite",
+        "langgraph",
+        "sqlite",
+        "LangGraph",
+        "AsyncSqliteSaver (WAL, synchronous=FULL)",
+        baseline="langgraph/memory",
+        compare="duragent/sqlite-full",
+    ),
+    System(
+        "langgraph/postgres",
+        "langgraph",
+        "postgres",
+        "LangGraph",
+        "AsyncPostgresSaver",
+        baseline="langgraph/memory",
+        compare="duragent/postgres",
+    ),
+    System(
+        "dbos/sqlite",
+        "dbos",
+        "sqlite",
+        "DBOS",
+        "SQLite (rollback journal, synchronous=FULL)",
+        compare="duragent/sqlite-full",
+    ),
+    System("dbos/postgres", "dbos", "postgres", "DBOS", "PostgreSQL", compare="duragent/postgres"),
+)
+BY_KEY = {s.key: s for s in ROUND_SYSTEMS}
+
+
+@dataclass
+class Settings:
+    runs: int
+    rounds: int
+    storage_rounds: list[int]
+    resume_entries: int
+    resume_repeats: int
+    resume_runs: int
+    concurrent_tasks: int
+    concurrent_rounds: int
+    concurrent_runs: int
+    failover: dict[str, int]  # lease ttl -> trials
+    fsync_seconds: float
+
+    @classmethod
+    def make(cls, quick: bool, runs: int | None) -> Settings:
+        if quick:
+            return cls(
+                runs=runs or 1,
+                rounds=200,
+                storage_rounds=[100, 200],
+                resume_entries=10_000,
+                resume_repeats=5,
+                resume_runs=runs or 1,
+                concurrent_tasks=200,
+                concurrent_rounds=3,
+                concurrent_runs=runs or 1,
+                failover={"2": 1},
+                fsync_seconds=0.5,
+            )
+        return cls(
+            runs=runs or 5,
+            rounds=200,
+            storage_rounds=[100, 500, 1000],
+            resume_entries=10_000,
+            resume_repeats=10,
+            resume_runs=runs or 3,
+            concurrent_tasks=200,
+            concurrent_rounds=10,
+            concurrent_runs=runs or 3,
+            failover={"default": 3, "2": 5},
+            fsync_seconds=1.0,
+        )
+
+
+@dataclass
+class Results:
+    settings: Settings
+    machine: dict[str, Any] = field(default_factory=dict)
+    fsync: list[dict[str, float]] = field(default_factory=list)
+    unavailable: dict[str, str] = field(default_factory=dict)  # row key -> why n/a
+    rounds: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # key -> per run
+    storage: dict[str, dict[str, Any]] = field(default_factory=dict)
+    resume: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    concurrent: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    failover: dict[str, list[float]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+Log = Callable[[str], None]
+
+
+def measure(system: str, workload: str, params: dict[str, Any], timeout: float = 900) -> Any:
+    """Run one measurement in a fresh interpreter; its result, or raise with its stderr."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", system, workload, json.dumps(params)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env(),
+        check=False,
+    )
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-6:])
+        raise RuntimeError(f"{system} {workload} failed ({proc.returncode}): {tail}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def check_availability(res: Results, log: Log) -> None:
+    problem = postgres_unreachable(PG_URL)
+    if problem is None:
+        from bench.sys_duragent import postgres_store_problem
+
+        store_problem = postgres_store_problem()
+        if store_problem is not None:
+            res.unavailable["duragent/postgres"] = store_problem
+    else:
+        for s in ROUND_SYSTEMS:
+            if s.config == "postgres":
+                res.unavailable[s.key] = problem
+    for key, why in res.unavailable.items():
+        log(f"  {key}: n/a — {why}")
+
+
+def run_machine(res: Results, workdir: str, log: Log) -> None:
+    res.machine = machine.describe(workdir, PG_URL)
+    for _ in range(3):
+        res.fsync.append(
+            machine.fsync_rates(os.path.join(workdir, "fsync"), res.settings.fsync_seconds)
+        )
+    f = res.fsync[-1]
+    log(
+        f"  fsync/s append {f['fsync_append']:.0f}, overwrite {f['fsync_overwrite']:.0f}; "
+        f"SQLite WAL FULL {f['sqlite_wal_full_tx']:.0f} tx/s, "
+        f"NORMAL {f['sqlite_wal_normal_tx']:.0f}"
+    )
+
+
+def _available(res: Results) -> list[System]:
+    return [s for s in ROUND_SYSTEMS if s.key not in res.unavailable]
+
+
+def run_rounds(res: Results, workdir: str, log: Log) -> None:
+    st = res.settings
+    rng = random.Random(1)
+    for run in range(st.runs):
+        order = _available(res)
+        rng.shuffle(order)
+        for s in order:
+            params = {
+                "config": s.config,
+                "workdir": os.path.join(workdir, f"rounds-{run}-{s.key.replace('/', '-')}"),
+                "rounds": st.rounds,
+            }
+            try:
+                out = measure(s.system, "rounds", params)
+            except Exception as exc:
+                res.errors.append(f"rounds {s.key} run {run + 1}: {exc}")
+                log(f"  ! {s.key}: {exc}")
+                continue
+            out["run"] = run
+            res.rounds.setdefault(s.key, []).append(out)
+            log(f"  run {run + 1}/{st.runs} {s.key:24} {out['ms_per_round']:.2f} ms/round")
+
+
+STORAGE_KEYS = (
+    "duragent/sqlite-normal",
+    "duragent/postgres",
+    "langgraph/sqlite",
+    "langgraph/postgres",
+    "dbos/sqlite",
+    "dbos/postgres",
+)
+
+
+def run_storage(res: Results, workdir: str, log: Log) -> None:
+    sizes = res.settings.storage_rounds
+    res.storage["raw"] = {str(n): raw_json_size_after(n) for n in sizes}
+    for key in STORAGE_KEYS:
+        if key in res.unavailable:
+            continue
+        s = BY_KEY[key]
+        params = {
+            "config": s.config,
+            "workdir": os.path.join(workdir, f"storage-{key.replace('/', '-')}"),
+            "rounds": max(sizes),
+            "sizes": sizes,
+        }
+        try:
+            out = measure(s.system, "rounds", params, timeout=1800)
+        except Exception as exc:
+            res.errors.append(f"storage {key}: {exc}")
+            log(f"  ! {key}: {exc}")
+            continue
+        res.storage[key] = out["sizes"]
+        log(f"  {key:24} " + ", ".join(f"{n}: {v:,} B" for n, v in out["sizes"].items()))
+
+
+def raw_json_size_after(rounds: int) -> int:
+    """Raw JSON of the conversation after `rounds` rounds (no final answer yet)."""
+    import json as _json
+
+    from bench.common import openai_messages
+
+    return raw_json_size(rounds) - len(_json.dumps(openai_messages(rounds)[-1]))
+
+
+RESUME_KEYS = (
+    "duragent/sqlite-normal",
+    "duragent/postgres",
+    "langgraph/sqlite",
+    "langgraph/postgres",
+)
+
+
+def run_resume(res: Results, workdir: str, log: Log) -> None:
+    st = res.settings
+    for run in range(st.resume_runs):
+        for key in RESUME_KEYS:
+            if key in res.unavailable:
+                continue
+            s = BY_KEY[key]
+            params = {
+                "config": s.config,
+                "workdir": os.path.join(workdir, f"resume-{run}-{key.replace('/', '-')}"),
+                "entries": st.resume_entries,
+                "repeats": st.resume_repeats,
+            }
+            try:
+                out = measure(s.system, "resume", params)
+            except Exception as exc:
+                res.errors.append(f"resume {key}: {exc}")
+                log(f"  ! {key}: {exc}")
+                continue
+            res.resume.setdefault(key, []).append(out)
+            log(f"  run {run + 1}/{st.resume_runs} {key:24} {out['resume_ms']:.1f} ms")
+
+
+CONCURRENT_KEYS = ("duragent/sqlite-full", "langgraph/sqlite")
+
+
+def run_concurrent(res: Results, workdir: str, log: Log) -> None:
+    st = res.settings
+    for run in range(st.concurrent_runs):
+        for key in CONCURRENT_KEYS:
+            s = BY_KEY[key]
+            rounds = st.concurrent_rounds
+            if s.system == "langgraph":
+                rounds = max(1, rounds // 2)  # ~5x slower per round; keeps the run short
+            params = {
+                "config": s.config,
+                "workdir": os.path.join(workdir, f"concurrent-{run}-{key.replace('/', '-')}"),
+                "tasks": st.concurrent_tasks,
+                "rounds": rounds,
+            }
+            try:
+                out = measure(s.system, "concurrent", params)
+            except Exception as exc:
+                res.errors.append(f"concurrent {key}: {exc}")
+                log(f"  ! {key}: {exc}")
+                continue
+            out["fsync"] = machine.fsync_rates(
+                os.path.join(workdir, "fsync"), res.settings.fsync_seconds
+            )
+            res.concurrent.setdefault(key, []).append(out)
+            log(
+                f"  run {run + 1}/{st.concurrent_runs} {key:24} "
+                f"{out.get('commits_per_s', 0):.0f} commits/s, {out['rounds_per_s']:.0f} rounds/s"
+            )
+
+
+def run_failover(res: Results, workdir: str, log: Log) -> None:
+    for ttl, trials in res.settings.failover.items():
+        for i in range(trials):
+            try:
+                took = failover.trial(os.path.join(workdir, f"failover-{ttl}-{i}"), ttl)
+            except Exception as exc:
+                res.errors.append(f"failover lease {ttl}: {exc}")
+                log(f"  ! failover {ttl}: {exc}")
+                continue
+            res.failover.setdefault(ttl, []).append(took)
+            log(f"  lease_ttl={ttl} trial {i + 1}/{trials}: {took:.2f} s")
+
+
+WORKLOADS: dict[str, Callable[[Results, str, Log], None]] = {
+    "rounds": run_rounds,
+    "storage": run_storage,
+    "resume": run_resume,
+    "concurrent": run_concurrent,
+    "failover": run_failover,
+}
+
+
+def run_all(res: Results, only: list[str], workdir: str, log: Log) -> None:
+    log("machine")
+    t0 = time.perf_counter()
+    run_machine(res, workdir, log)
+    check_availability(res, log)
+    res.seconds["machine"] = time.perf_counter() - t0
+    for name, fn in WORKLOADS.items():
+        if only and name not in only:
+            continue
+        log(name)
+        t0 = time.perf_counter()
+        fn(res, workdir, log)
+        res.seconds[name] = time.perf_counter() - t0
+    res.fsync.append(
+        machine.fsync_rates(os.path.join(workdir, "fsync"), res.settings.fsync_seconds)
+    )
+    res.machine["loadavg_end"] = os.getloadavg()

@@ -1,0 +1,291 @@
+"""duragent under the shared workloads (each function is one measurement, run in a child)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import statistics
+import time
+from typing import Any
+
+from bench.common import (
+    PG_URL,
+    TOOL_NAME,
+    USER_TEXT,
+    RoundClock,
+    assistant_text,
+    call_id,
+    drop_schema,
+    new_schema,
+    schema_bytes,
+    sqlite_bytes,
+    tool_args,
+    tool_output,
+)
+from duragent import Agent, Runtime, ScriptedModel, ToolCall, Turn, open_store, tool
+from duragent.runtime.engine import TaskRunner
+from duragent.runtime.log import api_entry, result_entries
+from duragent.runtime.submit import new_task
+from duragent.store.base import Commit, TaskPatch
+from duragent.types import AssistantMessage, EntryKind, NewEntry, TaskStatus
+
+# sqlite-normal / sqlite-full / postgres / memory: the store URLs a config names.
+CONFIGS = ("memory", "sqlite-normal", "sqlite-full", "postgres")
+
+
+def store_url(config: str, workdir: str) -> tuple[str, str | None]:
+    """The URL for a config, and the Postgres schema to drop afterwards."""
+    if config == "memory":
+        return "memory://", None
+    if config == "sqlite-normal":
+        return f"sqlite:///{workdir}/duragent.db", None
+    if config == "sqlite-full":
+        return f"sqlite:///{workdir}/duragent.db?durability=full", None
+    if config == "postgres":
+        schema = new_schema("bench_duragent")
+        return f"{PG_URL}?schema={schema}", schema
+    raise ValueError(f"unknown duragent config {config!r}")
+
+
+def postgres_store_problem() -> str | None:
+    """Why the Postgres store cannot be benchmarked here, or None."""
+    schema = new_schema("bench_probe")
+    try:
+
+        async def probe() -> None:
+            store = open_store(f"{PG_URL}?schema={schema}")
+            await store.open()
+            t = new_task(bench_agent(1, RoundClock()), USER_TEXT)[0]
+            await store.create_task(t)
+            await store.close()
+
+        asyncio.run(probe())
+    except Exception as exc:
+        return f"open_store({PG_URL!r}) failed: {type(exc).__name__}: {exc}"
+    finally:
+        with contextlib.suppress(Exception):
+            drop_schema(schema)
+    return None
+
+
+def bench_agent(rounds: int, clock: RoundClock, name: str = "bench") -> Agent:
+    def script(messages: list[Any]) -> Any:
+        done = clock.tick()
+        if done < rounds:
+            r = done + 1
+            return Turn(text=assistant_text(r), tool_calls=[ToolCall(TOOL_NAME, tool_args(r))])
+        return f"All {rounds} steps are done."
+
+    @tool(name=TOOL_NAME)
+    async def work(n: int) -> str:
+        """Process batch n."""
+        return tool_output(n)
+
+    return Agent(
+        name=name,
+        model=ScriptedModel(script, chunk_size=10_000),  # one text delta: a zero-latency model
+        tools=[work],
+        max_iterations=rounds + 10,
+        plan_tool=False,
+    )
+
+
+def _store_size(store: Any, url: str, schema: str | None) -> int:
+    if schema is not None:
+        return schema_bytes(schema)
+    return sqlite_bytes(store.path)
+
+
+async def rounds(config: str, workdir: str, rounds: int, sizes: list[int] | None = None) -> Any:
+    """One task of `rounds` tool rounds; ms per round, and store bytes after `sizes` rounds."""
+    url, schema = store_url(config, workdir)
+    clock = RoundClock()
+    measured: dict[str, int] = {}
+    rt = Runtime(url, agents=[bench_agent(rounds, clock)], poll_interval=0.05)
+    for n in sizes or ():
+        clock.hooks[n] = lambda n=n: measured.__setitem__(
+            str(n), _store_size(rt.store, url, schema)
+        )
+    try:
+        async with rt:
+            t0 = time.perf_counter()
+            sub = await rt.submit("bench", USER_TEXT)
+            task = await sub.wait(timeout=1800)
+            total = time.perf_counter() - t0
+            assert task.status is TaskStatus.COMPLETED, task
+            out = {**clock.summary(), "total_s": total, "sizes": measured}
+            if hasattr(rt.store, "jobs_done"):
+                out["commits"] = rt.store.jobs_done
+                out["transactions"] = rt.store.batches
+        return out
+    finally:
+        if schema is not None:
+            drop_schema(schema)
+
+
+# --- resume -------------------------------------------------------------------
+
+
+async def _fill(url: str, entries: int) -> str:
+    """A task whose log holds `entries` entries shaped like real rounds (3 per round)."""
+    store = open_store(url)
+    await store.open()
+    agent = bench_agent(1, RoundClock())
+    task, first = new_task(agent, USER_TEXT)
+    task, _ = await store.create_task(task, [first])
+    total_rounds = (entries - 1) // 3
+    batch: list[NewEntry] = []
+    for r in range(1, total_rounds + 1):
+        msg = AssistantMessage.model_validate(
+            {
+                "role": "assistant",
+                "content": assistant_text(r),
+                "tool_calls": [
+                    {
+                        "id": call_id(r),
+                        "type": "function",
+                        "function": {"name": TOOL_NAME, "arguments": f'{{"n": {r}}}'},
+                    }
+                ],
+            }
+        )
+        batch.append(api_entry(task.id, r, msg))
+        batch.append(
+            NewEntry(
+                task_id=task.id,
+                kind=EntryKind.TOOL_INTENT,
+                round=r,
+                payload={"call_id": call_id(r), "name": TOOL_NAME, "replay": "never"},
+            )
+        )
+        batch += result_entries(task.id, r, call_id(r), tool_output(r), "ok")
+        if len(batch) >= 600 or r == total_rounds:
+            # round_seq: the last seq before the latest round, as the runtime keeps it.
+            round_seq = task.last_seq + len(batch) - 3
+            patch = TaskPatch(task.id, {"iterations": r, "round_seq": round_seq})
+            res = await store.commit(Commit(entries=batch, patches=[patch]))
+            task = res.tasks[task.id]
+            batch = []
+    await store.close()
+    return task.id
+
+
+async def resume(config: str, workdir: str, entries: int, repeats: int) -> Any:
+    """Reopen the store and rebuild what a worker needs to continue a long task."""
+    url, schema = store_url(config, workdir)
+    try:
+        task_id = await _fill(url, entries)
+        agent = bench_agent(1, RoundClock())
+        view_ms, resume_ms = [], []
+        messages = 0
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            store = open_store(url)
+            await store.open()
+            task = await store.get_task(task_id)
+            runner = TaskRunner(store, agent, task)
+            await runner._start()  # model view + last round's entries + recovery decision
+            resume_ms.append((time.perf_counter() - t0) * 1e3)
+            messages = len(runner.view)
+            t1 = time.perf_counter()
+            await store.model_view(task_id)
+            view_ms.append((time.perf_counter() - t1) * 1e3)
+            await runner.state.close()
+            await store.close()
+        stored = len(await _entries(url, task_id))
+        return {
+            "entries": stored,
+            "messages": messages,
+            "resume_ms": statistics.median(resume_ms),
+            "view_ms": statistics.median(view_ms),
+        }
+    finally:
+        if schema is not None:
+            drop_schema(schema)
+
+
+async def _entries(url: str, task_id: str) -> list[Any]:
+    store = open_store(url)
+    await store.open()
+    try:
+        return await store.entries(task_id)
+    finally:
+        await store.close()
+
+
+# --- many tasks at once ---------------------------------------------------------
+
+
+async def concurrent(config: str, workdir: str, tasks: int, rounds: int) -> Any:
+    """`tasks` tasks at once in one Runtime: commits per second and commits per transaction."""
+    url, schema = store_url(config, workdir)
+    clock = RoundClock()
+    done = asyncio.Event()
+    finished: dict[str, TaskStatus] = {}
+
+    def on_status(task: Any, old: Any, new: TaskStatus) -> None:
+        if new.terminal:
+            finished[task.id] = new
+            if len(finished) == tasks:
+                done.set()
+
+    rt = Runtime(
+        url,
+        agents=[_concurrent_agent(rounds, clock)],
+        concurrency=tasks,
+        poll_interval=0.05,
+        on_status_change=on_status,
+    )
+    try:
+        async with rt:
+            store: Any = rt.store
+            jobs0, batches0 = store.jobs_done, store.batches
+            t0 = time.perf_counter()
+            await asyncio.gather(*(rt.submit("many", f"task {i}") for i in range(tasks)))
+            await asyncio.wait_for(done.wait(), 600)
+            elapsed = time.perf_counter() - t0
+            commits = store.jobs_done - jobs0
+            transactions = store.batches - batches0
+        assert set(finished.values()) == {TaskStatus.COMPLETED}, finished
+        return {
+            "tasks": tasks,
+            "rounds": rounds,
+            "elapsed_s": elapsed,
+            "commits": commits,
+            "transactions": transactions,
+            "commits_per_s": commits / elapsed,
+            "rounds_per_s": tasks * rounds / elapsed,
+            "commits_per_tx": commits / max(1, transactions),
+        }
+    finally:
+        if schema is not None:
+            drop_schema(schema)
+
+
+def _concurrent_agent(rounds: int, clock: RoundClock) -> Agent:
+    def script(messages: list[Any]) -> Any:
+        done = sum(1 for m in messages if isinstance(m, AssistantMessage))
+        if done < rounds:
+            r = done + 1
+            return Turn(text=assistant_text(r), tool_calls=[ToolCall(TOOL_NAME, tool_args(r))])
+        return f"All {rounds} steps are done."
+
+    @tool(name=TOOL_NAME)
+    async def work(n: int) -> str:
+        """Process batch n."""
+        return tool_output(n)
+
+    return Agent(
+        name="many",
+        model=ScriptedModel(script, chunk_size=10_000),
+        tools=[work],
+        max_iterations=rounds + 10,
+        plan_tool=False,
+    )
+
+
+def run(workload: str, params: dict[str, Any]) -> Any:
+    fn = {"rounds": rounds, "resume": resume, "concurrent": concurrent}[workload]
+    os.makedirs(params["workdir"], exist_ok=True)
+    return asyncio.run(fn(**params))

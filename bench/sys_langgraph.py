@@ -1,0 +1,229 @@
+"""LangGraph under the shared workloads: the standard ReAct graph (agent node + ToolNode over
+MessagesState), a zero-latency scripted chat model, and a checkpointer with durability="sync"
+(every super-step's checkpoint is written before the next step starts)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import statistics
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from langchain_core.language_models.chat_models import BaseChatModel
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.tools import tool
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+from pydantic import ConfigDict
+
+from bench.common import (
+    PG_URL,
+    TOOL_NAME,
+    USER_TEXT,
+    RoundClock,
+    assistant_text,
+    call_id,
+    create_schema,
+    drop_schema,
+    new_schema,
+    schema_bytes,
+    sqlite_bytes,
+    tool_args,
+    tool_output,
+    with_search_path,
+)
+
+CONFIGS = ("memory", "sqlite", "postgres")
+
+
+class ScriptedChatModel(BaseChatModel):
+    """Answers instantly: round r calls the tool once, then a final answer."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    rounds: int
+    clock: Any
+    count_from_history: bool = False
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    def _answer(self, messages: list[Any]) -> AIMessage:
+        if self.count_from_history:
+            done = sum(1 for m in messages if isinstance(m, AIMessage))
+        else:
+            done = self.clock.tick()
+        if done < self.rounds:
+            r = done + 1
+            return AIMessage(
+                content=assistant_text(r),
+                tool_calls=[{"name": TOOL_NAME, "args": tool_args(r), "id": call_id(r)}],
+            )
+        return AIMessage(content=f"All {self.rounds} steps are done.")
+
+    def _generate(self, messages: list[Any], stop: Any = None, **kw: Any) -> ChatResult:
+        return ChatResult(generations=[ChatGeneration(message=self._answer(messages))])
+
+    async def _agenerate(self, messages: list[Any], stop: Any = None, **kw: Any) -> ChatResult:
+        return self._generate(messages, stop)
+
+
+@tool(TOOL_NAME)
+async def work(n: int) -> str:
+    """Process batch n."""
+    return tool_output(n)
+
+
+def react_graph(model: ScriptedChatModel, checkpointer: Any) -> Any:
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", ToolNode([work]))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return builder.compile(checkpointer=checkpointer)
+
+
+@contextlib.asynccontextmanager
+async def saver(config: str, workdir: str, schema: str | None) -> AsyncIterator[Any]:
+    if config == "memory":
+        from langgraph.checkpoint.memory import InMemorySaver
+
+        yield InMemorySaver()
+    elif config == "sqlite":
+        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+        async with AsyncSqliteSaver.from_conn_string(f"{workdir}/langgraph.db") as s:
+            await s.setup()
+            yield s
+    elif config == "postgres":
+        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+        assert schema is not None
+        async with AsyncPostgresSaver.from_conn_string(with_search_path(PG_URL, schema)) as s:
+            await s.setup()
+            yield s
+    else:
+        raise ValueError(f"unknown langgraph config {config!r}")
+
+
+def _size(config: str, workdir: str, schema: str | None) -> int:
+    if config == "sqlite":
+        return sqlite_bytes(f"{workdir}/langgraph.db")
+    assert schema is not None
+    return schema_bytes(schema)
+
+
+def _thread(tid: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": tid}, "recursion_limit": 1_000_000}
+
+
+async def rounds(config: str, workdir: str, rounds: int, sizes: list[int] | None = None) -> Any:
+    schema = new_schema("bench_langgraph") if config == "postgres" else None
+    if schema:
+        create_schema(schema)
+    clock = RoundClock()
+    measured: dict[str, int] = {}
+    for n in sizes or () if config != "memory" else ():
+        clock.hooks[n] = lambda n=n: measured.__setitem__(str(n), _size(config, workdir, schema))
+    try:
+        async with saver(config, workdir, schema) as cp:
+            graph = react_graph(ScriptedChatModel(rounds=rounds, clock=clock), cp)
+            t0 = time.perf_counter()
+            out = await graph.ainvoke(
+                {"messages": [HumanMessage(USER_TEXT)]}, _thread("t1"), durability="sync"
+            )
+            total = time.perf_counter() - t0
+            assert len(out["messages"]) == 2 * rounds + 2, len(out["messages"])
+        return {**clock.summary(), "total_s": total, "sizes": measured}
+    finally:
+        if schema:
+            drop_schema(schema)
+
+
+def _history(total_rounds: int) -> list[Any]:
+    out: list[Any] = []
+    for r in range(1, total_rounds + 1):
+        out.append(
+            AIMessage(
+                content=assistant_text(r),
+                tool_calls=[{"name": TOOL_NAME, "args": tool_args(r), "id": call_id(r)}],
+            )
+        )
+        out.append(ToolMessage(content=tool_output(r), tool_call_id=call_id(r), name=TOOL_NAME))
+    return out
+
+
+async def resume(config: str, workdir: str, entries: int, repeats: int) -> Any:
+    """A thread holding the same conversation as a duragent task of `entries` entries
+    (user message + (entries-1)/3 rounds), written as 10 state updates; then time
+    reopening the checkpointer and `aget_state` of the thread."""
+    schema = new_schema("bench_langgraph") if config == "postgres" else None
+    if schema:
+        create_schema(schema)
+    total_rounds = (entries - 1) // 3
+    history = _history(total_rounds)
+    clock = RoundClock()
+    try:
+        async with saver(config, workdir, schema) as cp:
+            graph = react_graph(ScriptedChatModel(rounds=0, clock=clock), cp)
+            cfg = _thread("resume")
+            chunk = max(2, len(history) // 10 // 2 * 2)
+            await graph.aupdate_state(cfg, {"messages": [HumanMessage(USER_TEXT)]}, as_node="agent")
+            for i in range(0, len(history), chunk):
+                await graph.aupdate_state(
+                    cfg, {"messages": history[i : i + chunk]}, as_node="tools"
+                )
+        times = []
+        messages = 0
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            async with saver(config, workdir, schema) as cp:
+                graph = react_graph(ScriptedChatModel(rounds=0, clock=clock), cp)
+                state = await graph.aget_state(_thread("resume"))
+                times.append((time.perf_counter() - t0) * 1e3)
+                messages = len(state.values["messages"])
+        return {"messages": messages, "resume_ms": statistics.median(times)}
+    finally:
+        if schema:
+            drop_schema(schema)
+
+
+async def concurrent(config: str, workdir: str, tasks: int, rounds: int) -> Any:
+    """`tasks` threads at once on one checkpointer."""
+    schema = new_schema("bench_langgraph") if config == "postgres" else None
+    if schema:
+        create_schema(schema)
+    try:
+        async with saver(config, workdir, schema) as cp:
+            model = ScriptedChatModel(rounds=rounds, clock=None, count_from_history=True)
+            graph = react_graph(model, cp)
+            t0 = time.perf_counter()
+            await asyncio.gather(
+                *(
+                    graph.ainvoke(
+                        {"messages": [HumanMessage(f"task {i}")]},
+                        _thread(f"t{i}"),
+                        durability="sync",
+                    )
+                    for i in range(tasks)
+                )
+            )
+            elapsed = time.perf_counter() - t0
+        return {"elapsed_s": elapsed, "rounds_per_s": tasks * rounds / elapsed}
+    finally:
+        if schema:
+            drop_schema(schema)
+
+
+def run(workload: str, params: dict[str, Any]) -> Any:
+    fn = {"rounds": rounds, "resume": resume, "concurrent": concurrent}[workload]
+    os.makedirs(params["workdir"], exist_ok=True)
+    return asyncio.run(fn(**params))
