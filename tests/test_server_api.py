@@ -148,7 +148,13 @@ async def test_unknown_agent_and_invalid_body(client: httpx.AsyncClient) -> None
         json={"agent": "quick", "input": "x", "continue_session": True},
         headers=auth("alice"),
     )
-    assert "session_id" in assert_problem(r, 400, "Bad request")["detail"]
+    assert "session_id" in assert_problem(r, 422, "Validation error")["detail"]
+    r = await client.post(
+        "/v1/tasks",
+        json={"agent": "quick", "input": "x", "continue_session": "0"},
+        headers=auth("alice"),
+    )
+    assert_problem(r, 422, "Validation error")  # strict: a string is not a boolean
 
 
 async def test_list_filters_and_pages(client: httpx.AsyncClient, runtime: Runtime) -> None:
@@ -181,7 +187,7 @@ async def test_list_filters_and_pages(client: httpx.AsyncClient, runtime: Runtim
             break
     assert sorted(seen) == sorted(ids) and len(seen) == 4
     r = await client.get("/v1/tasks?cursor=garbage", headers=h)
-    assert "cursor" in assert_problem(r, 400, "Bad request")["detail"]
+    assert "cursor" in assert_problem(r, 422, "Validation error")["detail"]
     assert_problem(await client.get("/v1/tasks?status=nope", headers=h), 422, "Validation error")
 
 

@@ -41,7 +41,7 @@ def create_app(runtime: Runtime, tokens: TokenStore) -> FastAPI:
     )
     app.state.runtime = runtime
     app.state.tokens = tokens
-    problems.install(app)
+    problems.install(app, list(runtime.agents))
     app.include_router(tasks.router)
     app.include_router(events.router)
 

@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from duragent.errors import (
     Conflict,
@@ -105,7 +106,21 @@ def _http_error(request: Request, exc: Exception) -> JSONResponse:
     except ValueError:
         title = "Error"
     detail = exc.detail if isinstance(exc.detail, str) and exc.detail != title else None
-    return problem(exc.status_code, title, detail, headers=dict(exc.headers or {}))
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(_allowed_methods(request))
+    return problem(exc.status_code, title, detail, headers=headers)
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    # Starlette names only the first route matching the path; a path served by
+    # several routes (GET and POST /v1/tasks) must list all their methods.
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
 
 
 def _not_authenticated(request: Request, exc: Exception) -> JSONResponse:
@@ -115,8 +130,9 @@ def _not_authenticated(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-def add_problem_schema(app: FastAPI) -> None:
-    """Register the Problem schema the `problem_responses` refer to in /openapi.json."""
+def complete_openapi(app: FastAPI, agent_names: list[str]) -> None:
+    """Register the Problem schema the `problem_responses` refer to, and name the
+    agents this server knows, so /openapi.json says exactly what it accepts."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -124,14 +140,17 @@ def add_problem_schema(app: FastAPI) -> None:
             schema = build()
             schemas = schema.setdefault("components", {}).setdefault("schemas", {})
             schemas["Problem"] = Problem.model_json_schema()
+            agent = schemas.get("TaskCreate", {}).get("properties", {}).get("agent")
+            if agent is not None and agent_names:
+                agent["enum"] = sorted(agent_names)
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def install(app: FastAPI) -> None:
-    add_problem_schema(app)
+def install(app: FastAPI, agent_names: list[str]) -> None:
+    complete_openapi(app, agent_names)
     app.add_exception_handler(DuragentError, _duragent_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from duragent.runtime.agent import Agent
 from duragent.runtime.runtime import TaskTree
@@ -27,10 +27,22 @@ class Problem(BaseModel):
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: "0" is not a boolean; a request means exactly what its JSON says.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class TaskCreate(_Request):
+    # continue_session needs a session: said in the schema and checked on input.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {
+                "properties": {"continue_session": {"const": True}},
+                "required": ["continue_session"],
+            },
+            "then": {"required": ["session_id"], "properties": {"session_id": {"type": "string"}}},
+        },
+    )
+
     agent: str = Field(min_length=1, max_length=200, description="Name of the agent to run.")
     input: Any = Field(description="The task's input: text, or any JSON value.")
     request_id: str | None = Field(
@@ -41,6 +53,12 @@ class TaskCreate(_Request):
     continue_session: bool = Field(
         False, description="Start from the conversation of the session's latest finished task."
     )
+
+    @model_validator(mode="after")
+    def _session_to_continue(self) -> TaskCreate:
+        if self.continue_session and self.session_id is None:
+            raise ValueError("continue_session=true needs a session_id")
+        return self
 
 
 class PauseRequest(_Request):

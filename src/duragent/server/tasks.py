@@ -30,6 +30,8 @@ from duragent.types import Task, TaskStatus
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 
 _READ = problem_responses(401, 404, 422)
+# What store.base.encode_cursor makes: "<created_at timestamp>|<task id>".
+CURSOR_PATTERN = r"^[0-9]{1,12}\.[0-9]{1,9}\|[^|]{1,200}$"
 _CONTROL = problem_responses(400, 401, 404, 409, 422)
 
 
@@ -89,7 +91,10 @@ async def list_tasks(
     session_id: Annotated[str | None, Query(max_length=200)] = None,
     agent: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(max_length=500)] = None,
+    cursor: Annotated[
+        str | None,
+        Query(pattern=CURSOR_PATTERN, description="A next_cursor from the previous page."),
+    ] = None,
 ) -> TaskPageOut:
     if cursor is not None:
         try:
