@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from server_agents import SECOND
 from server_live import TOKENS, LiveServer, child_env, live_server
 
 pytestmark = pytest.mark.browser
@@ -142,9 +143,18 @@ def test_watch_reload_pause_resume_complete(page: Page, server: LiveServer) -> N
     expect(page.locator(".notice").last).to_have_text("Paused.")
     expect(page.locator("#resume")).to_be_enabled()
     expect(page.locator("#pause")).to_be_disabled()
+    paused_len = streamed_length(page)  # the interrupted stream's text, still shown
+    assert SECOND.startswith(page.locator(".bubble.streaming .text").inner_text())
     shot(page, "04-paused")
 
     page.click("#resume")
+    # Recovery voids the interrupted stream and asks again: the page drops the
+    # partial text and shows the new stream from its start, not glued onto it.
+    expect(page.locator(".notice", has_text="asking again")).to_be_visible()
+    wait_stream_past(page, paused_len + 8)
+    restarted = page.locator(".bubble.streaming .text").inner_text()
+    assert SECOND.startswith(restarted), restarted
+    expect(page.locator(".bubble.streaming")).to_have_count(1)
     expect(status(page)).to_have_attribute("data-status", "completed", timeout=60_000)
     final = page.locator(".bubble.assistant:not(.streaming)").last
     expect(final).to_contain_text("That is the whole idea.")
