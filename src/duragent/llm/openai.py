@@ -1,0 +1,349 @@
+"""OpenAI chat completions, streamed; also any OpenAI-compatible server via `base_url`
+(vLLM, Ollama, llama.cpp, LM Studio...)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+from email.utils import parsedate_to_datetime
+from typing import Any, NoReturn
+
+from duragent.errors import (
+    MalformedModelOutput,
+    MissingCredential,
+    MissingExtra,
+    ModelError,
+    RetryableModelError,
+    UsageError,
+)
+from duragent.llm.base import (
+    Finish,
+    FinishReason,
+    ModelRequest,
+    StreamEvent,
+    TextDelta,
+    ToolCallDelta,
+    ToolSpec,
+    UsageDelta,
+)
+
+try:
+    import openai
+except ImportError:  # the extra is not installed; OpenAIChat() says how to fix it
+    openai = None  # type: ignore[assignment]
+
+ENV_KEY = "OPENAI_API_KEY"
+# Sent when a local server (base_url given) needs no key; the SDK insists on one.
+NO_KEY = "not-needed"
+
+# The request fields the adapter owns; settings may not replace them.
+_RESERVED = frozenset({"model", "messages", "tools", "stream", "stream_options"})
+
+_FINISH: dict[str, FinishReason] = {
+    "stop": "stop",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "length": "length",
+    "content_filter": "content_filter",
+}
+
+
+class OpenAIChat:
+    """A chat model served by the OpenAI API or an OpenAI-compatible server.
+
+    The API key comes from `api_key=` or the OPENAI_API_KEY environment variable
+    and is only ever sent in the Authorization header: it never appears in
+    repr(), in error messages or in the task log. With `base_url` (a local
+    server such as vLLM, Ollama, llama.cpp or LM Studio) a missing key is
+    allowed and the placeholder "not-needed" is sent instead.
+
+    `settings` (temperature, max_tokens, ...) are defaults merged under each
+    request's own settings and sent as-is in the request body.
+
+    The SDK's own retries are off: the duragent runtime owns the one retry
+    policy, so transient failures surface as RetryableModelError at once.
+    """
+
+    provider = "OpenAI"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        timeout: float = 300.0,
+        **settings: Any,
+    ) -> None:
+        if openai is None:
+            raise MissingExtra("the OpenAI provider", "openai")
+        key = api_key or os.environ.get(ENV_KEY)
+        if not key:
+            if base_url is None:
+                raise MissingCredential(self.provider, ENV_KEY)
+            key = NO_KEY
+        self.model = model
+        self.name = f"openai:{model}"
+        self.base_url = base_url
+        self.settings = settings
+        self._secret = key
+        self._client = openai.AsyncOpenAI(
+            api_key=key,
+            base_url=base_url,
+            max_retries=0,
+            # A slow first token is normal for reasoning models; connecting is not.
+            timeout=openai.Timeout(timeout, connect=min(timeout, 10.0)),
+        )
+
+    def __repr__(self) -> str:
+        where = f", base_url={self.base_url!r}" if self.base_url else ""
+        return f"OpenAIChat(model={self.model!r}{where})"
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+        """The JSON body sent for `request` (without the streaming fields)."""
+        settings = {**self.settings, **request.settings}
+        clash = sorted(_RESERVED & settings.keys())
+        if clash:
+            raise UsageError(
+                f"model settings may not set {', '.join(clash)}; the OpenAI adapter sends those"
+            )
+        body: dict[str, Any] = {
+            "model": _model_name(request.model, self.model),
+            "messages": [m.model_dump(mode="json", exclude_none=True) for m in request.messages],
+        }
+        if request.tools:
+            body["tools"] = [_tool(t) for t in request.tools]
+        body.update(settings)
+        return body
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        body = self.request_body(request)
+        finish: FinishReason | None = None
+        reported = UsageDelta()
+        called = False
+        started = False  # the response began: a failure now breaks an answer
+        try:
+            stream = await self._client.chat.completions.create(
+                model=body.pop("model"),
+                messages=body.pop("messages"),
+                stream=True,
+                stream_options={"include_usage": True},
+                # Tools and settings go into the JSON body exactly as given.
+                extra_body=body,
+            )
+            started = True
+            async with stream:
+                async for chunk in stream:
+                    usage = getattr(chunk, "usage", None)
+                    if usage is not None:
+                        # Servers differ: OpenAI sends usage once at the end, some
+                        # servers send running totals; emit only what is new.
+                        delta = _usage_since(reported, usage)
+                        if delta is not None:
+                            yield delta
+                    for choice in chunk.choices or ():
+                        if choice.index not in (0, None):
+                            continue  # n > 1 is not supported; keep the first choice
+                        for event in _deltas(choice.delta):
+                            called = called or isinstance(event, ToolCallDelta)
+                            yield event
+                        if choice.finish_reason:
+                            finish = _FINISH.get(choice.finish_reason, "stop")
+        except openai.APIStatusError as exc:
+            _raise_status(exc, self._secret)
+        except openai.APIConnectionError as exc:  # also APITimeoutError
+            raise self._connection_error(exc, started) from exc
+        except openai.APIError as exc:
+            # An error event inside a 200 stream: the server failed mid-answer.
+            _raise_stream_error(exc, self._secret)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise MalformedModelOutput(
+                f"OpenAI sent a stream event that is not valid JSON: {exc}"
+            ) from exc
+        except openai.OpenAIError as exc:
+            raise ModelError(_scrub(f"OpenAI request failed: {exc}", self._secret)) from None
+        except _httpx_errors("RequestError") as exc:
+            raise self._connection_error(exc, started) from exc
+        if finish is None:
+            raise RetryableModelError(
+                "the OpenAI stream ended before the model finished (no finish_reason)"
+            )
+        if finish == "stop" and called:
+            finish = "tool_calls"  # some compatible servers say "stop" after tool calls
+        yield Finish(finish)
+
+    def _connection_error(self, exc: BaseException, started: bool) -> RetryableModelError:
+        # The SDK wraps some httpx errors (the httpx one is then the cause) but not all.
+        wrapped = isinstance(exc, openai.APIConnectionError) and exc.__cause__ is not None
+        raw = exc.__cause__ if wrapped else exc
+        what = type(raw).__name__
+        if isinstance(exc, openai.APITimeoutError) or isinstance(
+            raw, _httpx_errors("TimeoutException")
+        ):
+            return RetryableModelError(f"OpenAI did not answer in time ({what}, a timeout)")
+        if started:
+            return RetryableModelError(f"the connection to OpenAI broke mid-answer ({what})")
+        return RetryableModelError(f"could not reach OpenAI at {self._client.base_url} ({what})")
+
+
+def _model_name(pinned: str, default: str) -> str:
+    # The runtime may pin the full spec ("openai:gpt-4o-mini"); the API wants the bare name.
+    name = pinned.removeprefix("openai:")
+    return name or default
+
+
+def _tool(spec: ToolSpec) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": spec.name,
+            "description": spec.description,
+            "parameters": spec.parameters,
+        },
+    }
+
+
+def _deltas(delta: Any) -> list[StreamEvent]:
+    events: list[StreamEvent] = []
+    if delta is None:
+        return events
+    text = getattr(delta, "content", None) or getattr(delta, "refusal", None)
+    if text:
+        events.append(TextDelta(text))
+    for position, call in enumerate(getattr(delta, "tool_calls", None) or ()):
+        function = getattr(call, "function", None)
+        index = call.index if call.index is not None else position
+        events.append(
+            ToolCallDelta(
+                index=index,
+                id=call.id or None,
+                name=getattr(function, "name", None) or None,
+                arguments=getattr(function, "arguments", None) or "",
+            )
+        )
+    return events
+
+
+def _usage_since(reported: UsageDelta, usage: Any) -> UsageDelta | None:
+    prompt = getattr(usage, "prompt_tokens", None)
+    completion = getattr(usage, "completion_tokens", None)
+    prompt = reported.input_tokens if prompt is None else prompt
+    completion = reported.output_tokens if completion is None else completion
+    delta = UsageDelta(prompt - reported.input_tokens, completion - reported.output_tokens)
+    reported.input_tokens, reported.output_tokens = prompt, completion
+    return delta if delta.input_tokens or delta.output_tokens else None
+
+
+# --- errors --------------------------------------------------------------------------
+# The same rules as in duragent.llm.anthropic; keep the two in step.
+
+_RETRYABLE_STATUS = frozenset({408, 409, 429})
+
+
+def retry_after(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:
+    """Seconds to wait from `retry-after-ms` or `Retry-After` (seconds or an HTTP date)."""
+    if not headers:
+        return None
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            return max(0.0, float(ms) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _scrub(text: str, secret: str) -> str:
+    return text.replace(secret, "***") if secret and secret != NO_KEY else text
+
+
+def _body_message(body: object) -> str:
+    if isinstance(body, Mapping):
+        inner = body.get("error", body)
+        if isinstance(inner, Mapping) and isinstance(inner.get("message"), str):
+            return str(inner["message"])
+        if isinstance(inner, str):
+            return inner
+        return json.dumps(body)[:300]
+    if isinstance(body, str) and body.strip():
+        return body.strip()[:300]
+    return "no details given"
+
+
+def _status_text(provider: str, status: int, message: str) -> str:
+    if status == 401:
+        what = f"{provider} rejected the API key"
+    elif status == 403:
+        what = f"{provider} refused access"
+    elif status == 404:
+        what = f"{provider} does not know this model or endpoint"
+    elif status == 429:
+        what = f"{provider} rate-limited the request"
+    elif status == 529:
+        what = f"{provider} is overloaded"
+    elif status >= 500:
+        what = f"{provider} had a server error"
+    elif status in (408, 409):
+        what = f"{provider} could not take the request now"
+    else:
+        what = f"{provider} rejected the request"
+    return f"{what} ({status}): {message}"
+
+
+def _raise_status(exc: Any, secret: str) -> NoReturn:
+    status = int(exc.status_code)
+    text = _status_text("OpenAI", status, _body_message(exc.body))
+    request_id = getattr(exc, "request_id", None)
+    if request_id:
+        text += f" [request id {request_id}]"
+    if status == 401:
+        text += f"; check {ENV_KEY} or the api_key= you passed"
+    # A 429 for an exhausted quota or budget does not pass by waiting.
+    out_of_quota = getattr(exc, "code", None) == "insufficient_quota"
+    retryable = (status in _RETRYABLE_STATUS or status >= 500) and not out_of_quota
+    _raise(text, secret, exc, retryable=retryable, wait=retry_after(exc.response.headers))
+
+
+def _raise_stream_error(exc: Any, secret: str) -> NoReturn:
+    kind = getattr(exc, "type", None)
+    text = f"OpenAI failed mid-answer ({kind or 'error'}): {_body_message(exc.body)}"
+    _raise(text, secret, exc, retryable=kind not in ("invalid_request_error",))
+
+
+def _raise(
+    text: str, secret: str, exc: BaseException, *, retryable: bool, wait: float | None = None
+) -> NoReturn:
+    error_type = RetryableModelError if retryable else ModelError
+    error = error_type(_scrub(text, secret), retry_after=wait)
+    # Keep the SDK error as the cause for debugging, unless it would show the key.
+    if secret and secret in str(exc):
+        raise error from None
+    raise error from exc
+
+
+def _httpx_errors(name: str) -> tuple[type[BaseException], ...]:
+    """The httpx error class `name`, from whichever httpx the SDK uses; a stream can
+    raise these past the SDK (a connection dropped or timed out mid-body)."""
+    found: list[type[BaseException]] = []
+    for module in ("httpx2", "httpx"):
+        try:
+            found.append(getattr(__import__(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
