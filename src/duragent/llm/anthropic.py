@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import AsyncIterator, Mapping
-from email.utils import parsedate_to_datetime
 from typing import Any, NoReturn, cast
 
 from duragent.errors import (
@@ -17,6 +15,17 @@ from duragent.errors import (
     RetryableModelError,
     UsageError,
 )
+from duragent.llm._http import (
+    NO_KEY,
+    RETRYABLE_STATUS,
+    body_message,
+    connection_error,
+    httpx_errors,
+    raise_status,
+    scrub,
+    status_text,
+)
+from duragent.llm._http import retry_after as retry_after  # re-exported
 from duragent.llm.base import (
     Finish,
     FinishReason,
@@ -36,8 +45,6 @@ except ImportError:  # the extra is not installed; AnthropicChat() says how to f
     anthropic = None  # type: ignore[assignment]
 
 ENV_KEY = "ANTHROPIC_API_KEY"
-# Sent when a gateway (base_url given) needs no key; the SDK insists on one.
-NO_KEY = "not-needed"
 
 _RESERVED = frozenset({"model", "messages", "system", "tools", "stream"})
 
@@ -51,7 +58,6 @@ _FINISH: dict[str, FinishReason] = {
     "refusal": "content_filter",
 }
 
-_RETRYABLE_STATUS = frozenset({408, 409, 429})
 # Error types (in the body of an HTTP error or of a mid-stream `error` event)
 # that a later attempt may not meet.
 _RETRYABLE_TYPES = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
@@ -184,8 +190,8 @@ class AnthropicChat:
                 f"Anthropic sent a stream event that is not valid JSON: {exc}"
             ) from exc
         except anthropic.AnthropicError as exc:
-            raise ModelError(_scrub(f"Anthropic request failed: {exc}", self._secret)) from None
-        except _httpx_errors("RequestError") as exc:
+            raise ModelError(scrub(f"Anthropic request failed: {exc}", self._secret)) from None
+        except httpx_errors("RequestError") as exc:
             raise self._connection_error(exc, started) from exc
         if finish is None:
             raise RetryableModelError(
@@ -194,17 +200,14 @@ class AnthropicChat:
         yield Finish(finish)
 
     def _connection_error(self, exc: BaseException, started: bool) -> RetryableModelError:
-        # The SDK wraps some httpx errors (the httpx one is then the cause) but not all.
-        wrapped = isinstance(exc, anthropic.APIConnectionError) and exc.__cause__ is not None
-        raw = exc.__cause__ if wrapped else exc
-        what = type(raw).__name__
-        if isinstance(exc, anthropic.APITimeoutError) or isinstance(
-            raw, _httpx_errors("TimeoutException")
-        ):
-            return RetryableModelError(f"Anthropic did not answer in time ({what}, a timeout)")
-        if started:
-            return RetryableModelError(f"the connection to Anthropic broke mid-answer ({what})")
-        return RetryableModelError(f"could not reach Anthropic at {self._client.base_url} ({what})")
+        return connection_error(
+            "Anthropic",
+            exc,
+            started=started,
+            base_url=self._client.base_url,
+            sdk_connection_error=anthropic.APIConnectionError,
+            sdk_timeout=anthropic.APITimeoutError,
+        )
 
 
 def to_anthropic_messages(messages: list[Any]) -> tuple[str, list[dict[str, Any]]]:
@@ -297,108 +300,18 @@ class _UsageTotals:
 
 
 # --- errors --------------------------------------------------------------------------
-# The same rules as in duragent.llm.openai; keep the two in step.
 
 
 def _raise_status(exc: Any, secret: str) -> NoReturn:
     status = int(exc.status_code)
     error = exc.body.get("error") if isinstance(exc.body, Mapping) else None
     kind = error.get("type") if isinstance(error, Mapping) else None
-    message = _body_message(exc.body)
+    message = body_message(exc.body)
     if status == 200:
         # An `error` event inside a successful stream: the server failed mid-answer.
         text = f"Anthropic failed mid-answer ({kind or 'error'}): {message}"
         retryable = kind is None or kind in _RETRYABLE_TYPES
     else:
-        text = _status_text("Anthropic", status, message)
-        retryable = status in _RETRYABLE_STATUS or status >= 500 or kind in _RETRYABLE_TYPES
-    request_id = getattr(exc, "request_id", None)
-    if request_id:
-        text += f" [request id {request_id}]"
-    if status == 401:
-        text += f"; check {ENV_KEY} or the api_key= you passed"
-    _raise(text, secret, exc, retryable=retryable, wait=retry_after(exc.response.headers))
-
-
-def retry_after(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:
-    """Seconds to wait from `retry-after-ms` or `Retry-After` (seconds or an HTTP date)."""
-    if not headers:
-        return None
-    ms = headers.get("retry-after-ms")
-    if ms:
-        try:
-            return max(0.0, float(ms) / 1000)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
-
-
-def _scrub(text: str, secret: str) -> str:
-    return text.replace(secret, "***") if secret and secret != NO_KEY else text
-
-
-def _body_message(body: object) -> str:
-    if isinstance(body, Mapping):
-        inner = body.get("error", body)
-        if isinstance(inner, Mapping) and isinstance(inner.get("message"), str):
-            return str(inner["message"])
-        if isinstance(inner, str):
-            return inner
-        return json.dumps(body)[:300]
-    if isinstance(body, str) and body.strip():
-        return body.strip()[:300]
-    return "no details given"
-
-
-def _status_text(provider: str, status: int, message: str) -> str:
-    if status == 401:
-        what = f"{provider} rejected the API key"
-    elif status == 403:
-        what = f"{provider} refused access"
-    elif status == 404:
-        what = f"{provider} does not know this model or endpoint"
-    elif status == 429:
-        what = f"{provider} rate-limited the request"
-    elif status == 529:
-        what = f"{provider} is overloaded"
-    elif status >= 500:
-        what = f"{provider} had a server error"
-    elif status in (408, 409):
-        what = f"{provider} could not take the request now"
-    else:
-        what = f"{provider} rejected the request"
-    return f"{what} ({status}): {message}"
-
-
-def _raise(
-    text: str, secret: str, exc: BaseException, *, retryable: bool, wait: float | None = None
-) -> NoReturn:
-    error_type = RetryableModelError if retryable else ModelError
-    error = error_type(_scrub(text, secret), retry_after=wait)
-    # Keep the SDK error as the cause for debugging, unless it would show the key.
-    if secret and secret in str(exc):
-        raise error from None
-    raise error from exc
-
-
-def _httpx_errors(name: str) -> tuple[type[BaseException], ...]:
-    """The httpx error class `name`, from whichever httpx the SDK uses; a stream can
-    raise these past the SDK (a connection dropped or timed out mid-body)."""
-    found: list[type[BaseException]] = []
-    for module in ("httpx2", "httpx"):
-        try:
-            found.append(getattr(__import__(module), name))
-        except (ImportError, AttributeError):
-            continue
-    return tuple(found)
+        text = status_text("Anthropic", status, message)
+        retryable = status in RETRYABLE_STATUS or status >= 500 or kind in _RETRYABLE_TYPES
+    raise_status(exc, secret, text, retryable=retryable, env_var=ENV_KEY)

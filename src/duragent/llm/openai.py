@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import time
-from collections.abc import AsyncIterator, Mapping
-from email.utils import parsedate_to_datetime
+from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
 from duragent.errors import (
@@ -18,6 +16,18 @@ from duragent.errors import (
     RetryableModelError,
     UsageError,
 )
+from duragent.llm._http import (
+    NO_KEY,
+    RETRYABLE_STATUS,
+    body_message,
+    connection_error,
+    httpx_errors,
+    raise_error,
+    raise_status,
+    scrub,
+    status_text,
+)
+from duragent.llm._http import retry_after as retry_after  # re-exported
 from duragent.llm.base import (
     Finish,
     FinishReason,
@@ -35,8 +45,6 @@ except ImportError:  # the extra is not installed; OpenAIChat() says how to fix 
     openai = None  # type: ignore[assignment]
 
 ENV_KEY = "OPENAI_API_KEY"
-# Sent when a local server (base_url given) needs no key; the SDK insists on one.
-NO_KEY = "not-needed"
 
 # The request fields the adapter owns; settings may not replace them.
 _RESERVED = frozenset({"model", "messages", "tools", "stream", "stream_options"})
@@ -166,8 +174,8 @@ class OpenAIChat:
                 f"OpenAI sent a stream event that is not valid JSON: {exc}"
             ) from exc
         except openai.OpenAIError as exc:
-            raise ModelError(_scrub(f"OpenAI request failed: {exc}", self._secret)) from None
-        except _httpx_errors("RequestError") as exc:
+            raise ModelError(scrub(f"OpenAI request failed: {exc}", self._secret)) from None
+        except httpx_errors("RequestError") as exc:
             raise self._connection_error(exc, started) from exc
         if finish is None:
             raise RetryableModelError(
@@ -178,17 +186,14 @@ class OpenAIChat:
         yield Finish(finish)
 
     def _connection_error(self, exc: BaseException, started: bool) -> RetryableModelError:
-        # The SDK wraps some httpx errors (the httpx one is then the cause) but not all.
-        wrapped = isinstance(exc, openai.APIConnectionError) and exc.__cause__ is not None
-        raw = exc.__cause__ if wrapped else exc
-        what = type(raw).__name__
-        if isinstance(exc, openai.APITimeoutError) or isinstance(
-            raw, _httpx_errors("TimeoutException")
-        ):
-            return RetryableModelError(f"OpenAI did not answer in time ({what}, a timeout)")
-        if started:
-            return RetryableModelError(f"the connection to OpenAI broke mid-answer ({what})")
-        return RetryableModelError(f"could not reach OpenAI at {self._client.base_url} ({what})")
+        return connection_error(
+            "OpenAI",
+            exc,
+            started=started,
+            base_url=self._client.base_url,
+            sdk_connection_error=openai.APIConnectionError,
+            sdk_timeout=openai.APITimeoutError,
+        )
 
 
 def _model_name(pinned: str, default: str) -> str:
@@ -240,110 +245,18 @@ def _usage_since(reported: UsageDelta, usage: Any) -> UsageDelta | None:
 
 
 # --- errors --------------------------------------------------------------------------
-# The same rules as in duragent.llm.anthropic; keep the two in step.
-
-_RETRYABLE_STATUS = frozenset({408, 409, 429})
-
-
-def retry_after(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:
-    """Seconds to wait from `retry-after-ms` or `Retry-After` (seconds or an HTTP date)."""
-    if not headers:
-        return None
-    ms = headers.get("retry-after-ms")
-    if ms:
-        try:
-            return max(0.0, float(ms) / 1000)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
-
-
-def _scrub(text: str, secret: str) -> str:
-    return text.replace(secret, "***") if secret and secret != NO_KEY else text
-
-
-def _body_message(body: object) -> str:
-    if isinstance(body, Mapping):
-        inner = body.get("error", body)
-        if isinstance(inner, Mapping) and isinstance(inner.get("message"), str):
-            return str(inner["message"])
-        if isinstance(inner, str):
-            return inner
-        return json.dumps(body)[:300]
-    if isinstance(body, str) and body.strip():
-        return body.strip()[:300]
-    return "no details given"
-
-
-def _status_text(provider: str, status: int, message: str) -> str:
-    if status == 401:
-        what = f"{provider} rejected the API key"
-    elif status == 403:
-        what = f"{provider} refused access"
-    elif status == 404:
-        what = f"{provider} does not know this model or endpoint"
-    elif status == 429:
-        what = f"{provider} rate-limited the request"
-    elif status == 529:
-        what = f"{provider} is overloaded"
-    elif status >= 500:
-        what = f"{provider} had a server error"
-    elif status in (408, 409):
-        what = f"{provider} could not take the request now"
-    else:
-        what = f"{provider} rejected the request"
-    return f"{what} ({status}): {message}"
 
 
 def _raise_status(exc: Any, secret: str) -> NoReturn:
     status = int(exc.status_code)
-    text = _status_text("OpenAI", status, _body_message(exc.body))
-    request_id = getattr(exc, "request_id", None)
-    if request_id:
-        text += f" [request id {request_id}]"
-    if status == 401:
-        text += f"; check {ENV_KEY} or the api_key= you passed"
+    text = status_text("OpenAI", status, body_message(exc.body))
     # A 429 for an exhausted quota or budget does not pass by waiting.
     out_of_quota = getattr(exc, "code", None) == "insufficient_quota"
-    retryable = (status in _RETRYABLE_STATUS or status >= 500) and not out_of_quota
-    _raise(text, secret, exc, retryable=retryable, wait=retry_after(exc.response.headers))
+    retryable = (status in RETRYABLE_STATUS or status >= 500) and not out_of_quota
+    raise_status(exc, secret, text, retryable=retryable, env_var=ENV_KEY)
 
 
 def _raise_stream_error(exc: Any, secret: str) -> NoReturn:
     kind = getattr(exc, "type", None)
-    text = f"OpenAI failed mid-answer ({kind or 'error'}): {_body_message(exc.body)}"
-    _raise(text, secret, exc, retryable=kind not in ("invalid_request_error",))
-
-
-def _raise(
-    text: str, secret: str, exc: BaseException, *, retryable: bool, wait: float | None = None
-) -> NoReturn:
-    error_type = RetryableModelError if retryable else ModelError
-    error = error_type(_scrub(text, secret), retry_after=wait)
-    # Keep the SDK error as the cause for debugging, unless it would show the key.
-    if secret and secret in str(exc):
-        raise error from None
-    raise error from exc
-
-
-def _httpx_errors(name: str) -> tuple[type[BaseException], ...]:
-    """The httpx error class `name`, from whichever httpx the SDK uses; a stream can
-    raise these past the SDK (a connection dropped or timed out mid-body)."""
-    found: list[type[BaseException]] = []
-    for module in ("httpx2", "httpx"):
-        try:
-            found.append(getattr(__import__(module), name))
-        except (ImportError, AttributeError):
-            continue
-    return tuple(found)
+    text = f"OpenAI failed mid-answer ({kind or 'error'}): {body_message(exc.body)}"
+    raise_error(text, secret, exc, retryable=kind not in ("invalid_request_error",))
