@@ -437,3 +437,12 @@ def test_bad_token_files_are_refused_without_echoing_tokens(tmp_path: Path) -> N
         TokenStore.load(empty)
     with pytest.raises(UsageError, match="cannot read"):
         TokenStore.from_file(tmp_path / "missing.txt")
+
+
+async def test_unknown_query_parameters_are_refused(client: httpx.AsyncClient) -> None:
+    r = await client.get("/v1/tasks?stauts=running", headers=auth("alice"))
+    body = assert_problem(r, 422, "Validation error")
+    assert body["errors"][0]["loc"] == ["query", "stauts"]
+    assert "status" in body["detail"]
+    assert (await client.get("/v1/tasks?status=running", headers=auth("alice"))).status_code == 200
+    assert (await client.get("/v1/health?x=1")).status_code == 422

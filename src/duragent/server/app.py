@@ -10,14 +10,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from duragent.runtime.runtime import Runtime
 from duragent.server import events, problems, tasks
 from duragent.server.auth import TokenStore
-from duragent.server.deps import RuntimeDep, UserDep
+from duragent.server.deps import RuntimeDep, UserDep, known_query
 from duragent.server.problems import problem_responses
 from duragent.server.schemas import AgentOut, AgentsOut, Health, Me
 
@@ -34,6 +34,7 @@ def create_app(runtime: Runtime, tokens: TokenStore) -> FastAPI:
     from duragent import __version__
 
     app = FastAPI(
+        dependencies=[Depends(known_query)],
         title="duragent",
         version=__version__,
         description="Durable AI agent tasks: start, watch, pause, resume, abort, answer.",

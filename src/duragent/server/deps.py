@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from duragent.runtime.runtime import Runtime
@@ -13,6 +16,35 @@ from duragent.server.problems import NotAuthenticated
 from duragent.types import Task
 
 bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer <token>`")
+
+
+def _query_names(dependant: Dependant) -> set[str]:
+    names = {field.alias for field in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return names
+
+
+def known_query(request: Request) -> None:
+    """Refuse query parameters the route does not take: `?stauts=running` is a
+    mistake to report, not a filter to ignore silently."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute) or not request.query_params:
+        return
+    names = _query_names(route.dependant)
+    unknown = sorted(set(request.query_params) - names)
+    if unknown:
+        takes = ", ".join(sorted(names)) or "none"
+        raise RequestValidationError(
+            [
+                {
+                    "loc": ("query", name),
+                    "msg": f"unknown query parameter (this endpoint takes: {takes})",
+                    "type": "extra_forbidden",
+                }
+                for name in unknown
+            ]
+        )
 
 
 def get_runtime(request: Request) -> Runtime:
