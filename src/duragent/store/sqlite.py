@@ -16,17 +16,15 @@ import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from duragent.errors import (
     StoreCorrupt,
     StoreError,
     StoreUnavailable,
-    StoreVersionError,
     TaskNotFound,
 )
 from duragent.store.base import (
-    SCHEMA_VERSION,
     VIEW_KINDS,
     ChangeSignal,
     Commit,
@@ -38,9 +36,10 @@ from duragent.store.base import (
     decode_cursor,
     encode_cursor,
     from_ts,
-    to_ts,
     ts_to_dt,
 )
+from duragent.store.sqlite_schema import Durability, connect, migrate
+from duragent.store.sqlite_tx import RowCache, SqliteTx, row_document, row_task
 from duragent.store.tx import apply_claim, apply_commit, apply_create, apply_release, apply_renew
 from duragent.types import (
     ApiMessage,
@@ -53,257 +52,10 @@ from duragent.types import (
     utcnow,
 )
 
-Durability = Literal["normal", "full"]
-
-# Forward-only: MIGRATIONS[n] takes a store from version n-1 to n.
-MIGRATIONS: dict[int, list[str]] = {
-    1: [
-        """CREATE TABLE tasks (
-            id TEXT PRIMARY KEY,
-            owner TEXT, request_id TEXT, session_id TEXT, parent_id TEXT, root_id TEXT,
-            agent TEXT NOT NULL, status TEXT NOT NULL, status_reason TEXT,
-            created_at REAL NOT NULL, updated_at REAL NOT NULL, wake_at REAL,
-            lease_owner TEXT, lease_expires REAL, lease_epoch INTEGER NOT NULL DEFAULT 0,
-            last_seq INTEGER NOT NULL DEFAULT 0, version INTEGER NOT NULL DEFAULT 0,
-            data TEXT NOT NULL, input TEXT NOT NULL
-        )""",
-        "CREATE UNIQUE INDEX tasks_request ON tasks(coalesce(owner, ''), request_id)"
-        " WHERE request_id IS NOT NULL",
-        "CREATE INDEX tasks_runnable ON tasks(status, created_at)",
-        "CREATE INDEX tasks_owner ON tasks(owner, created_at)",
-        "CREATE INDEX tasks_parent ON tasks(parent_id)",
-        "CREATE INDEX tasks_session ON tasks(session_id, created_at)",
-        """CREATE TABLE entries (
-            task_id TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL,
-            round INTEGER NOT NULL, payload TEXT NOT NULL, created_at REAL NOT NULL,
-            PRIMARY KEY (task_id, seq)
-        ) WITHOUT ROWID""",
-        """CREATE TABLE documents (
-            scope TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
-            version INTEGER NOT NULL, updated_at REAL NOT NULL,
-            PRIMARY KEY (scope, key)
-        ) WITHOUT ROWID""",
-    ],
-}
-assert max(MIGRATIONS) == SCHEMA_VERSION
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-def _connect(path: str, durability: Durability) -> sqlite3.Connection:
-    try:
-        conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
-        conn.execute("PRAGMA busy_timeout=30000")
-        conn.execute("PRAGMA foreign_keys=OFF")
-    except sqlite3.DatabaseError as exc:
-        raise StoreCorrupt(f"{path} is not a readable duragent SQLite store: {exc}") from exc
-    return conn
-
-
-def migrate(conn: sqlite3.Connection, path: str) -> int:
-    """Bring the file to SCHEMA_VERSION; refuse a file written by a newer duragent."""
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        found = int(row["value"]) if row else 0
-        if found > SCHEMA_VERSION:
-            conn.execute("ROLLBACK")
-            raise StoreVersionError(path, found, SCHEMA_VERSION)
-        for version in range(found + 1, SCHEMA_VERSION + 1):
-            for ddl in MIGRATIONS[version]:
-                conn.execute(ddl)
-        conn.execute(
-            "INSERT INTO meta(key, value) VALUES('schema_version', ?)"
-            " ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-            (str(SCHEMA_VERSION),),
-        )
-        conn.execute("COMMIT")
-        return found
-    except sqlite3.DatabaseError as exc:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise StoreCorrupt(f"{path} is not a readable duragent SQLite store: {exc}") from exc
-
-
-def _row_task(row: sqlite3.Row) -> Task:
-    task = Task.model_validate_json(row["data"])
-    task.input = json.loads(row["input"])
-    return task
-
-
-_Stamp = tuple[int, int, int, float | None]  # version, last_seq, lease epoch, lease expiry
-
-
-class _RowCache:
-    """Task rows this process last wrote, reused when the row's stamp still matches.
-
-    Parsing a task's JSON is the costliest part of a small commit; a matching
-    stamp (read from indexed columns) proves nobody, in any process, changed
-    the row since, so the parsed object can be reused.
-    """
-
-    def __init__(self) -> None:
-        self.rows: dict[str, tuple[_Stamp, Task]] = {}
-
-    def get(self, task_id: str, stamp: _Stamp) -> Task | None:
-        hit = self.rows.get(task_id)
-        return hit[1].model_copy() if hit is not None and hit[0] == stamp else None
-
-    def put(self, task: Task) -> None:
-        if len(self.rows) > 10_000:
-            self.rows.clear()
-        self.rows[task.id] = (_stamp(task), task)
-
-
-def _stamp(task: Task) -> _Stamp:
-    return (task.version, task.last_seq, task.lease.epoch, to_ts(task.lease.expires_at))
-
-
-class _SqliteTx:
-    def __init__(self, conn: sqlite3.Connection, cache: _RowCache | None = None) -> None:
-        self.conn = conn
-        self.cache = cache
-        self.inputs: dict[str, Any] = {}
-        self.written: dict[str, Task] = {}  # handed to the cache once the batch commits
-
-    def _task(self, row: sqlite3.Row | None) -> Task | None:
-        if row is None:
-            return None
-        task = _row_task(row)
-        self.inputs[task.id] = task.input
-        return task
-
-    def load_task(self, task_id: str) -> Task | None:
-        if self.cache is not None:
-            stamp = self.conn.execute(
-                "SELECT version, last_seq, lease_epoch, lease_expires FROM tasks WHERE id=?",
-                (task_id,),
-            ).fetchone()
-            if stamp is None:
-                return None
-            cached = self.cache.get(task_id, tuple(stamp))  # type: ignore[arg-type]
-            if cached is not None:
-                self.inputs[task_id] = cached.input
-                return cached
-        row = self.conn.execute("SELECT data, input FROM tasks WHERE id=?", (task_id,)).fetchone()
-        return self._task(row)
-
-    def find_by_request(self, owner: str | None, request_id: str) -> Task | None:
-        row = self.conn.execute(
-            "SELECT data, input FROM tasks WHERE coalesce(owner, '')=? AND request_id=?",
-            (owner or "", request_id),
-        ).fetchone()
-        return self._task(row)
-
-    @staticmethod
-    def _columns(task: Task) -> dict[str, Any]:
-        return {
-            "id": task.id,
-            "status": task.status.value,
-            "status_reason": task.status_reason,
-            "updated_at": to_ts(task.updated_at),
-            "wake_at": to_ts(task.wake_at),
-            "lease_owner": task.lease.owner,
-            "lease_expires": to_ts(task.lease.expires_at),
-            "lease_epoch": task.lease.epoch,
-            "last_seq": task.last_seq,
-            "version": task.version,
-            "data": task.model_dump_json(exclude={"input"}),
-        }
-
-    def insert_task(self, task: Task) -> None:
-        cols = self._columns(task)
-        cols.update(
-            owner=task.owner,
-            request_id=task.request_id,
-            session_id=task.session_id,
-            parent_id=task.parent_id,
-            root_id=task.root_id,
-            agent=task.agent,
-            created_at=to_ts(task.created_at),
-            input=_dumps(task.input),
-        )
-        names = ", ".join(cols)
-        marks = ", ".join(f":{k}" for k in cols)
-        self.conn.execute(f"INSERT INTO tasks ({names}) VALUES ({marks})", cols)
-        self.written[task.id] = task
-
-    def update_task(self, task: Task) -> None:
-        cols = self._columns(task)
-        if task.id not in self.inputs or self.inputs[task.id] != task.input:
-            cols["input"] = _dumps(task.input)
-        sets = ", ".join(f"{k}=:{k}" for k in cols if k != "id")
-        self.conn.execute(f"UPDATE tasks SET {sets} WHERE id=:id", cols)
-        self.written[task.id] = task
-
-    def append(self, entries: list[Entry]) -> None:
-        self.conn.executemany(
-            "INSERT INTO entries (task_id, seq, kind, round, payload, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            [
-                (e.task_id, e.seq, e.kind.value, e.round, _dumps(e.payload), to_ts(e.created_at))
-                for e in entries
-            ],
-        )
-
-    def load_document(self, scope: str, key: str) -> Document | None:
-        row = self.conn.execute(
-            "SELECT * FROM documents WHERE scope=? AND key=?", (scope, key)
-        ).fetchone()
-        return None if row is None else _row_document(row)
-
-    def put_document(self, doc: Document) -> None:
-        self.conn.execute(
-            "INSERT INTO documents (scope, key, value, version, updated_at) VALUES (?,?,?,?,?)"
-            " ON CONFLICT(scope, key) DO UPDATE SET value=excluded.value,"
-            " version=excluded.version, updated_at=excluded.updated_at",
-            (doc.scope, doc.key, _dumps(doc.value), doc.version, to_ts(doc.updated_at)),
-        )
-
-    def delete_document(self, scope: str, key: str) -> None:
-        self.conn.execute("DELETE FROM documents WHERE scope=? AND key=?", (scope, key))
-
-    def find_claimable(
-        self, now: datetime, agents: Sequence[str] | None, task_id: str | None
-    ) -> Task | None:
-        sql = (
-            "SELECT data, input FROM tasks WHERE (status='pending'"
-            " OR (status='running' AND (lease_expires IS NULL OR lease_expires <= :now))"
-            " OR (status='waiting' AND status_reason='timer' AND wake_at <= :now))"
-        )
-        params: dict[str, Any] = {"now": now.timestamp()}
-        if agents is not None:
-            names = list(agents)
-            if not names:
-                return None
-            sql += " AND agent IN (" + ", ".join(f":a{i}" for i in range(len(names))) + ")"
-            params.update({f"a{i}": n for i, n in enumerate(names)})
-        if task_id is not None:
-            sql += " AND id=:id"
-            params["id"] = task_id
-        sql += " ORDER BY created_at LIMIT 1"
-        return self._task(self.conn.execute(sql, params).fetchone())
-
-
-def _row_document(row: sqlite3.Row) -> Document:
-    return Document(
-        scope=row["scope"],
-        key=row["key"],
-        value=json.loads(row["value"]),
-        version=row["version"],
-        updated_at=ts_to_dt(row["updated_at"]),
-    )
-
 
 @dataclass(slots=True)
 class _Job:
-    fn: Callable[[_SqliteTx], Any]
+    fn: Callable[[SqliteTx], Any]
     future: asyncio.Future[Any]
 
 
@@ -332,12 +84,12 @@ class SQLiteStore:
         self.max_batch = max_batch
         self.batches = 0  # transactions the writer ran: commits / batches = group size
         self.jobs_done = 0
-        self._writer_conn = _connect(path, durability)
+        self._writer_conn = connect(path, durability)
         self.migrated_from = migrate(self._writer_conn, path)
-        self._reader_conn = _connect(path, durability)
+        self._reader_conn = connect(path, durability)
         self._pending: list[_Job] = []
         self._flushing = False
-        self._rows = _RowCache()
+        self._rows = RowCache()
         self._signal: ChangeSignal | None = None
         self._closed = False
 
@@ -368,7 +120,7 @@ class SQLiteStore:
             self._signal = ChangeSignal()
         return self._signal
 
-    async def _write(self, fn: Callable[[_SqliteTx], Any]) -> Any:
+    async def _write(self, fn: Callable[[SqliteTx], Any]) -> Any:
         if self._closed:
             raise StoreError(f"store {self.url} is closed")
         loop = asyncio.get_running_loop()
@@ -411,7 +163,7 @@ class SQLiteStore:
             written: dict[str, Task] = {}
             for job in batch:
                 conn.execute("SAVEPOINT job")
-                tx = _SqliteTx(conn, self._rows)
+                tx = SqliteTx(conn, self._rows)
                 try:
                     outcomes.append((True, job.fn(tx)))
                     conn.execute("RELEASE job")
@@ -488,7 +240,7 @@ class SQLiteStore:
             row = conn.execute("SELECT data, input FROM tasks WHERE id=?", (task_id,)).fetchone()
             if row is None:
                 raise TaskNotFound(task_id)
-            return _row_task(row)
+            return row_task(row)
 
         return await self._read(read)  # type: ignore[no-any-return]
 
@@ -521,7 +273,7 @@ class SQLiteStore:
         params.append(q.limit + 1)
 
         def read(conn: sqlite3.Connection) -> TaskPage:
-            tasks = [_row_task(r) for r in conn.execute(sql, params)]
+            tasks = [row_task(r) for r in conn.execute(sql, params)]
             more = len(tasks) > q.limit
             tasks = tasks[: q.limit]
             return TaskPage(tasks, encode_cursor(tasks[-1]) if more and tasks else None)
@@ -587,14 +339,14 @@ class SQLiteStore:
             row = conn.execute(
                 "SELECT * FROM documents WHERE scope=? AND key=?", (scope, key)
             ).fetchone()
-            return None if row is None else _row_document(row)
+            return None if row is None else row_document(row)
 
         return await self._read(read)  # type: ignore[no-any-return]
 
     async def list_documents(self, scope: str) -> list[Document]:
         return await self._read(  # type: ignore[no-any-return]
             lambda conn: [
-                _row_document(r)
+                row_document(r)
                 for r in conn.execute(
                     "SELECT * FROM documents WHERE scope=? ORDER BY key", (scope,)
                 )
@@ -617,7 +369,7 @@ class SQLiteStore:
         return await self._read(lambda conn: from_ts(conn.execute(sql, params).fetchone()[0]))  # type: ignore[no-any-return]
 
     async def delete_task(self, task_id: str) -> None:
-        def delete(tx: _SqliteTx) -> None:
+        def delete(tx: SqliteTx) -> None:
             conn = tx.conn
             doomed = [
                 r[0]

@@ -1,0 +1,87 @@
+"""The SQLite store's file: connection settings, schema and forward-only migrations."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any, Literal
+
+from duragent.errors import StoreCorrupt, StoreVersionError
+from duragent.store.base import SCHEMA_VERSION
+
+Durability = Literal["normal", "full"]
+
+# Forward-only: MIGRATIONS[n] takes a store from version n-1 to n.
+MIGRATIONS: dict[int, list[str]] = {
+    1: [
+        """CREATE TABLE tasks (
+            id TEXT PRIMARY KEY,
+            owner TEXT, request_id TEXT, session_id TEXT, parent_id TEXT, root_id TEXT,
+            agent TEXT NOT NULL, status TEXT NOT NULL, status_reason TEXT,
+            created_at REAL NOT NULL, updated_at REAL NOT NULL, wake_at REAL,
+            lease_owner TEXT, lease_expires REAL, lease_epoch INTEGER NOT NULL DEFAULT 0,
+            last_seq INTEGER NOT NULL DEFAULT 0, version INTEGER NOT NULL DEFAULT 0,
+            data TEXT NOT NULL, input TEXT NOT NULL
+        )""",
+        "CREATE UNIQUE INDEX tasks_request ON tasks(coalesce(owner, ''), request_id)"
+        " WHERE request_id IS NOT NULL",
+        "CREATE INDEX tasks_runnable ON tasks(status, created_at)",
+        "CREATE INDEX tasks_owner ON tasks(owner, created_at)",
+        "CREATE INDEX tasks_parent ON tasks(parent_id)",
+        "CREATE INDEX tasks_session ON tasks(session_id, created_at)",
+        """CREATE TABLE entries (
+            task_id TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL,
+            round INTEGER NOT NULL, payload TEXT NOT NULL, created_at REAL NOT NULL,
+            PRIMARY KEY (task_id, seq)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE documents (
+            scope TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
+            version INTEGER NOT NULL, updated_at REAL NOT NULL,
+            PRIMARY KEY (scope, key)
+        ) WITHOUT ROWID""",
+    ],
+}
+assert max(MIGRATIONS) == SCHEMA_VERSION
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def connect(path: str, durability: Durability) -> sqlite3.Connection:
+    try:
+        conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
+        conn.execute("PRAGMA busy_timeout=30000")
+        conn.execute("PRAGMA foreign_keys=OFF")
+    except sqlite3.DatabaseError as exc:
+        raise StoreCorrupt(f"{path} is not a readable duragent SQLite store: {exc}") from exc
+    return conn
+
+
+def migrate(conn: sqlite3.Connection, path: str) -> int:
+    """Bring the file to SCHEMA_VERSION; refuse a file written by a newer duragent."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        found = int(row["value"]) if row else 0
+        if found > SCHEMA_VERSION:
+            conn.execute("ROLLBACK")
+            raise StoreVersionError(path, found, SCHEMA_VERSION)
+        for version in range(found + 1, SCHEMA_VERSION + 1):
+            for ddl in MIGRATIONS[version]:
+                conn.execute(ddl)
+        conn.execute(
+            "INSERT INTO meta(key, value) VALUES('schema_version', ?)"
+            " ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            (str(SCHEMA_VERSION),),
+        )
+        conn.execute("COMMIT")
+        return found
+    except sqlite3.DatabaseError as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise StoreCorrupt(f"{path} is not a readable duragent SQLite store: {exc}") from exc
