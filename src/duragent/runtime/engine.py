@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
@@ -19,24 +18,22 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from duragent.errors import Conflict, ModelError, RetryableModelError, StaleLease
-from duragent.llm.base import ModelRequest, ResponseAssembler, TextDelta, parse_arguments
+from duragent.llm.base import ModelRequest, ResponseAssembler, TextDelta
 from duragent.runtime.agent import Agent
-from duragent.runtime.context import SleepUntil, SpawnSubtask, Suspend, ToolContext, WaitForInput
+from duragent.runtime.calls import Outcome, describe, parse_dt, render, run_call
+from duragent.runtime.context import SleepUntil, SpawnSubtask, WaitForInput
 from duragent.runtime.log import (
-    INTERRUPTED,
     RoundState,
     api_entry,
     notice,
     read_round,
     result_entries,
-    started_entry,
     ui_entry,
     wait_entry,
     wait_reason,
 )
 from duragent.runtime.state import Clock, DebouncedState
 from duragent.runtime.submit import new_task
-from duragent.runtime.tools import ToolArgumentError
 from duragent.runtime.waits import child_resolution
 from duragent.store.base import Commit, CommitResult, DocumentWrite, Store, TaskPatch
 from duragent.types import (
@@ -50,8 +47,6 @@ from duragent.types import (
     ToolCallData,
     ToolMessage,
     UIError,
-    dump_message,
-    utcnow,
 )
 
 log = logging.getLogger("duragent.engine")
@@ -75,20 +70,6 @@ class Control:
     action: Literal["pause", "abort", "release"]
     rollback: bool = False
     reason: str | None = None
-
-
-@dataclass
-class _Outcome:
-    call_id: str
-    content: str | None = None
-    outcome: str = "ok"
-    suspend: Suspend | None = None
-    documents: Sequence[DocumentWrite] = ()
-
-
-def request_pin(agent: Agent) -> dict[str, Any]:
-    """What a task's model requests depend on, pinned on the task at creation."""
-    return {"model": agent.model_name, "settings": dict(agent.model_settings)}
 
 
 class TaskRunner:
@@ -220,12 +201,12 @@ class TaskRunner:
         except Exception as exc:
             log.exception("task %s failed", self.task.id)
             with contextlib.suppress(Abandoned):
-                await self._finish(TaskStatus.FAILED, error=_describe(exc))
+                await self._finish(TaskStatus.FAILED, error=describe(exc))
         finally:
             await self.state.close()
         return self.task
 
-    async def _trace(self, point: str, **info: Any) -> None:
+    async def trace_point(self, point: str, **info: Any) -> None:
         if self.trace is not None:
             await self.trace(point, task_id=self.task.id, round=self.task.iterations + 1, **info)
 
@@ -303,7 +284,7 @@ class TaskRunner:
                 entries=[api_entry(tid, r, message)],
                 extra={"output": response.text, "usage": usage, "iterations": r},
             )
-            await self._trace("final")
+            await self.trace_point("final")
             return
         intents = [
             NewEntry(
@@ -324,7 +305,7 @@ class TaskRunner:
         )
         self._round_api_seqs.append(res.entries[0].seq)
         self.view.append(message)
-        await self._trace("intents", calls=[c.id for c in response.tool_calls])
+        await self.trace_point("intents", calls=[c.id for c in response.tool_calls])
         await self._run_calls(r, response.tool_calls, None)
 
     def _replay(self, name: str) -> str:
@@ -416,7 +397,7 @@ class TaskRunner:
         patch = None if self._round_progress else {"round_seq": self.task.last_seq}
         res = await self.commit([entry], patch)
         self._round_progress.append(res.entries[0].seq)
-        await self._trace("progress", seq=res.entries[0].seq)
+        await self.trace_point("progress", seq=res.entries[0].seq)
 
     # --- tools ---
 
@@ -427,11 +408,11 @@ class TaskRunner:
         done_ids = set(rs.results) if rs else set()
         todo = [c for c in calls if c.id not in done_ids]
         remaining = {c.id for c in todo}
-        suspended: dict[str, _Outcome] = {}
+        suspended: dict[str, Outcome] = {}
 
         committing: dict[str, asyncio.Future[None]] = {}
 
-        async def finish(out: _Outcome) -> None:
+        async def finish(out: Outcome) -> None:
             if out.suspend is not None:
                 suspended[out.call_id] = out
                 return
@@ -444,10 +425,10 @@ class TaskRunner:
             res = await self.commit(entries, patch, documents=out.documents)
             self._round_api_seqs.append(res.entries[0].seq)
             self.view.append(ToolMessage(tool_call_id=out.call_id, content=out.content or ""))
-            await self._trace("result", call_id=out.call_id, outcome=out.outcome)
+            await self.trace_point("result", call_id=out.call_id, outcome=out.outcome)
 
         async def one(call: ToolCallData) -> None:
-            out = await self._call(r, call, rs)  # a stop may cancel the tool...
+            out = await run_call(self, r, call, rs)  # a stop may cancel the tool...
             # ...but never a result commit once it started: that would leave the
             # call with a result written and an "interrupted" one added.
             committing[call.id] = asyncio.ensure_future(finish(out))
@@ -477,82 +458,7 @@ class TaskRunner:
         if suspended:
             await self._park(r, suspended, rs)
 
-    async def _call(self, r: int, call: ToolCallData, rs: RoundState | None) -> _Outcome:
-        cid, name = call.id, call.function.name
-        tool = self.agent.tool_map.get(name)
-        if tool is None:
-            known = ", ".join(sorted(self.agent.tool_map)) or "(none)"
-            return _Outcome(
-                cid, f"Error: unknown tool {name!r}. Available tools: {known}.", "error"
-            )
-        try:
-            arguments = parse_arguments(call.function.arguments)
-            tool.validate(arguments)
-        except (ValueError, ToolArgumentError) as exc:
-            return _Outcome(cid, f"Error: {exc}", "error")
-        attempt = 1
-        if rs is not None and cid in rs.intents:
-            wait = rs.waits.get(cid)
-            if wait is not None and cid not in rs.started:
-                resolved = self._resumed_wait(cid, wait, rs)
-                if resolved is not None:
-                    return resolved
-                # Approved: record that it starts, so a crash while it runs is
-                # treated like any interrupted call, never silently re-run.
-                await self.commit([started_entry(self.task.id, r, cid)])
-            else:
-                # The call was running when its worker stopped: re-run only if both
-                # the stored intent and the current definition say it is safe.
-                if rs.intents[cid].get("replay") == "safe" and tool.replay == "safe":
-                    attempt = 2
-                else:
-                    partial = "".join(rs.tool_partial.get(cid, []))
-                    text = INTERRUPTED + (f" Partial output: {partial}" if partial else "")
-                    return _Outcome(cid, text, "interrupted")
-        elif tool.needs_approval(arguments):
-            return _Outcome(
-                cid, suspend=WaitForInput(f"Approve {name}({call.function.arguments})?", "approval")
-            )
-        ctx = ToolContext(self, cid, r, attempt)
-        await self._trace("tool_start", call_id=cid, tool=name, attempt=attempt)
-        try:
-            value = await tool.invoke(arguments, ctx)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            return _Outcome(
-                cid, f"Error: {_describe(exc)}", "error", documents=ctx.staged_documents()
-            )
-        if isinstance(value, SpawnSubtask) and value.agent not in self.agents:
-            known = ", ".join(sorted(self.agents))
-            return _Outcome(
-                cid,
-                f"Error: no agent named {value.agent!r} to run a sub-task; known: {known}",
-                "error",
-            )
-        if isinstance(value, Suspend):
-            return _Outcome(cid, suspend=value, documents=ctx.staged_documents())
-        return _Outcome(cid, _render(value), "ok", documents=ctx.staged_documents())
-
-    def _resumed_wait(self, cid: str, wait: dict[str, Any], rs: RoundState) -> _Outcome | None:
-        """A parked call seen again on claim: its outcome, or None to run it now."""
-        kind = wait["wait"]
-        if kind == "timer":
-            if _parse_dt(wait["wake_at"]) <= utcnow():
-                return _Outcome(cid, f"Slept until {wait['wake_at']}.", "ok")
-            return _Outcome(cid, suspend=SleepUntil(_parse_dt(wait["wake_at"])))
-        if kind == "approval":
-            decision = rs.decisions.get(cid)
-            if decision is None:
-                return _Outcome(cid, suspend=WaitForInput(wait.get("question", ""), "approval"))
-            if decision["approved"]:
-                return None  # approved: run it (its first run)
-            reason = decision.get("reason") or "no reason given"
-            return _Outcome(cid, f"The user denied this call: {reason}", "denied")
-        # input / subtask are resolved by whoever answers; still open means still waiting
-        return _Outcome(cid, suspend=_reconstruct(wait))
-
-    async def _park(self, r: int, suspended: Mapping[str, _Outcome], rs: RoundState | None) -> None:
+    async def _park(self, r: int, suspended: Mapping[str, Outcome], rs: RoundState | None) -> None:
         """Commit the waits of this round and the task's waiting status, together."""
         tid = self.task.id
         entries: list[NewEntry] = []
@@ -588,7 +494,7 @@ class TaskRunner:
         patch = {
             "status": TaskStatus.WAITING,
             "status_reason": wait_reason(waits),
-            "wake_at": _parse_dt(min(timers)) if timers else None,
+            "wake_at": parse_dt(min(timers)) if timers else None,
         }
         await self.commit(entries, patch, new_tasks=new_tasks, documents=documents)
 
@@ -688,7 +594,7 @@ class TaskRunner:
             return
         # A sub-task's end and its parent's tool result land in one commit.
         if status is TaskStatus.COMPLETED:
-            content, outcome = _render((extra or {}).get("output", self.task.output)), "ok"
+            content, outcome = render((extra or {}).get("output", self.task.output)), "ok"
         else:
             content, outcome = f"Sub-task {status.value}: {error or 'no reason given'}", "error"
         for attempt in range(5):
@@ -710,29 +616,4 @@ class TaskRunner:
         )
 
 
-def _render(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if hasattr(value, "model_dump_json"):
-        return str(value.model_dump_json())
-    return json.dumps(value, default=str, ensure_ascii=False)
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _parse_dt(text: str) -> Any:
-    from datetime import datetime
-
-    return datetime.fromisoformat(text)
-
-
-def _reconstruct(wait: dict[str, Any]) -> Suspend:
-    if wait["wait"] == "subtask":
-        return SpawnSubtask(wait.get("agent", ""), None)
-    return WaitForInput(wait.get("question", ""))
-
-
-__all__ = ["Abandoned", "Control", "TaskRunner", "dump_message", "request_pin"]
+__all__ = ["Abandoned", "Control", "TaskRunner"]

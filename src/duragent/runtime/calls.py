@@ -1,0 +1,130 @@
+"""One tool call: run it, or decide from the log what became of it after a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from duragent.llm.base import parse_arguments
+from duragent.runtime.context import SleepUntil, SpawnSubtask, Suspend, ToolContext, WaitForInput
+from duragent.runtime.log import INTERRUPTED, RoundState, started_entry
+from duragent.runtime.tools import ToolArgumentError
+from duragent.store.base import DocumentWrite
+from duragent.types import ToolCallData, utcnow
+
+if TYPE_CHECKING:
+    from duragent.runtime.engine import TaskRunner
+
+
+@dataclass
+class Outcome:
+    """What became of a tool call: a result to commit, or a durable wait."""
+
+    call_id: str
+    content: str | None = None
+    outcome: str = "ok"
+    suspend: Suspend | None = None
+    documents: Sequence[DocumentWrite] = ()
+
+
+async def run_call(
+    runner: TaskRunner, r: int, call: ToolCallData, rs: RoundState | None
+) -> Outcome:
+    """Run one tool call of round r (or decide it from the log when recovering)."""
+    cid, name = call.id, call.function.name
+    tool = runner.agent.tool_map.get(name)
+    if tool is None:
+        known = ", ".join(sorted(runner.agent.tool_map)) or "(none)"
+        return Outcome(cid, f"Error: unknown tool {name!r}. Available tools: {known}.", "error")
+    try:
+        arguments = parse_arguments(call.function.arguments)
+        tool.validate(arguments)
+    except (ValueError, ToolArgumentError) as exc:
+        return Outcome(cid, f"Error: {exc}", "error")
+    attempt = 1
+    if rs is not None and cid in rs.intents:
+        wait = rs.waits.get(cid)
+        if wait is not None and cid not in rs.started:
+            resolved = resumed_wait(cid, wait, rs)
+            if resolved is not None:
+                return resolved
+            # Approved: record that it starts, so a crash while it runs is
+            # treated like any interrupted call, never silently re-run.
+            await runner.commit([started_entry(runner.task.id, r, cid)])
+        else:
+            # The call was running when its worker stopped: re-run only if both
+            # the stored intent and the current definition say it is safe.
+            if rs.intents[cid].get("replay") == "safe" and tool.replay == "safe":
+                attempt = 2
+            else:
+                partial = "".join(rs.tool_partial.get(cid, []))
+                text = INTERRUPTED + (f" Partial output: {partial}" if partial else "")
+                return Outcome(cid, text, "interrupted")
+    elif tool.needs_approval(arguments):
+        return Outcome(
+            cid, suspend=WaitForInput(f"Approve {name}({call.function.arguments})?", "approval")
+        )
+    ctx = ToolContext(runner, cid, r, attempt)
+    await runner.trace_point("tool_start", call_id=cid, tool=name, attempt=attempt)
+    try:
+        value = await tool.invoke(arguments, ctx)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        return Outcome(cid, f"Error: {describe(exc)}", "error", documents=ctx.staged_documents())
+    if isinstance(value, SpawnSubtask) and value.agent not in runner.agents:
+        known = ", ".join(sorted(runner.agents))
+        return Outcome(
+            cid,
+            f"Error: no agent named {value.agent!r} to run a sub-task; known: {known}",
+            "error",
+        )
+    if isinstance(value, Suspend):
+        return Outcome(cid, suspend=value, documents=ctx.staged_documents())
+    return Outcome(cid, render(value), "ok", documents=ctx.staged_documents())
+
+
+def resumed_wait(cid: str, wait: dict[str, Any], rs: RoundState) -> Outcome | None:
+    """A parked call seen again on claim: its outcome, or None to run it now."""
+    kind = wait["wait"]
+    if kind == "timer":
+        if parse_dt(wait["wake_at"]) <= utcnow():
+            return Outcome(cid, f"Slept until {wait['wake_at']}.", "ok")
+        return Outcome(cid, suspend=SleepUntil(parse_dt(wait["wake_at"])))
+    if kind == "approval":
+        decision = rs.decisions.get(cid)
+        if decision is None:
+            return Outcome(cid, suspend=WaitForInput(wait.get("question", ""), "approval"))
+        if decision["approved"]:
+            return None  # approved: run it (its first run)
+        reason = decision.get("reason") or "no reason given"
+        return Outcome(cid, f"The user denied this call: {reason}", "denied")
+    # input / subtask are resolved by whoever answers; still open means still waiting
+    return Outcome(cid, suspend=reconstruct(wait))
+
+
+def render(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if hasattr(value, "model_dump_json"):
+        return str(value.model_dump_json())
+    return json.dumps(value, default=str, ensure_ascii=False)
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def parse_dt(text: str) -> datetime:
+    return datetime.fromisoformat(text)
+
+
+def reconstruct(wait: dict[str, Any]) -> Suspend:
+    if wait["wait"] == "subtask":
+        return SpawnSubtask(wait.get("agent", ""), None)
+    return WaitForInput(wait.get("question", ""))
