@@ -202,9 +202,10 @@ def run_demo(store_path: Path, *, crash: bool = True, keep: bool = False) -> int
         table.add_row(*row, style=style)
     console.print(table)
     bookings = ledger.read_text().splitlines() if ledger.exists() else []
+    rerun = "; get_weather is replay-safe and was re-run after the crash" if crash else ""
     console.print(
         f"The side-effecting tool book_hotel ran [bold]{len(bookings)}[/] time(s) "
-        f"(ledger: {ledger}); get_weather is replay-safe and was re-run after the crash."
+        f"(ledger: {ledger}){rerun}."
     )
     console.print(f"[green]Task completed in {rounds} rounds.[/]")
     if keep:
