@@ -174,6 +174,7 @@ class ScriptedServer:
         self.port = 0
         self._requests: list[RecordedRequest] = []
         self._faults: list[_Fault] = []
+        self._turn_stalls: dict[int, int] = {}  # turn -> stall after this many writes
         self._hangups = 0
         self._next_turn = 0
         self._cond = threading.Condition()
@@ -227,6 +228,16 @@ class ScriptedServer:
         gave up on it, e.g. was killed)."""
         with self._cond:
             self._faults.append(_Fault("stall", after=after))
+            self._stalled.clear()
+            self._release = asyncio.Event()
+
+    def stall_turn(self, turn: int, *, after: int = 2) -> None:
+        """Like `stall_next`, for the first answer to turn `turn` (with
+        `answer_by="history"`, the request holding `turn` assistant messages):
+        to hold a later round of a task mid-stream. A resend of that turn after
+        the stall is answered in full."""
+        with self._cond:
+            self._turn_stalls[turn] = after
             self._stalled.clear()
             self._release = asyncio.Event()
 
@@ -309,6 +320,7 @@ class ScriptedServer:
             if fault is not None and fault.kind == "fail":
                 return self.error_reply(fault.status, fault.message, fault.headers, fault.code)
             index, turn = self._turn(request, body, consume=fault is None)
+            stall = self._turn_stalls.pop(index, None) if fault is None else None
         if turn is None:
             # Not retryable, so a test that runs off its script fails at once.
             return self.error_reply(400, f"the scripted server has no turn {index}")
@@ -326,6 +338,8 @@ class ScriptedServer:
             reply = Reply(reply.status, reply.headers, reply.chunks[: fault.after], drop=True)
         elif fault is not None and fault.kind == "stall":
             reply = Reply(reply.status, reply.headers, reply.chunks, stall_after=fault.after)
+        elif stall is not None:
+            reply = Reply(reply.status, reply.headers, reply.chunks, stall_after=stall)
         return reply
 
     def _turn(self, request: RecordedRequest, body: Any, consume: bool) -> tuple[int, Any]:

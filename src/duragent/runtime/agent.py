@@ -55,6 +55,16 @@ class Agent:
             self._model = resolve_model(self.model)
         return self._model
 
+    async def close_model(self) -> None:
+        """Close the model this agent built from its model string (its HTTP client is
+        bound to the event loop that used it); the next use builds a new one. A
+        ChatModel instance passed in belongs to the caller and is left open."""
+        model, self._model = self._model, None
+        if model is not None and isinstance(self.model, str):
+            aclose = getattr(model, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
     @property
     def model_name(self) -> str:
         return self.model if isinstance(self.model, str) else self.model.name

@@ -115,6 +115,8 @@ class Runtime:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker_job
             self._worker_job = None
+        for agent in self.agents.values():
+            await agent.close_model()
         if self._owns_store:
             await self.store.close()
 
