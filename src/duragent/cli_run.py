@@ -1,0 +1,545 @@
+"""`duragent run`: start an agent task from the terminal and watch it stream;
+`duragent continue`: pick such a task up again after Ctrl-C or a crash.
+
+Ctrl-C pauses the task at its next safe point; a second Ctrl-C aborts it.
+(`duragent resume ID` is the operator command that only marks a task runnable
+for a worker; `continue` runs it here, in the terminal.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import sys
+import threading
+import uuid
+from collections.abc import Awaitable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from duragent.cli import app
+from duragent.errors import DuragentError, UsageError
+from duragent.llm import ChatModel, resolve_model
+from duragent.runtime.agent import Agent
+from duragent.runtime.runtime import Runtime
+from duragent.runtime.waits import open_waits
+from duragent.runtime.worker import lease_alive
+from duragent.store import DEFAULT_URL
+from duragent.toolsets import WORKDIR_KEY, toolset
+from duragent.types import Entry, EntryKind, Task, TaskStatus
+
+AGENT_PREFIX = "run-"
+INSTRUCTIONS = (
+    "You are a careful assistant working for a user at a terminal. Use the tools when "
+    "they help; file paths are relative to the user's working directory. When the task "
+    "is done, answer with the result."
+)
+# How long a pause waits for running tools before cutting them off.
+TOOL_GRACE = 5.0
+EXIT_INTERRUPTED = 130  # the shell's code for "stopped by Ctrl-C"
+
+STORE = typer.Option(DEFAULT_URL, "--store", help="Store URL.")
+BASE_URL = typer.Option(
+    None, "--base-url", help="The provider's URL, e.g. a local OpenAI-compatible server."
+)
+API_KEY_ENV = typer.Option(
+    None,
+    "--api-key-env",
+    help="Environment variable holding the API key (default: OPENAI_API_KEY or "
+    "ANTHROPIC_API_KEY). The key itself is never written anywhere.",
+)
+
+
+# --- building the agent ----------------------------------------------------------
+
+
+def build_model(spec: str, base_url: str | None, api_key_env: str | None) -> ChatModel:
+    options: dict[str, Any] = {}
+    if base_url:
+        options["base_url"] = base_url
+    if api_key_env:
+        key = os.environ.get(api_key_env)
+        if not key:
+            raise UsageError(f"--api-key-env {api_key_env}: that environment variable is not set")
+        options["api_key"] = key
+    if spec.startswith("scripted:") and options:
+        raise UsageError("a scripted model takes no --base-url or --api-key-env")
+    try:
+        return resolve_model(spec, **options)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def run_agent(name: str, model: ChatModel, max_iterations: int) -> Agent:
+    """The agent of a `duragent run` task; `name` is `run-<toolset>-<token>`.
+
+    The name is unique per task because this process's worker claims every
+    runnable task of the agents it knows: a shared name would let it pick up
+    another terminal's task, whose requests may be pinned to another model.
+    """
+    kit = name.removeprefix(AGENT_PREFIX).rpartition("-")[0]
+    return Agent(
+        name=name,
+        model=model,
+        instructions=INSTRUCTIONS,
+        tools=toolset(kit),
+        max_iterations=max_iterations,
+        tool_grace=TOOL_GRACE,
+        plan_tool=False,
+    )
+
+
+def _continue_hint(task_id: str, flags: list[str]) -> str:
+    return " ".join(["duragent continue", task_id, *flags])
+
+
+# --- showing a task as it runs -----------------------------------------------------
+
+
+def _args(arguments: str, limit: int = 120) -> str:
+    try:
+        value = json.loads(arguments or "{}")
+        text = ", ".join(f"{k}={v!r}" for k, v in value.items())
+    except (ValueError, AttributeError):
+        text = arguments
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _first_line(text: str, limit: int = 160) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+@dataclass
+class Transcript:
+    """Prints committed entries: the model's text as it streams, tool cards, notices."""
+
+    console: Console
+    streamed: dict[int, str] = field(default_factory=dict)  # round -> text shown so far
+    tools: dict[str, str] = field(default_factory=dict)  # call id -> tool name
+    open_line: bool = False
+
+    def end_line(self) -> None:
+        if self.open_line:
+            self.console.print()
+            self.open_line = False
+
+    def _text(self, text: str) -> None:
+        if text:
+            self.console.print(escape(text), end="", soft_wrap=True)
+            self.open_line = not text.endswith("\n")
+
+    def show(self, e: Entry) -> None:
+        p = e.payload
+        if e.kind is EntryKind.PROGRESS and "call_id" not in p:
+            if e.round not in self.streamed:
+                self.end_line()
+            self.streamed[e.round] = self.streamed.get(e.round, "") + p.get("text", "")
+            self._text(p.get("text", ""))
+        elif e.kind is EntryKind.ROLLBACK and p.get("scope") == "progress":
+            if self.streamed.pop(e.round, None) is not None:
+                self.end_line()
+                self.console.print("[dim](the interrupted answer above is discarded)[/]")
+        elif e.kind is EntryKind.API_MESSAGE and p.get("role") == "assistant":
+            shown = self.streamed.pop(e.round, "")
+            content = p.get("content") or ""
+            if shown and content.startswith(shown):
+                self._text(content[len(shown) :])
+            else:
+                self.end_line()
+                self._text(content)
+            self.end_line()
+            for call in p.get("tool_calls") or ():
+                name = call["function"]["name"]
+                self.tools[call["id"]] = name
+                args = _args(call["function"]["arguments"])
+                self.console.print(f"[cyan]⚙ {escape(name)}[/]({escape(args)})")
+        elif e.kind is EntryKind.TOOL_RESULT:
+            self.end_line()
+            name = self.tools.get(p["tool_call_id"], "tool")
+            outcome = p.get("outcome", "ok")
+            mark, style = {
+                "ok": ("✓", "green"),
+                "interrupted": ("⚠", "yellow"),
+                "denied": ("✗", "yellow"),
+            }.get(outcome, ("✗", "red"))
+            said = escape(_first_line(p.get("content", "")))
+            self.console.print(f"  [{style}]{mark} {escape(name)} {outcome}[/]: {said}")
+        elif e.kind is EntryKind.UI_MESSAGE:
+            self.end_line()
+            if p.get("type") == "error":
+                detail = f": {p['detail']}" if p.get("detail") else ""
+                self.console.print(f"[red]✗ {escape(p.get('message', '') + detail)}[/]")
+            elif p.get("type") == "notice":
+                self.console.print(f"[yellow]• {escape(p.get('message', ''))}[/]")
+
+
+# --- driving a task ----------------------------------------------------------------
+
+
+class _Stdin:
+    """Lines typed by the user, read in a daemon thread so a blocked read never
+    keeps the process alive, and so Ctrl-C still works while we wait for one."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._lines: asyncio.Queue[str | None] = asyncio.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            line = sys.stdin.readline()
+            self._loop.call_soon_threadsafe(self._lines.put_nowait, line or None)
+            if not line:
+                return
+
+    async def line(self) -> str | None:
+        """The next line, or None at the end of input."""
+        return await self._lines.get()
+
+
+@dataclass
+class Session:
+    rt: Runtime
+    task_id: str
+    console: Console
+    flags: list[str]
+    interrupts: int = 0
+    stopping: list[asyncio.Future[Any]] = field(default_factory=list)
+    interrupted: asyncio.Event = field(default_factory=asyncio.Event)
+    stdin: _Stdin | None = None
+    transcript: Transcript = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.transcript = Transcript(self.console)
+
+    def on_sigint(self) -> None:
+        self.interrupts += 1
+        self.interrupted.set()
+        if self.task_id:  # else: acted on as soon as the task exists
+            self.act()
+
+    def act(self) -> None:
+        """Pause on the first Ctrl-C, abort on the second."""
+        self.transcript.end_line()
+        if self.interrupts == 1:
+            self.console.print(
+                f"[yellow]Pausing at the next safe point (running tools get up to "
+                f"{TOOL_GRACE:.0f} s)… press Ctrl-C again to abort.[/]"
+            )
+            self._control(self.rt.pause(self.task_id))
+        elif self.interrupts == 2:
+            self.console.print("[red]Aborting…[/]")
+            self._control(self.rt.abort(self.task_id, reason="aborted from the terminal (Ctrl-C)"))
+            # A third Ctrl-C is the default one: it stops this process at once.
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGINT)
+
+    def _control(self, call: Awaitable[Task]) -> None:
+        async def quietly() -> None:
+            # The task may have ended or paused meanwhile; its final state is shown anyway.
+            with contextlib.suppress(DuragentError):
+                await call
+
+        self.stopping.append(asyncio.ensure_future(quietly()))
+
+    async def follow(self, after_seq: int) -> Task:
+        """Show entries as they are committed until the task stops running."""
+        transcript = self.transcript
+        seq = after_seq
+        while True:
+            batch = await self.rt.store.entries(self.task_id, after_seq=seq, limit=500)
+            for entry in batch:
+                seq = entry.seq
+                transcript.show(entry)
+            if batch:
+                continue
+            task = await self.rt.get(self.task_id)
+            if task.last_seq > seq:
+                continue
+            if task.status in (TaskStatus.PENDING, TaskStatus.RUNNING):
+                await self.rt.store.wait_for_change(0.5)
+            elif task.status is TaskStatus.WAITING:
+                if task.status_reason == "input" and not self.interrupts:
+                    if not await self._answer(task):
+                        break
+                else:  # a timer or a sub-task: the worker wakes it
+                    await self.rt.store.wait_for_change(0.5)
+            else:
+                break
+        for job in self.stopping:
+            await job
+        for entry in await self.rt.store.entries(self.task_id, after_seq=seq):
+            transcript.show(entry)
+        transcript.end_line()
+        return await self.rt.get(self.task_id)
+
+    async def _answer(self, task: Task) -> bool:
+        """Ask the user what the task waits for; False if there is no one to ask."""
+        waits = {
+            cid: w
+            for cid, w in (await open_waits(self.rt.store, task)).items()
+            if w["wait"] in ("approval", "input")
+        }
+        for call_id, wait in waits.items():
+            approval = wait["wait"] == "approval"
+            question = wait.get("question", "")
+            prompt = f"{question} [y/N] " if approval else f"{question}\n> "
+            self.transcript.end_line()
+            self.console.print(f"[bold magenta]? {escape(prompt)}[/]", end="")
+            line = await self._read_line()
+            if line is None or not sys.stdin.isatty():
+                self.console.print()  # the terminal echoed the Enter; a pipe did not
+            if line is None:
+                return False
+            if approval:
+                yes = line.strip().lower() in ("y", "yes")
+                reason = None if yes else "the user said no at the terminal"
+                await self.rt.respond(self.task_id, approve=yes, reason=reason, call_id=call_id)
+            else:
+                await self.rt.respond(self.task_id, answer=line.rstrip("\n"), call_id=call_id)
+        return True
+
+    async def _read_line(self) -> str | None:
+        if self.stdin is None:
+            self.stdin = _Stdin()
+        read = asyncio.ensure_future(self.stdin.line())
+        stop = asyncio.ensure_future(self.interrupted.wait())
+        try:
+            await asyncio.wait({read, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if not read.done():
+            read.cancel()
+            return None  # Ctrl-C: the pause shows what happens next
+        return read.result()
+
+    def summary(self, task: Task) -> int:
+        """Say how the task ended; the process's exit code."""
+        c, tid = self.console, task.id
+        tokens = f"{task.usage.input_tokens} in, {task.usage.output_tokens} out tokens"
+        hint = _continue_hint(tid, self.flags)
+        if task.status is TaskStatus.COMPLETED:
+            c.print(f"[green]✓ completed[/] task {tid} ({task.iterations} rounds; {tokens})")
+            return 0
+        if task.status is TaskStatus.PAUSED:
+            c.print(f"[yellow]⏸ paused[/] task {tid} ({tokens})")
+            c.print(f"Continue it with: {escape(hint)}")
+            return EXIT_INTERRUPTED if self.interrupts else 0
+        if task.status is TaskStatus.WAITING:
+            c.print(f"[magenta]… task {tid} waits for your answer.[/]")
+            c.print(f"Answer it with: {escape(hint)}")
+            return 0
+        if task.status is TaskStatus.ABORTED:
+            c.print(f"[red]✗ aborted[/] task {tid}: {escape(task.error or '')}")
+            return EXIT_INTERRUPTED if self.interrupts else 1
+        reason = f" ({task.status_reason})" if task.status_reason else ""
+        c.print(f"[red]✗ {task.status.value}{reason}[/] task {tid}: {escape(task.error or '')}")
+        if task.status is TaskStatus.BLOCKED:
+            c.print(f"Fix the cause, then: {escape(hint)}")
+        return 1
+
+
+async def _drive(
+    store: str,
+    model: ChatModel,
+    flags: list[str],
+    *,
+    start: str | None = None,
+    existing: str | None = None,
+    agent_name: str,
+    workdir: Path,
+    request_id: str | None,
+    max_iterations: int,
+) -> int:
+    # Soft wrap: a pipe gets whole lines (a hint to copy must not be cut in two).
+    console = Console(highlight=False, soft_wrap=True)
+    agent = run_agent(agent_name, model, max_iterations)
+    loop = asyncio.get_running_loop()
+    try:
+        async with Runtime(store, agents=[agent], lease_ttl=15.0, poll_interval=0.25) as rt:
+            session = Session(rt, existing or "", console, flags)
+            # Handle Ctrl-C from before the task exists: none is ever lost half-way.
+            loop.add_signal_handler(signal.SIGINT, session.on_sigint)
+            after = 0
+            if existing is None:
+                sub = await rt.submit(
+                    agent_name,
+                    start,
+                    request_id=request_id,
+                    context={WORKDIR_KEY: str(workdir.resolve())},
+                )
+                session.task_id = sub.task_id
+                console.print(f"task {sub.task_id}")
+                if not sub.created:  # the request id's task already exists: pick it up
+                    after = await _restart(rt, sub.task_id, console)
+                for n in range(1, session.interrupts + 1):  # Ctrl-C before the task existed
+                    session.interrupts = n
+                    session.act()
+            else:
+                after = await _restart(rt, existing, console)
+            task = await session.follow(after)
+            return session.summary(task)
+    finally:
+        with contextlib.suppress(ValueError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)
+        aclose = getattr(model, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+async def _restart(rt: Runtime, task_id: str, console: Console) -> int:
+    """Make the task runnable here; the seq to show entries after."""
+    task = await rt.get(task_id)
+    if task.status.terminal:
+        console.print(f"task {task.id} has ended; there is nothing to continue")
+        return task.last_seq
+    console.print(f"task {task.id} is {task.status.value}; continuing it")
+    if task.status in (TaskStatus.PAUSED, TaskStatus.BLOCKED):
+        await rt.resume(task_id)
+    elif task.status is TaskStatus.RUNNING and lease_alive(task):
+        console.print(
+            f"[yellow]• it is held by {escape(task.lease.owner or '?')} until "
+            f"{task.lease.expires_at:%H:%M:%S}; if that process is gone, this one takes "
+            "it over then.[/]"
+        )
+        rt.start_worker()
+    else:  # pending, waiting, or running with its worker gone
+        await rt.resume()
+    return task.last_seq
+
+
+def _go(make: Coroutine[Any, Any, int]) -> None:
+    """Run a command; a duragent error is a one-line message and exit code 1."""
+    try:
+        code = asyncio.run(make)
+    except DuragentError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
+    except ValueError as exc:  # a malformed store URL
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
+
+
+# --- the commands --------------------------------------------------------------------
+
+
+def _flags(model: str, base_url: str | None, api_key_env: str | None, store: str) -> list[str]:
+    flags = ["--model", model]
+    if base_url:
+        flags += ["--base-url", base_url]
+    if api_key_env:
+        flags += ["--api-key-env", api_key_env]
+    if store != DEFAULT_URL:
+        flags += ["--store", store]
+    return flags
+
+
+@app.command("run")
+def run_command(
+    text: str = typer.Argument(..., help="What the agent should do."),
+    model: str = typer.Option(
+        ..., "--model", "-m", help="provider:model, e.g. openai:gpt-4o-mini."
+    ),
+    base_url: str | None = BASE_URL,
+    api_key_env: str | None = API_KEY_ENV,
+    store: str = STORE,
+    agent_tools: str = typer.Option(
+        "default", "--agent-tools", help="Toolset: default, readonly or none."
+    ),
+    workdir: Path = typer.Option(
+        Path("."),
+        "--workdir",
+        exists=True,
+        file_okay=False,
+        help="The only directory the file tools may touch.",
+    ),
+    max_iterations: int = typer.Option(25, min=1, help="Rounds before the task fails."),
+    request_id: str | None = typer.Option(
+        None, help="Idempotency key: the same id returns the same task."
+    ),
+) -> None:
+    """Run an agent task here, streaming it. Ctrl-C pauses, twice aborts.
+
+    Exit code: 0 completed (or paused/waiting without Ctrl-C), 1 failed or
+    blocked, 130 stopped by Ctrl-C.
+    """
+
+    async def go() -> int:
+        toolset(agent_tools)  # an unknown name fails before anything starts
+        chat = build_model(model, base_url, api_key_env)
+        # The same request id names the same agent, so a rerun can run the task it finds.
+        token = (
+            hashlib.sha256(request_id.encode()).hexdigest()[:8]
+            if request_id
+            else uuid.uuid4().hex[:8]
+        )
+        return await _drive(
+            store,
+            chat,
+            _flags(model, base_url, api_key_env, store),
+            start=text,
+            agent_name=f"{AGENT_PREFIX}{agent_tools}-{token}",
+            workdir=workdir,
+            request_id=request_id,
+            max_iterations=max_iterations,
+        )
+
+    _go(go())
+
+
+@app.command("continue")
+def continue_command(
+    task_id: str = typer.Argument(..., help="The id `duragent run` printed."),
+    model: str | None = typer.Option(
+        None, "--model", "-m", help="The task's model (default: the one it started with)."
+    ),
+    base_url: str | None = BASE_URL,
+    api_key_env: str | None = API_KEY_ENV,
+    store: str = STORE,
+    max_iterations: int = typer.Option(25, min=1, help="Rounds before the task fails."),
+) -> None:
+    """Continue a task started by `duragent run` (paused, crashed or waiting), streaming it.
+
+    Exit code as for `run`.
+    """
+
+    async def go() -> int:
+        async with Runtime(store, run_worker=False) as rt:
+            task = await rt.get(task_id)
+        if not task.agent.startswith(AGENT_PREFIX):
+            raise UsageError(
+                f"task {task_id} runs agent {task.agent!r}, not one of `duragent run`; "
+                f"use `duragent resume {task_id}` and a worker that has that agent"
+            )
+        pinned = str((task.config.get("request") or {}).get("model") or "")
+        spec = model or pinned
+        if pinned and spec != pinned:
+            raise UsageError(
+                f"task {task_id} was started with --model {pinned}; its requests are pinned "
+                "to that model, so continue it with the same one"
+            )
+        chat = build_model(spec, base_url, api_key_env)
+        workdir = Path(str(task.context.get(WORKDIR_KEY) or "."))
+        return await _drive(
+            store,
+            chat,
+            _flags(spec, base_url, api_key_env, store),
+            existing=task_id,
+            agent_name=task.agent,
+            workdir=workdir,
+            request_id=None,
+            max_iterations=max_iterations,
+        )
+
+    _go(go())

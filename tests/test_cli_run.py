@@ -1,0 +1,397 @@
+"""`duragent run` and `duragent continue` as real processes, against a local server
+that speaks the OpenAI streaming wire format: tools, Ctrl-C to pause and to abort,
+approvals typed at the terminal, and the API key kept out of every output."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from duragent.store import open_store
+from duragent.types import EntryKind, Task, TaskStatus
+from llm_servers import Answer, ScriptedOpenAIServer, ToolCall
+
+SECRET = "sk-test-SECRET-123"
+KEY_ENV = "DURAGENT_TEST_KEY"
+MODEL = "openai:gpt-4o-mini"
+Serve = Callable[..., ScriptedOpenAIServer]
+
+
+class Cli:
+    """A `duragent` process whose output is collected as it comes."""
+
+    def __init__(self, *args: str, stdin: int = subprocess.DEVNULL) -> None:
+        env = {**os.environ, KEY_ENV: SECRET, "PYTHONUNBUFFERED": "1", "COLUMNS": "100"}
+        for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+            env.pop(var, None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "duragent", *args],
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        self._out = bytearray()
+        self._err = b""
+        self._cond = threading.Condition()
+        self._closed = False
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while chunk := os.read(fd, 4096):
+            with self._cond:
+                self._out += chunk
+                self._cond.notify_all()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def out(self) -> str:
+        with self._cond:
+            return self._out.decode(errors="replace")
+
+    def wait_for(self, text: str, timeout: float = 30.0) -> str:
+        """Until `text` was printed; all output so far."""
+        with self._cond:
+            ok = self._cond.wait_for(lambda: text.encode() in self._out or self._closed, timeout)
+        if not ok or text not in self.out:
+            self.proc.kill()
+            raise AssertionError(f"{text!r} never printed; output:\n{self.out}\n{self.err()}")
+        return self.out
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode())
+        self.proc.stdin.flush()
+
+    def interrupt(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+
+    def err(self) -> str:
+        if self.proc.poll() is None:
+            return ""
+        assert self.proc.stderr is not None
+        self._err += self.proc.stderr.read()
+        return self._err.decode(errors="replace")
+
+    def finish(self, timeout: float = 60.0) -> tuple[int, str, str]:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"still running after {timeout}s; output:\n{self.out}") from None
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed, 10)
+        return self.proc.returncode, self.out, self.err()
+
+
+@pytest.fixture
+def serve() -> Iterator[Serve]:
+    servers: list[ScriptedOpenAIServer] = []
+
+    def start(turns: Any, **options: Any) -> ScriptedOpenAIServer:
+        server = ScriptedOpenAIServer(turns, answer_by="history", **options)
+        servers.append(server.start())  # type: ignore[arg-type]
+        return server
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("hello from the notes\n")
+    return work
+
+
+def run_args(server: ScriptedOpenAIServer, store: str, workdir: Path, text: str) -> list[str]:
+    return [
+        "run",
+        text,
+        "--model",
+        MODEL,
+        "--base-url",
+        server.base_url,
+        "--api-key-env",
+        KEY_ENV,
+        "--store",
+        store,
+        "--workdir",
+        str(workdir),
+    ]
+
+
+def task_id_in(out: str) -> str:
+    found = re.search(r"^task (t_\w+)$", out, re.MULTILINE)
+    assert found, out
+    return found.group(1)
+
+
+def continue_hint(out: str) -> list[str]:
+    """The arguments of the `duragent continue ...` line the CLI printed."""
+    found = re.search(r"^\w[\w ]*: duragent (continue .*)$", out, re.MULTILINE)
+    assert found, out
+    return found.group(1).split()
+
+
+async def stored(store: str, task_id: str) -> tuple[Task, list[Any]]:
+    s = open_store(store)
+    try:
+        return await s.get_task(task_id), await s.entries(task_id)
+    finally:
+        await s.close()
+
+
+def store_bytes(tmp_path: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("cli.db"))
+
+
+# --- a task from start to end ------------------------------------------------------------
+
+
+async def test_run_streams_a_task_with_tools_to_completion(
+    serve: Serve, workdir: Path, tmp_path: Path
+) -> None:
+    server = serve(
+        [
+            Answer(
+                "Let me look at your files.",
+                [ToolCall("list_dir", {"path": "."}), ToolCall("read_file", {"path": "notes.txt"})],
+                input_tokens=40,
+                output_tokens=12,
+            ),
+            Answer("Your notes say hello.", input_tokens=90, output_tokens=6),
+        ]
+    )
+    store = f"sqlite:///{tmp_path}/cli.db"
+
+    code, out, err = Cli(*run_args(server, store, workdir, "Summarise my notes")).finish()
+
+    assert code == 0, out + err
+    task_id = task_id_in(out)
+    assert "Let me look at your files." in out
+    assert "⚙ list_dir(path='.')" in out and "⚙ read_file(path='notes.txt')" in out
+    assert "✓ read_file ok: hello from the notes" in out
+    assert "Your notes say hello." in out
+    assert f"✓ completed task {task_id} (2 rounds; 130 in, 18 out tokens)" in out
+    task, entries = await stored(store, task_id)
+    assert task.status is TaskStatus.COMPLETED and task.output == "Your notes say hello."
+    results = {
+        e.payload["tool_call_id"]: e.payload["content"]
+        for e in entries
+        if e.kind is EntryKind.TOOL_RESULT
+    }
+    assert results["call_0_1"] == "hello from the notes\n"  # the tool really read the file
+    assert "notes.txt" in results["call_0_0"]
+    # The key went to the server, and nowhere else.
+    assert server.requests[0].headers["authorization"] == f"Bearer {SECRET}"
+    assert SECRET not in out + err
+    assert SECRET.encode() not in store_bytes(tmp_path)
+
+
+async def test_file_tools_stay_inside_the_working_directory(
+    serve: Serve, workdir: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "secret.txt").write_text("not for the model")
+    server = serve(
+        [
+            [ToolCall("read_file", {"path": "../secret.txt"})],
+            "I may not read that file.",
+        ]
+    )
+    store = f"sqlite:///{tmp_path}/cli.db"
+
+    code, out, err = Cli(*run_args(server, store, workdir, "Read ../secret.txt")).finish()
+
+    assert code == 0, out + err
+    _, entries = await stored(store, task_id_in(out))
+    (result,) = [e.payload for e in entries if e.kind is EntryKind.TOOL_RESULT]
+    assert result["outcome"] == "error"
+    assert "outside the working directory" in result["content"]
+    assert "not for the model" not in out + str([e.payload for e in entries])
+
+
+def test_a_missing_key_variable_is_named(serve: Serve, workdir: Path, tmp_path: Path) -> None:
+    server = serve(["never asked"])
+    args = run_args(server, f"sqlite:///{tmp_path}/cli.db", workdir, "Hi")
+    args[args.index(KEY_ENV)] = "DURAGENT_TEST_NO_SUCH_KEY"
+
+    code, _, err = Cli(*args).finish()
+
+    assert code == 1
+    assert "DURAGENT_TEST_NO_SUCH_KEY: that environment variable is not set" in err
+    assert server.requests == []
+
+
+# --- Ctrl-C ------------------------------------------------------------------------------
+
+
+async def test_ctrl_c_mid_stream_pauses_and_continue_finishes(
+    serve: Serve, workdir: Path, tmp_path: Path
+) -> None:
+    answer = "Here is a long answer that streams slowly, piece by piece, to the end."
+    server = serve([Answer(answer, input_tokens=30, output_tokens=15)], chunk_delay=0.05)
+    server.stall_next(after=8)  # the first answer stops half-way until the client goes
+    store = f"sqlite:///{tmp_path}/cli.db"
+
+    cli = Cli(*run_args(server, store, workdir, "Say something long"))
+    task_id = task_id_in(cli.wait_for("task t_"))
+    server.wait_stalled()
+    cli.wait_for(answer[:8])  # the streamed text is on the screen
+    cli.interrupt()
+    code, out, err = cli.finish()
+
+    assert code == 130, out + err
+    assert "Pausing at the next safe point" in out
+    assert f"⏸ paused task {task_id}" in out
+    hint = continue_hint(out)
+    assert hint[:2] == ["continue", task_id] and SECRET not in out + err
+    server.wait_hangups(1)  # the model's stream was cut when the task paused
+    task, _ = await stored(store, task_id)
+    assert task.status is TaskStatus.PAUSED and task.output is None
+
+    # Continuing with another model is refused: the task's requests are pinned.
+    other = [*hint]
+    other[other.index("--model") + 1] = "openai:gpt-4.1"
+    code, _, err = Cli(*other).finish()
+    assert code == 1 and f"was started with --model {MODEL}" in err
+
+    code, out, err = Cli(*hint).finish()
+
+    assert code == 0, out + err
+    assert "The model's answer was interrupted; asking again." in out
+    assert answer in out
+    assert f"✓ completed task {task_id}" in out
+    task, _ = await stored(store, task_id)
+    assert task.status is TaskStatus.COMPLETED and task.output == answer
+    assert (task.usage.input_tokens, task.usage.output_tokens) == (30, 15)
+    first, again = server.requests
+    assert again.body == first.body  # the same question, asked again
+
+
+def black_hole() -> socket.socket:
+    """A listening socket that takes connections and never answers."""
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(8)
+    hole.settimeout(30)
+    return hole
+
+
+async def test_a_second_ctrl_c_aborts_while_a_tool_still_runs(
+    serve: Serve, workdir: Path, tmp_path: Path
+) -> None:
+    with black_hole() as hole:
+        url = "http://{}:{}/slow".format(*hole.getsockname())
+        server = serve([Answer("Fetching it.", [ToolCall("http_get", {"url": url})])])
+        store = f"sqlite:///{tmp_path}/cli.db"
+
+        cli = Cli(*run_args(server, store, workdir, "Fetch the slow page"))
+        task_id = task_id_in(cli.wait_for("⚙ http_get"))
+        conn, _ = hole.accept()  # the tool is waiting for an answer that never comes
+        with conn:
+            started = time.monotonic()
+            cli.interrupt()
+            cli.wait_for("press Ctrl-C again to abort")
+            cli.interrupt()
+            code, out, err = cli.finish()
+
+    assert code == 130, out + err
+    assert "Aborting" in out and f"✗ aborted task {task_id}" in out
+    assert time.monotonic() - started < 30  # not the tool's own timeout
+    task, entries = await stored(store, task_id)
+    assert task.status is TaskStatus.ABORTED
+    (result,) = [e.payload for e in entries if e.kind is EntryKind.TOOL_RESULT]
+    assert result["outcome"] == "interrupted"
+
+
+# --- asking the user ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("answer", ["y", "n"])
+async def test_writing_a_file_waits_for_the_users_yes(
+    serve: Serve, workdir: Path, tmp_path: Path, answer: str
+) -> None:
+    call = ToolCall("write_file", {"path": "out/hello.txt", "content": "written by the agent"})
+    server = serve([Answer("I'll write it.", [call]), "Finished."])
+    store = f"sqlite:///{tmp_path}/cli.db"
+
+    cli = Cli(*run_args(server, store, workdir, "Write hello.txt"), stdin=subprocess.PIPE)
+    cli.wait_for("[y/N] ")
+    assert not (workdir / "out").exists()  # nothing written before the answer
+    cli.send(answer + "\n")
+    code, out, err = cli.finish()
+
+    assert code == 0, out + err
+    assert "? Approve write_file(" in out
+    task, entries = await stored(store, task_id_in(out))
+    assert task.status is TaskStatus.COMPLETED
+    (result,) = [e.payload for e in entries if e.kind is EntryKind.TOOL_RESULT]
+    if answer == "y":
+        assert (workdir / "out/hello.txt").read_text() == "written by the agent"
+        assert result["outcome"] == "ok"
+    else:
+        assert not (workdir / "out").exists()
+        assert result["outcome"] == "denied"
+
+
+async def test_with_no_one_to_answer_the_task_waits_for_continue(
+    serve: Serve, workdir: Path, tmp_path: Path
+) -> None:
+    call = ToolCall("write_file", {"path": "later.txt", "content": "approved later"})
+    server = serve([[call], "Written."])
+    store = f"sqlite:///{tmp_path}/cli.db"
+
+    code, out, err = Cli(*run_args(server, store, workdir, "Write later.txt")).finish()
+
+    assert code == 0, out + err
+    task_id = task_id_in(out)
+    assert f"task {task_id} waits for your answer" in out
+    task, _ = await stored(store, task_id)
+    assert task.status is TaskStatus.WAITING and not (workdir / "later.txt").exists()
+
+    cli = Cli(*continue_hint(out), stdin=subprocess.PIPE)
+    cli.wait_for("[y/N] ")
+    cli.send("yes\n")
+    code, out, err = cli.finish()
+
+    assert code == 0, out + err
+    assert (workdir / "later.txt").read_text() == "approved later"
+    task, _ = await stored(store, task_id)
+    assert task.status is TaskStatus.COMPLETED and task.output == "Written."
+
+
+async def test_the_same_request_id_returns_the_same_task(
+    serve: Serve, workdir: Path, tmp_path: Path
+) -> None:
+    server = serve(["Done once."])
+    store = f"sqlite:///{tmp_path}/cli.db"
+    args = [*run_args(server, store, workdir, "Do it once"), "--request-id", "job-42"]
+
+    code, first, err = Cli(*args).finish()
+    assert code == 0, first + err
+    code, again, err = Cli(*args).finish()
+
+    assert code == 0, again + err
+    task_id = task_id_in(first)
+    assert task_id_in(again) == task_id
+    assert f"task {task_id} has ended; there is nothing to continue" in again
+    assert f"✓ completed task {task_id}" in again
+    assert len(server.requests) == 1  # the model was asked once
