@@ -21,8 +21,8 @@ from duragent import (
     Turn,
     tool,
 )
-from duragent.errors import ModelError, RetryableModelError, UnknownAgent
-from duragent.llm.base import Finish, ModelRequest, StreamEvent, TextDelta
+from duragent.errors import MalformedModelOutput, ModelError, RetryableModelError, UnknownAgent
+from duragent.llm.base import Finish, ModelRequest, StreamEvent, TextDelta, UsageDelta
 from duragent.types import AssistantMessage, EntryKind, ToolMessage, UIText, UIToolCard
 
 
@@ -439,3 +439,60 @@ def test_run_sync_for_scripts(tmp_path: Path) -> None:
     task = rt.run_sync("a", "x", timeout=10)
     assert task.output == "sync ok"
     assert json.loads(task.model_dump_json())["status"] == "completed"
+
+
+class UsageThenFailModel:
+    """Reports usage, then breaks with `error`; answers on the next call."""
+
+    name = "usage-then-fail"
+
+    def __init__(self, error: Exception) -> None:
+        self.error: Exception | None = error
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        yield UsageDelta(input_tokens=100, output_tokens=7)
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise err
+        yield TextDelta("fine now")
+        yield Finish("stop")
+
+
+async def test_a_garbled_stream_is_asked_again_and_its_tokens_counted(url: str) -> None:
+    model = UsageThenFailModel(MalformedModelOutput("the stream had an unparseable event"))
+    async with Runtime(url, agents=[Agent(name="a", model=model, retry_base_delay=0.01)]) as rt:
+        task = await (await rt.submit("a", "x")).wait(10)
+    assert task.status is TaskStatus.COMPLETED and task.output == "fine now"
+    assert task.usage.input_tokens == 200 and task.usage.output_tokens == 14
+
+
+async def test_abort_cuts_a_pause_grace_period_short(url: str) -> None:
+    @tool
+    async def stuck() -> str:
+        """Never returns."""
+        await asyncio.sleep(3600)
+        return "unreachable"
+
+    agent = Agent(
+        name="a", model=ScriptedModel([[ToolCall("stuck")]]), tools=[stuck], tool_grace=3600
+    )
+    async with Runtime(url, agents=[agent]) as rt:
+        sub = await rt.submit("a", "go")
+        await wait_for_entry(rt, sub.task_id, EntryKind.TOOL_INTENT)
+        pausing = asyncio.ensure_future(rt.pause(sub.task_id))
+        await asyncio.sleep(0.05)
+        assert not pausing.done()  # waiting for the stuck tool
+        aborted = await asyncio.wait_for(rt.abort(sub.task_id), 10)
+        assert aborted.status is TaskStatus.ABORTED
+        with pytest.raises(InvalidTransition, match="'aborted' to 'paused'"):
+            await asyncio.wait_for(pausing, 10)
+        results = await rt.store.entries(sub.task_id, kinds=[EntryKind.TOOL_RESULT])
+        assert [r.payload["outcome"] for r in results] == ["interrupted"]
+
+
+async def test_model_options_reach_the_model_a_string_builds(url: str) -> None:
+    agent = Agent(name="a", model="scripted:demo", model_options={"final": "from options"})
+    async with Runtime(url, agents=[agent]) as rt:
+        task = await (await rt.submit("a", "x")).wait(10)
+    assert task.output == "from options"
+    assert "model_options" not in repr(agent)

@@ -451,3 +451,20 @@ async def test_wait_for_change_wakes_on_local_commit(store: Store) -> None:
     await asyncio.sleep(0)
     await store.commit(Commit(entries=[ui(task.id, "x")]))
     await asyncio.wait_for(waiter, 5)
+
+
+async def test_model_view_keeps_commit_order_across_many_interleaved_commits(store: Store) -> None:
+    a, b = await make(store), await make(store)
+    expected = []
+    for i in range(120):
+        msg = UserMessage(content=f"a{i}") if i % 2 else AssistantMessage(content=f"a{i}")
+        expected.append(f"a{i}")
+        await store.commit(
+            Commit(
+                entries=[api(b.id, UserMessage(content=f"b{i}")), ui(a.id, "noise"), api(a.id, msg)]
+            )
+        )
+    view = await store.model_view(a.id)
+    assert [m.content for m in view] == expected
+    assert [m.content for m in await store.model_view(b.id)] == [f"b{i}" for i in range(120)]
+    assert await store.model_view((await make(store)).id) == []

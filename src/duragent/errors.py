@@ -121,4 +121,7 @@ class RetryableModelError(ModelError):
 
 
 class MalformedModelOutput(ModelError):
-    """The model produced output that cannot be parsed (e.g. truncated tool arguments)."""
+    """The provider's stream could not be parsed (a garbled event). Asked again:
+    such corruption is usually transient (a proxy, a dropped byte)."""
+
+    retryable = True

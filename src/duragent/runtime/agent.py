@@ -24,6 +24,9 @@ class Agent:
     max_iterations: int = 25
     max_restarts: int = 3
     model_settings: dict[str, Any] = field(default_factory=dict)
+    # Options for the client a model string builds (base_url, api_key, timeout, ...).
+    # Never stored: credentials stay in the process.
+    model_options: dict[str, Any] = field(default_factory=dict, repr=False)
     progress_interval: float = 0.1  # seconds between progress commits while streaming
     tool_grace: float = 10.0  # how long a pause waits for running tools
     state_debounce: float = 1.0
@@ -52,7 +55,7 @@ class Agent:
     @property
     def chat_model(self) -> ChatModel:
         if self._model is None:
-            self._model = resolve_model(self.model)
+            self._model = resolve_model(self.model, **self.model_options)
         return self._model
 
     async def close_model(self) -> None:

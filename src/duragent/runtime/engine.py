@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from duragent.errors import Conflict, ModelError, RetryableModelError, StaleLease
+from duragent.errors import Conflict, ModelError, StaleLease
 from duragent.llm.base import ModelRequest, ResponseAssembler, TextDelta
 from duragent.runtime.agent import Agent
 from duragent.runtime.calls import Outcome, describe, parse_dt, render, run_call
@@ -105,7 +105,9 @@ class TaskRunner:
         )
         self.control: Control | None = None
         self._control_event = asyncio.Event()
+        self._abort_event = asyncio.Event()
         self._commit_lock = asyncio.Lock()
+        self._attempt: ResponseAssembler | None = None  # the model call in progress
         self._round_no = 0  # the round _round_api_seqs belongs to
         self._round_api_seqs: list[int] = []
         self._round_progress: list[int] = []
@@ -117,6 +119,8 @@ class TaskRunner:
         if self.control is None or control.action == "abort":
             self.control = control
             self._control_event.set()
+            if control.action == "abort":
+                self._abort_event.set()
 
     # --- commits ---
 
@@ -344,7 +348,9 @@ class TaskRunner:
                 return None
             try:
                 return stream.result()
-            except RetryableModelError as exc:
+            except ModelError as exc:
+                if not exc.retryable:
+                    raise
                 attempt += 1
                 if attempt > self.agent.model_retries:
                     raise ModelError(f"the model failed {attempt} times in a row: {exc}") from exc
@@ -362,8 +368,17 @@ class TaskRunner:
                 ]
                 if self._round_progress:
                     entries.insert(0, self._void_progress(r, "retry"))
-                await self.commit(entries)
+                # Tokens a failed attempt used are billed all the same: count them.
+                spent = self._attempt_usage
+                patch = {"usage": (self.task.usage + spent).model_dump()} if spent else None
+                await self.commit(entries, patch)
                 await asyncio.sleep(delay)
+
+    @property
+    def _attempt_usage(self) -> Any:
+        """Usage the last (failed) model attempt reported, if any."""
+        usage = self._attempt.usage if self._attempt is not None else None
+        return usage if usage and (usage.input_tokens or usage.output_tokens) else None
 
     def _void_progress(self, r: int, reason: str) -> NewEntry:
         marker = {
@@ -377,6 +392,7 @@ class TaskRunner:
 
     async def _stream_once(self, r: int) -> Any:
         assembler = ResponseAssembler()
+        self._attempt = assembler
         pending: list[str] = []
         last = time.monotonic()
         interval = self.agent.progress_interval
@@ -519,11 +535,26 @@ class TaskRunner:
     ) -> None:
         control = self.control or Control("pause")
         if control.action in ("pause", "release"):
-            # Let running tools finish (and commit their results) within the grace period.
-            done, pending = await asyncio.wait(pending_jobs, timeout=self.agent.tool_grace)
-            for job in done:
-                job.result()
-            pending_jobs = set(pending)
+            # Let running tools finish (and commit their results) within the grace
+            # period, unless an abort arrives meanwhile (a second Ctrl-C).
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.agent.tool_grace
+            aborting = asyncio.ensure_future(self._abort_event.wait())
+            waiting: set[asyncio.Future[Any]] = set(pending_jobs)
+            try:
+                while waiting and not aborting.done() and loop.time() < deadline:
+                    done, _ = await asyncio.wait(
+                        waiting | {aborting},
+                        timeout=deadline - loop.time(),
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                    for job in done - {aborting}:
+                        job.result()
+                    waiting -= done
+            finally:
+                aborting.cancel()
+            pending_jobs = {j for j in pending_jobs if not j.done()}
+            control = self.control or control
         for job in pending_jobs:
             job.cancel()
         entries = []

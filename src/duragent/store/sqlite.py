@@ -42,6 +42,7 @@ from duragent.store.sqlite_schema import Durability, connect, migrate
 from duragent.store.sqlite_tx import RowCache, SqliteTx, row_document, row_task
 from duragent.store.tx import apply_claim, apply_commit, apply_create, apply_release, apply_renew
 from duragent.types import (
+    API_MESSAGES,
     ApiMessage,
     Document,
     Entry,
@@ -315,16 +316,27 @@ class SQLiteStore:
         return await self._read(read)  # type: ignore[no-any-return]
 
     async def model_view(self, task_id: str) -> list[ApiMessage]:
-        marks = ", ".join("?" * len(VIEW_KINDS))
-        sql = (
-            f"SELECT seq, kind, payload FROM entries WHERE task_id=? AND kind IN ({marks})"
-            " ORDER BY seq"
-        )
-        return await self._read(  # type: ignore[no-any-return]
-            lambda conn: build_model_view(
-                (r[0], r[1], r[2]) for r in conn.execute(sql, (task_id, *VIEW_KINDS))
+        def read(conn: sqlite3.Connection) -> list[ApiMessage]:
+            marks = ", ".join("?" * len(VIEW_KINDS))
+            voids = conn.execute(
+                "SELECT 1 FROM entries WHERE task_id=? AND kind=? LIMIT 1",
+                (task_id, EntryKind.ROLLBACK.value),
+            ).fetchone()
+            if voids is None:
+                # Nothing voided: let SQLite join the payloads into one JSON array,
+                # parsed in one call (the common case; resume stays fast).
+                row = conn.execute(
+                    _JOINED_VIEW.format(marks=marks), (task_id, *VIEW_KINDS)
+                ).fetchone()
+                return API_MESSAGES.validate_json(row[0])
+            sql = (
+                f"SELECT seq, kind, payload FROM entries WHERE task_id=? AND kind IN ({marks})"
+                " ORDER BY seq"
             )
-        )
+            rows = conn.execute(sql, (task_id, *VIEW_KINDS))
+            return build_model_view((r[0], r[1], r[2]) for r in rows)
+
+        return await self._read(read)  # type: ignore[no-any-return]
 
     async def ui_messages(self, task_id: str) -> list[UiMessage]:
         sql = "SELECT seq, payload FROM entries WHERE task_id=? AND kind=? ORDER BY seq"
@@ -392,6 +404,22 @@ class SQLiteStore:
     async def wait_for_change(self, timeout: float) -> None:
         # Other processes' commits are not signalled; the bounded poll covers them.
         await self._changed().wait(min(timeout, self.poll_interval))
+
+
+# The payloads of a task's view as one JSON array text, in seq order. SQLite
+# guarantees the order with `group_concat(... ORDER BY ...)` from 3.44; before
+# that, an ORDER BY subquery feeding an aggregate is never flattened, so its
+# rows reach group_concat in order.
+if sqlite3.sqlite_version_info >= (3, 44):
+    _JOINED_VIEW = (
+        "SELECT '[' || coalesce(group_concat(payload, ',' ORDER BY seq), '') || ']'"
+        " FROM entries WHERE task_id=? AND kind IN ({marks})"
+    )
+else:
+    _JOINED_VIEW = (
+        "SELECT '[' || coalesce(group_concat(payload, ','), '') || ']' FROM"
+        " (SELECT payload FROM entries WHERE task_id=? AND kind IN ({marks}) ORDER BY seq)"
+    )
 
 
 def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
