@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
 import pytest
 
 from duragent.errors import StoreCorrupt, StoreVersionError
-from duragent.store import SCHEMA_VERSION, open_store
+from duragent.store import Commit, open_store
 from duragent.store.sqlite import SQLiteStore
-from duragent.types import Task
+from duragent.store.sqlite_schema import MIGRATIONS, SQLITE_SCHEMA_VERSION
+from duragent.types import NewEntry, Task
 
 
 async def test_newer_schema_version_is_refused_naming_both_versions(tmp_path: Path) -> None:
@@ -23,7 +25,7 @@ async def test_newer_schema_version_is_refused_naming_both_versions(tmp_path: Pa
     conn.close()
     with pytest.raises(StoreVersionError) as info:
         open_store(f"sqlite:///{path}")
-    assert "99" in str(info.value) and str(SCHEMA_VERSION) in str(info.value)
+    assert "99" in str(info.value) and str(SQLITE_SCHEMA_VERSION) in str(info.value)
     conn = sqlite3.connect(path)
     assert conn.execute("SELECT value FROM meta").fetchone()[0] == "99"  # untouched
 
@@ -36,7 +38,7 @@ async def test_older_store_is_migrated_on_open(tmp_path: Path) -> None:
     await store.create_task(Task(agent="a"))
     await store.close()
     again = open_store(f"sqlite:///{path}")
-    assert isinstance(again, SQLiteStore) and again.migrated_from == SCHEMA_VERSION
+    assert isinstance(again, SQLiteStore) and again.migrated_from == SQLITE_SCHEMA_VERSION
     await again.close()
 
 
@@ -65,3 +67,66 @@ def test_unknown_durability_is_refused(tmp_path: Path) -> None:
 def test_unknown_scheme_names_the_choices() -> None:
     with pytest.raises(ValueError, match="sqlite:///"):
         open_store("mongodb://x")
+
+
+async def test_a_version_1_store_with_data_is_migrated_losing_nothing(tmp_path: Path) -> None:
+    """Build a real version-1 file (its DDL, its text kinds), fill it, open it with this code."""
+    path = tmp_path / "v1.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    for ddl in MIGRATIONS[1]:
+        conn.execute(ddl)
+    conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    conn.commit()
+    conn.close()
+    # Fill it through SQL the version-1 schema accepts (text task ids and kinds).
+    tasks = [Task(agent="a", owner="o", request_id=f"r{i}", input=f"in {i}") for i in range(3)]
+    conn = sqlite3.connect(path)
+    for i, t in enumerate(tasks):
+        conn.execute(
+            "INSERT INTO tasks (id, owner, request_id, agent, status, created_at, updated_at,"
+            " last_seq, data, input) VALUES (?, ?, ?, ?, 'pending', ?, ?, 2, ?, ?)",
+            (
+                t.id,
+                t.owner,
+                t.request_id,
+                t.agent,
+                1000.0 + i,
+                1000.0 + i,
+                t.model_copy(update={"last_seq": 2}).model_dump_json(exclude={"input"}),
+                f'"in {i}"',
+            ),
+        )
+        conn.execute(
+            "INSERT INTO entries VALUES (?, 1, 'api_message', 1, ?, 1000.0)",
+            (t.id, json.dumps({"role": "user", "content": f"hello {i}"})),
+        )
+        conn.execute(
+            "INSERT INTO entries VALUES (?, 2, 'ui_message', 1, ?, 1000.5)",
+            (t.id, json.dumps({"type": "notice", "message": f"n{i}"})),
+        )
+    conn.commit()
+    conn.close()
+
+    store = open_store(f"sqlite:///{path}")
+    assert isinstance(store, SQLiteStore) and store.migrated_from == 1
+    for i, t in enumerate(tasks):
+        loaded = await store.get_task(t.id)
+        assert loaded.input == f"in {i}" and loaded.last_seq == 2
+        entries = await store.entries(t.id)
+        assert [(e.seq, e.kind.value) for e in entries] == [(1, "api_message"), (2, "ui_message")]
+        assert [m.content for m in await store.model_view(t.id)] == [f"hello {i}"]  # type: ignore[union-attr]
+    again, created = await store.create_task(Task(agent="a", owner="o", request_id="r1"))
+    assert not created and again.id == tasks[1].id  # the request-id index survived
+    fresh, _ = await store.create_task(Task(agent="a"))
+    await store.commit(
+        Commit(
+            entries=[
+                NewEntry(
+                    task_id=fresh.id, kind="ui_message", payload={"type": "notice", "message": "x"}
+                )
+            ]
+        )
+    )
+    assert len(await store.entries(fresh.id)) == 1
+    await store.close()

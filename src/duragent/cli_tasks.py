@@ -348,21 +348,23 @@ def export(
 def migrate(store: str = STORE) -> None:
     """Open the store, bringing its schema to this duragent's version; report before/after."""
 
-    async def go() -> int | None:
+    async def go() -> tuple[int | None, int]:
         s = open_store(store)  # file stores migrate on opening, servers on open()
         await s.open()
         try:
             found = getattr(s, "migrated_from", None)
-            return found if isinstance(found, int) else None
+            # Each backend has its own schema history.
+            current = getattr(s, "schema_version", SCHEMA_VERSION)
+            return (found if isinstance(found, int) else None), int(current)
         finally:
             await s.close()
 
-    before = _run(go)
+    before, after = _run(go)
     console = _console()
     if before is None:
-        console.print(f"schema version: {SCHEMA_VERSION} (this backend has no migrations)")
-    elif before == SCHEMA_VERSION:
-        console.print(f"schema version before: {before}, after: {SCHEMA_VERSION} (up to date)")
+        console.print(f"schema version: {after} (this backend has no migrations)")
+    elif before == after:
+        console.print(f"schema version before: {before}, after: {after} (up to date)")
     else:
         was = "new store" if before == 0 else "migrated"
-        console.print(f"schema version before: {before}, after: {SCHEMA_VERSION} ({was})")
+        console.print(f"schema version before: {before}, after: {after} ({was})")

@@ -38,7 +38,14 @@ from duragent.store.base import (
     from_ts,
     ts_to_dt,
 )
-from duragent.store.sqlite_schema import Durability, connect, migrate
+from duragent.store.sqlite_schema import (
+    KIND_CODES,
+    KINDS_BY_CODE,
+    SQLITE_SCHEMA_VERSION,
+    Durability,
+    connect,
+    migrate,
+)
 from duragent.store.sqlite_tx import RowCache, SqliteTx, row_document, row_task
 from duragent.store.tx import apply_claim, apply_commit, apply_create, apply_release, apply_renew
 from duragent.types import (
@@ -87,10 +94,12 @@ class SQLiteStore:
         self.jobs_done = 0
         self._writer_conn = connect(path, durability)
         self.migrated_from = migrate(self._writer_conn, path)
+        self.schema_version = SQLITE_SCHEMA_VERSION
         self._reader_conn = connect(path, durability)
         self._pending: list[_Job] = []
         self._flushing = False
         self._rows = RowCache()
+        self._nums: dict[str, int] = {}  # task id -> its number in the entries table
         self._signal: ChangeSignal | None = None
         self._closed = False
 
@@ -162,13 +171,15 @@ class SQLiteStore:
         outcomes: list[tuple[bool, Any]] = []
         try:
             written: dict[str, Task] = {}
+            numbered: dict[str, int] = {}
             for job in batch:
                 conn.execute("SAVEPOINT job")
-                tx = SqliteTx(conn, self._rows)
+                tx = SqliteTx(conn, self._rows, self._nums)
                 try:
                     outcomes.append((True, job.fn(tx)))
                     conn.execute("RELEASE job")
                     written.update(tx.written)
+                    numbered.update(tx.new_nums)
                 except Exception as exc:  # the job's own failure: undo only this job
                     conn.execute("ROLLBACK TO job")
                     conn.execute("RELEASE job")
@@ -178,10 +189,12 @@ class SQLiteStore:
             conn.execute("COMMIT")
             for task in written.values():
                 self._rows.put(task)
+            self._nums.update(numbered)
         except Exception as exc:  # the transaction itself failed: nothing was written
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             self._rows.rows.clear()
+            self._nums.clear()
             outcomes = [(False, _translate(exc))] * len(batch)
         self.batches += 1
         self.jobs_done += len(batch)
@@ -289,12 +302,12 @@ class SQLiteStore:
         kinds: Iterable[EntryKind] | None = None,
         limit: int | None = None,
     ) -> list[Entry]:
-        sql = "SELECT * FROM entries WHERE task_id=? AND seq>?"
+        sql = f"SELECT * FROM entries WHERE task_num={_NUM} AND seq>?"
         params: list[Any] = [task_id, after_seq]
         if kinds is not None:
-            names = [EntryKind(k).value for k in kinds]
-            sql += " AND kind IN (" + ", ".join("?" * len(names)) + ")"
-            params.extend(names)
+            codes = [KIND_CODES[EntryKind(k)] for k in kinds]
+            sql += " AND kind IN (" + ", ".join("?" * len(codes)) + ")"
+            params.extend(codes)
         sql += " ORDER BY seq"
         if limit is not None:
             sql += " LIMIT ?"
@@ -303,9 +316,9 @@ class SQLiteStore:
         def read(conn: sqlite3.Connection) -> list[Entry]:
             return [
                 Entry(
-                    task_id=r["task_id"],
+                    task_id=task_id,
                     seq=r["seq"],
-                    kind=EntryKind(r["kind"]),
+                    kind=KINDS_BY_CODE[r["kind"]],
                     round=r["round"],
                     payload=json.loads(r["payload"]),
                     created_at=ts_to_dt(r["created_at"]),
@@ -318,32 +331,30 @@ class SQLiteStore:
     async def model_view(self, task_id: str) -> list[ApiMessage]:
         def read(conn: sqlite3.Connection) -> list[ApiMessage]:
             marks = ", ".join("?" * len(VIEW_KINDS))
+            codes = [KIND_CODES[EntryKind(k)] for k in VIEW_KINDS]
             voids = conn.execute(
-                "SELECT 1 FROM entries WHERE task_id=? AND kind=? LIMIT 1",
-                (task_id, EntryKind.ROLLBACK.value),
+                f"SELECT 1 FROM entries WHERE task_num={_NUM} AND kind=? LIMIT 1",
+                (task_id, KIND_CODES[EntryKind.ROLLBACK]),
             ).fetchone()
             if voids is None:
                 # Nothing voided: let SQLite join the payloads into one JSON array,
                 # parsed in one call (the common case; resume stays fast).
-                row = conn.execute(
-                    _JOINED_VIEW.format(marks=marks), (task_id, *VIEW_KINDS)
-                ).fetchone()
+                row = conn.execute(_JOINED_VIEW.format(marks=marks), (task_id, *codes)).fetchone()
                 return API_MESSAGES.validate_json(row[0])
             sql = (
-                f"SELECT seq, kind, payload FROM entries WHERE task_id=? AND kind IN ({marks})"
-                " ORDER BY seq"
+                f"SELECT seq, kind, payload FROM entries WHERE task_num={_NUM}"
+                f" AND kind IN ({marks}) ORDER BY seq"
             )
-            rows = conn.execute(sql, (task_id, *VIEW_KINDS))
-            return build_model_view((r[0], r[1], r[2]) for r in rows)
+            rows = conn.execute(sql, (task_id, *codes))
+            return build_model_view((r[0], KINDS_BY_CODE[r[1]], r[2]) for r in rows)
 
         return await self._read(read)  # type: ignore[no-any-return]
 
     async def ui_messages(self, task_id: str) -> list[UiMessage]:
-        sql = "SELECT seq, payload FROM entries WHERE task_id=? AND kind=? ORDER BY seq"
+        sql = f"SELECT seq, payload FROM entries WHERE task_num={_NUM} AND kind=? ORDER BY seq"
+        code = KIND_CODES[EntryKind.UI_MESSAGE]
         return await self._read(  # type: ignore[no-any-return]
-            lambda conn: build_ui_view(
-                (r[0], r[1]) for r in conn.execute(sql, (task_id, EntryKind.UI_MESSAGE.value))
-            )
+            lambda conn: build_ui_view((r[0], r[1]) for r in conn.execute(sql, (task_id, code)))
         )
 
     async def get_document(self, scope: str, key: str) -> Document | None:
@@ -395,7 +406,8 @@ class SQLiteStore:
             if not doomed:
                 raise TaskNotFound(task_id)
             for tid in doomed:
-                conn.execute("DELETE FROM entries WHERE task_id=?", (tid,))
+                conn.execute(f"DELETE FROM entries WHERE task_num={_NUM}", (tid,))
+                self._nums.pop(tid, None)
                 conn.execute("DELETE FROM documents WHERE scope=?", (f"task:{tid}",))
                 conn.execute("DELETE FROM tasks WHERE id=?", (tid,))
 
@@ -406,6 +418,9 @@ class SQLiteStore:
         await self._changed().wait(min(timeout, self.poll_interval))
 
 
+# A task's number from its id, inside a query.
+_NUM = "(SELECT num FROM tasks WHERE id=?)"
+
 # The payloads of a task's view as one JSON array text, in seq order. SQLite
 # guarantees the order with `group_concat(... ORDER BY ...)` from 3.44; before
 # that, an ORDER BY subquery feeding an aggregate is never flattened, so its
@@ -413,12 +428,13 @@ class SQLiteStore:
 if sqlite3.sqlite_version_info >= (3, 44):
     _JOINED_VIEW = (
         "SELECT '[' || coalesce(group_concat(payload, ',' ORDER BY seq), '') || ']'"
-        " FROM entries WHERE task_id=? AND kind IN ({marks})"
+        " FROM entries WHERE task_num=(SELECT num FROM tasks WHERE id=?) AND kind IN ({marks})"
     )
 else:
     _JOINED_VIEW = (
         "SELECT '[' || coalesce(group_concat(payload, ','), '') || ']' FROM"
-        " (SELECT payload FROM entries WHERE task_id=? AND kind IN ({marks}) ORDER BY seq)"
+        " (SELECT payload FROM entries WHERE task_num=(SELECT num FROM tasks WHERE id=?)"
+        " AND kind IN ({marks}) ORDER BY seq)"
     )
 
 

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from duragent.store.base import to_ts, ts_to_dt
-from duragent.store.sqlite_schema import dumps
+from duragent.store.sqlite_schema import KIND_CODES, dumps
 from duragent.types import Document, Entry, Task
 
 
@@ -48,11 +48,25 @@ def _stamp(task: Task) -> _Stamp:
 
 
 class SqliteTx:
-    def __init__(self, conn: sqlite3.Connection, cache: RowCache | None = None) -> None:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        cache: RowCache | None = None,
+        nums: dict[str, int] | None = None,
+    ) -> None:
         self.conn = conn
         self.cache = cache
+        self.nums = nums if nums is not None else {}  # task id -> its number, committed
+        self.new_nums: dict[str, int] = {}  # numbers given in this transaction
         self.inputs: dict[str, Any] = {}
         self.written: dict[str, Task] = {}  # handed to the cache once the batch commits
+
+    def task_num(self, task_id: str) -> int:
+        num = self.new_nums.get(task_id) or self.nums.get(task_id)
+        if num is None:
+            row = self.conn.execute("SELECT num FROM tasks WHERE id=?", (task_id,)).fetchone()
+            num = self.nums[task_id] = row[0]
+        return num
 
     def _task(self, row: sqlite3.Row | None) -> Task | None:
         if row is None:
@@ -113,7 +127,8 @@ class SqliteTx:
         )
         names = ", ".join(cols)
         marks = ", ".join(f":{k}" for k in cols)
-        self.conn.execute(f"INSERT INTO tasks ({names}) VALUES ({marks})", cols)
+        cur = self.conn.execute(f"INSERT INTO tasks ({names}) VALUES ({marks})", cols)
+        self.new_nums[task.id] = int(cur.lastrowid or 0)
         self.written[task.id] = task
 
     def update_task(self, task: Task) -> None:
@@ -126,10 +141,17 @@ class SqliteTx:
 
     def append(self, entries: list[Entry]) -> None:
         self.conn.executemany(
-            "INSERT INTO entries (task_id, seq, kind, round, payload, created_at)"
+            "INSERT INTO entries (task_num, seq, kind, round, payload, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?)",
             [
-                (e.task_id, e.seq, e.kind.value, e.round, dumps(e.payload), to_ts(e.created_at))
+                (
+                    self.task_num(e.task_id),
+                    e.seq,
+                    KIND_CODES[e.kind],
+                    e.round,
+                    dumps(e.payload),
+                    to_ts(e.created_at),
+                )
                 for e in entries
             ],
         )
