@@ -114,6 +114,20 @@ class RoundClock:
 # --- numbers -----------------------------------------------------------------
 
 
+def repeated(fn: Callable[[int], dict[str, Any]], repeats: int) -> dict[str, Any]:
+    """Run a measurement `repeats` times in this process; the median of every number.
+
+    Short bursts of load from other jobs on a shared machine hit one repeat, not
+    the run's figure."""
+    results = [fn(i) for i in range(repeats)]
+    out = dict(results[0])
+    for key, value in results[0].items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = statistics.median(r[key] for r in results)
+    out["repeats"] = [r.get("ms_per_round") for r in results]
+    return out
+
+
 def spread(values: Sequence[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
 

@@ -26,7 +26,7 @@ def _spawn(url: str, role: str, ttl: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "bench.failover_child", url, role, ttl],
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # never read: a full pipe would block the child
         text=True,
         env=child_env(),
     )

@@ -298,13 +298,17 @@ def render(res: Results, command: str, started: str, elapsed: float, only: list[
     ]
     if res.rounds:
         out += [
-            f"## Per-round overhead: one task of {st.rounds} rounds ({st.runs} runs)",
+            f"## Per-round overhead: one task of {st.rounds} rounds ({st.runs} runs × "
+            f"{st.repeats} tasks)",
             "",
             "A round = one assistant message with one tool call + one tool result, each "
             "durable before the next step (duragent: 2 commits per round; LangGraph: a "
             'checkpoint after the agent node and after the tool node, `durability="sync"`; '
             "DBOS: one step per model call and per tool call). Persistence overhead = the "
-            "same loop minus its in-memory run (same system, same run).",
+            "same loop minus its in-memory run (same system, same run). A run is one fresh "
+            f"process running {st.repeats} task(s) one after another; its figure is their "
+            "median; the table shows the median (min–max) over runs. duragent learns of the "
+            "task's end from the status hook (no polling observer).",
             "",
             rounds_table(res),
             "",

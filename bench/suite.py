@@ -59,8 +59,14 @@ ROUND_SYSTEMS = (
         "PostgreSQL",
         baseline="duragent/memory",
     ),
+    System("langgraph/none", "langgraph", "none", "LangGraph", "no checkpointer (no persistence)"),
     System(
-        "langgraph/memory", "langgraph", "memory", "LangGraph", "InMemorySaver (no persistence)"
+        "langgraph/memory",
+        "langgraph",
+        "memory",
+        "LangGraph",
+        "InMemorySaver",
+        baseline="langgraph/none",
     ),
     System(
         "langgraph/sqlite",
@@ -68,7 +74,7 @@ ROUND_SYSTEMS = (
         "sqlite",
         "LangGraph",
         "AsyncSqliteSaver (WAL, synchronous=FULL)",
-        baseline="langgraph/memory",
+        baseline="langgraph/none",
         compare="duragent/sqlite-full",
     ),
     System(
@@ -77,7 +83,7 @@ ROUND_SYSTEMS = (
         "postgres",
         "LangGraph",
         "AsyncPostgresSaver",
-        baseline="langgraph/memory",
+        baseline="langgraph/none",
         compare="duragent/postgres",
     ),
     System(
@@ -97,6 +103,7 @@ BY_KEY = {s.key: s for s in ROUND_SYSTEMS}
 class Settings:
     runs: int
     rounds: int
+    repeats: int  # tasks per run (one process); the run's figure is their median
     storage_rounds: list[int]
     resume_entries: int
     resume_repeats: int
@@ -113,12 +120,13 @@ class Settings:
             return cls(
                 runs=runs or 1,
                 rounds=200,
-                storage_rounds=[100, 200],
+                repeats=1,
+                storage_rounds=[50, 100],
                 resume_entries=10_000,
-                resume_repeats=5,
+                resume_repeats=3,
                 resume_runs=runs or 1,
-                concurrent_tasks=200,
-                concurrent_rounds=3,
+                concurrent_tasks=100,
+                concurrent_rounds=4,
                 concurrent_runs=runs or 1,
                 failover={"2": 1},
                 fsync_seconds=0.5,
@@ -126,6 +134,7 @@ class Settings:
         return cls(
             runs=runs or 5,
             rounds=200,
+            repeats=3,
             storage_rounds=[100, 500, 1000],
             resume_entries=10_000,
             resume_repeats=10,
@@ -217,6 +226,7 @@ def run_rounds(res: Results, workdir: str, log: Log) -> None:
                 "config": s.config,
                 "workdir": os.path.join(workdir, f"rounds-{run}-{s.key.replace('/', '-')}"),
                 "rounds": st.rounds,
+                "repeats": st.repeats,
             }
             try:
                 out = measure(s.system, "rounds", params)
@@ -331,7 +341,8 @@ def run_concurrent(res: Results, workdir: str, log: Log) -> None:
             res.concurrent.setdefault(key, []).append(out)
             log(
                 f"  run {run + 1}/{st.concurrent_runs} {key:24} "
-                f"{out.get('commits_per_s', 0):.0f} commits/s, {out['rounds_per_s']:.0f} rounds/s"
+                f"{out.get('commits_per_s', float('nan')):.0f} commits/s, "
+                f"{out['rounds_per_s']:.0f} rounds/s"
             )
 
 

@@ -20,6 +20,7 @@ from bench.common import (
     call_id,
     drop_schema,
     new_schema,
+    repeated,
     schema_bytes,
     sqlite_bytes,
     tool_args,
@@ -94,20 +95,29 @@ def _size(config: str, workdir: str, schema: str | None) -> int:
     return schema_bytes(schema)
 
 
-async def rounds(config: str, workdir: str, rounds: int, sizes: list[int] | None = None) -> Any:
-    global _rounds
+async def rounds(
+    config: str, workdir: str, rounds: int, sizes: list[int] | None = None, repeats: int = 1
+) -> Any:
+    """`repeats` workflows of `rounds` rounds, one after another on one launched DBOS."""
+    global _clock, _rounds
     _rounds = rounds
     schema, _ = _launch(config, workdir)
-    measured: dict[str, int] = {}
-    for n in sizes or ():
-        _clock.hooks[n] = lambda n=n: measured.__setitem__(str(n), _size(config, workdir, schema))
     try:
-        t0 = time.perf_counter()
-        handle = await DBOS.start_workflow_async(agent_loop, USER_TEXT)
-        messages = await handle.get_result()
-        total = time.perf_counter() - t0
-        assert len(messages) == 2 * rounds + 2, len(messages)
-        return {**_clock.summary(), "total_s": total, "sizes": measured}
+        results = []
+        for _ in range(repeats):
+            _clock = RoundClock()
+            measured: dict[str, int] = {}
+            for n in sizes or ():
+                _clock.hooks[n] = lambda n=n, m=measured: m.__setitem__(
+                    str(n), _size(config, workdir, schema)
+                )
+            t0 = time.perf_counter()
+            handle = await DBOS.start_workflow_async(agent_loop, USER_TEXT)
+            messages = await handle.get_result()
+            total = time.perf_counter() - t0
+            assert len(messages) == 2 * rounds + 2, len(messages)
+            results.append({**_clock.summary(), "total_s": total, "sizes": measured})
+        return repeated(lambda i: results[i], repeats)
     finally:
         DBOS.destroy()
         if schema:

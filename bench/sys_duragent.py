@@ -18,6 +18,7 @@ from bench.common import (
     call_id,
     drop_schema,
     new_schema,
+    repeated,
     schema_bytes,
     sqlite_bytes,
     tool_args,
@@ -102,7 +103,15 @@ async def rounds(config: str, workdir: str, rounds: int, sizes: list[int] | None
     url, schema = store_url(config, workdir)
     clock = RoundClock()
     measured: dict[str, int] = {}
-    rt = Runtime(url, agents=[bench_agent(rounds, clock)], poll_interval=0.05)
+    ended = asyncio.Event()
+    # Learn of the end from the status hook, not by polling `wait()`: an observer
+    # re-reading the task after every commit is not part of making rounds durable.
+    rt = Runtime(
+        url,
+        agents=[bench_agent(rounds, clock)],
+        poll_interval=0.05,
+        on_status_change=lambda task, old, new: new.terminal and ended.set(),
+    )
     for n in sizes or ():
         clock.hooks[n] = lambda n=n: measured.__setitem__(
             str(n), _store_size(rt.store, url, schema)
@@ -111,8 +120,9 @@ async def rounds(config: str, workdir: str, rounds: int, sizes: list[int] | None
         async with rt:
             t0 = time.perf_counter()
             sub = await rt.submit("bench", USER_TEXT)
-            task = await sub.wait(timeout=1800)
+            await asyncio.wait_for(ended.wait(), 1800)
             total = time.perf_counter() - t0
+            task = await rt.get(sub.task_id)
             assert task.status is TaskStatus.COMPLETED, task
             out = {**clock.summary(), "total_s": total, "sizes": measured}
             if hasattr(rt.store, "jobs_done"):
@@ -240,13 +250,13 @@ async def concurrent(config: str, workdir: str, tasks: int, rounds: int) -> Any:
     try:
         async with rt:
             store: Any = rt.store
-            jobs0, batches0 = store.jobs_done, store.batches
+            jobs0, batches0 = getattr(store, "jobs_done", 0), getattr(store, "batches", 0)
             t0 = time.perf_counter()
             await asyncio.gather(*(rt.submit("many", f"task {i}") for i in range(tasks)))
             await asyncio.wait_for(done.wait(), 600)
             elapsed = time.perf_counter() - t0
-            commits = store.jobs_done - jobs0
-            transactions = store.batches - batches0
+            commits = getattr(store, "jobs_done", 0) - jobs0
+            transactions = getattr(store, "batches", 0) - batches0
         assert set(finished.values()) == {TaskStatus.COMPLETED}, finished
         return {
             "tasks": tasks,
@@ -287,5 +297,11 @@ def _concurrent_agent(rounds: int, clock: RoundClock) -> Agent:
 
 def run(workload: str, params: dict[str, Any]) -> Any:
     fn = {"rounds": rounds, "resume": resume, "concurrent": concurrent}[workload]
-    os.makedirs(params["workdir"], exist_ok=True)
-    return asyncio.run(fn(**params))
+    repeats = params.pop("repeats", 1)
+    workdir = params.pop("workdir")
+
+    def once(i: int) -> Any:
+        os.makedirs(os.path.join(workdir, str(i)), exist_ok=True)
+        return asyncio.run(fn(workdir=os.path.join(workdir, str(i)), **params))
+
+    return repeated(once, repeats)

@@ -30,6 +30,7 @@ from bench.common import (
     create_schema,
     drop_schema,
     new_schema,
+    repeated,
     schema_bytes,
     sqlite_bytes,
     tool_args,
@@ -37,7 +38,7 @@ from bench.common import (
     with_search_path,
 )
 
-CONFIGS = ("memory", "sqlite", "postgres")
+CONFIGS = ("none", "memory", "sqlite", "postgres")
 
 
 class ScriptedChatModel(BaseChatModel):
@@ -93,7 +94,9 @@ def react_graph(model: ScriptedChatModel, checkpointer: Any) -> Any:
 
 @contextlib.asynccontextmanager
 async def saver(config: str, workdir: str, schema: str | None) -> AsyncIterator[Any]:
-    if config == "memory":
+    if config == "none":
+        yield None  # the graph alone: nothing is checkpointed
+    elif config == "memory":
         from langgraph.checkpoint.memory import InMemorySaver
 
         yield InMemorySaver()
@@ -131,14 +134,16 @@ async def rounds(config: str, workdir: str, rounds: int, sizes: list[int] | None
         create_schema(schema)
     clock = RoundClock()
     measured: dict[str, int] = {}
-    for n in sizes or () if config != "memory" else ():
+    for n in sizes or () if config in ("sqlite", "postgres") else ():
         clock.hooks[n] = lambda n=n: measured.__setitem__(str(n), _size(config, workdir, schema))
     try:
         async with saver(config, workdir, schema) as cp:
             graph = react_graph(ScriptedChatModel(rounds=rounds, clock=clock), cp)
             t0 = time.perf_counter()
+            # durability="sync": each checkpoint is written before the next step runs.
+            extra = {"durability": "sync"} if cp is not None else {}
             out = await graph.ainvoke(
-                {"messages": [HumanMessage(USER_TEXT)]}, _thread("t1"), durability="sync"
+                {"messages": [HumanMessage(USER_TEXT)]}, _thread("t1"), **extra
             )
             total = time.perf_counter() - t0
             assert len(out["messages"]) == 2 * rounds + 2, len(out["messages"])
@@ -225,5 +230,11 @@ async def concurrent(config: str, workdir: str, tasks: int, rounds: int) -> Any:
 
 def run(workload: str, params: dict[str, Any]) -> Any:
     fn = {"rounds": rounds, "resume": resume, "concurrent": concurrent}[workload]
-    os.makedirs(params["workdir"], exist_ok=True)
-    return asyncio.run(fn(**params))
+    repeats = params.pop("repeats", 1)
+    workdir = params.pop("workdir")
+
+    def once(i: int) -> Any:
+        os.makedirs(os.path.join(workdir, str(i)), exist_ok=True)
+        return asyncio.run(fn(workdir=os.path.join(workdir, str(i)), **params))
+
+    return repeated(once, repeats)

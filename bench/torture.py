@@ -250,11 +250,12 @@ async def dump_store(url: str) -> StoreDump:
 # --- a trial -----------------------------------------------------------------------
 
 
-def _spawn(url: str, ledger: str, tasks: int) -> subprocess.Popen[str]:
+def _spawn(url: str, ledger: str, tasks: int, log: IO[str]) -> subprocess.Popen[str]:
+    # stderr goes to a file: a pipe nobody drains fills up and blocks a chatty child.
     return subprocess.Popen(
         [sys.executable, "-m", "bench.torture_child", url, ledger, str(tasks)],
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=log,
         text=True,
         env=child_env(),
     )
@@ -297,11 +298,12 @@ def run_trial(
     workdir = tempfile.mkdtemp(prefix="trial-", dir=root)
     url, schema = _store_url(kind, workdir)
     ledger_path = os.path.join(workdir, "ledger.txt")
+    log = open(os.path.join(workdir, "stderr.txt"), "w+")  # noqa: SIM115 - closed below
     counts = Counts(trials=1)
     snapshots: list[StoreDump] = []
     try:
         for _ in range(kills):
-            proc = _spawn(url, ledger_path, tasks)
+            proc = _spawn(url, ledger_path, tasks, log)
             try:
                 if not _read_until(proc, proc.stdout, "READY"):
                     break
@@ -318,15 +320,16 @@ def run_trial(
                 snapshots.append(asyncio.run(dump_store(url)))
             else:
                 counts.missed_kills += 1
-        proc = _spawn(url, ledger_path, tasks)
+        proc = _spawn(url, ledger_path, tasks, log)
         try:
-            out, err = proc.communicate(timeout=300)
+            out, _ = proc.communicate(timeout=300)
         except subprocess.TimeoutExpired:
             _kill(proc)
-            out, err = proc.communicate()
+            out, _ = proc.communicate()
         violations: list[str] = []
         if proc.returncode != 0 or "DONE" not in out:
-            tail = "\n".join(err.strip().splitlines()[-8:])
+            log.seek(0)
+            tail = "\n".join(log.read().strip().splitlines()[-8:])
             violations.append(f"the final run failed ({proc.returncode}): {tail}")
         final = asyncio.run(dump_store(url))
         with open(ledger_path) if os.path.exists(ledger_path) else contextlib.nullcontext([]) as f:
@@ -342,6 +345,7 @@ def run_trial(
         )
         return violations, checked
     finally:
+        log.close()
         shutil.rmtree(workdir, ignore_errors=True)
         if schema is not None:
             with contextlib.suppress(Exception):
@@ -415,7 +419,13 @@ def main(argv: list[str] | None = None) -> int:
                 for line in violations:
                     print(f"  VIOLATION [{kind} trial {n + 1}] {line}")
                 if a.verbose:
-                    print(f"  {kind} trial {n + 1}: {counts}")
+                    print(f"  {kind} trial {n + 1}: {counts}", flush=True)
+                elif (n + 1) % 25 == 0 and n + 1 < a.trials:
+                    print(
+                        f"  {kind}: {n + 1} trials, {total.kills} kills, "
+                        f"{total.violations} violations so far",
+                        flush=True,
+                    )
             failed |= total.violations > 0
             print(
                 f"{kind}: trials {total.trials}, kills {total.kills} "
