@@ -72,6 +72,31 @@ def _postgres(url: str) -> str:
         return f"unreachable ({type(exc).__name__})"
 
 
+def source_revision() -> str:
+    """Which duragent was measured: DURAGENT_BENCH_REV, else the git commit of this tree."""
+    if os.environ.get("DURAGENT_BENCH_REV"):
+        return os.environ["DURAGENT_BENCH_REV"]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        rev = subprocess.run(
+            ["git", "-C", root, "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", root, "status", "--porcelain", "src"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+    except Exception:
+        return "unknown"
+    return rev + (" + uncommitted changes in src/" if dirty else "")
+
+
 def describe(workdir: str, pg_url: str) -> dict[str, Any]:
     versions = {}
     for name in PACKAGES:
@@ -89,6 +114,7 @@ def describe(workdir: str, pg_url: str) -> dict[str, Any]:
         "filesystem": _filesystem(workdir),
         "postgres": _postgres(pg_url),
         "packages": versions,
+        "revision": source_revision(),
         "loadavg": os.getloadavg(),
     }
 

@@ -254,6 +254,7 @@ def machine_section(res: Results) -> str:
             f"- CPU: {m.get('cpu')} — {m.get('cores')} cores; RAM {m.get('ram_gb')} GB; "
             f"{m.get('os')}",
             f"- Python {m.get('python')}; disk: {m.get('filesystem')}",
+            f"- duragent source measured: {m.get('revision')}",
             f"- {m.get('postgres')}",
             f"- Packages: {pk}",
             f"- Load average at start: {load0}; at end: {load1} (a shared machine: other "
