@@ -297,7 +297,8 @@ def _concurrent_agent(rounds: int, clock: RoundClock) -> Agent:
 
 def run(workload: str, params: dict[str, Any]) -> Any:
     fn = {"rounds": rounds, "resume": resume, "concurrent": concurrent}[workload]
-    repeats = params.pop("repeats", 1)
+    # `repeats` of a rounds run = tasks in this process; resume has its own repeats.
+    repeats = params.pop("repeats", 1) if workload == "rounds" else 1
     workdir = params.pop("workdir")
 
     def once(i: int) -> Any:

@@ -230,7 +230,8 @@ async def concurrent(config: str, workdir: str, tasks: int, rounds: int) -> Any:
 
 def run(workload: str, params: dict[str, Any]) -> Any:
     fn = {"rounds": rounds, "resume": resume, "concurrent": concurrent}[workload]
-    repeats = params.pop("repeats", 1)
+    # `repeats` of a rounds run = tasks in this process; resume has its own repeats.
+    repeats = params.pop("repeats", 1) if workload == "rounds" else 1
     workdir = params.pop("workdir")
 
     def once(i: int) -> Any:
