@@ -496,3 +496,21 @@ async def test_model_options_reach_the_model_a_string_builds(url: str) -> None:
         task = await (await rt.submit("a", "x")).wait(10)
     assert task.output == "from options"
     assert "model_options" not in repr(agent)
+
+
+async def test_pause_cuts_a_retry_back_off_short(url: str) -> None:
+    class SlowRetryModel(FlakyModel):
+        async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+            if self.fails:
+                self.fails -= 1
+                raise RetryableModelError("rate limited (429)", retry_after=3600)
+            yield TextDelta("after the pause")
+            yield Finish("stop")
+
+    async with Runtime(url, agents=[Agent(name="a", model=SlowRetryModel(1))]) as rt:
+        sub = await rt.submit("a", "x")
+        await wait_for_entry(rt, sub.task_id, EntryKind.UI_MESSAGE)  # the retry notice
+        paused = await asyncio.wait_for(rt.pause(sub.task_id), 10)  # not an hour
+        assert paused.status is TaskStatus.PAUSED
+        await rt.resume(sub.task_id)
+        assert (await sub.wait(10)).output == "after the pause"

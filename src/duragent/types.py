@@ -7,6 +7,7 @@ dicts come back as the same types), so the restore path never guesses.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -207,13 +208,24 @@ class Entry(BaseModel):
     created_at: datetime = Field(default_factory=utcnow)
 
 
-class NewEntry(BaseModel):
-    """An entry to append; the store assigns seq and created_at."""
+@dataclass(slots=True, kw_only=True)
+class NewEntry:
+    """An entry to append; the store assigns seq and created_at.
+
+    A plain dataclass, not a model: it is built several times per round, and
+    its payload is validated where it is made (an API or UI message model).
+    """
 
     task_id: str
     kind: EntryKind
-    round: int = 0
     payload: dict[str, JSON]
+    round: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, EntryKind):
+            self.kind = EntryKind(self.kind)
+        if not isinstance(self.payload, dict):
+            raise TypeError(f"an entry's payload must be a dict, not {type(self.payload).__name__}")
 
 
 # --- API messages: the OpenAI chat shape -----------------------------------

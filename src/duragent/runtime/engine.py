@@ -13,7 +13,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -56,6 +56,10 @@ StatusHook = Callable[[Task, TaskStatus, TaskStatus], None]
 # "result", "final"), after what precedes them is committed. For tests, demos
 # and tracing; a hook that never returns holds the task at that point.
 TraceHook = Callable[..., Awaitable[None]]
+
+
+class _Interrupted(Exception):
+    """A control request cut an interruptible stretch short."""
 
 
 class Abandoned(Exception):
@@ -106,6 +110,8 @@ class TaskRunner:
         self.control: Control | None = None
         self._control_event = asyncio.Event()
         self._abort_event = asyncio.Event()
+        self._interrupt_target: asyncio.Task[Any] | None = None
+        self._interrupting = False
         self._commit_lock = asyncio.Lock()
         self._attempt: ResponseAssembler | None = None  # the model call in progress
         self._round_no = 0  # the round _round_api_seqs belongs to
@@ -121,6 +127,9 @@ class TaskRunner:
             self._control_event.set()
             if control.action == "abort":
                 self._abort_event.set()
+            if self._interrupt_target is not None and not self._interrupting:
+                self._interrupting = True
+                self._interrupt_target.cancel()
 
     # --- commits ---
 
@@ -335,19 +344,11 @@ class TaskRunner:
         """Stream the model with retries; None if a control request stopped it."""
         attempt = 0
         while True:
-            stream = asyncio.ensure_future(self._stream_once(r))
-            stopper = asyncio.ensure_future(self._control_event.wait())
             try:
-                done, _ = await asyncio.wait({stream, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopper.cancel()
-            if stream not in done:
-                stream.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await stream
+                async with self._interruptible():
+                    return await self._stream_once(r)
+            except _Interrupted:
                 return None
-            try:
-                return stream.result()
             except ModelError as exc:
                 if not exc.retryable:
                     raise
@@ -372,7 +373,34 @@ class TaskRunner:
                 spent = self._attempt_usage
                 patch = {"usage": (self.task.usage + spent).model_dump()} if spent else None
                 await self.commit(entries, patch)
-                await asyncio.sleep(delay)
+                try:
+                    async with self._interruptible():
+                        await asyncio.sleep(delay)
+                except _Interrupted:
+                    return None
+
+    @contextlib.asynccontextmanager
+    async def _interruptible(self) -> AsyncIterator[None]:
+        """A stretch (a model stream, a retry back-off) that a control request may cut.
+
+        request() cancels this task only while it is suspended inside such a
+        stretch, so the cancellation always lands here and is turned into
+        _Interrupted; a cancellation from anyone else passes through.
+        """
+        if self.control is not None:
+            raise _Interrupted
+        task = asyncio.current_task()
+        self._interrupt_target = task
+        try:
+            yield
+        except asyncio.CancelledError:
+            if self._interrupting and task is not None:
+                self._interrupting = False
+                task.uncancel()
+                raise _Interrupted from None
+            raise
+        finally:
+            self._interrupt_target = None
 
     @property
     def _attempt_usage(self) -> Any:
