@@ -4,15 +4,42 @@ status, which failures a retry may cure, and keeping the API key out of all of i
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any, NoReturn
 
-from duragent.errors import ModelError, RetryableModelError
+from duragent.errors import MissingCredential, ModelError, RetryableModelError
 
 # Sent when a local server or gateway (base_url given) needs no key; the SDKs insist on one.
 NO_KEY = "not-needed"
+
+
+def resolve_key(provider: str, env_var: str, api_key: str | None, base_url: str | None) -> str:
+    """The API key from the argument or the environment; a local server (base_url) may need none."""
+    key = api_key or os.environ.get(env_var)
+    if key:
+        return key
+    if base_url is None:
+        raise MissingCredential(provider, env_var)
+    return NO_KEY
+
+
+class SdkChat:
+    """What the SDK-backed adapters share: a repr without the key, and closing the client."""
+
+    model: str
+    base_url: str | None
+    _client: Any
+
+    def __repr__(self) -> str:
+        where = f", base_url={self.base_url!r}" if self.base_url else ""
+        return f"{type(self).__name__}(model={self.model!r}{where})"
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 

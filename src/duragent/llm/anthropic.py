@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, NoReturn, cast
 
 from duragent.errors import (
     MalformedModelOutput,
-    MissingCredential,
     MissingExtra,
     ModelError,
     RetryableModelError,
     UsageError,
 )
 from duragent.llm._http import (
-    NO_KEY,
     RETRYABLE_STATUS,
+    SdkChat,
     body_message,
     connection_error,
     httpx_errors,
     raise_status,
+    resolve_key,
     scrub,
     status_text,
 )
@@ -63,7 +62,7 @@ _FINISH: dict[str, FinishReason] = {
 _RETRYABLE_TYPES = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
 
 
-class AnthropicChat:
+class AnthropicChat(SdkChat):
     """A chat model served by the Anthropic messages API.
 
     The API key comes from `api_key=` or the ANTHROPIC_API_KEY environment
@@ -93,11 +92,7 @@ class AnthropicChat:
     ) -> None:
         if anthropic is None:
             raise MissingExtra("the Anthropic provider", "anthropic")
-        key = api_key or os.environ.get(ENV_KEY)
-        if not key:
-            if base_url is None:
-                raise MissingCredential(self.provider, ENV_KEY)
-            key = NO_KEY
+        key = resolve_key(self.provider, ENV_KEY, api_key, base_url)
         self.model = model
         self.name = f"anthropic:{model}"
         self.base_url = base_url
@@ -110,13 +105,6 @@ class AnthropicChat:
             max_retries=0,
             timeout=anthropic.Timeout(timeout, connect=min(timeout, 10.0)),
         )
-
-    def __repr__(self) -> str:
-        where = f", base_url={self.base_url!r}" if self.base_url else ""
-        return f"AnthropicChat(model={self.model!r}{where})"
-
-    async def aclose(self) -> None:
-        await self._client.close()
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body sent for `request` (without `stream`)."""

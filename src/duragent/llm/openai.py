@@ -4,26 +4,25 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
 from duragent.errors import (
     MalformedModelOutput,
-    MissingCredential,
     MissingExtra,
     ModelError,
     RetryableModelError,
     UsageError,
 )
 from duragent.llm._http import (
-    NO_KEY,
     RETRYABLE_STATUS,
+    SdkChat,
     body_message,
     connection_error,
     httpx_errors,
     raise_error,
     raise_status,
+    resolve_key,
     scrub,
     status_text,
 )
@@ -58,7 +57,7 @@ _FINISH: dict[str, FinishReason] = {
 }
 
 
-class OpenAIChat:
+class OpenAIChat(SdkChat):
     """A chat model served by the OpenAI API or an OpenAI-compatible server.
 
     The API key comes from `api_key=` or the OPENAI_API_KEY environment variable
@@ -87,11 +86,7 @@ class OpenAIChat:
     ) -> None:
         if openai is None:
             raise MissingExtra("the OpenAI provider", "openai")
-        key = api_key or os.environ.get(ENV_KEY)
-        if not key:
-            if base_url is None:
-                raise MissingCredential(self.provider, ENV_KEY)
-            key = NO_KEY
+        key = resolve_key(self.provider, ENV_KEY, api_key, base_url)
         self.model = model
         self.name = f"openai:{model}"
         self.base_url = base_url
@@ -104,13 +99,6 @@ class OpenAIChat:
             # A slow first token is normal for reasoning models; connecting is not.
             timeout=openai.Timeout(timeout, connect=min(timeout, 10.0)),
         )
-
-    def __repr__(self) -> str:
-        where = f", base_url={self.base_url!r}" if self.base_url else ""
-        return f"OpenAIChat(model={self.model!r}{where})"
-
-    async def aclose(self) -> None:
-        await self._client.close()
 
     def request_body(self, request: ModelRequest) -> dict[str, Any]:
         """The JSON body sent for `request` (without the streaming fields)."""
