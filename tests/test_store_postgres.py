@@ -272,6 +272,53 @@ async def test_wait_for_change_wakes_on_another_connections_commit(
         drop_schema(other_schema)
 
 
+async def test_wait_for_work_wakes_only_for_commits_that_can_make_work(
+    pg_url: str, schema: str
+) -> None:
+    """Renewals and appended entries (most commits of a busy cluster) wake change
+    waiters but not work waiters; creating, claiming and releasing a task wake both."""
+    waiter = PostgresStore(pg_url, schema=schema)
+    writer = PostgresStore(pg_url, schema=schema)
+
+    async def heard(commit: Callable[[], Any]) -> bool:
+        """Whether `commit` wakes wait_for_work (it always wakes wait_for_change)."""
+        change = asyncio.create_task(waiter.wait_for_change(60))
+        work = asyncio.create_task(waiter.wait_for_work(60))
+        await asyncio.sleep(0)  # both are waiting now
+        await commit()
+        await asyncio.wait_for(change, 10)
+        # One notification fires both signals at once, change first; a few turns
+        # of the loop let the work waiter finish too if it was woken.
+        for _ in range(20):
+            await asyncio.sleep(0)
+        woken = work.done()
+        work.cancel()
+        return woken
+
+    try:
+        await waiter.wait_for_change(10)  # returns once LISTEN is in place
+        assert waiter.listening
+        task, _ = await writer.create_task(Task(agent="a"))
+        held: list[Task] = []
+
+        async def claim() -> None:
+            got = await writer.claim_task("w", task_id=task.id, ttl=60)
+            assert got is not None
+            held.append(got)
+
+        assert await heard(lambda: writer.create_task(Task(agent="a")))
+        assert await heard(claim)
+        epoch = held[0].lease.epoch
+        assert not await heard(lambda: writer.renew_lease(task.id, "w", epoch, 60))
+        assert not await heard(
+            lambda: writer.commit(Commit(fence={task.id: epoch}, entries=[ui(task.id, "x")]))
+        )
+        assert await heard(lambda: writer.release_lease(task.id, epoch))
+    finally:
+        await waiter.close()
+        await writer.close()
+
+
 async def test_zombie_commits_racing_a_takeover_never_roll_the_lease_back(
     pg_url: str, schema: str
 ) -> None:
@@ -281,28 +328,30 @@ async def test_zombie_commits_racing_a_takeover_never_roll_the_lease_back(
     claimer = PostgresStore(pg_url, schema=schema, max_size=2)
     refused = 0
     try:
-        for _ in range(30):
+        for attempt in range(30):
             task, _ = await zombie.create_task(Task(agent="a"))
             first = await zombie.claim_task("w1", task_id=task.id, ttl=0.0)  # expires at once
             assert first is not None and first.lease.epoch == 1
-            outcomes = await asyncio.gather(
-                *(
-                    zombie.commit(
-                        Commit(
-                            fence={task.id: 1},
-                            patches=[TaskPatch(task.id, {"context": {"zombie": i}})],
-                        )
+            commits = [
+                zombie.commit(
+                    Commit(
+                        fence={task.id: 1},
+                        patches=[TaskPatch(task.id, {"context": {"zombie": i}})],
                     )
-                    for i in range(6)
-                ),
-                claimer.claim_task("w2", task_id=task.id, ttl=3600),
-                return_exceptions=True,
-            )
-            for outcome in outcomes[:-1]:
+                )
+                for i in range(6)
+            ]
+            # The claim is sent first in half the attempts, last in the others: when
+            # it goes last the zombies mostly hold the row in turn and it is skipped,
+            # when first it mostly takes the row and the zombies queue behind it.
+            claim = claimer.claim_task("w2", task_id=task.id, ttl=3600)
+            jobs = [claim, *commits] if attempt % 2 else [*commits, claim]
+            outcomes = await asyncio.gather(*jobs, return_exceptions=True)
+            taken = outcomes.pop(0 if attempt % 2 else -1)
+            for outcome in outcomes:
                 if isinstance(outcome, BaseException):
                     assert isinstance(outcome, StaleLease), outcome
                     refused += 1
-            taken = outcomes[-1]
             assert not isinstance(taken, BaseException), taken
             while taken is None:  # skipped while a zombie commit held the row
                 taken = await claimer.claim_task("w2", task_id=task.id, ttl=3600)

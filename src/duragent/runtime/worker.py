@@ -112,8 +112,16 @@ class Worker:
         beat = asyncio.ensure_future(self._heartbeat())
         try:
             while not self._stopping:
-                await self._claim_some()
-                await self._idle()
+                # Listen before looking: a commit landing between the claim
+                # query and the wait must still wake us (else: a lost wake-up
+                # and a full poll interval of idling with work queued).
+                changed = await self._watch_store()
+                try:
+                    await self._claim_some()
+                    await self._idle(changed)
+                finally:
+                    if changed is not None:
+                        changed.cancel()
         finally:
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -134,21 +142,41 @@ class Worker:
             self.claimed += 1
             self._start(task)
 
-    async def _idle(self) -> None:
+    async def _watch_store(self) -> asyncio.Future[None] | None:
+        """Start waiting for other processes' commits, if the store can tell us.
+
+        Not while every slot is taken: then only a slot freeing up (`wake`)
+        matters, and waking at every commit in the cluster would be wasted work.
+        """
+        if len(self._jobs) >= self.concurrency:
+            return None
+        if not getattr(self.store, "notifies_across_processes", False):
+            return None
+
+        # A store that can tell commits creating work apart wakes us only for those.
+        wait = getattr(self.store, "wait_for_work", self.store.wait_for_change)
+
+        async def changed() -> None:
+            with contextlib.suppress(StoreError):  # then it is only a shorter wait
+                await wait(self.poll_interval)
+
+        watch = asyncio.ensure_future(changed())
+        await asyncio.sleep(0)  # let it start: from here on, no commit goes unheard
+        return watch
+
+    async def _idle(self, changed: asyncio.Future[None] | None) -> None:
         timeout = self.poll_interval
         if len(self._jobs) < self.concurrency:
             with contextlib.suppress(StoreError):
                 due = await self.store.next_wake_at(list(self.agents))
                 if due is not None:
                     timeout = max(0.0, min(timeout, (due - utcnow()).total_seconds() + 0.01))
-        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._wake.wait())]
-        if getattr(self.store, "notifies_across_processes", False):
-            waits.append(asyncio.ensure_future(self.store.wait_for_change(timeout)))
+        woken = asyncio.ensure_future(self._wake.wait())
+        waits: list[asyncio.Future[Any]] = [woken] if changed is None else [woken, changed]
         try:
             await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for w in waits:
-                w.cancel()
+            woken.cancel()
         self._wake.clear()
 
     def _start(self, task: Task) -> None:

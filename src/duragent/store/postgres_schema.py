@@ -1,0 +1,88 @@
+"""The PostgreSQL store's schema: its tables, numbered migrations, advisory-lock keys.
+
+Migrations are forward-only and run on open under an advisory lock, so any
+number of processes may open the same database at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import DictRow
+
+from duragent.errors import StoreVersionError
+from duragent.store.base import SCHEMA_VERSION
+
+Conn = psycopg.Connection[DictRow]
+
+# Forward-only: MIGRATIONS[n] takes a schema from version n-1 to n.
+# Ids and keys sort byte-wise (COLLATE "C") so every backend lists in the same order.
+MIGRATIONS: dict[int, list[str]] = {
+    1: [
+        """CREATE TABLE tasks (
+            id text COLLATE "C" PRIMARY KEY,
+            owner text, request_id text, session_id text, parent_id text, root_id text,
+            agent text NOT NULL, status text NOT NULL, status_reason text,
+            created_at timestamptz NOT NULL, updated_at timestamptz NOT NULL,
+            wake_at timestamptz, lease_owner text, lease_expires timestamptz,
+            lease_epoch bigint NOT NULL DEFAULT 0, last_seq bigint NOT NULL DEFAULT 0,
+            version bigint NOT NULL DEFAULT 0, data text NOT NULL, input text NOT NULL
+        )""",
+        "CREATE UNIQUE INDEX tasks_request ON tasks (coalesce(owner, ''), request_id)"
+        " WHERE request_id IS NOT NULL",
+        "CREATE INDEX tasks_runnable ON tasks (status, created_at)",
+        "CREATE INDEX tasks_owner ON tasks (owner, created_at)",
+        "CREATE INDEX tasks_parent ON tasks (parent_id)",
+        "CREATE INDEX tasks_session ON tasks (session_id, created_at)",
+        """CREATE TABLE entries (
+            task_id text NOT NULL, seq bigint NOT NULL, kind text NOT NULL,
+            round integer NOT NULL, payload text NOT NULL, created_at timestamptz NOT NULL,
+            PRIMARY KEY (task_id, seq)
+        )""",
+        """CREATE TABLE documents (
+            scope text NOT NULL, key text COLLATE "C" NOT NULL, value text NOT NULL,
+            version bigint NOT NULL, updated_at timestamptz NOT NULL,
+            PRIMARY KEY (scope, key)
+        )""",
+    ],
+}
+assert max(MIGRATIONS) == SCHEMA_VERSION
+
+
+def lock_key(*parts: str) -> int:
+    """A stable signed 64-bit advisory-lock key for a name."""
+    digest = hashlib.blake2b("\x00".join(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def migrate(conn: Conn, schema: str | None, where: str) -> tuple[int, str]:
+    """Bring the schema to SCHEMA_VERSION; return (version found, schema name).
+
+    An advisory lock makes concurrent openers take turns: the first migrates,
+    the rest find the work done. A newer version is refused untouched.
+    """
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key("migrate", schema or ""),))
+        if schema is not None:
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS duragent_meta (key text PRIMARY KEY, value text NOT NULL)"
+        )
+        row = conn.execute(
+            "SELECT value FROM duragent_meta WHERE key = 'schema_version'"
+        ).fetchone()
+        found = int(row["value"]) if row else 0
+        if found > SCHEMA_VERSION:
+            raise StoreVersionError(where, found, SCHEMA_VERSION)
+        for version in range(found + 1, SCHEMA_VERSION + 1):
+            for ddl in MIGRATIONS[version]:
+                conn.execute(ddl)
+        conn.execute(
+            "INSERT INTO duragent_meta (key, value) VALUES ('schema_version', %s)"
+            " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (str(SCHEMA_VERSION),),
+        )
+        current = conn.execute("SELECT current_schema() AS name").fetchone()
+    return found, str(current["name"] if current else "")
