@@ -301,6 +301,7 @@ def run_trial(
     log = open(os.path.join(workdir, "stderr.txt"), "w+")  # noqa: SIM115 - closed below
     counts = Counts(trials=1)
     snapshots: list[StoreDump] = []
+    violations: list[str] = []
     try:
         for _ in range(kills):
             proc = _spawn(url, ledger_path, tasks, log)
@@ -317,7 +318,11 @@ def run_trial(
                 proc.communicate(timeout=30)
             if landed:
                 counts.kills += 1
-                snapshots.append(asyncio.run(dump_store(url)))
+                try:
+                    snapshots.append(asyncio.run(dump_store(url)))
+                except Exception as exc:
+                    violations.append(f"the store cannot be read after kill {counts.kills}: {exc}")
+                    break
             else:
                 counts.missed_kills += 1
         proc = _spawn(url, ledger_path, tasks, log)
@@ -326,12 +331,16 @@ def run_trial(
         except subprocess.TimeoutExpired:
             _kill(proc)
             out, _ = proc.communicate()
-        violations: list[str] = []
         if proc.returncode != 0 or "DONE" not in out:
             log.seek(0)
             tail = "\n".join(log.read().strip().splitlines()[-8:])
             violations.append(f"the final run failed ({proc.returncode}): {tail}")
-        final = asyncio.run(dump_store(url))
+        try:
+            final = asyncio.run(dump_store(url))
+        except Exception as exc:
+            violations.append(f"the store cannot be read at the end: {exc}")
+            counts.violations = len(violations)
+            return violations, counts
         with open(ledger_path) if os.path.exists(ledger_path) else contextlib.nullcontext([]) as f:
             ledger = [line.strip() for line in f if line.strip()]
         expected = {task_input(i): task_output(i) for i in range(tasks)}
