@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -77,6 +78,31 @@ async def test_open_store_reads_schema_from_the_url(pg_url: str, schema: str) ->
             )
         ).fetchone()
     assert row is not None and row["n"] == 1
+
+
+async def test_connections_are_named_after_the_process_unless_the_url_names_them(
+    pg_url: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PGAPPNAME", raising=False)
+    own = f"duragent-test-{uuid.uuid4().hex[:8]}"
+    default = PostgresStore(pg_url, schema=schema)
+    named = PostgresStore(f"{pg_url}?application_name={own}", schema=schema)
+    try:
+        assert default.application_name == f"duragent-{os.getpid()}"
+        assert named.application_name == own
+        await default.get_document("s", "k")
+        await named.get_document("s", "k")
+        with admin(pg_url) as conn:
+            names = {
+                r["application_name"]
+                for r in conn.execute(
+                    "SELECT application_name FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+                )
+            }
+        assert {default.application_name, own} <= names
+    finally:
+        await default.close()
+        await named.close()
 
 
 async def test_newer_schema_version_is_refused_naming_both_versions(
