@@ -10,6 +10,10 @@ failover (SIGKILL a worker, time the takeover). Peers come from the `bench`
 extra: pip install -e '.[bench]'. Postgres figures need a server at
 DURAGENT_BENCH_PG_URL (default postgresql://postgres@127.0.0.1:5432/test); each
 system works in a throwaway schema that is dropped afterwards.
+
+To measure a commit rather than a working tree someone is editing:
+    git archive HEAD | tar -x -C /tmp/dg && cd /tmp/dg && PYTHONPATH=src python -m bench
+(bench/RESULTS.md records the revision measured; DURAGENT_BENCH_REV overrides it.)
 """
 
 from __future__ import annotations
