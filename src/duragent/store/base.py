@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -304,7 +305,23 @@ def build_model_view(rows: Iterable[tuple[int, str, str]]) -> list[ApiMessage]:
         # A tool_result payload is the tool message plus an `outcome` field the
         # message model ignores, so every payload text parses as a message.
         parts.append(payload)
-    return API_MESSAGES.validate_json("[" + ",".join(parts) + "]")
+    return parse_messages("[" + ",".join(parts) + "]")
+
+
+def parse_messages(text: str) -> list[ApiMessage]:
+    """A JSON array of API messages as typed messages, in one validation call.
+
+    A long history builds thousands of small objects, none of them garbage;
+    the cyclic collector would run again and again over them (up to tens of
+    milliseconds on resume), so it is held off for the duration.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return API_MESSAGES.validate_json(text)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def build_ui_view(rows: Iterable[tuple[int, str]]) -> list[UiMessage]:

@@ -36,6 +36,7 @@ from duragent.store.base import (
     decode_cursor,
     encode_cursor,
     from_ts,
+    parse_messages,
     ts_to_dt,
 )
 from duragent.store.sqlite_schema import (
@@ -49,7 +50,6 @@ from duragent.store.sqlite_schema import (
 from duragent.store.sqlite_tx import RowCache, SqliteTx, row_document, row_task
 from duragent.store.tx import apply_claim, apply_commit, apply_create, apply_release, apply_renew
 from duragent.types import (
-    API_MESSAGES,
     ApiMessage,
     Document,
     Entry,
@@ -94,6 +94,9 @@ class SQLiteStore:
         self.jobs_done = 0
         self._writer_conn = connect(path, durability)
         self.migrated_from = migrate(self._writer_conn, path)
+        # The loop thread never waits for another process's lock: a busy BEGIN
+        # fails at once and the batch moves to a thread that waits (see _flush).
+        self._writer_conn.execute("PRAGMA busy_timeout=0")
         self.schema_version = SQLITE_SCHEMA_VERSION
         self._reader_conn = connect(path, durability)
         self._pending: list[_Job] = []
@@ -147,8 +150,7 @@ class SQLiteStore:
         batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
         conn = self._writer_conn
         try:
-            conn.execute("PRAGMA busy_timeout=0")
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("BEGIN IMMEDIATE")  # busy_timeout is 0 on this connection
         except sqlite3.OperationalError:
             # Another process is writing: wait for it in a thread, not on the loop.
             loop = asyncio.get_running_loop()
@@ -160,33 +162,47 @@ class SQLiteStore:
     def _run_batch_blocking(self, batch: list[_Job]) -> list[tuple[bool, Any]]:
         conn = self._writer_conn
         try:
-            conn.execute("PRAGMA busy_timeout=30000")
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("PRAGMA busy_timeout=30000")  # here waiting is the point
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            finally:
+                conn.execute("PRAGMA busy_timeout=0")
         except sqlite3.Error as exc:
             return [(False, _translate(exc))] * len(batch)
         return self._run_batch(conn, batch)
 
     def _run_batch(self, conn: sqlite3.Connection, batch: list[_Job]) -> list[tuple[bool, Any]]:
-        """Run the jobs in the open transaction, each in its own savepoint, and commit."""
+        """Run the jobs in the open transaction and commit.
+
+        Several jobs each run in a savepoint, so a refused one (stale lease,
+        conflict) is undone alone; a job alone in its batch needs none: its
+        failure rolls the transaction back.
+        """
+        alone = len(batch) == 1
         outcomes: list[tuple[bool, Any]] = []
+        written: dict[str, Task] = {}
+        numbered: dict[str, int] = {}
         try:
-            written: dict[str, Task] = {}
-            numbered: dict[str, int] = {}
             for job in batch:
-                conn.execute("SAVEPOINT job")
+                if not alone:
+                    conn.execute("SAVEPOINT job")
                 tx = SqliteTx(conn, self._rows, self._nums)
                 try:
                     outcomes.append((True, job.fn(tx)))
-                    conn.execute("RELEASE job")
-                    written.update(tx.written)
-                    numbered.update(tx.new_nums)
                 except Exception as exc:  # the job's own failure: undo only this job
-                    conn.execute("ROLLBACK TO job")
-                    conn.execute("RELEASE job")
+                    conn.execute("ROLLBACK" if alone else "ROLLBACK TO job")
                     for task_id in tx.written:  # its rows never reached the file
                         self._rows.rows.pop(task_id, None)
                     outcomes.append((False, _translate(exc)))
-            conn.execute("COMMIT")
+                    if alone:
+                        break
+                else:
+                    written.update(tx.written)
+                    numbered.update(tx.new_nums)
+                if not alone:
+                    conn.execute("RELEASE job")
+            if conn.in_transaction:
+                conn.execute("COMMIT")
             for task in written.values():
                 self._rows.put(task)
             self._nums.update(numbered)
@@ -340,7 +356,7 @@ class SQLiteStore:
                 # Nothing voided: let SQLite join the payloads into one JSON array,
                 # parsed in one call (the common case; resume stays fast).
                 row = conn.execute(_JOINED_VIEW.format(marks=marks), (task_id, *codes)).fetchone()
-                return API_MESSAGES.validate_json(row[0])
+                return parse_messages(row[0])
             sql = (
                 f"SELECT seq, kind, payload FROM entries WHERE task_num={_NUM}"
                 f" AND kind IN ({marks}) ORDER BY seq"

@@ -97,8 +97,12 @@ MIGRATIONS[2] = [
 SQLITE_SCHEMA_VERSION = max(MIGRATIONS)
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
 def dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    """Compact JSON text (one shared encoder: json.dumps with options builds one per call)."""
+    return _ENCODE(value)
 
 
 def connect(path: str, durability: Durability) -> sqlite3.Connection:
