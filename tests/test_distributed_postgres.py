@@ -173,6 +173,10 @@ async def test_idle_worker_is_woken_by_notify_not_by_polling(
     worker = PgWorker(rt.store.url, poll_interval=30)
     workers.append(worker)
     await until(lambda: listening(worker.app), 30, "the worker LISTENs")
+    # ...to the commits that can make work only, not to every commit in the cluster.
+    assert [b["query"] for b in backends(worker.app) if b["query"].startswith("LISTEN")] == [
+        'LISTEN "duragent_work"'
+    ]
 
     def quiet_for_a_second() -> bool:
         # Idle means no statement from the worker at all: the query_start of each
@@ -188,7 +192,33 @@ async def test_idle_worker_is_woken_by_notify_not_by_polling(
         await rt.wait(sub.task_id, timeout=5, until=started)
         done = await rt.wait(sub.task_id, timeout=30)
         assert done.status is TaskStatus.COMPLETED
+
+    # Work made runnable by updating a row (an answer), not only by inserting one.
+    asker = await rt.submit("asker", "plan a trip")
+    question = await rt.wait(asker.task_id, timeout=5, until=lambda t: t.status_reason == "input")
+    assert question.status is TaskStatus.WAITING
+    await until(quiet_for_a_second, 15, "the idle worker sends no queries (no polling)")
+    await rt.respond(asker.task_id, answer="Lisbon")  # waiting -> pending, in this process
+    answered = await rt.wait(asker.task_id, timeout=5)
+    assert answered.output == "you chose Lisbon"
     assert worker.proc.poll() is None
+
+
+async def test_subtasks_and_timers_run_on_workers_with_a_long_poll_interval(
+    rt: Runtime, workers: list[PgWorker]
+) -> None:
+    """A child task, its parent's wake-up and a due timer reach workers whose
+    poll interval (30 s) is longer than the test's timeouts."""
+    for _ in range(2):  # long leases too: no lease expiry wakes them up by chance
+        workers.append(PgWorker(rt.store.url, poll_interval=30, ttl=60, TIMER_SECONDS="1"))
+    for w in workers:
+        await until(lambda w=w: listening(w.app), 30, "the worker LISTENs")
+    parent = await rt.submit("parent", "ask the researcher")
+    timer = await rt.submit("timer", "wake me in a second")
+    done = await rt.wait(parent.task_id, timeout=15)
+    assert done.status is TaskStatus.COMPLETED and done.output == "the researcher says: 42"
+    woke = await rt.wait(timer.task_id, timeout=15)
+    assert woke.status is TaskStatus.COMPLETED and woke.output.startswith("woke up")
 
 
 # --- the server drops the worker's connections ------------------------------------

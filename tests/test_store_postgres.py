@@ -301,8 +301,9 @@ async def test_wait_for_change_wakes_on_another_connections_commit(
 async def test_wait_for_work_wakes_only_for_commits_that_can_make_work(
     pg_url: str, schema: str
 ) -> None:
-    """Renewals and appended entries (most commits of a busy cluster) wake change
-    waiters but not work waiters; creating, claiming and releasing a task wake both."""
+    """Renewals, appended entries and finishing a task (most commits of a busy
+    cluster) wake change waiters but not work waiters; creating, claiming and
+    releasing a task wake both."""
     waiter = PostgresStore(pg_url, schema=schema)
     writer = PostgresStore(pg_url, schema=schema)
 
@@ -322,7 +323,10 @@ async def test_wait_for_work_wakes_only_for_commits_that_can_make_work(
         return woken
 
     try:
-        await waiter.wait_for_change(10)  # returns once LISTEN is in place
+        await waiter.wait_for_work(10)  # returns once LISTEN (to the work channel) is in place
+        assert waiter.listening
+        # The first wait for any change makes it listen to every commit too.
+        await waiter.wait_for_change(10)
         assert waiter.listening
         task, _ = await writer.create_task(Task(agent="a"))
         held: list[Task] = []
@@ -340,6 +344,11 @@ async def test_wait_for_work_wakes_only_for_commits_that_can_make_work(
             lambda: writer.commit(Commit(fence={task.id: epoch}, entries=[ui(task.id, "x")]))
         )
         assert await heard(lambda: writer.release_lease(task.id, epoch))
+        assert await heard(claim)
+        epoch = held[-1].lease.epoch
+        completed = TaskPatch(task.id, {"status": "completed"})
+        finish = Commit(fence={task.id: epoch}, patches=[completed])
+        assert not await heard(lambda: writer.commit(finish))
     finally:
         await waiter.close()
         await writer.close()

@@ -432,11 +432,22 @@ class PostgresStore:
         self._check_open()
         signals = self._local_signals()
         signal = signals.work if work else signals.change
-        if self._listener is None or self._listener.loop is not signals.loop:
-            self._listener = Listener(self._conninfo, self.namespace, self._local_signals)
-        if not self._listener.ready.is_set():
+        listener = self._listener
+        if listener is None or listener.loop is not signals.loop:
+            listener = Listener(
+                self._conninfo, self.namespace, self._local_signals, changes=not work
+            )
+        elif not work and not listener.changes:
+            # The first wait for any change: listen to both channels from now on.
+            # Waiting callers are woken (re-read, wait again) as after a lost
+            # connection, since the new one may miss what is committed meanwhile.
+            listener.task.cancel()
+            listener = Listener(self._conninfo, self.namespace, self._local_signals, changes=True)
+            signals.fire(work=True)
+        self._listener = listener
+        if not listener.ready.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._listener.ready.wait(), timeout)
+                await asyncio.wait_for(listener.ready.wait(), timeout)
             return
         await signal.wait(timeout)
 

@@ -38,19 +38,28 @@ class Signals:
 
 
 class Listener:
-    """One connection per store doing LISTEN; reconnects with backoff if it drops."""
+    """One connection per store doing LISTEN; reconnects with backoff if it drops.
 
-    def __init__(self, conninfo: str, namespace: str, signals: Callable[[], Signals]) -> None:
+    It listens to WORK_CHANNEL, and to CHANNEL only if `changes`: a process
+    that only waits for work (a worker) is not sent the notification of every
+    commit in the cluster.
+    """
+
+    def __init__(
+        self, conninfo: str, namespace: str, signals: Callable[[], Signals], *, changes: bool
+    ) -> None:
         self.conninfo = conninfo
         self.namespace = namespace
         self.signals = signals
+        self.changes = changes
         self.loop = asyncio.get_running_loop()
         self.ready = asyncio.Event()
         self.task = self.loop.create_task(self._run())
 
     async def _run(self) -> None:
-        listen = sql.SQL("LISTEN {}; LISTEN {}").format(
-            sql.Identifier(CHANNEL), sql.Identifier(WORK_CHANNEL)
+        channels = [WORK_CHANNEL, CHANNEL] if self.changes else [WORK_CHANNEL]
+        listen = sql.SQL("; ").join(
+            sql.SQL("LISTEN {}").format(sql.Identifier(c)) for c in channels
         )
         delay = 0.1
         while True:

@@ -16,7 +16,7 @@ from psycopg import sql
 from psycopg.rows import DictRow
 
 from duragent.store.postgres_schema import Conn, lock_key
-from duragent.types import Document, Entry, Task
+from duragent.types import Document, Entry, Task, TaskStatus
 
 
 def _dumps(value: Any) -> str:
@@ -44,13 +44,24 @@ def schedule_key(task: Task) -> tuple[Any, ...]:
     return (task.status, task.status_reason, task.wake_at, task.lease.owner, task.lease.epoch)
 
 
+def may_become_claimable(task: Task) -> bool:
+    """Pending; waiting on a timer; or running, so claimable once its lease expires."""
+    status = task.status
+    return (
+        status is TaskStatus.PENDING
+        or status is TaskStatus.RUNNING
+        or (status is TaskStatus.WAITING and task.status_reason == "timer")
+    )
+
+
 class PgTx:
     """The shared algorithm's view of one open PostgreSQL transaction.
 
     `changed`: something was written. `work`: a task row was written in a way
     that may make it claimable or move when it becomes claimable (created,
-    claimed, released, finished, waiting on a timer...), which is all a worker
-    needs to hear about; renewing a lease or appending entries is not.
+    claimed, released, resumed, waiting on a timer), which is all a worker
+    needs to hear about; renewing a lease, appending entries, finishing or
+    pausing a task is not.
     """
 
     def __init__(self, conn: Conn, namespace: str) -> None:
@@ -138,7 +149,7 @@ class PgTx:
         )
         self.conn.execute(query, cols)
         self.changed = True
-        if self.schedules.get(task.id) != schedule_key(task):
+        if self.schedules.get(task.id) != schedule_key(task) and may_become_claimable(task):
             self.work = True
 
     def append(self, entries: list[Entry]) -> None:
