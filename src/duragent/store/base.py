@@ -92,6 +92,11 @@ class TaskQuery:
     limit: int = 50
     cursor: str | None = None  # opaque; from TaskPage.next_cursor
 
+    def equal_filters(self) -> list[tuple[str, str]]:
+        """The (field, value) pairs a task must match exactly: the ones that are set."""
+        fields = ("owner", "session_id", "parent_id", "root_id", "agent")
+        return [(f, v) for f in fields if (v := getattr(self, f)) is not None]
+
     def statuses(self) -> list[str] | None:
         if self.status is None:
             return None

@@ -169,6 +169,7 @@ class MemoryStore:
     async def list_tasks(self, query: TaskQuery | None = None) -> TaskPage:
         q = query or TaskQuery()
         statuses = q.statuses()
+        filters = q.equal_filters()
         tasks = [Task.model_validate_json(raw) for raw in self._tasks.values()]
         tasks.sort(key=lambda t: (t.created_at.timestamp(), t.id), reverse=True)
         if q.cursor:
@@ -176,17 +177,9 @@ class MemoryStore:
             tasks = [t for t in tasks if (round(t.created_at.timestamp(), 6), t.id) < (ts, cid)]
         out = []
         for t in tasks:
-            if q.owner is not None and t.owner != q.owner:
-                continue
             if statuses is not None and t.status.value not in statuses:
                 continue
-            if q.session_id is not None and t.session_id != q.session_id:
-                continue
-            if q.parent_id is not None and t.parent_id != q.parent_id:
-                continue
-            if q.root_id is not None and t.root_id != q.root_id:
-                continue
-            if q.agent is not None and t.agent != q.agent:
+            if any(getattr(t, field) != value for field, value in filters):
                 continue
             out.append(t)
             if len(out) > q.limit:

@@ -279,16 +279,9 @@ class PostgresStore:
         q = query or TaskQuery()
         where: list[str] = []
         params: list[Any] = []
-        for column, value in (
-            ("owner", q.owner),
-            ("session_id", q.session_id),
-            ("parent_id", q.parent_id),
-            ("root_id", q.root_id),
-            ("agent", q.agent),
-        ):
-            if value is not None:
-                where.append(f"{column} = %s")
-                params.append(value)
+        for column, value in q.equal_filters():
+            where.append(f"{column} = %s")
+            params.append(value)
         statuses = q.statuses()
         if statuses is not None:
             where.append("status = ANY(%s)")
