@@ -33,7 +33,7 @@ from duragent.errors import (
 )
 from duragent.store.base import SCHEMA_VERSION
 from duragent.store.memory import MemoryStore, _MemoryTx
-from duragent.types import Document, Entry, EntryKind, Task, utcnow
+from duragent.types import Document, Entry, EntryKind, Task
 
 Durability = Literal["normal", "full"]
 _T = TypeVar("_T")
@@ -304,10 +304,10 @@ class JSONLStore(MemoryStore):
             raise StoreUnavailable(f"could not write the JSONL store {self.path}: {exc}") from exc
         self._size += len(body) + len(marker)
 
-    def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
+    def _run(self, job: Callable[[_MemoryTx], _T]) -> _T:
         self._check_open()
         tx = _MemoryTx(self)
-        result = fn(tx, *args, utcnow())
+        result = job(tx)
         if tx.tasks or tx.entries or tx.docs:
             self._append(_tx_lines(tx))  # on disk first: memory only ever holds committed state
             tx.install()

@@ -11,8 +11,6 @@ from duragent.errors import TaskNotFound
 from duragent.store.base import (
     VIEW_KINDS,
     ChangeSignal,
-    Commit,
-    CommitResult,
     TaskPage,
     TaskQuery,
     build_model_view,
@@ -21,17 +19,15 @@ from duragent.store.base import (
     decode_cursor,
     encode_cursor,
 )
-from duragent.store.tx import apply_claim, apply_commit, apply_create, apply_release, apply_renew
+from duragent.store.tx import TxWrites
 from duragent.types import (
     ApiMessage,
     Document,
     Entry,
     EntryKind,
-    NewEntry,
     Task,
     TaskStatus,
     UiMessage,
-    utcnow,
 )
 
 _T = TypeVar("_T")
@@ -105,7 +101,7 @@ class _MemoryTx:
                 s._docs[k] = raw_doc
 
 
-class MemoryStore:
+class MemoryStore(TxWrites):
     """Holds everything as JSON text, so what comes back is a fresh copy, as from disk."""
 
     def __init__(self, url: str = "memory://") -> None:
@@ -129,36 +125,17 @@ class MemoryStore:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _run(self, fn: Callable[..., _T], *args: Any) -> _T:
+    def _run(self, job: Callable[[_MemoryTx], _T]) -> _T:
+        """Run a job in one transaction: all of its writes are installed, or none."""
         tx = _MemoryTx(self)
-        result = fn(tx, *args, utcnow())
+        result = job(tx)
         tx.install()
         if tx.entries or tx.tasks or tx.docs:
             self._signal.notify()
         return result
 
-    async def commit(self, commit: Commit) -> CommitResult:
-        return self._run(apply_commit, commit)
-
-    async def create_task(self, task: Task, entries: Sequence[NewEntry] = ()) -> tuple[Task, bool]:
-        return self._run(apply_create, task, entries)
-
-    async def claim_task(
-        self,
-        worker_id: str,
-        *,
-        agents: Iterable[str] | None = None,
-        ttl: float = 30.0,
-        task_id: str | None = None,
-    ) -> Task | None:
-        names = None if agents is None else list(agents)
-        return self._run(apply_claim, worker_id, names, ttl, task_id)
-
-    async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task:
-        return self._run(apply_renew, task_id, worker_id, epoch, ttl)
-
-    async def release_lease(self, task_id: str, epoch: int) -> None:
-        self._run(apply_release, task_id, epoch)
+    async def _write(self, job: Callable[[Any], _T]) -> _T:
+        return self._run(job)
 
     async def get_task(self, task_id: str) -> Task:
         raw = self._tasks.get(task_id)

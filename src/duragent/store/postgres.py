@@ -16,7 +16,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -30,8 +30,6 @@ from psycopg.rows import DictRow, dict_row
 from duragent.errors import Conflict, StoreError, StoreUnavailable, TaskNotFound
 from duragent.store.base import (
     VIEW_KINDS,
-    Commit,
-    CommitResult,
     TaskPage,
     TaskQuery,
     build_model_view,
@@ -42,8 +40,8 @@ from duragent.store.base import (
 from duragent.store.postgres_notify import CHANNEL, WORK_CHANNEL, Listener, Signals
 from duragent.store.postgres_schema import MIGRATIONS, Conn, lock_key, migrate
 from duragent.store.postgres_tx import PgTx, row_document, row_task
-from duragent.store.tx import apply_claim, apply_commit, apply_create, apply_release, apply_renew
-from duragent.types import ApiMessage, Document, Entry, EntryKind, NewEntry, Task, UiMessage, utcnow
+from duragent.store.tx import TxWrites
+from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UiMessage
 
 __all__ = [
     "CHANNEL",
@@ -62,7 +60,7 @@ _T = TypeVar("_T")
 _OWN_OPTIONS = ("schema", "min_size", "max_size", "retries")
 
 
-class PostgresStore:
+class PostgresStore(TxWrites):
     """`PostgresStore("postgresql://user@host/db", schema=None, max_size=10)`.
 
     The schema is created and migrated on construction; `schema` keeps several
@@ -217,33 +215,6 @@ class PostgresStore:
             raise StoreError(f"store {redact(self.url)} is closed")
 
     # --- writes ---
-
-    async def commit(self, commit: Commit) -> CommitResult:
-        return await self._write(lambda tx: apply_commit(tx, commit, utcnow()))
-
-    async def create_task(self, task: Task, entries: Sequence[NewEntry] = ()) -> tuple[Task, bool]:
-        return await self._write(lambda tx: apply_create(tx, task, entries, utcnow()))
-
-    async def claim_task(
-        self,
-        worker_id: str,
-        *,
-        agents: Iterable[str] | None = None,
-        ttl: float = 30.0,
-        task_id: str | None = None,
-    ) -> Task | None:
-        names = None if agents is None else list(agents)
-        return await self._write(
-            lambda tx: apply_claim(tx, worker_id, names, ttl, task_id, utcnow())
-        )
-
-    async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task:
-        return await self._write(
-            lambda tx: apply_renew(tx, task_id, worker_id, epoch, ttl, utcnow())
-        )
-
-    async def release_lease(self, task_id: str, epoch: int) -> None:
-        await self._write(lambda tx: apply_release(tx, task_id, epoch, utcnow()))
 
     async def delete_task(self, task_id: str) -> None:
         def delete(tx: PgTx) -> None:

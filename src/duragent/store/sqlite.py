@@ -13,7 +13,7 @@ import asyncio
 import json
 import os
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -27,8 +27,6 @@ from duragent.errors import (
 from duragent.store.base import (
     VIEW_KINDS,
     ChangeSignal,
-    Commit,
-    CommitResult,
     TaskPage,
     TaskQuery,
     build_model_view,
@@ -48,16 +46,14 @@ from duragent.store.sqlite_schema import (
     migrate,
 )
 from duragent.store.sqlite_tx import RowCache, SqliteTx, row_document, row_task
-from duragent.store.tx import apply_claim, apply_commit, apply_create, apply_release, apply_renew
+from duragent.store.tx import TxWrites
 from duragent.types import (
     ApiMessage,
     Document,
     Entry,
     EntryKind,
-    NewEntry,
     Task,
     UiMessage,
-    utcnow,
 )
 
 
@@ -67,7 +63,7 @@ class _Job:
     future: asyncio.Future[Any]
 
 
-class SQLiteStore:
+class SQLiteStore(TxWrites):
     """Writes are grouped: every commit asked for in the same event-loop tick
     shares one transaction (one fsync). The batch runs inline on the loop,
     which is cheaper than a thread hand-off for a sub-millisecond write; when
@@ -237,33 +233,6 @@ class SQLiteStore:
             raise _translate(exc) from exc
 
     # --- the protocol ---
-
-    async def commit(self, commit: Commit) -> CommitResult:
-        return await self._write(lambda tx: apply_commit(tx, commit, utcnow()))  # type: ignore[no-any-return]
-
-    async def create_task(self, task: Task, entries: Sequence[NewEntry] = ()) -> tuple[Task, bool]:
-        return await self._write(lambda tx: apply_create(tx, task, entries, utcnow()))  # type: ignore[no-any-return]
-
-    async def claim_task(
-        self,
-        worker_id: str,
-        *,
-        agents: Iterable[str] | None = None,
-        ttl: float = 30.0,
-        task_id: str | None = None,
-    ) -> Task | None:
-        names = None if agents is None else list(agents)
-        return await self._write(  # type: ignore[no-any-return]
-            lambda tx: apply_claim(tx, worker_id, names, ttl, task_id, utcnow())
-        )
-
-    async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task:
-        return await self._write(  # type: ignore[no-any-return]
-            lambda tx: apply_renew(tx, task_id, worker_id, epoch, ttl, utcnow())
-        )
-
-    async def release_lease(self, task_id: str, epoch: int) -> None:
-        await self._write(lambda tx: apply_release(tx, task_id, epoch, utcnow()))
 
     async def get_task(self, task_id: str) -> Task:
         def read(conn: sqlite3.Connection) -> Task:

@@ -7,9 +7,9 @@ here and nowhere else.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from duragent.errors import Conflict, TaskNotFound
 from duragent.store.base import (
@@ -22,7 +22,7 @@ from duragent.store.base import (
     released,
     renewed,
 )
-from duragent.types import Document, Entry, NewEntry, Task
+from duragent.types import Document, Entry, NewEntry, Task, utcnow
 
 
 class Tx(Protocol):
@@ -181,3 +181,44 @@ def apply_release(tx: Tx, task_id: str, epoch: int, now: datetime) -> None:
     rows.flush()
     if entries:
         tx.append(entries)
+
+
+_T = TypeVar("_T")
+
+
+class TxWrites:
+    """The Store protocol's writes, written once over a backend's `_write(job)`.
+
+    A backend only says how it runs a job inside one transaction (and when the
+    job's result counts as committed); what each write means is `apply_*` above.
+    """
+
+    async def _write(self, job: Callable[[Any], _T]) -> _T:
+        raise NotImplementedError
+
+    async def commit(self, commit: Commit) -> CommitResult:
+        return await self._write(lambda tx: apply_commit(tx, commit, utcnow()))
+
+    async def create_task(self, task: Task, entries: Sequence[NewEntry] = ()) -> tuple[Task, bool]:
+        return await self._write(lambda tx: apply_create(tx, task, entries, utcnow()))
+
+    async def claim_task(
+        self,
+        worker_id: str,
+        *,
+        agents: Iterable[str] | None = None,
+        ttl: float = 30.0,
+        task_id: str | None = None,
+    ) -> Task | None:
+        names = None if agents is None else list(agents)
+        return await self._write(
+            lambda tx: apply_claim(tx, worker_id, names, ttl, task_id, utcnow())
+        )
+
+    async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task:
+        return await self._write(
+            lambda tx: apply_renew(tx, task_id, worker_id, epoch, ttl, utcnow())
+        )
+
+    async def release_lease(self, task_id: str, epoch: int) -> None:
+        await self._write(lambda tx: apply_release(tx, task_id, epoch, utcnow()))
