@@ -16,6 +16,7 @@ from psycopg import sql
 from psycopg.rows import DictRow
 
 from duragent.store.postgres_schema import Conn, lock_key
+from duragent.store.tx import task_columns
 from duragent.types import Document, Entry, Task, TaskStatus
 
 
@@ -52,6 +53,11 @@ def may_become_claimable(task: Task) -> bool:
         or status is TaskStatus.RUNNING
         or (status is TaskStatus.WAITING and task.status_reason == "timer")
     )
+
+
+def _same(value: Any) -> Any:
+    """psycopg sends datetimes as timestamptz: no conversion."""
+    return value
 
 
 class PgTx:
@@ -99,34 +105,9 @@ class PgTx:
         ).fetchone()
         return self._task(row)
 
-    @staticmethod
-    def _columns(task: Task) -> dict[str, Any]:
-        return {
-            "id": task.id,
-            "status": task.status.value,
-            "status_reason": task.status_reason,
-            "updated_at": task.updated_at,
-            "wake_at": task.wake_at,
-            "lease_owner": task.lease.owner,
-            "lease_expires": task.lease.expires_at,
-            "lease_epoch": task.lease.epoch,
-            "last_seq": task.last_seq,
-            "version": task.version,
-            "data": task.model_dump_json(exclude={"input"}),
-        }
-
     def insert_task(self, task: Task) -> None:
-        cols = self._columns(task)
-        cols.update(
-            owner=task.owner,
-            request_id=task.request_id,
-            session_id=task.session_id,
-            parent_id=task.parent_id,
-            root_id=task.root_id,
-            agent=task.agent,
-            created_at=task.created_at,
-            input=_dumps(task.input),
-        )
+        cols = task_columns(task, _same, created=True)
+        cols["input"] = _dumps(task.input)
         query = sql.SQL("INSERT INTO tasks ({}) VALUES ({})").format(
             sql.SQL(", ").join(map(sql.Identifier, cols)),
             sql.SQL(", ").join(map(sql.Placeholder, cols)),
@@ -135,7 +116,7 @@ class PgTx:
         self.changed = self.work = True
 
     def update_task(self, task: Task) -> None:
-        cols = self._columns(task)
+        cols = task_columns(task, _same)
         # The input is written once at creation; re-sending it on every step would
         # make each commit cost the size of the input.
         if task.id not in self.inputs or self.inputs[task.id] != task.input:

@@ -10,6 +10,7 @@ from typing import Any
 
 from duragent.store.base import to_ts, ts_to_dt
 from duragent.store.sqlite_schema import KIND_CODES, dumps
+from duragent.store.tx import task_columns
 from duragent.types import Document, Entry, Task
 
 
@@ -97,34 +98,9 @@ class SqliteTx:
         ).fetchone()
         return self._task(row)
 
-    @staticmethod
-    def _columns(task: Task) -> dict[str, Any]:
-        return {
-            "id": task.id,
-            "status": task.status.value,
-            "status_reason": task.status_reason,
-            "updated_at": to_ts(task.updated_at),
-            "wake_at": to_ts(task.wake_at),
-            "lease_owner": task.lease.owner,
-            "lease_expires": to_ts(task.lease.expires_at),
-            "lease_epoch": task.lease.epoch,
-            "last_seq": task.last_seq,
-            "version": task.version,
-            "data": task.model_dump_json(exclude={"input"}),
-        }
-
     def insert_task(self, task: Task) -> None:
-        cols = self._columns(task)
-        cols.update(
-            owner=task.owner,
-            request_id=task.request_id,
-            session_id=task.session_id,
-            parent_id=task.parent_id,
-            root_id=task.root_id,
-            agent=task.agent,
-            created_at=to_ts(task.created_at),
-            input=dumps(task.input),
-        )
+        cols = task_columns(task, to_ts, created=True)
+        cols["input"] = dumps(task.input)
         names = ", ".join(cols)
         marks = ", ".join(f":{k}" for k in cols)
         cur = self.conn.execute(f"INSERT INTO tasks ({names}) VALUES ({marks})", cols)
@@ -132,7 +108,7 @@ class SqliteTx:
         self.written[task.id] = task
 
     def update_task(self, task: Task) -> None:
-        cols = self._columns(task)
+        cols = task_columns(task, to_ts)
         if task.id not in self.inputs or self.inputs[task.id] != task.input:
             cols["input"] = dumps(task.input)
         sets = ", ".join(f"{k}=:{k}" for k in cols if k != "id")

@@ -39,6 +39,38 @@ class Tx(Protocol):
     ) -> Task | None: ...
 
 
+def task_columns(
+    task: Task, when: Callable[[datetime | None], Any], *, created: bool = False
+) -> dict[str, Any]:
+    """A task row as SQL columns: the fields stores query on, and the rest as
+    JSON in `data` (input apart, written only when it changes). `created` adds
+    the columns fixed at creation; `when` encodes times the backend's way."""
+    cols: dict[str, Any] = {
+        "id": task.id,
+        "status": task.status.value,
+        "status_reason": task.status_reason,
+        "updated_at": when(task.updated_at),
+        "wake_at": when(task.wake_at),
+        "lease_owner": task.lease.owner,
+        "lease_expires": when(task.lease.expires_at),
+        "lease_epoch": task.lease.epoch,
+        "last_seq": task.last_seq,
+        "version": task.version,
+        "data": task.model_dump_json(exclude={"input"}),
+    }
+    if created:
+        cols.update(
+            owner=task.owner,
+            request_id=task.request_id,
+            session_id=task.session_id,
+            parent_id=task.parent_id,
+            root_id=task.root_id,
+            agent=task.agent,
+            created_at=when(task.created_at),
+        )
+    return cols
+
+
 class _Touched:
     """Task rows read and changed within one transaction, written back once."""
 
