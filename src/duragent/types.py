@@ -192,7 +192,6 @@ class EntryKind(StrEnum):
     ROLLBACK = "rollback"
     STATUS = "status"
     CHECKPOINT = "checkpoint"
-    REQUEST = "request"
 
 
 # Entries whose payload is an API message and so part of the model's view.

@@ -110,9 +110,6 @@ class ResponseAssembler:
         elif isinstance(event, Finish):
             self.finish = event.reason
 
-    def partial_text(self) -> str:
-        return "".join(self.text)
-
     def response(self, call_id_prefix: str = "call") -> Response:
         calls = []
         for i in sorted(self.calls):

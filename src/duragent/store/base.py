@@ -31,7 +31,6 @@ from duragent.types import (
     TaskStatus,
     UiMessage,
     check_transition,
-    utcnow,
 )
 
 SCHEMA_VERSION = 1
@@ -69,9 +68,6 @@ class Commit:
     documents: list[DocumentWrite] = field(default_factory=list)
     new_tasks: list[Task] = field(default_factory=list)
     fence: dict[str, int] = field(default_factory=dict)
-
-    def is_empty(self) -> bool:
-        return not (self.entries or self.patches or self.documents or self.new_tasks)
 
 
 @dataclass(slots=True)
@@ -399,7 +395,3 @@ async def iter_entries(
         if len(batch) < page:
             return
         after_seq = batch[-1].seq
-
-
-def now_utc() -> datetime:
-    return utcnow()
