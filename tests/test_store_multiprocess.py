@@ -1,4 +1,5 @@
-"""Four real processes claim from one SQLite file: every task goes to exactly one of them."""
+"""Four real processes claim from one shared store (a SQLite file, a PostgreSQL
+schema): every task goes to exactly one of them."""
 
 from __future__ import annotations
 
@@ -6,8 +7,13 @@ import asyncio
 import json
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+from conftest import drop_schema, require_postgres
 from duragent.store import open_store
 from duragent.types import Task
 
@@ -35,8 +41,18 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
-async def test_four_processes_claim_each_task_exactly_once(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/shared.db"
+@pytest.fixture(params=["sqlite", "postgres"])
+def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/shared.db"
+        return
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    yield f"{require_postgres()}?schema={schema}"
+    drop_schema(schema)
+
+
+async def test_four_processes_claim_each_task_exactly_once(shared_url: str, tmp_path: Path) -> None:
+    url = shared_url
     store = open_store(url)
     ids = set()
     for i in range(500):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -397,65 +396,6 @@ async def test_zombie_commits_racing_a_takeover_never_roll_the_lease_back(
         await zombie.close()
         await claimer.close()
     assert refused > 0, "no zombie commit ever raced the takeover; the test proves nothing"
-
-
-CLAIMER = r"""
-import asyncio, json, os, sys
-from duragent.store import Commit, TaskPatch
-from duragent.store.postgres import PostgresStore
-
-async def main(url, schema, worker, out, gate):
-    store = PostgresStore(url, schema=schema, max_size=2)
-    while not os.path.exists(gate):  # start together, so claims really contend
-        await asyncio.sleep(0.001)
-    got = []
-    while True:
-        task = await store.claim_task(worker, ttl=3600)
-        if task is None:
-            break
-        await store.commit(Commit(fence={task.id: task.lease.epoch},
-                                  patches=[TaskPatch(task.id, {"status": "completed"})]))
-        got.append(task.id)
-    await store.close()
-    with open(out, "w") as f:
-        json.dump(got, f)
-
-asyncio.run(main(*sys.argv[1:]))
-"""
-
-
-async def test_four_processes_claim_each_task_exactly_once(
-    pg_url: str, schema: str, tmp_path: Path
-) -> None:
-    store = PostgresStore(pg_url, schema=schema)
-    ids = set()
-    for i in range(500):
-        t, _ = await store.create_task(Task(agent="a", input=i))
-        ids.add(t.id)
-    outs = [tmp_path / f"w{i}.json" for i in range(4)]
-    gate = tmp_path / "go"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", CLAIMER, pg_url, schema, f"w{i}", str(out), str(gate)]
-        )
-        for i, out in enumerate(outs)
-    ]
-    try:
-        await asyncio.sleep(1.0)  # not a correctness wait: only lets the claimers start
-        gate.touch()
-        codes = await asyncio.gather(*(asyncio.to_thread(p.wait, 120) for p in procs))
-        assert codes == [0, 0, 0, 0]
-        claimed = [tid for out in outs for tid in json.loads(out.read_text())]
-        assert len(claimed) == 500 and set(claimed) == ids
-        busy = sum(1 for out in outs if json.loads(out.read_text()))
-        assert busy >= 2, "the processes did not contend; the test proves nothing"
-        for tid in list(ids)[:20]:
-            t = await store.get_task(tid)
-            assert t.lease.epoch == 1 and t.status.value == "completed"
-    finally:
-        for p in procs:
-            p.kill()
-        await store.close()
 
 
 @SETTINGS
