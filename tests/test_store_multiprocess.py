@@ -88,3 +88,53 @@ async def test_four_processes_claim_each_task_exactly_once(shared_url: str, tmp_
         t = await store.get_task(tid)
         assert t.lease.epoch == 1 and t.status.value == "completed"
     await store.close()
+
+
+COMMITTER = r"""
+import asyncio, sys
+from duragent.store import open_store, Commit, TaskPatch
+
+async def main(url, task_id):
+    store = open_store(url)
+    control = {"action": "pause", "rollback": False, "reason": None}
+    await store.commit(Commit(patches=[TaskPatch(task_id, {"control": control})]))
+    await store.close()
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def test_a_commit_in_another_process_wakes_waiters_and_control_watchers(
+    shared_url: str,
+) -> None:
+    store = open_store(shared_url)
+    try:
+        task, _ = await store.create_task(Task(agent="a", input="x"))
+        told: list[str] = []
+        heard = asyncio.Event()
+
+        def noted(task_id: str | None) -> None:
+            if task_id is not None:
+                told.append(task_id)
+                heard.set()
+
+        stop = store.watch_controls(noted)
+        for _ in range(100):  # the first waits start listening (and may return early)
+            if getattr(store, "listening", False):
+                break
+            await store.wait_for_change(0.2)
+        assert getattr(store, "listening", False)
+        change = asyncio.create_task(store.wait_for_change(120))
+        done, _ = await asyncio.wait({change}, timeout=0.5)
+        assert not done, "wait_for_change returned though nothing was committed"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", COMMITTER, shared_url, task.id
+        )
+        assert await proc.wait() == 0
+        # Woken by the other process's commit, long before the 120 s timeout.
+        await asyncio.wait_for(change, 60)
+        await asyncio.wait_for(heard.wait(), 60)
+        assert told == [task.id]
+        stop()
+    finally:
+        await store.close()
