@@ -64,9 +64,7 @@ class WakeUps:
 
     # --- receiving ---
 
-    def listen(
-        self, on_message: Callable[[bool, bool, list[str]], None], *, changes: bool
-    ) -> bool:
+    def listen(self, on_message: Callable[[bool, bool, list[str]], None], *, changes: bool) -> bool:
         """Register to hear work and control requests, and every change if `changes`.
 
         `on_message(work, change, controlled_task_ids)` runs on the calling

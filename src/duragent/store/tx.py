@@ -317,9 +317,7 @@ class TxWrites:
         held = dict(leases)
         if not held:
             return LeaseRenewal(kept={}, lost=set())
-        return await self._write(
-            lambda tx: apply_renew_leases(tx, worker_id, held, ttl, utcnow())
-        )
+        return await self._write(lambda tx: apply_renew_leases(tx, worker_id, held, ttl, utcnow()))
 
     async def release_lease(self, task_id: str, epoch: int) -> None:
         await self._write(lambda tx: apply_release(tx, task_id, epoch, utcnow()))
