@@ -4,7 +4,7 @@ Tools append to the ledger file named by $LEDGER (one fsync'd line per
 execution) so tests can count side effects. $HOLD=<tool name> makes that tool
 print `AT <tool>` and block on its first attempt, for a test to kill or stop
 the process there. $DROP_TOOLS removes tools from the agents (a later deploy
-that lost a definition).
+that lost a definition). $TOOL_GRACE sets how long a pause waits for tools.
 """
 
 from __future__ import annotations
@@ -133,6 +133,7 @@ def chat_script(messages: list[Any]) -> Any:
 def build_agents() -> list[Agent]:
     dropped = set(filter(None, os.environ.get("DROP_TOOLS", "").split(",")))
     max_restarts = int(os.environ.get("MAX_RESTARTS", "3"))
+    grace = float(os.environ.get("TOOL_GRACE", "10"))
 
     def tools(*ts: Any) -> list[Any]:
         return [t for t in ts if t.name not in dropped]
@@ -143,6 +144,7 @@ def build_agents() -> list[Agent]:
             model=ScriptedModel(sleeper_script),
             tools=tools(nap, nap_safe),
             max_restarts=max_restarts,
+            tool_grace=grace,
         ),
         Agent(name="parent", model=ScriptedModel(parent_script), tools=tools(delegate)),
         Agent(name="researcher", model=ScriptedModel(researcher_script), tools=tools(nap)),
