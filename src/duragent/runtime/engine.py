@@ -512,6 +512,10 @@ class TaskRunner:
                     return
         finally:
             stopper.cancel()
+            # Leaving early (the runner was cancelled: its lease is lost; or a
+            # result commit failed): its tools must not run on unowned.
+            for job in pending_jobs:
+                job.cancel()
         if suspended:
             await self._park(r, suspended, rs)
 
