@@ -16,7 +16,8 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -32,6 +33,7 @@ from duragent.store.base import (
     VIEW_KINDS,
     ControlCallback,
     ControlWatchers,
+    LeaseRenewal,
     TaskPage,
     TaskQuery,
     build_model_view,
@@ -49,8 +51,8 @@ from duragent.store.postgres_notify import (
 )
 from duragent.store.postgres_schema import MIGRATIONS, Conn, lock_key, migrate
 from duragent.store.postgres_tx import PgTx, row_document, row_task
-from duragent.store.tx import TxWrites
-from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UiMessage
+from duragent.store.tx import TxWrites, apply_renew_leases
+from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UiMessage, utcnow
 
 __all__ = [
     "CHANNEL",
@@ -130,6 +132,7 @@ class PostgresStore(TxWrites):
         self._signals: Signals | None = None
         self._listener: Listener | None = None
         self._controls = ControlWatchers()
+        self._leases: ThreadPoolExecutor | None = None
         self._closed = False
 
     def _configure(self, conn: Conn) -> None:
@@ -150,6 +153,8 @@ class PostgresStore(TxWrites):
             await self._listener.stop()
             self._listener = None
         await asyncio.to_thread(self._pool.close)
+        if self._leases is not None:
+            self._leases.shutdown(wait=False)
 
     async def __aenter__(self) -> PostgresStore:
         return self
@@ -232,6 +237,30 @@ class PostgresStore(TxWrites):
             raise StoreError(f"store {redact(self.url)} is closed")
 
     # --- writes ---
+
+    async def renew_leases(
+        self, worker_id: str, leases: Mapping[str, int], ttl: float
+    ) -> LeaseRenewal:
+        """Renew all of a worker's leases in one transaction, on a thread of its own.
+
+        Task commits queue for the shared worker threads; a renewal waiting
+        behind them would drift past the lease on a busy worker.
+        """
+        self._check_open()
+        held = dict(leases)
+        if not held:
+            return LeaseRenewal(kept={}, lost=set())
+        if self._leases is None:
+            self._leases = ThreadPoolExecutor(1, thread_name_prefix="duragent-leases")
+
+        def renew(tx: PgTx) -> LeaseRenewal:
+            return apply_renew_leases(tx, worker_id, held, ttl, utcnow())
+
+        loop = asyncio.get_running_loop()
+        result, tx = await loop.run_in_executor(self._leases, self._execute, renew, True)
+        if tx is not None and tx.changed:
+            self._local_signals().fire(work=tx.work)
+        return result
 
     async def delete_task(self, task_id: str) -> None:
         def delete(tx: PgTx) -> None:
