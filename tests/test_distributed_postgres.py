@@ -173,9 +173,10 @@ async def test_idle_worker_is_woken_by_notify_not_by_polling(
     worker = PgWorker(rt.store.url, poll_interval=30)
     workers.append(worker)
     await until(lambda: listening(worker.app), 30, "the worker LISTENs")
-    # ...to the commits that can make work only, not to every commit in the cluster.
+    # ...to the commits that can make work, and to control requests (pause/abort
+    # of a task, rare), not to every commit in the cluster.
     assert [b["query"] for b in backends(worker.app) if b["query"].startswith("LISTEN")] == [
-        'LISTEN "duragent_work"'
+        'LISTEN "duragent_work"; LISTEN "duragent_control"'
     ]
 
     def quiet_for_a_second() -> bool:

@@ -445,12 +445,98 @@ async def test_new_child_and_parent_wait_commit_together(store: Store) -> None:
     assert loaded.root_id == parent.id and loaded.input == "sub"
 
 
-async def test_wait_for_change_wakes_on_local_commit(store: Store) -> None:
+async def until_listening(store: Store) -> None:
+    """Stores that hear other processes start listening at their first wait, and
+    may return early while they start (callers re-read after any return)."""
+    for _ in range(100):
+        if getattr(store, "listening", True):
+            return
+        await store.wait_for_change(0.2)
+    raise AssertionError("the store never started listening")
+
+
+async def test_wait_for_change_waits_for_a_commit_then_wakes(store: Store) -> None:
     task = await make(store)
-    waiter = asyncio.create_task(store.wait_for_change(30))
-    await asyncio.sleep(0)
+    await until_listening(store)
+    waiter = asyncio.create_task(store.wait_for_change(60))
+    # Nothing is committed: the wait must still be running after the loop has
+    # had plenty of chances to finish it (a store that polls returns here).
+    done, _ = await asyncio.wait({waiter}, timeout=1.0)
+    assert not done, "wait_for_change returned though nothing was committed"
     await store.commit(Commit(entries=[ui(task.id, "x")]))
-    await asyncio.wait_for(waiter, 5)
+    await asyncio.wait_for(waiter, 10)
+
+
+async def test_renew_leases_renews_all_in_one_call_and_reports_the_lost(store: Store) -> None:
+    mine = [await make(store) for _ in range(3)]
+    gone = await make(store)
+    claimed = {}
+    for t in [*mine, gone]:
+        c = await store.claim_task("w1", task_id=t.id, ttl=5)
+        assert c is not None
+        claimed[t.id] = c
+    # `gone` is taken over by w2 after its lease is released: w1's epoch is stale.
+    await store.release_lease(gone.id, claimed[gone.id].lease.epoch)
+    assert await store.claim_task("w2", task_id=gone.id, ttl=60) is not None
+    held = {tid: c.lease.epoch for tid, c in claimed.items()}
+    held["no-such-task"] = 1
+    before = {t.id: claimed[t.id].lease.expires_at for t in mine}
+    renewal = await store.renew_leases("w1", held, ttl=600)
+    assert set(renewal.kept) == {t.id for t in mine}
+    assert renewal.lost == {gone.id, "no-such-task"}
+    for t in mine:
+        row = await store.get_task(t.id)
+        assert row.lease.owner == "w1" and row.lease.epoch == held[t.id]
+        assert row.lease.expires_at is not None and row.lease.expires_at > before[t.id]
+        assert row.lease.expires_at == renewal.kept[t.id].lease.expires_at
+    assert (await store.get_task(gone.id)).lease.owner == "w2"
+    # A renewal by a worker that does not own the task loses it, and changes nothing.
+    other = await store.renew_leases("w2", {mine[0].id: held[mine[0].id]}, ttl=600)
+    assert other.lost == {mine[0].id} and not other.kept
+    assert (await store.renew_leases("w1", {}, ttl=5)).kept == {}
+
+
+async def test_renew_leases_returns_the_control_request_on_the_row(store: Store) -> None:
+    task = await make(store)
+    c = await store.claim_task("w1", task_id=task.id, ttl=60)
+    assert c is not None
+    control = {"action": "pause", "rollback": False, "reason": None}
+    await store.commit(Commit(patches=[TaskPatch(task.id, {"control": control})]))
+    renewal = await store.renew_leases("w1", {task.id: c.lease.epoch}, ttl=60)
+    assert renewal.kept[task.id].control == control
+
+
+async def test_watch_controls_is_told_the_task_a_control_request_was_set_on(
+    store: Store,
+) -> None:
+    task, other = await make(store), await make(store)
+    told: list[str] = []
+    arrived = asyncio.Event()
+
+    def noted(task_id: str | None) -> None:
+        if task_id is not None:
+            told.append(task_id)
+            arrived.set()
+
+    stop = store.watch_controls(noted)
+    try:
+        c = await store.claim_task("w1", task_id=task.id, ttl=60)
+        assert c is not None
+        await store.commit(Commit(entries=[ui(other.id, "not a control request")]))
+        assert told == []
+        control = {"action": "abort", "rollback": False, "reason": "enough"}
+        await store.commit(Commit(patches=[TaskPatch(task.id, {"control": control})]))
+        await asyncio.wait_for(arrived.wait(), 10)
+        assert told == [task.id]
+        # The owner's own commits keep the request on the row: no second notice
+        # (notices arrive in commit order, so the next one proves none came).
+        arrived.clear()
+        await store.commit(Commit(fence={task.id: c.lease.epoch}, entries=[ui(task.id, "x")]))
+        await store.commit(Commit(patches=[TaskPatch(other.id, {"control": control})]))
+        await asyncio.wait_for(arrived.wait(), 10)
+        assert told == [task.id, other.id]
+    finally:
+        stop()
 
 
 async def test_model_view_keeps_commit_order_across_many_interleaved_commits(store: Store) -> None:

@@ -343,3 +343,58 @@ async def test_sigterm_finishes_the_running_tool_and_hands_the_task_back(
     done = await until(rt, sub.task_id, lambda t: t.status.terminal)
     assert done.status is TaskStatus.COMPLETED and done.restarts == 0
     assert sum(1 for line in ledger_lines(ledger) if line.startswith("start nap ")) == 1
+
+
+async def test_worker_stopped_past_its_lease_and_continued_counts_one_restart(
+    rt: Runtime, workers: list[WorkerProc], tmp_path: Path
+) -> None:
+    ledger, release = tmp_path / "ledger.txt", tmp_path / "release"
+    ids = [(await rt.submit("sleeper", f"task {i}")).task_id for i in range(8)]
+    # A short poll: once continued, this worker looks for work before its
+    # heartbeat runs, and claims its own expired tasks again (a new epoch)
+    # while their old runners are still there.
+    stopped = WorkerProc(
+        url_of(rt), ttl=2.0, poll=0.02, LEDGER=str(ledger), HOLD="nap", HOLD_UNTIL=str(release)
+    )
+    workers.append(stopped)
+    for task_id in ids:
+        await stopped.wait_output(f"AT nap {task_id}")
+    stopped.signal(signal.SIGSTOP)
+    for task_id in ids:
+        await until(
+            rt,
+            task_id,
+            lambda t: t.lease.expires_at is not None and t.lease.expires_at < datetime.now(UTC),
+        )
+    heir = WorkerProc(url_of(rt), ttl=30.0, concurrency=4, LEDGER=str(ledger))
+    workers.append(heir)
+
+    async def held_by_heir() -> list[str]:
+        tasks = [await rt.get(task_id) for task_id in ids]
+        return [t.id for t in tasks if f":{heir.pid}:" in (t.lease.owner or "")]
+
+    while len(taken := await held_by_heir()) < 4:
+        await asyncio.sleep(0.05)
+    stopped.signal(signal.SIGCONT)
+    # The continued worker learns it lost these (and stops their runners)...
+    for task_id in taken:
+        while not any(task_id in line and "lease lost" in line for line in stopped.err):
+            await asyncio.sleep(0.05)
+            assert stopped.proc.poll() is None, "\n".join(stopped.err[-30:])
+    release.touch()  # ...before any held tool could finish and record its end.
+    for task_id in ids:
+        done = await until(rt, task_id, lambda t: t.status.terminal, timeout=120)
+        assert done.status is TaskStatus.COMPLETED
+        assert done.restarts <= 1, f"{task_id} was taken over {done.restarts} times"
+        await one_result_per_call(rt, task_id)
+    for task_id in taken:
+        assert (await rt.get(task_id)).restarts == 1
+    keys = {task_id: f"{task_id}:" for task_id in ids}
+    lines = ledger_lines(ledger)
+    for task_id in ids:
+        restarts = (await rt.get(task_id)).restarts
+        starts = [x for x in lines if x.startswith(f"start nap {keys[task_id]}")]
+        ends = [x for x in lines if x.startswith(f"end nap {keys[task_id]}")]
+        assert len(starts) == 1, (task_id, starts)
+        # A runner that lost its task never finished its tool afterwards.
+        assert len(ends) == (0 if restarts else 1), (task_id, restarts, ends)

@@ -2,9 +2,10 @@
 
 Tools append to the ledger file named by $LEDGER (one fsync'd line per
 execution) so tests can count side effects. $HOLD=<tool name> makes that tool
-print `AT <tool>` and block on its first attempt, for a test to kill or stop
-the process there. $DROP_TOOLS removes tools from the agents (a later deploy
-that lost a definition).
+print `AT <tool>` and block on its first attempt (for $HOLD_SECONDS, or until
+the file $HOLD_UNTIL exists), for a test to kill or stop the process there.
+$DROP_TOOLS removes tools from the agents (a later deploy that lost a
+definition). $TOOL_GRACE sets how long a pause waits for tools.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ async def hold(name: str, ctx: ToolContext) -> None:
     every = os.environ.get("HOLD_EVERY") == "1"
     if os.environ.get("HOLD") == name and (ctx.attempt == 1 or every):
         print(f"AT {name} {ctx.task_id}", flush=True)
+        release = os.environ.get("HOLD_UNTIL")
+        if release:  # until the test creates this file
+            while not os.path.exists(release):
+                await asyncio.sleep(0.02)
+            return
         await asyncio.sleep(float(os.environ.get("HOLD_SECONDS", "3600")))
 
 
@@ -133,6 +139,7 @@ def chat_script(messages: list[Any]) -> Any:
 def build_agents() -> list[Agent]:
     dropped = set(filter(None, os.environ.get("DROP_TOOLS", "").split(",")))
     max_restarts = int(os.environ.get("MAX_RESTARTS", "3"))
+    grace = float(os.environ.get("TOOL_GRACE", "10"))
 
     def tools(*ts: Any) -> list[Any]:
         return [t for t in ts if t.name not in dropped]
@@ -143,6 +150,7 @@ def build_agents() -> list[Agent]:
             model=ScriptedModel(sleeper_script),
             tools=tools(nap, nap_safe),
             max_restarts=max_restarts,
+            tool_grace=grace,
         ),
         Agent(name="parent", model=ScriptedModel(parent_script), tools=tools(delegate)),
         Agent(name="researcher", model=ScriptedModel(researcher_script), tools=tools(nap)),

@@ -15,7 +15,9 @@ HERE = Path(__file__).parent
 class WorkerProc:
     """A `python -m duragent worker` child whose output is collected as it comes."""
 
-    def __init__(self, url: str, *, ttl: float = 2.0, concurrency: int = 50, **env: str) -> None:
+    def __init__(
+        self, url: str, *, ttl: float = 2.0, concurrency: int = 50, poll: float = 0.1, **env: str
+    ) -> None:
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -31,7 +33,7 @@ class WorkerProc:
                 "--lease-ttl",
                 str(ttl),
                 "--poll-interval",
-                "0.1",
+                str(poll),
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

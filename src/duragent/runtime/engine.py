@@ -167,6 +167,11 @@ class TaskRunner:
                 raise
         old = self.task.status
         self.task = result.tasks[self.task.id]
+        control = self.task.control
+        if control and (self.control is None or self.control.action != control.get("action")):
+            # A pause/abort committed by another process: every commit sees it,
+            # so no tool starts after the commit that precedes it (the intents).
+            self.request(Control(**control))
         if self.task.status != old and self.on_status is not None:
             self.on_status(self.task, old, self.task.status)
         return result
@@ -483,6 +488,14 @@ class TaskRunner:
                 await self.commit(patch={"iterations": r})
             return
         self._round_no = r
+        if self.control is not None:  # stopped before any tool started: none starts
+            action = self.control.action
+            text = f"Tool call cancelled: the task was {action}ed before it started."
+            entries = [
+                e for c in todo for e in result_entries(self.task.id, r, c.id, text, "interrupted")
+            ]
+            await self._stop(self.control, entries)
+            return
         jobs = {asyncio.ensure_future(one(c)): c.id for c in todo}
         stopper = asyncio.ensure_future(self._control_event.wait())
         pending_jobs = set(jobs)
@@ -499,6 +512,10 @@ class TaskRunner:
                     return
         finally:
             stopper.cancel()
+            # Leaving early (the runner was cancelled: its lease is lost; or a
+            # result commit failed): its tools must not run on unowned.
+            for job in pending_jobs:
+                job.cancel()
         if suspended:
             await self._park(r, suspended, rs)
 

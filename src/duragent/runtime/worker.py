@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from duragent.errors import StaleLease, StoreError, TaskNotFound
+from duragent.errors import StoreError, TaskNotFound
 from duragent.runtime.agent import Agent
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
 from duragent.runtime.state import Clock
@@ -29,10 +29,12 @@ def default_worker_id() -> str:
 class Worker:
     """Runs up to `concurrency` tasks of the agents it knows.
 
-    Leases last `lease_ttl` seconds and are renewed every `heartbeat` seconds;
-    a task whose worker died is taken over by any worker once its lease expires.
-    New work is noticed at once when it is submitted in this process, and
-    otherwise within `poll_interval` (or the store's own notification).
+    Leases last `lease_ttl` seconds and are renewed, all in one store call,
+    every `heartbeat` seconds; a task whose worker died is taken over by any
+    worker once its lease expires. New work is noticed at once when it is
+    submitted in this process or the store notifies across processes, and
+    otherwise within `poll_interval`. A pause or abort committed by another
+    process reaches the task's runner at once through `watch_controls`.
     """
 
     def __init__(
@@ -63,6 +65,8 @@ class Worker:
         self.trace = trace
         self.runners: dict[str, TaskRunner] = {}
         self._jobs: dict[str, asyncio.Task[Task]] = {}
+        self._job_of: dict[int, asyncio.Task[Task]] = {}  # id(runner) -> its job
+        self._checks: set[asyncio.Future[None]] = set()  # control requests being read
         self._done: dict[str, asyncio.Event] = {}
         self._wake = asyncio.Event()
         self._stopping = False
@@ -110,6 +114,9 @@ class Worker:
 
     async def run(self) -> None:
         beat = asyncio.ensure_future(self._heartbeat())
+        # Control requests (pause/abort from another process) are heard at once,
+        # not at the next heartbeat.
+        unwatch = self.store.watch_controls(self._control_noted)
         try:
             while not self._stopping:
                 # Listen before looking: a commit landing between the claim
@@ -123,7 +130,10 @@ class Worker:
                     if changed is not None:
                         changed.cancel()
         finally:
+            unwatch()
             beat.cancel()
+            for check in list(self._checks):
+                check.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
             self._stopped.set()
@@ -180,6 +190,11 @@ class Worker:
         self._wake.clear()
 
     def _start(self, task: Task) -> None:
+        old = self.runners.get(task.id)
+        if old is not None:
+            # We claimed it again (our lease had lapsed), so the old runner's
+            # epoch is lost: stop it now rather than at its next refused commit.
+            self._abandon(old, "claimed again under a newer lease")
         agent = self.agents[task.agent]
         runner = TaskRunner(
             self.store,
@@ -194,9 +209,14 @@ class Worker:
         self._done[task.id] = asyncio.Event()
         job = asyncio.ensure_future(runner.run())
         self._jobs[task.id] = job
-        job.add_done_callback(lambda _: self._finished(task.id))
+        self._job_of[id(runner)] = job
+        job.add_done_callback(lambda _: self._finished(runner))
 
-    def _finished(self, task_id: str) -> None:
+    def _finished(self, runner: TaskRunner) -> None:
+        task_id = runner.task.id
+        self._job_of.pop(id(runner), None)
+        if self.runners.get(task_id) is not runner:
+            return  # an older runner of a task this worker runs again: leave the new one be
         self.runners.pop(task_id, None)
         self._jobs.pop(task_id, None)
         done = self._done.pop(task_id, None)
@@ -204,27 +224,67 @@ class Worker:
             done.set()
         self._wake.set()  # a slot is free
 
-    async def _heartbeat(self) -> None:
-        while True:
-            await asyncio.sleep(self.heartbeat)
-            for task_id, runner in list(self.runners.items()):
-                await self._renew(task_id, runner)
+    def _abandon(self, runner: TaskRunner, why: str) -> None:
+        """Cancel this runner (only this one: a newer runner of the same task stays)."""
+        log.warning("task %s (epoch %s): %s, abandoning it", runner.task.id, runner.epoch, why)
+        job = self._job_of.get(id(runner))
+        if job is not None:
+            job.cancel()
 
-    async def _renew(self, task_id: str, runner: TaskRunner) -> None:
+    # --- leases and control ---
+
+    async def _heartbeat(self) -> None:
+        """Renew every lease this worker holds, in one store call, on a fixed beat.
+
+        The beat is kept from the start of one renewal to the start of the
+        next, so a slow renewal does not push the following ones later and
+        later (drift past the lease). Task work never runs in this coroutine.
+        """
+        loop = asyncio.get_running_loop()
+        due = loop.time() + self.heartbeat
+        while True:
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            due = max(due + self.heartbeat, loop.time())
+            await self._renew_all()
+
+    async def _renew_all(self) -> None:
+        held = dict(self.runners)
+        if not held:
+            return
+        leases = {task_id: runner.epoch for task_id, runner in held.items()}
         try:
-            row = await self.store.renew_lease(task_id, self.id, runner.epoch, self.lease_ttl)
-        except (StaleLease, TaskNotFound):
+            renewal = await self.store.renew_leases(self.id, leases, self.lease_ttl)
+        except StoreError as exc:
+            log.warning("lease renewal of %d tasks failed: %s", len(leases), exc)
+            return
+        for task_id in renewal.lost:
             # Another worker owns it now (we were stopped past our lease): stop
             # without writing; fencing would refuse our writes anyway.
-            log.warning("task %s: lease lost, abandoning it", task_id)
-            job = self._jobs.get(task_id)
-            if job is not None:
-                job.cancel()
+            self._abandon(held[task_id], "lease lost")
+        for task_id, row in renewal.kept.items():
+            if row.control:  # a request whose notice we missed
+                self._apply_control(held[task_id], row)
+
+    def _control_noted(self, task_id: str | None) -> None:
+        """A control request was committed on `task_id` (None: on any, maybe)."""
+        ids = list(self.runners) if task_id is None else [task_id]
+        for tid in ids:
+            runner = self.runners.get(tid)
+            if runner is not None:
+                check = asyncio.ensure_future(self._check_control(runner))
+                self._checks.add(check)
+                check.add_done_callback(self._checks.discard)
+
+    async def _check_control(self, runner: TaskRunner) -> None:
+        try:
+            row = await self.store.get_task(runner.task.id)
+        except (StoreError, TaskNotFound) as exc:
+            log.warning("task %s: control request unread: %s", runner.task.id, exc)
             return
-        except StoreError as exc:
-            log.warning("task %s: lease renewal failed: %s", task_id, exc)
-            return
-        if row.control:
+        self._apply_control(runner, row)
+
+    def _apply_control(self, runner: TaskRunner, row: Task) -> None:
+        if row.control and row.lease.epoch == runner.epoch:
             runner.request(Control(**row.control))
 
 

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import gc
 import json
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
@@ -75,6 +75,21 @@ class CommitResult:
     entries: list[Entry]
     tasks: dict[str, Task]  # every task row the commit touched, as now stored
     documents: list[Document]
+
+
+@dataclass(slots=True)
+class LeaseRenewal:
+    """What one `renew_leases` call found: the leases still ours (renewed, with
+    the rows as now stored, so a control request on them is seen) and the
+    ones lost (another epoch or owner holds the task, or it is gone)."""
+
+    kept: dict[str, Task]
+    lost: set[str]
+
+
+# Told the id of a task whose control (pause/abort) was just requested, from
+# any process; None when notifications may have been missed (re-check all).
+ControlCallback = Callable[[str | None], None]
 
 
 @dataclass(slots=True)
@@ -145,11 +160,15 @@ class Store(Protocol):
         task_id: str | None = None,
     ) -> Task | None: ...
     async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task: ...
+    async def renew_leases(
+        self, worker_id: str, leases: Mapping[str, int], ttl: float
+    ) -> LeaseRenewal: ...
     async def release_lease(self, task_id: str, epoch: int) -> None: ...
     async def next_wake_at(self, agents: Iterable[str] | None = None) -> datetime | None: ...
 
     async def delete_task(self, task_id: str) -> None: ...
     async def wait_for_change(self, timeout: float) -> None: ...
+    def watch_controls(self, callback: ControlCallback) -> Callable[[], None]: ...
 
 
 # --- rules every backend applies --------------------------------------------
@@ -382,6 +401,29 @@ class ChangeSignal:
         event = self._event
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout)
+
+
+class ControlWatchers:
+    """The callbacks of `watch_controls`: each is told every controlled task id."""
+
+    def __init__(self) -> None:
+        self._callbacks: list[ControlCallback] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._callbacks)
+
+    def add(self, callback: ControlCallback) -> Callable[[], None]:
+        self._callbacks.append(callback)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._callbacks.remove(callback)
+
+        return remove
+
+    def fire(self, task_id: str | None) -> None:
+        for callback in list(self._callbacks):
+            callback(task_id)
 
 
 async def iter_entries(

@@ -11,6 +11,8 @@ from duragent.errors import TaskNotFound
 from duragent.store.base import (
     VIEW_KINDS,
     ChangeSignal,
+    ControlCallback,
+    ControlWatchers,
     TaskPage,
     TaskQuery,
     build_model_view,
@@ -19,7 +21,7 @@ from duragent.store.base import (
     decode_cursor,
     encode_cursor,
 )
-from duragent.store.tx import TxWrites
+from duragent.store.tx import Notes, TxWrites
 from duragent.types import (
     ApiMessage,
     Document,
@@ -41,10 +43,15 @@ class _MemoryTx:
         self.tasks: dict[str, str] = {}
         self.entries: list[Entry] = []
         self.docs: dict[tuple[str, str], str | None] = {}
+        self.notes = Notes()
 
     def load_task(self, task_id: str) -> Task | None:
         raw = self.tasks.get(task_id) or self.store._tasks.get(task_id)
-        return None if raw is None else Task.model_validate_json(raw)
+        if raw is None:
+            return None
+        task = Task.model_validate_json(raw)
+        self.notes.read(task)
+        return task
 
     def find_by_request(self, owner: str | None, request_id: str) -> Task | None:
         task_id = self.store._requests.get((owner, request_id))
@@ -53,7 +60,9 @@ class _MemoryTx:
     def insert_task(self, task: Task) -> None:
         self.tasks[task.id] = task.model_dump_json()
 
-    update_task = insert_task
+    def update_task(self, task: Task) -> None:
+        self.tasks[task.id] = task.model_dump_json()
+        self.notes.wrote(task)
 
     def append(self, entries: list[Entry]) -> None:
         self.entries.extend(entries)
@@ -99,6 +108,8 @@ class _MemoryTx:
                 s._docs.pop(k, None)
             else:
                 s._docs[k] = raw_doc
+        for task_id in self.notes.controlled:
+            s._controls.fire(task_id)
 
 
 class MemoryStore(TxWrites):
@@ -111,6 +122,7 @@ class MemoryStore(TxWrites):
         self._entries: dict[str, list[tuple[int, str, int, str, datetime]]] = {}
         self._docs: dict[tuple[str, str], str] = {}
         self._signal = ChangeSignal()
+        self._controls = ControlWatchers()
 
     async def open(self) -> None:
         return None
@@ -248,3 +260,7 @@ class MemoryStore(TxWrites):
 
     async def wait_for_change(self, timeout: float) -> None:
         await self._signal.wait(timeout)
+
+    def watch_controls(self, callback: ControlCallback) -> Callable[[], None]:
+        """Call `callback(task_id)` when a commit sets a control request on a task."""
+        return self._controls.add(callback)

@@ -16,7 +16,8 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -30,6 +31,9 @@ from psycopg.rows import DictRow, dict_row
 from duragent.errors import Conflict, StoreError, StoreUnavailable, TaskNotFound
 from duragent.store.base import (
     VIEW_KINDS,
+    ControlCallback,
+    ControlWatchers,
+    LeaseRenewal,
     TaskPage,
     TaskQuery,
     build_model_view,
@@ -37,11 +41,18 @@ from duragent.store.base import (
     decode_cursor,
     encode_cursor,
 )
-from duragent.store.postgres_notify import CHANNEL, WORK_CHANNEL, Listener, Signals
+from duragent.store.postgres_notify import (
+    CHANNEL,
+    CONTROL_CHANNEL,
+    WORK_CHANNEL,
+    Listener,
+    Signals,
+    control_payload,
+)
 from duragent.store.postgres_schema import MIGRATIONS, Conn, lock_key, migrate
 from duragent.store.postgres_tx import PgTx, row_document, row_task
-from duragent.store.tx import TxWrites
-from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UiMessage
+from duragent.store.tx import TxWrites, apply_renew_leases
+from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UiMessage, utcnow
 
 __all__ = [
     "CHANNEL",
@@ -120,6 +131,8 @@ class PostgresStore(TxWrites):
             raise StoreUnavailable(f"{self._where}: could not open connections: {exc}") from exc
         self._signals: Signals | None = None
         self._listener: Listener | None = None
+        self._controls = ControlWatchers()
+        self._leases: ThreadPoolExecutor | None = None
         self._closed = False
 
     def _configure(self, conn: Conn) -> None:
@@ -140,6 +153,8 @@ class PostgresStore(TxWrites):
             await self._listener.stop()
             self._listener = None
         await asyncio.to_thread(self._pool.close)
+        if self._leases is not None:
+            self._leases.shutdown(wait=False)
 
     async def __aenter__(self) -> PostgresStore:
         return self
@@ -176,6 +191,11 @@ class PostgresStore(TxWrites):
                             # Delivered by the server only if and when this commits.
                             channel = WORK_CHANNEL if tx.work else CHANNEL
                             conn.execute("SELECT pg_notify(%s, %s)", (channel, self.namespace))
+                        for task_id in tx.notes.controlled:
+                            conn.execute(
+                                "SELECT pg_notify(%s, %s)",
+                                (CONTROL_CHANNEL, control_payload(self.namespace, task_id)),
+                            )
                         committing = True
                     return result, tx
             except psycopg_pool.PoolTimeout as exc:
@@ -208,6 +228,8 @@ class PostgresStore(TxWrites):
         if tx is not None and tx.changed:
             # Local waiters need not wait for the round trip through the server.
             self._local_signals().fire(work=tx.work)
+            # Control requests are not fired here: the listener hears them from
+            # the server, once each, in commit order (a watcher always listens).
         return result
 
     def _check_open(self) -> None:
@@ -215,6 +237,30 @@ class PostgresStore(TxWrites):
             raise StoreError(f"store {redact(self.url)} is closed")
 
     # --- writes ---
+
+    async def renew_leases(
+        self, worker_id: str, leases: Mapping[str, int], ttl: float
+    ) -> LeaseRenewal:
+        """Renew all of a worker's leases in one transaction, on a thread of its own.
+
+        Task commits queue for the shared worker threads; a renewal waiting
+        behind them would drift past the lease on a busy worker.
+        """
+        self._check_open()
+        held = dict(leases)
+        if not held:
+            return LeaseRenewal(kept={}, lost=set())
+        if self._leases is None:
+            self._leases = ThreadPoolExecutor(1, thread_name_prefix="duragent-leases")
+
+        def renew(tx: PgTx) -> LeaseRenewal:
+            return apply_renew_leases(tx, worker_id, held, ttl, utcnow())
+
+        loop = asyncio.get_running_loop()
+        result, tx = await loop.run_in_executor(self._leases, self._execute, renew, True)
+        if tx is not None and tx.changed:
+            self._local_signals().fire(work=tx.work)
+        return result
 
     async def delete_task(self, task_id: str) -> None:
         def delete(tx: PgTx) -> None:
@@ -392,23 +438,47 @@ class PostgresStore(TxWrites):
         """
         await self._wait(timeout, work=True)
 
+    def watch_controls(self, callback: ControlCallback) -> Callable[[], None]:
+        """Call `callback(task_id)` when a control request is committed on a task,
+        by any process (LISTEN/NOTIFY), and `callback(None)` whenever listening
+        (re)starts. Returns the function that stops the calls."""
+        self._check_open()
+        remove = self._controls.add(callback)
+        self._listen(changes=False)
+        return remove
+
+    def _listen(self, *, changes: bool) -> Listener:
+        signals = self._local_signals()
+        listener = self._listener
+        if listener is None or listener.loop is not signals.loop:
+            listener = Listener(
+                self._conninfo,
+                self.namespace,
+                self._local_signals,
+                changes=changes,
+                on_control=self._controls.fire,
+            )
+        elif changes and not listener.changes:
+            # The first wait for any change: listen to every channel from now on.
+            # Waiting callers are woken (re-read, wait again) as after a lost
+            # connection, since the new one may miss what is committed meanwhile.
+            listener.task.cancel()
+            listener = Listener(
+                self._conninfo,
+                self.namespace,
+                self._local_signals,
+                changes=True,
+                on_control=self._controls.fire,
+            )
+            signals.fire(work=True)
+        self._listener = listener
+        return listener
+
     async def _wait(self, timeout: float, *, work: bool) -> None:
         self._check_open()
         signals = self._local_signals()
         signal = signals.work if work else signals.change
-        listener = self._listener
-        if listener is None or listener.loop is not signals.loop:
-            listener = Listener(
-                self._conninfo, self.namespace, self._local_signals, changes=not work
-            )
-        elif not work and not listener.changes:
-            # The first wait for any change: listen to both channels from now on.
-            # Waiting callers are woken (re-read, wait again) as after a lost
-            # connection, since the new one may miss what is committed meanwhile.
-            listener.task.cancel()
-            listener = Listener(self._conninfo, self.namespace, self._local_signals, changes=True)
-            signals.fire(work=True)
-        self._listener = listener
+        listener = self._listen(changes=not work)
         if not listener.ready.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(listener.ready.wait(), timeout)

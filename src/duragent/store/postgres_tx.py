@@ -16,8 +16,8 @@ from psycopg import sql
 from psycopg.rows import DictRow
 
 from duragent.store.postgres_schema import Conn, lock_key
-from duragent.store.tx import task_columns
-from duragent.types import Document, Entry, Task, TaskStatus
+from duragent.store.tx import Notes, task_columns
+from duragent.types import Document, Entry, Task
 
 
 def _dumps(value: Any) -> str:
@@ -40,21 +40,6 @@ def row_document(row: DictRow) -> Document:
     )
 
 
-def schedule_key(task: Task) -> tuple[Any, ...]:
-    """What decides whether, and from when, a worker may claim the task."""
-    return (task.status, task.status_reason, task.wake_at, task.lease.owner, task.lease.epoch)
-
-
-def may_become_claimable(task: Task) -> bool:
-    """Pending; waiting on a timer; or running, so claimable once its lease expires."""
-    status = task.status
-    return (
-        status is TaskStatus.PENDING
-        or status is TaskStatus.RUNNING
-        or (status is TaskStatus.WAITING and task.status_reason == "timer")
-    )
-
-
 def _same(value: Any) -> Any:
     """psycopg sends datetimes as timestamptz: no conversion."""
     return value
@@ -63,27 +48,31 @@ def _same(value: Any) -> Any:
 class PgTx:
     """The shared algorithm's view of one open PostgreSQL transaction.
 
-    `changed`: something was written. `work`: a task row was written in a way
-    that may make it claimable or move when it becomes claimable (created,
-    claimed, released, resumed, waiting on a timer), which is all a worker
-    needs to hear about; renewing a lease, appending entries, finishing or
-    pausing a task is not.
+    `changed`: something was written. `notes.work`: a task row was written in
+    a way that may make it claimable or move when it becomes claimable
+    (created, claimed, released, resumed, waiting on a timer), which is all a
+    worker needs to hear about; renewing a lease, appending entries, finishing
+    or pausing a task is not. `notes.controlled`: tasks a control request was
+    set on, which their owning worker must hear about at once.
     """
 
     def __init__(self, conn: Conn, namespace: str) -> None:
         self.conn = conn
         self.namespace = namespace
         self.inputs: dict[str, Any] = {}
-        self.schedules: dict[str, tuple[Any, ...]] = {}
+        self.notes = Notes()
         self.changed = False
-        self.work = False
+
+    @property
+    def work(self) -> bool:
+        return self.notes.work
 
     def _task(self, row: DictRow | None) -> Task | None:
         if row is None:
             return None
         task = row_task(row)
         self.inputs[task.id] = task.input
-        self.schedules[task.id] = schedule_key(task)
+        self.notes.read(task)
         return task
 
     def load_task(self, task_id: str) -> Task | None:
@@ -113,7 +102,8 @@ class PgTx:
             sql.SQL(", ").join(map(sql.Placeholder, cols)),
         )
         self.conn.execute(query, cols)
-        self.changed = self.work = True
+        self.changed = True
+        self.notes.wrote(task, created=True)
 
     def update_task(self, task: Task) -> None:
         cols = task_columns(task, _same)
@@ -130,8 +120,7 @@ class PgTx:
         )
         self.conn.execute(query, cols)
         self.changed = True
-        if self.schedules.get(task.id) != schedule_key(task) and may_become_claimable(task):
-            self.work = True
+        self.notes.wrote(task)
 
     def append(self, entries: list[Entry]) -> None:
         with self.conn.cursor() as cur:

@@ -4,7 +4,8 @@ All writes of a process go through one writer thread that groups whatever
 commits are waiting into a single transaction (one fsync for many commits),
 each commit inside its own SAVEPOINT so a refused commit (stale lease,
 conflict) leaves its batch-mates untouched. Reads use per-thread connections
-and never wait for the writer.
+and never wait for the writer. Other processes on the same file hear of
+commits through the wake-ups of sqlite_wake.py.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from duragent.errors import (
 from duragent.store.base import (
     VIEW_KINDS,
     ChangeSignal,
+    ControlCallback,
+    ControlWatchers,
     TaskPage,
     TaskQuery,
     build_model_view,
@@ -46,6 +49,7 @@ from duragent.store.sqlite_schema import (
     migrate,
 )
 from duragent.store.sqlite_tx import RowCache, SqliteTx, row_document, row_task
+from duragent.store.sqlite_wake import WakeUps
 from duragent.store.tx import TxWrites
 from duragent.types import (
     ApiMessage,
@@ -100,6 +104,11 @@ class SQLiteStore(TxWrites):
         self._rows = RowCache()
         self._nums: dict[str, int] = {}  # task id -> its number in the entries table
         self._signal: ChangeSignal | None = None
+        self._work_signal: ChangeSignal | None = None
+        self._controls = ControlWatchers()
+        self._wake = WakeUps(path)
+        self._batch_work = False  # what the running batch's committed jobs announce
+        self._batch_controlled: list[str] = []
         self._closed = False
 
     # --- lifecycle ---
@@ -113,6 +122,7 @@ class SQLiteStore(TxWrites):
         while self._pending or self._flushing:
             await asyncio.sleep(0.001)
         self._closed = True
+        self._wake.close()
         self._writer_conn.close()
         self._reader_conn.close()
 
@@ -128,6 +138,11 @@ class SQLiteStore(TxWrites):
         if self._signal is None:
             self._signal = ChangeSignal()
         return self._signal
+
+    def _work(self) -> ChangeSignal:
+        if self._work_signal is None:
+            self._work_signal = ChangeSignal()
+        return self._work_signal
 
     async def _write(self, fn: Callable[[SqliteTx], Any]) -> Any:
         if self._closed:
@@ -178,6 +193,7 @@ class SQLiteStore(TxWrites):
         outcomes: list[tuple[bool, Any]] = []
         written: dict[str, Task] = {}
         numbered: dict[str, int] = {}
+        self._batch_work, self._batch_controlled = False, []
         try:
             for job in batch:
                 if not alone:
@@ -195,6 +211,8 @@ class SQLiteStore(TxWrites):
                 else:
                     written.update(tx.written)
                     numbered.update(tx.new_nums)
+                    self._batch_work = self._batch_work or tx.notes.work
+                    self._batch_controlled += tx.notes.controlled
                 if not alone:
                     conn.execute("RELEASE job")
             if conn.in_transaction:
@@ -207,6 +225,7 @@ class SQLiteStore(TxWrites):
                 conn.execute("ROLLBACK")
             self._rows.rows.clear()
             self._nums.clear()
+            self._batch_work, self._batch_controlled = False, []
             outcomes = [(False, _translate(exc))] * len(batch)
         self.batches += 1
         self.jobs_done += len(batch)
@@ -216,7 +235,7 @@ class SQLiteStore(TxWrites):
         for job, (ok, value) in zip(batch, outcomes, strict=True):
             _settle(job.future, ok, value)
         if any(ok for ok, _ in outcomes):
-            self._changed().notify()
+            self._announce(self._batch_work, self._batch_controlled)
         if self._pending:
             asyncio.get_running_loop().call_soon(self._flush)
         else:
@@ -391,9 +410,53 @@ class SQLiteStore(TxWrites):
 
         await self._write(delete)
 
+    # --- change notification ---
+
+    @property
+    def notifies_across_processes(self) -> bool:
+        """Whether other processes' commits wake wait_for_change (see sqlite_wake.py)."""
+        return self._wake.possible
+
+    @property
+    def listening(self) -> bool:
+        """True once this store hears other processes' commits (after the first wait)."""
+        return self._wake.listening
+
+    def _announce(self, work: bool, controlled: list[str]) -> None:
+        """A batch committed: wake this process's waiters, then the other processes'."""
+        self._heard(work, True, controlled)
+        self._wake.announce(work=work, controlled=controlled)
+
+    def _heard(self, work: bool, change: bool, controlled: list[str]) -> None:
+        if change:
+            self._changed().notify()
+        if work:
+            self._work().notify()
+        for task_id in controlled:
+            self._controls.fire(task_id)
+
+    def _listen(self, *, changes: bool) -> bool:
+        if self._closed:
+            raise StoreError(f"store {self.url} is closed")
+        return self._wake.listen(self._heard, changes=changes)
+
     async def wait_for_change(self, timeout: float) -> None:
-        # Other processes' commits are not signalled; the bounded poll covers them.
-        await self._changed().wait(min(timeout, self.poll_interval))
+        """Return after a commit by this or any other process on the file, or after `timeout`."""
+        if not self._listen(changes=True):
+            timeout = min(timeout, self.poll_interval)  # no wake-ups here: poll
+        await self._changed().wait(timeout)
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """Like wait_for_change, for the commits that may make a task claimable."""
+        if not self._listen(changes=False):
+            timeout = min(timeout, self.poll_interval)
+        await self._work().wait(timeout)
+
+    def watch_controls(self, callback: ControlCallback) -> Callable[[], None]:
+        """Call `callback(task_id)` when any process commits a control request on a task."""
+        remove = self._controls.add(callback)
+        self._listen(changes=False)
+        return remove
 
 
 # A task's number from its id, inside a query.

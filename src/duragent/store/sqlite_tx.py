@@ -10,7 +10,7 @@ from typing import Any
 
 from duragent.store.base import to_ts, ts_to_dt
 from duragent.store.sqlite_schema import KIND_CODES, dumps
-from duragent.store.tx import task_columns
+from duragent.store.tx import Notes, task_columns
 from duragent.types import Document, Entry, Task
 
 
@@ -61,6 +61,7 @@ class SqliteTx:
         self.new_nums: dict[str, int] = {}  # numbers given in this transaction
         self.inputs: dict[str, Any] = {}
         self.written: dict[str, Task] = {}  # handed to the cache once the batch commits
+        self.notes = Notes()  # what other processes' waiters must hear of (sqlite_wake.py)
 
     def task_num(self, task_id: str) -> int:
         num = self.new_nums.get(task_id) or self.nums.get(task_id)
@@ -74,6 +75,7 @@ class SqliteTx:
             return None
         task = row_task(row)
         self.inputs[task.id] = task.input
+        self.notes.read(task)
         return task
 
     def load_task(self, task_id: str) -> Task | None:
@@ -87,6 +89,7 @@ class SqliteTx:
             cached = self.cache.get(task_id, tuple(stamp))  # type: ignore[arg-type]
             if cached is not None:
                 self.inputs[task_id] = cached.input
+                self.notes.read(cached)
                 return cached
         row = self.conn.execute("SELECT data, input FROM tasks WHERE id=?", (task_id,)).fetchone()
         return self._task(row)
@@ -106,6 +109,7 @@ class SqliteTx:
         cur = self.conn.execute(f"INSERT INTO tasks ({names}) VALUES ({marks})", cols)
         self.new_nums[task.id] = int(cur.lastrowid or 0)
         self.written[task.id] = task
+        self.notes.wrote(task, created=True)
 
     def update_task(self, task: Task) -> None:
         cols = task_columns(task, to_ts)
@@ -114,6 +118,7 @@ class SqliteTx:
         sets = ", ".join(f"{k}=:{k}" for k in cols if k != "id")
         self.conn.execute(f"UPDATE tasks SET {sets} WHERE id=:id", cols)
         self.written[task.id] = task
+        self.notes.wrote(task)
 
     def append(self, entries: list[Entry]) -> None:
         self.conn.executemany(

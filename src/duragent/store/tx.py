@@ -7,14 +7,15 @@ here and nowhere else.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
-from duragent.errors import Conflict, TaskNotFound
+from duragent.errors import Conflict, StaleLease, TaskNotFound
 from duragent.store.base import (
     Commit,
     CommitResult,
+    LeaseRenewal,
     apply_patch,
     check_fence,
     check_new_child,
@@ -22,7 +23,7 @@ from duragent.store.base import (
     released,
     renewed,
 )
-from duragent.types import Document, Entry, NewEntry, Task, utcnow
+from duragent.types import Document, Entry, NewEntry, Task, TaskStatus, utcnow
 
 
 class Tx(Protocol):
@@ -69,6 +70,45 @@ def task_columns(
             created_at=when(task.created_at),
         )
     return cols
+
+
+def schedule_key(task: Task) -> tuple[Any, ...]:
+    """What decides whether, and from when, a worker may claim the task."""
+    return (task.status, task.status_reason, task.wake_at, task.lease.owner, task.lease.epoch)
+
+
+def may_become_claimable(task: Task) -> bool:
+    """Pending; waiting on a timer; or running, so claimable once its lease expires."""
+    status = task.status
+    return (
+        status is TaskStatus.PENDING
+        or status is TaskStatus.RUNNING
+        or (status is TaskStatus.WAITING and task.status_reason == "timer")
+    )
+
+
+class Notes:
+    """What a transaction's writes mean to waiters in other processes, noted as
+    the rows are written: `work` when a row may have become claimable (or moved
+    when it does: created, claimed, released, resumed, waiting on a timer),
+    `controlled` the tasks a control request (pause/abort) was just set on."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[str, tuple[tuple[Any, ...], Any]] = {}  # id -> (schedule, control)
+        self.work = False
+        self.controlled: list[str] = []
+
+    def read(self, task: Task) -> None:
+        self.loaded[task.id] = (schedule_key(task), task.control)
+
+    def wrote(self, task: Task, *, created: bool = False) -> None:
+        before = self.loaded.get(task.id)
+        moved = before is None or before[0] != schedule_key(task)
+        if created or (moved and may_become_claimable(task)):
+            self.work = True
+        if task.control is not None and (before is None or before[1] != task.control):
+            self.controlled.append(task.id)
+        self.loaded[task.id] = (schedule_key(task), task.control)
 
 
 class _Touched:
@@ -202,6 +242,24 @@ def apply_renew(
     return task
 
 
+def apply_renew_leases(
+    tx: Tx, worker_id: str, leases: Mapping[str, int], ttl: float, now: datetime
+) -> LeaseRenewal:
+    """Renew every lease in one transaction; a lost one is reported, not raised.
+
+    Rows are taken in id order, so two transactions locking several of the
+    same rows (where the backend locks) cannot deadlock on the order.
+    """
+    kept: dict[str, Task] = {}
+    lost: set[str] = set()
+    for task_id in sorted(leases):
+        try:
+            kept[task_id] = apply_renew(tx, task_id, worker_id, leases[task_id], ttl, now)
+        except (StaleLease, TaskNotFound):
+            lost.add(task_id)
+    return LeaseRenewal(kept=kept, lost=lost)
+
+
 def apply_release(tx: Tx, task_id: str, epoch: int, now: datetime) -> None:
     task = tx.load_task(task_id)
     if task is None:
@@ -251,6 +309,15 @@ class TxWrites:
         return await self._write(
             lambda tx: apply_renew(tx, task_id, worker_id, epoch, ttl, utcnow())
         )
+
+    async def renew_leases(
+        self, worker_id: str, leases: Mapping[str, int], ttl: float
+    ) -> LeaseRenewal:
+        """Renew all of a worker's leases at once: one transaction, whatever their number."""
+        held = dict(leases)
+        if not held:
+            return LeaseRenewal(kept={}, lost=set())
+        return await self._write(lambda tx: apply_renew_leases(tx, worker_id, held, ttl, utcnow()))
 
     async def release_lease(self, task_id: str, epoch: int) -> None:
         await self._write(lambda tx: apply_release(tx, task_id, epoch, utcnow()))
