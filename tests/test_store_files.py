@@ -349,3 +349,15 @@ async def test_a_file_size_limit_at_open_says_disk_full(tmp_path: Path) -> None:
     again = open_all(None, old_sqlite, old_jsonl, *new)
     assert [again[u] for u in (old_sqlite, old_jsonl)] == [["opened", 1], ["opened", 1]]
     assert [again[u] for u in new] == [["opened", 0], ["opened", 0]]
+
+
+def test_the_new_store_errors_survive_pickling() -> None:
+    """They cross process boundaries (a worker pool, a test harness) intact."""
+    import pickle
+
+    full = StoreFull("/data/s.db", 0, "No space left on device")
+    missing = StoreNotFound("/data", "create it first")
+    for error in (full, missing):
+        again = pickle.loads(pickle.dumps(error))
+        assert type(again) is type(error) and str(again) == str(error)
+    assert pickle.loads(pickle.dumps(full)).free_bytes == 0
