@@ -29,7 +29,7 @@ async def _sqlite_full(tmp_path: Path) -> Store:
 
 
 async def _jsonl(tmp_path: Path) -> Store:
-    return open_store(f"jsonl://{tmp_path}/jsonl-store")
+    return open_store(f"jsonl:///{tmp_path}/jsonl-store")
 
 
 PG_URL = os.environ.get("DURAGENT_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")

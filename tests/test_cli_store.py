@@ -99,7 +99,7 @@ async def test_compact_removes_what_no_reader_needs_and_keeps_the_rest(tmp_path:
     before = await snapshot(directory, ids)
     size_before = (directory / LOG_NAME).stat().st_size
 
-    result = compact(f"jsonl://{directory}")
+    result = compact(f"jsonl:///{directory}")
 
     assert result.returncode == 0, result.stderr
     assert f"compacted {directory}" in result.stdout
@@ -131,7 +131,7 @@ async def test_compact_removes_what_no_reader_needs_and_keeps_the_rest(tmp_path:
     finally:
         await store.close()
 
-    again = compact(f"jsonl://{directory}")  # nothing left to remove
+    again = compact(f"jsonl:///{directory}")  # nothing left to remove
     assert again.returncode == 0, again.stderr
     assert "removed: 0 progress entries" in again.stdout
 
@@ -143,7 +143,7 @@ async def test_compact_refuses_a_store_another_process_has_open(tmp_path: Path) 
     content = log.read_bytes()
     holder = JSONLStore(str(directory))  # this process owns it now
     try:
-        result = compact(f"jsonl://{directory}")
+        result = compact(f"jsonl:///{directory}")
     finally:
         await holder.close()
     assert result.returncode == 1
@@ -155,6 +155,6 @@ def test_compact_names_what_it_needs(tmp_path: Path) -> None:
     wrong = compact(f"sqlite:///{tmp_path}/x.db")
     assert wrong.returncode == 2 and "not a JSONL store" in wrong.stderr
     missing = tmp_path / "nothing-here"
-    result = compact(f"jsonl://{missing}")
+    result = compact(f"jsonl:///{missing}")
     assert result.returncode == 1 and "no JSONL store" in result.stderr
     assert not missing.exists()  # compacting never creates a store

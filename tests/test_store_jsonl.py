@@ -44,7 +44,7 @@ def texts(entries: list[Any]) -> list[str]:
 
 
 def open_jsonl(directory: Path, **options: Any) -> JSONLStore:
-    store = open_store(f"jsonl://{directory}", **options)
+    store = open_store(f"jsonl:///{directory}", **options)
     assert isinstance(store, JSONLStore)
     return store
 
@@ -53,11 +53,11 @@ async def test_url_options_reach_the_store(tmp_path: Path) -> None:
     store = open_jsonl(tmp_path, durability="full")
     assert store.durability == "full" and store.directory == str(tmp_path)
     await store.close()
-    from_query = open_store(f"jsonl://{tmp_path}?durability=full")
+    from_query = open_store(f"jsonl:///{tmp_path}?durability=full")
     assert isinstance(from_query, JSONLStore) and from_query.durability == "full"
     await from_query.close()
     with pytest.raises(ValueError, match="durability"):
-        open_store(f"jsonl://{tmp_path}?durability=sometimes")
+        open_store(f"jsonl:///{tmp_path}?durability=sometimes")
 
 
 async def test_state_survives_reopen(tmp_path: Path) -> None:

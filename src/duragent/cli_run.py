@@ -26,7 +26,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from duragent.cli import app
+from duragent.cli import app, run_async
 from duragent.errors import DuragentError, UsageError
 from duragent.llm import ChatModel, resolve_model
 from duragent.runtime.agent import Agent
@@ -419,16 +419,8 @@ async def _restart(rt: Runtime, task_id: str, console: Console) -> int:
 
 
 def _go(make: Coroutine[Any, Any, int]) -> None:
-    """Run a command; a duragent error is a one-line message and exit code 1."""
-    try:
-        code = asyncio.run(make)
-    except DuragentError as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(1) from None
-    except ValueError as exc:  # a malformed store URL
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
-    raise typer.Exit(code)
+    """Run a command; an error is one line (see `duragent.cli.run_async`)."""
+    raise typer.Exit(run_async(make))
 
 
 # --- the commands --------------------------------------------------------------------

@@ -11,17 +11,19 @@ from duragent.errors import DuragentError
 
 
 def _jsonl_directory(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
+    scheme, sep, _ = url.partition("://")
     if not sep or scheme.lower() != "jsonl":
         raise typer.BadParameter(
             f"{url!r} is not a JSONL store; only jsonl:///dir stores are compacted by duragent "
             "(for SQLite run VACUUM; PostgreSQL vacuums itself)",
             param_hint="--store",
         )
-    directory = rest.partition("?")[0]
-    if not directory:
-        raise typer.BadParameter(f"no directory in {url!r}; use jsonl:///path/to/dir")
-    return os.path.abspath(os.path.expanduser(directory))
+    from duragent.store.files import jsonl_directory
+
+    try:
+        return jsonl_directory(url)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--store") from None
 
 
 def _lines(path: str) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -15,8 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from duragent.cli import app
-from duragent.errors import DuragentError
+from duragent.cli import app, run_async
 from duragent.runtime.runtime import Runtime
 from duragent.store import DEFAULT_URL, SCHEMA_VERSION, Store, TaskQuery, open_store
 from duragent.types import Entry, EntryKind, Task, TaskStatus, session_scope, task_scope
@@ -41,15 +39,8 @@ def _console() -> Console:
 
 
 def _run(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a command's coroutine; a duragent error is a one-line message and exit code 1."""
-    try:
-        return asyncio.run(make())
-    except DuragentError as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(1) from None
-    except ValueError as exc:  # a malformed store URL
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
+    """Run a command's coroutine; an error is one line (see `duragent.cli.run_async`)."""
+    return run_async(make())
 
 
 @asynccontextmanager

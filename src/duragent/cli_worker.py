@@ -11,15 +11,17 @@ from typing import Any
 
 import typer
 
-from duragent.cli import app
+from duragent.cli import app, import_from_cwd
 from duragent.runtime.agent import Agent
 
 
 def load_agents(spec: str) -> list[Agent]:
-    """`module:attr` naming an Agent, a list of Agents, or a function returning either."""
+    """`module:attr` naming an Agent, a list of Agents, or a function returning either;
+    the module is looked for in the current directory too."""
     module_name, _, attr = spec.partition(":")
     if not attr:
         raise typer.BadParameter(f"{spec!r} should be 'module:attribute'")
+    import_from_cwd()
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

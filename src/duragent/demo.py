@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from duragent.store import open_store
 from duragent.types import Entry, EntryKind
 
 REQUEST_ID = "demo-trip"
+AGENT_NAME = "trip-planner"
 KILL_MARK = "DEMO-AT-KILL-POINT"
 
 
@@ -78,7 +80,7 @@ def build_agent(ledger: str, hold: bool) -> Agent:
         chunk_size=5,
     )
     return Agent(
-        name="trip-planner",
+        name=AGENT_NAME,
         model=model,
         instructions="You plan trips.",
         tools=[search_flights, get_weather, book_hotel],
@@ -159,11 +161,35 @@ async def _timeline(url: str, killed_after: int) -> tuple[list[list[str]], int]:
         await store.close()
 
 
-def run_demo(store_path: Path, *, crash: bool = True, keep: bool = False) -> int:
+def made_by_demo(path: Path) -> bool:
+    """Whether `path` is a SQLite store holding only this demo's tasks (read-only look)."""
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            agents = {row[0] for row in conn.execute("SELECT DISTINCT agent FROM tasks")}
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
+    return agents == {AGENT_NAME}
+
+
+def run_demo(
+    store_path: Path, *, crash: bool = True, keep: bool = False, fresh: bool = False
+) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
+    if store_path.exists() and not fresh and not made_by_demo(store_path):
+        # The demo starts from an empty store: never delete a file it did not make.
+        console.print(
+            f"[red]error:[/] {escape(str(store_path))} exists and is not a store this demo "
+            "made; the demo would delete it. Choose another --store, or pass --fresh to "
+            "delete it."
+        )
+        return 2
     for suffix in ("", "-wal", "-shm"):
         Path(f"{store_path}{suffix}").unlink(missing_ok=True)
     ledger = Path(f"{store_path}.bookings")

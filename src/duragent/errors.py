@@ -103,6 +103,40 @@ class StoreUnavailable(StoreError):
     """The store could not be reached (connection lost, server down)."""
 
 
+class StoreFull(StoreUnavailable):
+    """The disk (or the process's file-size limit) has no room for the store's writes.
+
+    Not `StoreCorrupt`: the files are intact, and the store works again once
+    space is freed.
+    """
+
+    def __init__(self, path: str, free_bytes: int | None, detail: str = "") -> None:
+        self.path = path
+        self.free_bytes = free_bytes
+        self.detail = detail
+        free = "unknown" if free_bytes is None else f"{free_bytes} bytes"
+        why = f" ({detail})" if detail else ""
+        super().__init__(
+            f"disk full: cannot write the store at {path}{why}; free space there: {free}. "
+            "Free some space (or raise the file-size limit) and try again; nothing was lost"
+        )
+
+    def __reduce__(self) -> tuple[type[StoreFull], tuple[str, int | None, str]]:
+        return (type(self), (self.path, self.free_bytes, self.detail))
+
+
+class StoreNotFound(StoreError):
+    """The store's directory does not exist (duragent creates a store, not its parents)."""
+
+    def __init__(self, directory: str, hint: str = "") -> None:
+        self.directory = directory
+        self.hint = hint
+        super().__init__(f"directory does not exist: {directory}" + (f"; {hint}" if hint else ""))
+
+    def __reduce__(self) -> tuple[type[StoreNotFound], tuple[str, str]]:
+        return (type(self), (self.directory, self.hint))
+
+
 # --- models -----------------------------------------------------------------
 
 

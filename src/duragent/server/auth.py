@@ -1,7 +1,8 @@
 """Bearer tokens mapped to user ids.
 
 Tokens come from a file (JSON `{"user": "token"}` or lines `user:token`) or
-the DURAGENT_TOKENS variable (`alice=tok1,bob=tok2`). Only their SHA-256
+the DURAGENT_TOKENS variable (`alice:tok1,bob:tok2`; the old `alice=tok1`
+is read with a warning). Only their SHA-256
 digests are kept in memory, compared in constant time; a token is never
 logged or echoed in an error.
 """
@@ -12,6 +13,7 @@ import hashlib
 import hmac
 import json
 import os
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -67,16 +69,33 @@ class TokenStore:
 
     @classmethod
     def from_env(cls, value: str | None = None) -> TokenStore:
-        """`alice=tok1,bob=tok2` (default: the DURAGENT_TOKENS variable)."""
+        """`alice:tok1,bob:tok2` (default: the DURAGENT_TOKENS variable), as in the file.
+
+        The old `alice=tok1` items are still read, with a warning: the first
+        separator in an item, `:` or `=`, decides.
+        """
         text = os.environ.get(ENV_VAR, "") if value is None else value
         pairs = []
+        old_style = False
         for item in text.split(","):
             if not item.strip():
                 continue
-            user, sep, token = item.partition("=")
-            if not sep:
-                raise UsageError(f"{ENV_VAR} items look like user=token, separated by commas")
+            colon, equals = item.find(":"), item.find("=")
+            if colon == -1 and equals == -1:
+                raise UsageError(f"{ENV_VAR} items look like user:token, separated by commas")
+            if colon == -1 or -1 < equals < colon:
+                user, _, token = item.partition("=")
+                old_style = True
+            else:
+                user, _, token = item.partition(":")
             pairs.append((user, token))
+        if old_style:
+            warnings.warn(
+                f"{ENV_VAR}: write items as user:token (as in a tokens file); "
+                "user=token is deprecated and will stop working",
+                FutureWarning,
+                stacklevel=2,
+            )
         return cls(pairs)
 
     @classmethod
@@ -117,6 +136,6 @@ class TokenStore:
             where = f"the tokens file {path}" if path is not None else f"${ENV_VAR}"
             raise UsageError(
                 f"no API tokens configured in {where}; pass --tokens FILE (lines 'user:token') "
-                f"or set {ENV_VAR}=alice=token1,bob=token2"
+                f"or set {ENV_VAR}=alice:token1,bob:token2"
             )
         return tokens

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qsl
 
+from duragent.errors import MissingExtra
 from duragent.store.base import (
     SCHEMA_VERSION,
     Commit,
@@ -39,9 +40,11 @@ def open_store(url: str | None = None, **options: Any) -> Store:
 
     - ``memory://``
     - ``sqlite:///relative.db``, ``sqlite:////absolute.db`` (``?durability=full``)
-    - ``jsonl:///dir`` (``?durability=full``)
-    - ``postgresql://user@host/db``
+    - ``jsonl:///relative/dir``, ``jsonl:////absolute/dir`` (``?durability=full``)
+    - ``postgresql://user@host/db`` (needs ``pip install 'duragent[postgres]'``)
 
+    Paths follow one rule (SQLAlchemy's): three slashes and a relative path,
+    four for an absolute one. The store's parent directory must exist.
     Query parameters and keyword options are passed to the backend.
     """
     url = url or DEFAULT_URL
@@ -59,21 +62,28 @@ def open_store(url: str | None = None, **options: Any) -> Store:
 
         return MemoryStore(url)
     if scheme == "sqlite":
-        from duragent.store.sqlite import SQLiteStore, sqlite_path_from_url
+        from duragent.store.files import url_path
+        from duragent.store.sqlite import SQLiteStore
 
+        path = url_path(url)
+        if not path:
+            raise ValueError(f"no file in store URL {url!r}; use sqlite:///path/to/file.db")
         if "poll_interval" in opts:
             opts["poll_interval"] = float(opts["poll_interval"])
-        return SQLiteStore(sqlite_path_from_url(url), **opts)
+        return SQLiteStore(path, **opts)
     if scheme == "jsonl":
-        try:
-            from duragent.store.jsonl import JSONLStore  # type: ignore[import-not-found]
-        except ImportError as exc:  # pragma: no cover - arrives with the JSONL issue
-            raise ValueError("the jsonl:// store is not available in this build") from exc
-        return JSONLStore.from_url(url, **options)  # type: ignore[no-any-return]
-    if scheme in ("postgres", "postgresql"):
-        from duragent.store.postgres import PostgresStore  # type: ignore[import-not-found]
+        from duragent.store.files import jsonl_directory
+        from duragent.store.jsonl import JSONLStore
 
-        return PostgresStore(url, **options)  # type: ignore[no-any-return]
+        return JSONLStore(jsonl_directory(url), **opts)
+    if scheme in ("postgres", "postgresql"):
+        try:
+            from duragent.store.postgres import PostgresStore
+        except ImportError as exc:
+            if "psycopg" not in f"{exc.name} {exc}":
+                raise
+            raise MissingExtra(f"the {scheme}:// store", "postgres") from None
+        return PostgresStore(url, **options)
     raise ValueError(
         f"unknown store scheme {scheme!r} in {url!r}; use memory://, sqlite:///file.db, "
         "jsonl:///dir or postgresql://..."

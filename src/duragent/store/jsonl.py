@@ -7,8 +7,14 @@ is replayed; lines after the last marker belong to a commit that never
 finished (the process died mid-write) and are cut off the file, so a commit
 exists on disk if and only if its marker does.
 
-    log.jsonl   header line, then records and markers
-    lock        flock'ed by the owning process, holds its pid
+Every record and marker line ends with the CRC-32 of the rest of the line
+(`{...,"crc":"1a2b3c4d"}`, log format 2), so a byte changed after the write
+is reported instead of being read back. A torn tail never holds such a line:
+a process killed mid-write leaves an unfinished last line, power loss leaves
+zeros. A format-1 log (no checksums) is rewritten as format 2 on open.
+
+    log.jsonl   header line, then records and markers (created 0600)
+    lock        flock'ed by the owning process, holds its pid (0600)
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import contextlib
 import fcntl
 import json
 import os
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -32,6 +39,7 @@ from duragent.errors import (
     TaskNotFound,
 )
 from duragent.store.base import SCHEMA_VERSION
+from duragent.store.files import DIR_MODE, FILE_MODE, full_error, is_full, require_parent
 from duragent.store.memory import MemoryStore, _MemoryTx
 from duragent.types import Document, Entry, EntryKind, Task
 
@@ -42,18 +50,49 @@ LOG_NAME = "log.jsonl"
 LOCK_NAME = "lock"
 COMPACT_SUFFIX = ".compact"
 FORMAT = "duragent-jsonl"
+# The layout of the lines (not of the data: that is SCHEMA_VERSION).
+# 1: plain JSON lines; 2: every record and marker carries its CRC-32.
+LOG_VERSION = 2
+
+_CRC_KEY = b',"crc":"'
+_SEAL_LEN = len(_CRC_KEY) + 8 + 2  # ,"crc":"  8 hex digits  "}
 
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+def _seal(line: bytes) -> bytes:
+    """A JSON object line with its CRC-32 as a last key (computed over `line`)."""
+    return b'%s%s%08x"}' % (line[:-1], _CRC_KEY, zlib.crc32(line))
+
+
+def _unseal(line: bytes) -> bytes | None:
+    """The line as it was sealed, or None if its checksum is missing or wrong."""
+    if len(line) <= _SEAL_LEN or line[-_SEAL_LEN:-10] != _CRC_KEY or line[-2:] != b'"}':
+        return None
+    body = line[:-_SEAL_LEN] + b"}"
+    try:
+        crc = int(line[-10:-2], 16)
+    except ValueError:
+        return None
+    return body if zlib.crc32(body) == crc else None
+
+
 def _header() -> bytes:
-    return (_dumps({"format": FORMAT, "schema_version": SCHEMA_VERSION}) + "\n").encode()
+    head = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "log_version": LOG_VERSION}
+    return (_dumps(head) + "\n").encode()
+
+
+_V1_HEADER = _dumps({"format": FORMAT, "schema_version": 1}).encode()
 
 
 def _marker(records: int) -> bytes:
-    return (_dumps({"t": "commit", "records": records}) + "\n").encode()
+    return _seal(_dumps({"t": "commit", "records": records}).encode()) + b"\n"
+
+
+def _body(lines: list[str]) -> bytes:
+    return b"".join(_seal(line.encode()) + b"\n" for line in lines)
 
 
 def _entry_line(e: Entry) -> str:
@@ -88,8 +127,27 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+def _write_new(path: str, data: bytes) -> None:
+    """Write a whole file (mode 0600) and fsync it, ready to be renamed into place."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _damaged(path: str, number: int, offset: int, what: str, good_end: int) -> StoreCorrupt:
+    return StoreCorrupt(
+        f"{path}:{number}: {what} (line {number} starts at byte {offset}); the log was "
+        "changed after it was written, nothing was opened. Restore it from a backup, or "
+        f"keep the commits before the damage by cutting the file there: truncate -s "
+        f"{good_end} {path} (every later commit is lost)"
+    )
+
+
 def _acquire_lock(directory: str) -> int:
-    fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -129,28 +187,34 @@ class JSONLStore(MemoryStore):
         self.path = os.path.join(directory, LOG_NAME)
         self.durability: Durability = durability
         self.truncated_bytes = 0  # how much torn tail the last open cut off
+        self.migrated_from: int | None = None  # the log format a migration on open left
         self._closed = False
+        # The store is the directory: created here (0700), its parent never.
+        require_parent(directory, "create it first (duragent creates the store, not its parents)")
         try:
-            os.makedirs(directory, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(directory, DIR_MODE)
             self._lock_fd = _acquire_lock(directory)
         except OSError as exc:
-            raise StoreUnavailable(f"cannot open the JSONL store {directory}: {exc}") from exc
+            raise _open_error(directory, exc) from None
         try:
             self._size = self._replay()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:
+            os.close(self._lock_fd)
+            raise _open_error(self.path, exc) from None
         except BaseException:
             os.close(self._lock_fd)
             raise
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> JSONLStore:
-        """jsonl:///abs/dir?durability=full (keyword options win over the query)."""
-        rest = url.split("://", 1)[1]
-        path, _, query = rest.partition("?")
-        if not path:
-            raise ValueError(f"no directory in store URL {url!r}; use jsonl:///path/to/dir")
+        """jsonl:///rel/dir or jsonl:////abs/dir, ?durability=full (keyword options win)."""
+        from duragent.store.files import jsonl_directory
+
+        query = url.partition("?")[2]
         opts: dict[str, Any] = {**dict(parse_qsl(query)), **options}
-        return cls(path, **opts)
+        return cls(jsonl_directory(url), **opts)
 
     # --- lifecycle ---
 
@@ -179,38 +243,74 @@ class JSONLStore(MemoryStore):
         except FileNotFoundError:
             data = b""
         if b"\n" not in data:
-            if not _header().startswith(data):
+            if not (_header().startswith(data) or _V1_HEADER.startswith(data)):
                 raise StoreCorrupt(f"{self.path}:1: not a duragent JSONL log (bad header line)")
             # New, or died while writing the header: nothing was ever committed.
             self._create_log()
             return len(_header())
         lines = data.split(b"\n")
-        self._check_header(lines[0])
+        version = self._check_header(lines[0])
+        sealed = version >= 2
         offset = valid_end = len(lines[0]) + 1
         group: list[tuple[int, dict[str, Any]]] = []
-        unreadable: tuple[int, str] | None = None  # first bad line since the last marker
+        kept: list[bytes] = []  # format 1: the committed lines, to rewrite as format 2
+        pending: list[bytes] = []
+        unreadable: tuple[int, int, str] | None = None  # first bad line since the last marker
         for number, line in enumerate(lines[1:-1], start=2):
-            offset += len(line) + 1
+            start, offset = offset, offset + len(line) + 1
+            body = line
+            if sealed:
+                unsealed = _unseal(line)
+                if unsealed is None:
+                    if b"\0" in line:
+                        # Zeros where power loss left a hole: torn, if nothing committed follows.
+                        unreadable = unreadable or (number, start, "unreadable line")
+                        continue
+                    # A whole line that is not what was written: a changed byte. (A process
+                    # killed mid-write leaves its line unfinished: that one is not read here.)
+                    what = "checksum mismatch" if _parses(line) else "unreadable line"
+                    raise _damaged(self.path, number, start, what, valid_end)
+                body = unsealed
             try:
-                record = json.loads(line)
+                record = json.loads(body)
                 kind = record["t"]
             except (ValueError, TypeError, KeyError) as exc:
-                unreadable = unreadable or (number, f"unreadable line: {exc}")
+                if sealed:  # its checksum held, so a writer wrote it this way
+                    raise _damaged(
+                        self.path, number, start, f"bad record: {exc}", valid_end
+                    ) from None
+                unreadable = unreadable or (number, start, f"unreadable line: {exc}")
                 continue
             if kind != "commit":
                 group.append((number, record))
+                pending.append(line)
                 continue
             if unreadable is not None:
                 # A commit marker after a bad line: the damage is not a torn tail.
-                raise StoreCorrupt(f"{self.path}:{unreadable[0]}: {unreadable[1]}")
+                raise _damaged(self.path, *unreadable[:2], unreadable[2], valid_end)
             if record.get("records") != len(group):
-                raise StoreCorrupt(
-                    f"{self.path}:{number}: commit marker counts {record.get('records')} "
-                    f"records but {len(group)} precede it"
+                raise _damaged(
+                    self.path,
+                    number,
+                    start,
+                    f"commit marker counts {record.get('records')} records but "
+                    f"{len(group)} precede it",
+                    valid_end,
                 )
             self._apply(group)
-            group = []
+            if not sealed:
+                kept += pending
+                kept.append(line)
+            group, pending = [], []
             valid_end = offset
+        if not sealed:
+            self.truncated_bytes = len(data) - valid_end
+            return self._upgrade_log(version, kept)
+        if _holds_a_whole_line(lines[-1]):
+            # An unfinished line is a prefix of what was written; this one holds a whole
+            # line and more, so its newline was changed.
+            start = len(data) - len(lines[-1])
+            raise _damaged(self.path, len(lines), start, "checksum mismatch", valid_end)
         if valid_end < len(data):
             self.truncated_bytes = len(data) - valid_end
             with open(self.path, "r+b") as f:
@@ -219,27 +319,52 @@ class JSONLStore(MemoryStore):
                 os.fsync(f.fileno())
         return valid_end
 
+    def _upgrade_log(self, version: int, lines: list[bytes]) -> int:
+        """Rewrite a format-1 log's committed lines with checksums; the new size.
+
+        Written whole and fsynced beside the old file before it replaces it,
+        so a crash leaves one of the two intact (a leftover is removed on open).
+        """
+        out = [_header()]
+        for line in lines:
+            line = line.strip()
+            if not line.endswith(b"}"):
+                line = _dumps(json.loads(line)).encode()
+            out.append(_seal(line) + b"\n")
+        data = b"".join(out)
+        tmp = self.path + COMPACT_SUFFIX
+        _write_new(tmp, data)
+        os.replace(tmp, self.path)
+        _fsync_dir(self.directory)
+        self.migrated_from = version
+        return len(data)
+
     def _create_log(self) -> None:
         tmp = self.path + COMPACT_SUFFIX
-        with open(tmp, "wb") as f:
-            f.write(_header())
-            f.flush()
-            os.fsync(f.fileno())
+        _write_new(tmp, _header())
         os.replace(tmp, self.path)
         _fsync_dir(self.directory)
 
-    def _check_header(self, line: bytes) -> None:
+    def _check_header(self, line: bytes) -> int:
+        """The header's log format version; refuses a foreign file or a newer duragent's."""
         try:
             header = json.loads(line)
             found = header["schema_version"]
-            ok = header["format"] == FORMAT and isinstance(found, int)
-        except (ValueError, TypeError, KeyError):
+            log_version = header.get("log_version", 1)
+            ok = (
+                header["format"] == FORMAT
+                and isinstance(found, int)
+                and isinstance(log_version, int)
+            )
+        except (ValueError, TypeError, KeyError, AttributeError):
             ok = False
         if not ok:
             raise StoreCorrupt(f"{self.path}:1: not a duragent JSONL log (bad header line)")
+        if log_version > LOG_VERSION:
+            raise StoreVersionError(f"{self.path} (log format)", log_version, LOG_VERSION)
         if found > SCHEMA_VERSION:
             raise StoreVersionError(self.path, found, SCHEMA_VERSION)
-        # Older versions would be migrated here; version 1 is the first.
+        return int(log_version)
 
     def _apply(self, group: list[tuple[int, dict[str, Any]]]) -> None:
         """Install one committed group through the same path a live commit takes."""
@@ -284,7 +409,7 @@ class JSONLStore(MemoryStore):
 
     def _append(self, lines: list[str]) -> None:
         """Write one commit: its records, then its marker. On failure, leave no trace."""
-        body = ("\n".join(lines) + "\n").encode()
+        body = _body(lines)
         marker = _marker(len(lines))
         try:
             if self.durability == "full":
@@ -301,6 +426,8 @@ class JSONLStore(MemoryStore):
                 os.ftruncate(self._fd, self._size)
             except OSError:
                 self._close_files()
+            if is_full(exc):
+                raise full_error(self.path, exc) from exc
             raise StoreUnavailable(f"could not write the JSONL store {self.path}: {exc}") from exc
         self._size += len(body) + len(marker)
 
@@ -386,11 +513,8 @@ class JSONLStore(MemoryStore):
         tmp = self.path + COMPACT_SUFFIX
         data = _header()
         if lines:
-            data += ("\n".join(lines) + "\n").encode() + _marker(len(lines))
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            data += _body(lines) + _marker(len(lines))
+        _write_new(tmp, data)
         os.replace(tmp, self.path)
         _fsync_dir(self.directory)
         before, self._size = self._size, len(data)
@@ -418,3 +542,28 @@ def compact(path: str) -> CompactResult:
         return store.compact()
     finally:
         store._close_files()
+
+
+def _holds_a_whole_line(segment: bytes) -> bool:
+    """A whole sealed line and more bytes (a cut write ends, at most, with the line)."""
+    at = segment.find(_CRC_KEY)
+    while at != -1:
+        end = at + _SEAL_LEN
+        if end < len(segment) and _unseal(segment[:end]) is not None:
+            return True
+        at = segment.find(_CRC_KEY, at + 1)
+    return False
+
+
+def _parses(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
+
+
+def _open_error(path: str, exc: OSError) -> StoreError:
+    if is_full(exc):
+        return full_error(path, exc)
+    return StoreUnavailable(f"cannot open the JSONL store {path}: {exc}")

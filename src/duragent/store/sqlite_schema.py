@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import resource
 import sqlite3
 from typing import Any, Literal
 
-from duragent.errors import StoreCorrupt, StoreVersionError
+from duragent.errors import StoreCorrupt, StoreError, StoreUnavailable, StoreVersionError
+from duragent.store.files import (
+    absolute_hint,
+    create_private_file,
+    free_bytes,
+    full_error,
+    is_full,
+    require_parent,
+)
 from duragent.types import EntryKind
 
 Durability = Literal["normal", "full"]
@@ -105,6 +115,14 @@ def dumps(value: Any) -> str:
 
 
 def connect(path: str, durability: Durability) -> sqlite3.Connection:
+    if path != ":memory:" and not path.startswith("file:"):
+        require_parent(path, absolute_hint("sqlite", path))
+        try:
+            create_private_file(path)  # 0600; SQLite gives -wal and -shm the same mode
+        except OSError as exc:
+            if is_full(exc):
+                raise full_error(path, exc) from None
+            raise StoreUnavailable(f"cannot create the SQLite store {path}: {exc}") from None
     try:
         conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
         conn.row_factory = sqlite3.Row
@@ -113,8 +131,44 @@ def connect(path: str, durability: Durability) -> sqlite3.Connection:
         conn.execute("PRAGMA busy_timeout=30000")
         conn.execute("PRAGMA foreign_keys=OFF")
     except sqlite3.DatabaseError as exc:
-        raise StoreCorrupt(f"{path} is not a readable duragent SQLite store: {exc}") from exc
+        raise open_error(path, exc) from exc
     return conn
+
+
+# Primary result codes (the low byte of an extended code).
+_SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 11, 13, 26
+_SQLITE_IOERR = 10
+# Out-of-room below this: SQLite reports a full disk while it grows the WAL
+# index as a plain I/O error, so the free space decides.
+_LOW_ROOM = 1 << 20
+
+
+def _out_of_room(path: str) -> bool:
+    free = free_bytes(path)
+    if free is not None and free < _LOW_ROOM:
+        return True
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]  # the process's file-size cap
+    if limit == resource.RLIM_INFINITY:
+        return False
+    sizes = [os.path.getsize(p) for p in (path, f"{path}-wal") if os.path.exists(p)]
+    return max(sizes, default=0) + _LOW_ROOM >= limit
+
+
+def open_error(path: str, exc: sqlite3.DatabaseError) -> StoreError:
+    """What a failure while opening a SQLite file means for the user.
+
+    Only a file SQLite finds malformed is `StoreCorrupt`; a full disk is
+    `StoreFull`, and other I/O or permission failures `StoreUnavailable`.
+    """
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    if primary == _SQLITE_FULL or (primary == _SQLITE_IOERR and _out_of_room(path)):
+        return full_error(path, exc)
+    if primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or not isinstance(
+        exc, sqlite3.OperationalError
+    ):
+        return StoreCorrupt(f"{path} is not a readable duragent SQLite store: {exc}")
+    return StoreUnavailable(f"cannot open the SQLite store {path}: {exc}")
 
 
 def migrate(conn: sqlite3.Connection, path: str) -> int:
@@ -140,4 +194,4 @@ def migrate(conn: sqlite3.Connection, path: str) -> int:
     except sqlite3.DatabaseError as exc:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
-        raise StoreCorrupt(f"{path} is not a readable duragent SQLite store: {exc}") from exc
+        raise open_error(path, exc) from exc
