@@ -311,7 +311,9 @@ async def export_task(store: Store, task_id: str) -> dict[str, Any]:
     entries = await store.entries(task_id)
     documents = await store.list_documents(task_scope(task_id))
     session_docs = (
-        await store.list_documents(session_scope(task.session_id)) if task.session_id else []
+        await store.list_documents(session_scope(task.owner, task.session_id))
+        if task.session_id
+        else []
     )
     page = await store.list_tasks(TaskQuery(parent_id=task_id, limit=10_000))
     children = sorted(page.tasks, key=lambda t: t.created_at)

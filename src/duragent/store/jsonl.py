@@ -33,6 +33,7 @@ from duragent.errors import (
 )
 from duragent.store.base import SCHEMA_VERSION
 from duragent.store.memory import MemoryStore, _MemoryTx
+from duragent.store.session_scopes import LEGACY_PREFIX, migrated_scope
 from duragent.types import Document, Entry, EntryKind, Task
 
 Durability = Literal["normal", "full"]
@@ -135,12 +136,15 @@ class JSONLStore(MemoryStore):
             self._lock_fd = _acquire_lock(directory)
         except OSError as exc:
             raise StoreUnavailable(f"cannot open the JSONL store {directory}: {exc}") from exc
+        self.migrated_from = SCHEMA_VERSION  # the version the log was written with
         try:
             self._size = self._replay()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         except BaseException:
             os.close(self._lock_fd)
             raise
+        if self.migrated_from < SCHEMA_VERSION:
+            self._migrate()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> JSONLStore:
@@ -239,7 +243,7 @@ class JSONLStore(MemoryStore):
             raise StoreCorrupt(f"{self.path}:1: not a duragent JSONL log (bad header line)")
         if found > SCHEMA_VERSION:
             raise StoreVersionError(self.path, found, SCHEMA_VERSION)
-        # Older versions would be migrated here; version 1 is the first.
+        self.migrated_from = found  # older versions are migrated once replayed
 
     def _apply(self, group: list[tuple[int, dict[str, Any]]]) -> None:
         """Install one committed group through the same path a live commit takes."""
@@ -275,6 +279,32 @@ class JSONLStore(MemoryStore):
                 raise StoreCorrupt(f"{self.path}:{number}: bad record: {exc}") from exc
         tx.install()
         self._forget(doomed)
+
+    def _migrate(self) -> None:
+        """Bring the replayed state to SCHEMA_VERSION and rewrite the log with it.
+
+        Version 2: session documents are scoped per owner (session_scopes.py).
+        The rewrite is a compaction, so a crash leaves the old log or the new.
+        """
+        owners: dict[str, set[str | None]] = {}
+        for raw in self._tasks.values():
+            task = Task.model_validate_json(raw)
+            if task.session_id is not None:
+                owners.setdefault(task.session_id, set()).add(task.owner)
+        # All out first, then all back in: a renamed one never lands on one not yet renamed.
+        legacy = [(k, raw) for k, raw in self._docs.items() if k[0].startswith(LEGACY_PREFIX)]
+        for k, _raw in legacy:
+            del self._docs[k]
+        for (scope, key), raw in legacy:
+            session_id = scope[len(LEGACY_PREFIX) :]
+            new = migrated_scope(session_id, owners.get(session_id, ()))
+            doc = Document.model_validate_json(raw).model_copy(update={"scope": new})
+            self._docs[(new, key)] = doc.model_dump_json()
+        try:
+            self.compact()
+        except OSError as exc:
+            self._close_files()
+            raise StoreUnavailable(f"could not migrate the JSONL store {self.path}: {exc}") from exc
 
     # --- writing ---
 

@@ -146,7 +146,8 @@ class MemoryStore(TxWrites):
     async def list_tasks(self, query: TaskQuery | None = None) -> TaskPage:
         q = query or TaskQuery()
         statuses = q.statuses()
-        filters = q.equal_filters()
+        filters: list[tuple[str, str | None]] = [*q.equal_filters()]
+        filters += [(f, None) for f in q.null_filters()]
         tasks = [Task.model_validate_json(raw) for raw in self._tasks.values()]
         tasks.sort(key=lambda t: (t.created_at.timestamp(), t.id), reverse=True)
         if q.cursor:
