@@ -24,7 +24,6 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from duragent.cli import app
 from duragent.errors import DuragentError, UsageError
@@ -34,6 +33,7 @@ from duragent.runtime.runtime import Runtime
 from duragent.runtime.waits import open_waits
 from duragent.runtime.worker import lease_alive
 from duragent.store import DEFAULT_URL
+from duragent.terminal import clean, safe
 from duragent.toolsets import WORKDIR_KEY, toolset
 from duragent.types import Entry, EntryKind, Task, TaskStatus
 
@@ -136,7 +136,7 @@ class Transcript:
 
     def _text(self, text: str) -> None:
         if text:
-            self.console.print(escape(text), end="", soft_wrap=True)
+            self.console.print(safe(text), end="", soft_wrap=True)
             self.open_line = not text.endswith("\n")
 
     def show(self, e: Entry) -> None:
@@ -163,7 +163,7 @@ class Transcript:
                 name = call["function"]["name"]
                 self.tools[call["id"]] = name
                 args = _args(call["function"]["arguments"])
-                self.console.print(f"[cyan]⚙ {escape(name)}[/]({escape(args)})")
+                self.console.print(f"[cyan]⚙ {safe(name)}[/]({safe(args)})")
         elif e.kind is EntryKind.TOOL_RESULT:
             self.end_line()
             name = self.tools.get(p["tool_call_id"], "tool")
@@ -173,15 +173,15 @@ class Transcript:
                 "interrupted": ("⚠", "yellow"),
                 "denied": ("✗", "yellow"),
             }.get(outcome, ("✗", "red"))
-            said = escape(_first_line(p.get("content", "")))
-            self.console.print(f"  [{style}]{mark} {escape(name)} {outcome}[/]: {said}")
+            said = safe(_first_line(p.get("content", "")))
+            self.console.print(f"  [{style}]{mark} {safe(name)} {outcome}[/]: {said}")
         elif e.kind is EntryKind.UI_MESSAGE:
             self.end_line()
             if p.get("type") == "error":
                 detail = f": {p['detail']}" if p.get("detail") else ""
-                self.console.print(f"[red]✗ {escape(p.get('message', '') + detail)}[/]")
+                self.console.print(f"[red]✗ {safe(p.get('message', '') + detail)}[/]")
             elif p.get("type") == "notice":
-                self.console.print(f"[yellow]• {escape(p.get('message', ''))}[/]")
+                self.console.print(f"[yellow]• {safe(p.get('message', ''))}[/]")
 
 
 # --- driving a task ----------------------------------------------------------------
@@ -295,7 +295,7 @@ class Session:
             question = wait.get("question", "")
             prompt = f"{question} [y/N] " if approval else f"{question}\n> "
             self.transcript.end_line()
-            self.console.print(f"[bold magenta]? {escape(prompt)}[/]", end="")
+            self.console.print(f"[bold magenta]? {safe(prompt)}[/]", end="")
             line = await self._read_line()
             if line is None or not sys.stdin.isatty():
                 self.console.print()  # the terminal echoed the Enter; a pipe did not
@@ -333,19 +333,19 @@ class Session:
             return 0
         if task.status is TaskStatus.PAUSED:
             c.print(f"[yellow]⏸ paused[/] task {tid} ({tokens})")
-            c.print(f"Continue it with: {escape(hint)}")
+            c.print(f"Continue it with: {safe(hint)}")
             return EXIT_INTERRUPTED if self.interrupts else 0
         if task.status is TaskStatus.WAITING:
             c.print(f"[magenta]… task {tid} waits for your answer.[/]")
-            c.print(f"Answer it with: {escape(hint)}")
+            c.print(f"Answer it with: {safe(hint)}")
             return 0
         if task.status is TaskStatus.ABORTED:
-            c.print(f"[red]✗ aborted[/] task {tid}: {escape(task.error or '')}")
+            c.print(f"[red]✗ aborted[/] task {tid}: {safe(task.error or '')}")
             return EXIT_INTERRUPTED if self.interrupts else 1
         reason = f" ({task.status_reason})" if task.status_reason else ""
-        c.print(f"[red]✗ {task.status.value}{reason}[/] task {tid}: {escape(task.error or '')}")
+        c.print(f"[red]✗ {task.status.value}{reason}[/] task {tid}: {safe(task.error or '')}")
         if task.status is TaskStatus.BLOCKED:
-            c.print(f"Fix the cause, then: {escape(hint)}")
+            c.print(f"Fix the cause, then: {safe(hint)}")
         return 1
 
 
@@ -408,7 +408,7 @@ async def _restart(rt: Runtime, task_id: str, console: Console) -> int:
         await rt.resume(task_id)
     elif task.status is TaskStatus.RUNNING and lease_alive(task):
         console.print(
-            f"[yellow]• it is held by {escape(task.lease.owner or '?')} until "
+            f"[yellow]• it is held by {safe(task.lease.owner or '?')} until "
             f"{task.lease.expires_at:%H:%M:%S}; if that process is gone, this one takes "
             "it over then.[/]"
         )
@@ -423,10 +423,10 @@ def _go(make: Coroutine[Any, Any, int]) -> None:
     try:
         code = asyncio.run(make)
     except DuragentError as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        typer.secho(f"error: {clean(exc)}", fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
     except ValueError as exc:  # a malformed store URL
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        typer.secho(f"error: {clean(exc)}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(code)
 

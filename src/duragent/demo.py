@@ -137,7 +137,7 @@ def _summary(e: Entry) -> str:
 
 
 async def _timeline(url: str, killed_after: int) -> tuple[list[list[str]], int]:
-    from rich.markup import escape
+    from duragent.terminal import safe
 
     store = open_store(url)
     try:
@@ -145,12 +145,12 @@ async def _timeline(url: str, killed_after: int) -> tuple[list[list[str]], int]:
         rows: list[list[str]] = []
         for e in await store.entries(task.id):
             phase = "before kill" if e.seq <= killed_after else "after restart"
-            what = escape(_summary(e))
+            what = safe(_summary(e))
             last = rows[-1] if rows else None
             if e.kind is EntryKind.PROGRESS and last and last[2] == "progress" and last[3] == phase:
                 # Collapse a stream's progress batches into one line.
                 last[0] = f"{last[0].split('–')[0]}–{e.seq}"
-                last[4] = last[4][:-1] + escape(e.payload.get("text", "")) + "'"
+                last[4] = last[4][:-1] + safe(e.payload.get("text", "")) + "'"
                 continue
             rnd = str(e.round) if e.round else "-"
             rows.append([str(e.seq), rnd, e.kind.value, phase, what])
@@ -163,13 +163,15 @@ def run_demo(store_path: Path, *, crash: bool = True, keep: bool = False) -> int
     from rich.console import Console
     from rich.table import Table
 
+    from duragent.terminal import safe
+
     console = Console()
     for suffix in ("", "-wal", "-shm"):
         Path(f"{store_path}{suffix}").unlink(missing_ok=True)
     ledger = Path(f"{store_path}.bookings")
     ledger.unlink(missing_ok=True)
     url = f"sqlite:///{store_path.resolve()}"
-    console.print(f"[bold]duragent demo[/] — store: {store_path.resolve()}")
+    console.print(f"[bold]duragent demo[/] — store: {safe(store_path.resolve())}")
     killed_after = 0
     if crash:
         console.print("1. Running the trip-planner agent in a child process…")
@@ -191,7 +193,7 @@ def run_demo(store_path: Path, *, crash: bool = True, keep: bool = False) -> int
     child = _spawn(url, str(ledger), hold=False)
     out, _ = child.communicate(timeout=120)
     if child.returncode != 0 or "DEMO-DONE" not in out:
-        console.print(f"[red]the demo task did not finish[/]: {out}")
+        console.print(f"[red]the demo task did not finish[/]: {safe(out)}")
         return 1
     rows, rounds = asyncio.run(_timeline(url, killed_after if crash else 10**9))
     table = Table(title="The task's log (every line a committed entry)")
