@@ -77,7 +77,7 @@ def test_run_prints_a_hostile_answer_as_plain_text(tmp_path: Path) -> None:
             f"sqlite:///{tmp_path}/t.db",
             "--workdir",
             str(tmp_path),
-            # "--yes",
+            "--yes",
         )
     finally:
         server.close()

@@ -27,6 +27,7 @@ from rich.console import Console
 
 from duragent.cli import app
 from duragent.errors import DuragentError, UsageError
+from duragent.fetch import NetworkPolicy
 from duragent.llm import ChatModel, resolve_model
 from duragent.runtime.agent import Agent
 from duragent.runtime.runtime import Runtime
@@ -34,7 +35,7 @@ from duragent.runtime.waits import open_waits
 from duragent.runtime.worker import lease_alive
 from duragent.store import DEFAULT_URL
 from duragent.terminal import clean, safe
-from duragent.toolsets import WORKDIR_KEY, toolset
+from duragent.toolsets import PERMISSIONS, WORKDIR_KEY, check_permissions, toolset
 from duragent.types import Entry, EntryKind, Task, TaskStatus
 
 AGENT_PREFIX = "run-"
@@ -50,6 +51,17 @@ EXIT_INTERRUPTED = 130  # the shell's code for "stopped by Ctrl-C"
 STORE = typer.Option(DEFAULT_URL, "--store", help="Store URL.")
 BASE_URL = typer.Option(
     None, "--base-url", help="The provider's URL, e.g. a local OpenAI-compatible server."
+)
+ALLOW = typer.Option(
+    "",
+    "--allow",
+    help=f"Let these tools run without asking first, comma-separated: {', '.join(PERMISSIONS)}.",
+)
+YES = typer.Option(False, "--yes", "-y", help="Let every tool run without asking first.")
+ALLOW_PRIVATE = typer.Option(
+    False,
+    "--allow-private-network",
+    help="Let http_get reach loopback, private and link-local addresses (off: public only).",
 )
 API_KEY_ENV = typer.Option(
     None,
@@ -79,7 +91,26 @@ def build_model(spec: str, base_url: str | None, api_key_env: str | None) -> Cha
         raise UsageError(str(exc)) from None
 
 
-def run_agent(name: str, model: ChatModel, max_iterations: int) -> Agent:
+@dataclass(frozen=True)
+class Grants:
+    """What the user lets this run's tools do, from the command line (never from the task)."""
+
+    root: Path
+    allow: frozenset[str] = frozenset()
+    private_network: bool = False
+
+    @classmethod
+    def from_options(cls, root: Path, allow: str, yes: bool, private_network: bool) -> Grants:
+        granted = frozenset(PERMISSIONS) if yes else check_permissions(allow.split(","))
+        return cls(root.resolve(), granted, private_network)
+
+    def flags(self) -> list[str]:
+        """The options that grant the same again (for the `continue` hint)."""
+        out = ["--allow", ",".join(sorted(self.allow))] if self.allow else []
+        return out + (["--allow-private-network"] if self.private_network else [])
+
+
+def run_agent(name: str, model: ChatModel, max_iterations: int, grants: Grants) -> Agent:
     """The agent of a `duragent run` task; `name` is `run-<toolset>-<token>`.
 
     The name is unique per task because this process's worker claims every
@@ -91,7 +122,12 @@ def run_agent(name: str, model: ChatModel, max_iterations: int) -> Agent:
         name=name,
         model=model,
         instructions=INSTRUCTIONS,
-        tools=toolset(kit),
+        tools=toolset(
+            kit,
+            root=grants.root,
+            network=NetworkPolicy(allow_private=grants.private_network),
+            allow=grants.allow,
+        ),
         max_iterations=max_iterations,
         tool_grace=TOOL_GRACE,
         plan_tool=False,
@@ -357,13 +393,13 @@ async def _drive(
     start: str | None = None,
     existing: str | None = None,
     agent_name: str,
-    workdir: Path,
+    grants: Grants,
     request_id: str | None,
     max_iterations: int,
 ) -> int:
     # Soft wrap: a pipe gets whole lines (a hint to copy must not be cut in two).
     console = Console(highlight=False, soft_wrap=True)
-    agent = run_agent(agent_name, model, max_iterations)
+    agent = run_agent(agent_name, model, max_iterations, grants)
     loop = asyncio.get_running_loop()
     try:
         async with Runtime(store, agents=[agent], lease_ttl=15.0, poll_interval=0.25) as rt:
@@ -376,7 +412,8 @@ async def _drive(
                     agent_name,
                     start,
                     request_id=request_id,
-                    context={WORKDIR_KEY: str(workdir.resolve())},
+                    # Recorded for `duragent continue`; the tools' root is `grants.root`.
+                    context={WORKDIR_KEY: str(grants.root)},
                 )
                 session.task_id = sub.task_id
                 console.print(f"task {sub.task_id}")
@@ -464,6 +501,9 @@ def run_command(
         file_okay=False,
         help="The only directory the file tools may touch.",
     ),
+    allow: str = ALLOW,
+    yes: bool = YES,
+    allow_private_network: bool = ALLOW_PRIVATE,
     max_iterations: int = typer.Option(25, min=1, help="Rounds before the task fails."),
     request_id: str | None = typer.Option(
         None, help="Idempotency key: the same id returns the same task."
@@ -476,7 +516,8 @@ def run_command(
     """
 
     async def go() -> int:
-        toolset(agent_tools)  # an unknown name fails before anything starts
+        grants = Grants.from_options(workdir, allow, yes, allow_private_network)
+        toolset(agent_tools, root=grants.root)  # an unknown name fails before anything starts
         chat = build_model(model, base_url, api_key_env)
         # The same request id names the same agent, so a rerun can run the task it finds.
         token = (
@@ -487,10 +528,10 @@ def run_command(
         return await _drive(
             store,
             chat,
-            _flags(model, base_url, api_key_env, store),
+            _flags(model, base_url, api_key_env, store) + grants.flags(),
             start=text,
             agent_name=f"{AGENT_PREFIX}{agent_tools}-{token}",
-            workdir=workdir,
+            grants=grants,
             request_id=request_id,
             max_iterations=max_iterations,
         )
@@ -507,6 +548,16 @@ def continue_command(
     base_url: str | None = BASE_URL,
     api_key_env: str | None = API_KEY_ENV,
     store: str = STORE,
+    workdir: Path | None = typer.Option(
+        None,
+        "--workdir",
+        exists=True,
+        file_okay=False,
+        help="The only directory the file tools may touch (default: the one `run` was given).",
+    ),
+    allow: str = ALLOW,
+    yes: bool = YES,
+    allow_private_network: bool = ALLOW_PRIVATE,
     max_iterations: int = typer.Option(25, min=1, help="Rounds before the task fails."),
 ) -> None:
     """Continue a task started by `duragent run` (paused, crashed or waiting), streaming it.
@@ -530,14 +581,17 @@ def continue_command(
                 "to that model, so continue it with the same one"
             )
         chat = build_model(spec, base_url, api_key_env)
-        workdir = Path(str(task.context.get(WORKDIR_KEY) or "."))
+        # The directory this terminal's own `duragent run` recorded (a `run-` agent
+        # task is made by the CLI only), unless the user names another.
+        root = workdir or Path(str(task.context.get(WORKDIR_KEY) or "."))
+        grants = Grants.from_options(root, allow, yes, allow_private_network)
         return await _drive(
             store,
             chat,
-            _flags(spec, base_url, api_key_env, store),
+            _flags(spec, base_url, api_key_env, store) + grants.flags(),
             existing=task_id,
             agent_name=task.agent,
-            workdir=workdir,
+            grants=grants,
             request_id=None,
             max_iterations=max_iterations,
         )
