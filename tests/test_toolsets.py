@@ -9,6 +9,8 @@ neither a task's context, nor `..`, nor a symlink moves it.
 from __future__ import annotations
 
 import ipaddress
+import ssl
+import subprocess
 import threading
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -29,8 +31,10 @@ Handler = Callable[[BaseHTTPRequestHandler], None]
 
 
 @contextmanager
-def serving(handle: Handler, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """An HTTP server on `host` answering every GET with `handle`; yields its base URL."""
+def serving(
+    handle: Handler, host: str = "127.0.0.1", port: int = 0, tls: ssl.SSLContext | None = None
+) -> Iterator[str]:
+    """An HTTP(S) server on `host` answering every GET with `handle`; yields its base URL."""
 
     class _Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -41,9 +45,11 @@ def serving(handle: Handler, host: str = "127.0.0.1", port: int = 0) -> Iterator
 
     server = ThreadingHTTPServer((host, port), _Handler)
     server.daemon_threads = True
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://{host}:{server.server_address[1]}"
+        yield f"{'https' if tls else 'http'}://{host}:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
@@ -269,3 +275,36 @@ async def test_reading_and_fetching_ask_first_unless_allowed(tmp_path: Path) -> 
         "write_file": True,
         "http_get": False,
     }
+
+
+@pytest.fixture
+def tls_site(tmp_path: Path) -> Iterator[tuple[int, ssl.SSLContext]]:
+    """An HTTPS server on 127.0.0.2 with a certificate for `site.test`; the client's context."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-subj", "/CN=site.test", "-addext", "subjectAltName=DNS:site.test"),
+            *("-keyout", str(key), "-out", str(cert)),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    with serving(answer("over TLS"), host="127.0.0.2", tls=server_ctx) as base:
+        yield int(base.rsplit(":", 1)[1]), ssl.create_default_context(cafile=str(cert))
+
+
+async def test_https_dials_the_checked_address_and_still_verifies_the_name(
+    tls_site: tuple[int, ssl.SSLContext],
+) -> None:
+    port, client_ctx = tls_site
+
+    async def resolve(host: str, port: int) -> list[str]:
+        return ["127.0.0.2"]
+
+    policy = NetworkPolicy(public=(PUBLIC_STAND_IN,), resolve=resolve, verify=client_ctx)
+    assert "over TLS" in await get(f"https://site.test:{port}/", policy)
+    with pytest.raises(ConnectionError, match=r"not valid for 'other\.test'"):
+        await get(f"https://other.test:{port}/", policy)  # same address, wrong name

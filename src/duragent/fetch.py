@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -80,7 +81,8 @@ class NetworkPolicy:
 
     `allow_private` lets it reach loopback, private, link-local and the other
     local ranges (`duragent run --allow-private-network`). `public` lists
-    networks to treat as public anyway (an allowlist); `resolve` looks names up.
+    networks to treat as public anyway (an allowlist); `resolve` looks names up;
+    `verify` is how TLS certificates are checked (httpx's `verify`).
     """
 
     allow_private: bool = False
@@ -89,6 +91,7 @@ class NetworkPolicy:
     max_redirects: int = 5
     timeout: float = 30.0
     resolve: Resolver = system_resolve
+    verify: ssl.SSLContext | bool = True
 
     def refusal(self, address: IPAddress) -> str | None:
         """Why this address may not be reached, or None when it may."""
@@ -109,7 +112,7 @@ class Fetched:
 
 async def _checked_address(url: httpx.URL, policy: NetworkPolicy) -> str:
     """The address to connect to for `url`: every address its host has must be allowed."""
-    host = url.host
+    host = url.raw_host.decode("ascii")  # IDNA-encoded, as DNS and TLS want it
     port = url.port or (443 if url.scheme == "https" else 80)
     try:
         found = [ipaddress.ip_address(host)]
@@ -144,47 +147,60 @@ def _checked_url(text: str) -> httpx.URL:
 
 
 async def fetch(url: str, policy: NetworkPolicy) -> Fetched:
-    """GET `url` under `policy`, following redirects; the body cut at `policy.max_bytes`."""
+    """GET `url` under `policy`, following redirects; the body cut at `policy.max_bytes`.
+
+    Raises BlockedAddress for an address the policy refuses, ValueError for a
+    URL that is not http(s), ConnectionError when the fetch itself fails.
+    """
     try:
         import httpx
     except ImportError:  # pragma: no cover - httpx comes with the openai/anthropic SDKs
         raise UsageError("http_get needs httpx: pip install httpx") from None
     target = _checked_url(url)
     # trust_env=False: a proxy from the environment would connect on our behalf, unchecked.
-    async with httpx.AsyncClient(timeout=policy.timeout, trust_env=False) as client:
-        for _hop in range(policy.max_redirects + 1):
-            address = await _checked_address(target, policy)
-            extensions = {}
-            if target.scheme == "https":
-                # TLS still names (and verifies) the host, though we dial its address.
-                extensions["sni_hostname"] = target.host
-            request = client.build_request(
-                "GET",
-                target.copy_with(host=address),
-                headers={"Host": target.netloc.decode("ascii"), "Accept-Encoding": "identity"},
-                extensions=extensions,
-            )
-            response = await client.send(request, stream=True)
-            try:
-                location = response.headers.get("location")
-                if response.status_code in REDIRECTS and location:
-                    target = _checked_url(str(target.join(location)))
-                    continue
-                body, truncated = await _read_capped(response, policy.max_bytes)
-            finally:
-                await response.aclose()
-            try:
-                text = body.decode(response.encoding or "utf-8", errors="replace")
-            except LookupError:  # a charset Python does not know
-                text = body.decode("utf-8", errors="replace")
-            return Fetched(
-                url=str(target),
-                status=response.status_code,
-                content_type=response.headers.get("content-type", ""),
-                text=text,
-                truncated=truncated,
-            )
-    raise ConnectionError(f"{url}: more than {policy.max_redirects} redirects")
+    client = httpx.AsyncClient(timeout=policy.timeout, trust_env=False, verify=policy.verify)
+    try:
+        async with client:
+            return await _follow(client, target, policy)
+    except httpx.HTTPError as exc:
+        raise ConnectionError(f"GET {url} failed: {exc}") from None
+
+
+async def _follow(client: httpx.AsyncClient, target: httpx.URL, policy: NetworkPolicy) -> Fetched:
+    """GET `target`, and the target of each redirect, each hop checked before it is dialled."""
+    for _hop in range(policy.max_redirects + 1):
+        address = await _checked_address(target, policy)
+        extensions = {}
+        if target.scheme == "https":
+            # TLS still names (and verifies) the host, though we dial its address.
+            extensions["sni_hostname"] = target.raw_host.decode("ascii")
+        request = client.build_request(
+            "GET",
+            target.copy_with(host=address),
+            headers={"Host": target.netloc.decode("ascii"), "Accept-Encoding": "identity"},
+            extensions=extensions,
+        )
+        response = await client.send(request, stream=True)
+        try:
+            location = response.headers.get("location")
+            if response.status_code in REDIRECTS and location:
+                target = _checked_url(str(target.join(location)))
+                continue
+            body, truncated = await _read_capped(response, policy.max_bytes)
+        finally:
+            await response.aclose()
+        try:
+            text = body.decode(response.encoding or "utf-8", errors="replace")
+        except LookupError:  # a charset Python does not know
+            text = body.decode("utf-8", errors="replace")
+        return Fetched(
+            url=str(target),
+            status=response.status_code,
+            content_type=response.headers.get("content-type", ""),
+            text=text,
+            truncated=truncated,
+        )
+    raise ConnectionError(f"{target}: more than {policy.max_redirects} redirects")
 
 
 async def _read_capped(response: httpx.Response, limit: int) -> tuple[bytes, bool]:
