@@ -79,6 +79,11 @@ async def test_request_id_deduplicates_per_owner(store: Store) -> None:
     assert not created_again and again.id == first.id
     other, created_other = await store.create_task(Task(agent="a", owner="bob", request_id="r1"))
     assert created_other and other.id != first.id
+    anon, created_anon = await store.create_task(Task(agent="a", request_id="r1"))
+    assert created_anon and anon.id not in (first.id, other.id)
+    # No owner and the empty owner are one owner, in every store.
+    same, created_same = await store.create_task(Task(agent="a", owner="", request_id="r1"))
+    assert not created_same and same.id == anon.id
     page = await store.list_tasks(TaskQuery(owner="alice"))
     assert [t.id for t in page.tasks] == [first.id]
 

@@ -32,7 +32,7 @@ from duragent.errors import (
     TaskNotFound,
 )
 from duragent.store.base import SCHEMA_VERSION
-from duragent.store.memory import MemoryStore, _MemoryTx
+from duragent.store.memory import MemoryStore, _MemoryTx, request_key
 from duragent.store.session_scopes import LEGACY_PREFIX, migrated_scope
 from duragent.types import Document, Entry, EntryKind, Task
 
@@ -371,7 +371,7 @@ class JSONLStore(MemoryStore):
             if raw is not None:
                 task = Task.model_validate_json(raw)
                 if task.request_id is not None:
-                    self._requests.pop((task.owner, task.request_id), None)
+                    self._requests.pop(request_key(task.owner, task.request_id), None)
             for k in [k for k in self._docs if k[0] == f"task:{tid}"]:
                 del self._docs[k]
 
