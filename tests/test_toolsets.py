@@ -308,3 +308,13 @@ async def test_https_dials_the_checked_address_and_still_verifies_the_name(
     assert "over TLS" in await get(f"https://site.test:{port}/", policy)
     with pytest.raises(ConnectionError, match=r"not valid for 'other\.test'"):
         await get(f"https://other.test:{port}/", policy)  # same address, wrong name
+
+
+async def test_a_model_cannot_ask_to_read_a_huge_file_whole(tmp_path: Path) -> None:
+    (tmp_path / "big.txt").write_bytes(b"y" * 3_000_000)
+    (read,) = [
+        t for t in toolset("readonly", root=tmp_path, allow={"read"}) if t.name == "read_file"
+    ]
+    for asked in (-1, 10**12):
+        text = str(await read.invoke({"path": "big.txt", "max_chars": asked}, None))  # type: ignore[arg-type]
+        assert len(text) < 300_000 and "more characters not shown" in text

@@ -26,6 +26,7 @@ from duragent.runtime.tools import Tool, tool
 
 WORKDIR_KEY = "workdir"  # where `duragent run` records its root, for `duragent continue`
 MAX_CHARS = 20_000
+MOST_CHARS = 200_000  # whatever a model asks for, a file is read (a page kept) no further
 MAX_ENTRIES = 500
 PERMISSIONS = ("read", "write", "http")
 
@@ -59,6 +60,7 @@ def inside(root: Path, path: str) -> Path:
 
 
 def _clip(text: str, limit: int) -> str:
+    limit = max(0, min(limit, MOST_CHARS))
     if len(text) <= limit:
         return text
     return text[:limit] + f"\n[... {len(text) - limit} more characters not shown]"
@@ -70,7 +72,8 @@ def _read_text(target: Path, max_chars: int) -> str:
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise PermissionError(f"{target.name!r} is not a regular file")
-        data = f.read(max_chars * 4 + 4)  # enough bytes for max_chars characters, and one more
+        # Enough bytes for max_chars characters and one more (never all: read(-1) is all).
+        data = f.read(max(0, min(max_chars, MOST_CHARS)) * 4 + 4)
     return _clip(data.decode("utf-8", errors="replace"), max_chars)
 
 
