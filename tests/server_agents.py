@@ -6,9 +6,12 @@ All use ScriptedModel, so they behave the same in every process and after a rest
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+from typing import Any
 
 from duragent import Agent, ScriptedModel, ToolCall, ToolContext, Turn, tool
+from duragent.types import ToolMessage, UserMessage
 
 # Streaming speed: seconds between chunks (the browser test wants several seconds of text).
 CHUNK_DELAY = float(os.environ.get("DURAGENT_TEST_CHUNK_DELAY", "0.04"))
@@ -43,6 +46,31 @@ def send_email(to: str, body: str) -> str:
 def delegate(job: str, ctx: ToolContext) -> object:
     """Hand a job to the `quick` agent as a sub-task."""
     return ctx.spawn("quick", job)
+
+
+@tool
+async def note(text: str, ctx: ToolContext) -> str:
+    """Add a line to the session's notes; answers with the notes as they were."""
+    assert ctx.session_documents is not None, "the notebook needs a session_id"
+    before = await ctx.session_documents.get("notes", [])
+    ctx.session_documents.put("notes", [*before, text])
+    return json.dumps(before)
+
+
+def notebook_script(messages: list[Any]) -> Any:
+    """Note the latest user message, then answer with what the notes held before."""
+    last = messages[-1]
+    if isinstance(last, ToolMessage):
+        return f"notes before: {last.content}"
+    assert isinstance(last, UserMessage)
+    return [ToolCall("note", {"text": last.content})]
+
+
+def notebook() -> Agent:
+    """Reads and writes a session document: the probe for per-owner session scopes."""
+    return Agent(
+        name="notebook", model=ScriptedModel(notebook_script), tools=[note], plan_tool=False
+    )
 
 
 def agents() -> list[Agent]:
@@ -91,4 +119,5 @@ def agents() -> list[Agent]:
             tools=[delegate],
             plan_tool=False,
         ),
+        notebook(),
     ]

@@ -121,7 +121,10 @@ def workdir(tmp_path: Path) -> Path:
     return work
 
 
-def run_args(server: ScriptedOpenAIServer, store: str, workdir: Path, text: str) -> list[str]:
+def run_args(
+    server: ScriptedOpenAIServer, store: str, workdir: Path, text: str, allow: str = "read"
+) -> list[str]:
+    """`duragent run` against the scripted server; the file reads it allows run unasked."""
     return [
         "run",
         text,
@@ -135,6 +138,7 @@ def run_args(server: ScriptedOpenAIServer, store: str, workdir: Path, text: str)
         store,
         "--workdir",
         str(workdir),
+        *(["--allow", allow] if allow else []),
     ]
 
 
@@ -303,7 +307,8 @@ async def test_a_second_ctrl_c_aborts_while_a_tool_still_runs(
         server = serve([Answer("Fetching it.", [ToolCall("http_get", {"url": url})])])
         store = f"sqlite:///{tmp_path}/cli.db"
 
-        cli = Cli(*run_args(server, store, workdir, "Fetch the slow page"))
+        args = run_args(server, store, workdir, "Fetch the slow page", allow="http")
+        cli = Cli(*args, "--allow-private-network")
         task_id = task_id_in(cli.wait_for("⚙ http_get"))
         conn, _ = hole.accept()  # the tool is waiting for an answer that never comes
         with conn:
@@ -395,3 +400,49 @@ async def test_the_same_request_id_returns_the_same_task(
     assert f"task {task_id} has ended; there is nothing to continue" in again
     assert f"✓ completed task {task_id}" in again
     assert len(server.requests) == 1  # the model was asked once
+
+
+# --- what the tools may do without asking --------------------------------------------------
+
+
+async def test_reading_a_file_asks_first_unless_the_run_allows_it(
+    serve: Serve, workdir: Path, tmp_path: Path
+) -> None:
+    read = ToolCall("read_file", {"path": "notes.txt"})
+    server = serve([[read], "Read it."])
+    store = f"sqlite:///{tmp_path}/cli.db"
+
+    cli = Cli(*run_args(server, store, workdir, "Read my notes", allow=""), stdin=subprocess.PIPE)
+    cli.wait_for("[y/N] ")
+    cli.send("n\n")
+    code, out, err = cli.finish()
+
+    assert code == 0, out + err
+    assert "? Approve read_file(" in out
+    _, entries = await stored(store, task_id_in(out))
+    (result,) = [e.payload for e in entries if e.kind is EntryKind.TOOL_RESULT]
+    assert result["outcome"] == "denied" and "hello from the notes" not in str(entries)
+
+
+@pytest.mark.parametrize("private", [False, True])
+async def test_http_get_reaches_a_local_server_only_with_the_flag(
+    serve: Serve, workdir: Path, tmp_path: Path, private: bool
+) -> None:
+    from test_toolsets import answer, serving
+
+    with serving(answer("the local secret")) as local:
+        server = serve([[ToolCall("http_get", {"url": f"{local}/"})], "Fetched."])
+        store = f"sqlite:///{tmp_path}/cli.db"
+        args = [*run_args(server, store, workdir, "Fetch it", allow=""), "--yes"]
+        if private:
+            args.append("--allow-private-network")
+        code, out, err = Cli(*args).finish()
+
+    assert code == 0, out + err
+    _, entries = await stored(store, task_id_in(out))
+    (result,) = [e.payload for e in entries if e.kind is EntryKind.TOOL_RESULT]
+    if private:
+        assert result["outcome"] == "ok" and "the local secret" in result["content"]
+    else:
+        assert result["outcome"] == "error" and "the local secret" not in str(entries)
+        assert "loopback" in result["content"] and "--allow-private-network" in result["content"]

@@ -302,7 +302,7 @@ async def test_answer_a_question(client: httpx.AsyncClient, runtime: Runtime) ->
 async def test_agents_lists_tools_and_replay_policies(client: httpx.AsyncClient) -> None:
     r = await client.get("/v1/agents", headers=auth("bob"))
     found = {a["name"]: a for a in r.json()["agents"]}
-    assert set(found) == {"quick", "streamer", "slow", "approver", "asker", "parent"}
+    assert set(found) == {"quick", "streamer", "slow", "approver", "asker", "parent", "notebook"}
     (lookup,) = found["streamer"]["tools"]
     assert lookup["name"] == "lookup" and lookup["replay"] == "safe"
     assert lookup["requires_approval"] is False

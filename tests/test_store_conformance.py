@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -78,6 +79,11 @@ async def test_request_id_deduplicates_per_owner(store: Store) -> None:
     assert not created_again and again.id == first.id
     other, created_other = await store.create_task(Task(agent="a", owner="bob", request_id="r1"))
     assert created_other and other.id != first.id
+    anon, created_anon = await store.create_task(Task(agent="a", request_id="r1"))
+    assert created_anon and anon.id not in (first.id, other.id)
+    # No owner and the empty owner are one owner, in every store.
+    same, created_same = await store.create_task(Task(agent="a", owner="", request_id="r1"))
+    assert not created_same and same.id == anon.id
     page = await store.list_tasks(TaskQuery(owner="alice"))
     assert [t.id for t in page.tasks] == [first.id]
 
@@ -327,6 +333,44 @@ async def test_documents_upsert_with_versions(store: Store) -> None:
     assert [d.key for d in await store.list_documents(scope)] == ["other", "plan"]
     await store.commit(Commit(documents=[DocumentWrite(scope, "other", delete=True)]))
     assert await store.get_document(scope, "other") is None
+
+
+async def test_every_session_scope_is_per_owner(store: Store) -> None:
+    """Bob (and an ownerless caller) naming Alice's session id see nothing of hers
+    and change nothing of hers: not her session documents, not her history, not
+    her request ids."""
+    from duragent import Runtime
+    from server_agents import notebook
+
+    async def run(owner: str | None, text: str, **kw: Any) -> tuple[Task, list[Any]]:
+        sub = await rt.submit("notebook", text, owner=owner, session_id="s1", **kw)
+        done = await sub.wait(timeout=60)
+        assert done.status is TaskStatus.COMPLETED, done.error
+        return done, await rt.model_view(done.id)
+
+    async with Runtime(store, [notebook()], poll_interval=0.05) as rt:
+        first, _ = await run("alice", "alice's secret")
+        assert first.output == "notes before: []"
+        bob, bob_view = await run("bob", "bob was here", continue_session=True)
+        assert bob.output == "notes before: []"
+        assert not any("alice" in str(m.content) for m in bob_view)
+        nobody, nobody_view = await run(None, "anonymous", continue_session=True)
+        assert nobody.output == "notes before: []"
+        assert not any("alice" in str(m.content) for m in nobody_view)
+        again, alice_view = await run("alice", "alice again", continue_session=True)
+        assert again.output == """notes before: ["alice's secret"]"""
+        assert "alice's secret" in [m.content for m in alice_view]
+        assert not any("bob" in str(m.content) or "anonymous" in str(m.content) for m in alice_view)
+        bob2, _ = await run("bob", "bob again")
+        assert bob2.output == 'notes before: ["bob was here"]'
+
+        mine = await rt.submit("notebook", "x", owner="alice", session_id="s1", request_id="r1")
+        theirs = await rt.submit("notebook", "y", owner="bob", session_id="s1", request_id="r1")
+        anon = await rt.submit("notebook", "z", session_id="s1", request_id="r1")
+        assert mine.created and theirs.created and anon.created
+        assert len({mine.task_id, theirs.task_id, anon.task_id}) == 3
+        for sub in (mine, theirs, anon):
+            await sub.wait(timeout=60)
 
 
 async def test_claim_bumps_epoch_and_hands_out_a_task_once(store: Store) -> None:

@@ -127,7 +127,7 @@ async def test_a_format_1_log_opens_and_is_rewritten_with_checksums(tmp_path: Pa
     torn = b'{"t":"entry","task_id":"' + task_id.encode()  # a crash mid-write, years ago
     log.write_bytes(v1 + torn)
     store = JSONLStore(str(tmp_path))
-    assert store.migrated_from == 1 and store.truncated_bytes == len(torn)
+    assert store.log_upgraded_from == 1 and store.truncated_bytes == len(torn)
     assert await texts(store, task_id) == ["one", "two", "three"]
     await store.commit(Commit(entries=[ui(task_id, "four")]))
     await store.close()
@@ -136,7 +136,7 @@ async def test_a_format_1_log_opens_and_is_rewritten_with_checksums(tmp_path: Pa
     assert all(_unseal(line) is not None for line in lines[1:-1])
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
     again = JSONLStore(str(tmp_path))
-    assert again.migrated_from is None
+    assert again.log_upgraded_from is None
     assert await texts(again, task_id) == ["one", "two", "three", "four"]
     await again.close()
     # A format-1 log damaged before its last marker is refused, untouched.

@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from duragent.errors import StoreCorrupt, StoreLocked, StoreVersionError
-from duragent.store import Commit, DocumentWrite, TaskPatch, open_store
+from duragent.store import SCHEMA_VERSION, Commit, DocumentWrite, TaskPatch, open_store
 from duragent.store.jsonl import LOG_NAME, JSONLStore, compact
 from duragent.types import (
     AssistantMessage,
@@ -163,13 +163,13 @@ async def test_newer_version_is_refused_naming_both_versions(tmp_path: Path) -> 
     log = tmp_path / LOG_NAME
     lines = log.read_bytes().split(b"\n")
     header = json.loads(lines[0])
-    assert header["schema_version"] == 1
+    assert header["schema_version"] == SCHEMA_VERSION
     header["schema_version"] = 99
     changed = b"\n".join([json.dumps(header).encode(), *lines[1:]])
     log.write_bytes(changed)
     with pytest.raises(StoreVersionError) as info:
         open_jsonl(tmp_path)
-    assert "99" in str(info.value) and "version 1" in str(info.value)
+    assert "99" in str(info.value) and f"version {SCHEMA_VERSION}" in str(info.value)
     assert log.read_bytes() == changed  # untouched
 
 

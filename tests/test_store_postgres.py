@@ -128,9 +128,10 @@ async def test_newer_schema_version_is_refused_naming_both_versions(
     assert row is not None and row["value"] == "99"  # untouched
     with admin(pg_url) as conn:
         conn.execute(
-            psycopg.sql.SQL("UPDATE {}.duragent_meta SET value = '1'").format(
+            psycopg.sql.SQL("UPDATE {}.duragent_meta SET value = %s").format(
                 psycopg.sql.Identifier(schema)
-            )
+            ),
+            (str(SCHEMA_VERSION),),
         )
     again = PostgresStore(pg_url, schema=schema)
     assert again.migrated_from == SCHEMA_VERSION
@@ -172,7 +173,7 @@ def test_processes_migrating_at_once_all_succeed(pg_url: str, tmp_path: Path) ->
                 name, version = printed.split()
                 found[name].append(int(version))
         # Each schema was migrated from 0 exactly once; the others found it done.
-        assert all(sorted(v) == [0, 1, 1] for v in found.values()), found
+        assert all(sorted(v) == [0, SCHEMA_VERSION, SCHEMA_VERSION] for v in found.values()), found
         with admin(pg_url) as conn:
             for name in schemas:
                 row = conn.execute(

@@ -70,7 +70,9 @@ def exit_code(exc: BaseException) -> int:
 
 def fail(exc: BaseException) -> NoReturn:
     """One line on stderr and the exit code, instead of a traceback."""
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    from duragent.terminal import clean  # the message may quote model or web text
+
+    typer.secho(f"error: {clean(str(exc))}", fg=typer.colors.RED, err=True)
     raise typer.Exit(exit_code(exc))
 
 

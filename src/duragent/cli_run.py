@@ -24,17 +24,18 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from duragent.cli import app, run_async
 from duragent.errors import DuragentError, UsageError
+from duragent.fetch import NetworkPolicy
 from duragent.llm import ChatModel, resolve_model
 from duragent.runtime.agent import Agent
 from duragent.runtime.runtime import Runtime
 from duragent.runtime.waits import open_waits
 from duragent.runtime.worker import lease_alive
 from duragent.store import DEFAULT_URL
-from duragent.toolsets import WORKDIR_KEY, toolset
+from duragent.terminal import safe
+from duragent.toolsets import PERMISSIONS, WORKDIR_KEY, check_permissions, toolset
 from duragent.types import Entry, EntryKind, Task, TaskStatus
 
 AGENT_PREFIX = "run-"
@@ -50,6 +51,17 @@ EXIT_INTERRUPTED = 130  # the shell's code for "stopped by Ctrl-C"
 STORE = typer.Option(DEFAULT_URL, "--store", help="Store URL.")
 BASE_URL = typer.Option(
     None, "--base-url", help="The provider's URL, e.g. a local OpenAI-compatible server."
+)
+ALLOW = typer.Option(
+    "",
+    "--allow",
+    help=f"Let these tools run without asking first, comma-separated: {', '.join(PERMISSIONS)}.",
+)
+YES = typer.Option(False, "--yes", "-y", help="Let every tool run without asking first.")
+ALLOW_PRIVATE = typer.Option(
+    False,
+    "--allow-private-network",
+    help="Let http_get reach loopback, private and link-local addresses (off: public only).",
 )
 API_KEY_ENV = typer.Option(
     None,
@@ -79,7 +91,26 @@ def build_model(spec: str, base_url: str | None, api_key_env: str | None) -> Cha
         raise UsageError(str(exc)) from None
 
 
-def run_agent(name: str, model: ChatModel, max_iterations: int) -> Agent:
+@dataclass(frozen=True)
+class Grants:
+    """What the user lets this run's tools do, from the command line (never from the task)."""
+
+    root: Path
+    allow: frozenset[str] = frozenset()
+    private_network: bool = False
+
+    @classmethod
+    def from_options(cls, root: Path, allow: str, yes: bool, private_network: bool) -> Grants:
+        granted = frozenset(PERMISSIONS) if yes else check_permissions(allow.split(","))
+        return cls(root.resolve(), granted, private_network)
+
+    def flags(self) -> list[str]:
+        """The options that grant the same again (for the `continue` hint)."""
+        out = ["--allow", ",".join(sorted(self.allow))] if self.allow else []
+        return out + (["--allow-private-network"] if self.private_network else [])
+
+
+def run_agent(name: str, model: ChatModel, max_iterations: int, grants: Grants) -> Agent:
     """The agent of a `duragent run` task; `name` is `run-<toolset>-<token>`.
 
     The name is unique per task because this process's worker claims every
@@ -91,7 +122,12 @@ def run_agent(name: str, model: ChatModel, max_iterations: int) -> Agent:
         name=name,
         model=model,
         instructions=INSTRUCTIONS,
-        tools=toolset(kit),
+        tools=toolset(
+            kit,
+            root=grants.root,
+            network=NetworkPolicy(allow_private=grants.private_network),
+            allow=grants.allow,
+        ),
         max_iterations=max_iterations,
         tool_grace=TOOL_GRACE,
         plan_tool=False,
@@ -136,7 +172,7 @@ class Transcript:
 
     def _text(self, text: str) -> None:
         if text:
-            self.console.print(escape(text), end="", soft_wrap=True)
+            self.console.print(safe(text), end="", soft_wrap=True)
             self.open_line = not text.endswith("\n")
 
     def show(self, e: Entry) -> None:
@@ -163,7 +199,7 @@ class Transcript:
                 name = call["function"]["name"]
                 self.tools[call["id"]] = name
                 args = _args(call["function"]["arguments"])
-                self.console.print(f"[cyan]⚙ {escape(name)}[/]({escape(args)})")
+                self.console.print(f"[cyan]⚙ {safe(name)}[/]({safe(args)})")
         elif e.kind is EntryKind.TOOL_RESULT:
             self.end_line()
             name = self.tools.get(p["tool_call_id"], "tool")
@@ -173,15 +209,15 @@ class Transcript:
                 "interrupted": ("⚠", "yellow"),
                 "denied": ("✗", "yellow"),
             }.get(outcome, ("✗", "red"))
-            said = escape(_first_line(p.get("content", "")))
-            self.console.print(f"  [{style}]{mark} {escape(name)} {outcome}[/]: {said}")
+            said = safe(_first_line(p.get("content", "")))
+            self.console.print(f"  [{style}]{mark} {safe(name)} {outcome}[/]: {said}")
         elif e.kind is EntryKind.UI_MESSAGE:
             self.end_line()
             if p.get("type") == "error":
                 detail = f": {p['detail']}" if p.get("detail") else ""
-                self.console.print(f"[red]✗ {escape(p.get('message', '') + detail)}[/]")
+                self.console.print(f"[red]✗ {safe(p.get('message', '') + detail)}[/]")
             elif p.get("type") == "notice":
-                self.console.print(f"[yellow]• {escape(p.get('message', ''))}[/]")
+                self.console.print(f"[yellow]• {safe(p.get('message', ''))}[/]")
 
 
 # --- driving a task ----------------------------------------------------------------
@@ -295,7 +331,7 @@ class Session:
             question = wait.get("question", "")
             prompt = f"{question} [y/N] " if approval else f"{question}\n> "
             self.transcript.end_line()
-            self.console.print(f"[bold magenta]? {escape(prompt)}[/]", end="")
+            self.console.print(f"[bold magenta]? {safe(prompt)}[/]", end="")
             line = await self._read_line()
             if line is None or not sys.stdin.isatty():
                 self.console.print()  # the terminal echoed the Enter; a pipe did not
@@ -333,19 +369,19 @@ class Session:
             return 0
         if task.status is TaskStatus.PAUSED:
             c.print(f"[yellow]⏸ paused[/] task {tid} ({tokens})")
-            c.print(f"Continue it with: {escape(hint)}")
+            c.print(f"Continue it with: {safe(hint)}")
             return EXIT_INTERRUPTED if self.interrupts else 0
         if task.status is TaskStatus.WAITING:
             c.print(f"[magenta]… task {tid} waits for your answer.[/]")
-            c.print(f"Answer it with: {escape(hint)}")
+            c.print(f"Answer it with: {safe(hint)}")
             return 0
         if task.status is TaskStatus.ABORTED:
-            c.print(f"[red]✗ aborted[/] task {tid}: {escape(task.error or '')}")
+            c.print(f"[red]✗ aborted[/] task {tid}: {safe(task.error or '')}")
             return EXIT_INTERRUPTED if self.interrupts else 1
         reason = f" ({task.status_reason})" if task.status_reason else ""
-        c.print(f"[red]✗ {task.status.value}{reason}[/] task {tid}: {escape(task.error or '')}")
+        c.print(f"[red]✗ {task.status.value}{reason}[/] task {tid}: {safe(task.error or '')}")
         if task.status is TaskStatus.BLOCKED:
-            c.print(f"Fix the cause, then: {escape(hint)}")
+            c.print(f"Fix the cause, then: {safe(hint)}")
         return 1
 
 
@@ -357,13 +393,13 @@ async def _drive(
     start: str | None = None,
     existing: str | None = None,
     agent_name: str,
-    workdir: Path,
+    grants: Grants,
     request_id: str | None,
     max_iterations: int,
 ) -> int:
     # Soft wrap: a pipe gets whole lines (a hint to copy must not be cut in two).
     console = Console(highlight=False, soft_wrap=True)
-    agent = run_agent(agent_name, model, max_iterations)
+    agent = run_agent(agent_name, model, max_iterations, grants)
     loop = asyncio.get_running_loop()
     try:
         async with Runtime(store, agents=[agent], lease_ttl=15.0, poll_interval=0.25) as rt:
@@ -376,7 +412,8 @@ async def _drive(
                     agent_name,
                     start,
                     request_id=request_id,
-                    context={WORKDIR_KEY: str(workdir.resolve())},
+                    # Recorded for `duragent continue`; the tools' root is `grants.root`.
+                    context={WORKDIR_KEY: str(grants.root)},
                 )
                 session.task_id = sub.task_id
                 console.print(f"task {sub.task_id}")
@@ -408,7 +445,7 @@ async def _restart(rt: Runtime, task_id: str, console: Console) -> int:
         await rt.resume(task_id)
     elif task.status is TaskStatus.RUNNING and lease_alive(task):
         console.print(
-            f"[yellow]• it is held by {escape(task.lease.owner or '?')} until "
+            f"[yellow]• it is held by {safe(task.lease.owner or '?')} until "
             f"{task.lease.expires_at:%H:%M:%S}; if that process is gone, this one takes "
             "it over then.[/]"
         )
@@ -456,6 +493,9 @@ def run_command(
         file_okay=False,
         help="The only directory the file tools may touch.",
     ),
+    allow: str = ALLOW,
+    yes: bool = YES,
+    allow_private_network: bool = ALLOW_PRIVATE,
     max_iterations: int = typer.Option(25, min=1, help="Rounds before the task fails."),
     request_id: str | None = typer.Option(
         None, help="Idempotency key: the same id returns the same task."
@@ -468,7 +508,8 @@ def run_command(
     """
 
     async def go() -> int:
-        toolset(agent_tools)  # an unknown name fails before anything starts
+        grants = Grants.from_options(workdir, allow, yes, allow_private_network)
+        toolset(agent_tools, root=grants.root)  # an unknown name fails before anything starts
         chat = build_model(model, base_url, api_key_env)
         # The same request id names the same agent, so a rerun can run the task it finds.
         token = (
@@ -479,10 +520,10 @@ def run_command(
         return await _drive(
             store,
             chat,
-            _flags(model, base_url, api_key_env, store),
+            _flags(model, base_url, api_key_env, store) + grants.flags(),
             start=text,
             agent_name=f"{AGENT_PREFIX}{agent_tools}-{token}",
-            workdir=workdir,
+            grants=grants,
             request_id=request_id,
             max_iterations=max_iterations,
         )
@@ -499,6 +540,16 @@ def continue_command(
     base_url: str | None = BASE_URL,
     api_key_env: str | None = API_KEY_ENV,
     store: str = STORE,
+    workdir: Path | None = typer.Option(
+        None,
+        "--workdir",
+        exists=True,
+        file_okay=False,
+        help="The only directory the file tools may touch (default: the one `run` was given).",
+    ),
+    allow: str = ALLOW,
+    yes: bool = YES,
+    allow_private_network: bool = ALLOW_PRIVATE,
     max_iterations: int = typer.Option(25, min=1, help="Rounds before the task fails."),
 ) -> None:
     """Continue a task started by `duragent run` (paused, crashed or waiting), streaming it.
@@ -522,14 +573,17 @@ def continue_command(
                 "to that model, so continue it with the same one"
             )
         chat = build_model(spec, base_url, api_key_env)
-        workdir = Path(str(task.context.get(WORKDIR_KEY) or "."))
+        # The directory this terminal's own `duragent run` recorded (a `run-` agent
+        # task is made by the CLI only), unless the user names another.
+        root = workdir or Path(str(task.context.get(WORKDIR_KEY) or "."))
+        grants = Grants.from_options(root, allow, yes, allow_private_network)
         return await _drive(
             store,
             chat,
-            _flags(spec, base_url, api_key_env, store),
+            _flags(spec, base_url, api_key_env, store) + grants.flags(),
             existing=task_id,
             agent_name=task.agent,
-            workdir=workdir,
+            grants=grants,
             request_id=None,
             max_iterations=max_iterations,
         )

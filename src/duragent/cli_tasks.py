@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -11,15 +12,16 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from duragent.cli import app, run_async
 from duragent.runtime.runtime import Runtime
 from duragent.store import DEFAULT_URL, SCHEMA_VERSION, Store, TaskQuery, open_store
+from duragent.terminal import safe
 from duragent.types import Entry, EntryKind, Task, TaskStatus, session_scope, task_scope
 
 T = TypeVar("T")
+_C1 = re.compile(r"[\x7f-\x9f]")
 
 STORE = typer.Option(DEFAULT_URL, "--store", help="Store URL.")
 STATUS_STYLE = {
@@ -56,7 +58,7 @@ def _when(dt: datetime | None) -> str:
 
 def _status(task: Task) -> str:
     text = task.status.value + (f" ({task.status_reason})" if task.status_reason else "")
-    return f"[{STATUS_STYLE.get(task.status.value, '')}]{escape(text)}[/]"
+    return f"[{STATUS_STYLE.get(task.status.value, '')}]{safe(text)}[/]"
 
 
 def _step(task: Task) -> str:
@@ -128,10 +130,10 @@ def timeline(entries: list[Entry]) -> Table:
         if streamed and last_kind == ("progress", e.round) and rows:
             row = rows[-1]
             row[0] = f"{row[0].split('–')[0]}–{e.seq}"
-            row[4] = row[4][:-1] + escape(p.get("text", "")) + "'"
+            row[4] = row[4][:-1] + safe(p.get("text", "")) + "'"
             continue
         last_kind = ("progress", e.round) if streamed else None
-        what = f"streamed '{escape(p.get('text', ''))}'" if streamed else escape(describe(e))
+        what = f"streamed '{safe(p.get('text', ''))}'" if streamed else safe(describe(e))
         at = e.created_at.strftime("%H:%M:%S.%f")[:-3]
         rows.append([str(e.seq), str(e.round or "-"), e.kind.value, at, what])
     for row in rows:
@@ -143,24 +145,24 @@ def task_header(task: Task) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    grid.add_row("task", task.id)
-    grid.add_row("agent", escape(task.agent))
+    grid.add_row("task", safe(task.id))
+    grid.add_row("agent", safe(task.agent))
     if task.owner:
-        grid.add_row("owner", escape(task.owner))
+        grid.add_row("owner", safe(task.owner))
     grid.add_row("status", _status(task))
     grid.add_row("step", f"{_step(task)} (rounds completed: {task.iterations})")
     grid.add_row("tokens", f"{task.usage.input_tokens} in, {task.usage.output_tokens} out")
     grid.add_row("created", _when(task.created_at))
     grid.add_row("updated", _when(task.updated_at))
     if task.parent_id:
-        grid.add_row("parent", task.parent_id)
+        grid.add_row("parent", safe(task.parent_id))
     if task.session_id:
-        grid.add_row("session", escape(task.session_id))
-    grid.add_row("input", escape(_clip(task.input, 120)))
+        grid.add_row("session", safe(task.session_id))
+    grid.add_row("input", safe(_clip(task.input, 120)))
     if task.output is not None:
-        grid.add_row("output", escape(_clip(task.output, 400)))
+        grid.add_row("output", safe(_clip(task.output, 400)))
     if task.error:
-        grid.add_row("error", f"[red]{escape(task.error)}[/]")
+        grid.add_row("error", f"[red]{safe(task.error)}[/]")
     return grid
 
 
@@ -193,11 +195,11 @@ def list_tasks(
         table.add_column(col, no_wrap=True)
     table.add_column("output / error", ratio=1, min_width=16)
     for t in tasks:
-        tail = f"[red]{escape(_clip(t.error))}[/]" if t.error else escape(_clip(t.output or ""))
+        tail = f"[red]{safe(_clip(t.error))}[/]" if t.error else safe(_clip(t.output or ""))
         table.add_row(
-            t.id,
-            escape(t.agent),
-            escape(t.owner or ""),
+            safe(t.id),
+            safe(t.agent),
+            safe(t.owner or ""),
             _status(t),
             _step(t),
             t.updated_at.strftime("%m-%d %H:%M:%S"),
@@ -235,18 +237,18 @@ async def _follow(rt: Runtime, task_id: str, after: int, console: Console) -> No
             if not streaming:
                 console.print(f"[dim]{e.seq:>5} r{e.round}[/] ", end="")
                 streaming = True
-            console.print(escape(e.payload.get("text", "")), end="", soft_wrap=True)
+            console.print(safe(e.payload.get("text", "")), end="", soft_wrap=True)
             continue
         if streaming:
             console.print()
             streaming = False
-        console.print(f"[dim]{e.seq:>5} r{e.round}[/] {e.kind.value:<12} {escape(describe(e))}")
+        console.print(f"[dim]{e.seq:>5} r{e.round}[/] {e.kind.value:<12} {safe(describe(e))}")
     if streaming:
         console.print()
     task = await rt.get(task_id)
     console.print(f"task {task.id} is {_status(task)}")
     if task.output is not None:
-        console.print(escape(_clip(task.output, 2000)))
+        console.print(safe(_clip(task.output, 2000)))
 
 
 @app.command()
@@ -302,7 +304,9 @@ async def export_task(store: Store, task_id: str) -> dict[str, Any]:
     entries = await store.entries(task_id)
     documents = await store.list_documents(task_scope(task_id))
     session_docs = (
-        await store.list_documents(session_scope(task.session_id)) if task.session_id else []
+        await store.list_documents(session_scope(task.owner, task.session_id))
+        if task.session_id
+        else []
     )
     page = await store.list_tasks(TaskQuery(parent_id=task_id, limit=10_000))
     children = sorted(page.tasks, key=lambda t: t.created_at)
@@ -327,7 +331,10 @@ def export(
         async with _runtime(store) as rt:
             return await export_task(rt.store, task_id)
 
-    text = json.dumps(_run(go), indent=2, ensure_ascii=False)
+    # C1 controls are legal raw in JSON text but commands to a terminal: escape them.
+    text = _C1.sub(
+        lambda m: f"\\u{ord(m.group()):04x}", json.dumps(_run(go), indent=2, ensure_ascii=False)
+    )
     if output is None:
         typer.echo(text)
     else:

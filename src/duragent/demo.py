@@ -139,7 +139,7 @@ def _summary(e: Entry) -> str:
 
 
 async def _timeline(url: str, killed_after: int) -> tuple[list[list[str]], int]:
-    from rich.markup import escape
+    from duragent.terminal import safe
 
     store = open_store(url)
     try:
@@ -147,12 +147,12 @@ async def _timeline(url: str, killed_after: int) -> tuple[list[list[str]], int]:
         rows: list[list[str]] = []
         for e in await store.entries(task.id):
             phase = "before kill" if e.seq <= killed_after else "after restart"
-            what = escape(_summary(e))
+            what = safe(_summary(e))
             last = rows[-1] if rows else None
             if e.kind is EntryKind.PROGRESS and last and last[2] == "progress" and last[3] == phase:
                 # Collapse a stream's progress batches into one line.
                 last[0] = f"{last[0].split('–')[0]}–{e.seq}"
-                last[4] = last[4][:-1] + escape(e.payload.get("text", "")) + "'"
+                last[4] = last[4][:-1] + safe(e.payload.get("text", "")) + "'"
                 continue
             rnd = str(e.round) if e.round else "-"
             rows.append([str(e.seq), rnd, e.kind.value, phase, what])
@@ -181,6 +181,8 @@ def run_demo(
     from rich.markup import escape
     from rich.table import Table
 
+    from duragent.terminal import safe
+
     console = Console()
     if store_path.exists() and not fresh and not made_by_demo(store_path):
         # The demo starts from an empty store: never delete a file it did not make.
@@ -195,7 +197,7 @@ def run_demo(
     ledger = Path(f"{store_path}.bookings")
     ledger.unlink(missing_ok=True)
     url = f"sqlite:///{store_path.resolve()}"
-    console.print(f"[bold]duragent demo[/] — store: {store_path.resolve()}")
+    console.print(f"[bold]duragent demo[/] — store: {safe(store_path.resolve())}")
     killed_after = 0
     if crash:
         console.print("1. Running the trip-planner agent in a child process…")
@@ -217,7 +219,7 @@ def run_demo(
     child = _spawn(url, str(ledger), hold=False)
     out, _ = child.communicate(timeout=120)
     if child.returncode != 0 or "DEMO-DONE" not in out:
-        console.print(f"[red]the demo task did not finish[/]: {out}")
+        console.print(f"[red]the demo task did not finish[/]: {safe(out)}")
         return 1
     rows, rounds = asyncio.run(_timeline(url, killed_after if crash else 10**9))
     table = Table(title="The task's log (every line a committed entry)")

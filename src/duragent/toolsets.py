@@ -1,128 +1,179 @@
-"""Small built-in toolsets, for `duragent run`.
+"""Small built-in toolsets, for `duragent run` and for agents that want them.
 
-File tools only touch paths inside the task's working directory (the
-`workdir` key of the task context, fixed when the task starts, so a resumed
-task works where it began). Reading, listing and fetching are replay-safe;
-writing a file asks the user first and is never re-run after a crash.
+Everything that bounds these tools is fixed when the toolset is built, by
+whoever runs the worker, and never read from a task: the file tools' root
+directory (a task's `context` is written by API clients), the network policy,
+and which tools may run without asking the user first.
+
+File tools only touch paths inside the root: `..` is refused, and a path is
+resolved (symlinks included) before it is checked, so a link inside the root
+cannot lead out of it. Reading, listing and fetching are replay-safe; writing is
+never re-run after a crash. Each tool asks for approval unless its permission
+("read", "write", "http") is allowed for the run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
+import stat
+from collections.abc import Iterable
+from pathlib import Path, PurePath
 
 from duragent.errors import UsageError
-from duragent.runtime.context import ToolContext
+from duragent.fetch import NetworkPolicy, fetch
 from duragent.runtime.tools import Tool, tool
 
-WORKDIR_KEY = "workdir"
+WORKDIR_KEY = "workdir"  # where `duragent run` records its root, for `duragent continue`
 MAX_CHARS = 20_000
+MOST_CHARS = 200_000  # whatever a model asks for, a file is read (a page kept) no further
 MAX_ENTRIES = 500
+PERMISSIONS = ("read", "write", "http")
+
+TOOLSETS: dict[str, tuple[str, ...]] = {
+    "default": ("read_file", "list_dir", "write_file", "http_get"),
+    "readonly": ("read_file", "list_dir", "http_get"),
+    "none": (),
+}
+_PERMISSION = {"read_file": "read", "list_dir": "read", "write_file": "write", "http_get": "http"}
 
 
-def _root(ctx: ToolContext) -> Path:
-    return Path(ctx.context.get(WORKDIR_KEY) or os.getcwd()).resolve()
+def check_permissions(names: Iterable[str]) -> frozenset[str]:
+    """The permissions named, each one checked."""
+    given = frozenset(n.strip() for n in names if n.strip())
+    unknown = sorted(given - set(PERMISSIONS))
+    if unknown:
+        raise UsageError(
+            f"unknown permission {', '.join(unknown)}; choose from: {', '.join(PERMISSIONS)}"
+        )
+    return given
 
 
-def _inside(ctx: ToolContext, path: str) -> Path:
-    root = _root(ctx)
-    target = (root / path).resolve()  # resolves `..` and symlinks before the check
+def inside(root: Path, path: str) -> Path:
+    """`path` (relative to `root`) resolved, if it stays inside `root` (already resolved)."""
+    if ".." in PurePath(path).parts:
+        raise PermissionError(f"{path!r} is outside the working directory: '..' is not allowed")
+    target = (root / path).resolve()  # resolves symlinks before the check
     if not target.is_relative_to(root):
-        raise PermissionError(f"{path!r} is outside the working directory {root}")
+        raise PermissionError(f"{path!r} is outside the working directory")
     return target
 
 
 def _clip(text: str, limit: int) -> str:
+    limit = max(0, min(limit, MOST_CHARS))
     if len(text) <= limit:
         return text
     return text[:limit] + f"\n[... {len(text) - limit} more characters not shown]"
 
 
-@tool(name="read_file", replay="safe")
-async def read_file(path: str, ctx: ToolContext, max_chars: int = MAX_CHARS) -> str:
-    """Read a text file in the working directory.
-
-    Args:
-        path: the file, relative to the working directory
-        max_chars: show at most this many characters
-    """
-    target = _inside(ctx, path)
-    data = await asyncio.to_thread(target.read_bytes)
+def _read_text(target: Path, max_chars: int) -> str:
+    # O_NOFOLLOW: a link put in place after the check is refused, not followed.
+    fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise PermissionError(f"{target.name!r} is not a regular file")
+        # Enough bytes for max_chars characters and one more (never all: read(-1) is all).
+        data = f.read(max(0, min(max_chars, MOST_CHARS)) * 4 + 4)
     return _clip(data.decode("utf-8", errors="replace"), max_chars)
 
 
-@tool(name="list_dir", replay="safe")
-async def list_dir(ctx: ToolContext, path: str = ".") -> str:
-    """List a directory in the working directory: sub-directories end with '/'.
+def _write_text(target: Path, content: str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+    with os.fdopen(os.open(target, flags, 0o644), "w", encoding="utf-8") as f:
+        f.write(content)
 
-    Args:
-        path: the directory, relative to the working directory
+
+def _listing(target: Path) -> str:
+    lines = []
+    for entry in sorted(target.iterdir(), key=lambda p: p.name)[:MAX_ENTRIES]:
+        if entry.is_dir():
+            lines.append(f"{entry.name}/")
+        else:
+            lines.append(f"{entry.name}  ({entry.stat().st_size} bytes)")
+    return "\n".join(lines) or "(empty)"
+
+
+def _build(name: str, root: Path, network: NetworkPolicy, ask: bool) -> Tool:
+    if name == "read_file":
+
+        async def read_file(path: str, max_chars: int = MAX_CHARS) -> str:
+            """Read a text file in the working directory.
+
+            Args:
+                path: the file, relative to the working directory
+                max_chars: show at most this many characters
+            """
+            return await asyncio.to_thread(_read_text, inside(root, path), max_chars)
+
+        return tool(name=name, replay="safe", requires_approval=ask)(read_file)
+    if name == "list_dir":
+
+        async def list_dir(path: str = ".") -> str:
+            """List a directory in the working directory: sub-directories end with '/'.
+
+            Args:
+                path: the directory, relative to the working directory
+            """
+            return await asyncio.to_thread(_listing, inside(root, path))
+
+        return tool(name=name, replay="safe", requires_approval=ask)(list_dir)
+    if name == "write_file":
+
+        async def write_file(path: str, content: str) -> str:
+            """Write a text file in the working directory (replacing it).
+
+            Args:
+                path: the file, relative to the working directory
+                content: the whole new text of the file
+            """
+            await asyncio.to_thread(_write_text, inside(root, path), content)
+            return f"wrote {len(content)} characters to {path}"
+
+        return tool(name=name, requires_approval=ask)(write_file)
+
+    async def http_get(url: str, max_chars: int = MAX_CHARS) -> str:
+        """Fetch a web page or API response with HTTP GET.
+
+        Args:
+            url: an http:// or https:// address
+            max_chars: show at most this many characters of the body
+        """
+        got = await fetch(url, network)
+        head = f"HTTP {got.status} {got.content_type}".strip()
+        text = head + "\n\n" + _clip(got.text, max_chars)
+        if got.truncated:
+            cap = network.max_bytes
+            text += f"\n[the response is longer than {cap} bytes; the rest was not read]"
+        return text
+
+    return tool(name=name, replay="safe", timeout=network.timeout * 2, requires_approval=ask)(
+        http_get
+    )
+
+
+def toolset(
+    name: str,
+    *,
+    root: str | Path | None = None,
+    network: NetworkPolicy | None = None,
+    allow: Iterable[str] = (),
+) -> list[Tool]:
+    """The tools of a named toolset ("default", "readonly", "none").
+
+    `root` is the only directory the file tools touch (default: the current
+    directory, now); `network` is where `http_get` may connect (default: public
+    addresses only); `allow` names the permissions ("read", "write", "http")
+    whose tools run without asking the user first.
     """
-    target = _inside(ctx, path)
-
-    def listing() -> str:
-        lines = []
-        for entry in sorted(target.iterdir(), key=lambda p: p.name)[:MAX_ENTRIES]:
-            if entry.is_dir():
-                lines.append(f"{entry.name}/")
-            else:
-                lines.append(f"{entry.name}  ({entry.stat().st_size} bytes)")
-        return "\n".join(lines) or "(empty)"
-
-    return await asyncio.to_thread(listing)
-
-
-@tool(name="write_file", requires_approval=True)
-async def write_file(path: str, content: str, ctx: ToolContext) -> str:
-    """Write a text file in the working directory (replacing it). The user must approve.
-
-    Args:
-        path: the file, relative to the working directory
-        content: the whole new text of the file
-    """
-    target = _inside(ctx, path)
-
-    def write() -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content, encoding="utf-8")
-
-    await asyncio.to_thread(write)
-    return f"wrote {len(content)} characters to {path}"
-
-
-@tool(name="http_get", replay="safe", timeout=60.0)
-async def http_get(url: str, max_chars: int = MAX_CHARS) -> str:
-    """Fetch a web page or API response with HTTP GET.
-
-    Args:
-        url: an http:// or https:// address
-        max_chars: show at most this many characters of the body
-    """
-    if not url.startswith(("http://", "https://")):
-        raise ValueError(f"only http:// and https:// addresses can be fetched, not {url!r}")
     try:
-        import httpx
-    except ImportError:  # pragma: no cover - httpx comes with the openai/anthropic SDKs
-        raise UsageError("http_get needs httpx: pip install httpx") from None
-    async with httpx.AsyncClient(timeout=30.0, follow_redirects=True) as client:
-        response = await client.get(url)
-    kind = response.headers.get("content-type", "")
-    head = f"HTTP {response.status_code} {kind}".strip()
-    return head + "\n\n" + _clip(response.text, max_chars)
-
-
-TOOLSETS: dict[str, tuple[Tool, ...]] = {
-    "default": (read_file, list_dir, write_file, http_get),
-    "readonly": (read_file, list_dir, http_get),
-    "none": (),
-}
-
-
-def toolset(name: str) -> list[Tool]:
-    """The tools of a named toolset."""
-    try:
-        return list(TOOLSETS[name])
+        names = TOOLSETS[name]
     except KeyError:
         known = ", ".join(TOOLSETS)
         raise UsageError(f"no toolset named {name!r}; choose one of: {known}") from None
+    allowed = check_permissions(allow)
+    base = Path(root if root is not None else os.getcwd()).expanduser().resolve()
+    if names and not base.is_dir():
+        raise UsageError(f"the file tools' root {str(base)!r} is not a directory")
+    policy = network or NetworkPolicy()
+    return [_build(n, base, policy, _PERMISSION[n] not in allowed) for n in names]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -311,7 +312,7 @@ UI_MESSAGE: TypeAdapter[UiMessage] = TypeAdapter(UiMessage)
 
 
 class Document(BaseModel):
-    scope: str  # "task:<id>" or "session:<id>"
+    scope: str  # "task:<id>" or "session:<owner>:<id>"
     key: str
     value: JSON
     version: int = 1
@@ -322,5 +323,12 @@ def task_scope(task_id: str) -> str:
     return f"task:{task_id}"
 
 
-def session_scope(session_id: str) -> str:
-    return f"session:{session_id}"
+def session_scope(owner: str | None, session_id: str) -> str:
+    """One owner's session: `session:<owner>:<session id>`.
+
+    A session id names a session only within its owner's tasks, so another
+    owner's id reaches a scope of their own. The owner is percent-encoded (it
+    never holds a `:`), so no (owner, session id) pair spells another's scope.
+    No owner and the empty owner are one owner, as they are for request ids.
+    """
+    return f"session:{quote(owner or '', safe='')}:{session_id}"

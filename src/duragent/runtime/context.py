@@ -81,7 +81,7 @@ class ToolContext:
         self.idempotency_key = f"{runner.task.id}:{round}:{call_id}"
         self.documents = Documents(runner, task_scope(runner.task.id))
         self.session_documents = (
-            Documents(runner, session_scope(runner.task.session_id))
+            Documents(runner, session_scope(runner.task.owner, runner.task.session_id))
             if runner.task.session_id
             else None
         )

@@ -174,9 +174,16 @@ class Runtime:
         return Submission(self, stored.id, created)
 
     async def _session_history(self, session_id: str, owner: str | None) -> builtins.list[Any]:
-        page = await self.store.list_tasks(
-            TaskQuery(session_id=session_id, owner=owner, status=TaskStatus.COMPLETED, limit=1)
+        # The session is the owner's: another owner's tasks under the same id are
+        # not in it, and neither are an owner's tasks in an ownerless session.
+        query = TaskQuery(
+            session_id=session_id,
+            owner=owner,
+            no_owner=owner is None,
+            status=TaskStatus.COMPLETED,
+            limit=1,
         )
+        page = await self.store.list_tasks(query)
         if not page.tasks:
             return []
         return list(await self.store.model_view(page.tasks[0].id))

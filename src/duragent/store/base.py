@@ -33,7 +33,8 @@ from duragent.types import (
     check_transition,
 )
 
-SCHEMA_VERSION = 1
+# Version 2: session documents are scoped per owner (`session:<owner>:<id>`).
+SCHEMA_VERSION = 2
 
 
 @dataclass(slots=True)
@@ -95,6 +96,7 @@ ControlCallback = Callable[[str | None], None]
 @dataclass(slots=True)
 class TaskQuery:
     owner: str | None = None
+    no_owner: bool = False  # only tasks without an owner (`owner` must then be None)
     status: TaskStatus | Sequence[TaskStatus] | None = None
     session_id: str | None = None
     parent_id: str | None = None
@@ -107,6 +109,12 @@ class TaskQuery:
         """The (field, value) pairs a task must match exactly: the ones that are set."""
         fields = ("owner", "session_id", "parent_id", "root_id", "agent")
         return [(f, v) for f in fields if (v := getattr(self, f)) is not None]
+
+    def null_filters(self) -> list[str]:
+        """The fields a task must have unset."""
+        if self.no_owner and self.owner is not None:
+            raise ValueError("a TaskQuery with no_owner=True cannot name an owner")
+        return ["owner"] if self.no_owner else []
 
     def statuses(self) -> list[str] | None:
         if self.status is None:

@@ -40,7 +40,8 @@ from duragent.errors import (
 )
 from duragent.store.base import SCHEMA_VERSION
 from duragent.store.files import DIR_MODE, FILE_MODE, full_error, is_full, require_parent
-from duragent.store.memory import MemoryStore, _MemoryTx
+from duragent.store.memory import MemoryStore, _MemoryTx, request_key
+from duragent.store.session_scopes import LEGACY_PREFIX, migrated_scope
 from duragent.types import Document, Entry, EntryKind, Task
 
 Durability = Literal["normal", "full"]
@@ -79,8 +80,8 @@ def _unseal(line: bytes) -> bytes | None:
     return body if zlib.crc32(body) == crc else None
 
 
-def _header() -> bytes:
-    head = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "log_version": LOG_VERSION}
+def _header(schema_version: int = SCHEMA_VERSION) -> bytes:
+    head = {"format": FORMAT, "schema_version": schema_version, "log_version": LOG_VERSION}
     return (_dumps(head) + "\n").encode()
 
 
@@ -187,7 +188,7 @@ class JSONLStore(MemoryStore):
         self.path = os.path.join(directory, LOG_NAME)
         self.durability: Durability = durability
         self.truncated_bytes = 0  # how much torn tail the last open cut off
-        self.migrated_from: int | None = None  # the log format a migration on open left
+        self.log_upgraded_from: int | None = None  # the line format an upgrade on open left
         self._closed = False
         # The store is the directory: created here (0700), its parent never.
         require_parent(directory, "create it first (duragent creates the store, not its parents)")
@@ -197,6 +198,7 @@ class JSONLStore(MemoryStore):
             self._lock_fd = _acquire_lock(directory)
         except OSError as exc:
             raise _open_error(directory, exc) from None
+        self.migrated_from = SCHEMA_VERSION  # the schema version the log was written with
         try:
             self._size = self._replay()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
@@ -206,6 +208,8 @@ class JSONLStore(MemoryStore):
         except BaseException:
             os.close(self._lock_fd)
             raise
+        if self.migrated_from < SCHEMA_VERSION:
+            self._migrate()
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> JSONLStore:
@@ -325,7 +329,8 @@ class JSONLStore(MemoryStore):
         Written whole and fsynced beside the old file before it replaces it,
         so a crash leaves one of the two intact (a leftover is removed on open).
         """
-        out = [_header()]
+        # The data keeps its schema version: _migrate (after replay) moves it on.
+        out = [_header(self.migrated_from or SCHEMA_VERSION)]
         for line in lines:
             line = line.strip()
             if not line.endswith(b"}"):
@@ -336,7 +341,7 @@ class JSONLStore(MemoryStore):
         _write_new(tmp, data)
         os.replace(tmp, self.path)
         _fsync_dir(self.directory)
-        self.migrated_from = version
+        self.log_upgraded_from = version
         return len(data)
 
     def _create_log(self) -> None:
@@ -364,6 +369,7 @@ class JSONLStore(MemoryStore):
             raise StoreVersionError(f"{self.path} (log format)", log_version, LOG_VERSION)
         if found > SCHEMA_VERSION:
             raise StoreVersionError(self.path, found, SCHEMA_VERSION)
+        self.migrated_from = found  # older versions are migrated once replayed
         return int(log_version)
 
     def _apply(self, group: list[tuple[int, dict[str, Any]]]) -> None:
@@ -400,6 +406,32 @@ class JSONLStore(MemoryStore):
                 raise StoreCorrupt(f"{self.path}:{number}: bad record: {exc}") from exc
         tx.install()
         self._forget(doomed)
+
+    def _migrate(self) -> None:
+        """Bring the replayed state to SCHEMA_VERSION and rewrite the log with it.
+
+        Version 2: session documents are scoped per owner (session_scopes.py).
+        The rewrite is a compaction, so a crash leaves the old log or the new.
+        """
+        owners: dict[str, set[str | None]] = {}
+        for raw in self._tasks.values():
+            task = Task.model_validate_json(raw)
+            if task.session_id is not None:
+                owners.setdefault(task.session_id, set()).add(task.owner)
+        # All out first, then all back in: a renamed one never lands on one not yet renamed.
+        legacy = [(k, raw) for k, raw in self._docs.items() if k[0].startswith(LEGACY_PREFIX)]
+        for k, _raw in legacy:
+            del self._docs[k]
+        for (scope, key), raw in legacy:
+            session_id = scope[len(LEGACY_PREFIX) :]
+            new = migrated_scope(session_id, owners.get(session_id, ()))
+            doc = Document.model_validate_json(raw).model_copy(update={"scope": new})
+            self._docs[(new, key)] = doc.model_dump_json()
+        try:
+            self.compact()
+        except OSError as exc:
+            self._close_files()
+            raise StoreUnavailable(f"could not migrate the JSONL store {self.path}: {exc}") from exc
 
     # --- writing ---
 
@@ -468,7 +500,7 @@ class JSONLStore(MemoryStore):
             if raw is not None:
                 task = Task.model_validate_json(raw)
                 if task.request_id is not None:
-                    self._requests.pop((task.owner, task.request_id), None)
+                    self._requests.pop(request_key(task.owner, task.request_id), None)
             for k in [k for k in self._docs if k[0] == f"task:{tid}"]:
                 del self._docs[k]
 

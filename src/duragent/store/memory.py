@@ -35,6 +35,11 @@ from duragent.types import (
 _T = TypeVar("_T")
 
 
+def request_key(owner: str | None, request_id: str) -> tuple[str, str]:
+    """Request ids are per owner; no owner and the empty owner are one (as in the SQL stores)."""
+    return (owner or "", request_id)
+
+
 class _MemoryTx:
     """Reads see this transaction's own writes; nothing reaches the store until `install`."""
 
@@ -54,7 +59,7 @@ class _MemoryTx:
         return task
 
     def find_by_request(self, owner: str | None, request_id: str) -> Task | None:
-        task_id = self.store._requests.get((owner, request_id))
+        task_id = self.store._requests.get(request_key(owner, request_id))
         return None if task_id is None else self.load_task(task_id)
 
     def insert_task(self, task: Task) -> None:
@@ -98,7 +103,7 @@ class _MemoryTx:
             s._tasks[task_id] = raw
             task = Task.model_validate_json(raw)
             if task.request_id is not None:
-                s._requests.setdefault((task.owner, task.request_id), task_id)
+                s._requests.setdefault(request_key(task.owner, task.request_id), task_id)
         for e in self.entries:
             s._entries.setdefault(e.task_id, []).append(
                 (e.seq, e.kind.value, e.round, json.dumps(e.payload), e.created_at)
@@ -118,7 +123,7 @@ class MemoryStore(TxWrites):
     def __init__(self, url: str = "memory://") -> None:
         self.url = url
         self._tasks: dict[str, str] = {}
-        self._requests: dict[tuple[str | None, str], str] = {}
+        self._requests: dict[tuple[str, str], str] = {}
         self._entries: dict[str, list[tuple[int, str, int, str, datetime]]] = {}
         self._docs: dict[tuple[str, str], str] = {}
         self._signal = ChangeSignal()
@@ -158,7 +163,8 @@ class MemoryStore(TxWrites):
     async def list_tasks(self, query: TaskQuery | None = None) -> TaskPage:
         q = query or TaskQuery()
         statuses = q.statuses()
-        filters = q.equal_filters()
+        filters: list[tuple[str, str | None]] = [*q.equal_filters()]
+        filters += [(f, None) for f in q.null_filters()]
         tasks = [Task.model_validate_json(raw) for raw in self._tasks.values()]
         tasks.sort(key=lambda t: (t.created_at.timestamp(), t.id), reverse=True)
         if q.cursor:
@@ -253,7 +259,7 @@ class MemoryStore(TxWrites):
             task = Task.model_validate_json(self._tasks.pop(tid))
             self._entries.pop(tid, None)
             if task.request_id is not None:
-                self._requests.pop((task.owner, task.request_id), None)
+                self._requests.pop(request_key(task.owner, task.request_id), None)
             for k in [k for k in self._docs if k[0] == f"task:{tid}"]:
                 del self._docs[k]
         self._signal.notify()

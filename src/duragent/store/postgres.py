@@ -299,6 +299,7 @@ class PostgresStore(TxWrites):
         for column, value in q.equal_filters():
             where.append(f"{column} = %s")
             params.append(value)
+        where += [f"{column} IS NULL" for column in q.null_filters()]
         statuses = q.statuses()
         if statuses is not None:
             where.append("status = ANY(%s)")

@@ -7,6 +7,7 @@ number of processes may open the same database at once.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
 import psycopg
 from psycopg import sql
@@ -14,12 +15,15 @@ from psycopg.rows import DictRow
 
 from duragent.errors import StoreVersionError
 from duragent.store.base import SCHEMA_VERSION
+from duragent.store.session_scopes import LEGACY_PREFIX, UNCLAIMED_PREFIX, migrated_scope
 
 Conn = psycopg.Connection[DictRow]
+# A migration step: a statement, or a function for what SQL alone cannot say.
+Step = str | Callable[[Conn], None]
 
 # Forward-only: MIGRATIONS[n] takes a schema from version n-1 to n.
 # Ids and keys sort byte-wise (COLLATE "C") so every backend lists in the same order.
-MIGRATIONS: dict[int, list[str]] = {
+MIGRATIONS: dict[int, list[Step]] = {
     1: [
         """CREATE TABLE tasks (
             id text COLLATE "C" PRIMARY KEY,
@@ -48,6 +52,33 @@ MIGRATIONS: dict[int, list[str]] = {
         )""",
     ],
 }
+
+
+def _scope_sessions_per_owner(conn: Conn) -> None:
+    """Version 2: `session:<id>` documents go to their session's one owner (session_scopes.py).
+
+    First every one is set aside under the unclaimed prefix, so that renaming
+    one can never collide with another not yet renamed.
+    """
+    conn.execute(
+        "UPDATE documents SET scope = %s || substr(scope, %s) WHERE left(scope, %s) = %s",
+        (UNCLAIMED_PREFIX, len(LEGACY_PREFIX) + 1, len(LEGACY_PREFIX), LEGACY_PREFIX),
+    )
+    scopes = conn.execute(
+        "SELECT DISTINCT scope FROM documents WHERE left(scope, %s) = %s",
+        (len(UNCLAIMED_PREFIX), UNCLAIMED_PREFIX),
+    ).fetchall()
+    for row in scopes:
+        session_id = row["scope"][len(UNCLAIMED_PREFIX) :]
+        owners = conn.execute(
+            "SELECT DISTINCT owner FROM tasks WHERE session_id = %s", (session_id,)
+        ).fetchall()
+        scope = migrated_scope(session_id, [o["owner"] for o in owners])
+        if scope != row["scope"]:
+            conn.execute("UPDATE documents SET scope = %s WHERE scope = %s", (scope, row["scope"]))
+
+
+MIGRATIONS[2] = [_scope_sessions_per_owner]
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -77,8 +108,11 @@ def migrate(conn: Conn, schema: str | None, where: str) -> tuple[int, str]:
         if found > SCHEMA_VERSION:
             raise StoreVersionError(where, found, SCHEMA_VERSION)
         for version in range(found + 1, SCHEMA_VERSION + 1):
-            for ddl in MIGRATIONS[version]:
-                conn.execute(ddl)
+            for step in MIGRATIONS[version]:
+                if isinstance(step, str):
+                    conn.execute(step)
+                else:
+                    step(conn)
         conn.execute(
             "INSERT INTO duragent_meta (key, value) VALUES ('schema_version', %s)"
             " ON CONFLICT (key) DO UPDATE SET value = excluded.value",

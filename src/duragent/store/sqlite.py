@@ -269,6 +269,7 @@ class SQLiteStore(TxWrites):
         for column, value in q.equal_filters():
             where.append(f"{column}=?")
             params.append(value)
+        where += [f"{column} IS NULL" for column in q.null_filters()]
         statuses = q.statuses()
         if statuses is not None:
             where.append("status IN (" + ", ".join("?" * len(statuses)) + ")")

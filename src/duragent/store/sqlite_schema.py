@@ -6,6 +6,7 @@ import json
 import os
 import resource
 import sqlite3
+from collections.abc import Callable
 from typing import Any, Literal
 
 from duragent.errors import StoreCorrupt, StoreError, StoreUnavailable, StoreVersionError
@@ -17,6 +18,7 @@ from duragent.store.files import (
     is_full,
     require_parent,
 )
+from duragent.store.session_scopes import LEGACY_PREFIX, UNCLAIMED_PREFIX, migrated_scope
 from duragent.types import EntryKind
 
 Durability = Literal["normal", "full"]
@@ -50,8 +52,11 @@ _TASK_INDEXES = [
     "CREATE INDEX tasks_session ON tasks(session_id, created_at)",
 ]
 
+# A migration step: a statement, or a function for what SQL alone cannot say.
+Step = str | Callable[[sqlite3.Connection], None]
+
 # Forward-only: MIGRATIONS[n] takes a store from version n-1 to n.
-MIGRATIONS: dict[int, list[str]] = {
+MIGRATIONS: dict[int, list[Step]] = {
     1: [
         """CREATE TABLE tasks (
             id TEXT PRIMARY KEY,
@@ -103,6 +108,33 @@ MIGRATIONS[2] = [
     "ALTER TABLE entries_v2 RENAME TO entries",
     *_TASK_INDEXES,
 ]
+
+
+def _scope_sessions_per_owner(conn: sqlite3.Connection) -> None:
+    """Version 3: `session:<id>` documents go to their session's one owner (session_scopes.py).
+
+    First every one is set aside under the unclaimed prefix, so that renaming
+    one can never collide with another not yet renamed.
+    """
+    conn.execute(
+        "UPDATE documents SET scope = ? || substr(scope, ?) WHERE substr(scope, 1, ?) = ?",
+        (UNCLAIMED_PREFIX, len(LEGACY_PREFIX) + 1, len(LEGACY_PREFIX), LEGACY_PREFIX),
+    )
+    scopes = conn.execute(
+        "SELECT DISTINCT scope FROM documents WHERE substr(scope, 1, ?) = ?",
+        (len(UNCLAIMED_PREFIX), UNCLAIMED_PREFIX),
+    ).fetchall()
+    for row in scopes:
+        session_id = row["scope"][len(UNCLAIMED_PREFIX) :]
+        owners = conn.execute(
+            "SELECT DISTINCT owner FROM tasks WHERE session_id = ?", (session_id,)
+        ).fetchall()
+        scope = migrated_scope(session_id, [o["owner"] for o in owners])
+        if scope != row["scope"]:
+            conn.execute("UPDATE documents SET scope = ? WHERE scope = ?", (scope, row["scope"]))
+
+
+MIGRATIONS[3] = [_scope_sessions_per_owner]
 SQLITE_SCHEMA_VERSION = max(MIGRATIONS)
 
 
@@ -182,8 +214,11 @@ def migrate(conn: sqlite3.Connection, path: str) -> int:
             conn.execute("ROLLBACK")
             raise StoreVersionError(path, found, SQLITE_SCHEMA_VERSION)
         for version in range(found + 1, SQLITE_SCHEMA_VERSION + 1):
-            for ddl in MIGRATIONS[version]:
-                conn.execute(ddl)
+            for step in MIGRATIONS[version]:
+                if isinstance(step, str):
+                    conn.execute(step)
+                else:
+                    step(conn)
         conn.execute(
             "INSERT INTO meta(key, value) VALUES('schema_version', ?)"
             " ON CONFLICT(key) DO UPDATE SET value=excluded.value",
