@@ -164,7 +164,9 @@ async def stored(store: str, task_id: str) -> tuple[Task, list[Any]]:
 
 
 def store_bytes(tmp_path: Path) -> bytes:
-    return b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("cli.db"))
+    # Regular files only: the store's wake-up sockets live in a directory beside it.
+    files = [p for p in tmp_path.iterdir() if p.name.startswith("cli.db") and p.is_file()]
+    return b"".join(p.read_bytes() for p in files)
 
 
 # --- a task from start to end ------------------------------------------------------------

@@ -441,7 +441,7 @@ async def test_sigkill_mid_stream_then_restart_resends_the_same_request(
         view = await store.model_view(task.id)
         said = [m.content for m in view if m.role == "assistant"]
         assert said == ["Checking Paris first.", interrupted_text, final]
-        raw = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("crash.db"))
+        raw = store_bytes(tmp_path, "crash.db")
         assert interrupted_text.encode() in raw and SECRET.encode() not in raw
     finally:
         await store.close()
@@ -456,9 +456,10 @@ def get_weather(city: str) -> str:
     return f"{city}: sunny"
 
 
-def store_bytes(tmp_path: Path) -> bytes:
-    """The raw bytes of the SQLite database and its -wal and -shm files."""
-    files = sorted(p for p in tmp_path.iterdir() if p.name.startswith("secret.db"))
+def store_bytes(tmp_path: Path, name: str = "secret.db") -> bytes:
+    """The raw bytes of the SQLite database and its -wal and -shm files (regular
+    files only: the store's wake-up sockets live in a directory beside it)."""
+    files = sorted(p for p in tmp_path.iterdir() if p.name.startswith(name) and p.is_file())
     assert files
     return b"".join(p.read_bytes() for p in files)
 
