@@ -387,15 +387,21 @@ async def test_sigkill_at_random_moments_keeps_exactly_the_marked_commits(
             ack = tmp_path / f"ack{trial}"
             zygote.stdin.write(f"{directory} {ack} {durability} {task_id}\n")
             zygote.stdin.flush()
+            # The writer's "ready" can come before the zygote's "pid" line when the
+            # zygote is descheduled right after fork: remember it, don't skip it.
+            ready = False
             line = zygote.stdout.readline().split()
             while line[0] != "pid":
+                ready = ready or line == ["ready"]
                 line = zygote.stdout.readline().split()
             pid = int(line[1])
             if rng.random() < 0.1:
                 os.kill(pid, signal.SIGKILL)  # during start-up, replay or truncation
             else:
-                while zygote.stdout.readline().strip() != "ready":
-                    pass
+                while not ready:
+                    got = zygote.stdout.readline().strip()
+                    assert got != "reaped", f"trial {trial}: the writer died before it was ready"
+                    ready = got == "ready"
                 await asyncio.sleep(rng.uniform(0, 0.012))  # the random moment of the kill
                 os.kill(pid, signal.SIGKILL)
             while zygote.stdout.readline().strip() != "reaped":
