@@ -285,7 +285,7 @@ def _store_url(kind: str, workdir: str) -> tuple[str, str | None]:
     if kind == "sqlite":
         return f"sqlite:///{workdir}/torture.db", None
     if kind == "jsonl":
-        return f"jsonl://{workdir}/store", None
+        return f"jsonl:///{workdir}/store", None
     if kind == "postgres":
         schema = new_schema("torture")
         return f"{PG_URL}?schema={schema}", schema
