@@ -146,7 +146,8 @@ class Task(BaseModel):
     request_id: str | None = None
     lease: Lease = Field(default_factory=Lease)
     # A control request from outside the owning worker ("pause", "abort"),
-    # observed by the owner at its next heartbeat or commit.
+    # heard by the owner at once (Store.watch_controls), and at its next commit
+    # or lease renewal should the notice be lost.
     control: dict[str, JSON] | None = None
     last_seq: int = 0
     # A lower bound for the seqs of the current round's entries, so recovery

@@ -333,7 +333,7 @@ class Runtime:
                 continue
             if lease_alive(task):
                 # Another process runs it: leave the request on the row; its worker
-                # sees it at the next heartbeat and stops at a safe point.
+                # hears of it at once (watch_controls) and stops at a safe point.
                 try:
                     await self.store.commit(
                         Commit(
