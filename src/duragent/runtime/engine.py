@@ -75,6 +75,16 @@ class Control:
     rollback: bool = False
     reason: str | None = None
 
+    @classmethod
+    def from_row(cls, control: Mapping[str, Any]) -> Control:
+        """The request a task row's `control` field holds (written by Runtime._stop)."""
+        reason = control.get("reason")
+        return cls(
+            "abort" if control.get("action") == "abort" else "pause",
+            bool(control.get("rollback")),
+            None if reason is None else str(reason),
+        )
+
 
 class TaskRunner:
     def __init__(
@@ -171,7 +181,7 @@ class TaskRunner:
         if control and (self.control is None or self.control.action != control.get("action")):
             # A pause/abort committed by another process: every commit sees it,
             # so no tool starts after the commit that precedes it (the intents).
-            self.request(Control(**control))
+            self.request(Control.from_row(control))
         if self.task.status != old and self.on_status is not None:
             self.on_status(self.task, old, self.task.status)
         return result

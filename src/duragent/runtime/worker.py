@@ -285,7 +285,7 @@ class Worker:
 
     def _apply_control(self, runner: TaskRunner, row: Task) -> None:
         if row.control and row.lease.epoch == runner.epoch:
-            runner.request(Control(**row.control))
+            runner.request(Control.from_row(row.control))
 
 
 def lease_alive(task: Task, now: datetime | None = None) -> bool:
