@@ -498,7 +498,9 @@ class TaskRunner:
                 await self.commit(patch={"iterations": r})
             return
         self._round_no = r
-        if self.control is not None:  # stopped before any tool started: none starts
+        if self.control is not None and self.control.action != "release":
+            # Paused or aborted before any tool started: none starts. (A release,
+            # a worker shutting down, lets them run within the grace period.)
             action = self.control.action
             text = f"Tool call cancelled: the task was {action}ed before it started."
             entries = [
