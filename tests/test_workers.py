@@ -9,12 +9,15 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from duragent import Runtime, TaskStatus
+from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, tool
+from duragent.store.base import LeaseRenewal
+from duragent.store.memory import MemoryStore
 from duragent.types import AssistantMessage, EntryKind, Task, ToolMessage
 from worker_agents import AGENTS
 from workerlib import WorkerProc
@@ -398,3 +401,49 @@ async def test_worker_stopped_past_its_lease_and_continued_counts_one_restart(
         assert len(starts) == 1, (task_id, starts)
         # A runner that lost its task never finished its tool afterwards.
         assert len(ends) == (0 if restarts else 1), (task_id, restarts, ends)
+
+
+async def test_heartbeat_renews_every_lease_in_one_store_call() -> None:
+    class CountingStore(MemoryStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[set[str]] = []
+            self.singles = 0
+
+        async def renew_leases(self, worker_id: str, leases: Any, ttl: float) -> LeaseRenewal:
+            self.calls.append(set(leases))
+            return await super().renew_leases(worker_id, leases, ttl)
+
+        async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task:
+            self.singles += 1
+            return await super().renew_lease(task_id, worker_id, epoch, ttl)
+
+    release = asyncio.Event()
+
+    @tool
+    async def hold() -> str:
+        """Wait until the test lets go."""
+        await release.wait()
+        return "held"
+
+    def script(messages: list[Any]) -> Any:
+        return [ToolCall("hold", {})] if len(messages) == 1 else "done"
+
+    agent = Agent(name="holder", model=ScriptedModel(script), tools=[hold], plan_tool=False)
+    store = CountingStore()
+    async with Runtime(store, agents=[agent], lease_ttl=1.5, concurrency=30) as rt:
+        ids = {(await rt.submit("holder", f"t{i}")).task_id for i in range(30)}
+
+        async def three_full_beats() -> None:
+            # Three beats that each found all 30 tasks running: one call each.
+            while sum(1 for c in store.calls if c == ids) < 3:
+                await asyncio.sleep(0.05)
+
+        try:
+            await asyncio.wait_for(three_full_beats(), 60)
+        finally:
+            release.set()
+        assert all(c <= ids for c in store.calls) and store.singles == 0
+        for task_id in ids:
+            done = await rt.wait(task_id, timeout=60)
+            assert done.status is TaskStatus.COMPLETED
