@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -51,7 +51,7 @@ from duragent.store.postgres_notify import (
 )
 from duragent.store.postgres_schema import MIGRATIONS, Conn, lock_key, migrate
 from duragent.store.postgres_tx import PgTx, row_document, row_task
-from duragent.store.tx import TxWrites, apply_renew_leases
+from duragent.store.tx import TxWrites
 from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UiMessage, utcnow
 
 __all__ = [
@@ -254,7 +254,8 @@ class PostgresStore(TxWrites):
             self._leases = ThreadPoolExecutor(1, thread_name_prefix="duragent-leases")
 
         def renew(tx: PgTx) -> LeaseRenewal:
-            return apply_renew_leases(tx, worker_id, held, ttl, utcnow())
+            kept, lost = tx.renew_leases(worker_id, held, utcnow() + timedelta(seconds=ttl))
+            return LeaseRenewal(kept=kept, lost=lost)
 
         loop = asyncio.get_running_loop()
         result, tx = await loop.run_in_executor(self._leases, self._execute, renew, True)

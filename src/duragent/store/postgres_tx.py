@@ -158,6 +158,37 @@ class PgTx:
         self.conn.execute("DELETE FROM documents WHERE scope = %s AND key = %s", (scope, key))
         self.changed = True
 
+    def renew_leases(
+        self, worker_id: str, held: dict[str, int], expires: datetime
+    ) -> tuple[dict[str, Task], set[str]]:
+        """Renew every lease in `held` (task id -> epoch) in one statement.
+
+        The same rule as base.renewed (the lease is still ours: same owner,
+        same epoch), applied by the server to all rows at once: a busy worker's
+        thirty leases cost one round trip, not sixty, so the renewal does not
+        drift past the lease when the database is slow to answer.
+        """
+        stamp = expires.astimezone(UTC).isoformat().replace("+00:00", "Z")
+        rows = self.conn.execute(
+            "UPDATE tasks SET lease_expires = %(expires)s,"
+            " data = jsonb_set(data::jsonb, '{lease,expires_at}', to_jsonb(%(stamp)s::text))::text"
+            " FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS held(id, epoch)"
+            " WHERE tasks.id = held.id AND tasks.lease_epoch = held.epoch"
+            " AND tasks.lease_owner = %(worker)s"
+            " RETURNING tasks.data, tasks.input",
+            {
+                "expires": expires,
+                "stamp": stamp,
+                "ids": list(held),
+                "epochs": list(held.values()),
+                "worker": worker_id,
+            },
+        ).fetchall()
+        kept = {t.id: t for t in map(row_task, rows)}
+        if kept:
+            self.changed = True
+        return kept, set(held) - set(kept)
+
     def find_claimable(
         self, now: datetime, agents: Sequence[str] | None, task_id: str | None
     ) -> Task | None:
