@@ -2,7 +2,7 @@
 
 SQLite tells no one about a commit, so each process that waits binds a unix
 datagram socket and registers it as a file in a directory next to the
-database (`<db>.wake/<token>.<w|c>`); a process that commits sends one small
+database (`.<db name>.wake/<token>.<w|c>`); a process that commits sends one small
 datagram to every registered socket. Nothing polls: a waiter sleeps in the
 event loop until a datagram arrives.
 
@@ -44,7 +44,9 @@ class WakeUps:
     """One store's end of the wake-ups: a receiving socket, and sends to the others."""
 
     def __init__(self, db_path: str) -> None:
-        self.dir = os.path.abspath(db_path) + ".wake"
+        # Hidden, and not named like the database: `cp agent.db*` copies files only.
+        head, name = os.path.split(os.path.abspath(db_path))
+        self.dir = os.path.join(head, f".{name}.wake")
         self.token = uuid.uuid4().hex
         self.kind = ""  # "", "w" or "c": what this process registered to hear
         self._sock: socket.socket | None = None
