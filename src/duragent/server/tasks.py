@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Body, Query, Response
+from fastapi import APIRouter, Body, Query, Request, Response
 
 from duragent.runtime.waits import open_waits
 from duragent.server.deps import OwnedTask, RuntimeDep, UserDep
+from duragent.server.limits import MAX_SEQ, check_task_sizes
 from duragent.server.problems import BadRequest, problem_responses
 from duragent.server.schemas import (
     AbortRequest,
@@ -24,10 +25,11 @@ from duragent.server.schemas import (
     TaskSummary,
     TreeOut,
 )
+from duragent.server.strict_json import StrictJsonRoute
 from duragent.store.base import decode_cursor
 from duragent.types import Task, TaskStatus
 
-router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
+router = APIRouter(prefix="/v1/tasks", tags=["tasks"], route_class=StrictJsonRoute)
 
 _READ = problem_responses(401, 404, 422)
 # What store.base.encode_cursor makes: "<created_at timestamp>|<task id>".
@@ -62,8 +64,9 @@ async def task_out(runtime: RuntimeDep, task: Task) -> TaskOut:
     },
 )
 async def create_task(
-    body: TaskCreate, user: UserDep, runtime: RuntimeDep, response: Response
+    body: TaskCreate, user: UserDep, runtime: RuntimeDep, response: Response, request: Request
 ) -> TaskOut:
+    check_task_sizes(body.input, body.context, request.app.state.limits)
     sub = await runtime.submit(
         body.agent,
         body.input,
@@ -142,7 +145,7 @@ async def get_messages(
 async def get_entries(
     task: OwnedTask,
     runtime: RuntimeDep,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
     limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
 ) -> EntriesOut:
     entries = await runtime.store.entries(task.id, after_seq=after, limit=limit)
