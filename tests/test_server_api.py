@@ -410,7 +410,10 @@ def test_tokens_from_file_env_and_json(tmp_path: Path) -> None:
     lines = tmp_path / "tokens.txt"
     lines.write_text("# users\nalice: tok-a-0123456789ab\n\nbob:tok-b-0123456789ab\n")
     store = TokenStore.from_file(lines)
-    assert store.user_for("tok-a-0123456789ab") == "alice" and store.user_for("tok-b-0123456789ab") == "bob"
+    assert (
+        store.user_for("tok-a-0123456789ab") == "alice"
+        and store.user_for("tok-b-0123456789ab") == "bob"
+    )
     assert store.user_for("tok-c-0123456789ab") is None and store.user_for("") is None
     as_json = tmp_path / "tokens.json"
     as_json.write_text(json.dumps({"carol": "tok-c-0123456789ab"}))

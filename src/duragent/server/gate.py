@@ -49,6 +49,7 @@ SECURITY_HEADERS = [
 ]
 
 TOO_LARGE = HTTPStatus(413).phrase
+CLOSE = {"Connection": "close"}  # an early answer leaves the body unread
 FAILURE_WINDOW = 60.0  # seconds over which wrong tokens are counted
 MAX_TRACKED_CLIENTS = 10_000  # addresses remembered; the oldest are forgotten first
 
@@ -165,20 +166,29 @@ class Gate:
         await self.app(scope, receive_limited, send_with_headers)
 
     def _answer_from_head(self, scope: Scope) -> Any:
-        """A response decided by the request line and headers, or None to go on."""
+        """A response decided by the request line and headers, or None to go on.
+        The token comes first: a client without one learns nothing else."""
         headers = Headers(scope=scope)
-        close = {"Connection": "close"}
+        if needs_token(scope["path"]):
+            refused = self._authenticate(scope, headers)
+            if refused is not None:
+                return refused
         if "\x00" in scope["path"] or b"\x00" in unquote_to_bytes(scope.get("query_string", b"")):
             return problem(422, "Validation error", "the URL contains a NUL character")
         length = headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.limits.max_body):
-            detail = f"the request body is larger than {human_bytes(self.limits.max_body)}"
-            if not length.isdigit():
-                detail = "the Content-Length header is not a number"
-                return problem(400, "Bad request", detail, headers=close)
-            return problem(413, TOO_LARGE, f"{detail} (serve --max-body)", headers=close)
-        if not needs_token(scope["path"]):
-            return None
+        if length is not None and not length.isdigit():
+            detail = "the Content-Length header is not a number"
+            return problem(400, "Bad request", detail, headers=CLOSE)
+        if length is not None and int(length) > self.limits.max_body:
+            detail = (
+                f"the request body is larger than {human_bytes(self.limits.max_body)} "
+                "(serve --max-body)"
+            )
+            return problem(413, TOO_LARGE, detail, headers=CLOSE)
+        return None
+
+    def _authenticate(self, scope: Scope, headers: Headers) -> Any:
+        """None when the request may go on (the user noted in the scope), else the refusal."""
         client = (scope.get("client") or ("unknown", 0))[0]
         wait = self.throttle.retry_after(client)
         if wait is not None:
@@ -186,20 +196,19 @@ class Gate:
                 429,
                 "Too many requests",
                 "too many wrong tokens from this address; try again later",
-                headers={**close, "Retry-After": str(wait)},
+                headers={**CLOSE, "Retry-After": str(wait)},
             )
         token = bearer_token(headers)
-        unauthorized = {**close, "WWW-Authenticate": 'Bearer realm="duragent"'}
         if token is None and scope["path"] in TOKEN_OPTIONAL:
             return None
+        unauthorized = {**CLOSE, "WWW-Authenticate": 'Bearer realm="duragent"'}
         if token is None:
             detail = "this endpoint needs an 'Authorization: Bearer <token>' header"
             return problem(401, "Unauthorized", detail, headers=unauthorized)
         user = self.tokens.user_for(token)
         if user is None:
             self.throttle.failed(client)
-            return problem(
-                401, "Unauthorized", "the bearer token is not valid", headers=unauthorized
-            )
+            detail = "the bearer token is not valid"
+            return problem(401, "Unauthorized", detail, headers=unauthorized)
         scope.setdefault("state", {})["user"] = user
         return None

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
+from starlette.routing import Match, Mount
 
 from duragent.errors import (
     Conflict,
@@ -101,10 +101,19 @@ def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     return problem(500, "Internal error", _SERVER_SIDE)
 
 
+def _printable(text: str) -> str:
+    # A lone surrogate in a JSON key becomes part of `loc`; it has no UTF-8 form.
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = [
-        {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type"))}
+        {
+            "loc": [_printable(p) if isinstance(p, str) else p for p in e.get("loc", ())],
+            "msg": _printable(str(e.get("msg", ""))),
+            "type": str(e.get("type")),
+        }
         for e in exc.errors()
     ]
     where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors[:5])
@@ -124,15 +133,22 @@ def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return problem(exc.status_code, title, detail, headers=headers)
 
 
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
 def _allowed_methods(request: Request) -> list[str]:
-    # Starlette names only the first route matching the path; a path served by
-    # several routes (GET and POST /v1/tasks) must list all their methods. A mount
-    # (the static files) has no `methods`: it serves GET and HEAD.
+    # Starlette names only the first route matching the path, and FastAPI's included
+    # routers have no `methods` of their own: ask every route which methods it would
+    # take for this path. A mount (the static files) serves GET and HEAD.
     methods: set[str] = set()
     for route in request.app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match is not Match.NONE:
-            methods |= set(getattr(route, "methods", None) or ("GET", "HEAD"))
+        if isinstance(route, Mount):
+            if route.matches(dict(request.scope))[0] is not Match.NONE:
+                methods |= {"GET", "HEAD"}
+            continue
+        for method in _METHODS:
+            if route.matches({**request.scope, "method": method})[0] is Match.FULL:
+                methods.add(method)
     return sorted(methods) or ["GET", "HEAD"]
 
 
