@@ -94,7 +94,8 @@ def serve(
     tokens: Path | None = typer.Option(
         None,
         help="File of API tokens: lines 'user:token' or a JSON object. "
-        "Default: the DURAGENT_TOKENS variable, same format (alice:tok1,bob:tok2).",
+        "Default: the DURAGENT_TOKENS variable, same format (alice:TOKEN1,bob:TOKEN2). "
+        "Tokens need 16 characters or more; the file is read again when it changes.",
     ),
     lease_ttl: float = typer.Option(30.0, help="Seconds a task lease lasts without renewal."),
     log_level: str = typer.Option("info", help="uvicorn log level."),
