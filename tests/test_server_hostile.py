@@ -435,6 +435,23 @@ def test_sequence_numbers_past_int64_are_4xx(server: LiveServer) -> None:
     assert r.status_code == 200 and r.json()["entries"] == []
 
 
+def test_cursor_times_past_year_9999_are_400_on_postgres(tmp_path: Path) -> None:
+    from conftest import drop_schema, require_postgres
+
+    schema = f"hostile_cursor_{tmp_path.name[-8:].replace('-', '_')}"
+    try:
+        with live_server(
+            tmp_path, workers=1, store_url=f"{require_postgres()}?schema={schema}"
+        ) as s:
+            for cursor in ("999999999999.999999999|x", "253402300800.0|t_1"):
+                r = httpx.get(
+                    f"{s.url}/v1/tasks", params={"cursor": cursor}, headers=s.headers(), timeout=30
+                )
+                assert_problem(r, 400)
+    finally:
+        drop_schema(schema)
+
+
 def test_nul_bytes_on_postgres_are_422_without_connection_details(tmp_path: Path) -> None:
     from conftest import drop_schema, require_postgres
 

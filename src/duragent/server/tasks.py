@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Query, Request, Response
@@ -60,7 +61,7 @@ async def task_out(runtime: RuntimeDep, task: Task) -> TaskOut:
     summary="Start a task",
     responses={
         200: {"model": TaskOut, "description": "A task with this request_id already exists"},
-        **problem_responses(400, 401, 422),
+        **problem_responses(400, 401, 413, 422),
     },
 )
 async def create_task(
@@ -102,7 +103,8 @@ async def list_tasks(
     if cursor is not None:
         try:
             ts, _ = decode_cursor(cursor)
-        except ValueError:
+            datetime.fromtimestamp(ts, UTC)  # a time stores can compare with (year <= 9999)
+        except (ValueError, OverflowError, OSError):
             ts = math.nan
         if not math.isfinite(ts):
             raise BadRequest(f"invalid cursor {cursor!r}: pass a next_cursor from a previous page")
