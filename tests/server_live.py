@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,13 +31,22 @@ def child_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **extra}
 
 
-def duragent(*args: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def duragent(
+    *args: str, log: Path, env: dict[str, str] | None = None, nofile: int | None = None
+) -> subprocess.Popen[bytes]:
+    """The CLI in a child process; `nofile` caps its open files (soft and hard limit)."""
     out = log.open("wb")
+
+    def limit_files() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
     return subprocess.Popen(
         [sys.executable, "-c", CLI, *args],
         stdout=out,
         stderr=subprocess.STDOUT,
         env=env or child_env(),
+        preexec_fn=limit_files if nofile is not None else None,
     )
 
 
@@ -56,12 +66,28 @@ class LiveServer:
     store_url: str
     log: Path
     proc: subprocess.Popen[bytes]
+    tokens_path: Path | None = None
 
     def headers(self, user: str = "alice") -> dict[str, str]:
         return {"Authorization": f"Bearer {TOKENS[user]}"}
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, port = self.url.removeprefix("http://").split(":")
+        return host, int(port)
+
+    def rss(self) -> int:
+        """The server process's resident memory in bytes (VmRSS from /proc)."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError(f"no VmRSS for pid {self.proc.pid}")
+
+    def open_files(self) -> int:
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:
@@ -86,10 +112,14 @@ def live_server(
     store_url: str | None = None,
     env: dict[str, str] | None = None,
     tokens_file: bool = True,
+    args: Sequence[str] = (),
+    nofile: int | None = None,
 ) -> Iterator[LiveServer]:
     """`duragent serve` on a free port; alice's and bob's tokens in a file unless
-    `tokens_file=False` (then the environment's DURAGENT_TOKENS)."""
+    `tokens_file=False` (then the environment's DURAGENT_TOKENS); `args` are more
+    serve options, `nofile` caps the process's open files."""
     token_args: list[str] = []
+    tokens: Path | None = None
     if tokens_file:
         tokens = tmp_path / "tokens.txt"
         tokens.write_text("".join(f"{u}:{t}\n" for u, t in TOKENS.items()))
@@ -110,12 +140,14 @@ def live_server(
         *token_args,
         "--lease-ttl",
         "5",
+        *args,
         log=log,
         env=env,
+        nofile=nofile,
     )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, log)
-        yield LiveServer(url, store_url, log, proc)
+        yield LiveServer(url, store_url, log, proc, tokens)
     finally:
         stop(proc)

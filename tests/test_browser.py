@@ -122,9 +122,13 @@ def test_watch_reload_pause_resume_complete(page: Page, server: LiveServer) -> N
     wait_stream_past(page, before + 8)
     assert page.locator(".bubble.streaming").count() == 1
     shot(page, "03-after-reload")
-    # A tab closed and opened again (same browser storage) picks the task up too.
+    # A tab closed and opened again picks the task up too, once signed in (the token
+    # is kept per tab, in session storage).
     tab = page.context.new_page()
     tab.goto(task_url)
+    expect(tab.locator("#signin")).to_be_visible()
+    tab.fill("#token", TOKENS["alice"])
+    tab.click("#signin-button")
     expect(tab.locator("#conn")).to_have_text("● live")
     expect(tab.locator("#task-id")).to_have_text(task_url.rsplit("=", 1)[1])
     expect(tab.locator(".bubble.user")).to_have_count(1)
@@ -195,3 +199,29 @@ def test_approve_and_answer_from_the_page(page: Page, server: LiveServer) -> Non
     # Bob's list holds only bob's tasks.
     expect(page.locator(".task-item")).to_have_count(2)
     shot(page, "08-answered")
+
+
+def test_token_stays_in_the_tab_not_in_local_storage(page: Page, server: LiveServer) -> None:
+    violations: list[str] = []
+    page.on(
+        "console",
+        lambda msg: violations.append(msg.text) if "Content Security Policy" in msg.text else None,
+    )
+    # A token an older page left in local storage is removed, not used.
+    page.goto(server.url + "/")
+    page.evaluate("t => localStorage.setItem('duragent.token', t)", TOKENS["bob"])
+    page.reload()
+    expect(page.locator("#signin")).to_be_visible()
+    assert page.evaluate("localStorage.getItem('duragent.token')") is None
+    sign_in(page, server)
+    assert TOKENS["alice"] not in page.evaluate("JSON.stringify(localStorage)")
+    assert page.evaluate("sessionStorage.getItem('duragent.token')") == TOKENS["alice"]
+    # A reload keeps the tab signed in; another tab of the same browser is not.
+    page.reload()
+    expect(page.locator("#user")).to_have_text("alice")
+    other = page.context.new_page()
+    other.goto(server.url + "/")
+    expect(other.locator("#signin")).to_be_visible()
+    other.close()
+    # The page runs under its Content-Security-Policy without a violation.
+    assert violations == []

@@ -228,13 +228,13 @@ def test_serve_imports_agents_from_the_current_directory(
         stdout=out,
         stderr=subprocess.STDOUT,
         text=True,
-        env=child_env(DURAGENT_TOKENS="alice:alice-token"),
+        env=child_env(DURAGENT_TOKENS="alice:alice-token-0123456789"),
     )
     started.append(proc)
     url = f"http://127.0.0.1:{port}"
     wait_healthy(url, proc, log)
     agents = httpx.get(
-        f"{url}/v1/agents", headers={"Authorization": "Bearer alice-token"}, timeout=10
+        f"{url}/v1/agents", headers={"Authorization": "Bearer alice-token-0123456789"}, timeout=10
     )
     assert agents.status_code == 200, agents.text
     assert "here" in agents.text
@@ -247,11 +247,12 @@ def test_serve_imports_agents_from_the_current_directory(
 def test_tokens_are_user_colon_token_in_the_environment_too() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the documented format warns about nothing
-        tokens = TokenStore.from_env("alice:tok1, bob:to=k:2")
-    assert tokens.user_for("tok1") == "alice" and tokens.user_for("to=k:2") == "bob"
+        tokens = TokenStore.from_env("alice:tok1-0123456789abc, bob:to=k:2-0123456789ab")
+    assert tokens.user_for("tok1-0123456789abc") == "alice"
+    assert tokens.user_for("to=k:2-0123456789ab") == "bob"
     with pytest.warns(FutureWarning, match="user:token"):
-        old = TokenStore.from_env("carol=tok=3")
-    assert old.user_for("tok=3") == "carol"
+        old = TokenStore.from_env("carol=tok=3-0123456789abc")
+    assert old.user_for("tok=3-0123456789abc") == "carol"
     with pytest.raises(Exception, match="user:token"):
         TokenStore.from_env("just-a-token")
 

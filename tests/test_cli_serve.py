@@ -50,10 +50,10 @@ def test_serve_refuses_to_start_without_tokens(tmp_path: Path) -> None:
 
 
 def test_serve_with_tokens_from_the_environment(tmp_path: Path) -> None:
-    env = child_env(DURAGENT_TOKENS="carol=carol-env-token")
+    env = child_env(DURAGENT_TOKENS="carol=carol-env-token-3")
     with live_server(tmp_path, workers=1, env=env, tokens_file=False) as server:
         me = httpx.get(
-            f"{server.url}/v1/me", headers={"Authorization": "Bearer carol-env-token"}, timeout=10
+            f"{server.url}/v1/me", headers={"Authorization": "Bearer carol-env-token-3"}, timeout=10
         )
         assert me.json() == {"user": "carol"}
         denied = httpx.get(f"{server.url}/v1/me", headers=server.headers(), timeout=10)
@@ -63,4 +63,4 @@ def test_serve_with_tokens_from_the_environment(tmp_path: Path) -> None:
         spec = httpx.get(f"{server.url}/openapi.json", timeout=10).json()
         assert "/v1/tasks/{task_id}/events" in spec["paths"]
     assert TOKENS["alice"] not in server.log_text()
-    assert "carol-env-token" not in server.log_text()
+    assert "carol-env-token-3" not in server.log_text()

@@ -408,17 +408,20 @@ async def test_tokens_never_reach_the_logs(
 
 def test_tokens_from_file_env_and_json(tmp_path: Path) -> None:
     lines = tmp_path / "tokens.txt"
-    lines.write_text("# users\nalice: tok-a\n\nbob:tok-b\n")
+    lines.write_text("# users\nalice: tok-a-0123456789ab\n\nbob:tok-b-0123456789ab\n")
     store = TokenStore.from_file(lines)
-    assert store.user_for("tok-a") == "alice" and store.user_for("tok-b") == "bob"
-    assert store.user_for("tok-c") is None and store.user_for("") is None
+    assert (
+        store.user_for("tok-a-0123456789ab") == "alice"
+        and store.user_for("tok-b-0123456789ab") == "bob"
+    )
+    assert store.user_for("tok-c-0123456789ab") is None and store.user_for("") is None
     as_json = tmp_path / "tokens.json"
-    as_json.write_text(json.dumps({"carol": "tok-c"}))
-    assert TokenStore.from_file(as_json).user_for("tok-c") == "carol"
-    env = TokenStore.from_env("alice=tok1, bob=tok2")
-    assert env.users == ["alice", "bob"] and env.user_for("tok2") == "bob"
+    as_json.write_text(json.dumps({"carol": "tok-c-0123456789ab"}))
+    assert TokenStore.from_file(as_json).user_for("tok-c-0123456789ab") == "carol"
+    env = TokenStore.from_env("alice:tok1-0123456789abc, bob:tok2-0123456789abc")
+    assert env.users == ["alice", "bob"] and env.user_for("tok2-0123456789abc") == "bob"
     # Only digests are kept.
-    assert "tok-a" not in repr(vars(store))
+    assert "tok-a-0123456789ab" not in repr(vars(store))
 
 
 def test_bad_token_files_are_refused_without_echoing_tokens(tmp_path: Path) -> None:
@@ -430,7 +433,7 @@ def test_bad_token_files_are_refused_without_echoing_tokens(tmp_path: Path) -> N
         TokenStore.from_file(bad)
     assert "line 1" in str(info.value) and "alice-secret" not in str(info.value)
     with pytest.raises(UsageError, match="another user"):
-        TokenStore.from_env("alice=same,bob=same")
+        TokenStore.from_env("alice:same-0123456789ab,bob:same-0123456789ab")
     empty = tmp_path / "empty.txt"
     empty.write_text("# nobody yet\n")
     with pytest.raises(UsageError, match="no API tokens"):

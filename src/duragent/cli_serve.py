@@ -35,11 +35,23 @@ async def serve_forever(
     tokens_file: Path | None,
     lease_ttl: float,
     log_level: str,
+    limits: dict[str, int] | None = None,
+    max_connections: int = 1000,
+    header_timeout: float = 10.0,
+    keep_alive_timeout: int = 5,
 ) -> None:
     uvicorn, server = _server_modules()
     from duragent.runtime.runtime import Runtime
+    from duragent.server import connections
 
-    tokens = server.TokenStore.load(tokens_file)
+    # A tokens file is re-read when it changes (a removed token stops working at once).
+    tokens = (
+        server.WatchedTokenFile(tokens_file)
+        if tokens_file is not None
+        else server.TokenStore.load(None)
+    )
+    fd_limit = connections.raise_fd_limit()
+    connections.quiet_accept_errors(asyncio.get_running_loop())
     agents = load_agents(agents_spec) if agents_spec else []
     runtime = Runtime(
         store_url,
@@ -50,7 +62,7 @@ async def serve_forever(
         poll_interval=0.2,
     )
     async with runtime:
-        api = server.create_app(runtime, tokens)
+        api = server.create_app(runtime, tokens, server.ServerLimits(**(limits or {})))
         config = uvicorn.Config(
             api,
             host=host,
@@ -58,6 +70,10 @@ async def serve_forever(
             log_level=log_level,
             lifespan="on",
             timeout_graceful_shutdown=5,
+            # Past this many connections a request is answered 503 at once.
+            limit_concurrency=connections.connection_limit(max_connections, fd_limit),
+            timeout_keep_alive=keep_alive_timeout,
+            http=connections.protocol_with_header_timeout(header_timeout),
         )
         await uvicorn.Server(config).serve()
 
@@ -78,13 +94,53 @@ def serve(
     tokens: Path | None = typer.Option(
         None,
         help="File of API tokens: lines 'user:token' or a JSON object. "
-        "Default: the DURAGENT_TOKENS variable, same format (alice:tok1,bob:tok2).",
+        "Default: the DURAGENT_TOKENS variable, same format (alice:TOKEN1,bob:TOKEN2). "
+        "Tokens need 16 characters or more; the file is read again when it changes.",
     ),
     lease_ttl: float = typer.Option(30.0, help="Seconds a task lease lasts without renewal."),
     log_level: str = typer.Option("info", help="uvicorn log level."),
+    # Limits default to duragent.server.ServerLimits (not imported here: it needs the extra).
+    max_body: int | None = typer.Option(
+        None, min=1, help="Bytes of one request body; more gets 413. [default: 1 MB]"
+    ),
+    max_input: int | None = typer.Option(
+        None, min=1, help="Bytes of a task's input as JSON; more gets 422. [default: 512 KB]"
+    ),
+    max_context: int | None = typer.Option(
+        None, min=1, help="Bytes of a task's context as JSON; more gets 422. [default: 64 KB]"
+    ),
+    streams_per_user: int | None = typer.Option(
+        None, min=1, help="Event streams one user may hold open; more gets 429. [default: 32]"
+    ),
+    auth_failures_per_minute: int | None = typer.Option(
+        None,
+        min=1,
+        help="Wrong tokens one address may send in a minute, then 429 for the rest of it. "
+        "[default: 30]",
+    ),
+    max_connections: int = typer.Option(
+        1000, min=1, help="Open connections; past it a request gets 503."
+    ),
+    header_timeout: float = typer.Option(
+        10.0, min=0.1, help="Seconds a client has to send a request's headers."
+    ),
+    keep_alive_timeout: int = typer.Option(
+        5, min=1, help="Seconds an idle kept-alive connection stays open."
+    ),
 ) -> None:
     """Serve the REST API under /v1, live events, and the web page at /."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    limits = {
+        name: value
+        for name, value in (
+            ("max_body", max_body),
+            ("max_input", max_input),
+            ("max_context", max_context),
+            ("streams_per_user", streams_per_user),
+            ("auth_failures_per_minute", auth_failures_per_minute),
+        )
+        if value is not None
+    }
     try:
         asyncio.run(
             serve_forever(
@@ -96,6 +152,10 @@ def serve(
                 tokens_file=tokens,
                 lease_ttl=lease_ttl,
                 log_level=log_level,
+                limits=limits,
+                max_connections=max_connections,
+                header_timeout=header_timeout,
+                keep_alive_timeout=keep_alive_timeout,
             )
         )
     except UsageError as exc:  # MissingExtra, no tokens, a bad tokens file

@@ -43,6 +43,14 @@ class UnknownAgent(UsageError):
         )
 
 
+class InvalidValue(UsageError):
+    """A value no store can keep (too deeply nested, NaN, a NUL or a lone surrogate)."""
+
+    def __init__(self, message: str, *, path: tuple[str | int, ...] = ()) -> None:
+        self.path = path
+        super().__init__(message)
+
+
 class MissingExtra(UsageError):
     def __init__(self, what: str, extra: str) -> None:
         super().__init__(f"{what} needs an optional extra: pip install 'duragent[{extra}]'")

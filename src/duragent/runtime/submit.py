@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from duragent.runtime.log import api_entry
+from duragent.storable import check_storable
 from duragent.types import NewEntry, Task, UserMessage
 
 if TYPE_CHECKING:
@@ -37,7 +38,11 @@ def new_task(
 
     The model request (model and settings) is pinned on the task now, so every
     model call of the task, including a resend after a crash, asks the same way.
+    Input and context no store could give back (see duragent.storable) are refused
+    here, before anything is written.
     """
+    check_storable(input, "input")
+    check_storable(context, "context")
     config: dict[str, Any] = {
         "request": {"model": agent.model_name, "settings": dict(agent.model_settings)}
     }

@@ -11,5 +11,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra ins
 
 from duragent.server.app import create_app
 from duragent.server.auth import TokenStore
+from duragent.server.limits import ServerLimits
+from duragent.server.token_file import WatchedTokenFile
 
-__all__ = ["TokenStore", "create_app"]
+__all__ = ["ServerLimits", "TokenStore", "WatchedTokenFile", "create_app"]

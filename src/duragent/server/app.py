@@ -1,4 +1,4 @@
-"""The HTTP service: `create_app(runtime, tokens)` -> a FastAPI app.
+"""The HTTP service: `create_app(runtime, tokens, limits)` -> a FastAPI app.
 
 The caller owns the runtime (opens and closes it); the app only starts its
 scheduler at startup when the runtime runs an in-process worker.
@@ -10,21 +10,29 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import Depends, FastAPI
-from fastapi.responses import FileResponse
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from duragent.runtime.runtime import Runtime
 from duragent.server import events, problems, tasks
-from duragent.server.auth import TokenStore
 from duragent.server.deps import RuntimeDep, UserDep, known_query
+from duragent.server.gate import Gate, TokenLookup
+from duragent.server.limits import ServerLimits
 from duragent.server.problems import problem_responses
 from duragent.server.schemas import AgentOut, AgentsOut, Health, Me
+from duragent.server.streams import StreamSlots, TooManyStreams, too_many_streams
 
 STATIC = Path(__file__).parent / "static"
 
 
-def create_app(runtime: Runtime, tokens: TokenStore) -> FastAPI:
+def create_app(
+    runtime: Runtime, tokens: TokenLookup, limits: ServerLimits | None = None
+) -> FastAPI:
+    """The app; `tokens` is a TokenStore or a WatchedTokenFile, `limits` what one
+    client may ask (ServerLimits() by default)."""
+    limits = limits or ServerLimits()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if runtime.run_worker:
@@ -39,10 +47,19 @@ def create_app(runtime: Runtime, tokens: TokenStore) -> FastAPI:
         version=__version__,
         description="Durable AI agent tasks: start, watch, pause, resume, abort, answer.",
         lifespan=lifespan,
+        # No /docs or /redoc: they load scripts from a CDN on the origin the token
+        # lives on. /openapi.json is served below.
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
     )
     app.state.runtime = runtime
     app.state.tokens = tokens
-    problems.install(app, list(runtime.agents))
+    app.state.limits = limits
+    app.state.streams = StreamSlots(limits.streams_per_user)
+    problems.install(app)
+    app.add_exception_handler(TooManyStreams, too_many_streams)
+    app.add_middleware(Gate, tokens=tokens, limits=limits)
     app.include_router(tasks.router)
     app.include_router(events.router)
 
@@ -69,6 +86,13 @@ def create_app(runtime: Runtime, tokens: TokenStore) -> FastAPI:
     )
     async def agents(user: UserDep, rt: RuntimeDep) -> AgentsOut:
         return AgentsOut(agents=[AgentOut.of(a) for _, a in sorted(rt.agents.items())])
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request) -> JSONResponse:
+        schema = app.openapi()
+        if request.scope.get("state", {}).get("user") is not None:  # the gate checked it
+            schema = problems.with_agent_names(schema, list(runtime.agents))
+        return JSONResponse(schema)
 
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:

@@ -20,6 +20,7 @@ from pathlib import Path
 from duragent.errors import UsageError
 
 ENV_VAR = "DURAGENT_TOKENS"
+MIN_TOKEN_LENGTH = 16  # a guessable token is no lock; the gate also throttles wrong ones
 
 
 def _digest(token: str) -> bytes:
@@ -38,6 +39,13 @@ class TokenStore:
         user, token = user.strip(), token.strip()
         if not user or not token:
             raise UsageError("every token needs a user id and a non-empty token")
+        if len(token) < MIN_TOKEN_LENGTH:
+            # The length, never the token: this message reaches the terminal and logs.
+            raise UsageError(
+                f"the token of user {user!r} has {len(token)} characters; API tokens need at "
+                f"least {MIN_TOKEN_LENGTH} (make one with: "
+                "python -c 'import secrets; print(secrets.token_urlsafe(24))')"
+            )
         digest = _digest(token)
         if any(hmac.compare_digest(digest, d) for d, _ in self._users):
             raise UsageError(f"user {user!r} has a token another user already has")

@@ -11,7 +11,7 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from duragent.runtime.runtime import Runtime
-from duragent.server.auth import TokenStore
+from duragent.server.gate import TokenLookup
 from duragent.server.problems import NotAuthenticated
 from duragent.types import Task
 
@@ -56,9 +56,12 @@ def current_user(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> str:
+    checked = request.scope.get("state", {}).get("user")
+    if isinstance(checked, str):  # the gate checked the token before the body was read
+        return checked
     if credentials is None:
         raise NotAuthenticated("this endpoint needs an 'Authorization: Bearer <token>' header")
-    tokens: TokenStore = request.app.state.tokens
+    tokens: TokenLookup = request.app.state.tokens
     user = tokens.user_for(credentials.credentials)
     if user is None:
         raise NotAuthenticated("the bearer token is not valid")

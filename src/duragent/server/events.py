@@ -16,16 +16,19 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from duragent.errors import TaskNotFound
-from duragent.server.deps import OwnedTask, RuntimeDep
+from duragent.server.deps import OwnedTask, RuntimeDep, UserDep
+from duragent.server.limits import MAX_SEQ
 from duragent.server.problems import BadRequest, problem_responses
+from duragent.server.streams import SlotStreamingResponse, StreamSlots
+from duragent.server.strict_json import StrictJsonRoute
 from duragent.store.base import Store
 from duragent.types import Entry
 
-router = APIRouter(prefix="/v1/tasks", tags=["events"])
+router = APIRouter(prefix="/v1/tasks", tags=["events"], route_class=StrictJsonRoute)
 
 KEEPALIVE = 15.0  # seconds of silence before a comment line keeps proxies from closing
 RETRY_MS = 1000
@@ -85,8 +88,8 @@ def _start_seq(last_event_id: str | None, after: int | None) -> int:
             raise BadRequest(
                 f"Last-Event-ID must be the seq of an event, not {last_event_id!r}"
             ) from None
-        if seq < 0:
-            raise BadRequest("Last-Event-ID must not be negative")
+        if not 0 <= seq <= MAX_SEQ:
+            raise BadRequest(f"Last-Event-ID must be a seq from 0 to {MAX_SEQ}")
         return seq
     return after or 0
 
@@ -101,20 +104,27 @@ def _start_seq(last_event_id: str | None, after: int | None) -> int:
             "ends with `event: end` once the task is terminal",
             "content": {"text/event-stream": {"schema": {"type": "string"}}},
         },
-        **problem_responses(400, 401, 404, 422),
+        **problem_responses(400, 401, 404, 422, 429),
     },
 )
 async def task_events(
     task: OwnedTask,
     runtime: RuntimeDep,
-    after: Annotated[int | None, Query(ge=0, description="Send entries after this seq.")] = None,
+    user: UserDep,
+    request: Request,
+    after: Annotated[
+        int | None, Query(ge=0, le=MAX_SEQ, description="Send entries after this seq.")
+    ] = None,
     last_event_id: Annotated[
         str | None, Header(alias="Last-Event-ID", max_length=40, include_in_schema=True)
     ] = None,
 ) -> StreamingResponse:
     start = _start_seq(last_event_id, after)
-    return StreamingResponse(
+    slots: StreamSlots = request.app.state.streams
+    release = slots.acquire(user)  # 429 when this user holds too many streams
+    return SlotStreamingResponse(
         entry_events(runtime.store, task.id, start),
+        release,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from http import HTTPStatus
 from typing import Any
@@ -10,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
+from starlette.routing import Match, Mount
 
 from duragent.errors import (
     Conflict,
@@ -79,20 +80,40 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return out
 
 
+# A 5xx says what happened, never how: store messages name files, hosts, database
+# users and library internals, which belong in the server log only.
+_SERVER_SIDE = "The server could not do this now; its log has the details."
+
+
 def _duragent_error(request: Request, exc: Exception) -> JSONResponse:
     for cls, status, title in _MAPPING:
         if isinstance(exc, cls):
             if status >= 500:
                 log.error("%s %s: %s", request.method, request.url.path, exc)
+                return problem(status, title, _SERVER_SIDE)
             return problem(status, title, str(exc))
     log.exception("unhandled duragent error", exc_info=exc)
-    return problem(500, "Internal error", "The server failed; see its log.")
+    return problem(500, "Internal error", _SERVER_SIDE)
+
+
+def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    # Starlette logs the traceback after this response is sent.
+    return problem(500, "Internal error", _SERVER_SIDE)
+
+
+def _printable(text: str) -> str:
+    # A lone surrogate in a JSON key becomes part of `loc`; it has no UTF-8 form.
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = [
-        {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type"))}
+        {
+            "loc": [_printable(p) if isinstance(p, str) else p for p in e.get("loc", ())],
+            "msg": _printable(str(e.get("msg", ""))),
+            "type": str(e.get("type")),
+        }
         for e in exc.errors()
     ]
     where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors[:5])
@@ -112,15 +133,23 @@ def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return problem(exc.status_code, title, detail, headers=headers)
 
 
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
 def _allowed_methods(request: Request) -> list[str]:
-    # Starlette names only the first route matching the path; a path served by
-    # several routes (GET and POST /v1/tasks) must list all their methods.
+    # Starlette names only the first route matching the path, and FastAPI's included
+    # routers have no `methods` of their own: ask every route which methods it would
+    # take for this path. A mount (the static files) serves GET and HEAD.
     methods: set[str] = set()
     for route in request.app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match is not Match.NONE:
-            methods |= set(getattr(route, "methods", None) or ())
-    return sorted(methods)
+        if isinstance(route, Mount):
+            if route.matches(dict(request.scope))[0] is not Match.NONE:
+                methods |= {"GET", "HEAD"}
+            continue
+        for method in _METHODS:
+            if route.matches({**request.scope, "method": method})[0] is Match.FULL:
+                methods.add(method)
+    return sorted(methods) or ["GET", "HEAD"]
 
 
 def _not_authenticated(request: Request, exc: Exception) -> JSONResponse:
@@ -130,9 +159,8 @@ def _not_authenticated(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-def complete_openapi(app: FastAPI, agent_names: list[str]) -> None:
-    """Register the Problem schema the `problem_responses` refer to, and name the
-    agents this server knows, so /openapi.json says exactly what it accepts."""
+def complete_openapi(app: FastAPI) -> None:
+    """Register the Problem schema the `problem_responses` refer to."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -140,17 +168,28 @@ def complete_openapi(app: FastAPI, agent_names: list[str]) -> None:
             schema = build()
             schemas = schema.setdefault("components", {}).setdefault("schemas", {})
             schemas["Problem"] = Problem.model_json_schema()
-            agent = schemas.get("TaskCreate", {}).get("properties", {}).get("agent")
-            if agent is not None and agent_names:
-                agent["enum"] = sorted(agent_names)
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def install(app: FastAPI, agent_names: list[str]) -> None:
-    complete_openapi(app, agent_names)
+def with_agent_names(schema: dict[str, Any], agent_names: list[str]) -> dict[str, Any]:
+    """The schema naming the agents this server knows, so it says exactly what it
+    accepts (only for a signed-in caller: agent names are not public)."""
+    if not agent_names:
+        return schema
+    out = copy.deepcopy(schema)
+    schemas = out.get("components", {}).get("schemas", {})
+    agent = schemas.get("TaskCreate", {}).get("properties", {}).get("agent")
+    if agent is not None:
+        agent["enum"] = sorted(agent_names)
+    return out
+
+
+def install(app: FastAPI) -> None:
+    complete_openapi(app)
+    app.add_exception_handler(Exception, _unexpected_error)
     app.add_exception_handler(DuragentError, _duragent_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Body, Query, Response
+from fastapi import APIRouter, Body, Query, Request, Response
 
 from duragent.runtime.waits import open_waits
 from duragent.server.deps import OwnedTask, RuntimeDep, UserDep
+from duragent.server.limits import MAX_SEQ, check_task_sizes
 from duragent.server.problems import BadRequest, problem_responses
 from duragent.server.schemas import (
     AbortRequest,
@@ -24,10 +26,11 @@ from duragent.server.schemas import (
     TaskSummary,
     TreeOut,
 )
+from duragent.server.strict_json import StrictJsonRoute
 from duragent.store.base import decode_cursor
 from duragent.types import Task, TaskStatus
 
-router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
+router = APIRouter(prefix="/v1/tasks", tags=["tasks"], route_class=StrictJsonRoute)
 
 _READ = problem_responses(401, 404, 422)
 # What store.base.encode_cursor makes: "<created_at timestamp>|<task id>".
@@ -58,12 +61,13 @@ async def task_out(runtime: RuntimeDep, task: Task) -> TaskOut:
     summary="Start a task",
     responses={
         200: {"model": TaskOut, "description": "A task with this request_id already exists"},
-        **problem_responses(400, 401, 422),
+        **problem_responses(400, 401, 413, 422),
     },
 )
 async def create_task(
-    body: TaskCreate, user: UserDep, runtime: RuntimeDep, response: Response
+    body: TaskCreate, user: UserDep, runtime: RuntimeDep, response: Response, request: Request
 ) -> TaskOut:
+    check_task_sizes(body.input, body.context, request.app.state.limits)
     sub = await runtime.submit(
         body.agent,
         body.input,
@@ -99,7 +103,8 @@ async def list_tasks(
     if cursor is not None:
         try:
             ts, _ = decode_cursor(cursor)
-        except ValueError:
+            datetime.fromtimestamp(ts, UTC)  # a time stores can compare with (year <= 9999)
+        except (ValueError, OverflowError, OSError):
             ts = math.nan
         if not math.isfinite(ts):
             raise BadRequest(f"invalid cursor {cursor!r}: pass a next_cursor from a previous page")
@@ -142,7 +147,7 @@ async def get_messages(
 async def get_entries(
     task: OwnedTask,
     runtime: RuntimeDep,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
     limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
 ) -> EntriesOut:
     entries = await runtime.store.entries(task.id, after_seq=after, limit=limit)

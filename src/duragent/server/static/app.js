@@ -10,8 +10,12 @@ const AGENT_KEY = "duragent.agent";
 const ACTIVE = new Set(["pending", "running", "waiting", "paused"]);
 const $ = (sel) => document.querySelector(sel);
 
+// The token lives in this tab's session storage: it survives a reload but not the
+// tab, and no other tab or later visitor of the browser profile can read it.
+localStorage.removeItem(TOKEN_KEY); // left there by older versions of this page
+
 const state = {
-  token: localStorage.getItem(TOKEN_KEY),
+  token: sessionStorage.getItem(TOKEN_KEY),
   taskId: null,
   task: null,
   stopFollowing: null,
@@ -54,19 +58,19 @@ async function signIn(token) {
   state.token = token;
   try {
     const me = await api("GET", "/v1/me");
-    localStorage.setItem(TOKEN_KEY, token);
+    sessionStorage.setItem(TOKEN_KEY, token);
     $("#user").textContent = me.user;
     showApp();
   } catch (err) {
     state.token = null;
-    localStorage.removeItem(TOKEN_KEY);
+    sessionStorage.removeItem(TOKEN_KEY);
     $("#signin-error").textContent =
       err instanceof HttpError && err.status === 401 ? "That token is not valid." : problemText(err);
   }
 }
 
 function signOut(message) {
-  localStorage.removeItem(TOKEN_KEY);
+  sessionStorage.removeItem(TOKEN_KEY);
   state.token = null;
   closeTask();
   clearInterval(state.listTimer);
