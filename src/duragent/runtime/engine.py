@@ -17,7 +17,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from duragent.errors import Conflict, ModelError, StaleLease
+from duragent.errors import (
+    Conflict,
+    ModelError,
+    StaleLease,
+    StoreError,
+    StoreUnavailable,
+    TaskNotFound,
+)
 from duragent.llm.base import ModelRequest, ResponseAssembler, TextDelta
 from duragent.runtime.agent import Agent
 from duragent.runtime.calls import Outcome, describe, parse_dt, render, run_call
@@ -118,6 +125,9 @@ class TaskRunner:
         self._round_api_seqs: list[int] = []
         self._round_progress: list[int] = []
         self._tool_progress_at: dict[str, float] = {}
+        # How long a runner ended by a store error keeps trying to hand its
+        # task back before leaving it to the lease (renewed meanwhile).
+        self.release_patience = 30.0
 
     # --- control from outside ---
 
@@ -216,13 +226,55 @@ class TaskRunner:
             log.warning("task %s abandoned: %s", self.task.id, exc)
         except asyncio.CancelledError:
             raise
+        except StoreError as exc:
+            await self._end_on_store_error(exc)
         except Exception as exc:
             log.exception("task %s failed", self.task.id)
-            with contextlib.suppress(Abandoned):
+            try:
                 await self._finish(TaskStatus.FAILED, error=describe(exc))
+            except Abandoned:
+                pass
+            except StoreError as store_exc:
+                await self._end_on_store_error(store_exc)
         finally:
             await self.state.close()
         return self.task
+
+    async def _end_on_store_error(self, exc: StoreError) -> None:
+        """A store error ends the runner, never the task (DESIGN §9).
+
+        What this runner knows in memory may be wrong now (a commit whose
+        connection was lost may or may not have landed), so it writes nothing
+        more of the task: the next owner rebuilds the round from the log by the
+        recovery table. A transient error (connection lost, disk full, busy,
+        a conflict) hands the task back to the queue as soon as the store
+        takes a write again, so no restart is counted; any other store error
+        (data the store refuses, a damaged file) leaves the lease to expire,
+        so a task that hits it every time ends blocked(restart_limit) rather
+        than crash-looping.
+        """
+        await self.state.close()  # no background save may race the hand-back
+        if not isinstance(exc, StoreUnavailable | Conflict):
+            log.error("task %s: store error, leaving it to its lease: %s", self.task.id, exc)
+            return
+        log.warning("task %s: store error, handing it back: %s", self.task.id, exc)
+        delay, deadline = 0.05, time.monotonic() + self.release_patience
+        while True:
+            try:
+                await self.store.release_lease(self.task.id, self.epoch)
+                return
+            except (StaleLease, TaskNotFound):
+                return  # someone else owns it already: nothing to hand back
+            except StoreError as again:
+                if time.monotonic() + delay > deadline:
+                    log.warning(
+                        "task %s: could not hand it back (%s); its lease will expire",
+                        self.task.id,
+                        again,
+                    )
+                    return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     async def trace_point(self, point: str, **info: Any) -> None:
         if self.trace is not None:
@@ -460,18 +512,26 @@ class TaskRunner:
         suspended: dict[str, Outcome] = {}
 
         committing: dict[str, asyncio.Future[None]] = {}
+        # One result commit at a time, so "is this the last result?" is decided
+        # from results known to be stored: a failed commit must never let a
+        # sibling's commit close the round with this call unanswered.
+        one_at_a_time = asyncio.Lock()
 
         async def finish(out: Outcome) -> None:
             if out.suspend is not None:
                 suspended[out.call_id] = out
                 return
-            remaining.discard(out.call_id)
-            # The last result closes the round (a suspended call keeps it open),
-            # unless a pause with rollback is waiting to undo this very round.
-            rolling_back = self.control is not None and self.control.rollback
-            patch = None if remaining or rolling_back else {"iterations": r}
-            entries = result_entries(self.task.id, r, out.call_id, out.content or "", out.outcome)
-            res = await self.commit(entries, patch, documents=out.documents)
+            async with one_at_a_time:
+                # The last result closes the round (a suspended call keeps it open),
+                # unless a pause with rollback is waiting to undo this very round.
+                rolling_back = self.control is not None and self.control.rollback
+                last = remaining <= {out.call_id}
+                patch = {"iterations": r} if last and not rolling_back else None
+                entries = result_entries(
+                    self.task.id, r, out.call_id, out.content or "", out.outcome
+                )
+                res = await self.commit(entries, patch, documents=out.documents)
+                remaining.discard(out.call_id)
             self._round_api_seqs.append(res.entries[0].seq)
             self.view.append(ToolMessage(tool_call_id=out.call_id, content=out.content or ""))
             await self.trace_point("result", call_id=out.call_id, outcome=out.outcome)
@@ -510,6 +570,13 @@ class TaskRunner:
                 if stopper in done and pending_jobs:
                     await self._stop_tools(r, pending_jobs, jobs, committing)
                     return
+        except BaseException:
+            # The runner ends (lost lease, store error): no tool of it may go on
+            # running and committing behind its back; the log decides their fate.
+            for job in pending_jobs:
+                job.cancel()
+            await asyncio.gather(*pending_jobs, *committing.values(), return_exceptions=True)
+            raise
         finally:
             stopper.cancel()
             # Leaving early (the runner was cancelled: its lease is lost; or a

@@ -72,6 +72,7 @@ class Worker:
         self._stopping = False
         self._stopped = asyncio.Event()
         self.claimed = 0  # tasks this worker has claimed
+        self._claim_failures = 0  # claims in a row the store refused
 
     # --- control ---
 
@@ -145,8 +146,12 @@ class Worker:
                     self.id, agents=list(self.agents), ttl=self.lease_ttl
                 )
             except StoreError as exc:
-                log.warning("claim failed: %s", exc)
+                # The store is failing (down, disk full): look again later, backing
+                # off up to a few seconds rather than hammering it every poll.
+                self._claim_failures += 1
+                log.warning("claim failed (%d in a row): %s", self._claim_failures, exc)
                 return
+            self._claim_failures = 0
             if task is None:
                 return
             self.claimed += 1
@@ -176,6 +181,9 @@ class Worker:
 
     async def _idle(self, changed: asyncio.Future[None] | None) -> None:
         timeout = self.poll_interval
+        if self._claim_failures:
+            timeout = max(timeout, min(0.05 * 2**self._claim_failures, 5.0))
+            changed = None  # a failing store's wake-ups say nothing: wait out the back-off
         if len(self._jobs) < self.concurrency:
             with contextlib.suppress(StoreError):
                 due = await self.store.next_wake_at(list(self.agents))
