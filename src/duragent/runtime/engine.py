@@ -46,6 +46,7 @@ from duragent.store.base import Commit, CommitResult, DocumentWrite, Store, Task
 from duragent.types import (
     ApiMessage,
     BlockReason,
+    Entry,
     EntryKind,
     NewEntry,
     SystemMessage,
@@ -296,6 +297,8 @@ class TaskRunner:
 
     async def _start(self) -> None:
         t = self.task
+        entries = await self.store.entries(t.id, after_seq=t.round_seq)
+        self._report_claim(entries)
         if t.restarts > self.agent.max_restarts:
             await self._block(
                 BlockReason.RESTART_LIMIT,
@@ -304,8 +307,19 @@ class TaskRunner:
             )
             return
         self.view = await self.store.model_view(t.id)
-        entries = await self.store.entries(t.id, after_seq=t.round_seq)
         await self._recover(read_round(entries, t.iterations + 1))
+
+    def _report_claim(self, entries: Sequence[Entry]) -> None:
+        """The claim that started this runner changed the status in the store, not
+        through a commit of ours: report it (pending -> running, say) all the same."""
+        if self.on_status is None or self.detached:
+            return
+        for e in reversed(entries):
+            if e.kind is EntryKind.STATUS and e.payload.get("epoch") == self.epoch:
+                old = TaskStatus(e.payload["from"])
+                if old is not TaskStatus.RUNNING:  # a takeover is no change of status
+                    self.on_status(self.task, old, TaskStatus.RUNNING)
+                return
 
     async def _recover(self, rs: RoundState) -> None:
         """Bring an interrupted round to a state the loop can continue from (DESIGN §3)."""

@@ -61,6 +61,8 @@ class Runtime:
 
     With `run_worker=True` (the default) an in-process worker runs the tasks of
     the given agents; it starts on the first `submit`, `wait` or `resume()`.
+    A task that waits `missing_agent_grace` seconds (default 60) for an agent no
+    running worker knows becomes `blocked` with reason `missing_definition`.
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class Runtime:
         worker_id: str | None = None,
         on_status_change: StatusHook | None = None,
         trace: TraceHook | None = None,
+        missing_agent_grace: float = 60.0,
     ) -> None:
         self.store: Store = (
             store if store is not None and not isinstance(store, str) else open_store(store)
@@ -90,6 +93,7 @@ class Runtime:
             "worker_id": worker_id,
             "on_status": on_status_change,
             "trace": trace,
+            "missing_agent_grace": missing_agent_grace,
         }
         self._worker_job: asyncio.Task[None] | None = None
 

@@ -15,6 +15,7 @@ from typing import Any
 from duragent.errors import StoreError, TaskNotFound
 from duragent.runtime.agent import Agent
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
+from duragent.runtime.presence import announce, block_unserved, withdraw
 from duragent.runtime.state import Clock
 from duragent.store.base import Store
 from duragent.types import Task, TaskStatus, utcnow
@@ -35,6 +36,8 @@ class Worker:
     submitted in this process or the store notifies across processes, and
     otherwise within `poll_interval`. A pause or abort committed by another
     process reaches the task's runner at once through `watch_controls`.
+    A task pending longer than `missing_agent_grace` seconds for an agent that
+    no live worker serves becomes blocked(missing_definition) (presence.py).
     """
 
     def __init__(
@@ -51,6 +54,7 @@ class Worker:
         clock: Clock | None = None,
         shutdown_grace: float = 30.0,
         trace: TraceHook | None = None,
+        missing_agent_grace: float = 60.0,
     ) -> None:
         self.store = store
         self.agents = {a.name: a for a in agents}
@@ -63,6 +67,7 @@ class Worker:
         self.clock = clock
         self.shutdown_grace = shutdown_grace
         self.trace = trace
+        self.missing_agent_grace = missing_agent_grace
         self.runners: dict[str, TaskRunner] = {}
         self._jobs: dict[str, asyncio.Task[Task]] = {}
         self._job_of: dict[int, asyncio.Task[Task]] = {}  # id(runner) -> its job
@@ -118,6 +123,7 @@ class Worker:
         # Control requests (pause/abort from another process) are heard at once,
         # not at the next heartbeat.
         unwatch = self.store.watch_controls(self._control_noted)
+        presence = asyncio.ensure_future(self._presence())
         try:
             while not self._stopping:
                 # Listen before looking: a commit landing between the claim
@@ -135,8 +141,13 @@ class Worker:
             beat.cancel()
             for check in list(self._checks):
                 check.cancel()
+            presence.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
+            with contextlib.suppress(asyncio.CancelledError):
+                await presence
+            with contextlib.suppress(StoreError):
+                await withdraw(self.store, self.id)
             self._stopped.set()
 
     async def _claim_some(self) -> None:
@@ -238,6 +249,21 @@ class Worker:
         job = self._job_of.get(id(runner))
         if job is not None:
             job.cancel()
+
+    async def _presence(self) -> None:
+        """Record the agents served here (presence.py); now and then, block tasks
+        that waited `missing_agent_grace` for an agent no live worker serves."""
+        swept = 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await announce(self.store, self.id, self.agents, self.lease_ttl)
+                if loop.time() - swept >= self.missing_agent_grace / 4:
+                    swept = loop.time()
+                    await block_unserved(self.store, self.agents, self.missing_agent_grace)
+            except StoreError as exc:
+                log.warning("recording this worker's agents failed: %s", exc)
+            await asyncio.sleep(min(self.heartbeat, self.missing_agent_grace / 4))
 
     # --- leases and control ---
 
