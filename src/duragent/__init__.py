@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from duragent.errors import (
     Conflict,
+    DuplicateRequest,
     DuragentError,
     InvalidTransition,
     ModelError,
@@ -56,6 +57,7 @@ __all__ = [
     "Commit",
     "Conflict",
     "Document",
+    "DuplicateRequest",
     "DuragentError",
     "Entry",
     "EntryKind",

@@ -43,6 +43,19 @@ class UnknownAgent(UsageError):
         )
 
 
+class DuplicateRequest(UsageError):
+    """A submission reused a request_id of the same owner with a different input."""
+
+    def __init__(self, request_id: str, task_id: str) -> None:
+        self.request_id = request_id
+        self.task_id = task_id
+        super().__init__(
+            f"request_id {request_id!r} already started task {task_id!r} with another agent "
+            "or input; use a new request_id for a new task (the same request_id with the same "
+            "input returns the existing task)"
+        )
+
+
 class MissingExtra(UsageError):
     def __init__(self, what: str, extra: str) -> None:
         super().__init__(f"{what} needs an optional extra: pip install 'duragent[{extra}]'")

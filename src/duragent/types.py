@@ -79,7 +79,7 @@ TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
     _S.WAITING: frozenset({_S.WAITING, _S.PENDING, _S.RUNNING, _S.PAUSED, _S.ABORTED, _S.FAILED}),
     _S.BLOCKED: frozenset({_S.PENDING, _S.ABORTED}),
     _S.COMPLETED: frozenset(),
-    _S.FAILED: frozenset(),
+    _S.FAILED: frozenset({_S.PENDING}),  # retry: continue from the last commit
     _S.ABORTED: frozenset(),
 }
 

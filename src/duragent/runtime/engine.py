@@ -589,7 +589,7 @@ class TaskRunner:
             # running and committing behind its back; the log decides their fate.
             for job in pending_jobs:
                 job.cancel()
-            await asyncio.gather(*pending_jobs, *committing.values(), return_exceptions=True)
+            await asyncio.gather(*jobs, *committing.values(), return_exceptions=True)
             raise
         finally:
             stopper.cancel()

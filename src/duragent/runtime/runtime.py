@@ -9,10 +9,19 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from duragent.errors import Conflict, InvalidTransition, TaskNotFound, UnknownAgent, UsageError
+from pydantic_core import to_jsonable_python
+
+from duragent.errors import (
+    Conflict,
+    DuplicateRequest,
+    InvalidTransition,
+    TaskNotFound,
+    UnknownAgent,
+    UsageError,
+)
 from duragent.runtime.agent import Agent
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
-from duragent.runtime.log import api_entry
+from duragent.runtime.log import api_entry, notice
 from duragent.runtime.submit import new_task
 from duragent.runtime.views import Steps, build_steps, ui_view
 from duragent.runtime.waits import open_waits, resolution
@@ -44,6 +53,13 @@ class Submission:
 class TaskTree:
     task: Task
     children: list[TaskTree] = field(default_factory=list)
+
+
+def same_request(stored: Task, asked: Task) -> bool:
+    """Whether a resubmission with a used request_id asks for the same task."""
+    return stored.agent == asked.agent and to_jsonable_python(stored.input) == to_jsonable_python(
+        asked.input
+    )
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -173,6 +189,8 @@ class Runtime:
             entries = [api_entry(task.id, 0, m) for m in history] + entries
             task.config["continues_session"] = len(history)
         stored, created = await self.store.create_task(task, entries)
+        if not created and not same_request(stored, task):
+            raise DuplicateRequest(request_id or "", stored.id)
         self.start_worker()
         self._wake()
         return Submission(self, stored.id, created)
@@ -442,6 +460,44 @@ class Runtime:
                 )
         self._wake()
         return res.tasks[task_id]
+
+    async def retry(self, task_id: str, *, owner: str | None = None) -> Task:
+        """Continue a failed task from its last commit (DESIGN §9).
+
+        The completed rounds are kept; a notice records the retry; the next
+        worker recovers the round the failure interrupted by the same table as
+        after a crash (a call without a result is re-run only if replay-safe).
+        With `owner`, another owner's task is reported as not found.
+        """
+        for _ in range(10):
+            task = await self.get(task_id, owner=owner)
+            if task.status is not TaskStatus.FAILED:
+                raise InvalidTransition(
+                    task.status.value, "pending", "only a failed task can be retried"
+                )
+            why = f" ({task.error})" if task.error else ""
+            entry = notice(
+                task.id,
+                task.iterations + 1,
+                f"Retried after the failure{why}; continuing from the last commit.",
+            )
+            changes = {
+                "status": TaskStatus.PENDING,
+                "error": None,
+                "completed_at": None,
+                "control": None,
+            }
+            patch = TaskPatch(
+                task_id, changes, expect_status=[TaskStatus.FAILED], expect_version=task.version
+            )
+            try:
+                res = await self.store.commit(Commit(entries=[entry], patches=[patch]))
+            except Conflict:
+                continue  # retried by someone else at the same moment: look again
+            self.start_worker()
+            self._wake()
+            return res.tasks[task_id]
+        raise Conflict(f"task {task_id!r} kept changing while retrying it")
 
     async def respond(
         self,
