@@ -73,6 +73,24 @@ def notebook() -> Agent:
     )
 
 
+@tool(replay="safe")
+async def hold(gate: str) -> str:
+    """Wait until the test opens the gate (a file named `gate` in DURAGENT_TEST_GATES)."""
+    path = os.path.join(os.environ.get("DURAGENT_TEST_GATES", "."), gate)
+    while not os.path.exists(path):
+        await asyncio.sleep(0.02)
+    return f"gate {gate} opened"
+
+
+def hold_at_the_gate(messages: list[object]) -> object:
+    gate = next(str(m.content) for m in messages if getattr(m, "role", "") == "user")  # type: ignore[attr-defined]
+    if not any(getattr(m, "role", "") == "assistant" for m in messages):
+        return Turn(
+            text="Holding on until the gate opens.", tool_calls=[ToolCall("hold", {"gate": gate})]
+        )
+    return "Through the gate."
+
+
 _FAILED_ONCE: set[str] = set()
 
 
@@ -130,6 +148,14 @@ def agents() -> list[Agent]:
             plan_tool=False,
         ),
         Agent(name="flaky", model=ScriptedModel(fail_once), tools=[lookup], plan_tool=False),
+        Agent(
+            # A pause waits 0.5 s for its held tool, then cancels it.
+            name="holder",
+            model=ScriptedModel(hold_at_the_gate),
+            tools=[hold],
+            plan_tool=False,
+            tool_grace=0.5,
+        ),
         Agent(
             name="parent",
             model=ScriptedModel([[ToolCall("delegate", {"job": "say hello"})], "Delegated."]),

@@ -342,6 +342,7 @@ async def test_agents_lists_tools_and_replay_policies(client: httpx.AsyncClient)
         "parent",
         "notebook",
         "flaky",
+        "holder",
     }
     (lookup,) = found["streamer"]["tools"]
     assert lookup["name"] == "lookup" and lookup["replay"] == "safe"

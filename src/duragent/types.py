@@ -282,6 +282,7 @@ class UIText(BaseModel):
     type: Literal["text"] = "text"
     role: Literal["user", "assistant", "system"] = "assistant"
     text: str
+    voided: bool = False  # part of a round a rollback took out of the model's view
 
 
 class UIToolCard(BaseModel):
@@ -289,8 +290,11 @@ class UIToolCard(BaseModel):
     call_id: str
     name: str
     arguments: dict[str, JSON] = Field(default_factory=dict)
-    state: Literal["intent", "running", "ok", "error", "interrupted", "waiting"] = "intent"
+    state: Literal["intent", "running", "ok", "error", "interrupted", "waiting", "rolled_back"] = (
+        "intent"
+    )
     result: str | None = None
+    voided: bool = False  # the call's round was rolled back out of the model's view
 
 
 class UIError(BaseModel):

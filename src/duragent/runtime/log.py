@@ -24,6 +24,11 @@ from duragent.types import (
     dump_message,
 )
 
+ROLLED_BACK = (
+    "Rolled back: the task was paused and this round rolled back, so this call's result "
+    "was discarded. Call it again if it is still needed."
+)
+
 INTERRUPTED = (
     "Tool call interrupted: the process running it stopped before its result was saved. "
     "It may or may not have taken effect; it was not re-run because it is not marked "
@@ -40,6 +45,7 @@ class RoundState:
     api_seqs: list[int] = field(default_factory=list)
     intents: dict[str, dict[str, Any]] = field(default_factory=dict)
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    result_seqs: dict[str, int] = field(default_factory=dict)
     waits: dict[str, dict[str, Any]] = field(default_factory=dict)
     decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
     progress_seqs: list[int] = field(default_factory=list)
@@ -94,6 +100,7 @@ def read_round(entries: Iterable[Entry], rnd: int) -> RoundState:
             st.intents[p["call_id"]] = p
         elif e.kind is EntryKind.TOOL_RESULT:
             st.results[p["tool_call_id"]] = p
+            st.result_seqs[p["tool_call_id"]] = e.seq
             st.api_seqs.append(e.seq)
         elif e.kind is EntryKind.CHECKPOINT and p.get("type") == "wait":
             st.waits[p["call_id"]] = p

@@ -312,10 +312,11 @@ class Runtime:
     async def pause(self, task_id: str, rollback: bool = False, *, timeout: float = 60.0) -> Task:
         """Stop at the next safe point; returns once `paused` is committed.
 
-        With `rollback`, the API entries of the round in progress are voided (the
-        model will redo the round, so tools it calls again run again, whether or not
-        they finished during the grace period); UI entries are kept. Active
-        sub-tasks pause too.
+        With `rollback`, the round in progress is taken out of the model's view and
+        asked again, except what must not be repeated: if a never-replay call of the
+        round has a result (or a running sub-task), the assistant message and those
+        results stay, every other call is answered "rolled back", and the model goes
+        on from there. UI entries are kept (marked voided). Active sub-tasks pause too.
         """
         task = await self._stop(task_id, Control("pause", rollback), timeout)
         for child in await self._descendants(task_id, ACTIVE):
