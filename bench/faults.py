@@ -8,9 +8,11 @@ assistant message streamed in pieces, a never-replay tool that updates the
 task's state and a replay-safe tool per round, then a final answer). Meanwhile
 another connection calls `pg_terminate_backend` on every backend of that worker
 (found by its application_name) every `--min-ms`..`--max-ms` milliseconds, for
-the whole run. The report counts how the tasks ended: completed, failed, other
-(still active at the timeout, blocked, ...), the restarts counted, and how many
-backends were terminated.
+the whole run (or for `--fault-seconds`, then the store is left alone and the
+tasks must finish). The report counts how the tasks ended: completed, failed,
+other (still active at the timeout, blocked, ...), the takeovers (an expired
+lease claimed again: a restart counted), claims whose answer was lost and that
+the worker found again by reading, and how many backends were terminated.
 
 A store error must never make a task `failed` (DESIGN §9): the runner stops,
 the task goes back to the queue (or its lease expires), and the next owner
@@ -101,6 +103,9 @@ class Outcome:
     seconds: float
     worker_alive: bool
     errors: list[str] = field(default_factory=list)
+    takeovers: int = 0
+    adopted: int = 0  # claims whose answer was lost, found again by reading
+    fault_seconds: float = 0.0  # how long the backends were being killed
     log: str = ""
 
     @property
@@ -118,8 +123,10 @@ class Outcome:
     def line(self) -> str:
         return (
             f"{self.tasks} tasks: {self.completed} completed, {self.failed} failed, "
-            f"{self.other} other {dict(self.statuses)}; at most {self.restarts} restarts a task; "
-            f"{self.terminated} backends terminated in {self.seconds:.1f} s"
+            f"{self.other} other {dict(self.statuses)}; {self.takeovers} takeovers, at most "
+            f"{self.restarts} restarts a task, {self.adopted} lost claims adopted; "
+            f"{self.terminated} backends terminated in {self.fault_seconds:.1f} s of faults, "
+            f"{self.seconds:.1f} s in all"
         )
 
 
@@ -131,19 +138,33 @@ def _admin() -> Any:
 
 
 class Killer(threading.Thread):
-    """Terminates every backend named `app` every min..max ms until stopped."""
+    """Terminates every backend named `app` every min..max ms until stopped
+    (or for `seconds`, if given)."""
 
-    def __init__(self, app: str, min_ms: float, max_ms: float, seed: int) -> None:
+    def __init__(
+        self, app: str, min_ms: float, max_ms: float, seed: int, seconds: float | None
+    ) -> None:
         super().__init__(daemon=True)
         self.app = app
         self.min_ms, self.max_ms = min_ms, max_ms
         self.rng = random.Random(seed)
+        self.seconds = seconds
         self.terminated = 0
         self.halt = threading.Event()
+        self.started = self.ended = 0.0
 
     def run(self) -> None:
+        self.started = time.monotonic()
+        try:
+            self._kill()
+        finally:
+            self.ended = time.monotonic()
+
+    def _kill(self) -> None:
         with _admin() as conn:
             while not self.halt.wait(self.rng.uniform(self.min_ms, self.max_ms) / 1000):
+                if self.seconds is not None and time.monotonic() - self.started > self.seconds:
+                    return
                 rows = conn.execute(
                     "SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity"
                     " WHERE application_name = %s AND pid <> pg_backend_pid()",
@@ -181,6 +202,25 @@ def _statuses(schema: str) -> tuple[dict[str, int], int]:
             ).format(sql.Identifier(schema))
         ).fetchall()
     return {r["status"]: r["n"] for r in rows}, max((int(r["r"] or 0) for r in rows), default=0)
+
+
+def _takeovers(schema: str) -> int:
+    """Claims of a task whose lease had expired (each counts a restart)."""
+    from psycopg import sql
+
+    with _admin() as conn:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT count(*) AS n FROM {}.entries WHERE kind = 'status'"
+                " AND payload::jsonb ->> 'takeover' = 'true'"
+            ).format(sql.Identifier(schema))
+        ).fetchone()
+    return int(row["n"]) if row else 0
+
+
+def _count_lines(path: str, text: str) -> int:
+    with open(path, errors="replace") as f:
+        return sum(text in line for line in f)
 
 
 def _errors(schema: str) -> list[str]:
@@ -245,9 +285,12 @@ def run_faults(
     min_ms: float = 2,
     max_ms: float = 30,
     timeout: float = 180,
-    ttl: float = 2.0,
+    ttl: float = 10.0,
     seed: int | None = None,
+    fault_seconds: float | None = None,
 ) -> Outcome:
+    """One run. `fault_seconds`: stop killing after that long and let the tasks
+    finish (to show they recover once the store works); default: kill until the end."""
     from duragent.store.postgres import PostgresStore
 
     schema = f"faults_{uuid.uuid4().hex[:10]}"
@@ -258,7 +301,8 @@ def run_faults(
     log_path = os.path.join(tempfile.gettempdir(), f"{app}.log")
     with open(log_path, "wb") as log:
         worker = _start_worker(f"{base}&application_name={app}", rounds, ttl, log)
-    killer = Killer(app, min_ms, max_ms, seed if seed is not None else random.randrange(1 << 30))
+    seed = seed if seed is not None else random.randrange(1 << 30)
+    killer = Killer(app, min_ms, max_ms, seed, fault_seconds)
     started = time.monotonic()
     try:
         _wait_listening(app, worker)
@@ -282,6 +326,9 @@ def run_faults(
             seconds=seconds,
             worker_alive=worker.poll() is None,
             errors=_errors(schema),
+            takeovers=_takeovers(schema),
+            adopted=_count_lines(log_path, "adopting a claim"),
+            fault_seconds=killer.ended - killer.started,
             log=log_path,
         )
     finally:
@@ -305,7 +352,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-ms", type=float, default=2)
     ap.add_argument("--max-ms", type=float, default=30)
     ap.add_argument("--timeout", type=float, default=180)
-    ap.add_argument("--lease-ttl", type=float, default=2.0)
+    ap.add_argument("--lease-ttl", type=float, default=10.0)
+    ap.add_argument(
+        "--fault-seconds",
+        type=float,
+        default=None,
+        help="stop killing after this long, then let the tasks finish (default: never stop)",
+    )
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--json", action="store_true", help="one JSON line per run")
     args = ap.parse_args(argv)
@@ -318,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             max_ms=args.max_ms,
             timeout=args.timeout,
             ttl=args.lease_ttl,
+            fault_seconds=args.fault_seconds,
         )
         if args.json:
             print(json.dumps({**out.__dict__, "line": out.line()}))

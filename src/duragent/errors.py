@@ -150,6 +150,11 @@ class StoreNotFound(StoreError):
         return (type(self), (self.directory, self.hint))
 
 
+class CommitOutcomeUnknown(StoreUnavailable):
+    """The connection was lost while the commit was in flight: it may or may not
+    have been applied. Re-read what it wrote to find out; never apply it again blind."""
+
+
 # --- models -----------------------------------------------------------------
 
 

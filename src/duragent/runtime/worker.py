@@ -12,12 +12,12 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from duragent.errors import StoreError, TaskNotFound
+from duragent.errors import CommitOutcomeUnknown, StoreError, TaskNotFound
 from duragent.runtime.agent import Agent
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
 from duragent.runtime.presence import announce, block_unserved, withdraw
 from duragent.runtime.state import Clock
-from duragent.store.base import Store
+from duragent.store.base import Store, TaskQuery
 from duragent.types import Task, TaskStatus, utcnow
 
 log = logging.getLogger("duragent.worker")
@@ -78,6 +78,8 @@ class Worker:
         self._stopped = asyncio.Event()
         self.claimed = 0  # tasks this worker has claimed
         self._claim_failures = 0  # claims in a row the store refused
+        self._lost_claim = False  # a claim's outcome is unknown: look for it
+        self._held: dict[tuple[str, int], None] = {}  # (task, epoch) runners held, recent
 
     # --- control ---
 
@@ -150,7 +152,40 @@ class Worker:
                 await withdraw(self.store, self.id)
             self._stopped.set()
 
+    async def _adopt_lost_claims(self) -> None:
+        """A claim whose COMMIT lost its connection may have taken a task: read which
+        running tasks hold a lease of ours that no runner of ours ever held, and run
+        them (their epoch is ours; found by reading, never guessed). Otherwise such a
+        task would sit until its lease expired, and its takeover count as a restart."""
+        cursor: str | None = None
+        found: list[Task] = []
+        while True:
+            page = await self.store.list_tasks(
+                TaskQuery(status=TaskStatus.RUNNING, limit=500, cursor=cursor)
+            )
+            found += [
+                t
+                for t in page.tasks
+                if t.lease.owner == self.id
+                and t.id not in self._jobs
+                and (t.id, t.lease.epoch) not in self._held
+            ]
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        self._lost_claim = False
+        for task in found:
+            if len(self._jobs) >= self.concurrency or task.agent not in self.agents:
+                continue
+            log.warning("task %s: adopting a claim whose answer was lost", task.id)
+            self._start(task)
+
     async def _claim_some(self) -> None:
+        if self._lost_claim:
+            try:
+                await self._adopt_lost_claims()
+            except StoreError as exc:
+                log.warning("looking for lost claims failed: %s", exc)
         while len(self._jobs) < self.concurrency and not self._stopping:
             try:
                 task = await self.store.claim_task(
@@ -159,6 +194,8 @@ class Worker:
             except StoreError as exc:
                 # The store is failing (down, disk full): look again later, backing
                 # off up to a few seconds rather than hammering it every poll.
+                if isinstance(exc, CommitOutcomeUnknown):
+                    self._lost_claim = True
                 self._claim_failures += 1
                 log.warning("claim failed (%d in a row): %s", self._claim_failures, exc)
                 return
@@ -193,7 +230,7 @@ class Worker:
     async def _idle(self, changed: asyncio.Future[None] | None) -> None:
         timeout = self.poll_interval
         if self._claim_failures:
-            timeout = max(timeout, min(0.05 * 2**self._claim_failures, 5.0))
+            timeout = max(timeout, min(0.05 * 2**self._claim_failures, 1.0))
             changed = None  # a failing store's wake-ups say nothing: wait out the back-off
         if len(self._jobs) < self.concurrency:
             with contextlib.suppress(StoreError):
@@ -209,6 +246,9 @@ class Worker:
         self._wake.clear()
 
     def _start(self, task: Task) -> None:
+        self._held[(task.id, task.lease.epoch)] = None
+        if len(self._held) > 10_000:
+            del self._held[next(iter(self._held))]
         old = self.runners.get(task.id)
         if old is not None:
             # We claimed it again (our lease had lapsed), so the old runner's
@@ -252,18 +292,22 @@ class Worker:
 
     async def _presence(self) -> None:
         """Record the agents served here (presence.py); now and then, block tasks
-        that waited `missing_agent_grace` for an agent no live worker serves."""
+        that waited `missing_agent_grace` for an agent no live worker serves.
+
+        The record is renewed every few seconds (not at every heartbeat: it is one
+        more write) and lasts three renewals, so a missed one or two change nothing."""
+        every = min(max(self.heartbeat, 5.0), max(self.missing_agent_grace / 4, 0.05))
         swept = 0.0
         loop = asyncio.get_running_loop()
         while True:
             try:
-                await announce(self.store, self.id, self.agents, self.lease_ttl)
+                await announce(self.store, self.id, self.agents, 3 * every)
                 if loop.time() - swept >= self.missing_agent_grace / 4:
                     swept = loop.time()
                     await block_unserved(self.store, self.agents, self.missing_agent_grace)
             except StoreError as exc:
                 log.warning("recording this worker's agents failed: %s", exc)
-            await asyncio.sleep(min(self.heartbeat, self.missing_agent_grace / 4))
+            await asyncio.sleep(every)
 
     # --- leases and control ---
 
