@@ -30,12 +30,12 @@ from duragent.runtime.agent import Agent
 from duragent.runtime.calls import Outcome, describe, parse_dt, render, run_call
 from duragent.runtime.context import SleepUntil, SpawnSubtask, WaitForInput
 from duragent.runtime.log import (
-    ROLLED_BACK,
     RoundState,
     api_entry,
     notice,
     read_round,
     result_entries,
+    rollback,
     ui_entry,
     wait_entry,
     wait_reason,
@@ -729,64 +729,15 @@ class TaskRunner:
     async def _roll_back_round(
         self, r: int, entries: list[NewEntry], patch: dict[str, Any]
     ) -> list[str]:
-        """Add to `entries` what voids round r's API entries; UI entries are never voided.
-
-        A call the model must not repeat stays in the model's view: a never-replay
-        call that has its result (it ran, or ran and was cut short), or one that
-        spawned a sub-task still running. If there is any, the assistant message
-        and those results are kept, every other call's result is voided and
-        answered anew with ROLLED_BACK (each call keeps exactly one result in the
-        model's view), and the round closes when all are answered. If there is
-        none, the whole round is voided and the model is asked it again.
-        Returns the names of the calls kept.
-        """
-        tid = self.task.id
-        rs = read_round(await self.store.entries(tid, after_seq=self.task.round_seq), r)
-        # `entries` are not committed yet: they get the next seqs, in order.
-        result_seqs = dict(rs.result_seqs)
-        for i, e in enumerate(entries):
-            if e.kind is EntryKind.TOOL_RESULT and e.round == r:
-                result_seqs[e.payload["tool_call_id"]] = self.task.last_seq + 1 + i
-        calls = (
-            [c for c in (rs.assistant.tool_calls or []) if c.id in rs.intents]
-            if (rs.assistant is not None)
-            else []
-        )
-        open_children = {c for c, w in rs.open_waits.items() if w["wait"] == "subtask"}
-        keep = [
-            c
-            for c in calls
-            if rs.intents[c.id].get("replay") != "safe"
-            and (c.id in result_seqs or c.id in open_children)
-        ]
-        if not keep:
-            marker = {
-                "scope": "api",
-                "from_seq": min(self._round_api_seqs),
-                "to_seq": self.task.last_seq + len(entries),
-                "reason": "paused with rollback",
-            }
-            entries.append(NewEntry(task_id=tid, kind=EntryKind.ROLLBACK, round=r, payload=marker))
-            return []
-        kept_ids = {c.id for c in keep}
-        for c in calls:
-            if c.id in kept_ids:
-                continue
-            seq = result_seqs.get(c.id)
-            if seq is not None:
-                marker = {
-                    "scope": "api",
-                    "from_seq": seq,
-                    "to_seq": seq,
-                    "reason": "paused with rollback",
-                }
-                entries.append(
-                    NewEntry(task_id=tid, kind=EntryKind.ROLLBACK, round=r, payload=marker)
-                )
-            entries += result_entries(tid, r, c.id, ROLLED_BACK, "rolled_back")
-        if all(c.id in result_seqs for c in keep):
-            patch["iterations"] = r  # every call is answered: the round is closed
-        return [f"{c.function.name} ({c.id})" for c in keep]
+        """Add to `entries` what takes round r out of the model's view (log.rollback);
+        returns the calls kept in it, by name."""
+        rs = read_round(await self.store.entries(self.task.id, after_seq=self.task.round_seq), r)
+        first, last = min(self._round_api_seqs), self.task.last_seq
+        plan = rollback(self.task.id, rs, first, last, entries, "paused with rollback")
+        entries += plan.entries
+        if plan.closes_round:
+            patch["iterations"] = r
+        return [f"{c.function.name} ({c.id})" for c in plan.kept]
 
     async def _finish(
         self,
