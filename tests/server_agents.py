@@ -10,7 +10,7 @@ import json
 import os
 from typing import Any
 
-from duragent import Agent, ScriptedModel, ToolCall, ToolContext, Turn, tool
+from duragent import Agent, ModelError, ScriptedModel, ToolCall, ToolContext, Turn, tool
 from duragent.types import ToolMessage, UserMessage
 
 # Streaming speed: seconds between chunks (the browser test wants several seconds of text).
@@ -73,6 +73,40 @@ def notebook() -> Agent:
     )
 
 
+@tool(replay="safe")
+async def hold(gate: str) -> str:
+    """Wait until the test opens the gate (a file named `gate` in DURAGENT_TEST_GATES)."""
+    path = os.path.join(os.environ.get("DURAGENT_TEST_GATES", "."), gate)
+    while not os.path.exists(path):
+        await asyncio.sleep(0.02)
+    return f"gate {gate} opened"
+
+
+def hold_at_the_gate(messages: list[object]) -> object:
+    gate = next(str(m.content) for m in messages if getattr(m, "role", "") == "user")  # type: ignore[attr-defined]
+    if not any(getattr(m, "role", "") == "assistant" for m in messages):
+        return Turn(
+            text="Holding on until the gate opens.", tool_calls=[ToolCall("hold", {"gate": gate})]
+        )
+    return "Through the gate."
+
+
+_FAILED_ONCE: set[str] = set()
+
+
+def fail_once(messages: list[object]) -> object:
+    """Fails the task the first time its input (which must start "fail") is seen, with
+    an error the model gives up on; the retry of the same task then completes."""
+    first = next(str(m.content) for m in messages if getattr(m, "role", "") == "user")  # type: ignore[attr-defined]
+    done = sum(1 for m in messages if getattr(m, "role", "") == "assistant")
+    if done == 0:
+        return [ToolCall("lookup", {"topic": "retries"})]
+    if first.startswith("fail") and first not in _FAILED_ONCE:
+        _FAILED_ONCE.add(first)
+        raise ModelError("the provider refused the request (scripted failure)")
+    return "Done after a retry."
+
+
 def agents() -> list[Agent]:
     return [
         Agent(name="quick", model=ScriptedModel(["Hello from quick."]), plan_tool=False),
@@ -112,6 +146,15 @@ def agents() -> list[Agent]:
             ),
             ask_user_tool=True,
             plan_tool=False,
+        ),
+        Agent(name="flaky", model=ScriptedModel(fail_once), tools=[lookup], plan_tool=False),
+        Agent(
+            # A pause waits 0.5 s for its held tool, then cancels it.
+            name="holder",
+            model=ScriptedModel(hold_at_the_gate),
+            tools=[hold],
+            plan_tool=False,
+            tool_grace=0.5,
         ),
         Agent(
             name="parent",

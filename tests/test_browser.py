@@ -33,12 +33,19 @@ expect = sync_api.expect
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def gates(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the `holder` agent's tool waits for the test to create its gate file."""
+    return tmp_path_factory.mktemp("gates")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, gates: Path) -> Iterator[LiveServer]:
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium")
     tmp = tmp_path_factory.mktemp("browser")
     # Text streams slowly enough to watch it, reload and pause in the middle.
-    with live_server(tmp, workers=4, env=child_env(DURAGENT_TEST_CHUNK_DELAY="0.08")) as s:
+    env = child_env(DURAGENT_TEST_CHUNK_DELAY="0.08", DURAGENT_TEST_GATES=str(gates))
+    with live_server(tmp, workers=4, env=env) as s:
         yield s
 
 
@@ -225,3 +232,42 @@ def test_token_stays_in_the_tab_not_in_local_storage(page: Page, server: LiveSer
     other.close()
     # The page runs under its Content-Security-Policy without a violation.
     assert violations == []
+
+
+def test_a_rolled_back_round_stays_visible_marked_as_voided(
+    page: Page, server: LiveServer, gates: Path
+) -> None:
+    sign_in(page, server)
+    start_task(page, "holder", "gate-rollback")
+    card = page.locator('.tool-card:has(.tool-name:text("hold"))')
+    expect(card).to_have_attribute("data-state", "running")
+    page.click("#rollback")  # the held tool is cancelled after the agent's grace period
+    expect(status(page)).to_have_attribute("data-status", "paused")
+    # The round is out of the model's view, not off the page: marked, still there.
+    expect(page.locator(".bubble.assistant.voided")).to_have_count(1)
+    expect(card).to_have_attribute("data-voided", "")
+    expect(card.locator(".voided-label")).to_have_text("rolled back")
+    expect(page.locator(".notice").last).to_have_text("Paused (incomplete round rolled back).")
+    shot(page, "09-rolled-back")
+    (gates / "gate-rollback").write_text("open")  # the redone round goes through
+    page.click("#resume")
+    expect(status(page)).to_have_attribute("data-status", "completed")
+    # The model redid the round: a new card, not marked; the old one still marked.
+    expect(page.locator(".tool-card:not(.voided)")).to_have_count(1)
+    expect(page.locator(".tool-card.voided")).to_have_count(1)
+    expect(page.locator(".bubble.assistant").last).to_contain_text("Through the gate.")
+
+
+def test_retry_a_failed_task_from_the_page(page: Page, server: LiveServer) -> None:
+    sign_in(page, server, "bob")
+    start_task(page, "flaky", "fail-from-the-page")
+    expect(status(page)).to_have_attribute("data-status", "failed")
+    expect(page.locator("#task-error")).to_contain_text("scripted failure")
+    expect(page.locator("#retry")).to_be_visible()
+    shot(page, "10-failed")
+    page.click("#retry")
+    expect(status(page)).to_have_attribute("data-status", "completed")
+    expect(page.locator(".notice", has_text="Retried after the failure")).to_be_visible()
+    expect(page.locator(".bubble.assistant").last).to_contain_text("Done after a retry.")
+    expect(page.locator("#retry")).to_be_hidden()
+    expect(page.locator("#task-error")).to_be_hidden()

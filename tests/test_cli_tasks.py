@@ -80,6 +80,8 @@ def worker(url: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
         "0.1",
         "--lease-ttl",
         "3",
+        "--missing-agent-grace",
+        "0.5",
         log=tmp_path / "worker.log",
     )
     yield proc
@@ -170,6 +172,50 @@ def test_pause_resume_abort_a_task_another_process_runs(
     assert code == 1 and "cannot go from 'aborted'" in out
     code, out = cli("pause", tid, "--store", url)
     assert code == 1 and "'aborted'" in out
+
+
+async def _submit_input(url: str, agent: str, text: str) -> str:
+    async with Runtime(url, agents(), run_worker=False) as rt:
+        return (await rt.submit(agent, text, owner="alice")).task_id
+
+
+def test_retry_a_failed_task_another_process_runs(
+    url: str, worker: subprocess.Popen[bytes]
+) -> None:
+    tid = asyncio.run(_submit_input(url, "flaky", "fail-cli"))
+    failed = wait(url, tid, lambda t: t.status.terminal)
+    assert failed.status is TaskStatus.FAILED
+    code, out = cli("retry", tid, "--store", url)
+    assert code == 0, out
+    assert f"task {tid} is pending" in out
+    done = wait(url, tid, lambda t: t.status.terminal)  # the worker process continues it
+    assert done.status is TaskStatus.COMPLETED and done.iterations == 2
+    code, out = cli("show", tid, "--store", url)
+    assert "Retried after the failure" in out
+    code, out = cli("retry", tid, "--store", url)
+    assert code == 1 and "only a failed task can be retried" in out
+
+
+def test_a_task_for_an_agent_no_worker_knows_shows_blocked(
+    url: str, worker: subprocess.Popen[bytes]
+) -> None:
+    from duragent import Agent
+    from duragent.runtime.submit import new_task
+
+    async def orphan() -> str:
+        store = open_store(url)
+        try:
+            task, first = new_task(Agent(name="ghost", model="scripted:none"), "boo")
+            return (await store.create_task(task, [first]))[0].id
+        finally:
+            await store.close()
+
+    tid = asyncio.run(orphan())
+    blocked = wait(url, tid, lambda t: t.status is TaskStatus.BLOCKED)
+    assert blocked.status_reason == "missing_definition"
+    code, out = cli("show", tid, "--store", url)
+    assert code == 0 and "blocked (missing_definition)" in out
+    assert "no running worker knows agent 'ghost'" in out
 
 
 async def _with_document(url: str, tid: str) -> None:

@@ -23,7 +23,8 @@ from duragent import (
 )
 from duragent.errors import MalformedModelOutput, ModelError, RetryableModelError, UnknownAgent
 from duragent.llm.base import Finish, ModelRequest, StreamEvent, TextDelta, UsageDelta
-from duragent.types import AssistantMessage, EntryKind, ToolMessage, UIText, UIToolCard
+from duragent.store.base import Store
+from duragent.types import AssistantMessage, EntryKind, ToolMessage, UIToolCard
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -233,19 +234,14 @@ async def test_pause_mid_tool_lets_it_finish_then_resume(url: str, rollback: boo
         assert paused.status is TaskStatus.PAUSED
         view = await rt.model_view(sub.task_id)
         ui = await rt.ui_messages(sub.task_id)
-        if rollback:
-            assert [type(m).__name__ for m in view] == ["UserMessage"]
-            # UI keeps the rolled-back round: its text and its finished tool card.
-            assert any(isinstance(m, UIText) and m.text == "working" for m in ui)
-            assert any(isinstance(m, UIToolCard) and m.state == "ok" for m in ui)
-        else:
-            assert tool_messages(view) == ["slow 1 done"]
+        # `slow` is never-replay and finished within the grace period: a rollback
+        # keeps its call and result in the model's view, so it is not run again.
+        assert tool_messages(view) == ["slow 1 done"]
+        assert any(isinstance(m, UIToolCard) and m.state == "ok" for m in ui)
         await rt.resume(sub.task_id)
         done = await sub.wait(10)
         assert done.status is TaskStatus.COMPLETED and done.output == "all done"
-        assert runs == (
-            [1, 1] if rollback else [1]
-        )  # rollback redoes the round: the model asked again
+        assert runs == [1]
 
 
 async def test_pause_past_the_grace_period_interrupts_the_tool(url: str) -> None:
@@ -362,10 +358,7 @@ async def test_tool_context_state_documents_and_steps(url: str) -> None:
         assert steps.completed[1].thought == "Remembering."
         assert steps.completed[1].actions[0]["observation"] == "noted"
         assert steps.pending == ["answer"] and steps.output == "The sky is blue."
-    assert statuses == [("pending", "running"), ("running", "completed")] or statuses[-1] == (
-        "running",
-        "completed",
-    )
+    assert statuses == [("pending", "running"), ("running", "completed")]
 
 
 class FlakyModel:
@@ -514,3 +507,97 @@ async def test_pause_cuts_a_retry_back_off_short(url: str) -> None:
         assert paused.status is TaskStatus.PAUSED
         await rt.resume(sub.task_id)
         assert (await sub.wait(10)).output == "after the pause"
+
+
+async def test_rollback_keeps_completed_never_replay_results_and_voids_the_rest(
+    store: Store,
+) -> None:
+    """A round with a never-replay call that completed and a replay-safe one:
+    pause with rollback keeps the assistant message and the never-replay result,
+    voids the safe call's result and answers it "rolled back"; the model, asked
+    again, sees what was done and is not led to repeat it."""
+    release = asyncio.Event()
+    notes: list[str] = []
+    asked: list[list[Any]] = []
+
+    @tool
+    async def write_note(text: str) -> str:
+        """Write a note (a side effect)."""
+        notes.append(text)
+        return f"note {text!r} written"
+
+    @tool(replay="safe")
+    async def fetch(url: str) -> str:
+        """Fetch a page (held open by the test)."""
+        await release.wait()
+        return "page text"
+
+    def script(messages: list[Any]) -> Any:
+        asked.append(list(messages))
+        if not any(isinstance(m, AssistantMessage) for m in messages):
+            return [ToolCall("write_note", {"text": "hi"}), ToolCall("fetch", {"url": "x"})]
+        return "done"
+
+    agent = Agent(name="a", model=ScriptedModel(script), tools=[write_note, fetch], tool_grace=10)
+    async with Runtime(store, agents=[agent]) as rt:
+        sub = await rt.submit("a", "go")
+        await wait_for_entry(rt, sub.task_id, EntryKind.TOOL_RESULT)  # write_note's result
+        pausing = asyncio.ensure_future(rt.pause(sub.task_id, rollback=True))
+        await asyncio.sleep(0.05)
+        release.set()
+        paused = await asyncio.wait_for(pausing, 10)
+        assert paused.status is TaskStatus.PAUSED and paused.iterations == 1  # round closed
+        view = await rt.model_view(sub.task_id)
+        ui = await rt.ui_messages(sub.task_id)
+        await rt.resume(sub.task_id)
+        done = await sub.wait(10)
+    assert [type(m).__name__ for m in view] == [
+        "UserMessage",
+        "AssistantMessage",
+        "ToolMessage",
+        "ToolMessage",
+    ]
+    assert tool_messages(view)[0] == "note 'hi' written"
+    assert tool_messages(view)[1].startswith("Rolled back")
+    # Every call of the kept assistant message has exactly one result in the view.
+    calls = [c.id for c in view[1].tool_calls]  # type: ignore[union-attr]
+    assert sorted(m.tool_call_id for m in view if isinstance(m, ToolMessage)) == sorted(calls)
+    assert done.status is TaskStatus.COMPLETED and notes == ["hi"]
+    assert "note 'hi' written" in [getattr(m, "content", None) for m in asked[-1]]
+    cards = {m.name: m for m in ui if isinstance(m, UIToolCard)}
+    assert cards["write_note"].state == "ok" and cards["fetch"].state == "rolled_back"
+    assert not any(getattr(m, "voided", False) for m in ui)  # nothing of the round vanished
+    notices = [m.message for m in ui if type(m).__name__ == "UINotice"]
+    assert any("Kept, as they are never replayed, the results of: write_note" in n for n in notices)
+
+
+async def test_rollback_of_a_round_of_replay_safe_calls_voids_it_and_marks_it(url: str) -> None:
+    release = asyncio.Event()
+    runs: list[str] = []
+
+    @tool(replay="safe")
+    async def fetch(url: str) -> str:
+        """Fetch a page (held open by the test)."""
+        runs.append(url)
+        await release.wait()
+        return "page text"
+
+    model = ScriptedModel(
+        [Turn(text="fetching", tool_calls=[ToolCall("fetch", {"url": "x"})]), "ok"]
+    )
+    agent = Agent(name="a", model=model, tools=[fetch], tool_grace=10)
+    async with Runtime(url, agents=[agent]) as rt:
+        sub = await rt.submit("a", "go")
+        await wait_for_entry(rt, sub.task_id, EntryKind.TOOL_INTENT)
+        pausing = asyncio.ensure_future(rt.pause(sub.task_id, rollback=True))
+        await asyncio.sleep(0.05)
+        release.set()
+        await asyncio.wait_for(pausing, 10)
+        view = await rt.model_view(sub.task_id)
+        ui = await rt.ui_messages(sub.task_id)
+        await rt.resume(sub.task_id)
+        done = await sub.wait(10)
+    assert [type(m).__name__ for m in view] == ["UserMessage"]  # the model redoes the round
+    voided = [m for m in ui if getattr(m, "voided", False)]
+    assert [type(m).__name__ for m in voided] == ["UIText", "UIToolCard"]  # marked, still there
+    assert done.status is TaskStatus.COMPLETED and runs == ["x", "x"]

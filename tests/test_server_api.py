@@ -246,6 +246,37 @@ async def test_pause_resume_abort_and_invalid_transitions(
     assert_problem(r, 422, "Validation error")
 
 
+async def test_retry_a_failed_task_continues_it(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    h = auth("alice")
+    r = await client.post("/v1/tasks", json={"agent": "flaky", "input": "fail-api"}, headers=h)
+    tid = r.json()["id"]
+    failed = await wait_for(runtime, tid, TaskStatus.FAILED)
+    assert "scripted failure" in (failed.error or "")
+    r = await client.post(f"/v1/tasks/{tid}/retry", headers=h)
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] in ("pending", "running", "completed") and r.json()["error"] is None
+    done = await wait_for(runtime, tid, TaskStatus.COMPLETED)
+    assert done.output == "Done after a retry." and done.iterations == 2
+    body = assert_problem(
+        await client.post(f"/v1/tasks/{tid}/retry", headers=h), 409, "Invalid status transition"
+    )
+    assert "only a failed task can be retried" in body["detail"]
+
+
+async def test_a_request_id_reused_with_another_input_is_409(client: httpx.AsyncClient) -> None:
+    h = auth("alice")
+    body = {"agent": "quick", "input": "one", "request_id": "r-dup"}
+    first = await client.post("/v1/tasks", json=body, headers=h)
+    again = await client.post("/v1/tasks", json=body, headers=h)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json()["id"] == first.json()["id"]
+    r = await client.post("/v1/tasks", json={**body, "input": "two"}, headers=h)
+    problem = assert_problem(r, 409, "Request id already used")
+    assert "'r-dup'" in problem["detail"] and first.json()["id"] in problem["detail"]
+
+
 async def test_approve_and_deny_tool_calls(client: httpx.AsyncClient, runtime: Runtime) -> None:
     h = auth("alice")
     approved, denied = await start(client, "approver"), await start(client, "approver")
@@ -302,7 +333,17 @@ async def test_answer_a_question(client: httpx.AsyncClient, runtime: Runtime) ->
 async def test_agents_lists_tools_and_replay_policies(client: httpx.AsyncClient) -> None:
     r = await client.get("/v1/agents", headers=auth("bob"))
     found = {a["name"]: a for a in r.json()["agents"]}
-    assert set(found) == {"quick", "streamer", "slow", "approver", "asker", "parent", "notebook"}
+    assert set(found) == {
+        "quick",
+        "streamer",
+        "slow",
+        "approver",
+        "asker",
+        "parent",
+        "notebook",
+        "flaky",
+        "holder",
+    }
     (lookup,) = found["streamer"]["tools"]
     assert lookup["name"] == "lookup" and lookup["replay"] == "safe"
     assert lookup["requires_approval"] is False
@@ -347,7 +388,7 @@ async def test_another_users_task_is_404_exactly_like_a_missing_one(
     names = {p.rsplit("/", 1)[-1] for _, p in routes}
     # A new route taking a task id must be added to this matrix (and the page).
     expected = {"{task_id}", "messages", "entries", "steps", "tree", "events"}
-    assert names == expected | {"pause", "resume", "abort", "respond"}
+    assert names == expected | {"pause", "resume", "abort", "respond", "retry"}
     alice_task = await start(client, "approver")
     await wait_for(runtime, alice_task, TaskStatus.WAITING)
     before = await runtime.get(alice_task)

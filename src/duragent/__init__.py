@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from duragent.errors import (
     Conflict,
+    DuplicateRequest,
     DuragentError,
     InvalidTransition,
+    InvalidValue,
     ModelError,
     StaleLease,
     StoreCorrupt,
@@ -56,10 +58,12 @@ __all__ = [
     "Commit",
     "Conflict",
     "Document",
+    "DuplicateRequest",
     "DuragentError",
     "Entry",
     "EntryKind",
     "InvalidTransition",
+    "InvalidValue",
     "ModelError",
     "ModelRequest",
     "NewEntry",

@@ -282,6 +282,18 @@ def resume(task_id: str = typer.Argument(..., help="The task's id."), store: str
 
 
 @app.command()
+def retry(task_id: str = typer.Argument(..., help="The task's id."), store: str = STORE) -> None:
+    """Continue a failed task from its last commit; a worker picks it up."""
+
+    async def go() -> Task:
+        async with _runtime(store) as rt:
+            return await rt.retry(task_id)
+
+    task = _run(go)
+    _console().print(f"task {task.id} is {_status(task)}; a worker will continue it")
+
+
+@app.command()
 def abort(
     task_id: str = typer.Argument(..., help="The task's id."),
     store: str = STORE,

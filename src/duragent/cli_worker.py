@@ -70,6 +70,11 @@ def worker(
     lease_ttl: float = typer.Option(30.0, help="Seconds a lease lasts without renewal."),
     poll_interval: float = typer.Option(0.5, help="Seconds between looks for new work."),
     worker_id: str | None = typer.Option(None, help="Name of this worker (default host:pid)."),
+    missing_agent_grace: float = typer.Option(
+        60.0,
+        help="Seconds a task may wait for an agent no running worker knows before it is "
+        "blocked (missing_definition).",
+    ),
 ) -> None:
     """Claim and run tasks until SIGTERM (then stop at a safe point and hand them back)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -81,5 +86,6 @@ def worker(
             lease_ttl=lease_ttl,
             poll_interval=poll_interval,
             worker_id=worker_id,
+            missing_agent_grace=missing_agent_grace,
         )
     )

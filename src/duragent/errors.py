@@ -51,6 +51,19 @@ class InvalidValue(UsageError):
         super().__init__(message)
 
 
+class DuplicateRequest(UsageError):
+    """A submission reused a request_id of the same owner with a different input."""
+
+    def __init__(self, request_id: str, task_id: str) -> None:
+        self.request_id = request_id
+        self.task_id = task_id
+        super().__init__(
+            f"request_id {request_id!r} already started task {task_id!r} with another agent "
+            "or input; use a new request_id for a new task (the same request_id with the same "
+            "input returns the existing task)"
+        )
+
+
 class MissingExtra(UsageError):
     def __init__(self, what: str, extra: str) -> None:
         super().__init__(f"{what} needs an optional extra: pip install 'duragent[{extra}]'")
@@ -143,6 +156,11 @@ class StoreNotFound(StoreError):
 
     def __reduce__(self) -> tuple[type[StoreNotFound], tuple[str, str]]:
         return (type(self), (self.directory, self.hint))
+
+
+class CommitOutcomeUnknown(StoreUnavailable):
+    """The connection was lost while the commit was in flight: it may or may not
+    have been applied. Re-read what it wrote to find out; never apply it again blind."""
 
 
 # --- models -----------------------------------------------------------------

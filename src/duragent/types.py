@@ -79,7 +79,7 @@ TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
     _S.WAITING: frozenset({_S.WAITING, _S.PENDING, _S.RUNNING, _S.PAUSED, _S.ABORTED, _S.FAILED}),
     _S.BLOCKED: frozenset({_S.PENDING, _S.ABORTED}),
     _S.COMPLETED: frozenset(),
-    _S.FAILED: frozenset(),
+    _S.FAILED: frozenset({_S.PENDING}),  # retry: continue from the last commit
     _S.ABORTED: frozenset(),
 }
 
@@ -283,6 +283,7 @@ class UIText(BaseModel):
     type: Literal["text"] = "text"
     role: Literal["user", "assistant", "system"] = "assistant"
     text: str
+    voided: bool = False  # part of a round a rollback took out of the model's view
 
 
 class UIToolCard(BaseModel):
@@ -290,8 +291,11 @@ class UIToolCard(BaseModel):
     call_id: str
     name: str
     arguments: dict[str, JSON] = Field(default_factory=dict)
-    state: Literal["intent", "running", "ok", "error", "interrupted", "waiting"] = "intent"
+    state: Literal["intent", "running", "ok", "error", "interrupted", "waiting", "rolled_back"] = (
+        "intent"
+    )
     result: str | None = None
+    voided: bool = False  # the call's round was rolled back out of the model's view
 
 
 class UIError(BaseModel):

@@ -17,7 +17,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from duragent.errors import Conflict, ModelError, StaleLease
+from duragent.errors import (
+    Conflict,
+    ModelError,
+    StaleLease,
+    StoreError,
+    StoreUnavailable,
+    TaskNotFound,
+)
 from duragent.llm.base import ModelRequest, ResponseAssembler, TextDelta
 from duragent.runtime.agent import Agent
 from duragent.runtime.calls import Outcome, describe, parse_dt, render, run_call
@@ -28,6 +35,7 @@ from duragent.runtime.log import (
     notice,
     read_round,
     result_entries,
+    rollback,
     ui_entry,
     wait_entry,
     wait_reason,
@@ -39,6 +47,7 @@ from duragent.store.base import Commit, CommitResult, DocumentWrite, Store, Task
 from duragent.types import (
     ApiMessage,
     BlockReason,
+    Entry,
     EntryKind,
     NewEntry,
     SystemMessage,
@@ -128,6 +137,9 @@ class TaskRunner:
         self._round_api_seqs: list[int] = []
         self._round_progress: list[int] = []
         self._tool_progress_at: dict[str, float] = {}
+        # How long a runner ended by a store error keeps trying to hand its
+        # task back before leaving it to the lease (renewed meanwhile).
+        self.release_patience = 30.0
 
     # --- control from outside ---
 
@@ -226,13 +238,55 @@ class TaskRunner:
             log.warning("task %s abandoned: %s", self.task.id, exc)
         except asyncio.CancelledError:
             raise
+        except StoreError as exc:
+            await self._end_on_store_error(exc)
         except Exception as exc:
             log.exception("task %s failed", self.task.id)
-            with contextlib.suppress(Abandoned):
+            try:
                 await self._finish(TaskStatus.FAILED, error=describe(exc))
+            except Abandoned:
+                pass
+            except StoreError as store_exc:
+                await self._end_on_store_error(store_exc)
         finally:
             await self.state.close()
         return self.task
+
+    async def _end_on_store_error(self, exc: StoreError) -> None:
+        """A store error ends the runner, never the task (DESIGN §9).
+
+        What this runner knows in memory may be wrong now (a commit whose
+        connection was lost may or may not have landed), so it writes nothing
+        more of the task: the next owner rebuilds the round from the log by the
+        recovery table. A transient error (connection lost, disk full, busy,
+        a conflict) hands the task back to the queue as soon as the store
+        takes a write again, so no restart is counted; any other store error
+        (data the store refuses, a damaged file) leaves the lease to expire,
+        so a task that hits it every time ends blocked(restart_limit) rather
+        than crash-looping.
+        """
+        await self.state.close()  # no background save may race the hand-back
+        if not isinstance(exc, StoreUnavailable | Conflict):
+            log.error("task %s: store error, leaving it to its lease: %s", self.task.id, exc)
+            return
+        log.warning("task %s: store error, handing it back: %s", self.task.id, exc)
+        delay, deadline = 0.05, time.monotonic() + self.release_patience
+        while True:
+            try:
+                await self.store.release_lease(self.task.id, self.epoch)
+                return
+            except (StaleLease, TaskNotFound):
+                return  # someone else owns it already: nothing to hand back
+            except StoreError as again:
+                if time.monotonic() + delay > deadline:
+                    log.warning(
+                        "task %s: could not hand it back (%s); its lease will expire",
+                        self.task.id,
+                        again,
+                    )
+                    return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     async def trace_point(self, point: str, **info: Any) -> None:
         if self.trace is not None:
@@ -254,6 +308,8 @@ class TaskRunner:
 
     async def _start(self) -> None:
         t = self.task
+        entries = await self.store.entries(t.id, after_seq=t.round_seq)
+        self._report_claim(entries)
         if t.restarts > self.agent.max_restarts:
             await self._block(
                 BlockReason.RESTART_LIMIT,
@@ -262,8 +318,19 @@ class TaskRunner:
             )
             return
         self.view = await self.store.model_view(t.id)
-        entries = await self.store.entries(t.id, after_seq=t.round_seq)
         await self._recover(read_round(entries, t.iterations + 1))
+
+    def _report_claim(self, entries: Sequence[Entry]) -> None:
+        """The claim that started this runner changed the status in the store, not
+        through a commit of ours: report it (pending -> running, say) all the same."""
+        if self.on_status is None or self.detached:
+            return
+        for e in reversed(entries):
+            if e.kind is EntryKind.STATUS and e.payload.get("epoch") == self.epoch:
+                old = TaskStatus(e.payload["from"])
+                if old is not TaskStatus.RUNNING:  # a takeover is no change of status
+                    self.on_status(self.task, old, TaskStatus.RUNNING)
+                return
 
     async def _recover(self, rs: RoundState) -> None:
         """Bring an interrupted round to a state the loop can continue from (DESIGN §3)."""
@@ -470,18 +537,26 @@ class TaskRunner:
         suspended: dict[str, Outcome] = {}
 
         committing: dict[str, asyncio.Future[None]] = {}
+        # One result commit at a time, so "is this the last result?" is decided
+        # from results known to be stored: a failed commit must never let a
+        # sibling's commit close the round with this call unanswered.
+        one_at_a_time = asyncio.Lock()
 
         async def finish(out: Outcome) -> None:
             if out.suspend is not None:
                 suspended[out.call_id] = out
                 return
-            remaining.discard(out.call_id)
-            # The last result closes the round (a suspended call keeps it open),
-            # unless a pause with rollback is waiting to undo this very round.
-            rolling_back = self.control is not None and self.control.rollback
-            patch = None if remaining or rolling_back else {"iterations": r}
-            entries = result_entries(self.task.id, r, out.call_id, out.content or "", out.outcome)
-            res = await self.commit(entries, patch, documents=out.documents)
+            async with one_at_a_time:
+                # The last result closes the round (a suspended call keeps it open),
+                # unless a pause with rollback is waiting to undo this very round.
+                rolling_back = self.control is not None and self.control.rollback
+                last = remaining <= {out.call_id}
+                patch = {"iterations": r} if last and not rolling_back else None
+                entries = result_entries(
+                    self.task.id, r, out.call_id, out.content or "", out.outcome
+                )
+                res = await self.commit(entries, patch, documents=out.documents)
+                remaining.discard(out.call_id)
             self._round_api_seqs.append(res.entries[0].seq)
             self.view.append(ToolMessage(tool_call_id=out.call_id, content=out.content or ""))
             await self.trace_point("result", call_id=out.call_id, outcome=out.outcome)
@@ -522,6 +597,13 @@ class TaskRunner:
                 if stopper in done and pending_jobs:
                     await self._stop_tools(r, pending_jobs, jobs, committing)
                     return
+        except BaseException:
+            # The runner ends (lost lease, store error): no tool of it may go on
+            # running and committing behind its back; the log decides their fate.
+            for job in pending_jobs:
+                job.cancel()
+            await asyncio.gather(*jobs, *committing.values(), return_exceptions=True)
+            raise
         finally:
             stopper.cancel()
             # Leaving early (the runner was cancelled: its lease is lost; or a
@@ -641,26 +723,33 @@ class TaskRunner:
                 TaskStatus.ABORTED, entries=entries, error=control.reason or "aborted"
             )
             return
+        patch: dict[str, Any] = {"status": TaskStatus.PAUSED, "control": None}
+        kept: list[str] = []
         if control.rollback:
             if self._round_progress:
                 entries.append(self._void_progress(r, "paused with rollback"))
             if self._round_api_seqs and self.task.iterations < self._round_no:
-                # Void the incomplete round's API entries; UI entries are never voided.
-                marker = {
-                    "scope": "api",
-                    "from_seq": min(self._round_api_seqs),
-                    "to_seq": self.task.last_seq + len(entries),
-                    "reason": "paused with rollback",
-                }
-                entries.append(
-                    NewEntry(task_id=tid, kind=EntryKind.ROLLBACK, round=r, payload=marker)
-                )
-        entries.append(
-            notice(
-                tid, r, "Paused" + (" (incomplete round rolled back)." if control.rollback else ".")
-            )
-        )
-        await self.commit(entries, {"status": TaskStatus.PAUSED, "control": None})
+                kept = await self._roll_back_round(r, entries, patch)
+        text = "Paused."
+        if control.rollback:
+            text = "Paused (incomplete round rolled back)."
+        if kept:
+            text += f" Kept, as they are never replayed, the results of: {', '.join(kept)}."
+        entries.append(notice(tid, r, text))
+        await self.commit(entries, patch)
+
+    async def _roll_back_round(
+        self, r: int, entries: list[NewEntry], patch: dict[str, Any]
+    ) -> list[str]:
+        """Add to `entries` what takes round r out of the model's view (log.rollback);
+        returns the calls kept in it, by name."""
+        rs = read_round(await self.store.entries(self.task.id, after_seq=self.task.round_seq), r)
+        first, last = min(self._round_api_seqs), self.task.last_seq
+        plan = rollback(self.task.id, rs, first, last, entries, "paused with rollback")
+        entries += plan.entries
+        if plan.closes_round:
+            patch["iterations"] = r
+        return [f"{c.function.name} ({c.id})" for c in plan.kept]
 
     async def _finish(
         self,

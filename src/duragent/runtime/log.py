@@ -16,12 +16,18 @@ from duragent.types import (
     Entry,
     EntryKind,
     NewEntry,
+    ToolCallData,
     ToolMessage,
     UIError,
     UINotice,
     UIText,
     UIToolCard,
     dump_message,
+)
+
+ROLLED_BACK = (
+    "Rolled back: the task was paused and this round rolled back, so this call's result "
+    "was discarded. Call it again if it is still needed."
 )
 
 INTERRUPTED = (
@@ -40,6 +46,7 @@ class RoundState:
     api_seqs: list[int] = field(default_factory=list)
     intents: dict[str, dict[str, Any]] = field(default_factory=dict)
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    result_seqs: dict[str, int] = field(default_factory=dict)
     waits: dict[str, dict[str, Any]] = field(default_factory=dict)
     decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
     progress_seqs: list[int] = field(default_factory=list)
@@ -94,6 +101,7 @@ def read_round(entries: Iterable[Entry], rnd: int) -> RoundState:
             st.intents[p["call_id"]] = p
         elif e.kind is EntryKind.TOOL_RESULT:
             st.results[p["tool_call_id"]] = p
+            st.result_seqs[p["tool_call_id"]] = e.seq
             st.api_seqs.append(e.seq)
         elif e.kind is EntryKind.CHECKPOINT and p.get("type") == "wait":
             st.waits[p["call_id"]] = p
@@ -166,3 +174,67 @@ def wait_reason(waits: dict[str, dict[str, Any]]) -> str:
         if kind in kinds:
             return reason
     return "timer"
+
+
+# --- rollback ------------------------------------------------------------------
+
+
+@dataclass
+class RollbackPlan:
+    entries: list[NewEntry]  # rollback markers and "rolled back" results, to append
+    kept: list[ToolCallData]  # calls that stay in the model's view
+    closes_round: bool  # every call of the round is answered after it
+
+
+def rollback(
+    task_id: str,
+    rs: RoundState,
+    first_seq: int,
+    last_seq: int,
+    pending: list[NewEntry],
+    reason: str,
+) -> RollbackPlan:
+    """What takes round `rs.round` out of the model's view; UI entries are never voided.
+
+    A call the model must not repeat stays in the model's view: a never-replay
+    call that has its result (it ran, or ran and was cut short), or one whose
+    sub-task is still running. If there is any, the assistant message and those
+    results are kept, every other call's result is voided and answered anew
+    with ROLLED_BACK (so each call keeps exactly one result in the view), and
+    the round closes once all are answered. If there is none, the round's API
+    entries from `first_seq` on are voided and the model is asked the round again.
+    `pending` are entries about to be committed after `last_seq`, in order.
+    """
+    r, tid = rs.round, task_id
+    result_seqs = dict(rs.result_seqs)
+    for i, e in enumerate(pending):
+        if e.kind is EntryKind.TOOL_RESULT and e.round == r:
+            result_seqs[e.payload["tool_call_id"]] = last_seq + 1 + i
+    calls = (
+        [c for c in (rs.assistant.tool_calls or []) if c.id in rs.intents]
+        if (rs.assistant is not None)
+        else []
+    )
+    children = {c for c, w in rs.open_waits.items() if w["wait"] == "subtask"}
+    kept = [
+        c
+        for c in calls
+        if rs.intents[c.id].get("replay") != "safe" and (c.id in result_seqs or c.id in children)
+    ]
+    if not kept:
+        return RollbackPlan([_void(tid, r, first_seq, last_seq + len(pending), reason)], [], False)
+    out: list[NewEntry] = []
+    kept_ids = {c.id for c in kept}
+    for c in calls:
+        if c.id in kept_ids:
+            continue
+        seq = result_seqs.get(c.id)
+        if seq is not None:
+            out.append(_void(tid, r, seq, seq, reason))
+        out += result_entries(tid, r, c.id, ROLLED_BACK, "rolled_back")
+    return RollbackPlan(out, kept, all(c.id in result_seqs for c in kept))
+
+
+def _void(task_id: str, rnd: int, from_seq: int, to_seq: int, reason: str) -> NewEntry:
+    payload = {"scope": "api", "from_seq": from_seq, "to_seq": to_seq, "reason": reason}
+    return NewEntry(task_id=task_id, kind=EntryKind.ROLLBACK, round=rnd, payload=payload)

@@ -9,10 +9,19 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from duragent.errors import Conflict, InvalidTransition, TaskNotFound, UnknownAgent, UsageError
+from pydantic_core import to_jsonable_python
+
+from duragent.errors import (
+    Conflict,
+    DuplicateRequest,
+    InvalidTransition,
+    TaskNotFound,
+    UnknownAgent,
+    UsageError,
+)
 from duragent.runtime.agent import Agent
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
-from duragent.runtime.log import api_entry
+from duragent.runtime.log import api_entry, notice
 from duragent.runtime.submit import new_task
 from duragent.runtime.views import Steps, build_steps, ui_view
 from duragent.runtime.waits import open_waits, resolution
@@ -46,6 +55,13 @@ class TaskTree:
     children: list[TaskTree] = field(default_factory=list)
 
 
+def same_request(stored: Task, asked: Task) -> bool:
+    """Whether a resubmission with a used request_id asks for the same task."""
+    return stored.agent == asked.agent and to_jsonable_python(stored.input) == to_jsonable_python(
+        asked.input
+    )
+
+
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in over.items():
@@ -61,6 +77,8 @@ class Runtime:
 
     With `run_worker=True` (the default) an in-process worker runs the tasks of
     the given agents; it starts on the first `submit`, `wait` or `resume()`.
+    A task that waits `missing_agent_grace` seconds (default 60) for an agent no
+    running worker knows becomes `blocked` with reason `missing_definition`.
     """
 
     def __init__(
@@ -75,6 +93,7 @@ class Runtime:
         worker_id: str | None = None,
         on_status_change: StatusHook | None = None,
         trace: TraceHook | None = None,
+        missing_agent_grace: float = 60.0,
     ) -> None:
         self.store: Store = (
             store if store is not None and not isinstance(store, str) else open_store(store)
@@ -90,6 +109,7 @@ class Runtime:
             "worker_id": worker_id,
             "on_status": on_status_change,
             "trace": trace,
+            "missing_agent_grace": missing_agent_grace,
         }
         self._worker_job: asyncio.Task[None] | None = None
 
@@ -169,6 +189,8 @@ class Runtime:
             entries = [api_entry(task.id, 0, m) for m in history] + entries
             task.config["continues_session"] = len(history)
         stored, created = await self.store.create_task(task, entries)
+        if not created and not same_request(stored, task):
+            raise DuplicateRequest(request_id or "", stored.id)
         self.start_worker()
         self._wake()
         return Submission(self, stored.id, created)
@@ -290,10 +312,11 @@ class Runtime:
     async def pause(self, task_id: str, rollback: bool = False, *, timeout: float = 60.0) -> Task:
         """Stop at the next safe point; returns once `paused` is committed.
 
-        With `rollback`, the API entries of the round in progress are voided (the
-        model will redo the round, so tools it calls again run again, whether or not
-        they finished during the grace period); UI entries are kept. Active
-        sub-tasks pause too.
+        With `rollback`, the round in progress is taken out of the model's view and
+        asked again, except what must not be repeated: if a never-replay call of the
+        round has a result (or a running sub-task), the assistant message and those
+        results stay, every other call is answered "rolled back", and the model goes
+        on from there. UI entries are kept (marked voided). Active sub-tasks pause too.
         """
         task = await self._stop(task_id, Control("pause", rollback), timeout)
         for child in await self._descendants(task_id, ACTIVE):
@@ -438,6 +461,44 @@ class Runtime:
                 )
         self._wake()
         return res.tasks[task_id]
+
+    async def retry(self, task_id: str, *, owner: str | None = None) -> Task:
+        """Continue a failed task from its last commit (DESIGN §9).
+
+        The completed rounds are kept; a notice records the retry; the next
+        worker recovers the round the failure interrupted by the same table as
+        after a crash (a call without a result is re-run only if replay-safe).
+        With `owner`, another owner's task is reported as not found.
+        """
+        for _ in range(10):
+            task = await self.get(task_id, owner=owner)
+            if task.status is not TaskStatus.FAILED:
+                raise InvalidTransition(
+                    task.status.value, "pending", "only a failed task can be retried"
+                )
+            why = f" ({task.error})" if task.error else ""
+            entry = notice(
+                task.id,
+                task.iterations + 1,
+                f"Retried after the failure{why}; continuing from the last commit.",
+            )
+            changes = {
+                "status": TaskStatus.PENDING,
+                "error": None,
+                "completed_at": None,
+                "control": None,
+            }
+            patch = TaskPatch(
+                task_id, changes, expect_status=[TaskStatus.FAILED], expect_version=task.version
+            )
+            try:
+                res = await self.store.commit(Commit(entries=[entry], patches=[patch]))
+            except Conflict:
+                continue  # retried by someone else at the same moment: look again
+            self.start_worker()
+            self._wake()
+            return res.tasks[task_id]
+        raise Conflict(f"task {task_id!r} kept changing while retrying it")
 
     async def respond(
         self,

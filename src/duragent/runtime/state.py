@@ -59,6 +59,11 @@ class DebouncedState:
         self._first_pending: float | None = None
         self._timer: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        # The loop that owns the timers. A sync tool runs in a thread and may
+        # call update() from there: its timer is scheduled on this loop.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        with contextlib.suppress(RuntimeError):
+            self._loop = asyncio.get_running_loop()
 
     def update(self, **changes: Any) -> None:
         old_status = self.state.get("status")
@@ -70,6 +75,16 @@ class DebouncedState:
 
     def _schedule(self) -> None:
         self.dirty = True
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a thread (a sync tool): schedule on the owning loop
+            if self._loop is None:
+                raise RuntimeError(
+                    "task state was updated from a thread before its event loop ran"
+                ) from None
+            self._loop.call_soon_threadsafe(self._schedule)
+            return
+        self._loop = loop
         now = self.clock.now()
         if self._first_pending is None:
             self._first_pending = now

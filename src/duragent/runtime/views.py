@@ -21,7 +21,13 @@ from duragent.types import (
     task_scope,
 )
 
-_CARD_STATE = {"ok": "ok", "interrupted": "interrupted", "error": "error", "denied": "error"}
+_CARD_STATE = {
+    "ok": "ok",
+    "interrupted": "interrupted",
+    "error": "error",
+    "denied": "error",
+    "rolled_back": "rolled_back",
+}
 
 
 def _arguments(text: str) -> dict[str, Any]:
@@ -37,9 +43,18 @@ def ui_view(entries: list[Entry]) -> list[UiMessage]:
 
     Stored UI entries (notices, errors) come as they are; user and assistant
     text and tool cards are derived from the API entries, intents and results.
-    Rolled-back rounds stay visible: UI is never voided. A stream still in
-    progress shows as assistant text until its message is committed.
+    Rolled-back rounds stay visible, marked `voided`: UI is never voided. A
+    stream still in progress shows as assistant text until its message is committed.
     """
+    voided = [
+        (e.payload["from_seq"], e.payload["to_seq"])
+        for e in entries
+        if e.kind is EntryKind.ROLLBACK and e.payload.get("scope", "api") == "api"
+    ]
+
+    def void(seq: int) -> bool:
+        return any(lo <= seq <= hi for lo, hi in voided)
+
     out: list[UiMessage] = []
     cards: dict[str, UIToolCard] = {}
     streaming: dict[int, UIText] = {}
@@ -52,25 +67,27 @@ def ui_view(entries: list[Entry]) -> list[UiMessage]:
         elif e.kind is EntryKind.API_MESSAGE:
             role = p.get("role")
             if role == "user":
-                out.append(UIText(role="user", text=p.get("content", "")))
+                out.append(UIText(role="user", text=p.get("content", ""), voided=void(e.seq)))
             elif role == "assistant":
                 answered.add(e.round)
                 partial = streaming.pop(e.round, None)
                 if partial is not None and partial in out:
                     out.remove(partial)
                 if p.get("content"):
-                    out.append(UIText(role="assistant", text=p["content"]))
+                    out.append(UIText(role="assistant", text=p["content"], voided=void(e.seq)))
                 for call in p.get("tool_calls") or ():
                     card = UIToolCard(
                         call_id=call["id"],
                         name=call["function"]["name"],
                         arguments=_arguments(call["function"]["arguments"]),
+                        voided=void(e.seq),
                     )
                     cards[card.call_id] = card
                     out.append(card)
         elif e.kind is EntryKind.TOOL_RESULT:
             done = cards.get(p["tool_call_id"])
-            if done is not None:
+            # A voided result of a kept call is answered anew (rolled back): show that one.
+            if done is not None and (done.voided or not void(e.seq)):
                 done.state = _CARD_STATE.get(p.get("outcome", "ok"), "error")  # type: ignore[assignment]
                 done.result = p.get("content", "")[:4000]
         elif e.kind is EntryKind.CHECKPOINT and p.get("type") == "wait":

@@ -12,11 +12,12 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from duragent.errors import StoreError, TaskNotFound
+from duragent.errors import CommitOutcomeUnknown, StoreError, TaskNotFound
 from duragent.runtime.agent import Agent
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
+from duragent.runtime.presence import announce, block_unserved, withdraw
 from duragent.runtime.state import Clock
-from duragent.store.base import Store
+from duragent.store.base import Store, TaskQuery
 from duragent.types import Task, TaskStatus, utcnow
 
 log = logging.getLogger("duragent.worker")
@@ -35,6 +36,8 @@ class Worker:
     submitted in this process or the store notifies across processes, and
     otherwise within `poll_interval`. A pause or abort committed by another
     process reaches the task's runner at once through `watch_controls`.
+    A task pending longer than `missing_agent_grace` seconds for an agent that
+    no live worker serves becomes blocked(missing_definition) (presence.py).
     """
 
     def __init__(
@@ -51,6 +54,7 @@ class Worker:
         clock: Clock | None = None,
         shutdown_grace: float = 30.0,
         trace: TraceHook | None = None,
+        missing_agent_grace: float = 60.0,
     ) -> None:
         self.store = store
         self.agents = {a.name: a for a in agents}
@@ -63,6 +67,7 @@ class Worker:
         self.clock = clock
         self.shutdown_grace = shutdown_grace
         self.trace = trace
+        self.missing_agent_grace = missing_agent_grace
         self.runners: dict[str, TaskRunner] = {}
         self._jobs: dict[str, asyncio.Task[Task]] = {}
         self._job_of: dict[int, asyncio.Task[Task]] = {}  # id(runner) -> its job
@@ -72,6 +77,9 @@ class Worker:
         self._stopping = False
         self._stopped = asyncio.Event()
         self.claimed = 0  # tasks this worker has claimed
+        self._claim_failures = 0  # claims in a row the store refused
+        self._lost_claim = False  # a claim's outcome is unknown: look for it
+        self._held: dict[tuple[str, int], None] = {}  # (task, epoch) runners held, recent
 
     # --- control ---
 
@@ -117,6 +125,7 @@ class Worker:
         # Control requests (pause/abort from another process) are heard at once,
         # not at the next heartbeat.
         unwatch = self.store.watch_controls(self._control_noted)
+        presence = asyncio.ensure_future(self._presence())
         try:
             while not self._stopping:
                 # Listen before looking: a commit landing between the claim
@@ -134,19 +143,63 @@ class Worker:
             beat.cancel()
             for check in list(self._checks):
                 check.cancel()
+            presence.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
+            with contextlib.suppress(asyncio.CancelledError):
+                await presence
+            with contextlib.suppress(StoreError):
+                await withdraw(self.store, self.id)
             self._stopped.set()
 
+    async def _adopt_lost_claims(self) -> None:
+        """A claim whose COMMIT lost its connection may have taken a task: read which
+        running tasks hold a lease of ours that no runner of ours ever held, and run
+        them (their epoch is ours; found by reading, never guessed). Otherwise such a
+        task would sit until its lease expired, and its takeover count as a restart."""
+        cursor: str | None = None
+        found: list[Task] = []
+        while True:
+            page = await self.store.list_tasks(
+                TaskQuery(status=TaskStatus.RUNNING, limit=500, cursor=cursor)
+            )
+            found += [
+                t
+                for t in page.tasks
+                if t.lease.owner == self.id
+                and t.id not in self._jobs
+                and (t.id, t.lease.epoch) not in self._held
+            ]
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        self._lost_claim = False
+        for task in found:
+            if len(self._jobs) >= self.concurrency or task.agent not in self.agents:
+                continue
+            log.warning("task %s: adopting a claim whose answer was lost", task.id)
+            self._start(task)
+
     async def _claim_some(self) -> None:
+        if self._lost_claim:
+            try:
+                await self._adopt_lost_claims()
+            except StoreError as exc:
+                log.warning("looking for lost claims failed: %s", exc)
         while len(self._jobs) < self.concurrency and not self._stopping:
             try:
                 task = await self.store.claim_task(
                     self.id, agents=list(self.agents), ttl=self.lease_ttl
                 )
             except StoreError as exc:
-                log.warning("claim failed: %s", exc)
+                # The store is failing (down, disk full): look again later, backing
+                # off up to a few seconds rather than hammering it every poll.
+                if isinstance(exc, CommitOutcomeUnknown):
+                    self._lost_claim = True
+                self._claim_failures += 1
+                log.warning("claim failed (%d in a row): %s", self._claim_failures, exc)
                 return
+            self._claim_failures = 0
             if task is None:
                 return
             self.claimed += 1
@@ -176,6 +229,9 @@ class Worker:
 
     async def _idle(self, changed: asyncio.Future[None] | None) -> None:
         timeout = self.poll_interval
+        if self._claim_failures:
+            timeout = max(timeout, min(0.05 * 2**self._claim_failures, 1.0))
+            changed = None  # a failing store's wake-ups say nothing: wait out the back-off
         if len(self._jobs) < self.concurrency:
             with contextlib.suppress(StoreError):
                 due = await self.store.next_wake_at(list(self.agents))
@@ -190,6 +246,9 @@ class Worker:
         self._wake.clear()
 
     def _start(self, task: Task) -> None:
+        self._held[(task.id, task.lease.epoch)] = None
+        if len(self._held) > 10_000:
+            del self._held[next(iter(self._held))]
         old = self.runners.get(task.id)
         if old is not None:
             # We claimed it again (our lease had lapsed), so the old runner's
@@ -230,6 +289,25 @@ class Worker:
         job = self._job_of.get(id(runner))
         if job is not None:
             job.cancel()
+
+    async def _presence(self) -> None:
+        """Record the agents served here (presence.py); now and then, block tasks
+        that waited `missing_agent_grace` for an agent no live worker serves.
+
+        The record is renewed every few seconds (not at every heartbeat: it is one
+        more write) and lasts three renewals, so a missed one or two change nothing."""
+        every = min(max(self.heartbeat, 5.0), max(self.missing_agent_grace / 4, 0.05))
+        swept = 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await announce(self.store, self.id, self.agents, 3 * every)
+                if loop.time() - swept >= self.missing_agent_grace / 4:
+                    swept = loop.time()
+                    await block_unserved(self.store, self.agents, self.missing_agent_grace)
+            except StoreError as exc:
+                log.warning("recording this worker's agents failed: %s", exc)
+            await asyncio.sleep(every)
 
     # --- leases and control ---
 

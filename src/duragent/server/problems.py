@@ -15,6 +15,7 @@ from starlette.routing import Match, Mount
 
 from duragent.errors import (
     Conflict,
+    DuplicateRequest,
     DuragentError,
     InvalidTransition,
     StoreError,
@@ -46,6 +47,7 @@ _MAPPING: list[tuple[type[Exception], int, str]] = [
     (TaskNotFound, 404, "Task not found"),
     (InvalidTransition, 409, "Invalid status transition"),
     (Conflict, 409, "Conflict"),
+    (DuplicateRequest, 409, "Request id already used"),
     (UnknownAgent, 400, "Unknown agent"),
     (UsageError, 400, "Bad request"),
     (StoreError, 503, "Store unavailable"),

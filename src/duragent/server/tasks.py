@@ -61,7 +61,7 @@ async def task_out(runtime: RuntimeDep, task: Task) -> TaskOut:
     summary="Start a task",
     responses={
         200: {"model": TaskOut, "description": "A task with this request_id already exists"},
-        **problem_responses(400, 401, 413, 422),
+        **problem_responses(400, 401, 409, 413, 422),
     },
 )
 async def create_task(
@@ -193,6 +193,17 @@ async def pause_task(
 async def resume_task(task: OwnedTask, runtime: RuntimeDep) -> TaskOut:
     resumed = await runtime.resume(task.id)
     return await task_out(runtime, resumed or await runtime.get(task.id))
+
+
+@router.post(
+    "/{task_id}/retry",
+    response_model=TaskOut,
+    summary="Continue a failed task from its last commit",
+    responses=_CONTROL,
+)
+async def retry_task(task: OwnedTask, runtime: RuntimeDep) -> TaskOut:
+    retried = await runtime.retry(task.id, owner=task.owner)
+    return await task_out(runtime, retried)
 
 
 @router.post(

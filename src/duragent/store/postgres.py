@@ -28,7 +28,13 @@ from psycopg import conninfo as pg_conninfo
 from psycopg import sql
 from psycopg.rows import DictRow, dict_row
 
-from duragent.errors import Conflict, StoreError, StoreUnavailable, TaskNotFound
+from duragent.errors import (
+    CommitOutcomeUnknown,
+    Conflict,
+    StoreError,
+    StoreUnavailable,
+    TaskNotFound,
+)
 from duragent.store.base import (
     VIEW_KINDS,
     ControlCallback,
@@ -203,7 +209,7 @@ class PostgresStore(TxWrites):
             except psycopg.Error as exc:
                 lost = _connection_lost(exc)
                 if committing and lost:
-                    raise StoreUnavailable(
+                    raise CommitOutcomeUnknown(
                         f"{self._where}: the connection was lost while committing; the commit "
                         "may or may not have been applied, re-read the task to find out"
                     ) from exc

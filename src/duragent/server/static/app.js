@@ -251,6 +251,8 @@ function renderTask(task) {
   $("#pause").disabled = !["pending", "running", "waiting"].includes(s);
   $("#rollback").disabled = $("#pause").disabled;
   $("#resume").disabled = !["paused", "blocked"].includes(s);
+  $("#retry").hidden = s !== "failed";
+  $("#retry").disabled = s !== "failed";
   $("#abort").disabled = !(ACTIVE.has(s) || s === "blocked");
 }
 
@@ -258,10 +260,12 @@ async function control(action, body, button) {
   const id = state.taskId;
   const label = button.textContent;
   button.disabled = true;
-  button.textContent = { pause: "Pausing…", resume: "Resuming…", abort: "Aborting…" }[action] || label;
+  button.textContent = { pause: "Pausing…", resume: "Resuming…", abort: "Aborting…", retry: "Retrying…" }[action] || label;
   try {
     const task = await api("POST", `/v1/tasks/${encodeURIComponent(id)}/${action}`, body);
-    if (state.taskId === id) renderTask(task);
+    // A retried task lives again: its event stream had ended, so follow it anew.
+    if (state.taskId === id && action === "retry") openTask(id);
+    else if (state.taskId === id) renderTask(task);
     refreshList();
   } catch (err) {
     toast(problemText(err));
@@ -307,6 +311,7 @@ $("#input").addEventListener("keydown", (ev) => {
 $("#pause").addEventListener("click", (ev) => control("pause", { rollback: false }, ev.currentTarget));
 $("#rollback").addEventListener("click", (ev) => control("pause", { rollback: true }, ev.currentTarget));
 $("#resume").addEventListener("click", (ev) => control("resume", undefined, ev.currentTarget));
+$("#retry").addEventListener("click", (ev) => control("retry", undefined, ev.currentTarget));
 $("#abort").addEventListener("click", (ev) => {
   if (confirm("Abort this task for good?")) control("abort", { reason: "aborted from the web page" }, ev.currentTarget);
 });

@@ -1,7 +1,8 @@
 // A task's conversation, built from its committed entries in seq order.
 // The same rules as duragent.runtime.views.ui_view: streamed text is shown
 // until the round's assistant message arrives (or a progress rollback voids
-// it); tool cards follow intent -> wait -> decision -> result.
+// it); tool cards follow intent -> wait -> decision -> result. An API rollback
+// marks what it voids (the model no longer sees it) but removes nothing.
 
 export function h(tag, attrs = {}, ...children) {
   const el = document.createElement(tag);
@@ -27,6 +28,7 @@ const STATE_LABEL = {
   error: "error",
   denied: "denied",
   interrupted: "interrupted",
+  rolled_back: "rolled back",
 };
 
 function prettyArgs(text) {
@@ -43,10 +45,12 @@ export class Timeline {
     this.streaming = new Map();  // round -> item
     this.answered = new Set();   // rounds whose assistant message is committed
     this.cards = new Map();      // call_id -> item
+    this.items = [];             // every item shown, for rollbacks to mark
     this.container.replaceChildren();
   }
 
   add(item) {
+    this.items.push(item);
     item.el = this.render(item);
     this.container.append(item.el);
     return item;
@@ -73,7 +77,7 @@ export class Timeline {
         if (p.scope === "progress") {
           this.remove(this.streaming.get(e.round));
           this.streaming.delete(e.round);
-        }
+        } else if ((p.scope || "api") === "api") this.voidRange(p.from_seq, p.to_seq);
         return;
       case "tool_intent": {
         const card = this.cards.get(p.call_id);
@@ -83,7 +87,10 @@ export class Timeline {
       case "checkpoint": return this.checkpoint(p);
       case "tool_result": {
         const card = this.cards.get(p.tool_call_id);
-        if (card) { card.state = p.outcome || "ok"; card.result = p.content; card.wait = null; this.update(card); }
+        if (card) {
+          card.state = p.outcome || "ok"; card.result = p.content; card.resultSeq = e.seq;
+          card.resultVoided = false; card.wait = null; this.update(card);
+        }
         return;
       }
       case "ui_message":
@@ -99,19 +106,30 @@ export class Timeline {
 
   message(e, p) {
     if (p.role === "user") {
-      this.add({ type: "bubble", role: "user", text: p.content });
+      this.add({ type: "bubble", role: "user", text: p.content, seq: e.seq });
     } else if (p.role === "assistant") {
       this.answered.add(e.round);
       this.remove(this.streaming.get(e.round));
       this.streaming.delete(e.round);
-      if (p.content) this.add({ type: "bubble", role: "assistant", text: p.content });
+      if (p.content) this.add({ type: "bubble", role: "assistant", text: p.content, seq: e.seq });
       for (const call of p.tool_calls || []) {
         const card = this.add({
           type: "tool", callId: call.id, name: call.function.name,
-          args: prettyArgs(call.function.arguments), state: "intent", partial: "",
+          args: prettyArgs(call.function.arguments), state: "intent", partial: "", seq: e.seq,
         });
         this.cards.set(call.id, card);
       }
+    }
+  }
+
+  voidRange(from, to) {
+    const inside = (seq) => seq != null && seq >= from && seq <= to;
+    for (const item of this.items) {
+      let changed = false;
+      if (!item.voided && inside(item.seq)) { item.voided = true; changed = true; }
+      // A kept call whose result alone is voided gets a new ("rolled back") result next.
+      if (item.type === "tool" && !item.voided && inside(item.resultSeq)) { item.resultVoided = true; changed = true; }
+      if (changed) this.update(item);
     }
   }
 
@@ -147,8 +165,10 @@ export class Timeline {
 
   render(item) {
     if (item.type === "bubble") {
-      return h("div", { class: `bubble ${item.role}${item.streaming ? " streaming" : ""}`, "data-role": item.role },
-        h("div", { class: "who" }, item.role === "user" ? "You" : "Assistant"),
+      return h("div", { class: `bubble ${item.role}${item.streaming ? " streaming" : ""}${item.voided ? " voided" : ""}`,
+                        "data-role": item.role, "data-voided": item.voided || null },
+        h("div", { class: "who" }, item.role === "user" ? "You" : "Assistant",
+          item.voided ? h("span", { class: "voided-label", title: "Rolled back: the model no longer sees this" }, " · rolled back") : null),
         h("div", { class: "text" }, item.text));
     }
     if (item.type === "notice") return h("div", { class: "notice" }, item.text);
@@ -159,15 +179,17 @@ export class Timeline {
   }
 
   renderCard(card) {
-    const el = h("div", { class: `tool-card state-${card.state}`, "data-call-id": card.callId, "data-state": card.state },
+    const el = h("div", { class: `tool-card state-${card.state}${card.voided ? " voided" : ""}`, "data-call-id": card.callId,
+                          "data-state": card.state, "data-voided": card.voided || null },
       h("div", { class: "tool-head" },
         h("span", { class: "tool-icon" }, "⚙"),
         h("span", { class: "tool-name" }, card.name),
+        card.voided ? h("span", { class: "voided-label", title: "Rolled back: the model no longer sees this call" }, "rolled back") : null,
         card.replay ? h("span", { class: "replay", title: "replay policy" }, `replay: ${card.replay}`) : null,
         h("span", { class: `tool-state badge-${card.state}` }, STATE_LABEL[card.state] || card.state)),
       h("code", { class: "tool-args" }, card.args));
     if (card.partial && card.result == null) el.append(h("div", { class: "tool-partial" }, card.partial));
-    if (card.result != null) el.append(h("pre", { class: "tool-result" }, card.result));
+    if (card.result != null) el.append(h("pre", { class: `tool-result${card.resultVoided ? " voided" : ""}` }, card.result));
     if (card.state === "waiting" && card.wait) el.append(this.waitForm(card));
     return el;
   }
