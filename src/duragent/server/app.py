@@ -15,7 +15,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from duragent.runtime.runtime import Runtime
-from duragent.server import events, problems, tasks
+from duragent.server import events, problems, steering, tasks
 from duragent.server.auth import TokenStore
 from duragent.server.deps import RuntimeDep, UserDep, known_query
 from duragent.server.problems import problem_responses
@@ -45,6 +45,7 @@ def create_app(runtime: Runtime, tokens: TokenStore) -> FastAPI:
     problems.install(app, list(runtime.agents))
     app.include_router(tasks.router)
     app.include_router(events.router)
+    app.include_router(steering.router)
 
     @app.get("/v1/health", response_model=Health, tags=["service"], summary="Liveness (no auth)")
     async def health(rt: RuntimeDep) -> Health:
