@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from test_browser import Page, expect, page, server, shot, sign_in, start_task, status
 from server_live import LiveServer
+from test_browser import Page, expect, page, server, shot, sign_in, start_task, status
 
 pytestmark = pytest.mark.browser
 __all__ = ["page", "server"]  # the fixtures this module uses from test_browser

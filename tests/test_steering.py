@@ -224,3 +224,22 @@ async def test_a_tool_timeout_tells_the_model_the_limit(tmp_path: Any) -> None:
         "Error: TimeoutError: upstream took too long",
         "Error: Tool call timed out after 0.05 s (the tool's time limit).",
     ]
+
+
+def test_the_readme_steering_example_runs(tmp_path: Any) -> None:
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Steering a task") :]
+    block = re.search(r"```python\n(.*?)```", section, re.S)
+    assert block is not None
+    script = tmp_path / "steer.py"
+    script.write_text(block.group(1))
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert out.count("add(2, 3) runs") == 1  # the fork did not run the copied call again
+    assert "Answered: now explain it {'task_id': 't_" in out and "'round': 1}" in out
