@@ -243,3 +243,63 @@ def test_the_readme_steering_example_runs(tmp_path: Any) -> None:
     ).stdout
     assert out.count("add(2, 3) runs") == 1  # the fork did not run the copied call again
     assert "Answered: now explain it {'task_id': 't_" in out and "'round': 1}" in out
+
+
+async def test_a_rolled_back_round_is_shown_voided_and_never_copied(store: Store) -> None:
+    release = asyncio.Event()
+
+    @tool
+    async def slow() -> str:
+        """A tool the test holds open."""
+        await release.wait()
+        return "slow done"
+
+    @tool
+    def quick() -> str:
+        """Returns at once."""
+        return "quick done"
+
+    model = ScriptedModel([[ToolCall("quick")], [ToolCall("slow")], "finished"])
+    a = Agent(name="r", model=model, tools=[quick, slow], plan_tool=False, tool_grace=10)
+    async with Runtime(store, agents=[a]) as rt:
+        sub = await rt.submit("r", "go")
+        await rt.wait(sub.task_id, timeout=20, until=lambda t: t.iterations == 1)
+        async for e in rt.subscribe(sub.task_id):
+            if e.kind is EntryKind.TOOL_INTENT and e.round == 2:
+                break
+        pausing = asyncio.ensure_future(rt.pause(sub.task_id, rollback=True))
+
+        async def requested() -> None:  # the runner has the pause before the tool ends
+            assert rt.worker is not None
+            while (runner := rt.worker.runner(sub.task_id)) is None or runner.control is None:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(requested(), 10)
+        release.set()
+        paused = await asyncio.wait_for(pausing, 20)
+        assert paused.status is TaskStatus.PAUSED and paused.iterations == 1
+        hist = await rt.history(sub.task_id)
+        assert [(r.round, r.status, r.voided) for r in hist.rounds] == [
+            (1, "complete", False),
+            (2, "voided", True),
+        ]
+        with pytest.raises(UsageError, match=r"round 2 .* not complete"):
+            await rt.fork(sub.task_id, 2)
+        early = await rt.fork(sub.task_id, 1)
+        assert len(await rt.model_view(early.task_id)) == 3  # user, quick call, its result
+        await rt.resume(sub.task_id)
+        done = await sub.wait(20)
+        assert done.status is TaskStatus.COMPLETED and done.output == "finished"
+        hist = await rt.history(sub.task_id)
+        assert [(r.round, r.status, r.voided) for r in hist.rounds] == [
+            (1, "complete", False),
+            (2, "complete", True),  # redone after the rollback
+            (3, "complete", False),
+        ]
+        late = await rt.fork(sub.task_id, 2)
+        view = await rt.model_view(late.task_id)
+    # The redone round only: every call answered exactly once, nothing voided copied.
+    calls = [c.id for m in view if isinstance(m, AssistantMessage) for c in m.tool_calls or ()]
+    answers = [m.tool_call_id for m in view if isinstance(m, ToolMessage)]
+    assert calls == answers and len(calls) == 2
+    assert view == (await Runtime(store, run_worker=False).model_view(sub.task_id))[:5]
