@@ -371,6 +371,7 @@ BODIES = {
     "pause": {"rollback": True},
     "abort": {"reason": "bob was here"},
     "respond": {"approve": True},
+    "fork": {"at_round": 1},
 }
 
 
@@ -387,8 +388,8 @@ async def test_another_users_task_is_404_exactly_like_a_missing_one(
     routes = task_routes(client._transport.app.openapi())  # type: ignore[attr-defined]
     names = {p.rsplit("/", 1)[-1] for _, p in routes}
     # A new route taking a task id must be added to this matrix (and the page).
-    expected = {"{task_id}", "messages", "entries", "steps", "tree", "events"}
-    assert names == expected | {"pause", "resume", "abort", "respond", "retry"}
+    expected = {"{task_id}", "messages", "entries", "steps", "tree", "events", "history"}
+    assert names == expected | {"pause", "resume", "abort", "respond", "retry", "fork"}
     alice_task = await start(client, "approver")
     await wait_for(runtime, alice_task, TaskStatus.WAITING)
     before = await runtime.get(alice_task)

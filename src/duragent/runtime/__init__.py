@@ -4,12 +4,16 @@ from duragent.runtime.agent import Agent
 from duragent.runtime.context import ToolContext
 from duragent.runtime.engine import Control, TaskRunner
 from duragent.runtime.runtime import Runtime, Submission, TaskTree
+from duragent.runtime.steering import Edit, History, RoundRecord
 from duragent.runtime.tools import Tool, tool
 from duragent.runtime.worker import Worker
 
 __all__ = [
     "Agent",
     "Control",
+    "Edit",
+    "History",
+    "RoundRecord",
     "Runtime",
     "Submission",
     "TaskRunner",

@@ -74,6 +74,13 @@ async def run_call(
         value = await tool.invoke(arguments, ctx)
     except asyncio.CancelledError:
         raise
+    except TimeoutError as exc:
+        # The tool's own limit (asyncio.wait_for raises a bare TimeoutError) is
+        # said as such, so the model can try a smaller job; a TimeoutError the
+        # tool raised itself, with a message, is reported like any error.
+        limit = tool.timeout
+        said = timed_out(limit) if limit is not None and not str(exc) else f"Error: {describe(exc)}"
+        return Outcome(cid, said, "error", documents=ctx.staged_documents())
     except Exception as exc:
         return Outcome(cid, f"Error: {describe(exc)}", "error", documents=ctx.staged_documents())
     if isinstance(value, SpawnSubtask) and value.agent not in runner.agents:
@@ -113,6 +120,10 @@ def render(value: Any) -> str:
     if hasattr(value, "model_dump_json"):
         return str(value.model_dump_json())
     return json.dumps(value, default=str, ensure_ascii=False)
+
+
+def timed_out(limit: float) -> str:
+    return f"Error: Tool call timed out after {limit:g} s (the tool's time limit)."
 
 
 def describe(exc: BaseException) -> str:

@@ -22,6 +22,7 @@ from duragent.errors import (
 from duragent.runtime.agent import Agent
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
 from duragent.runtime.log import api_entry, notice
+from duragent.runtime.steering import Edit, History, new_fork, task_history
 from duragent.runtime.submit import new_task
 from duragent.runtime.views import Steps, build_steps, ui_view
 from duragent.runtime.waits import open_waits, resolution
@@ -306,6 +307,35 @@ class Runtime:
             if task.status.terminal and task.last_seq <= after_seq:
                 return
             await self.store.wait_for_change(0.5)
+
+    # --- steering ---
+
+    async def history(self, task_id: str, *, owner: str | None = None) -> History:
+        """The task round by round: what the model said, its calls and their results."""
+        task = await self.get(task_id, owner=owner)
+        return await task_history(self.store, task)
+
+    async def fork(
+        self,
+        task_id: str,
+        at_round: int,
+        *,
+        edit: Edit | None = None,
+        owner: str | None = None,
+        request_id: str | None = None,
+    ) -> Submission:
+        """A new task (same owner and agent) continuing from the end of round `at_round`.
+
+        The source is untouched. Only a complete round can be forked (every call
+        answered), so no tool of a copied round ever runs again; `edit` changes
+        the copied view (see `Edit`). The same `request_id` returns the same fork.
+        """
+        source = await self.get(task_id, owner=owner)
+        task, entries = await new_fork(self.store, source, at_round, edit, request_id)
+        stored, created = await self.store.create_task(task, entries)
+        self.start_worker()
+        self._wake()
+        return Submission(self, stored.id, created)
 
     # --- control ---
 

@@ -122,6 +122,9 @@ class TaskOut(TaskSummary):
     waiting_for: list[OpenWait] = Field(
         default_factory=list, description="Open approvals, questions, timers and sub-tasks."
     )
+    forked_from: dict[str, str | int] | None = Field(
+        default=None, description="A fork's source: its task_id and round."
+    )
 
     @classmethod
     def full(cls, task: Task, waits: list[OpenWait] | None = None) -> TaskOut:
@@ -139,6 +142,7 @@ class TaskOut(TaskSummary):
             completed_at=task.completed_at,
             wake_at=task.wake_at,
             waiting_for=waits or [],
+            forked_from=task.config.get("forked_from"),
         )
 
 

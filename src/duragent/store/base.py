@@ -318,22 +318,29 @@ def build_model_view(rows: Iterable[tuple[int, str, str]]) -> list[ApiMessage]:
     parses in milliseconds.
     """
     rows = list(rows)
-    voided: list[tuple[int, int]] = []
-    for _seq, kind, payload in rows:
-        if kind == EntryKind.ROLLBACK:
-            marker = json.loads(payload)
-            if marker.get("scope", "api") == "api":
-                voided.append((marker["from_seq"], marker["to_seq"]))
+    voided = voided_ranges(json.loads(p) for _s, k, p in rows if k == EntryKind.ROLLBACK)
     parts = []
     for seq, kind, payload in rows:
         if kind == EntryKind.ROLLBACK:
             continue
-        if voided and any(lo <= seq <= hi for lo, hi in voided):
+        if voided and is_voided(seq, voided):
             continue
         # A tool_result payload is the tool message plus an `outcome` field the
         # message model ignores, so every payload text parses as a message.
         parts.append(payload)
     return parse_messages("[" + ",".join(parts) + "]")
+
+
+def voided_ranges(markers: Iterable[Mapping[str, Any]]) -> list[tuple[int, int]]:
+    """The seq ranges the model no longer sees: those of every api-scope rollback marker.
+
+    The one void rule of the model's view; a fork copies what it leaves visible.
+    """
+    return [(m["from_seq"], m["to_seq"]) for m in markers if m.get("scope", "api") == "api"]
+
+
+def is_voided(seq: int, voided: Sequence[tuple[int, int]]) -> bool:
+    return any(lo <= seq <= hi for lo, hi in voided)
 
 
 def parse_messages(text: str) -> list[ApiMessage]:

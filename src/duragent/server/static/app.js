@@ -4,6 +4,7 @@
 
 import { follow, HttpError } from "./sse.js";
 import { h, Timeline } from "./timeline.js";
+import { showRounds } from "./steering.js";
 
 const TOKEN_KEY = "duragent.token";
 const AGENT_KEY = "duragent.agent";
@@ -22,6 +23,7 @@ const state = {
   timeline: null,
   listTimer: null,
   refreshTimer: null,
+  roundsAt: null,
 };
 
 // --- HTTP -------------------------------------------------------------------
@@ -247,6 +249,15 @@ function renderTask(task) {
   $("#usage").textContent = `${task.usage.input_tokens} in · ${task.usage.output_tokens} out tokens`;
   $("#task-error").textContent = task.error || "";
   $("#task-error").hidden = !task.error;
+  const src = task.forked_from;
+  $("#forked-from").hidden = !src;
+  $("#forked-from").replaceChildren(...(src ? [
+    "Forked from ", h("a", { href: `#task=${encodeURIComponent(src.task_id)}` }, src.task_id),
+    ` at round ${src.round}`] : []));
+  if (state.roundsAt !== `${task.id}:${task.last_seq}`) {
+    state.roundsAt = `${task.id}:${task.last_seq}`;
+    showRounds(api, task.id, $("#rounds"), forkTask).catch(() => { /* the next render retries */ });
+  }
   const s = task.status;
   $("#pause").disabled = !["pending", "running", "waiting"].includes(s);
   $("#rollback").disabled = $("#pause").disabled;
@@ -272,6 +283,19 @@ async function control(action, body, button) {
     refreshTaskSoon();
   } finally {
     button.textContent = label;
+  }
+}
+
+async function forkTask(round) {
+  const message = $("#fork-message").value.trim();
+  const body = { at_round: round, edit: message ? { append_user: message } : null };
+  try {
+    const task = await api("POST", `/v1/tasks/${encodeURIComponent(state.taskId)}/fork`, body);
+    $("#fork-message").value = "";
+    await refreshList();
+    openTask(task.id);
+  } catch (err) {
+    toast(problemText(err));
   }
 }
 

@@ -1,0 +1,102 @@
+"""How long a fork of a long task takes (issue 13: target ≤ 50 ms for 10,000 entries on SQLite).
+
+    python -m bench.fork [--entries 10000] [--runs 7]
+
+The source task has rounds of (assistant message with one tool call, intent,
+result); a fork at its last round copies every API entry of it. Timed end to
+end through `Runtime.fork` (read the source, build the entries, commit the new
+task), with the read and the commit also timed apart. Prints median and
+min-max of the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+
+from bench.common import assistant_text, call_id, tool_args, tool_output
+from duragent import Runtime
+from duragent.runtime.steering import fork_entries
+from duragent.store import open_store
+from duragent.types import EntryKind, NewEntry, Task
+
+
+def source(entries: int) -> tuple[Task, list[NewEntry]]:
+    rounds = (entries - 1) // 3
+    task = Task(agent="bench", iterations=rounds)
+    out = [
+        NewEntry(
+            task_id=task.id,
+            kind=EntryKind.API_MESSAGE,
+            round=1,
+            payload={"role": "user", "content": "start"},
+        )
+    ]
+
+    for r in range(1, rounds + 1):
+        cid = call_id(r)
+        call = {
+            "id": cid,
+            "type": "function",
+            "function": {"name": "lookup", "arguments": json.dumps(tool_args(r))},
+        }
+        message = {"role": "assistant", "content": assistant_text(r), "tool_calls": [call]}
+        intent = {"call_id": cid, "name": "lookup", "replay": "never"}
+        result = {"role": "tool", "tool_call_id": cid, "content": tool_output(r), "outcome": "ok"}
+        out += [
+            NewEntry(task_id=task.id, kind=EntryKind.API_MESSAGE, round=r, payload=message),
+            NewEntry(task_id=task.id, kind=EntryKind.TOOL_INTENT, round=r, payload=intent),
+            NewEntry(task_id=task.id, kind=EntryKind.TOOL_RESULT, round=r, payload=result),
+        ]
+    return task, out
+
+
+async def once(url: str, entries: int) -> tuple[float, float, float, int]:
+    store = open_store(url)
+    await store.open()
+    try:
+        task, rows = source(entries)
+        await store.create_task(task, rows)
+        src = await store.get_task(task.id)
+        rt = Runtime(store, run_worker=False)
+        t0 = time.perf_counter()
+        sub = await rt.fork(task.id, at_round=src.iterations)
+        total = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        copy = await fork_entries(store, src, "t_probe", src.iterations, None)
+        read = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        await store.create_task(Task(id="t_probe", agent="bench", iterations=src.iterations), copy)
+        write = time.perf_counter() - t0
+        assert (await store.get_task(sub.task_id)).last_seq == len(copy)
+        return total * 1e3, read * 1e3, write * 1e3, len(copy)
+    finally:
+        await store.close()
+
+
+async def main(entries: int, runs: int) -> None:
+    print(f"fork of a {entries:,}-entry task at its last round (ms: median, min–max of {runs})")
+    print("| store | copied entries | fork total | read + build | commit |")
+    print("| --- | ---: | --- | --- | --- |")
+    for label, query in (("sqlite NORMAL", "normal"), ("sqlite FULL", "full")):
+        results = []
+        for _ in range(runs):
+            with tempfile.TemporaryDirectory() as d:
+                results.append(await once(f"sqlite:///{d}/f.db?durability={query}", entries))
+        cols = []
+        for i in range(3):
+            vals = [r[i] for r in results]
+            cols.append(f"{statistics.median(vals):.1f} ({min(vals):.1f}–{max(vals):.1f})")
+        print(f"| {label} | {results[0][3]:,} | " + " | ".join(cols) + " |")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--entries", type=int, default=10_000)
+    ap.add_argument("--runs", type=int, default=7)
+    args = ap.parse_args()
+    asyncio.run(main(args.entries, args.runs))

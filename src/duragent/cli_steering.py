@@ -1,0 +1,99 @@
+"""Steering commands: `history` (a task round by round) and `fork` (a new task from a round)."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from duragent.cli import app, fail
+from duragent.cli_tasks import STORE, _clip, _console, _run, _runtime, _status
+from duragent.errors import UsageError
+from duragent.runtime.steering import Edit, History
+from duragent.terminal import safe
+from duragent.types import Task
+
+_ROUND_STYLE = {"complete": "green", "open": "magenta", "voided": "dim"}
+
+
+def history_table(history: History) -> Table:
+    table = Table(title=f"Rounds of {safe(history.task_id)}", title_justify="left")
+    for col in ("round", "seqs", "status", "model said", "tool calls"):
+        table.add_column(col, no_wrap=col in ("round", "seqs", "status"))
+    for r in history.rounds:
+        status = r.status + (" (rolled back)" if r.voided and r.status != "voided" else "")
+        said = "".join(f"user: {_clip(u, 60)}\n" for u in r.user) + _clip(r.assistant or "", 80)
+        calls = "\n".join(
+            f"{c.name}({_clip(c.arguments, 40)}) → [{c.outcome or 'no result yet'}] "
+            f"{_clip(c.result or '', 50)}"
+            for c in r.calls
+        )
+        table.add_row(
+            str(r.round),
+            f"{r.first_seq}–{r.last_seq}",
+            f"[{_ROUND_STYLE[r.status]}]{safe(status)}[/]",
+            safe(said.strip()),
+            safe(calls),
+        )
+    return table
+
+
+@app.command()
+def history(task_id: str = typer.Argument(..., help="The task's id."), store: str = STORE) -> None:
+    """Show a task round by round: what the model said, its tool calls and their results."""
+
+    async def go() -> tuple[Task, History]:
+        async with _runtime(store) as rt:
+            return await rt.get(task_id), await rt.history(task_id)
+
+    task, hist = _run(go)
+    console: Console = _console()
+    console.print(f"task {safe(task.id)} is {_status(task)}; {task.iterations} complete rounds")
+    if hist.forked_from is not None:
+        src = hist.forked_from
+        console.print(f"forked from {safe(src.task_id)} at round {src.round}")
+    if not hist.rounds:
+        console.print("no rounds yet")
+        return
+    console.print(history_table(hist))
+    console.print(f"[dim]fork with: duragent fork {safe(task.id)} --at N[/]")
+
+
+@app.command()
+def fork(
+    task_id: str = typer.Argument(..., help="The task to fork (it is not changed)."),
+    at: int = typer.Option(..., "--at", min=1, help="Continue from the end of this round."),
+    store: str = STORE,
+    replace_last_user: str | None = typer.Option(
+        None, "--replace-last-user", help="Replace the last user message with this text."
+    ),
+    append_user: str | None = typer.Option(
+        None, "--append-user", help="Add this user message for the next round."
+    ),
+    drop_last_assistant: bool = typer.Option(
+        False, "--drop-last-assistant", help="Drop the last model message and its tool results."
+    ),
+    request_id: str | None = typer.Option(
+        None, "--request-id", help="Idempotency key: the same one returns the same fork."
+    ),
+) -> None:
+    """Start a new task from the end of round N of a task; a worker runs it."""
+    try:
+        edit = Edit(
+            replace_last_user=replace_last_user,
+            append_user=append_user,
+            drop_last_assistant=drop_last_assistant,
+        )
+    except ValueError as exc:
+        fail(UsageError(f"invalid edit: {exc.errors()[0]['msg']}"))  # type: ignore[attr-defined]
+
+    async def go() -> tuple[Task, bool]:
+        async with _runtime(store) as rt:
+            sub = await rt.fork(task_id, at, edit=edit, request_id=request_id)
+            return await rt.get(sub.task_id), sub.created
+
+    task, created = _run(go)
+    verb = "forked" if created else "already forked (same request id)"
+    _console().print(
+        f"{verb}: task {safe(task.id)} from {safe(task_id)} at round {at}; it is {_status(task)}"
+    )

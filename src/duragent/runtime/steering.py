@@ -1,0 +1,333 @@
+"""Steering a task after the fact: its history round by round, and forks (DESIGN §9).
+
+History is read from the log: each round's facts come from `read_round`, the
+same reader recovery uses. A fork is a new task, never a change to the old one:
+its log starts with a record of the fork, then the source's visible API
+entries through round N (as they are: every call of a closed round already has
+its result, so no tool of a copied round runs again), then its edits as
+entries (a void marker, a replacing or appended user message). Its model view
+is built by `build_model_view` like every other, so the fork's own log
+explains what the model sees.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from duragent.errors import UsageError
+from duragent.runtime.log import notice, read_round
+from duragent.store.base import Store, is_voided, iter_entries, voided_ranges
+from duragent.types import (
+    API_KINDS,
+    Entry,
+    EntryKind,
+    NewEntry,
+    Task,
+    TaskStatus,
+    UserMessage,
+    dump_message,
+    new_id,
+)
+
+RoundStatus = Literal["complete", "open", "voided"]
+
+
+class CallRecord(BaseModel):
+    """One tool call of a round and what became of it (no result yet: `outcome` is None)."""
+
+    call_id: str
+    name: str
+    arguments: str = Field(description="The arguments as the model wrote them (JSON text).")
+    result: str | None = None
+    outcome: str | None = Field(
+        default=None, description="ok, error, denied or interrupted; None while unanswered."
+    )
+
+
+class RoundRecord(BaseModel):
+    """The state of a task at one step: what the model was shown and what it did."""
+
+    round: int
+    first_seq: int
+    last_seq: int
+    status: RoundStatus = Field(
+        description="complete: closed, every call answered (a fork may start here); "
+        "open: in progress or waiting; voided: rolled back, the model no longer sees it."
+    )
+    voided: bool = Field(
+        description="Some of this round's model messages were rolled back "
+        "(a redone round is complete or open and still says so)."
+    )
+    user: list[str] = Field(default_factory=list, description="User messages given this round.")
+    assistant: str | None = Field(default=None, description="What the model said (its text).")
+    calls: list[CallRecord] = Field(default_factory=list)
+
+
+class ForkedFrom(BaseModel):
+    task_id: str
+    round: int
+
+
+class History(BaseModel):
+    task_id: str
+    status: TaskStatus
+    iterations: int = Field(description="Closed rounds: a fork may be taken at 1..iterations.")
+    forked_from: ForkedFrom | None = None
+    rounds: list[RoundRecord]
+
+
+class Edit(BaseModel):
+    """Changes a fork makes to the source's view, applied in this order.
+
+    `drop_last_assistant` voids the last assistant message and the tool results
+    answering it; `replace_last_user` voids the last user message and puts the
+    new text in its place; `append_user` adds a user message for the next round.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    replace_last_user: str | None = Field(default=None, min_length=1)
+    append_user: str | None = Field(default=None, min_length=1)
+    drop_last_assistant: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return (
+            self.replace_last_user is None
+            and self.append_user is None
+            and not self.drop_last_assistant
+        )
+
+
+def forked_from(task: Task) -> ForkedFrom | None:
+    link = task.config.get("forked_from")
+    return ForkedFrom.model_validate(link) if isinstance(link, dict) else None
+
+
+async def task_history(store: Store, task: Task) -> History:
+    entries = [e async for e in iter_entries(store, task.id)]
+    markers = [e for e in entries if e.kind is EntryKind.ROLLBACK]
+    voided = voided_ranges(m.payload for m in markers)
+    by_round: dict[int, list[Entry]] = defaultdict(list)
+    for e in entries:
+        by_round[e.round].append(e)
+    rounds = []
+    for r in sorted(by_round):
+        own = by_round[r]
+        api = [e for e in own if e.kind in API_KINDS]
+        if r == 0 or not (api or any(e.kind is EntryKind.TOOL_INTENT for e in own)):
+            continue  # round 0 is status entries and continued-session history
+        rs = read_round([*own, *markers], r)
+        was_voided = any(is_voided(e.seq, voided) for e in api)
+        status: RoundStatus
+        if r <= task.iterations:
+            status = "complete"
+        elif rs.assistant is None and was_voided:
+            status = "voided"
+        else:
+            status = "open"
+        calls = []
+        if rs.assistant is not None:
+            for call in rs.assistant.tool_calls or ():
+                res = rs.results.get(call.id)
+                calls.append(
+                    CallRecord(
+                        call_id=call.id,
+                        name=call.function.name,
+                        arguments=call.function.arguments,
+                        result=None if res is None else res.get("content"),
+                        outcome=None if res is None else res.get("outcome", "ok"),
+                    )
+                )
+        users = [
+            e.payload.get("content", "")
+            for e in api
+            if e.payload.get("role") == "user" and not is_voided(e.seq, voided)
+        ]
+        rounds.append(
+            RoundRecord(
+                round=r,
+                first_seq=own[0].seq,
+                last_seq=own[-1].seq,
+                status=status,
+                voided=was_voided,
+                user=users,
+                assistant=rs.assistant.content if rs.assistant is not None else None,
+                calls=calls,
+            )
+        )
+    return History(
+        task_id=task.id,
+        status=task.status,
+        iterations=task.iterations,
+        forked_from=forked_from(task),
+        rounds=rounds,
+    )
+
+
+async def check_forkable(store: Store, source: Task, at_round: int) -> None:
+    """Refuse a fork at a round that is not closed: some call of it may have no result.
+
+    Copying an unanswered call would leave the fork to re-run (or declare
+    interrupted) a tool the source may be running right now; forking at the
+    last closed round and appending a message is the safe equivalent.
+    """
+    if at_round < 1:
+        raise UsageError(f"at_round must be 1 or more, not {at_round}")
+    if at_round <= source.iterations:
+        return
+    if at_round == source.iterations + 1:
+        rs = read_round(await store.entries(source.id, after_seq=source.round_seq), at_round)
+        if rs.missing:
+            raise UsageError(
+                f"round {at_round} of task {source.id!r} is not complete: calls "
+                f"{', '.join(rs.missing)} have no result yet, so it cannot be forked there; "
+                f"fork at round {source.iterations} or later once the round closes"
+                if source.iterations
+                else f"round {at_round} of task {source.id!r} is not complete: calls "
+                f"{', '.join(rs.missing)} have no result yet, so it cannot be forked there"
+            )
+        raise UsageError(
+            f"round {at_round} of task {source.id!r} is not complete (the model has not "
+            f"finished it); a fork can be taken at rounds 1..{source.iterations}"
+            if source.iterations
+            else f"task {source.id!r} has no complete round yet to fork from"
+        )
+    raise UsageError(
+        f"task {source.id!r} has {source.iterations} complete rounds; "
+        f"round {at_round} does not exist yet"
+    )
+
+
+async def fork_entries(
+    store: Store, source: Task, fork_id: str, at_round: int, edit: Edit | None
+) -> list[NewEntry]:
+    """The fork's log: the record of the fork, the copied view, then the edits."""
+    rows = await store.entries(
+        source.id, kinds=(EntryKind.API_MESSAGE, EntryKind.TOOL_RESULT, EntryKind.ROLLBACK)
+    )
+    voided = voided_ranges(e.payload for e in rows if e.kind is EntryKind.ROLLBACK)
+    visible = [
+        e
+        for e in rows
+        if e.kind is not EntryKind.ROLLBACK and e.round <= at_round and not is_voided(e.seq, voided)
+    ]
+    record = {
+        "type": "fork",
+        "task_id": source.id,
+        "round": at_round,
+        "edit": edit.model_dump(exclude_defaults=True) if edit and not edit.empty else None,
+    }
+    out = [
+        NewEntry(task_id=fork_id, kind=EntryKind.CHECKPOINT, payload=record),
+        notice(fork_id, 0, f"Forked from task {source.id} at round {at_round}."),
+    ]
+    # The new task's seqs are its entries' positions (it starts at seq 0), so a
+    # void marker can name the seqs of copied entries before they are written.
+    copied = [
+        NewEntry(task_id=fork_id, kind=e.kind, round=e.round, payload=e.payload) for e in visible
+    ]
+    if edit is None or edit.empty:
+        return out + copied
+    live = list(range(len(copied)))  # indexes of copied entries not voided by an edit
+    voids: list[tuple[int, int, str]] = []  # (first, last) copied index, reason
+    inserted: dict[int, NewEntry] = {}  # copied index -> the entry that goes right after it
+
+    def role(i: int) -> Any:
+        return copied[i].payload.get("role")
+
+    if edit.drop_last_assistant:
+        last = next((i for i in reversed(live) if role(i) == "assistant"), None)
+        if last is None:
+            raise UsageError(f"rounds 1..{at_round} of task {source.id!r} have no model message")
+        # Its tool results follow it within its (closed) round: they go with it.
+        voids.append((last, len(copied) - 1, "fork: dropped the last assistant message"))
+        live = [i for i in live if i < last]
+    if edit.replace_last_user is not None:
+        last = next((i for i in reversed(live) if role(i) == "user"), None)
+        if last is None:
+            raise UsageError(f"rounds 1..{at_round} of task {source.id!r} have no user message")
+        # The replacement goes right after the message it replaces, so the view keeps its order.
+        inserted[last] = NewEntry(
+            task_id=fork_id,
+            kind=EntryKind.API_MESSAGE,
+            round=copied[last].round,
+            payload=dump_message(UserMessage(content=edit.replace_last_user)),
+        )
+        voids.append((last, last, "fork: replaced the last user message"))
+    body: list[NewEntry] = []
+    seq_of: list[int] = []  # copied index -> its seq in the fork
+    for i, e in enumerate(copied):
+        seq_of.append(len(out) + len(body) + 1)
+        body.append(e)
+        if i in inserted:
+            body.append(inserted[i])
+    markers = [
+        NewEntry(
+            task_id=fork_id,
+            kind=EntryKind.ROLLBACK,
+            round=at_round,
+            payload={"scope": "api", "from_seq": seq_of[lo], "to_seq": seq_of[hi], "reason": why},
+        )
+        for lo, hi, why in voids
+    ]
+    tail: list[NewEntry] = []
+    if edit.append_user is not None:
+        tail.append(
+            NewEntry(
+                task_id=fork_id,
+                kind=EntryKind.API_MESSAGE,
+                round=at_round + 1,
+                payload=dump_message(UserMessage(content=edit.append_user)),
+            )
+        )
+    return out + body + markers + tail
+
+
+async def new_fork(
+    store: Store,
+    source: Task,
+    at_round: int,
+    edit: Edit | None,
+    request_id: str | None,
+) -> tuple[Task, list[NewEntry]]:
+    """The pending fork task and its entries (not yet stored)."""
+    await check_forkable(store, source, at_round)
+    fork_id = new_id()
+    entries = await fork_entries(store, source, fork_id, at_round, edit)
+    config = {
+        **{k: v for k, v in source.config.items() if k != "forked_from"},
+        "forked_from": {"task_id": source.id, "round": at_round},
+    }
+    task = Task(
+        id=fork_id,
+        agent=source.agent,
+        owner=source.owner,
+        session_id=source.session_id,
+        request_id=request_id,
+        input=source.input,
+        config=config,
+        context=dict(source.context),
+        # The copied rounds are closed: the fork's first own round is at_round + 1,
+        # and recovery reads its log from after the copy.
+        iterations=at_round,
+        round_seq=max((i + 1 for i, e in enumerate(entries) if e.round <= at_round), default=0),
+    )
+    return task, entries
+
+
+__all__ = [
+    "CallRecord",
+    "Edit",
+    "ForkedFrom",
+    "History",
+    "RoundRecord",
+    "check_forkable",
+    "fork_entries",
+    "forked_from",
+    "new_fork",
+    "task_history",
+]

@@ -1,0 +1,39 @@
+// Steering a task from the page: its rounds (GET /history) with "Fork from here"
+// on every complete round (POST /fork). A fork is a new task; the page opens it.
+
+import { h } from "./timeline.js";
+
+function clip(text, n) {
+  const s = String(text ?? "").replace(/\s+/g, " ").trim();
+  return s.length <= n ? s : s.slice(0, n - 1) + "…";
+}
+
+function roundItem(r, onFork) {
+  const calls = r.calls.map((c) =>
+    h("div", { class: "round-call", "data-outcome": c.outcome || "open" },
+      `${c.name} → ${c.outcome || "no result yet"}`, c.result ? `: ${clip(c.result, 80)}` : ""));
+  const said = [
+    ...r.user.map((u) => h("div", { class: "round-user" }, `user: ${clip(u, 100)}`)),
+    r.assistant ? h("div", { class: "round-said" }, clip(r.assistant, 160)) : null,
+  ];
+  const fork = r.status === "complete"
+    ? h("button", { class: "secondary fork", "data-round": r.round, onclick: (ev) => onFork(r.round, ev.currentTarget) }, "Fork from here")
+    : null;
+  return h("li", { class: `round round-${r.status}`, "data-round": r.round, "data-status": r.status },
+    h("div", { class: "round-head" },
+      h("span", { class: "round-no" }, `Round ${r.round}`),
+      h("span", { class: "round-status" }, r.status + (r.voided && r.status !== "voided" ? " · rolled back once" : "")),
+      fork),
+    ...said, ...calls);
+}
+
+// Render the task's rounds into `list`; `fork(round, message)` starts a fork.
+export async function showRounds(api, taskId, list, fork) {
+  const hist = await api("GET", `/v1/tasks/${encodeURIComponent(taskId)}/history`);
+  const items = hist.rounds.map((r) => roundItem(r, async (round, button) => {
+    button.disabled = true;
+    try { await fork(round); } finally { button.disabled = false; }
+  }));
+  list.replaceChildren(...(items.length ? items : [h("li", { class: "empty" }, "No rounds yet.")]));
+  return hist;
+}

@@ -1,0 +1,63 @@
+"""REST routes for steering a task: its history round by round, and forks (issue 13)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from duragent.runtime.steering import Edit, History
+from duragent.server.deps import OwnedTask, RuntimeDep, UserDep
+from duragent.server.problems import problem_responses
+from duragent.server.schemas import TaskOut
+from duragent.server.tasks import task_out
+
+router = APIRouter(prefix="/v1/tasks", tags=["steering"])
+
+
+class ForkRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    at_round: int = Field(
+        ge=1, description="Continue from the end of this round (1..the task's iterations)."
+    )
+    edit: Edit | None = Field(default=None, description="Changes to the copied view.")
+    request_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="Idempotency key: the same one returns the same fork.",
+    )
+
+
+@router.get(
+    "/{task_id}/history",
+    response_model=History,
+    summary="The task round by round: what the model said, its calls and their results",
+    responses=problem_responses(401, 404, 422),
+)
+async def get_history(task: OwnedTask, runtime: RuntimeDep) -> History:
+    return await runtime.history(task.id, owner=task.owner)
+
+
+@router.post(
+    "/{task_id}/fork",
+    status_code=201,
+    response_model=TaskOut,
+    summary="Start a new task from the end of one of this task's rounds",
+    description="The source task is untouched. Only a complete round (every tool call "
+    "answered) can be forked, so no tool of the copied rounds runs again; a round still "
+    "open is refused with 400.",
+    responses={
+        200: {"model": TaskOut, "description": "A fork with this request_id already exists"},
+        **problem_responses(400, 401, 404, 422),
+    },
+)
+async def fork_task(
+    task: OwnedTask, user: UserDep, runtime: RuntimeDep, body: ForkRequest, response: Response
+) -> TaskOut:
+    sub = await runtime.fork(
+        task.id, body.at_round, edit=body.edit, owner=user, request_id=body.request_id
+    )
+    if not sub.created:
+        response.status_code = 200
+    return await task_out(runtime, await runtime.get(sub.task_id, owner=user))

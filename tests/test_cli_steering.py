@@ -1,0 +1,75 @@
+"""`duragent history` and `duragent fork` on real SQLite files."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from duragent import Runtime
+from duragent.cli import _register, app
+from duragent.types import TaskStatus
+from server_agents import agents
+
+_register()
+runner = CliRunner()
+
+
+def cli(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args), env={"COLUMNS": "200"})
+    return result.exit_code, result.output
+
+
+async def _run_to_end(url: str, agent: str, text: str = "go") -> str:
+    async with Runtime(url, agents(), poll_interval=0.05) as rt:
+        task = await (await rt.submit(agent, text, owner="alice")).wait(timeout=30)
+        assert task.status is TaskStatus.COMPLETED
+        return task.id
+
+
+def test_history_then_fork_with_an_edit(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/cli.db"
+    tid = asyncio.run(_run_to_end(url, "parent"))
+    code, out = cli("history", tid, "--store", url)
+    assert code == 0, out
+    assert "2 complete rounds" in out and "delegate(" in out and "[ok]" in out
+    assert "Delegated." in out and "fork with: duragent fork" in out
+
+    code, out = cli("fork", tid, "--at", "1", "--append-user", "and again", "--store", url)
+    assert code == 0, out
+    assert f"from {tid} at round 1" in out and "pending" in out
+    fork_id = out.split("task ", 1)[1].split()[0]
+
+    async def look() -> None:
+        async with Runtime(url, agents(), run_worker=False) as rt:
+            forked = await rt.get(fork_id)
+            assert forked.config["forked_from"] == {"task_id": tid, "round": 1}
+            assert forked.owner == "alice" and forked.status is TaskStatus.PENDING
+            view = await rt.model_view(fork_id)
+            assert view[-1].role == "user" and view[-1].content == "and again"
+
+    asyncio.run(look())
+    code, out = cli("history", fork_id, "--store", url)
+    assert code == 0 and f"forked from {tid} at round 1" in out
+
+
+def test_fork_errors_are_one_line(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/cli.db"
+    tid = asyncio.run(_run_to_end(url, "quick"))
+    code, out = cli("fork", tid, "--at", "5", "--store", url)
+    assert code == 1 and out.startswith("error: ") and "round 5 does not exist" in out
+    assert len(out.strip().splitlines()) == 1
+    code, out = cli("fork", tid, "--at", "1", "--append-user", "", "--store", url)
+    assert code == 1 and "invalid edit" in out
+    code, out = cli("history", "t_missing", "--store", url)
+    assert code == 1 and "no task with id" in out
+
+
+def test_history_output_is_sanitized(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/cli.db"
+    tid = asyncio.run(_run_to_end(url, "quick", "\x1b]0;owned\x07[bold red]hi[/bold red]\x1b[2J"))
+    code, out = cli("history", tid, "--store", url)
+    assert code == 0, out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "[bold red]hi[/bold red]" in out  # shown as written, not as markup

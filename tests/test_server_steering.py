@@ -1,0 +1,117 @@
+"""REST: a task's history and forks (`/v1/tasks/{id}/history`, `/fork`), per owner."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from duragent import Runtime
+from duragent.server import TokenStore, create_app
+from duragent.types import TaskStatus
+from server_agents import agents
+from test_server_api import TOKENS, assert_problem, auth, start, wait_for
+
+
+@pytest.fixture
+async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
+    rt = Runtime(f"sqlite:///{tmp_path}/api.db", agents(), poll_interval=0.05, lease_ttl=5.0)
+    async with rt:
+        yield rt
+
+
+@pytest.fixture
+async def client(runtime: Runtime) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(runtime, TokenStore.from_mapping(TOKENS))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
+        yield c
+
+
+async def approved_task(client: httpx.AsyncClient, runtime: Runtime) -> str:
+    tid = await start(client, "approver")
+    await wait_for(runtime, tid, TaskStatus.WAITING)
+    r = await client.post(f"/v1/tasks/{tid}/respond", json={"approve": True}, headers=auth("alice"))
+    assert r.status_code == 200, r.text
+    await wait_for(runtime, tid, TaskStatus.COMPLETED)
+    return tid
+
+
+async def test_history_lists_rounds_and_fork_starts_a_linked_task(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    tid = await approved_task(client, runtime)
+    r = await client.get(f"/v1/tasks/{tid}/history", headers=auth("alice"))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["iterations"] == 2 and body["forked_from"] is None
+    rounds = body["rounds"]
+    assert [x["round"] for x in rounds] == [1, 2]
+    call = rounds[0]["calls"][0]
+    assert call["name"] == "send_email" and call["outcome"] == "ok"
+    assert call["result"] == "sent to bob@example.com"
+    assert rounds[1]["assistant"] == "Email done."
+
+    edit = {"append_user": "send another"}
+    r = await client.post(
+        f"/v1/tasks/{tid}/fork",
+        json={"at_round": 1, "edit": edit, "request_id": "f1"},
+        headers=auth("alice"),
+    )
+    assert r.status_code == 201, r.text
+    fork = r.json()
+    assert fork["id"] != tid and fork["forked_from"] == {"task_id": tid, "round": 1}
+    again = await client.post(
+        f"/v1/tasks/{tid}/fork",
+        json={"at_round": 1, "edit": edit, "request_id": "f1"},
+        headers=auth("alice"),
+    )
+    assert again.status_code == 200 and again.json()["id"] == fork["id"]
+    done = await wait_for(runtime, fork["id"], TaskStatus.COMPLETED)
+    # The approved email of round 1 was copied, not sent again (no new approval asked).
+    assert done.output == "Email done." and done.owner == "alice"
+    r = await client.get(f"/v1/tasks/{fork['id']}", headers=auth("alice"))
+    assert r.json()["forked_from"] == {"task_id": tid, "round": 1}
+    view = (await client.get(f"/v1/tasks/{fork['id']}/messages", headers=auth("alice"))).json()
+    roles = [m["role"] for m in view["messages"]]
+    assert roles == ["user", "assistant", "tool", "user", "assistant"]
+
+
+async def test_fork_of_an_open_round_or_bad_body_is_a_clear_problem(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    tid = await start(client, "approver")
+    await wait_for(runtime, tid, TaskStatus.WAITING)
+    r = await client.post(f"/v1/tasks/{tid}/fork", json={"at_round": 1}, headers=auth("alice"))
+    body = assert_problem(r, 400, "Bad request")
+    assert "round 1" in body["detail"] and "not complete" in body["detail"]
+    r = await client.post(
+        f"/v1/tasks/{tid}/fork",
+        json={"at_round": 1, "edit": {"rename": "x"}},
+        headers=auth("alice"),
+    )
+    assert r.status_code == 422
+    r = await client.post(f"/v1/tasks/{tid}/fork", json={"at_round": 0}, headers=auth("alice"))
+    assert r.status_code == 422
+    assert len((await runtime.list(owner="alice")).tasks) == 1
+
+
+async def test_another_users_history_and_fork_are_404(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    tid = await approved_task(client, runtime)
+    r = await client.get(f"/v1/tasks/{tid}/history", headers=auth("bob"))
+    assert_problem(r, 404, "Task not found")
+    r = await client.post(f"/v1/tasks/{tid}/fork", json={"at_round": 1}, headers=auth("bob"))
+    assert_problem(r, 404, "Task not found")
+    assert (await runtime.list(owner="bob")).tasks == []
+
+
+async def test_openapi_describes_history_and_fork(client: httpx.AsyncClient) -> None:
+    spec = (await client.get("/openapi.json")).json()
+    assert "get" in spec["paths"]["/v1/tasks/{task_id}/history"]
+    fork = spec["paths"]["/v1/tasks/{task_id}/fork"]["post"]
+    assert {"201", "200", "400", "404"} <= set(fork["responses"])
+    assert "Edit" in spec["components"]["schemas"]
