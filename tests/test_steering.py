@@ -248,13 +248,15 @@ def test_the_readme_steering_example_runs(tmp_path: Any) -> None:
 async def test_a_rolled_back_round_is_shown_voided_and_never_copied(store: Store) -> None:
     release = asyncio.Event()
 
-    @tool
+    # Replay-safe: a rollback voids the whole round. (A never-replay call that
+    # completed would keep its result in the model's view, and close the round.)
+    @tool(replay="safe")
     async def slow() -> str:
         """A tool the test holds open."""
         await release.wait()
         return "slow done"
 
-    @tool
+    @tool(replay="safe")
     def quick() -> str:
         """Returns at once."""
         return "quick done"
