@@ -398,3 +398,40 @@ async def test_a_body_compressed_twice_is_refused_not_expanded() -> None:
         finally:
             tracemalloc.stop()
     assert peak < 5 * 1024 * 1024, peak
+
+
+# --- what else a root may hold: a FIFO, links -------------------------------------------
+
+
+async def test_a_fifo_in_the_root_is_refused_not_waited_on(tmp_path: Path) -> None:
+    import asyncio
+    import os
+
+    os.mkfifo(tmp_path / "pipe")
+    tools = {t.name: t for t in toolset("default", root=tmp_path, allow={"read", "write"})}
+    calls = (("read_file", {"path": "pipe"}), ("write_file", {"path": "pipe", "content": "x"}))
+    try:
+        for name, args in calls:
+            with pytest.raises(PermissionError, match="'pipe' is not a regular file"):
+                # Generous: a refusal is immediate; the old code blocked in open() for good.
+                await asyncio.wait_for(tools[name].invoke(args, None), timeout=20)  # type: ignore[arg-type]
+    finally:
+        # Should a thread still be blocked opening the FIFO, open its other end to free it.
+        os.close(os.open(tmp_path / "pipe", os.O_RDWR | os.O_NONBLOCK))
+
+
+async def test_list_dir_shows_links_as_links_without_following_them(tmp_path: Path) -> None:
+    (tmp_path / "real.txt").write_text("12345")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "etc").symlink_to("/etc")
+    (tmp_path / "passwd").symlink_to("/etc/passwd")
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    (list_dir,) = [t for t in toolset("readonly", root=tmp_path) if t.name == "list_dir"]
+    text = str(await list_dir.invoke({}, None))  # type: ignore[arg-type]
+    assert text.splitlines() == [
+        "etc -> /etc",
+        "gone -> " + str(tmp_path / "nowhere"),
+        "passwd -> /etc/passwd",
+        "real.txt  (5 bytes)",
+        "sub/",
+    ]
