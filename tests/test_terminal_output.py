@@ -97,7 +97,9 @@ def test_show_follow_and_ls_print_hostile_text_as_plain_text(tmp_path: Path) -> 
 
     async def make() -> str:
         async with Runtime(url, [agent], poll_interval=0.05) as rt:
-            sub = await rt.submit("evil", EVIL, owner="[b]\x1b]2;pwned\x07", session_id=EVIL)
+            # Stores refuse NUL in what a client sends; the model's EVIL keeps it.
+            hostile = EVIL.replace("\x00", "")
+            sub = await rt.submit("evil", hostile, owner="[b]\x1b]2;pwned\x07", session_id=hostile)
             task = await sub.wait(timeout=30)
             assert task.status is TaskStatus.COMPLETED, task.error
             return task.id
