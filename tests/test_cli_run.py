@@ -31,7 +31,9 @@ Serve = Callable[..., ScriptedOpenAIServer]
 class Cli:
     """A `duragent` process whose output is collected as it comes."""
 
-    def __init__(self, *args: str, stdin: int = subprocess.DEVNULL) -> None:
+    def __init__(
+        self, *args: str, stdin: int = subprocess.DEVNULL, cwd: Path | None = None
+    ) -> None:
         env = {**os.environ, KEY_ENV: SECRET, "PYTHONUNBUFFERED": "1", "COLUMNS": "100"}
         for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
             env.pop(var, None)
@@ -41,6 +43,7 @@ class Cli:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
+            cwd=cwd,
         )
         self._out = bytearray()
         self._err = b""
@@ -383,6 +386,38 @@ async def test_with_no_one_to_answer_the_task_waits_for_continue(
     assert (workdir / "later.txt").read_text() == "approved later"
     task, _ = await stored(store, task_id)
     assert task.status is TaskStatus.COMPLETED and task.output == "Written."
+
+
+async def test_continue_never_takes_its_directory_from_the_task(
+    serve: Serve, workdir: Path, tmp_path: Path
+) -> None:
+    """A task's context is written by API clients: `continue` roots the tools where it runs."""
+    call = ToolCall("write_file", {"path": "later.txt", "content": "approved later"})
+    server = serve([[call], "Written."])
+    store = f"sqlite:///{tmp_path}/cli.db"
+    code, out, err = Cli(*run_args(server, store, workdir, "Write later.txt")).finish()
+    assert code == 0, out + err
+    task_id = task_id_in(out)
+    hint = continue_hint(out)
+    assert hint[hint.index("--workdir") + 1] == str(workdir)  # the hint names it
+
+    # Elsewhere, without --workdir: refused, nothing runs.
+    at = hint.index("--workdir")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code, out, err = Cli(*hint[:at], *hint[at + 2 :], cwd=elsewhere).finish()
+    assert code == 1, out + err
+    assert f"was started in {str(workdir)!r}" in err and "--workdir" in err
+    task, _ = await stored(store, task_id)
+    assert task.status is TaskStatus.WAITING
+
+    # Run from the task's own directory, no flag is needed.
+    cli = Cli(*hint[:at], *hint[at + 2 :], stdin=subprocess.PIPE, cwd=workdir)
+    cli.wait_for("[y/N] ")
+    cli.send("yes\n")
+    code, out, err = cli.finish()
+    assert code == 0, out + err
+    assert (workdir / "later.txt").read_text() == "approved later"
 
 
 async def test_the_same_request_id_returns_the_same_task(

@@ -97,7 +97,9 @@ def test_show_follow_and_ls_print_hostile_text_as_plain_text(tmp_path: Path) -> 
 
     async def make() -> str:
         async with Runtime(url, [agent], poll_interval=0.05) as rt:
-            sub = await rt.submit("evil", EVIL, owner="[b]\x1b]2;pwned\x07", session_id=EVIL)
+            # Stores refuse NUL in what a client sends; the model's EVIL keeps it.
+            hostile = EVIL.replace("\x00", "")
+            sub = await rt.submit("evil", hostile, owner="[b]\x1b]2;pwned\x07", session_id=hostile)
             task = await sub.wait(timeout=30)
             assert task.status is TaskStatus.COMPLETED, task.error
             return task.id
@@ -108,3 +110,39 @@ def test_show_follow_and_ls_print_hostile_text_as_plain_text(tmp_path: Path) -> 
         assert_inert(out)
         assert "[bold red]" in out or args == ("ls",)
     assert "[b]" in run_cli("ls", "--store", url)
+
+
+def test_show_prints_markup_split_across_streamed_pieces_as_written(tmp_path: Path) -> None:
+    """Each streamed piece holds half a tag; joined, they must not become a live link."""
+    url = f"sqlite:///{tmp_path}/t.db"
+    hostile = "x [link=https://evil.example]click here[/link] y"
+    agent = Agent(
+        name="linker",
+        model=ScriptedModel([hostile], chunk_size=6),  # "x [lin", "k=http", ...
+        tools=[],
+        plan_tool=False,
+        progress_interval=0,  # every piece its own progress entry
+    )
+
+    async def make() -> str:
+        async with Runtime(url, [agent], poll_interval=0.05) as rt:
+            task = await (await rt.submit("linker", "go")).wait(timeout=30)
+            assert task.status is TaskStatus.COMPLETED, task.error
+            pieces = [e for e in await rt.store.entries(task.id) if e.kind.value == "progress"]
+            assert len(pieces) > 3  # the text really was streamed in pieces
+            return task.id
+
+    task_id = asyncio.run(make())
+    out = run_cli("show", task_id, "--store", url)
+    assert_inert(out)
+    assert f"streamed '{hostile}'" in out
+    # A terminal-like console styles text (ESC[...m) but must never emit a hyperlink (ESC]8).
+    colored = subprocess.run(
+        [sys.executable, "-m", "duragent", "show", task_id, "--store", url],
+        capture_output=True,
+        env=child_env(COLUMNS="200", FORCE_COLOR="1"),
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert colored.returncode == 0, colored.stderr.decode(errors="replace")
+    assert b"\x1b]" not in colored.stdout and b"evil.example" in colored.stdout

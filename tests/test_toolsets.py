@@ -32,11 +32,17 @@ Handler = Callable[[BaseHTTPRequestHandler], None]
 
 @contextmanager
 def serving(
-    handle: Handler, host: str = "127.0.0.1", port: int = 0, tls: ssl.SSLContext | None = None
+    handle: Handler,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    tls: ssl.SSLContext | None = None,
+    keep_alive: bool = False,
 ) -> Iterator[str]:
     """An HTTP(S) server on `host` answering every GET with `handle`; yields its base URL."""
 
     class _Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
         def do_GET(self) -> None:
             handle(self)
 
@@ -292,8 +298,15 @@ def tls_site(tmp_path: Path) -> Iterator[tuple[int, ssl.SSLContext]]:
     )
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_ctx.load_cert_chain(cert, key)
-    with serving(answer("over TLS"), host="127.0.0.2", tls=server_ctx) as base:
-        yield int(base.rsplit(":", 1)[1]), ssl.create_default_context(cafile=str(cert))
+
+    def handle(req: BaseHTTPRequestHandler) -> None:
+        if req.path == "/elsewhere":  # to another name on the same address
+            return answer("", 302, Location=f"https://other.test:{port}/")(req)
+        answer("over TLS")(req)
+
+    with serving(handle, host="127.0.0.2", tls=server_ctx, keep_alive=True) as base:
+        port = int(base.rsplit(":", 1)[1])
+        yield port, ssl.create_default_context(cafile=str(cert))
 
 
 async def test_https_dials_the_checked_address_and_still_verifies_the_name(
@@ -310,6 +323,20 @@ async def test_https_dials_the_checked_address_and_still_verifies_the_name(
         await get(f"https://other.test:{port}/", policy)  # same address, wrong name
 
 
+async def test_a_redirect_to_another_name_on_the_same_address_is_verified_again(
+    tls_site: tuple[int, ssl.SSLContext],
+) -> None:
+    """A connection kept alive for site.test must not carry the request for other.test."""
+    port, client_ctx = tls_site
+
+    async def resolve(host: str, port: int) -> list[str]:
+        return ["127.0.0.2"]
+
+    policy = NetworkPolicy(public=(PUBLIC_STAND_IN,), resolve=resolve, verify=client_ctx)
+    with pytest.raises(ConnectionError, match=r"not valid for 'other\.test'"):
+        await get(f"https://site.test:{port}/elsewhere", policy)
+
+
 async def test_a_model_cannot_ask_to_read_a_huge_file_whole(tmp_path: Path) -> None:
     (tmp_path / "big.txt").write_bytes(b"y" * 3_000_000)
     (read,) = [
@@ -318,3 +345,93 @@ async def test_a_model_cannot_ask_to_read_a_huge_file_whole(tmp_path: Path) -> N
     for asked in (-1, 10**12):
         text = str(await read.invoke({"path": "big.txt", "max_chars": asked}, None))  # type: ignore[arg-type]
         assert len(text) < 300_000 and "more characters not shown" in text
+
+
+# --- what a server's Content-Encoding can do to the cap ---------------------------------
+
+
+def gzipped(data: bytes, layers: int) -> bytes:
+    import gzip
+
+    for _ in range(layers):
+        data = gzip.compress(data, compresslevel=9)
+    return data
+
+
+def bomb(layers: int) -> Handler:
+    """A small body that expands to 50 MB once every gzip layer is undone."""
+    body = gzipped(b"\0" * 50 * 1024 * 1024, layers)
+    encoding = ", ".join(["gzip"] * layers)
+
+    def handle(req: BaseHTTPRequestHandler) -> None:
+        req.send_response(200)
+        req.send_header("Content-Type", "text/plain")
+        req.send_header("Content-Encoding", encoding)
+        req.send_header("Content-Length", str(len(body)))
+        req.end_headers()
+        req.wfile.write(body)
+
+    return handle
+
+
+async def test_a_compressed_body_is_capped_after_decoding() -> None:
+    policy = NetworkPolicy(allow_private=True, max_bytes=1000)
+    with serving(bomb(1)) as base:
+        tracemalloc.start()
+        try:
+            text = await get(f"{base}/bomb", policy)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert "longer than 1000 bytes; the rest was not read" in text
+    assert peak < 5 * 1024 * 1024, peak  # 50 MB once decoded
+
+
+async def test_a_body_compressed_twice_is_refused_not_expanded() -> None:
+    policy = NetworkPolicy(allow_private=True, max_bytes=1000)
+    with serving(bomb(2)) as base:
+        tracemalloc.start()
+        try:
+            with pytest.raises(ConnectionError, match=r"'gzip, gzip' is not supported"):
+                await get(f"{base}/bomb", policy)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak < 5 * 1024 * 1024, peak
+
+
+# --- what else a root may hold: a FIFO, links -------------------------------------------
+
+
+async def test_a_fifo_in_the_root_is_refused_not_waited_on(tmp_path: Path) -> None:
+    import asyncio
+    import os
+
+    os.mkfifo(tmp_path / "pipe")
+    tools = {t.name: t for t in toolset("default", root=tmp_path, allow={"read", "write"})}
+    calls = (("read_file", {"path": "pipe"}), ("write_file", {"path": "pipe", "content": "x"}))
+    try:
+        for name, args in calls:
+            with pytest.raises(PermissionError, match="'pipe' is not a regular file"):
+                # Generous: a refusal is immediate; the old code blocked in open() for good.
+                await asyncio.wait_for(tools[name].invoke(args, None), timeout=20)  # type: ignore[arg-type]
+    finally:
+        # Should a thread still be blocked opening the FIFO, open its other end to free it.
+        os.close(os.open(tmp_path / "pipe", os.O_RDWR | os.O_NONBLOCK))
+
+
+async def test_list_dir_shows_links_as_links_without_following_them(tmp_path: Path) -> None:
+    (tmp_path / "real.txt").write_text("12345")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "etc").symlink_to("/etc")
+    (tmp_path / "passwd").symlink_to("/etc/passwd")
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    (list_dir,) = [t for t in toolset("readonly", root=tmp_path) if t.name == "list_dir"]
+    text = str(await list_dir.invoke({}, None))  # type: ignore[arg-type]
+    assert text.splitlines() == [
+        "etc -> /etc",
+        "gone -> " + str(tmp_path / "nowhere"),
+        "passwd -> /etc/passwd",
+        "real.txt  (5 bytes)",
+        "sub/",
+    ]

@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -106,7 +107,8 @@ class Grants:
 
     def flags(self) -> list[str]:
         """The options that grant the same again (for the `continue` hint)."""
-        out = ["--allow", ",".join(sorted(self.allow))] if self.allow else []
+        out = ["--workdir", str(self.root)]
+        out += ["--allow", ",".join(sorted(self.allow))] if self.allow else []
         return out + (["--allow-private-network"] if self.private_network else [])
 
 
@@ -135,7 +137,7 @@ def run_agent(name: str, model: ChatModel, max_iterations: int, grants: Grants) 
 
 
 def _continue_hint(task_id: str, flags: list[str]) -> str:
-    return " ".join(["duragent continue", task_id, *flags])
+    return "duragent continue " + shlex.join([task_id, *flags])
 
 
 # --- showing a task as it runs -----------------------------------------------------
@@ -545,7 +547,7 @@ def continue_command(
         "--workdir",
         exists=True,
         file_okay=False,
-        help="The only directory the file tools may touch (default: the one `run` was given).",
+        help="The only directory the file tools may touch (default: the current directory).",
     ),
     allow: str = ALLOW,
     yes: bool = YES,
@@ -573,9 +575,15 @@ def continue_command(
                 "to that model, so continue it with the same one"
             )
         chat = build_model(spec, base_url, api_key_env)
-        # The directory this terminal's own `duragent run` recorded (a `run-` agent
-        # task is made by the CLI only), unless the user names another.
-        root = workdir or Path(str(task.context.get(WORKDIR_KEY) or "."))
+        # The tools' root is never read from the task: API clients can write its
+        # context. The recorded directory only tells a user who is in another one.
+        root = (workdir or Path.cwd()).resolve()
+        recorded = str(task.context.get(WORKDIR_KEY) or "")
+        if workdir is None and recorded and recorded != str(root):
+            raise UsageError(
+                f"task {task_id} was started in {recorded!r}, not in this directory; "
+                "continue it with --workdir DIR, naming the directory its file tools may use"
+            )
         grants = Grants.from_options(root, allow, yes, allow_private_network)
         return await _drive(
             store,

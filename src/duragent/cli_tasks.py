@@ -13,11 +13,12 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from duragent.cli import app, run_async
 from duragent.runtime.runtime import Runtime
 from duragent.store import DEFAULT_URL, SCHEMA_VERSION, Store, TaskQuery, open_store
-from duragent.terminal import safe
+from duragent.terminal import clean, safe
 from duragent.types import Entry, EntryKind, Task, TaskStatus, session_scope, task_scope
 
 T = TypeVar("T")
@@ -130,14 +131,16 @@ def timeline(entries: list[Entry]) -> Table:
         if streamed and last_kind == ("progress", e.round) and rows:
             row = rows[-1]
             row[0] = f"{row[0].split('–')[0]}–{e.seq}"
-            row[4] = row[4][:-1] + safe(p.get("text", "")) + "'"
+            row[4] = row[4][:-1] + clean(p.get("text", "")) + "'"
             continue
         last_kind = ("progress", e.round) if streamed else None
-        what = f"streamed '{safe(p.get('text', ''))}'" if streamed else safe(describe(e))
+        what = f"streamed '{clean(p.get('text', ''))}'" if streamed else clean(describe(e))
         at = e.created_at.strftime("%H:%M:%S.%f")[:-3]
         rows.append([str(e.seq), str(e.round or "-"), e.kind.value, at, what])
     for row in rows:
-        table.add_row(*row)
+        # Text, not markup: pieces escaped one by one could join into a live tag
+        # ("x [lin" + "k=...]"), so the joined text is never parsed at all.
+        table.add_row(*row[:4], Text(row[4]))
     return table
 
 

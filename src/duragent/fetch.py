@@ -6,7 +6,7 @@ metadata endpoint. So by default only public addresses are reached: the host's
 RESOLVED addresses are checked, the connection goes to the address that was
 checked (no second lookup a DNS answer could change in between), and every
 redirect hop is checked the same way. The body is read as a stream and cut at a
-size cap.
+size cap, applied both to the bytes on the wire and to what they decode to.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import asyncio
 import ipaddress
 import socket
 import ssl
+import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -158,7 +159,15 @@ async def fetch(url: str, policy: NetworkPolicy) -> Fetched:
         raise UsageError("http_get needs httpx: pip install httpx") from None
     target = _checked_url(url)
     # trust_env=False: a proxy from the environment would connect on our behalf, unchecked.
-    client = httpx.AsyncClient(timeout=policy.timeout, trust_env=False, verify=policy.verify)
+    # No keep-alive: we dial addresses, so a kept connection is keyed by address, and a
+    # redirect to another name on the same address would reuse it without checking that
+    # name's certificate.
+    client = httpx.AsyncClient(
+        timeout=policy.timeout,
+        trust_env=False,
+        verify=policy.verify,
+        limits=httpx.Limits(max_keepalive_connections=0),
+    )
     try:
         async with client:
             return await _follow(client, target, policy)
@@ -203,13 +212,62 @@ async def _follow(client: httpx.AsyncClient, target: httpx.URL, policy: NetworkP
     raise ConnectionError(f"{target}: more than {policy.max_redirects} redirects")
 
 
+class _Inflate:
+    """One layer of gzip or deflate, undone a bounded piece at a time."""
+
+    def __init__(self, encoding: str) -> None:
+        self.raw_deflate = encoding == "deflate"  # zlib-wrapped, or (some servers) raw
+        self.inflate = zlib.decompressobj(zlib.MAX_WBITS | (16 if encoding == "gzip" else 0))
+        self.started = False
+
+    def decode(self, data: bytes, most: int) -> bytes:
+        """At most `most` bytes of what `data` decodes to (the rest is dropped: we stop)."""
+        try:
+            out = self.inflate.decompress(data, most)
+        except zlib.error:
+            if not (self.raw_deflate and not self.started):
+                raise ConnectionError("the response body is not valid compressed data") from None
+            self.inflate = zlib.decompressobj(-zlib.MAX_WBITS)
+            out = self.decode(data, most)
+        self.started = True
+        return out
+
+    @property
+    def done(self) -> bool:
+        # Anything after the end of the stream would pile up in zlib's unused_data.
+        return self.inflate.eof
+
+
+def _decoder(response: httpx.Response) -> _Inflate | None:
+    """How to decode the body: one layer of gzip or deflate at most (else refused)."""
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        return None
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        return _Inflate("deflate" if encoding == "deflate" else "gzip")
+    # Stacked layers could expand a few hundred bytes into gigabytes before any cap
+    # saw them; nobody needs them when we asked for identity.
+    raise ConnectionError(f"the response's content encoding {encoding!r} is not supported")
+
+
 async def _read_capped(response: httpx.Response, limit: int) -> tuple[bytes, bool]:
-    """At most `limit` bytes of the body, and whether there was more."""
+    """At most `limit` bytes of the body, and whether there was more.
+
+    The raw stream is read (httpx's decoded stream would inflate a compressed
+    body whole, whatever its size) and decoded here, never past the cap.
+    """
+    decoder = _decoder(response)
     body = bytearray()
-    async for chunk in response.aiter_bytes(65536):
+    wire = 0  # bytes received: capped too, for a body that decodes to next to nothing
+    async for chunk in response.aiter_raw(65536):
+        wire += len(chunk)
         room = limit - len(body)
-        if len(chunk) > room:
-            body += chunk[:room]
+        # One byte more than there is room for tells "more" from "exactly full".
+        data = chunk if decoder is None else decoder.decode(chunk, room + 1)
+        if len(data) > room or (decoder is not None and wire > limit):
+            body += data[:room]
             return bytes(body), True
-        body += chunk
+        body += data
+        if decoder is not None and decoder.done:
+            break
     return bytes(body), False

@@ -15,6 +15,7 @@ never re-run after a crash. Each tool asks for approval unless its permission
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import stat
 from collections.abc import Iterable
@@ -66,12 +67,32 @@ def _clip(text: str, limit: int) -> str:
     return text[:limit] + f"\n[... {len(text) - limit} more characters not shown]"
 
 
+def _open_regular(target: Path, flags: int, mode: int = 0o644) -> int:
+    """An open descriptor on `target`, refused unless it is a regular file.
+
+    O_NOFOLLOW: a link put in place after the check is refused, not followed.
+    O_NONBLOCK: opening a FIFO (or a device) would otherwise wait, for good, for
+    the other end; the check comes after the open, so the open must not block.
+    """
+    refused = PermissionError(f"{target.name!r} is not a regular file")
+    try:
+        fd = os.open(target, flags | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO nobody reads, opened for writing
+            raise refused from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise refused
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _read_text(target: Path, max_chars: int) -> str:
-    # O_NOFOLLOW: a link put in place after the check is refused, not followed.
-    fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise PermissionError(f"{target.name!r} is not a regular file")
+    with os.fdopen(_open_regular(target, os.O_RDONLY), "rb") as f:
         # Enough bytes for max_chars characters and one more (never all: read(-1) is all).
         data = f.read(max(0, min(max_chars, MOST_CHARS)) * 4 + 4)
     return _clip(data.decode("utf-8", errors="replace"), max_chars)
@@ -79,18 +100,24 @@ def _read_text(target: Path, max_chars: int) -> str:
 
 def _write_text(target: Path, content: str) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-    with os.fdopen(os.open(target, flags, 0o644), "w", encoding="utf-8") as f:
+    # Truncated only once it is known to be a regular file (O_TRUNC would act on open).
+    fd = _open_regular(target, os.O_WRONLY | os.O_CREAT)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.truncate(0)
         f.write(content)
 
 
 def _listing(target: Path) -> str:
     lines = []
     for entry in sorted(target.iterdir(), key=lambda p: p.name)[:MAX_ENTRIES]:
-        if entry.is_dir():
+        # Links are shown, never followed: what they lead to may be outside the root.
+        info = entry.lstat()
+        if stat.S_ISLNK(info.st_mode):
+            lines.append(f"{entry.name} -> {os.readlink(entry)}")
+        elif stat.S_ISDIR(info.st_mode):
             lines.append(f"{entry.name}/")
         else:
-            lines.append(f"{entry.name}  ({entry.stat().st_size} bytes)")
+            lines.append(f"{entry.name}  ({info.st_size} bytes)")
     return "\n".join(lines) or "(empty)"
 
 
@@ -111,6 +138,8 @@ def _build(name: str, root: Path, network: NetworkPolicy, ask: bool) -> Tool:
 
         async def list_dir(path: str = ".") -> str:
             """List a directory in the working directory: sub-directories end with '/'.
+
+            A link shows as `name -> target` and is not followed.
 
             Args:
                 path: the directory, relative to the working directory

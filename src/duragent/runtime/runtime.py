@@ -198,18 +198,24 @@ class Runtime:
 
     async def _session_history(self, session_id: str, owner: str | None) -> builtins.list[Any]:
         # The session is the owner's: another owner's tasks under the same id are
-        # not in it, and neither are an owner's tasks in an ownerless session.
-        query = TaskQuery(
-            session_id=session_id,
-            owner=owner,
-            no_owner=owner is None,
-            status=TaskStatus.COMPLETED,
-            limit=1,
-        )
-        page = await self.store.list_tasks(query)
-        if not page.tasks:
+        # not in it, and neither are an owner's tasks in an ownerless session. No
+        # owner and the empty owner are one owner, as in `session_scope`: both kinds
+        # of task are looked for, and the latest of them continued.
+        owners: list[str | None] = [owner] if owner else [None, ""]
+        found: list[Task] = []
+        for one in owners:
+            query = TaskQuery(
+                session_id=session_id,
+                owner=one,
+                no_owner=one is None,
+                status=TaskStatus.COMPLETED,
+                limit=1,
+            )
+            found += (await self.store.list_tasks(query)).tasks
+        if not found:
             return []
-        return list(await self.store.model_view(page.tasks[0].id))
+        latest = max(found, key=lambda t: t.created_at)
+        return list(await self.store.model_view(latest.id))
 
     async def get(self, task_id: str, *, owner: str | None = None) -> Task:
         """The task; with `owner`, another owner's task is reported as not found."""
