@@ -36,9 +36,15 @@ class Agent:
     retry_max_delay: float = 30.0
     plan_tool: bool = True  # offer the built-in update_plan tool (the task's pending steps)
     ask_user_tool: bool = False  # offer the built-in ask_user tool (waits for an answer)
+    # Called on status changes of this agent's tasks (see duragent.webhooks).
+    webhook: str | None = None
 
     def __post_init__(self) -> None:
         from duragent.runtime.builtin import ask_user, update_plan
+        from duragent.webhooks import check_url
+
+        if self.webhook is not None:
+            check_url(self.webhook)
 
         tools = [t if isinstance(t, Tool) else make_tool(t) for t in self.tools]
         if self.plan_tool and not any(t.name == update_plan.name for t in tools):

@@ -57,6 +57,7 @@ from duragent.types import (
     ToolMessage,
     UIError,
 )
+from duragent.webhooks import outbox_events
 
 log = logging.getLogger("duragent.engine")
 
@@ -169,6 +170,8 @@ class TaskRunner:
             state = self.state.take()  # the debounced state rides along with every commit
             if state is not None:
                 changes.setdefault("context", state["context"])
+            # A status change worth announcing writes its webhook event in this commit.
+            documents = [*documents, *outbox_events(self.task, changes)]
             own = [TaskPatch(self.task.id, changes)] if changes else []
             if self.detached:
                 own = [TaskPatch(self.task.id, changes, expect_version=self.task.version)]

@@ -33,6 +33,7 @@ def new_task(
     parent_id: str | None = None,
     root_id: str | None = None,
     context: dict[str, Any] | None = None,
+    webhook: str | None = None,
 ) -> tuple[Task, NewEntry]:
     """A pending task and the entry holding its user message.
 
@@ -46,6 +47,8 @@ def new_task(
     config: dict[str, Any] = {
         "request": {"model": agent.model_name, "settings": dict(agent.model_settings)}
     }
+    if webhook or agent.webhook:
+        config["webhook"] = webhook or agent.webhook
     task = Task(
         agent=agent.name,
         input=input,
