@@ -20,7 +20,7 @@ class Agent:
     name: str
     model: str | ChatModel
     instructions: str = ""
-    tools: Sequence[Tool | Callable[..., Any]] = ()
+    tools: Sequence[Tool | Callable[..., Any] | Sequence[Tool]] = ()
     max_iterations: int = 25
     max_restarts: int = 3
     model_settings: dict[str, Any] = field(default_factory=dict)
@@ -46,7 +46,11 @@ class Agent:
         if self.webhook is not None:
             check_url(self.webhook)
 
-        tools = [t if isinstance(t, Tool) else make_tool(t) for t in self.tools]
+        # An item may be a list of tools (a toolset such as mcp_tools(...)).
+        flat: list[Any] = [
+            x for t in self.tools for x in (t if isinstance(t, list | tuple) else [t])
+        ]
+        tools = [t if isinstance(t, Tool) else make_tool(t) for t in flat]
         if self.plan_tool and not any(t.name == update_plan.name for t in tools):
             tools.append(update_plan)
         if self.ask_user_tool and not any(t.name == ask_user.name for t in tools):
