@@ -79,7 +79,9 @@ async def run_call(
     if rs is not None and (cid in rs.steps or cid in rs.steps_started):
         steps = StepRecord(rs.steps.get(cid, {}), rs.steps_started.get(cid, set()))
     ctx = ToolContext(runner, cid, r, attempt, replay=tool.replay, steps=steps)
-    await runner.trace_point("tool_start", call_id=cid, tool=name, attempt=attempt)
+    await runner.trace_point(
+        "tool_start", call_id=cid, tool=name, attempt=attempt, replay=tool.replay
+    )
     try:
         value = await tool.invoke(arguments, ctx)
     except asyncio.CancelledError:

@@ -221,6 +221,7 @@ class TaskRunner:
     # --- the loop ---
 
     async def run(self) -> Task:
+        await self.trace_point("task_start", task=self.task)
         try:
             await self._start()
             while self.task.status is TaskStatus.RUNNING:
@@ -253,6 +254,7 @@ class TaskRunner:
                 await self._end_on_store_error(store_exc)
         finally:
             await self.state.close()
+        await self.trace_point("task_end", task=self.task)
         return self.task
 
     async def _end_on_store_error(self, exc: StoreError) -> None:
@@ -369,6 +371,7 @@ class TaskRunner:
     async def _round(self) -> None:
         r = self.task.iterations + 1
         self._round_no, self._round_api_seqs, self._round_progress = r, [], []
+        await self.trace_point("round_start")
         response = await self._ask_model(r)
         if response is None:  # stopped by a control request while streaming
             await self._stop(self.control or Control("pause"))
@@ -509,7 +512,9 @@ class TaskRunner:
         pending: list[str] = []
         last = time.monotonic()
         interval = self.agent.progress_interval
-        async for event in self.agent.chat_model.stream(self._request()):
+        request = self._request()
+        await self.trace_point("model_start", model=request.model)
+        async for event in self.agent.chat_model.stream(request):
             assembler.add(event)
             if isinstance(event, TextDelta):
                 pending.append(event.text)
@@ -517,7 +522,9 @@ class TaskRunner:
                 if now - last >= interval:
                     await self._commit_progress(r, "".join(pending))
                     pending, last = [], now
-        return assembler.response(call_id_prefix=f"call_{r}")
+        response = assembler.response(call_id_prefix=f"call_{r}")
+        await self.trace_point("model_end", usage=response.usage, finish=response.finish)
+        return response
 
     async def _commit_progress(self, r: int, text: str) -> None:
         entry = NewEntry(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from duragent.otel import current_trace_context
 from duragent.runtime.log import api_entry
 from duragent.storable import check_storable
 from duragent.types import NewEntry, Task, UserMessage
@@ -47,6 +48,9 @@ def new_task(
     config: dict[str, Any] = {
         "request": {"model": agent.model_name, "settings": dict(agent.model_settings)}
     }
+    trace = current_trace_context()  # so every run of the task joins the submitter's trace
+    if trace:
+        config["trace"] = trace
     if webhook or agent.webhook:
         config["webhook"] = webhook or agent.webhook
     task = Task(
