@@ -215,3 +215,23 @@ def test_resume_is_a_replay_policy_and_others_are_refused() -> None:
     with pytest.raises(ValueError, match="'never', 'safe' or 'resume'"):
         tool(replay="sometimes")(f.fn)  # type: ignore[call-overload]
     assert asyncio.iscoroutinefunction(ToolContext.step)
+
+
+def test_the_readme_steps_example_runs(tmp_path: Path) -> None:
+    import re
+    import subprocess
+    import sys
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme.split("### Durable steps inside a tool", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    out = subprocess.run(
+        [sys.executable, "-c", code.group(1)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "Ordered."
