@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from duragent import Runtime
 from server_live import TOKENS, duragent, free_port, stop, wait_healthy
 from worker_agents import AGENTS
+from workerlib import WorkerProc
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -128,3 +130,39 @@ async def test_serve_metrics_are_on_their_own_port(tmp_path: Path) -> None:
     assert value(samples, "duragent_tasks", status="completed", agent="quick") == 1
     assert value(samples, "duragent_rounds_total", agent="quick") == 1
     assert value(samples, "duragent_commits_total") >= 1
+
+
+async def test_a_takeover_after_sigkill_is_counted(tmp_path: Path) -> None:
+    url, port, log = f"sqlite:///{tmp_path}/m.db", free_port(), tmp_path / "worker.log"
+    dying = WorkerProc(url, ttl=1.0, HOLD="nap")
+    try:
+        async with Runtime(url, agents=AGENTS, run_worker=False) as rt:
+            sub = await rt.submit("researcher", "q")
+            await dying.wait_output("AT nap")
+            dying.signal(signal.SIGKILL)
+            dying.stop()
+            proc = duragent(
+                "worker",
+                "--store",
+                url,
+                "--agents",
+                "worker_agents:AGENTS",
+                "--lease-ttl",
+                "1",
+                "--poll-interval",
+                "0.1",
+                "--metrics-port",
+                str(port),
+                log=log,
+            )
+            try:
+                task = await sub.wait(30)
+                samples = await asyncio.to_thread(scrape, port)
+            finally:
+                stop(proc)
+    finally:
+        dying.stop()
+    assert task.status.value == "completed" and task.restarts == 1
+    assert value(samples, "duragent_takeovers_total", agent="researcher") == 1
+    assert value(samples, "duragent_task_runs_total", agent="researcher") == 1
+    assert value(samples, "duragent_tool_call_seconds_count", tool="nap") == 0  # not re-run
