@@ -63,8 +63,10 @@ log = logging.getLogger("duragent.engine")
 
 StatusHook = Callable[[Task, TaskStatus, TaskStatus], None]
 # Called at named points of a round ("progress", "intents", "tool_start",
-# "result", "final"), after what precedes them is committed. For tests, demos
-# and tracing; a hook that never returns holds the task at that point.
+# "result", "final", "step"), after what precedes them is committed, and around
+# a run ("task_start", "task_end"), a round ("round_start") and a model call
+# ("model_start", "model_end"). For tests, demos, tracing (duragent.otel) and
+# metrics (duragent.metrics); a hook that never returns holds the task there.
 TraceHook = Callable[..., Awaitable[None]]
 
 
