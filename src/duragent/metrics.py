@@ -16,11 +16,11 @@ import asyncio
 import logging
 import time
 from collections import Counter as Tally
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, cast
 
 from duragent.errors import Conflict, MissingExtra, StaleLease
-from duragent.store.base import Commit, CommitResult, Store, TaskQuery
+from duragent.store.base import Commit, CommitResult, LeaseRenewal, Store, TaskQuery
 from duragent.types import EntryKind, Task, TaskStatus
 
 log = logging.getLogger("duragent.metrics")
@@ -69,21 +69,23 @@ class MeteredStore:
             self._renewed_at[task.id] = time.monotonic()
         return task
 
-    async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task:
+    async def renew_leases(
+        self, worker_id: str, leases: Mapping[str, int], ttl: float
+    ) -> LeaseRenewal:
         now = time.monotonic()
-        last = self._renewed_at.get(task_id)
-        if last is not None:
-            # How late this renewal is against the heartbeat: near the lease TTL
-            # means the task was about to be taken over.
-            lag = max(0.0, now - last - self._metrics.heartbeat)
-            self._metrics.renew_lag.observe(lag)
-        try:
-            task = await self._store.renew_lease(task_id, worker_id, epoch, ttl)
-        except Exception:
+        for task_id in leases:
+            last = self._renewed_at.get(task_id)
+            if last is not None:
+                # How late this renewal is against the heartbeat: near the lease
+                # TTL means the task was about to be taken over.
+                self._metrics.renew_lag.observe(max(0.0, now - last - self._metrics.heartbeat))
+        renewal = await self._store.renew_leases(worker_id, leases, ttl)
+        done = time.monotonic()
+        for task_id in renewal.kept:
+            self._renewed_at[task_id] = done
+        for task_id in renewal.lost:
             self._renewed_at.pop(task_id, None)
-            raise
-        self._renewed_at[task_id] = time.monotonic()
-        return task
+        return renewal
 
 
 class Metrics:
@@ -144,7 +146,8 @@ class Metrics:
             buckets=LATENCY,
             registry=r,
         )
-        self.store: Store = cast(Store, MeteredStore(store, self))
+        self._metered = MeteredStore(store, self)
+        self.store: Store = cast(Store, self._metered)
         self._inner = store
         self._loop: asyncio.AbstractEventLoop | None = None
         self._open: dict[tuple[str, str], tuple[float, str]] = {}  # (task, what) -> start, label
@@ -165,6 +168,7 @@ class Metrics:
                 self.takeovers.labels(task.agent).inc()
         elif point == "task_end":
             self._agents.pop(task_id, None)
+            self._metered._renewed_at.pop(task_id, None)
             for key in [k for k in self._open if k[0] == task_id]:
                 del self._open[key]
         elif point == "round_start":
