@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 LEDGER = sys.argv[1]
 server = MCPServer("duragent-test")
@@ -34,6 +34,14 @@ def charge(amount: int, idempotency_key: str) -> str:
     """Charge an amount once per idempotency key."""
     record(f"charge {amount} {idempotency_key}")
     return f"charged {amount}"
+
+
+@server.tool()
+async def send(text: str, ctx: Context) -> str:
+    """Send a message; records the idempotency key found in the request's _meta."""
+    meta = ctx.request_context.meta or {}
+    record(f"send {text} {meta.get('io.duragent/idempotency-key')}")
+    return "sent"
 
 
 @server.tool()

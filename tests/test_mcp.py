@@ -63,6 +63,7 @@ async def run_calls(server: str, ledger: Path) -> None:
                 ToolCall("calc_add", {"a": 2, "b": 3}),
                 ToolCall("calc_charge", {"amount": 5}),
                 ToolCall("calc_explode", {}),
+                ToolCall("calc_send", {"text": "hi"}),
             ],
             "Done.",
         ]
@@ -74,14 +75,23 @@ async def run_calls(server: str, ledger: Path) -> None:
         intents = await rt.store.entries(task.id, kinds=[EntryKind.TOOL_INTENT])
         results = await rt.store.entries(task.id, kinds=[EntryKind.TOOL_RESULT])
     policies = {e.payload["name"]: e.payload["replay"] for e in intents}
-    assert policies == {"calc_add": "safe", "calc_charge": "never", "calc_explode": "never"}
+    assert policies == {
+        "calc_add": "safe",
+        "calc_charge": "never",
+        "calc_explode": "never",
+        "calc_send": "never",
+    }
     by_call = {e.payload["tool_call_id"]: e.payload for e in results}
     assert by_call["call_0_0"]["content"] == "5" and by_call["call_0_0"]["outcome"] == "ok"
     assert by_call["call_0_1"]["content"] == "charged 5"
     assert by_call["call_0_2"]["outcome"] == "error"
     assert "reported an error" in by_call["call_0_2"]["content"]
     # The server got the call's idempotency key, filled in by duragent.
-    assert ledger.read_text().splitlines() == [f"charge 5 {task.id}:1:call_0_1"]
+    # and in the request's _meta, for servers that read it there.
+    assert sorted(ledger.read_text().splitlines()) == [
+        f"charge 5 {task.id}:1:call_0_1",
+        f"send hi {task.id}:1:call_0_3",
+    ]
 
 
 async def test_stdio_server_tools_run_with_their_replay_policy(tmp_path: Path) -> None:
