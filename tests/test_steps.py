@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conftest import drop_schema, require_postgres
 from crashlib import finish, kill_at, ledger_lines, spawn
 from duragent import (
     Agent,
@@ -24,6 +27,17 @@ from duragent.store import open_store
 from duragent.types import EntryKind
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A store several processes share: a SQLite file, or a PostgreSQL schema."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/shared.db"
+        return
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    yield f"{require_postgres()}?schema={schema}"
+    drop_schema(schema)
+
+
 async def outcome_of(url: str) -> tuple[str, str, str]:
     """(status, outcome, content) of the one task's one tool call."""
     store = open_store(url)
@@ -36,8 +50,10 @@ async def outcome_of(url: str) -> tuple[str, str, str]:
 
 
 @pytest.mark.parametrize("replay", ["resume", "safe"])
-async def test_sigkill_between_steps_skips_the_recorded_step(tmp_path: Path, replay: str) -> None:
-    url, ledger = f"sqlite:///{tmp_path}/steps.db", tmp_path / "ledger.txt"
+async def test_sigkill_between_steps_skips_the_recorded_step(
+    shared_url: str, tmp_path: Path, replay: str
+) -> None:
+    url, ledger = shared_url, tmp_path / "ledger.txt"
     kill_at(spawn("step_agent.py", url, str(ledger), "after_reserve", replay), "AT after_reserve")
     assert ledger_lines(ledger) == ["tool attempt=1", "reserve book"]
 
@@ -55,8 +71,10 @@ async def test_sigkill_between_steps_skips_the_recorded_step(tmp_path: Path, rep
     assert (status, outcome, content) == ("completed", "ok", "r-book ch-42 shipped")
 
 
-async def test_sigkill_inside_an_unsafe_step_interrupts_the_call(tmp_path: Path) -> None:
-    url, ledger = f"sqlite:///{tmp_path}/steps.db", tmp_path / "ledger.txt"
+async def test_sigkill_inside_an_unsafe_step_interrupts_the_call(
+    shared_url: str, tmp_path: Path
+) -> None:
+    url, ledger = shared_url, tmp_path / "ledger.txt"
     kill_at(spawn("step_agent.py", url, str(ledger), "in_charge", "resume"), "AT in_charge")
     out = finish(spawn("step_agent.py", url, str(ledger), "none", "resume"))
     assert "DONE completed" in out

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from conftest import drop_schema, require_postgres
 from crashlib import finish, kill_at, spawn
 from duragent import Agent, Runtime, ScriptedModel, Store, TaskStatus, ToolCall, tool
 from duragent.errors import UsageError
@@ -20,6 +22,17 @@ from webhook_receiver import Received, Receiver
 
 SECRET = "whsec-test-secret"
 FAST = WebhookDelivery(secret=SECRET, base_delay=0.05, poll_interval=0.1)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A store several processes share: a SQLite file, or a PostgreSQL schema."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/shared.db"
+        return
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    yield f"{require_postgres()}?schema={schema}"
+    drop_schema(schema)
 
 
 @pytest.fixture
@@ -210,9 +223,9 @@ async def outbox_of(url: str) -> int:
 
 
 async def test_sigkill_before_any_delivery_loses_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    shared_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url, receiver = f"sqlite:///{tmp_path}/h.db", Receiver()
+    url, receiver = shared_url, Receiver()
     try:
         monkeypatch.delenv(SECRET_ENV, raising=False)  # this child writes events, sends none
         kill_at(spawn("webhook_agent.py", url, receiver.url, "run"), "DONE completed")
@@ -228,9 +241,9 @@ async def test_sigkill_before_any_delivery_loses_nothing(
 
 
 async def test_sigkill_during_delivery_sends_it_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    shared_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url, receiver = f"sqlite:///{tmp_path}/h.db", Receiver(hold_first=True)
+    url, receiver = shared_url, Receiver(hold_first=True)
     try:
         monkeypatch.setenv(SECRET_ENV, SECRET)
         proc = spawn("webhook_agent.py", url, receiver.url, "run")
