@@ -34,6 +34,7 @@ from duragent.runtime import (
     Worker,
     tool,
 )
+from duragent.runtime.steps import StepFailed
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
 from duragent.types import (
     AssistantMessage,
@@ -76,6 +77,7 @@ __all__ = [
     "Runtime",
     "ScriptedModel",
     "StaleLease",
+    "StepFailed",
     "Store",
     "StoreCorrupt",
     "StoreError",

@@ -39,10 +39,13 @@ async def serve_forever(
     max_connections: int = 1000,
     header_timeout: float = 10.0,
     keep_alive_timeout: int = 5,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
 ) -> None:
     uvicorn, server = _server_modules()
     from duragent.runtime.runtime import Runtime
     from duragent.server import connections
+    from duragent.store import Store
 
     # A tokens file is re-read when it changes (a removed token stops working at once).
     tokens = (
@@ -53,29 +56,47 @@ async def serve_forever(
     fd_limit = connections.raise_fd_limit()
     connections.quiet_accept_errors(asyncio.get_running_loop())
     agents = load_agents(agents_spec) if agents_spec else []
+    store: str | Store = store_url
+    extra: dict[str, Any] = {}
+    exporter = None
+    if metrics_port is not None:  # on their own port: API tokens are per user, metrics are not
+        from duragent.metrics import Metrics
+        from duragent.store import open_store
+
+        metrics = Metrics(open_store(store_url), heartbeat=lease_ttl / 3)
+        store, extra["trace"] = metrics.store, metrics.trace
+        await store.open()
+        exporter = metrics.serve(metrics_port, metrics_host)
     runtime = Runtime(
-        store_url,
+        store,
         agents,
         run_worker=workers > 0,
         concurrency=max(workers, 1),
         lease_ttl=lease_ttl,
         poll_interval=0.2,
+        **extra,
     )
-    async with runtime:
-        api = server.create_app(runtime, tokens, server.ServerLimits(**(limits or {})))
-        config = uvicorn.Config(
-            api,
-            host=host,
-            port=port,
-            log_level=log_level,
-            lifespan="on",
-            timeout_graceful_shutdown=5,
-            # Past this many connections a request is answered 503 at once.
-            limit_concurrency=connections.connection_limit(max_connections, fd_limit),
-            timeout_keep_alive=keep_alive_timeout,
-            http=connections.protocol_with_header_timeout(header_timeout),
-        )
-        await uvicorn.Server(config).serve()
+    try:
+        async with runtime:
+            api = server.create_app(runtime, tokens, server.ServerLimits(**(limits or {})))
+            config = uvicorn.Config(
+                api,
+                host=host,
+                port=port,
+                log_level=log_level,
+                lifespan="on",
+                timeout_graceful_shutdown=5,
+                # Past this many connections a request is answered 503 at once.
+                limit_concurrency=connections.connection_limit(max_connections, fd_limit),
+                timeout_keep_alive=keep_alive_timeout,
+                http=connections.protocol_with_header_timeout(header_timeout),
+            )
+            await uvicorn.Server(config).serve()
+    finally:
+        if exporter is not None:
+            exporter.shutdown()
+        if not isinstance(store, str):
+            await store.close()
 
 
 @app.command()
@@ -127,6 +148,13 @@ def serve(
     keep_alive_timeout: int = typer.Option(
         5, min=1, help="Seconds an idle kept-alive connection stays open."
     ),
+    metrics_port: int | None = typer.Option(
+        None,
+        help="Serve Prometheus metrics at /metrics on this separate port (extra `metrics`).",
+    ),
+    metrics_host: str = typer.Option(
+        "127.0.0.1", help="Interface for --metrics-port (keep it private: no auth)."
+    ),
 ) -> None:
     """Serve the REST API under /v1, live events, and the web page at /."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -156,6 +184,8 @@ def serve(
                 max_connections=max_connections,
                 header_timeout=header_timeout,
                 keep_alive_timeout=keep_alive_timeout,
+                metrics_port=metrics_port,
+                metrics_host=metrics_host,
             )
         )
     except UsageError as exc:  # MissingExtra, no tokens, a bad tokens file

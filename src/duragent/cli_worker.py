@@ -38,13 +38,29 @@ def load_agents(spec: str) -> list[Agent]:
     return agents
 
 
-async def run_worker(store_url: str, agents: Iterable[Agent], **options: Any) -> None:
+async def run_worker(
+    store_url: str,
+    agents: Iterable[Agent],
+    *,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
+    **options: Any,
+) -> None:
     from duragent.runtime.worker import Worker
     from duragent.store import open_store
 
     store = open_store(store_url)
     await store.open()
-    worker = Worker(store, agents, **options)
+    exporter = None
+    if metrics_port is not None:
+        from duragent.metrics import Metrics
+
+        lease_ttl = options.get("lease_ttl", 30.0)
+        metrics = Metrics(store, heartbeat=options.get("heartbeat") or lease_ttl / 3)
+        exporter = metrics.serve(metrics_port, metrics_host)
+        worker = Worker(metrics.store, agents, trace=metrics.trace, **options)
+    else:
+        worker = Worker(store, agents, **options)
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task[None]] = []
 
@@ -59,6 +75,8 @@ async def run_worker(store_url: str, agents: Iterable[Agent], **options: Any) ->
         for job in stopping:
             await job
     finally:
+        if exporter is not None:
+            exporter.shutdown()
         await store.close()
 
 
@@ -75,6 +93,12 @@ def worker(
         help="Seconds a task may wait for an agent no running worker knows before it is "
         "blocked (missing_definition).",
     ),
+    metrics_port: int | None = typer.Option(
+        None, help="Serve Prometheus metrics at /metrics on this port (extra `metrics`)."
+    ),
+    metrics_host: str = typer.Option(
+        "127.0.0.1", help="Interface for --metrics-port (keep it private: no auth)."
+    ),
 ) -> None:
     """Claim and run tasks until SIGTERM (then stop at a safe point and hand them back)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -87,5 +111,7 @@ def worker(
             poll_interval=poll_interval,
             worker_id=worker_id,
             missing_agent_grace=missing_agent_grace,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
         )
     )

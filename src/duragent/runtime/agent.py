@@ -20,7 +20,7 @@ class Agent:
     name: str
     model: str | ChatModel
     instructions: str = ""
-    tools: Sequence[Tool | Callable[..., Any]] = ()
+    tools: Sequence[Tool | Callable[..., Any] | Sequence[Tool]] = ()
     max_iterations: int = 25
     max_restarts: int = 3
     model_settings: dict[str, Any] = field(default_factory=dict)
@@ -36,11 +36,21 @@ class Agent:
     retry_max_delay: float = 30.0
     plan_tool: bool = True  # offer the built-in update_plan tool (the task's pending steps)
     ask_user_tool: bool = False  # offer the built-in ask_user tool (waits for an answer)
+    # Called on status changes of this agent's tasks (see duragent.webhooks).
+    webhook: str | None = None
 
     def __post_init__(self) -> None:
         from duragent.runtime.builtin import ask_user, update_plan
+        from duragent.webhooks import check_url
 
-        tools = [t if isinstance(t, Tool) else make_tool(t) for t in self.tools]
+        if self.webhook is not None:
+            check_url(self.webhook)
+
+        # An item may be a list of tools (a toolset such as mcp_tools(...)).
+        flat: list[Any] = [
+            x for t in self.tools for x in (t if isinstance(t, list | tuple) else [t])
+        ]
+        tools = [t if isinstance(t, Tool) else make_tool(t) for t in flat]
         if self.plan_tool and not any(t.name == update_plan.name for t in tools):
             tools.append(update_plan)
         if self.ask_user_tool and not any(t.name == ask_user.name for t in tools):

@@ -12,12 +12,19 @@ from typing import TYPE_CHECKING, Any
 from duragent.llm.base import parse_arguments
 from duragent.runtime.context import SleepUntil, SpawnSubtask, Suspend, ToolContext, WaitForInput
 from duragent.runtime.log import INTERRUPTED, RoundState, started_entry
+from duragent.runtime.steps import StepInterrupted, StepRecord
 from duragent.runtime.tools import ToolArgumentError
 from duragent.store.base import DocumentWrite
 from duragent.types import ToolCallData, utcnow
 
 if TYPE_CHECKING:
     from duragent.runtime.engine import TaskRunner
+
+
+# Replay policies under which a call cut off by a crash is run again: "safe" (the
+# whole tool is harmless to repeat) and "resume" (its effects are in ctx.step
+# steps, which are skipped once recorded).
+RERUN = frozenset({"safe", "resume"})
 
 
 @dataclass
@@ -58,7 +65,7 @@ async def run_call(
         else:
             # The call was running when its worker stopped: re-run only if both
             # the stored intent and the current definition say it is safe.
-            if rs.intents[cid].get("replay") == "safe" and tool.replay == "safe":
+            if rs.intents[cid].get("replay") in RERUN and tool.replay in RERUN:
                 attempt = 2
             else:
                 partial = "".join(rs.tool_partial.get(cid, []))
@@ -68,12 +75,19 @@ async def run_call(
         return Outcome(
             cid, suspend=WaitForInput(f"Approve {name}({call.function.arguments})?", "approval")
         )
-    ctx = ToolContext(runner, cid, r, attempt)
-    await runner.trace_point("tool_start", call_id=cid, tool=name, attempt=attempt)
+    steps = None
+    if rs is not None and (cid in rs.steps or cid in rs.steps_started):
+        steps = StepRecord(rs.steps.get(cid, {}), rs.steps_started.get(cid, set()))
+    ctx = ToolContext(runner, cid, r, attempt, replay=tool.replay, steps=steps)
+    await runner.trace_point(
+        "tool_start", call_id=cid, tool=name, attempt=attempt, replay=tool.replay
+    )
     try:
         value = await tool.invoke(arguments, ctx)
     except asyncio.CancelledError:
         raise
+    except StepInterrupted as exc:
+        return Outcome(cid, exc.message(), "interrupted", documents=ctx.staged_documents())
     except TimeoutError as exc:
         # The tool's own limit (asyncio.wait_for raises a bare TimeoutError) is
         # said as such, so the model can try a smaller job; a TimeoutError the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,7 @@ from duragent.types import session_scope, task_scope, utcnow
 
 if TYPE_CHECKING:
     from duragent.runtime.engine import TaskRunner
+    from duragent.runtime.steps import StepRecord
 
 
 # --- durable waits: a tool returns one of these instead of a result ----------
@@ -69,8 +71,22 @@ class Documents:
 class ToolContext:
     """Passed to a tool that asks for it (a parameter annotated `ToolContext`)."""
 
-    def __init__(self, runner: TaskRunner, call_id: str, round: int, attempt: int) -> None:
+    def __init__(
+        self,
+        runner: TaskRunner,
+        call_id: str,
+        round: int,
+        attempt: int,
+        *,
+        replay: str = "never",
+        steps: StepRecord | None = None,
+    ) -> None:
+        from duragent.runtime.steps import StepRecord
+
         self._runner = runner
+        self.replay = replay  # the tool's replay policy: "never", "safe" or "resume"
+        self._steps = steps or StepRecord()
+        self._step_names: list[str] = []
         self.task_id = runner.task.id
         self.call_id = call_id
         self.round = round
@@ -101,6 +117,28 @@ class ToolContext:
         """Partial output; committed as progress so an interrupted call can show it."""
         self.partial.append(text)
         await self._runner.tool_progress(self.call_id, text)
+
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        safe: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Run `fn(*args, **kwargs)` once per call and commit its result under `name`.
+
+        When the call is run again after a crash (tools with `replay="safe"` or
+        `replay="resume"`), a recorded step is not run: its recorded result is
+        returned (a recorded failure is raised again as StepFailed). A step that
+        began and was not recorded runs again only if it is safe (`safe=True`, or
+        by default when the tool is `replay="safe"`); otherwise the call ends with
+        an "interrupted in step" result the model sees. Results must be JSON data.
+        """
+        from duragent.runtime.steps import run_step
+
+        return await run_step(self, name, fn, args, kwargs, safe)
 
     def wait_for_input(self, question: str) -> WaitForInput:
         return WaitForInput(question)

@@ -57,13 +57,16 @@ from duragent.types import (
     ToolMessage,
     UIError,
 )
+from duragent.webhooks import outbox_events
 
 log = logging.getLogger("duragent.engine")
 
 StatusHook = Callable[[Task, TaskStatus, TaskStatus], None]
 # Called at named points of a round ("progress", "intents", "tool_start",
-# "result", "final"), after what precedes them is committed. For tests, demos
-# and tracing; a hook that never returns holds the task at that point.
+# "result", "final", "step"), after what precedes them is committed, and around
+# a run ("task_start", "task_end"), a round ("round_start") and a model call
+# ("model_start", "model_end"). For tests, demos, tracing (duragent.otel) and
+# metrics (duragent.metrics); a hook that never returns holds the task there.
 TraceHook = Callable[..., Awaitable[None]]
 
 
@@ -169,6 +172,8 @@ class TaskRunner:
             state = self.state.take()  # the debounced state rides along with every commit
             if state is not None:
                 changes.setdefault("context", state["context"])
+            # A status change worth announcing writes its webhook event in this commit.
+            documents = [*documents, *outbox_events(self.task, changes)]
             own = [TaskPatch(self.task.id, changes)] if changes else []
             if self.detached:
                 own = [TaskPatch(self.task.id, changes, expect_version=self.task.version)]
@@ -218,6 +223,7 @@ class TaskRunner:
     # --- the loop ---
 
     async def run(self) -> Task:
+        await self.trace_point("task_start", task=self.task)
         try:
             await self._start()
             while self.task.status is TaskStatus.RUNNING:
@@ -250,6 +256,7 @@ class TaskRunner:
                 await self._end_on_store_error(store_exc)
         finally:
             await self.state.close()
+        await self.trace_point("task_end", task=self.task)
         return self.task
 
     async def _end_on_store_error(self, exc: StoreError) -> None:
@@ -366,6 +373,7 @@ class TaskRunner:
     async def _round(self) -> None:
         r = self.task.iterations + 1
         self._round_no, self._round_api_seqs, self._round_progress = r, [], []
+        await self.trace_point("round_start")
         response = await self._ask_model(r)
         if response is None:  # stopped by a control request while streaming
             await self._stop(self.control or Control("pause"))
@@ -506,7 +514,9 @@ class TaskRunner:
         pending: list[str] = []
         last = time.monotonic()
         interval = self.agent.progress_interval
-        async for event in self.agent.chat_model.stream(self._request()):
+        request = self._request()
+        await self.trace_point("model_start", model=request.model)
+        async for event in self.agent.chat_model.stream(request):
             assembler.add(event)
             if isinstance(event, TextDelta):
                 pending.append(event.text)
@@ -514,7 +524,9 @@ class TaskRunner:
                 if now - last >= interval:
                     await self._commit_progress(r, "".join(pending))
                     pending, last = [], now
-        return assembler.response(call_id_prefix=f"call_{r}")
+        response = assembler.response(call_id_prefix=f"call_{r}")
+        await self.trace_point("model_end", usage=response.usage, finish=response.finish)
+        return response
 
     async def _commit_progress(self, r: int, text: str) -> None:
         entry = NewEntry(

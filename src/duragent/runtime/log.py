@@ -52,6 +52,9 @@ class RoundState:
     progress_seqs: list[int] = field(default_factory=list)
     tool_partial: dict[str, list[str]] = field(default_factory=dict)
     started: set[str] = field(default_factory=set)
+    # Durable steps inside tools (ctx.step): call id -> step name -> record.
+    steps: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    steps_started: dict[str, set[str]] = field(default_factory=dict)
 
     @property
     def missing(self) -> list[str]:
@@ -109,6 +112,10 @@ def read_round(entries: Iterable[Entry], rnd: int) -> RoundState:
             st.decisions[p["call_id"]] = p
         elif e.kind is EntryKind.CHECKPOINT and p.get("type") == "started":
             st.started.add(p["call_id"])
+        elif e.kind is EntryKind.CHECKPOINT and p.get("type") == "step":
+            st.steps.setdefault(p["call_id"], {})[p["step"]] = p
+        elif e.kind is EntryKind.CHECKPOINT and p.get("type") == "step_started":
+            st.steps_started.setdefault(p["call_id"], set()).add(p["step"])
     return st
 
 
@@ -157,6 +164,17 @@ def wait_entry(task_id: str, rnd: int, call_id: str, wait: str, **details: Any) 
 
 def started_entry(task_id: str, rnd: int, call_id: str) -> NewEntry:
     payload = {"type": "started", "call_id": call_id}
+    return NewEntry(task_id=task_id, kind=EntryKind.CHECKPOINT, round=rnd, payload=payload)
+
+
+def step_entry(task_id: str, rnd: int, call_id: str, step: str, **record: Any) -> NewEntry:
+    """A step of a tool call finished: its result (`value`) or its failure (`error`)."""
+    payload = {"type": "step", "call_id": call_id, "step": step, **record}
+    return NewEntry(task_id=task_id, kind=EntryKind.CHECKPOINT, round=rnd, payload=payload)
+
+
+def step_started_entry(task_id: str, rnd: int, call_id: str, step: str) -> NewEntry:
+    payload = {"type": "step_started", "call_id": call_id, "step": step}
     return NewEntry(task_id=task_id, kind=EntryKind.CHECKPOINT, round=rnd, payload=payload)
 
 

@@ -30,6 +30,7 @@ from duragent.runtime.worker import Worker, lease_alive
 from duragent.store import open_store
 from duragent.store.base import Commit, Store, TaskPatch, TaskQuery
 from duragent.types import ApiMessage, Entry, Task, TaskStatus, UiMessage
+from duragent.webhooks import WebhookDelivery, check_url
 
 T = TypeVar("T")
 ACTIVE = (TaskStatus.PENDING, TaskStatus.RUNNING, TaskStatus.WAITING)
@@ -95,6 +96,7 @@ class Runtime:
         on_status_change: StatusHook | None = None,
         trace: TraceHook | None = None,
         missing_agent_grace: float = 60.0,
+        webhook_delivery: WebhookDelivery | None = None,
     ) -> None:
         self.store: Store = (
             store if store is not None and not isinstance(store, str) else open_store(store)
@@ -111,6 +113,7 @@ class Runtime:
             "on_status": on_status_change,
             "trace": trace,
             "missing_agent_grace": missing_agent_grace,
+            "webhook_delivery": webhook_delivery,
         }
         self._worker_job: asyncio.Task[None] | None = None
 
@@ -163,14 +166,19 @@ class Runtime:
         session_id: str | None = None,
         context: dict[str, Any] | None = None,
         continue_session: bool = False,
+        webhook: str | None = None,
     ) -> Submission:
         """Start a task. The same `request_id` from the same owner returns the same task.
 
         `continue_session=True` starts the model from the conversation of the
         session's latest finished task (chat continuation: a new task, its own log);
-        resuming an interrupted task is `resume`, not this.
+        resuming an interrupted task is `resume`, not this. `webhook` (a URL,
+        default: the agent's) is called when the task completes, fails, is
+        aborted or blocked, or waits for input (see duragent.webhooks).
         """
         definition = self.agent(agent)
+        if webhook is not None:
+            check_url(webhook)
         history: builtins.list[Any] | None = None
         if continue_session:
             if session_id is None:
@@ -183,6 +191,7 @@ class Runtime:
             session_id=session_id,
             request_id=request_id,
             context=context,
+            webhook=webhook,
         )
         entries = [first]
         if history:

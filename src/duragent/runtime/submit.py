@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from duragent.otel import current_trace_context
 from duragent.runtime.log import api_entry
 from duragent.storable import check_storable
 from duragent.types import NewEntry, Task, UserMessage
@@ -33,6 +34,7 @@ def new_task(
     parent_id: str | None = None,
     root_id: str | None = None,
     context: dict[str, Any] | None = None,
+    webhook: str | None = None,
 ) -> tuple[Task, NewEntry]:
     """A pending task and the entry holding its user message.
 
@@ -46,6 +48,11 @@ def new_task(
     config: dict[str, Any] = {
         "request": {"model": agent.model_name, "settings": dict(agent.model_settings)}
     }
+    trace = current_trace_context()  # so every run of the task joins the submitter's trace
+    if trace:
+        config["trace"] = trace
+    if webhook or agent.webhook:
+        config["webhook"] = webhook or agent.webhook
     task = Task(
         agent=agent.name,
         input=input,

@@ -15,7 +15,10 @@ from duragent.llm.base import ToolSpec
 if TYPE_CHECKING:
     from duragent.runtime.context import ToolContext
 
-Replay = Literal["never", "safe"]
+# "never": an interrupted call is reported to the model, not re-run (the default).
+# "safe": re-run after a crash; running it twice is harmless.
+# "resume": re-run after a crash; steps it recorded with ctx.step are skipped.
+Replay = Literal["never", "safe", "resume"]
 ApprovalRule = bool | Callable[[dict[str, Any]], bool]
 
 
@@ -109,8 +112,8 @@ def make_tool(
     requires_approval: ApprovalRule = False,
     timeout: float | None = None,
 ) -> Tool:
-    if replay not in ("never", "safe"):
-        raise ValueError(f"replay must be 'never' or 'safe', not {replay!r}")
+    if replay not in ("never", "safe", "resume"):
+        raise ValueError(f"replay must be 'never', 'safe' or 'resume', not {replay!r}")
     hints = get_type_hints(fn)
     summary, param_docs = _describe(fn)
     fields: dict[str, Any] = {}
@@ -175,8 +178,10 @@ def tool(
     The JSON schema comes from the type hints, the description from the
     docstring. A parameter annotated `ToolContext` receives the call's context
     and is not shown to the model. `replay="safe"` declares that running the
-    tool again after a crash is harmless; the default `"never"` means an
-    interrupted call is reported to the model instead of being re-run.
+    tool again after a crash is harmless; `replay="resume"` re-runs it after a
+    crash with the steps it committed through `ctx.step` skipped; the default
+    `"never"` means an interrupted call is reported to the model instead of
+    being re-run.
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:

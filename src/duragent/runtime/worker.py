@@ -19,6 +19,7 @@ from duragent.runtime.presence import announce, block_unserved, withdraw
 from duragent.runtime.state import Clock
 from duragent.store.base import Store, TaskQuery
 from duragent.types import Task, TaskStatus, utcnow
+from duragent.webhooks import WebhookDelivery, WebhookSender
 
 log = logging.getLogger("duragent.worker")
 
@@ -55,6 +56,7 @@ class Worker:
         shutdown_grace: float = 30.0,
         trace: TraceHook | None = None,
         missing_agent_grace: float = 60.0,
+        webhook_delivery: WebhookDelivery | None = None,
     ) -> None:
         self.store = store
         self.agents = {a.name: a for a in agents}
@@ -80,6 +82,8 @@ class Worker:
         self._claim_failures = 0  # claims in a row the store refused
         self._lost_claim = False  # a claim's outcome is unknown: look for it
         self._held: dict[tuple[str, int], None] = {}  # (task, epoch) runners held, recent
+        # Delivers webhook events from the outbox, this process's and others'.
+        self.webhooks = WebhookSender(store, self.id, claim_ttl=lease_ttl, options=webhook_delivery)
 
     # --- control ---
 
@@ -126,6 +130,7 @@ class Worker:
         # not at the next heartbeat.
         unwatch = self.store.watch_controls(self._control_noted)
         presence = asyncio.ensure_future(self._presence())
+        sender = asyncio.ensure_future(self.webhooks.run())
         try:
             while not self._stopping:
                 # Listen before looking: a commit landing between the claim
@@ -150,6 +155,9 @@ class Worker:
                 await presence
             with contextlib.suppress(StoreError):
                 await withdraw(self.store, self.id)
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
             self._stopped.set()
 
     async def _adopt_lost_claims(self) -> None:
@@ -260,7 +268,7 @@ class Worker:
             agent,
             task,
             agents=self.agents,
-            on_status=self.on_status,
+            on_status=self._status_changed,
             clock=self.clock,
             trace=self.trace,
         )
@@ -270,6 +278,11 @@ class Worker:
         self._jobs[task.id] = job
         self._job_of[id(runner)] = job
         job.add_done_callback(lambda _: self._finished(runner))
+
+    def _status_changed(self, task: Task, old: TaskStatus, new: TaskStatus) -> None:
+        self.webhooks.wake()  # the commit may have written a webhook event
+        if self.on_status is not None:
+            self.on_status(task, old, new)
 
     def _finished(self, runner: TaskRunner) -> None:
         task_id = runner.task.id

@@ -229,7 +229,7 @@ class ToolOut(BaseModel):
     name: str
     description: str
     parameters: dict[str, Any] = Field(description="JSON schema of the arguments.")
-    replay: Literal["never", "safe"]
+    replay: Literal["never", "safe", "resume"]
     requires_approval: bool | Literal["conditional"]
 
 

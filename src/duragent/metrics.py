@@ -1,0 +1,268 @@
+"""Prometheus metrics for `duragent worker` and `duragent serve` (extra `metrics`).
+
+Built from what already exists, not sprinkled through the runtime: the
+store every commit goes through (wrapped, to time commits and lease renewals),
+the trace points of each task (rounds, model and tool calls, restarts), and
+a count of the store's tasks by status and agent, taken at scrape time.
+
+They are served on their own port (`--metrics-port`, bound to 127.0.0.1 unless
+`--metrics-host` says otherwise): the API's tokens belong to users and the
+metrics describe every user's tasks, so they are not on the API port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter as Tally
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, cast
+
+from duragent.errors import Conflict, MissingExtra, StaleLease
+from duragent.store.base import Commit, CommitResult, LeaseRenewal, Store, TaskQuery
+from duragent.types import EntryKind, Task, TaskStatus
+
+log = logging.getLogger("duragent.metrics")
+
+try:  # guarded: the core install has no prometheus-client
+    import prometheus_client as prom
+    from prometheus_client.core import GaugeMetricFamily
+except ImportError:  # pragma: no cover - exercised without the extra
+    prom = None  # type: ignore[assignment]
+
+LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class MeteredStore:
+    """A store that times its commits and lease renewals; everything else passes through."""
+
+    def __init__(self, store: Store, metrics: Metrics) -> None:
+        self._store = store
+        self._metrics = metrics
+        self._renewed_at: dict[str, float] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def commit(self, commit: Commit) -> CommitResult:
+        start = time.perf_counter()
+        outcome = "ok"
+        try:
+            return await self._store.commit(commit)
+        except StaleLease:
+            outcome = "stale_lease"
+            raise
+        except Conflict:
+            outcome = "conflict"
+            raise
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            self._metrics.commits.labels(outcome).inc()
+            self._metrics.commit_seconds.observe(time.perf_counter() - start)
+
+    async def claim_task(self, worker_id: str, **kw: Any) -> Task | None:
+        task = await self._store.claim_task(worker_id, **kw)
+        if task is not None:
+            self._renewed_at[task.id] = time.monotonic()
+        return task
+
+    async def renew_leases(
+        self, worker_id: str, leases: Mapping[str, int], ttl: float
+    ) -> LeaseRenewal:
+        now = time.monotonic()
+        for task_id in leases:
+            last = self._renewed_at.get(task_id)
+            if last is not None:
+                # How late this renewal is against the heartbeat: near the lease
+                # TTL means the task was about to be taken over.
+                self._metrics.renew_lag.observe(max(0.0, now - last - self._metrics.heartbeat))
+        renewal = await self._store.renew_leases(worker_id, leases, ttl)
+        done = time.monotonic()
+        for task_id in renewal.kept:
+            self._renewed_at[task_id] = done
+        for task_id in renewal.lost:
+            self._renewed_at.pop(task_id, None)
+        return renewal
+
+
+class Metrics:
+    """One registry per process: `Metrics(store)`, then run with `metrics.store`
+    and `trace=metrics.trace`, and `serve()` the registry."""
+
+    def __init__(self, store: Store, *, heartbeat: float = 10.0) -> None:
+        if prom is None:
+            raise MissingExtra("Prometheus metrics", "metrics")
+        self.registry = prom.CollectorRegistry()
+        self.heartbeat = heartbeat
+        r = self.registry
+        self.rounds = prom.Counter("duragent_rounds", "Rounds started.", ["agent"], registry=r)
+        self.commits = prom.Counter(
+            "duragent_commits", "Store commits, by outcome.", ["outcome"], registry=r
+        )
+        self.commit_seconds = prom.Histogram(
+            "duragent_commit_seconds", "Store commit latency.", buckets=LATENCY, registry=r
+        )
+        self.model_seconds = prom.Histogram(
+            "duragent_model_call_seconds",
+            "Model call latency (a streamed answer, start to end).",
+            ["agent", "model"],
+            buckets=LATENCY,
+            registry=r,
+        )
+        self.tokens = prom.Counter(
+            "duragent_model_tokens", "Tokens used.", ["agent", "kind"], registry=r
+        )
+        self.tool_seconds = prom.Histogram(
+            "duragent_tool_call_seconds",
+            "Tool call latency, by outcome.",
+            ["tool", "outcome"],
+            buckets=LATENCY,
+            registry=r,
+        )
+        self.retries = prom.Counter(
+            "duragent_model_retries",
+            "Model calls made again after an error.",
+            ["agent"],
+            registry=r,
+        )
+        self.runs = prom.Counter(
+            "duragent_task_runs",
+            "Task runs started on this process (claims).",
+            ["agent"],
+            registry=r,
+        )
+        self.takeovers = prom.Counter(
+            "duragent_takeovers",
+            "Tasks taken over from a worker whose lease expired.",
+            ["agent"],
+            registry=r,
+        )
+        self.renew_lag = prom.Histogram(
+            "duragent_lease_renew_lag_seconds",
+            "How late lease renewals are against the heartbeat interval.",
+            buckets=LATENCY,
+            registry=r,
+        )
+        self._metered = MeteredStore(store, self)
+        self.store: Store = cast(Store, self._metered)
+        self._inner = store
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._open: dict[tuple[str, str], tuple[float, str]] = {}  # (task, what) -> start, label
+        self._agents: dict[str, str] = {}
+        self.registry.register(_TaskCounts(self))
+
+    # --- trace points ---
+
+    async def trace(self, point: str, **info: Any) -> None:
+        self._loop = asyncio.get_running_loop()
+        task_id = info.get("task_id", "")
+        now = time.perf_counter()
+        if point == "task_start":
+            task: Task = info["task"]
+            self._agents[task_id] = task.agent
+            self.runs.labels(task.agent).inc()
+            if await self._was_takeover(task):
+                self.takeovers.labels(task.agent).inc()
+        elif point == "task_end":
+            self._agents.pop(task_id, None)
+            self._metered._renewed_at.pop(task_id, None)
+            for key in [k for k in self._open if k[0] == task_id]:
+                del self._open[key]
+        elif point == "round_start":
+            self.rounds.labels(self._agents.get(task_id, "")).inc()
+        elif point == "model_start":
+            if (task_id, "model") in self._open:  # the last attempt never ended: a retry
+                self.retries.labels(self._agents.get(task_id, "")).inc()
+            self._open[(task_id, "model")] = (now, info.get("model", ""))
+        elif point == "model_end":
+            start, model = self._open.pop((task_id, "model"), (now, ""))
+            agent = self._agents.get(task_id, "")
+            self.model_seconds.labels(agent, model).observe(now - start)
+            usage = info.get("usage")
+            if usage is not None:
+                self.tokens.labels(agent, "input").inc(usage.input_tokens)
+                self.tokens.labels(agent, "output").inc(usage.output_tokens)
+        elif point == "tool_start":
+            self._open[(task_id, "tool:" + info["call_id"])] = (now, info.get("tool", ""))
+        elif point == "result":
+            opened = self._open.pop((task_id, "tool:" + info["call_id"]), None)
+            if opened is not None:
+                start, tool = opened
+                self.tool_seconds.labels(tool, info.get("outcome", "")).observe(now - start)
+
+    async def _was_takeover(self, task: Task) -> bool:
+        """Whether the claim that started this run took the task from a dead worker."""
+        if task.restarts == 0:
+            return False
+        last = await self._inner.entries(task.id, after_seq=max(0, task.last_seq - 1))
+        return bool(last and last[-1].kind is EntryKind.STATUS and last[-1].payload.get("takeover"))
+
+    # --- serving ---
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> Any:
+        """Serve /metrics on host:port from a thread; returns the server (shutdown() it)."""
+        self._loop = asyncio.get_running_loop()
+        server, _thread = prom.start_http_server(port, addr=host, registry=self.registry)
+        return server
+
+    def text(self) -> str:
+        return str(prom.generate_latest(self.registry).decode())
+
+
+class _TaskCounts:
+    """duragent_tasks{status, agent}: counted from the store at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> Iterable[Any]:
+        return []  # no collect() at registration: the store may not be open yet
+
+    def collect(self) -> Iterator[Any]:
+        family = GaugeMetricFamily(
+            "duragent_tasks", "Tasks in the store.", labels=["status", "agent"]
+        )
+        loop = self.metrics._loop
+        if loop is None or loop.is_closed():
+            yield family
+            return
+        try:
+            if _in_loop(loop):
+                counts: Tally[tuple[str, str]] = Tally()  # cannot block the loop it runs on
+            else:
+                future = asyncio.run_coroutine_threadsafe(count_tasks(self.metrics._inner), loop)
+                counts = future.result(timeout=30)
+        except Exception as exc:  # a scrape must answer even when the store does not
+            log.warning("counting tasks for /metrics failed: %s", exc)
+            counts = Tally()
+        for (status, agent), n in sorted(counts.items()):
+            family.add_metric([status, agent], n)
+        yield family
+
+
+def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+async def count_tasks(store: Store) -> Tally[tuple[str, str]]:
+    """(status, agent) -> number of tasks, paging through the store."""
+    counts: Tally[tuple[str, str]] = Tally()
+    for status in TaskStatus:
+        cursor = None
+        while True:
+            page = await store.list_tasks(TaskQuery(status=status, limit=500, cursor=cursor))
+            for t in page.tasks:
+                counts[(status.value, t.agent)] += 1
+            cursor = page.next_cursor
+            if not cursor:
+                break
+    return counts
+
+
+__all__ = ["MeteredStore", "Metrics", "count_tasks"]

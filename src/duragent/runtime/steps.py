@@ -1,0 +1,126 @@
+"""Durable steps inside a tool: `await ctx.step("charge", fn, *args)`.
+
+Each step's result is committed (an entry of the call's round, fenced by the
+task's lease) as soon as the step returns. When a tool call is run again after
+a crash (`replay="safe"` or `replay="resume"`), a step already recorded is not
+run again: its recorded result is returned. A step that had started and was
+not recorded follows the same rule as a tool call: run again only if it is
+safe, otherwise the call ends with an "interrupted in step X" result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from duragent.runtime.log import step_entry, step_started_entry
+
+if TYPE_CHECKING:
+    from duragent.runtime.context import ToolContext
+
+
+@dataclass
+class StepRecord:
+    """What the log says about the steps of one call before this run of it."""
+
+    done: dict[str, dict[str, Any]] = field(default_factory=dict)
+    started: set[str] = field(default_factory=set)
+
+
+class StepFailed(Exception):
+    """A step raised (its failure is recorded); on a re-run the recorded failure is
+    raised again instead of running the step again."""
+
+    def __init__(self, step: str, error: str) -> None:
+        super().__init__(f"step {step!r} failed: {error}")
+        self.step = step
+        self.error = error
+
+
+class StepInterrupted(BaseException):
+    """A step that is not safe to repeat was cut off by a crash; the call must stop.
+
+    A BaseException, like cancellation, so a tool's `except Exception` cannot
+    swallow it and carry on into the steps after it.
+    """
+
+    def __init__(self, step: str, completed: list[str]) -> None:
+        super().__init__(step)
+        self.step = step
+        self.completed = completed
+
+    def message(self) -> str:
+        done = ", ".join(repr(s) for s in self.completed) or "none"
+        return (
+            f"Tool call interrupted in step {self.step!r}: the process running it stopped after "
+            "the step began and before its result was saved. It may or may not have taken "
+            "effect; it was not re-run because it is not marked safe. Steps completed before "
+            f"it: {done}."
+        )
+
+
+def as_json(step: str, value: Any) -> Any:
+    """The value as stored, so a first run returns exactly what a replay returns."""
+    if hasattr(value, "model_dump"):
+        value = value.model_dump(mode="json")
+    try:
+        return json.loads(json.dumps(value, ensure_ascii=False))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"step {step!r} returned a {type(value).__name__}, which cannot be stored as JSON; "
+            "return JSON data (dict, list, str, number, bool or None) or a pydantic model"
+        ) from exc
+
+
+async def run_step(
+    ctx: ToolContext,
+    name: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    safe: bool | None,
+) -> Any:
+    runner, record = ctx._runner, ctx._steps
+    if not isinstance(name, str) or not name:
+        raise ValueError("a step needs a non-empty name")
+    if name in ctx._step_names:
+        raise ValueError(
+            f"step {name!r} ran twice in call {ctx.call_id}; steps are keyed by call and name, "
+            "so give each step of a call its own name (e.g. f'charge-{i}')"
+        )
+    ctx._step_names.append(name)
+    done = record.done.get(name)
+    if done is not None:
+        if "error" in done:
+            raise StepFailed(name, done["error"])
+        return done.get("value")
+    # A step is as safe as its tool unless it says otherwise.
+    repeatable = safe if safe is not None else ctx.replay == "safe"
+    tid, r, cid = runner.task.id, ctx.round, ctx.call_id
+    if name in record.started and not repeatable:
+        raise StepInterrupted(name, [s for s in ctx._step_names[:-1] if s in record.done])
+    if not repeatable:
+        # Intent before effect: a crash from here on is seen as "started, not recorded".
+        await runner.commit([step_started_entry(tid, r, cid, name)])
+    try:
+        if inspect.iscoroutinefunction(fn):
+            value = await fn(*args, **kwargs)
+        else:
+            value = await asyncio.to_thread(fn, *args, **kwargs)
+            if inspect.isawaitable(value):
+                value = await value
+        stored = as_json(name, value)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        await runner.commit([step_entry(tid, r, cid, name, error=error)])
+        # The same exception type on the first run as on a replay of the record.
+        raise StepFailed(name, error) from exc
+    await runner.commit([step_entry(tid, r, cid, name, value=stored)])
+    await runner.trace_point("step", call_id=cid, step=name)
+    return stored
