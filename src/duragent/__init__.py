@@ -31,7 +31,9 @@ from duragent.runtime import (
     Worker,
     tool,
 )
+from duragent.runtime.schedules import Schedule
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
+from duragent.store.queues import Queue
 from duragent.types import (
     AssistantMessage,
     BlockReason,
@@ -67,7 +69,9 @@ __all__ = [
     "ModelError",
     "ModelRequest",
     "NewEntry",
+    "Queue",
     "Runtime",
+    "Schedule",
     "ScriptedModel",
     "StaleLease",
     "Store",

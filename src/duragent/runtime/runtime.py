@@ -7,6 +7,7 @@ import builtins
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 from pydantic_core import to_jsonable_python
@@ -22,15 +23,28 @@ from duragent.errors import (
 from duragent.runtime.agent import Agent
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
 from duragent.runtime.log import api_entry, notice
+from duragent.runtime.many import ManyTasks
 from duragent.runtime.submit import new_task
 from duragent.runtime.views import Steps, build_steps, ui_view
 from duragent.runtime.waits import open_waits, resolution
 from duragent.runtime.worker import Worker, lease_alive
 from duragent.store import open_store
 from duragent.store.base import Commit, Store, TaskPatch, TaskQuery
-from duragent.types import ApiMessage, Entry, Task, TaskStatus, UiMessage
+from duragent.store.queues import Queue, define_queue
+from duragent.types import ApiMessage, Entry, Task, TaskStatus, UiMessage, utcnow
 
 T = TypeVar("T")
+
+
+def when(start_at: datetime | timedelta) -> datetime:
+    """A start time from a time (timezone-aware) or a delay from now."""
+    if isinstance(start_at, timedelta):
+        return utcnow() + start_at
+    if start_at.tzinfo is None:
+        raise UsageError("start_at must be timezone-aware (e.g. datetime.now(UTC)) or a timedelta")
+    return start_at
+
+
 ACTIVE = (TaskStatus.PENDING, TaskStatus.RUNNING, TaskStatus.WAITING)
 
 
@@ -72,7 +86,7 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class Runtime:
+class Runtime(ManyTasks):
     """`async with Runtime("sqlite:///agent.db", agents=[...]) as rt: ...`
 
     With `run_worker=True` (the default) an in-process worker runs the tasks of
@@ -94,6 +108,7 @@ class Runtime:
         on_status_change: StatusHook | None = None,
         trace: TraceHook | None = None,
         missing_agent_grace: float = 60.0,
+        queues: Iterable[Queue] = (),
     ) -> None:
         self.store: Store = (
             store if store is not None and not isinstance(store, str) else open_store(store)
@@ -110,13 +125,17 @@ class Runtime:
             "on_status": on_status_change,
             "trace": trace,
             "missing_agent_grace": missing_agent_grace,
+            "queues": list(queues),
         }
         self._worker_job: asyncio.Task[None] | None = None
+        self._queues = list(queues)
 
     # --- lifecycle ---
 
     async def __aenter__(self) -> Runtime:
         await self.store.open()
+        for q in self._queues:
+            await define_queue(self.store, q)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -162,8 +181,16 @@ class Runtime:
         session_id: str | None = None,
         context: dict[str, Any] | None = None,
         continue_session: bool = False,
+        queue: str | None = None,
+        priority: int = 0,
+        metadata: dict[str, Any] | None = None,
+        start_at: datetime | timedelta | None = None,
     ) -> Submission:
         """Start a task. The same `request_id` from the same owner returns the same task.
+
+        `queue` (default: the agent's name) and `priority` (higher first) decide
+        when it is claimed; `metadata` labels it for filters; `start_at` (a time,
+        or a delay) holds it until then.
 
         `continue_session=True` starts the model from the conversation of the
         session's latest finished task (chat continuation: a new task, its own log);
@@ -183,6 +210,11 @@ class Runtime:
             request_id=request_id,
             context=context,
         )
+        task.queue = queue or definition.name
+        task.priority = priority
+        task.metadata = dict(metadata or {})
+        if start_at is not None:
+            task.wake_at = when(start_at)
         entries = [first]
         if history:
             # Round 0: earlier conversation, visible to the model, never a round to recover.
@@ -227,6 +259,12 @@ class Runtime:
         agent: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        queue: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        updated_after: datetime | None = None,
+        updated_before: datetime | None = None,
     ) -> Any:
         return await self.store.list_tasks(
             TaskQuery(
@@ -237,6 +275,12 @@ class Runtime:
                 agent=agent,
                 limit=limit,
                 cursor=cursor,
+                queue=queue,
+                metadata=metadata,
+                created_after=created_after,
+                created_before=created_before,
+                updated_after=updated_after,
+                updated_before=updated_before,
             )
         )
 

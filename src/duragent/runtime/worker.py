@@ -15,9 +15,12 @@ from typing import Any
 from duragent.errors import CommitOutcomeUnknown, StoreError, TaskNotFound
 from duragent.runtime.agent import Agent
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
+from duragent.runtime.housekeeping import Housekeeper
+from duragent.runtime.housekeeping import stop as stop_housekeeping
 from duragent.runtime.presence import announce, block_unserved, withdraw
 from duragent.runtime.state import Clock
 from duragent.store.base import Store, TaskQuery
+from duragent.store.queues import Queue
 from duragent.types import Task, TaskStatus, utcnow
 
 log = logging.getLogger("duragent.worker")
@@ -55,6 +58,8 @@ class Worker:
         shutdown_grace: float = 30.0,
         trace: TraceHook | None = None,
         missing_agent_grace: float = 60.0,
+        queues: Iterable[Queue] = (),
+        housekeeping: bool = True,
     ) -> None:
         self.store = store
         self.agents = {a.name: a for a in agents}
@@ -80,6 +85,10 @@ class Worker:
         self._claim_failures = 0  # claims in a row the store refused
         self._lost_claim = False  # a claim's outcome is unknown: look for it
         self._held: dict[tuple[str, int], None] = {}  # (task, epoch) runners held, recent
+        # Schedule ticks and queue TTLs (housekeeping.py); queue definitions are
+        # written to the store when the worker starts.
+        self.housekeeper = Housekeeper(store, self.agents, queues=queues, on_fired=self.wake)
+        self.housekeeping = housekeeping
 
     # --- control ---
 
@@ -126,7 +135,11 @@ class Worker:
         # not at the next heartbeat.
         unwatch = self.store.watch_controls(self._control_noted)
         presence = asyncio.ensure_future(self._presence())
+        house = None
         try:
+            await self.housekeeper.define_queues()
+            if self.housekeeping:
+                house = asyncio.ensure_future(self.housekeeper.run())
             while not self._stopping:
                 # Listen before looking: a commit landing between the claim
                 # query and the wait must still wake us (else: a lost wake-up
@@ -140,6 +153,7 @@ class Worker:
                         changed.cancel()
         finally:
             unwatch()
+            await stop_housekeeping(house)
             beat.cancel()
             for check in list(self._checks):
                 check.cancel()
@@ -186,10 +200,12 @@ class Worker:
                 await self._adopt_lost_claims()
             except StoreError as exc:
                 log.warning("looking for lost claims failed: %s", exc)
+        # Up to every free slot in one store call (one transaction, not one per task).
         while len(self._jobs) < self.concurrency and not self._stopping:
+            free = self.concurrency - len(self._jobs)
             try:
-                task = await self.store.claim_task(
-                    self.id, agents=list(self.agents), ttl=self.lease_ttl
+                tasks = await self.store.claim_tasks(
+                    self.id, free, agents=list(self.agents), ttl=self.lease_ttl
                 )
             except StoreError as exc:
                 # The store is failing (down, disk full): look again later, backing
@@ -200,10 +216,11 @@ class Worker:
                 log.warning("claim failed (%d in a row): %s", self._claim_failures, exc)
                 return
             self._claim_failures = 0
-            if task is None:
+            for task in tasks:
+                self.claimed += 1
+                self._start(task)
+            if len(tasks) < free:
                 return
-            self.claimed += 1
-            self._start(task)
 
     async def _watch_store(self) -> asyncio.Future[None] | None:
         """Start waiting for other processes' commits, if the store can tell us.
