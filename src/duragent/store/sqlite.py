@@ -58,6 +58,7 @@ from duragent.types import (
     EntryKind,
     Task,
     UiMessage,
+    utcnow,
 )
 
 
@@ -390,6 +391,27 @@ class SQLiteStore(TxWrites):
             params = names * 3
         sql = sql.format(a=clause)
         return await self._read(lambda conn: from_ts(conn.execute(sql, params).fetchone()[0]))  # type: ignore[no-any-return]
+
+    async def claim_tasks(
+        self,
+        worker_id: str,
+        n: int = 1,
+        *,
+        agents: Iterable[str] | None = None,
+        ttl: float = 30.0,
+        task_id: str | None = None,
+    ) -> list[Task]:
+        """Look first without the write lock: an idle worker polling for work then
+        never holds the file's one write lock (which would stall every other
+        process's commits, for as long as a stopped or slow poller holds it)."""
+        names = None if agents is None else list(agents)
+        if n < 1 or not await self._read(
+            lambda conn: bool(
+                SqliteTx(conn).find_claimable(utcnow(), names, task_id, 1, set())
+            )
+        ):
+            return []
+        return await super().claim_tasks(worker_id, n, agents=names, ttl=ttl, task_id=task_id)
 
     async def delete_task(self, task_id: str) -> None:
         def delete(tx: SqliteTx) -> None:
