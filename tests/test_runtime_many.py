@@ -11,6 +11,8 @@ import pytest
 
 from duragent import Agent, Queue, Runtime, ScriptedModel, TaskStatus, ToolContext, tool
 from duragent.errors import TaskNotFound, UsageError
+from duragent.store import Commit, DocumentWrite
+from duragent.types import session_scope
 
 running_now = 0
 most_at_once = 0
@@ -80,7 +82,11 @@ async def test_purge_and_erase_owner(tmp_path: Path) -> None:
     async with Runtime(f"sqlite:///{tmp_path}/rt.db", agents=[AGENT]) as rt:
         a = await (await rt.submit("w", "a", owner="ann")).wait(30)
         b = await (await rt.submit("w", "b", owner="bob")).wait(30)
-        held = await rt.submit("w", "c", owner="bob", start_at=timedelta(hours=1))
+        held = await rt.submit("w", "c", owner="bob", session_id="s1", start_at=timedelta(hours=1))
+        for owner in ("bob", "ann"):
+            await rt.store.commit(
+                Commit(documents=[DocumentWrite(session_scope(owner, "s1"), "notes", {"x": 1})])
+            )
         await rt.schedule("nightly", "w", "x", cron="0 3 * * *", owner="bob")
         assert (await rt.purge(owner="ann", before=timedelta(seconds=-1))).tasks == 1
         with pytest.raises(TaskNotFound):
@@ -91,3 +97,5 @@ async def test_purge_and_erase_owner(tmp_path: Path) -> None:
             with pytest.raises(TaskNotFound):
                 await rt.get(tid)
         assert await rt.schedules(owner="bob") == []
+        assert await rt.store.list_documents(session_scope("bob", "s1")) == []
+        assert len(await rt.store.list_documents(session_scope("ann", "s1"))) == 1

@@ -19,10 +19,10 @@ from duragent.runtime.schedules import (
     put_schedule,
     set_paused,
 )
-from duragent.store.base import TaskQuery
+from duragent.store.base import Commit, DocumentWrite, TaskQuery
 from duragent.store.purge import PurgeResult, erase_owner, purge
 from duragent.store.queues import Queue, define_queue, delete_queue, list_queues
-from duragent.types import TaskStatus
+from duragent.types import TaskStatus, session_scope
 
 if TYPE_CHECKING:
     from duragent.runtime.agent import Agent
@@ -181,7 +181,8 @@ class ManyTasks:
         )
 
     async def erase_owner(self, owner: str, *, batch: int = 100) -> PurgeResult:
-        """Abort the owner's active tasks, then delete all of the owner's tasks and schedules."""
+        """Abort the owner's active tasks, then delete all of the owner's tasks (with their
+        logs, documents and sub-tasks), schedules and session documents."""
         active = (TaskStatus.PENDING, TaskStatus.RUNNING, TaskStatus.WAITING, TaskStatus.PAUSED)
         page = await self.store.list_tasks(TaskQuery(owner=owner, status=active, limit=1000))
         for task in page.tasks:
@@ -190,4 +191,19 @@ class ManyTasks:
                     await self.abort(task.id, "the owner's data was erased", timeout=30.0)
         for sched in await list_schedules(self.store, owner):
             await delete_schedule(self.store, sched.name, sched.owner)
+        # The owner's session documents (scoped per owner, so no one else's).
+        sessions: set[str] = set()
+        cursor = None
+        while True:
+            page = await self.store.list_tasks(TaskQuery(owner=owner, limit=500, cursor=cursor))
+            sessions |= {t.session_id for t in page.tasks if t.session_id is not None}
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        for session_id in sorted(sessions):
+            scope = session_scope(owner, session_id)
+            docs = await self.store.list_documents(scope)
+            if docs:
+                writes = [DocumentWrite(scope, d.key, delete=True) for d in docs]
+                await self.store.commit(Commit(documents=writes))
         return await erase_owner(self.store, owner, batch=batch)

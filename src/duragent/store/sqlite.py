@@ -406,9 +406,7 @@ class SQLiteStore(TxWrites):
         process's commits, for as long as a stopped or slow poller holds it)."""
         names = None if agents is None else list(agents)
         if n < 1 or not await self._read(
-            lambda conn: bool(
-                SqliteTx(conn).find_claimable(utcnow(), names, task_id, 1, set())
-            )
+            lambda conn: bool(SqliteTx(conn).find_claimable(utcnow(), names, task_id, 1, set()))
         ):
             return []
         return await super().claim_tasks(worker_id, n, agents=names, ttl=ttl, task_id=task_id)
