@@ -34,8 +34,10 @@ from duragent.runtime import (
     Worker,
     tool,
 )
+from duragent.runtime.schedules import Schedule
 from duragent.runtime.steps import StepFailed
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
+from duragent.store.queues import Queue
 from duragent.types import (
     AssistantMessage,
     BlockReason,
@@ -73,8 +75,10 @@ __all__ = [
     "ModelError",
     "ModelRequest",
     "NewEntry",
+    "Queue",
     "RoundRecord",
     "Runtime",
+    "Schedule",
     "ScriptedModel",
     "StaleLease",
     "StepFailed",

@@ -56,7 +56,15 @@ def _untype_flags(params: list[Any]) -> None:
 
 app = typer.Typer(cls=_Commands, no_args_is_help=True, help="Durable AI agent tasks.")
 
-COMMAND_MODULES = ("cli_tasks", "cli_serve", "cli_worker", "cli_run", "cli_store", "cli_steering")
+COMMAND_MODULES = (
+    "cli_tasks",
+    "cli_serve",
+    "cli_worker",
+    "cli_run",
+    "cli_store",
+    "cli_steering",
+    "cli_fleet",
+)
 
 
 # --- what every command shares ------------------------------------------------------

@@ -6,7 +6,7 @@ import json
 import re
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -179,12 +179,32 @@ def list_tasks(
     owner: str | None = typer.Option(None, help="Only this user's tasks."),
     agent: str | None = typer.Option(None, help="Only this agent's tasks."),
     limit: int = typer.Option(50, min=1, help="How many (newest first)."),
+    queue: str | None = typer.Option(None, help="Only this queue's tasks."),
+    meta: list[str] | None = typer.Option(None, help="key=value: metadata equal to (repeat)."),
+    since: str | None = typer.Option(None, help="Created within: 30d, 12h, 15m, 90s."),
 ) -> None:
     """List tasks, newest first."""
+    from duragent.cli_fleet import parse_age  # the command modules import each other lazily
+
+    labels = {}
+    for pair in meta or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"--meta {pair!r} should be key=value")
+        labels[key] = value
+    after = datetime.now(UTC) - parse_age(since) if since else None
 
     async def go() -> list[Task]:
         async with _runtime(store) as rt:
-            page = await rt.list(owner=owner, status=status or None, agent=agent, limit=limit)
+            page = await rt.list(
+                owner=owner,
+                status=status or None,
+                agent=agent,
+                limit=limit,
+                queue=queue,
+                metadata=labels or None,
+                created_after=after,
+            )
             return list(page.tasks)
 
     tasks = _run(go)

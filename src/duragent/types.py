@@ -128,6 +128,11 @@ class Task(BaseModel):
     session_id: str | None = None
     owner: str | None = None
     agent: str
+    # The queue it waits in (default: its agent's name) and its priority there
+    # (higher first); both fixed at creation, like `metadata` (labels to filter by).
+    queue: str | None = None
+    priority: int = 0
+    metadata: dict[str, JSON] = Field(default_factory=dict)
     status: TaskStatus = TaskStatus.PENDING
     status_reason: str | None = None
     input: JSON = None
@@ -158,6 +163,8 @@ class Task(BaseModel):
     def model_post_init(self, __context: Any) -> None:
         if self.root_id is None:
             self.root_id = self.id
+        if self.queue is None:
+            self.queue = self.agent
 
 
 # Fields a TaskPatch may change. id, input, created_at, request_id, owner,

@@ -7,6 +7,7 @@ import builtins
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 from pydantic_core import to_jsonable_python
@@ -22,6 +23,7 @@ from duragent.errors import (
 from duragent.runtime.agent import Agent
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
 from duragent.runtime.log import api_entry, notice
+from duragent.runtime.many import ManyTasks
 from duragent.runtime.steering import Edit, History, new_fork, task_history
 from duragent.runtime.submit import new_task
 from duragent.runtime.views import Steps, build_steps, ui_view
@@ -29,10 +31,22 @@ from duragent.runtime.waits import open_waits, resolution
 from duragent.runtime.worker import Worker, lease_alive
 from duragent.store import open_store
 from duragent.store.base import Commit, Store, TaskPatch, TaskQuery
-from duragent.types import ApiMessage, Entry, Task, TaskStatus, UiMessage
+from duragent.store.queues import Queue, define_queue
+from duragent.types import ApiMessage, Entry, Task, TaskStatus, UiMessage, utcnow
 from duragent.webhooks import WebhookDelivery, check_url
 
 T = TypeVar("T")
+
+
+def when(start_at: datetime | timedelta) -> datetime:
+    """A start time from a time (timezone-aware) or a delay from now."""
+    if isinstance(start_at, timedelta):
+        return utcnow() + start_at
+    if start_at.tzinfo is None:
+        raise UsageError("start_at must be timezone-aware (e.g. datetime.now(UTC)) or a timedelta")
+    return start_at
+
+
 ACTIVE = (TaskStatus.PENDING, TaskStatus.RUNNING, TaskStatus.WAITING)
 
 
@@ -74,7 +88,7 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class Runtime:
+class Runtime(ManyTasks):
     """`async with Runtime("sqlite:///agent.db", agents=[...]) as rt: ...`
 
     With `run_worker=True` (the default) an in-process worker runs the tasks of
@@ -97,6 +111,7 @@ class Runtime:
         trace: TraceHook | None = None,
         missing_agent_grace: float = 60.0,
         webhook_delivery: WebhookDelivery | None = None,
+        queues: Iterable[Queue] = (),
     ) -> None:
         self.store: Store = (
             store if store is not None and not isinstance(store, str) else open_store(store)
@@ -114,13 +129,17 @@ class Runtime:
             "trace": trace,
             "missing_agent_grace": missing_agent_grace,
             "webhook_delivery": webhook_delivery,
+            "queues": list(queues),
         }
         self._worker_job: asyncio.Task[None] | None = None
+        self._queues = list(queues)
 
     # --- lifecycle ---
 
     async def __aenter__(self) -> Runtime:
         await self.store.open()
+        for q in self._queues:
+            await define_queue(self.store, q)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -167,8 +186,16 @@ class Runtime:
         context: dict[str, Any] | None = None,
         continue_session: bool = False,
         webhook: str | None = None,
+        queue: str | None = None,
+        priority: int = 0,
+        metadata: dict[str, Any] | None = None,
+        start_at: datetime | timedelta | None = None,
     ) -> Submission:
         """Start a task. The same `request_id` from the same owner returns the same task.
+
+        `queue` (default: the agent's name) and `priority` (higher first) decide
+        when it is claimed; `metadata` labels it for filters; `start_at` (a time,
+        or a delay) holds it until then.
 
         `continue_session=True` starts the model from the conversation of the
         session's latest finished task (chat continuation: a new task, its own log);
@@ -193,6 +220,11 @@ class Runtime:
             context=context,
             webhook=webhook,
         )
+        task.queue = queue or definition.name
+        task.priority = priority
+        task.metadata = dict(metadata or {})
+        if start_at is not None:
+            task.wake_at = when(start_at)
         entries = [first]
         if history:
             # Round 0: earlier conversation, visible to the model, never a round to recover.
@@ -243,6 +275,12 @@ class Runtime:
         agent: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        queue: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        updated_after: datetime | None = None,
+        updated_before: datetime | None = None,
     ) -> Any:
         return await self.store.list_tasks(
             TaskQuery(
@@ -253,6 +291,12 @@ class Runtime:
                 agent=agent,
                 limit=limit,
                 cursor=cursor,
+                queue=queue,
+                metadata=metadata,
+                created_after=created_after,
+                created_before=created_before,
+                updated_after=updated_after,
+                updated_before=updated_before,
             )
         )
 

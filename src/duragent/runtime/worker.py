@@ -15,9 +15,12 @@ from typing import Any
 from duragent.errors import CommitOutcomeUnknown, StoreError, TaskNotFound
 from duragent.runtime.agent import Agent
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
+from duragent.runtime.housekeeping import Housekeeper
+from duragent.runtime.housekeeping import stop as stop_housekeeping
 from duragent.runtime.presence import announce, block_unserved, withdraw
 from duragent.runtime.state import Clock
 from duragent.store.base import Store, TaskQuery
+from duragent.store.queues import Queue
 from duragent.types import Task, TaskStatus, utcnow
 from duragent.webhooks import WebhookDelivery, WebhookSender
 
@@ -57,6 +60,8 @@ class Worker:
         trace: TraceHook | None = None,
         missing_agent_grace: float = 60.0,
         webhook_delivery: WebhookDelivery | None = None,
+        queues: Iterable[Queue] = (),
+        housekeeping: bool = True,
     ) -> None:
         self.store = store
         self.agents = {a.name: a for a in agents}
@@ -84,6 +89,10 @@ class Worker:
         self._held: dict[tuple[str, int], None] = {}  # (task, epoch) runners held, recent
         # Delivers webhook events from the outbox, this process's and others'.
         self.webhooks = WebhookSender(store, self.id, claim_ttl=lease_ttl, options=webhook_delivery)
+        # Schedule ticks and queue TTLs (housekeeping.py); queue definitions are
+        # written to the store when the worker starts.
+        self.housekeeper = Housekeeper(store, self.agents, queues=queues, on_fired=self.wake)
+        self.housekeeping = housekeeping
 
     # --- control ---
 
@@ -131,7 +140,11 @@ class Worker:
         unwatch = self.store.watch_controls(self._control_noted)
         presence = asyncio.ensure_future(self._presence())
         sender = asyncio.ensure_future(self.webhooks.run())
+        house = None
         try:
+            await self.housekeeper.define_queues()
+            if self.housekeeping:
+                house = asyncio.ensure_future(self.housekeeper.run())
             while not self._stopping:
                 # Listen before looking: a commit landing between the claim
                 # query and the wait must still wake us (else: a lost wake-up
@@ -145,6 +158,7 @@ class Worker:
                         changed.cancel()
         finally:
             unwatch()
+            await stop_housekeeping(house)
             beat.cancel()
             for check in list(self._checks):
                 check.cancel()
@@ -194,10 +208,12 @@ class Worker:
                 await self._adopt_lost_claims()
             except StoreError as exc:
                 log.warning("looking for lost claims failed: %s", exc)
+        # Up to every free slot in one store call (one transaction, not one per task).
         while len(self._jobs) < self.concurrency and not self._stopping:
+            free = self.concurrency - len(self._jobs)
             try:
-                task = await self.store.claim_task(
-                    self.id, agents=list(self.agents), ttl=self.lease_ttl
+                tasks = await self.store.claim_tasks(
+                    self.id, free, agents=list(self.agents), ttl=self.lease_ttl
                 )
             except StoreError as exc:
                 # The store is failing (down, disk full): look again later, backing
@@ -208,10 +224,11 @@ class Worker:
                 log.warning("claim failed (%d in a row): %s", self._claim_failures, exc)
                 return
             self._claim_failures = 0
-            if task is None:
+            for task in tasks:
+                self.claimed += 1
+                self._start(task)
+            if len(tasks) < free:
                 return
-            self.claimed += 1
-            self._start(task)
 
     async def _watch_store(self) -> asyncio.Future[None] | None:
         """Start waiting for other processes' commits, if the store can tell us.

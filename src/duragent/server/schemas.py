@@ -53,6 +53,16 @@ class TaskCreate(_Request):
     continue_session: bool = Field(
         False, description="Start from the conversation of the session's latest finished task."
     )
+    queue: str | None = Field(
+        None, min_length=1, max_length=200, description="Queue to wait in (default: the agent's)."
+    )
+    priority: int = Field(0, ge=-1000, le=1000, description="Higher is claimed first.")
+    metadata: dict[str, str | int | float | bool] | None = Field(
+        None, max_length=32, description="Labels to filter by (GET /v1/tasks?meta=key:value)."
+    )
+    start_at: datetime | None = Field(
+        None, strict=False, description="Hold the task until then (ISO 8601, with a zone)."
+    )
 
     @model_validator(mode="after")
     def _session_to_continue(self) -> TaskCreate:
@@ -101,6 +111,9 @@ class TaskSummary(BaseModel):
     error: str | None
     created_at: datetime
     updated_at: datetime
+    queue: str
+    priority: int
+    metadata: dict[str, Any]
 
     @classmethod
     def of(cls, task: Task) -> TaskSummary:
@@ -162,6 +175,9 @@ def _summary_fields(task: Task) -> dict[str, Any]:
         "error": task.error,
         "created_at": task.created_at,
         "updated_at": task.updated_at,
+        "queue": task.queue or task.agent,
+        "priority": task.priority,
+        "metadata": task.metadata,
     }
 
 

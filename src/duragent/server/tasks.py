@@ -76,6 +76,10 @@ async def create_task(
         session_id=body.session_id,
         context=body.context,
         continue_session=body.continue_session,
+        queue=body.queue,
+        priority=body.priority,
+        metadata=body.metadata,
+        start_at=body.start_at,
     )
     if not sub.created:
         response.status_code = 200
@@ -99,6 +103,15 @@ async def list_tasks(
         str | None,
         Query(pattern=CURSOR_PATTERN, description="A next_cursor from the previous page."),
     ] = None,
+    queue: Annotated[str | None, Query(max_length=200)] = None,
+    meta: Annotated[
+        list[str] | None,
+        Query(max_length=400, description="key:value, metadata equal to (repeat for more)."),
+    ] = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    updated_after: datetime | None = None,
+    updated_before: datetime | None = None,
 ) -> TaskPageOut:
     if cursor is not None:
         try:
@@ -115,8 +128,26 @@ async def list_tasks(
         agent=agent,
         limit=limit,
         cursor=cursor,
+        queue=queue,
+        metadata=_metadata(meta),
+        created_after=created_after,
+        created_before=created_before,
+        updated_after=updated_after,
+        updated_before=updated_before,
     )
     return TaskPageOut(tasks=[TaskSummary.of(t) for t in page.tasks], next_cursor=page.next_cursor)
+
+
+def _metadata(pairs: list[str] | None) -> dict[str, str] | None:
+    if not pairs:
+        return None
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition(":")
+        if not sep or not key:
+            raise BadRequest(f"meta={pair!r} should be key:value")
+        out[key] = value
+    return out
 
 
 @router.get("/{task_id}", response_model=TaskOut, summary="A task's status", responses=_READ)

@@ -34,7 +34,8 @@ from duragent.types import (
 )
 
 # Version 2: session documents are scoped per owner (`session:<owner>:<id>`).
-SCHEMA_VERSION = 2
+# Version 3: queues, priorities and metadata on tasks (QUEUES_MIGRATION).
+SCHEMA_VERSION = 3
 
 
 @dataclass(slots=True)
@@ -104,10 +105,16 @@ class TaskQuery:
     agent: str | None = None
     limit: int = 50
     cursor: str | None = None  # opaque; from TaskPage.next_cursor
+    queue: str | None = None
+    metadata: dict[str, Any] | None = None  # every key must hold exactly this value
+    created_after: datetime | None = None  # ranges: after is inclusive, before exclusive
+    created_before: datetime | None = None
+    updated_after: datetime | None = None
+    updated_before: datetime | None = None
 
     def equal_filters(self) -> list[tuple[str, str]]:
         """The (field, value) pairs a task must match exactly: the ones that are set."""
-        fields = ("owner", "session_id", "parent_id", "root_id", "agent")
+        fields = ("owner", "session_id", "parent_id", "root_id", "agent", "queue")
         return [(f, v) for f in fields if (v := getattr(self, f)) is not None]
 
     def null_filters(self) -> list[str]:
@@ -115,6 +122,34 @@ class TaskQuery:
         if self.no_owner and self.owner is not None:
             raise ValueError("a TaskQuery with no_owner=True cannot name an owner")
         return ["owner"] if self.no_owner else []
+
+    def range_filters(self) -> list[tuple[str, str, datetime]]:
+        """(column, operator, bound) of the time ranges that are set."""
+        out = []
+        for column in ("created_at", "updated_at"):
+            stem = column.removesuffix("_at")
+            if (lo := getattr(self, f"{stem}_after")) is not None:
+                out.append((column, ">=", lo))
+            if (hi := getattr(self, f"{stem}_before")) is not None:
+                out.append((column, "<", hi))
+        return out
+
+    def matches(self, task: Task) -> bool:
+        """Whether a task passes every filter (stores that cannot ask SQL use this)."""
+        statuses = self.statuses()
+        if statuses is not None and task.status.value not in statuses:
+            return False
+        if any(getattr(task, f) != v for f, v in self.equal_filters()):
+            return False
+        if any(getattr(task, f) is not None for f in self.null_filters()):
+            return False
+        for column, op, bound in self.range_filters():
+            value: datetime = getattr(task, column)
+            if (op == ">=" and value < bound) or (op == "<" and value >= bound):
+                return False
+        return all(
+            k in task.metadata and task.metadata[k] == v for k, v in (self.metadata or {}).items()
+        )
 
     def statuses(self) -> list[str] | None:
         if self.status is None:
@@ -146,6 +181,7 @@ class Store(Protocol):
 
     async def get_task(self, task_id: str) -> Task: ...
     async def list_tasks(self, query: TaskQuery | None = None) -> TaskPage: ...
+    async def count_tasks(self, query: TaskQuery | None = None) -> dict[tuple[str, str], int]: ...
     async def entries(
         self,
         task_id: str,
@@ -167,6 +203,15 @@ class Store(Protocol):
         ttl: float = 30.0,
         task_id: str | None = None,
     ) -> Task | None: ...
+    async def claim_tasks(
+        self,
+        worker_id: str,
+        n: int = 1,
+        *,
+        agents: Iterable[str] | None = None,
+        ttl: float = 30.0,
+        task_id: str | None = None,
+    ) -> list[Task]: ...
     async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task: ...
     async def renew_leases(
         self, worker_id: str, leases: Mapping[str, int], ttl: float
@@ -175,6 +220,8 @@ class Store(Protocol):
     async def next_wake_at(self, agents: Iterable[str] | None = None) -> datetime | None: ...
 
     async def delete_task(self, task_id: str) -> None: ...
+    async def purge_tasks(self, query: TaskQuery) -> int: ...
+    async def reclaim_space(self) -> None: ...
     async def wait_for_change(self, timeout: float) -> None: ...
     def watch_controls(self, callback: ControlCallback) -> Callable[[], None]: ...
 
@@ -239,7 +286,7 @@ def status_change_entry(
 def claimable(task: Task, now: datetime) -> bool:
     """Runnable = pending, running with an expired lease, or a due timer."""
     if task.status is TaskStatus.PENDING:
-        return True
+        return task.wake_at is None or task.wake_at <= now  # a delayed start waits
     if task.status is TaskStatus.RUNNING:
         return task.lease.expires_at is None or task.lease.expires_at <= now
     return (
@@ -248,6 +295,11 @@ def claimable(task: Task, now: datetime) -> bool:
         and task.wake_at is not None
         and task.wake_at <= now
     )
+
+
+def claim_order(task: Task) -> tuple[int, float, str]:
+    """The order claims take runnable tasks in: higher priority first, then oldest."""
+    return (-task.priority, task.created_at.timestamp(), task.id)
 
 
 def claim(task: Task, worker_id: str, ttl: float, now: datetime) -> tuple[Task, NewEntry]:

@@ -24,7 +24,7 @@ import fcntl
 import json
 import os
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, TypeVar
@@ -36,11 +36,10 @@ from duragent.errors import (
     StoreLocked,
     StoreUnavailable,
     StoreVersionError,
-    TaskNotFound,
 )
 from duragent.store.base import SCHEMA_VERSION
 from duragent.store.files import DIR_MODE, FILE_MODE, full_error, is_full, require_parent
-from duragent.store.memory import MemoryStore, _MemoryTx, request_key
+from duragent.store.memory import MemoryStore, _MemoryTx
 from duragent.store.session_scopes import LEGACY_PREFIX, migrated_scope
 from duragent.types import Document, Entry, EntryKind, Task
 
@@ -473,36 +472,21 @@ class JSONLStore(MemoryStore):
             self._signal.notify()
         return result
 
-    async def delete_task(self, task_id: str) -> None:
+    def _delete_trees(self, roots: list[str]) -> int:
+        """A delete record on disk first, then the tasks leave memory."""
         self._check_open()
-        if task_id not in self._tasks:
-            raise TaskNotFound(task_id)
-        doomed = self._subtree(task_id)
+        doomed: list[str] = []
+        for root in roots:
+            if root not in doomed:
+                doomed += [t for t in self._subtree(root) if t not in doomed]
         self._append([_dumps({"t": "delete", "ids": doomed})])
         self._forget(doomed)
         self._signal.notify()
+        return len(doomed)
 
-    def _subtree(self, task_id: str) -> list[str]:
-        children: dict[str, list[str]] = {}
-        for tid, raw in self._tasks.items():
-            parent = Task.model_validate_json(raw).parent_id
-            if parent is not None:
-                children.setdefault(parent, []).append(tid)
-        doomed = [task_id]
-        for tid in doomed:  # grows while we walk it: breadth-first
-            doomed += children.get(tid, [])
-        return doomed
-
-    def _forget(self, task_ids: Iterable[str]) -> None:
-        for tid in task_ids:
-            raw = self._tasks.pop(tid, None)
-            self._entries.pop(tid, None)
-            if raw is not None:
-                task = Task.model_validate_json(raw)
-                if task.request_id is not None:
-                    self._requests.pop(request_key(task.owner, task.request_id), None)
-            for k in [k for k in self._docs if k[0] == f"task:{tid}"]:
-                del self._docs[k]
+    async def reclaim_space(self) -> None:
+        """Rewrite the log without the deleted tasks (compaction)."""
+        self.compact()
 
     # --- compaction ---
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -17,10 +18,12 @@ from duragent.store.base import (
     TaskQuery,
     build_model_view,
     build_ui_view,
+    claim_order,
     claimable,
     decode_cursor,
     encode_cursor,
 )
+from duragent.store.queues import QUEUES_SCOPE, Candidate, candidate_of
 from duragent.store.tx import Notes, TxWrites
 from duragent.types import (
     ApiMessage,
@@ -86,16 +89,43 @@ class _MemoryTx:
         self.docs[(scope, key)] = None
 
     def find_claimable(
-        self, now: datetime, agents: Sequence[str] | None, task_id: str | None
-    ) -> Task | None:
+        self,
+        now: datetime,
+        agents: Sequence[str] | None,
+        task_id: str | None,
+        limit: int,
+        closed: set[str],
+    ) -> list[Candidate]:
         ids = [task_id] if task_id else list(self.store._tasks)
+        out = []
         for tid in ids:
             task = self.load_task(tid)
             if task is None or (agents is not None and task.agent not in agents):
                 continue
+            ready = task.status is TaskStatus.PENDING and task.wake_at is None
+            if ready and task.queue in closed:
+                continue
             if claimable(task, now):
-                return task
-        return None
+                out.append(task)
+        return [candidate_of(t) for t in sorted(out, key=claim_order)[:limit]]
+
+    def load_queues(self) -> list[Document]:
+        return [
+            Document.model_validate_json(raw)
+            for (scope, _k), raw in self.store._docs.items()
+            if scope == QUEUES_SCOPE
+        ]
+
+    def running_counts(
+        self, queues: Sequence[str]
+    ) -> list[tuple[str, str | None, str | None, int]]:
+        counts: Counter[tuple[str, str | None, str | None]] = Counter()
+        wanted = set(queues)
+        for raw in self.store._tasks.values():
+            t = Task.model_validate_json(raw)
+            if t.status is TaskStatus.RUNNING and t.queue in wanted:
+                counts[(t.queue, t.owner, t.lease.owner)] += 1
+        return [(q, o, w, n) for (q, o, w), n in counts.items()]
 
     def install(self) -> None:
         s = self.store
@@ -162,9 +192,6 @@ class MemoryStore(TxWrites):
 
     async def list_tasks(self, query: TaskQuery | None = None) -> TaskPage:
         q = query or TaskQuery()
-        statuses = q.statuses()
-        filters: list[tuple[str, str | None]] = [*q.equal_filters()]
-        filters += [(f, None) for f in q.null_filters()]
         tasks = [Task.model_validate_json(raw) for raw in self._tasks.values()]
         tasks.sort(key=lambda t: (t.created_at.timestamp(), t.id), reverse=True)
         if q.cursor:
@@ -172,9 +199,7 @@ class MemoryStore(TxWrites):
             tasks = [t for t in tasks if (round(t.created_at.timestamp(), 6), t.id) < (ts, cid)]
         out = []
         for t in tasks:
-            if statuses is not None and t.status.value not in statuses:
-                continue
-            if any(getattr(t, field) != value for field, value in filters):
+            if not q.matches(t):
                 continue
             out.append(t)
             if len(out) > q.limit:
@@ -182,6 +207,15 @@ class MemoryStore(TxWrites):
         more = len(out) > q.limit
         out = out[: q.limit]
         return TaskPage(out, encode_cursor(out[-1]) if more and out else None)
+
+    async def count_tasks(self, query: TaskQuery | None = None) -> dict[tuple[str, str], int]:
+        q = query or TaskQuery()
+        counts: Counter[tuple[str, str]] = Counter()
+        for raw in self._tasks.values():
+            t = Task.model_validate_json(raw)
+            if q.matches(t):
+                counts[(t.queue or t.agent, t.status.value)] += 1
+        return dict(counts)
 
     async def entries(
         self,
@@ -236,7 +270,9 @@ class MemoryStore(TxWrites):
             t = Task.model_validate_json(raw)
             if names is not None and t.agent not in names:
                 continue
-            if t.status is TaskStatus.WAITING and t.status_reason == "timer" and t.wake_at:
+            if t.status is TaskStatus.PENDING and t.wake_at:
+                wakes.append(t.wake_at)  # a delayed start
+            elif t.status is TaskStatus.WAITING and t.status_reason == "timer" and t.wake_at:
                 wakes.append(t.wake_at)
             elif t.status is TaskStatus.RUNNING and t.lease.expires_at:
                 wakes.append(t.lease.expires_at)
@@ -245,24 +281,51 @@ class MemoryStore(TxWrites):
     async def delete_task(self, task_id: str) -> None:
         if task_id not in self._tasks:
             raise TaskNotFound(task_id)
+        self._delete_trees([task_id])
+
+    def _subtree(self, task_id: str) -> list[str]:
+        children: dict[str, list[str]] = {}
+        for tid, raw in self._tasks.items():
+            parent = Task.model_validate_json(raw).parent_id
+            if parent is not None:
+                children.setdefault(parent, []).append(tid)
         doomed = [task_id]
-        i = 0
-        while i < len(doomed):
-            parent = doomed[i]
-            doomed += [
-                tid
-                for tid, raw in self._tasks.items()
-                if Task.model_validate_json(raw).parent_id == parent
-            ]
-            i += 1
-        for tid in doomed:
-            task = Task.model_validate_json(self._tasks.pop(tid))
+        for tid in doomed:  # grows while we walk it: breadth-first
+            doomed += children.get(tid, [])
+        return doomed
+
+    def _delete_trees(self, roots: list[str]) -> int:
+        doomed: list[str] = []
+        for root in roots:
+            if root not in doomed:
+                doomed += [t for t in self._subtree(root) if t not in doomed]
+        self._forget(doomed)
+        self._signal.notify()
+        return len(doomed)
+
+    def _forget(self, task_ids: Iterable[str]) -> None:
+        for tid in task_ids:
+            raw = self._tasks.pop(tid, None)
             self._entries.pop(tid, None)
-            if task.request_id is not None:
-                self._requests.pop(request_key(task.owner, task.request_id), None)
+            if raw is not None:
+                task = Task.model_validate_json(raw)
+                if task.request_id is not None:
+                    self._requests.pop(request_key(task.owner, task.request_id), None)
             for k in [k for k in self._docs if k[0] == f"task:{tid}"]:
                 del self._docs[k]
-        self._signal.notify()
+
+    async def purge_tasks(self, query: TaskQuery) -> int:
+        """Delete up to `query.limit` matching tasks (and their sub-tasks)."""
+        roots = []
+        for tid, raw in self._tasks.items():
+            if query.matches(Task.model_validate_json(raw)):
+                roots.append(tid)
+                if len(roots) >= query.limit:
+                    break
+        return self._delete_trees(roots) if roots else 0
+
+    async def reclaim_space(self) -> None:
+        return None
 
     async def wait_for_change(self, timeout: float) -> None:
         await self._signal.wait(timeout)

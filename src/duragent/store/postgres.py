@@ -27,6 +27,7 @@ import psycopg_pool
 from psycopg import conninfo as pg_conninfo
 from psycopg import sql
 from psycopg.rows import DictRow, dict_row
+from psycopg.types.json import Jsonb
 
 from duragent.errors import (
     CommitOutcomeUnknown,
@@ -271,22 +272,28 @@ class PostgresStore(TxWrites):
 
     async def delete_task(self, task_id: str) -> None:
         def delete(tx: PgTx) -> None:
-            rows = tx.conn.execute(
-                "WITH RECURSIVE tree(id) AS (SELECT id FROM tasks WHERE id = %s"
-                " UNION ALL SELECT t.id FROM tasks t JOIN tree ON t.parent_id = tree.id)"
-                " SELECT id FROM tree",
-                (task_id,),
-            ).fetchall()
-            doomed = [r["id"] for r in rows]
-            if not doomed:
+            if not _delete_trees(tx, [task_id]):
                 raise TaskNotFound(task_id)
-            tx.conn.execute("DELETE FROM entries WHERE task_id = ANY(%s)", (doomed,))
-            scopes = [f"task:{tid}" for tid in doomed]
-            tx.conn.execute("DELETE FROM documents WHERE scope = ANY(%s)", (scopes,))
-            tx.conn.execute("DELETE FROM tasks WHERE id = ANY(%s)", (doomed,))
-            tx.changed = True
 
         await self._write(delete)
+
+    async def purge_tasks(self, query: TaskQuery) -> int:
+        """Delete up to `query.limit` matching tasks (and their sub-tasks) in one transaction.
+
+        The space is reused by new rows once autovacuum has seen the deletions.
+        """
+        where, params = _task_filters(query)
+        text = "SELECT id FROM tasks" + (" WHERE " + " AND ".join(where) if where else "")
+        text += " LIMIT %s FOR UPDATE SKIP LOCKED"
+
+        def purge(tx: PgTx) -> int:
+            rows = tx.conn.execute(text, [*params, query.limit]).fetchall()  # type: ignore[arg-type]
+            return _delete_trees(tx, [r["id"] for r in rows]) if rows else 0
+
+        return await self._write(purge)
+
+    async def reclaim_space(self) -> None:
+        """Nothing to do here: autovacuum makes deleted rows' space reusable."""
 
     # --- reads ---
 
@@ -301,16 +308,7 @@ class PostgresStore(TxWrites):
 
     async def list_tasks(self, query: TaskQuery | None = None) -> TaskPage:
         q = query or TaskQuery()
-        where: list[str] = []
-        params: list[Any] = []
-        for column, value in q.equal_filters():
-            where.append(f"{column} = %s")
-            params.append(value)
-        where += [f"{column} IS NULL" for column in q.null_filters()]
-        statuses = q.statuses()
-        if statuses is not None:
-            where.append("status = ANY(%s)")
-            params.append(statuses)
+        where, params = _task_filters(q)
         if q.cursor:
             ts, cid = decode_cursor(q.cursor)
             where.append("(created_at, id) < (%s, %s)")
@@ -326,6 +324,19 @@ class PostgresStore(TxWrites):
             more = len(tasks) > q.limit
             tasks = tasks[: q.limit]
             return TaskPage(tasks, encode_cursor(tasks[-1]) if more and tasks else None)
+
+        return await self._read(read)
+
+    async def count_tasks(self, query: TaskQuery | None = None) -> dict[tuple[str, str], int]:
+        where, params = _task_filters(query or TaskQuery())
+        text = "SELECT queue, status, count(*) AS n FROM tasks"
+        if where:
+            text += " WHERE " + " AND ".join(where)
+        text += " GROUP BY queue, status"
+
+        def read(conn: Conn) -> dict[tuple[str, str], int]:
+            rows = conn.execute(text, params)  # type: ignore[arg-type]
+            return {(r["queue"], r["status"]): r["n"] for r in rows}
 
         return await self._read(read)
 
@@ -408,7 +419,9 @@ class PostgresStore(TxWrites):
                 " SELECT wake_at AS t FROM tasks WHERE status = 'waiting'"
                 " AND status_reason = 'timer' AND (%(all)s OR agent = ANY(%(names)s))"
                 " UNION ALL SELECT lease_expires FROM tasks WHERE status = 'running'"
-                " AND (%(all)s OR agent = ANY(%(names)s))) AS wakes",
+                " AND (%(all)s OR agent = ANY(%(names)s))"
+                " UNION ALL SELECT min(wake_at) FROM tasks WHERE status = 'pending'"
+                " AND wake_at IS NOT NULL AND (%(all)s OR agent = ANY(%(names)s))) AS wakes",
                 {"all": names is None, "names": names or []},
             ).fetchone()
             value = None if row is None else row["t"]
@@ -492,6 +505,45 @@ class PostgresStore(TxWrites):
                 await asyncio.wait_for(listener.ready.wait(), timeout)
             return
         await signal.wait(timeout)
+
+
+def _delete_trees(tx: PgTx, roots: list[str]) -> int:
+    """Delete tasks with their sub-tasks, entries and documents; return how many."""
+    rows = tx.conn.execute(
+        "WITH RECURSIVE tree(id) AS (SELECT id FROM tasks WHERE id = ANY(%s)"
+        " UNION SELECT t.id FROM tasks t JOIN tree ON t.parent_id = tree.id)"
+        " SELECT id FROM tree",
+        (roots,),
+    ).fetchall()
+    doomed = [r["id"] for r in rows]
+    if doomed:
+        tx.conn.execute("DELETE FROM entries WHERE task_id = ANY(%s)", (doomed,))
+        scopes = [f"task:{tid}" for tid in doomed]
+        tx.conn.execute("DELETE FROM documents WHERE scope = ANY(%s)", (scopes,))
+        tx.conn.execute("DELETE FROM tasks WHERE id = ANY(%s)", (doomed,))
+        tx.changed = True
+    return len(doomed)
+
+
+def _task_filters(q: TaskQuery) -> tuple[list[str], list[Any]]:
+    """The WHERE terms and parameters of a task query (metadata through its GIN index)."""
+    where: list[str] = []
+    params: list[Any] = []
+    for column, value in q.equal_filters():
+        where.append(f"{column} = %s")
+        params.append(value)
+    where += [f"{column} IS NULL" for column in q.null_filters()]
+    statuses = q.statuses()
+    if statuses is not None:
+        where.append("status = ANY(%s)")
+        params.append(statuses)
+    for column, op, bound in q.range_filters():
+        where.append(f"{column} {op} %s")
+        params.append(bound)
+    if q.metadata:
+        where.append("metadata @> %s")
+        params.append(Jsonb(q.metadata))
+    return where, params
 
 
 def _connection_lost(exc: psycopg.Error) -> bool:

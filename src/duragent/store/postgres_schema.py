@@ -79,6 +79,25 @@ def _scope_sessions_per_owner(conn: Conn) -> None:
 
 
 MIGRATIONS[2] = [_scope_sessions_per_owner]
+
+# Queues (issue 14): every task has a queue and a priority; claims are served
+# by indexes instead of a sort of the table: ready tasks per queue in claim
+# order, timers and delayed starts by due time. Metadata is jsonb with a GIN
+# index for equality filters (`metadata @> '{"k": "v"}'`).
+QUEUES_MIGRATION: list[Step] = [
+    'ALTER TABLE tasks ADD COLUMN queue text COLLATE "C"',
+    "ALTER TABLE tasks ADD COLUMN priority integer NOT NULL DEFAULT 0",
+    "ALTER TABLE tasks ADD COLUMN metadata jsonb",
+    "UPDATE tasks SET queue = agent",
+    "CREATE INDEX tasks_ready ON tasks (queue, priority DESC, created_at)"
+    " WHERE status = 'pending' AND wake_at IS NULL",
+    "CREATE INDEX tasks_due ON tasks (status, wake_at) WHERE wake_at IS NOT NULL",
+    "CREATE INDEX tasks_leases ON tasks ((coalesce(lease_expires, 'epoch'::timestamptz)))"
+    " WHERE status = 'running'",
+    "CREATE INDEX tasks_queue ON tasks (queue, status)",
+    "CREATE INDEX tasks_metadata ON tasks USING gin (metadata jsonb_path_ops)",
+]
+MIGRATIONS[3] = QUEUES_MIGRATION
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -14,10 +14,12 @@ from typing import Any
 
 from psycopg import sql
 from psycopg.rows import DictRow
+from psycopg.types.json import Jsonb
 
 from duragent.store.postgres_schema import Conn, lock_key
+from duragent.store.queues import QUEUES_SCOPE, Candidate
 from duragent.store.tx import Notes, task_columns
-from duragent.types import Document, Entry, Task
+from duragent.types import Document, Entry, Task, TaskStatus
 
 
 def _dumps(value: Any) -> str:
@@ -97,6 +99,7 @@ class PgTx:
     def insert_task(self, task: Task) -> None:
         cols = task_columns(task, _same, created=True)
         cols["input"] = _dumps(task.input)
+        cols["metadata"] = Jsonb(task.metadata) if task.metadata else None
         query = sql.SQL("INSERT INTO tasks ({}) VALUES ({})").format(
             sql.SQL(", ").join(map(sql.Identifier, cols)),
             sql.SQL(", ").join(map(sql.Placeholder, cols)),
@@ -190,24 +193,95 @@ class PgTx:
         return kept, set(held) - set(kept)
 
     def find_claimable(
-        self, now: datetime, agents: Sequence[str] | None, task_id: str | None
-    ) -> Task | None:
-        # SKIP LOCKED: a row another worker is claiming (or committing to) is
-        # passed over rather than waited for; the row returned stays locked
-        # until this transaction writes the claim.
+        self,
+        now: datetime,
+        agents: Sequence[str] | None,
+        task_id: str | None,
+        limit: int,
+        closed: set[str],
+    ) -> list[Candidate]:
+        """Runnable tasks in claim order, in one statement, each source on its own index.
+
+        Ready tasks: per open queue (found by a skip scan of `tasks_ready`), the
+        first `limit` of `tasks_ready`, already in claim order; due timers and
+        delayed starts: `tasks_due`; expired leases: `tasks_leases`. SKIP
+        LOCKED: a row another worker is claiming is passed over rather than
+        waited for; the rows returned stay locked until this transaction ends.
+        A candidate's JSON is parsed only if admitted.
+        """
         if agents is not None and not agents:
-            return None
-        query = (
-            "SELECT data, input FROM tasks WHERE (status = 'pending'"
-            " OR (status = 'running' AND (lease_expires IS NULL OR lease_expires <= %(now)s))"
-            " OR (status = 'waiting' AND status_reason = 'timer' AND wake_at <= %(now)s))"
-        )
-        params: dict[str, Any] = {"now": now}
+            return []
+        params: dict[str, Any] = {"now": now, "limit": limit, "closed": sorted(closed)}
+        agent_clause = ""
         if agents is not None:
-            query += " AND agent = ANY(%(agents)s)"
+            agent_clause = " AND agent = ANY(%(agents)s)"
             params["agents"] = list(agents)
+        lock = " FOR UPDATE SKIP LOCKED"
         if task_id is not None:
-            query += " AND id = %(id)s"
             params["id"] = task_id
-        query += " ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED"
-        return self._task(self.conn.execute(query, params).fetchone())
+            query = f"{_CANDIDATE} WHERE id = %(id)s AND ({_RUNNABLE}){agent_clause}{lock}"
+            return [self._candidate(r) for r in self.conn.execute(query, params)]
+        # Locking reads cannot be UNIONed; as CTEs they can be, in one round trip.
+        query = (
+            "WITH RECURSIVE q(name) AS ("
+            " SELECT (SELECT min(queue) FROM tasks WHERE status = 'pending' AND wake_at IS NULL)"
+            " UNION ALL SELECT (SELECT min(queue) FROM tasks WHERE status = 'pending'"
+            " AND wake_at IS NULL AND queue > q.name) FROM q WHERE q.name IS NOT NULL),"
+            f" expired AS ({_CANDIDATE} WHERE status = 'running'"
+            " AND coalesce(lease_expires, 'epoch'::timestamptz) <= %(now)s"
+            f"{agent_clause} LIMIT %(limit)s{lock}),"
+            f" timers AS ({_CANDIDATE} WHERE status = 'waiting' AND wake_at <= %(now)s"
+            f" AND status_reason = 'timer'{agent_clause} ORDER BY wake_at LIMIT %(limit)s{lock}),"
+            f" delayed AS ({_CANDIDATE} WHERE status = 'pending' AND wake_at <= %(now)s"
+            f"{agent_clause} ORDER BY wake_at LIMIT %(limit)s{lock}),"
+            " ready AS (SELECT r.* FROM q CROSS JOIN LATERAL"
+            f" ({_CANDIDATE} WHERE status = 'pending' AND wake_at IS NULL AND queue = q.name"
+            f"{agent_clause} ORDER BY priority DESC, created_at LIMIT %(limit)s{lock}) AS r"
+            " WHERE q.name IS NOT NULL AND NOT q.name = ANY(%(closed)s))"
+            " SELECT * FROM expired UNION ALL SELECT * FROM timers"
+            " UNION ALL SELECT * FROM delayed UNION ALL SELECT * FROM ready"
+        )
+        rows = self.conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+        return sorted(map(self._candidate, rows), key=Candidate.order)
+
+    def _candidate(self, row: DictRow) -> Candidate:
+        def load() -> Task:
+            task = self._task(row)
+            assert task is not None
+            return task
+
+        return Candidate(
+            row["id"],
+            TaskStatus(row["status"]),
+            row["queue"],
+            row["owner"],
+            row["priority"],
+            row["created_at"].timestamp(),
+            load,
+        )
+
+    def load_queues(self) -> list[Document]:
+        # FOR UPDATE: claims from limited queues take turns here, so each one
+        # counts the running tasks after the previous one committed its claims.
+        rows = self.conn.execute(
+            "SELECT * FROM documents WHERE scope = %s ORDER BY key FOR UPDATE", (QUEUES_SCOPE,)
+        ).fetchall()
+        return [row_document(r) for r in rows]
+
+    def running_counts(
+        self, queues: Sequence[str]
+    ) -> list[tuple[str, str | None, str | None, int]]:
+        rows = self.conn.execute(
+            "SELECT queue, owner, lease_owner, count(*) AS n FROM tasks WHERE status = 'running'"
+            " AND queue = ANY(%s) GROUP BY queue, owner, lease_owner",
+            (list(queues),),
+        ).fetchall()
+        return [(r["queue"], r["owner"], r["lease_owner"], r["n"]) for r in rows]
+
+
+_CANDIDATE = "SELECT id, status, queue, owner, priority, created_at, data, input FROM tasks"
+_RUNNABLE = (
+    "status = 'pending' AND (wake_at IS NULL OR wake_at <= %(now)s)"
+    " OR (status = 'running' AND coalesce(lease_expires, 'epoch'::timestamptz) <= %(now)s)"
+    " OR (status = 'waiting' AND status_reason = 'timer' AND wake_at <= %(now)s)"
+)

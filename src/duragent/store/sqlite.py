@@ -48,7 +48,7 @@ from duragent.store.sqlite_schema import (
     connect,
     migrate,
 )
-from duragent.store.sqlite_tx import RowCache, SqliteTx, row_document, row_task
+from duragent.store.sqlite_tx import RowCache, SqliteTx, label_value, row_document, row_task
 from duragent.store.sqlite_wake import WakeUps
 from duragent.store.tx import TxWrites
 from duragent.types import (
@@ -58,6 +58,7 @@ from duragent.types import (
     EntryKind,
     Task,
     UiMessage,
+    utcnow,
 )
 
 
@@ -264,16 +265,7 @@ class SQLiteStore(TxWrites):
 
     async def list_tasks(self, query: TaskQuery | None = None) -> TaskPage:
         q = query or TaskQuery()
-        where: list[str] = []
-        params: list[Any] = []
-        for column, value in q.equal_filters():
-            where.append(f"{column}=?")
-            params.append(value)
-        where += [f"{column} IS NULL" for column in q.null_filters()]
-        statuses = q.statuses()
-        if statuses is not None:
-            where.append("status IN (" + ", ".join("?" * len(statuses)) + ")")
-            params.extend(statuses)
+        where, params = _task_filters(q)
         if q.cursor:
             ts, cid = decode_cursor(q.cursor)
             where.append("(round(created_at, 6), id) < (?, ?)")
@@ -291,6 +283,16 @@ class SQLiteStore(TxWrites):
             return TaskPage(tasks, encode_cursor(tasks[-1]) if more and tasks else None)
 
         return await self._read(read)  # type: ignore[no-any-return]
+
+    async def count_tasks(self, query: TaskQuery | None = None) -> dict[tuple[str, str], int]:
+        where, params = _task_filters(query or TaskQuery())
+        sql = "SELECT queue, status, count(*) FROM tasks"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " GROUP BY queue, status"
+        return await self._read(  # type: ignore[no-any-return]
+            lambda conn: {(r[0], r[1]): r[2] for r in conn.execute(sql, params)}
+        )
 
     async def entries(
         self,
@@ -378,38 +380,94 @@ class SQLiteStore(TxWrites):
         sql = (
             "SELECT min(t) FROM (SELECT wake_at AS t FROM tasks WHERE status='waiting'"
             " AND status_reason='timer' {a} UNION ALL SELECT lease_expires FROM tasks"
-            " WHERE status='running' {a})"
+            " WHERE status='running' {a} UNION ALL SELECT min(wake_at) FROM tasks"
+            " WHERE status='pending' AND wake_at IS NOT NULL {a})"
         )
         params: list[Any] = []
         clause = ""
         if agents is not None:
             names = list(agents)
             clause = "AND agent IN (" + ", ".join("?" * len(names)) + ")" if names else "AND 0"
-            params = names * 2
+            params = names * 3
         sql = sql.format(a=clause)
         return await self._read(lambda conn: from_ts(conn.execute(sql, params).fetchone()[0]))  # type: ignore[no-any-return]
 
+    async def claim_tasks(
+        self,
+        worker_id: str,
+        n: int = 1,
+        *,
+        agents: Iterable[str] | None = None,
+        ttl: float = 30.0,
+        task_id: str | None = None,
+    ) -> list[Task]:
+        """Look first without the write lock: an idle worker polling for work then
+        never holds the file's one write lock (which would stall every other
+        process's commits, for as long as a stopped or slow poller holds it)."""
+        names = None if agents is None else list(agents)
+        if n < 1 or not await self._read(
+            lambda conn: bool(SqliteTx(conn).find_claimable(utcnow(), names, task_id, 1, set()))
+        ):
+            return []
+        return await super().claim_tasks(worker_id, n, agents=names, ttl=ttl, task_id=task_id)
+
     async def delete_task(self, task_id: str) -> None:
         def delete(tx: SqliteTx) -> None:
-            conn = tx.conn
-            doomed = [
-                r[0]
-                for r in conn.execute(
-                    "WITH RECURSIVE tree(id) AS (SELECT id FROM tasks WHERE id=?"
-                    " UNION ALL SELECT t.id FROM tasks t JOIN tree ON t.parent_id=tree.id)"
-                    " SELECT id FROM tree",
-                    (task_id,),
-                )
-            ]
-            if not doomed:
+            if not self._delete_trees(tx, [task_id]):
                 raise TaskNotFound(task_id)
-            for tid in doomed:
-                conn.execute(f"DELETE FROM entries WHERE task_num={_NUM}", (tid,))
-                self._nums.pop(tid, None)
-                conn.execute("DELETE FROM documents WHERE scope=?", (f"task:{tid}",))
-                conn.execute("DELETE FROM tasks WHERE id=?", (tid,))
 
         await self._write(delete)
+
+    def _delete_trees(self, tx: SqliteTx, roots: list[str]) -> int:
+        """Delete tasks with their sub-tasks, entries, documents and labels; return how many."""
+        conn = tx.conn
+        marks = ", ".join("?" * len(roots))
+        doomed = conn.execute(
+            f"WITH RECURSIVE tree(num, id) AS (SELECT num, id FROM tasks WHERE id IN ({marks}) "
+            " UNION SELECT t.num, t.id FROM tasks t JOIN tree ON t.parent_id=tree.id)"
+            " SELECT num, id FROM tree",
+            roots,
+        ).fetchall()
+        for num, tid in doomed:
+            conn.execute("DELETE FROM entries WHERE task_num=?", (num,))
+            conn.execute("DELETE FROM task_labels WHERE task_num=?", (num,))
+            conn.execute("DELETE FROM documents WHERE scope=?", (f"task:{tid}",))
+            conn.execute("DELETE FROM tasks WHERE num=?", (num,))
+            self._nums.pop(tid, None)
+            self._rows.rows.pop(tid, None)
+        return len(doomed)
+
+    async def purge_tasks(self, query: TaskQuery) -> int:
+        """Delete up to `query.limit` matching tasks (and their sub-tasks) in one transaction."""
+        where, params = _task_filters(query)
+        sql = "SELECT id FROM tasks" + (" WHERE " + " AND ".join(where) if where else "")
+        sql += " LIMIT ?"
+
+        def purge(tx: SqliteTx) -> int:
+            roots = [r[0] for r in tx.conn.execute(sql, [*params, query.limit])]
+            return self._delete_trees(tx, roots) if roots else 0
+
+        return await self._write(purge)  # type: ignore[no-any-return]
+
+    async def reclaim_space(self, pages_per_batch: int = 2000) -> None:
+        """Give freed pages back to the file system (files made with auto_vacuum=INCREMENTAL).
+
+        Inside a transaction each run of the pragma frees one page, so it runs
+        once per page, a bounded number per transaction. A file made before
+        incremental vacuum (auto_vacuum=NONE) needs a one-off `VACUUM` instead.
+        """
+
+        def vacuum(tx: SqliteTx) -> int:
+            free = int(tx.conn.execute("PRAGMA freelist_count").fetchone()[0])
+            mode = int(tx.conn.execute("PRAGMA auto_vacuum").fetchone()[0])
+            if mode != 2:  # not INCREMENTAL: nothing this pragma can do
+                return 0
+            for _ in range(min(free, pages_per_batch)):
+                tx.conn.execute("PRAGMA incremental_vacuum(1)")
+            return max(0, free - pages_per_batch)
+
+        while await self._write(vacuum):
+            pass
 
     # --- change notification ---
 
@@ -478,6 +536,27 @@ else:
         " (SELECT payload FROM entries WHERE task_num=(SELECT num FROM tasks WHERE id=?)"
         " AND kind IN ({marks}) ORDER BY seq)"
     )
+
+
+def _task_filters(q: TaskQuery) -> tuple[list[str], list[Any]]:
+    """The WHERE terms and parameters of a task query (metadata through `task_labels`)."""
+    where: list[str] = []
+    params: list[Any] = []
+    for column, value in q.equal_filters():
+        where.append(f"{column}=?")
+        params.append(value)
+    where += [f"{column} IS NULL" for column in q.null_filters()]
+    statuses = q.statuses()
+    if statuses is not None:
+        where.append("status IN (" + ", ".join("?" * len(statuses)) + ")")
+        params.extend(statuses)
+    for column, op, bound in q.range_filters():
+        where.append(f"{column} {op} ?")
+        params.append(bound.timestamp())
+    for key, value in (q.metadata or {}).items():
+        where.append("num IN (SELECT task_num FROM task_labels WHERE key=? AND value=?)")
+        params.extend([key, label_value(value)])
+    return where, params
 
 
 def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:

@@ -135,6 +135,28 @@ def _scope_sessions_per_owner(conn: sqlite3.Connection) -> None:
 
 
 MIGRATIONS[3] = [_scope_sessions_per_owner]
+
+# Queues (issue 14): every task has a queue and a priority; claims are served
+# by indexes instead of a sort of the table: ready tasks per queue in claim
+# order, timers and delayed starts by due time. Metadata labels are rows of
+# their own, indexed for equality filters.
+QUEUES_MIGRATION: list[Step] = [
+    "ALTER TABLE tasks ADD COLUMN queue TEXT",
+    "ALTER TABLE tasks ADD COLUMN priority INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE tasks ADD COLUMN metadata TEXT",
+    "UPDATE tasks SET queue = agent",
+    "CREATE INDEX tasks_ready ON tasks(queue, priority DESC, created_at)"
+    " WHERE status = 'pending' AND wake_at IS NULL",
+    "CREATE INDEX tasks_due ON tasks(status, wake_at) WHERE wake_at IS NOT NULL",
+    "CREATE INDEX tasks_leases ON tasks(coalesce(lease_expires, 0)) WHERE status = 'running'",
+    "CREATE INDEX tasks_queue ON tasks(queue, status)",
+    """CREATE TABLE task_labels (
+        key TEXT NOT NULL, value TEXT NOT NULL, task_num INTEGER NOT NULL,
+        PRIMARY KEY (key, value, task_num)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX task_labels_task ON task_labels(task_num)",
+]
+MIGRATIONS[4] = QUEUES_MIGRATION
 SQLITE_SCHEMA_VERSION = max(MIGRATIONS)
 
 
@@ -158,6 +180,9 @@ def connect(path: str, durability: Durability) -> sqlite3.Connection:
     try:
         conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
         conn.row_factory = sqlite3.Row
+        # Before anything else touches a new file: pages freed by a purge can be
+        # given back (store.reclaim_space); an existing file keeps its mode.
+        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
         conn.execute("PRAGMA busy_timeout=30000")

@@ -9,9 +9,10 @@ from datetime import datetime
 from typing import Any
 
 from duragent.store.base import to_ts, ts_to_dt
+from duragent.store.queues import QUEUES_SCOPE, Candidate
 from duragent.store.sqlite_schema import KIND_CODES, dumps
 from duragent.store.tx import Notes, task_columns
-from duragent.types import Document, Entry, Task
+from duragent.types import Document, Entry, Task, TaskStatus
 
 
 def row_task(row: sqlite3.Row) -> Task:
@@ -104,10 +105,16 @@ class SqliteTx:
     def insert_task(self, task: Task) -> None:
         cols = task_columns(task, to_ts, created=True)
         cols["input"] = dumps(task.input)
+        cols["metadata"] = dumps(task.metadata) if task.metadata else None
         names = ", ".join(cols)
         marks = ", ".join(f":{k}" for k in cols)
         cur = self.conn.execute(f"INSERT INTO tasks ({names}) VALUES ({marks})", cols)
-        self.new_nums[task.id] = int(cur.lastrowid or 0)
+        num = self.new_nums[task.id] = int(cur.lastrowid or 0)
+        if task.metadata:
+            self.conn.executemany(
+                "INSERT INTO task_labels (key, value, task_num) VALUES (?, ?, ?)",
+                [(k, label_value(v), num) for k, v in task.metadata.items()],
+            )
         self.written[task.id] = task
         self.notes.wrote(task, created=True)
 
@@ -155,25 +162,116 @@ class SqliteTx:
         self.conn.execute("DELETE FROM documents WHERE scope=? AND key=?", (scope, key))
 
     def find_claimable(
-        self, now: datetime, agents: Sequence[str] | None, task_id: str | None
-    ) -> Task | None:
-        sql = (
-            "SELECT data, input FROM tasks WHERE (status='pending'"
-            " OR (status='running' AND (lease_expires IS NULL OR lease_expires <= :now))"
-            " OR (status='waiting' AND status_reason='timer' AND wake_at <= :now))"
-        )
-        params: dict[str, Any] = {"now": now.timestamp()}
+        self,
+        now: datetime,
+        agents: Sequence[str] | None,
+        task_id: str | None,
+        limit: int,
+        closed: set[str],
+    ) -> list[Candidate]:
+        """Runnable tasks in claim order, each source read through its own index.
+
+        Ready tasks: per open queue, the first `limit` of `tasks_ready` (already
+        in claim order); due timers and delayed starts: `tasks_due`; expired
+        leases: `tasks_leases`. Nothing sorts the table, so a claim costs the
+        same at any queue length; a candidate's JSON is parsed only if admitted.
+        """
+        params: dict[str, Any] = {"now": now.timestamp(), "limit": limit}
+        agent_clause = ""
         if agents is not None:
-            names = list(agents)
-            if not names:
-                return None
-            sql += " AND agent IN (" + ", ".join(f":a{i}" for i in range(len(names))) + ")"
-            params.update({f"a{i}": n for i, n in enumerate(names)})
+            if not agents:
+                return []
+            agent_clause = " AND agent IN (" + ", ".join(f":a{i}" for i in range(len(agents))) + ")"
+            params.update({f"a{i}": n for i, n in enumerate(agents)})
+        cols = "SELECT id, status, queue, owner, priority, created_at, data, input FROM tasks"
         if task_id is not None:
-            sql += " AND id=:id"
             params["id"] = task_id
-        sql += " ORDER BY created_at LIMIT 1"
-        return self._task(self.conn.execute(sql, params).fetchone())
+            sql = f"{cols} WHERE id=:id AND ({_RUNNABLE}){agent_clause}"
+            return [self._candidate(r) for r in self.conn.execute(sql, params)]
+        rows = self.conn.execute(
+            f"{cols} WHERE status='running' AND coalesce(lease_expires, 0) <= :now"
+            f"{agent_clause} LIMIT :limit",
+            params,
+        ).fetchall()
+        rows += self.conn.execute(
+            f"{cols} WHERE status='waiting' AND wake_at <= :now AND status_reason='timer'"
+            f"{agent_clause} ORDER BY wake_at LIMIT :limit",
+            params,
+        ).fetchall()
+        rows += self.conn.execute(
+            f"{cols} WHERE status='pending' AND wake_at <= :now{agent_clause}"
+            " ORDER BY wake_at LIMIT :limit",
+            params,
+        ).fetchall()
+        for queue in self._ready_queues():
+            if queue in closed:
+                continue
+            rows += self.conn.execute(
+                f"{cols} INDEXED BY tasks_ready WHERE status='pending' AND wake_at IS NULL"
+                f" AND queue=:queue{agent_clause} ORDER BY priority DESC, created_at LIMIT :limit",
+                {**params, "queue": queue},
+            ).fetchall()
+        return sorted(map(self._candidate, rows), key=Candidate.order)
+
+    def _candidate(self, row: sqlite3.Row) -> Candidate:
+        def load() -> Task:
+            task = self._task(row)
+            assert task is not None
+            return task
+
+        return Candidate(
+            row["id"],
+            TaskStatus(row["status"]),
+            row["queue"],
+            row["owner"],
+            row["priority"],
+            row["created_at"],
+            load,
+        )
+
+    def _ready_queues(self) -> list[str]:
+        """The queues with ready tasks: a skip scan of `tasks_ready`, one seek per queue."""
+        return [
+            r[0]
+            for r in self.conn.execute(
+                # INDEXED BY: without it the planner may pick tasks_runnable and
+                # read every pending row (measured: 18 ms at 20,000 pending).
+                "WITH RECURSIVE q(name) AS ("
+                " SELECT (SELECT min(queue) FROM tasks INDEXED BY tasks_ready"
+                " WHERE status='pending' AND wake_at IS NULL)"
+                " UNION ALL SELECT (SELECT min(queue) FROM tasks INDEXED BY tasks_ready"
+                " WHERE status='pending' AND wake_at IS NULL AND queue > q.name)"
+                " FROM q WHERE q.name IS NOT NULL)"
+                " SELECT name FROM q WHERE name IS NOT NULL"
+            )
+        ]
+
+    def load_queues(self) -> list[Document]:
+        rows = self.conn.execute("SELECT * FROM documents WHERE scope=?", (QUEUES_SCOPE,))
+        return [row_document(r) for r in rows]
+
+    def running_counts(
+        self, queues: Sequence[str]
+    ) -> list[tuple[str, str | None, str | None, int]]:
+        marks = ", ".join("?" * len(queues))
+        rows = self.conn.execute(
+            "SELECT queue, owner, lease_owner, count(*) FROM tasks WHERE status='running'"
+            f" AND queue IN ({marks}) GROUP BY queue, owner, lease_owner",
+            list(queues),
+        )
+        return [(r[0], r[1], r[2], r[3]) for r in rows]
+
+
+_RUNNABLE = (
+    "status='pending' AND (wake_at IS NULL OR wake_at <= :now)"
+    " OR (status='running' AND coalesce(lease_expires, 0) <= :now)"
+    " OR (status='waiting' AND status_reason='timer' AND wake_at <= :now)"
+)
+
+
+def label_value(value: Any) -> str:
+    """A metadata value as the text its equality filter compares: strings as they are."""
+    return value if isinstance(value, str) else dumps(value)
 
 
 def row_document(row: sqlite3.Row) -> Document:

@@ -23,6 +23,7 @@ from duragent.store.base import (
     released,
     renewed,
 )
+from duragent.store.queues import QUEUES_SCOPE, Candidate, ClaimBudget, queue_from_value
 from duragent.types import Document, Entry, NewEntry, Task, TaskStatus, utcnow
 
 
@@ -36,8 +37,17 @@ class Tx(Protocol):
     def put_document(self, doc: Document) -> None: ...
     def delete_document(self, scope: str, key: str) -> None: ...
     def find_claimable(
-        self, now: datetime, agents: Sequence[str] | None, task_id: str | None
-    ) -> Task | None: ...
+        self,
+        now: datetime,
+        agents: Sequence[str] | None,
+        task_id: str | None,
+        limit: int,
+        closed: set[str],
+    ) -> list[Candidate]: ...
+    def load_queues(self) -> list[Document]: ...
+    def running_counts(
+        self, queues: Sequence[str]
+    ) -> list[tuple[str, str | None, str | None, int]]: ...
 
 
 def task_columns(
@@ -68,6 +78,8 @@ def task_columns(
             root_id=task.root_id,
             agent=task.agent,
             created_at=when(task.created_at),
+            queue=task.queue or task.agent,
+            priority=task.priority,
         )
     return cols
 
@@ -213,22 +225,64 @@ def apply_create(
 def apply_claim(
     tx: Tx,
     worker_id: str,
+    n: int,
     agents: Sequence[str] | None,
     ttl: float,
     task_id: str | None,
     now: datetime,
-) -> Task | None:
-    task = tx.find_claimable(now, agents, task_id)
-    if task is None:
-        return None
-    task, entry = claim(task, worker_id, ttl, now)
+) -> list[Task]:
+    """Claim up to `n` runnable tasks in claim order, within every queue's limits.
+
+    Candidates come in pages; one a limit refuses is passed over (it stays
+    queued), so a page may be read again larger, a few times at most.
+    """
+    if n < 1:
+        return []
+    docs = {d.key: d for d in tx.load_queues()}
+    budget = ClaimBudget((queue_from_value(d.value) for d in docs.values()), worker_id, now)
+    if budget.queues:
+        budget.count(tx.running_counts(sorted(budget.queues)))
+    picked: list[Task] = []
+    seen: set[str] = set()
+    limit = n + 8
+    for _ in range(4):
+        refused = 0
+        for found in tx.find_claimable(now, agents, task_id, limit, budget.closed()):
+            if found.id in seen:
+                continue
+            seen.add(found.id)
+            if budget.admit(found):
+                picked.append(found.load())
+                if len(picked) == n:
+                    break
+            else:
+                refused += 1
+        if len(picked) == n or refused == 0:
+            break
+        limit *= 8
     rows = _Touched(tx)
-    rows.rows[task.id] = task
-    rows.dirty.add(task.id)
-    entries = rows.append([entry], now)
+    status_entries = []
+    for task in picked:
+        claimed, entry = claim(task, worker_id, ttl, now)
+        rows.rows[claimed.id] = claimed
+        rows.dirty.add(claimed.id)
+        status_entries.append(entry)
+    entries = rows.append(status_entries, now)
     rows.flush()
-    tx.append(entries)
-    return rows.rows[task.id]
+    if entries:
+        tx.append(entries)
+    for q in budget.spent_buckets():
+        old = docs[q.name]
+        tx.put_document(
+            Document(
+                scope=QUEUES_SCOPE,
+                key=q.name,
+                value=q.model_dump(mode="json"),
+                version=old.version + 1,
+                updated_at=now,
+            )
+        )
+    return [rows.rows[t.id] for t in picked]
 
 
 def apply_renew(
@@ -300,9 +354,21 @@ class TxWrites:
         ttl: float = 30.0,
         task_id: str | None = None,
     ) -> Task | None:
+        claimed = await self.claim_tasks(worker_id, 1, agents=agents, ttl=ttl, task_id=task_id)
+        return claimed[0] if claimed else None
+
+    async def claim_tasks(
+        self,
+        worker_id: str,
+        n: int = 1,
+        *,
+        agents: Iterable[str] | None = None,
+        ttl: float = 30.0,
+        task_id: str | None = None,
+    ) -> list[Task]:
         names = None if agents is None else list(agents)
         return await self._write(
-            lambda tx: apply_claim(tx, worker_id, names, ttl, task_id, utcnow())
+            lambda tx: apply_claim(tx, worker_id, n, names, ttl, task_id, utcnow())
         )
 
     async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task:

@@ -138,13 +138,25 @@ function ago(iso) {
   return new Date(iso).toLocaleDateString();
 }
 
+let listAsked = 0;
+
 async function refreshList() {
   if (!state.token) return;
-  let page;
-  try { page = await api("GET", "/v1/tasks?limit=50"); } catch { return; }
+  const query = new URLSearchParams({ limit: "50" });
+  const status = $("#filter-status").value, queue = $("#filter-queue").value.trim();
+  if (status) query.set("status", status);
+  if (queue) query.set("queue", queue);
+  let page, counts;
+  const asked = ++listAsked;  // a slower answer to an older filter must not win
+  try {
+    [page, counts] = await Promise.all([api("GET", `/v1/tasks?${query}`), api("GET", "/v1/counts")]);
+  } catch { return; }
+  if (asked !== listAsked) return;
+  renderCounts(counts);
   const list = $("#tasks");
   if (!page.tasks.length) {
-    list.replaceChildren(h("li", { class: "empty" }, "No tasks yet. Start one above."));
+    const filtered = status || queue;
+    list.replaceChildren(h("li", { class: "empty" }, filtered ? "No tasks match." : "No tasks yet. Start one above."));
     return;
   }
   list.replaceChildren(...page.tasks.map((t) => h("li", {
@@ -154,6 +166,18 @@ async function refreshList() {
   },
   h("div", { class: "row" }, h("span", { class: "agent" }, t.agent), badge(t.status, t.status_reason)),
   h("div", { class: "meta" }, t.current_step ? `step ${t.current_step} · ` : "", ago(t.created_at), " · ", t.id.slice(0, 10)))));
+}
+
+// Totals per status over every queue, and per queue when there is more than one.
+function renderCounts(body) {
+  const byStatus = {};
+  for (const row of Object.values(body.counts)) {
+    for (const [s, n] of Object.entries(row)) byStatus[s] = (byStatus[s] || 0) + n;
+  }
+  const parts = Object.entries(byStatus).map(([s, n]) => h("span", { class: `count status-${s}`, "data-status": s }, `${n} ${s}`));
+  const queues = Object.keys(body.counts);
+  if (queues.length > 1) parts.push(h("span", { class: "count-queues" }, `in ${queues.length} queues`));
+  $("#counts").replaceChildren(...parts);
 }
 
 function badge(status, reason) {
@@ -329,6 +353,8 @@ $("#signin-form").addEventListener("submit", (ev) => {
 });
 $("#signout").addEventListener("click", () => signOut());
 $("#new-task").addEventListener("submit", startTask);
+$("#filter-status").addEventListener("change", () => refreshList());
+$("#filter-queue").addEventListener("input", () => refreshList());
 $("#input").addEventListener("keydown", (ev) => {
   if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) startTask(ev);
 });

@@ -1,0 +1,277 @@
+"""Commands for running many tasks: counts, queues, schedules, purge and erase-owner."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from duragent.cli import app
+from duragent.cli_tasks import STORE, _console, _run, _runtime
+from duragent.runtime.schedules import (
+    Schedule,
+    delete_schedule,
+    list_schedules,
+    new_schedule,
+    put_schedule,
+    set_paused,
+)
+from duragent.store.queues import Queue, define_queue, list_queues
+from duragent.types import TaskStatus
+
+schedule_app = typer.Typer(help="Schedules: submit a task on cron or every N seconds.")
+queue_app = typer.Typer(help="Queues: limits shared by every worker.")
+app.add_typer(schedule_app, name="schedule")
+app.add_typer(queue_app, name="queue")
+
+
+def parse_age(text: str) -> timedelta:
+    """'30d', '12h', '15m', '90s' -> a timedelta."""
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    try:
+        return timedelta(seconds=float(text[:-1]) * units[text[-1]])
+    except (KeyError, ValueError, IndexError):
+        raise typer.BadParameter(f"{text!r} is not an age like 30d, 12h, 15m or 90s") from None
+
+
+@app.command()
+def counts(
+    store: str = STORE,
+    owner: str | None = typer.Option(None, help="Only this user's tasks."),
+    queue: str | None = typer.Option(None, help="Only this queue."),
+    agent: str | None = typer.Option(None, help="Only this agent's tasks."),
+) -> None:
+    """How many tasks are in each queue and status."""
+
+    async def go() -> dict[str, dict[str, int]]:
+        async with _runtime(store) as rt:
+            return await rt.counts(owner=owner, queue=queue, agent=agent)
+
+    got = _run(go)
+    statuses = [s.value for s in TaskStatus if any(s.value in v for v in got.values())]
+    table = Table()
+    table.add_column("queue")
+    for s in statuses:
+        table.add_column(s, justify="right")
+    for name, row in got.items():
+        table.add_row(escape(name), *(str(row.get(s, 0)) for s in statuses))
+    console = _console()
+    console.print(table if got else "no tasks")
+
+
+@app.command()
+def purge(
+    store: str = STORE,
+    older_than: str = typer.Option(..., help="Last changed longer ago than this: 30d, 12h..."),
+    status: list[TaskStatus] | None = typer.Option(
+        None, help="Only this finished status (default: completed, failed, aborted)."
+    ),
+    owner: str | None = typer.Option(None, help="Only this user's tasks."),
+    queue: str | None = typer.Option(None, help="Only this queue's tasks."),
+    agent: str | None = typer.Option(None, help="Only this agent's tasks."),
+    batch: int = typer.Option(100, min=1, help="Tasks deleted per transaction."),
+) -> None:
+    """Delete finished tasks for good, with their logs, documents and sub-tasks."""
+    age = parse_age(older_than)
+
+    async def go() -> Any:
+        async with _runtime(store) as rt:
+            return await rt.purge(
+                before=age,
+                status=status or None,
+                owner=owner,
+                queue=queue,
+                agent=agent,
+                batch=batch,
+            )
+
+    result = _run(go)
+    _console().print(f"deleted {result.tasks} tasks in {result.batches} batches")
+
+
+@app.command("erase-owner")
+def erase_owner(
+    owner: str = typer.Argument(..., help="The user whose tasks and schedules go."),
+    store: str = STORE,
+    yes: bool = typer.Option(False, "--yes", help="Do not ask for confirmation."),
+) -> None:
+    """Abort and delete every task and schedule of one user (erasure on request)."""
+    if not yes:
+        typer.confirm(f"delete every task and schedule of {owner!r}?", abort=True)
+
+    async def go() -> Any:
+        async with _runtime(store) as rt:
+            return await rt.erase_owner(owner)
+
+    result = _run(go)
+    _console().print(f"deleted {result.tasks} tasks of {owner}")
+
+
+# --- queues ---
+
+
+@queue_app.command("set")
+def queue_set(
+    name: str = typer.Argument(..., help="The queue's name."),
+    store: str = STORE,
+    concurrency: int | None = typer.Option(None, min=1, help="Running at once, all workers."),
+    per_worker: int | None = typer.Option(None, min=1, help="Running at once on one worker."),
+    per_owner: int | None = typer.Option(None, min=1, help="Running at once for one user."),
+    rate: str | None = typer.Option(None, help="Starts per period: N/SECONDS, e.g. 10/60."),
+    ttl: str | None = typer.Option(None, help="Purge finished tasks after: 30d, 12h..."),
+) -> None:
+    """Define (or redefine) a queue's limits."""
+    limit = None
+    if rate is not None:
+        n, _, per = rate.partition("/")
+        try:
+            limit = (int(n), float(per))
+        except ValueError:
+            raise typer.BadParameter(f"rate {rate!r} should be N/SECONDS, e.g. 10/60") from None
+    keep = parse_age(ttl).total_seconds() if ttl else None
+
+    async def go() -> Queue:
+        async with _runtime(store) as rt:
+            q = Queue(
+                name,
+                concurrency=concurrency,
+                per_worker=per_worker,
+                per_owner=per_owner,
+                rate=limit,
+                ttl=keep,
+            )
+            return await define_queue(rt.store, q)
+
+    q = _run(go)
+    _console().print(f"queue {q.name}: {json.dumps(q.definition())}")
+
+
+@queue_app.command("ls")
+def queue_ls(store: str = STORE) -> None:
+    """Queues with limits."""
+
+    async def go() -> list[Queue]:
+        async with _runtime(store) as rt:
+            return await list_queues(rt.store)
+
+    console = _console()
+    for q in _run(go):
+        console.print(escape(f"{q.name}: {json.dumps(q.definition())}"))
+
+
+# --- schedules ---
+
+
+@schedule_app.command("add")
+def schedule_add(
+    name: str = typer.Argument(..., help="The schedule's name (per owner)."),
+    agent: str = typer.Option(..., help="The agent to run (a worker must serve it)."),
+    input: str = typer.Option(..., "--input", help="The task's input (text, or JSON)."),
+    store: str = STORE,
+    cron: str | None = typer.Option(None, help="5-field cron expression, UTC."),
+    every: float | None = typer.Option(None, help="Seconds between ticks."),
+    overlap: str = typer.Option("skip", help="If the last run is still going: skip, queue, allow."),
+    owner: str | None = typer.Option(None, help="The user the tasks belong to."),
+    queue: str | None = typer.Option(None, help="Queue for its tasks (default: the agent's)."),
+) -> None:
+    """Create (or replace) a schedule."""
+    try:
+        value: Any = json.loads(input)
+    except ValueError:
+        value = input
+    if overlap not in ("skip", "queue", "allow"):
+        raise typer.BadParameter("--overlap is skip, queue or allow")
+
+    async def go() -> Schedule:
+        async with _runtime(store) as rt:
+            sched = new_schedule(
+                name,
+                agent,
+                value,
+                cron=cron,
+                every=every,
+                overlap=overlap,  # type: ignore[arg-type]
+                owner=owner,
+                queue=queue,
+            )
+            return await put_schedule(rt.store, sched)
+
+    sched = _run(go)
+    _console().print(f"schedule {sched.name}: next tick {sched.next_at.isoformat()}")
+
+
+@schedule_app.command("ls")
+def schedule_ls(
+    store: str = STORE, owner: str | None = typer.Option(None, help="Only this user's.")
+) -> None:
+    """List schedules."""
+
+    async def go() -> list[Schedule]:
+        async with _runtime(store) as rt:
+            return await list_schedules(rt.store, owner)
+
+    scheds = _run(go)
+    console = _console()
+    if not scheds:
+        console.print("no schedules")
+        return
+    table = Table()
+    for col in ("name", "owner", "agent", "when", "overlap", "state", "next tick", "last task"):
+        table.add_column(col, no_wrap=True)
+    for s in scheds:
+        when = s.cron if s.cron else f"every {s.every:g}s"
+        table.add_row(
+            escape(s.name),
+            escape(s.owner or ""),
+            escape(s.agent),
+            escape(str(when)),
+            s.overlap,
+            "paused" if s.paused else "active",
+            s.next_at.isoformat(timespec="seconds"),
+            s.last_task_id or "",
+        )
+    console.print(table)
+
+
+def _set(name: str, store: str, owner: str | None, paused: bool) -> None:
+    async def go() -> Schedule:
+        async with _runtime(store) as rt:
+            return await set_paused(rt.store, name, owner, paused)
+
+    s = _run(go)
+    state = "paused" if s.paused else f"active, next tick {s.next_at.isoformat()}"
+    _console().print(f"schedule {s.name}: {state}")
+
+
+@schedule_app.command("pause")
+def schedule_pause(
+    name: str, store: str = STORE, owner: str | None = typer.Option(None, help="Its user.")
+) -> None:
+    """Stop a schedule ticking."""
+    _set(name, store, owner, True)
+
+
+@schedule_app.command("resume")
+def schedule_resume(
+    name: str, store: str = STORE, owner: str | None = typer.Option(None, help="Its user.")
+) -> None:
+    """Tick again, from the next tick after now."""
+    _set(name, store, owner, False)
+
+
+@schedule_app.command("rm")
+def schedule_rm(
+    name: str, store: str = STORE, owner: str | None = typer.Option(None, help="Its user.")
+) -> None:
+    """Delete a schedule (the tasks it submitted stay)."""
+
+    async def go() -> None:
+        async with _runtime(store) as rt:
+            await delete_schedule(rt.store, name, owner)
+
+    _run(go)
+    _console().print(f"schedule {name} deleted")

@@ -1,0 +1,75 @@
+"""Four real processes claim from one queue limited to 3 (a SQLite file, a
+PostgreSQL schema): the store itself never shows more than 3 running."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from duragent.store import open_store
+from duragent.store.queues import Queue, define_queue
+from duragent.types import Task
+from test_store_multiprocess import shared_url  # noqa: F401  (the fixture)
+
+CLAIMER = r"""
+import asyncio, json, os, sys
+from duragent.store import open_store, Commit, TaskPatch, TaskQuery
+
+async def main(url, worker, out, gate):
+    store = open_store(url)
+    while not os.path.exists(gate):  # start together, so claims really contend
+        await asyncio.sleep(0.001)
+    seen, done = [], 0
+    while True:
+        got = await store.claim_tasks(worker, 2, ttl=3600)
+        if not got:
+            left = await store.count_tasks(TaskQuery(queue="q", status="pending"))
+            if not left:
+                break
+            await asyncio.sleep(0.002)  # the queue is full: look again soon
+            continue
+        # What the store says is running in the queue, with ours still held.
+        counts = await store.count_tasks(TaskQuery(queue="q", status="running"))
+        seen.append(sum(counts.values()))
+        await asyncio.sleep(0.005)  # hold the slots a moment, as real work would
+        for task in got:
+            await store.commit(Commit(fence={task.id: task.lease.epoch},
+                                      patches=[TaskPatch(task.id, {"status": "completed"})]))
+            done += 1
+    await store.close()
+    with open(out, "w") as f:
+        json.dump({"seen": seen, "done": done}, f)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def test_a_limit_of_three_holds_under_four_processes(
+    shared_url: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    url = shared_url
+    store = open_store(url)
+    await define_queue(store, Queue("q", concurrency=3))
+    for i in range(120):
+        await store.create_task(Task(agent="a", queue="q", input=i))
+    await store.close()
+    outs = [tmp_path / f"w{i}.json" for i in range(4)]
+    gate = tmp_path / "go"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", CLAIMER, url, f"w{i}", str(out), str(gate)])
+        for i, out in enumerate(outs)
+    ]
+    await asyncio.sleep(1.0)  # not a correctness wait: only gives the claimers time to start
+    gate.touch()
+    codes = await asyncio.gather(*(asyncio.to_thread(p.wait, 180) for p in procs))
+    assert codes == [0, 0, 0, 0]
+    results = [json.loads(out.read_text()) for out in outs]
+    assert sum(r["done"] for r in results) == 120
+    seen = [n for r in results for n in r["seen"]]
+    assert max(seen) <= 3, f"the store showed {max(seen)} running at once"
+    assert max(seen) == 3, "the limit was never reached; the test proves nothing"
+    assert sum(1 for r in results if r["done"]) >= 2, "the processes did not contend"
