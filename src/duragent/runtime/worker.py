@@ -88,10 +88,22 @@ class Worker:
         self._lost_claim = False  # a claim's outcome is unknown: look for it
         self._held: dict[tuple[str, int], None] = {}  # (task, epoch) runners held, recent
         # Delivers webhook events from the outbox, this process's and others'.
+        # Looking for other processes' events is polling: never more often than
+        # the worker itself would poll for work (a long poll_interval means quiet).
+        if webhook_delivery is None:
+            webhook_delivery = WebhookDelivery(poll_interval=max(2.0, poll_interval))
         self.webhooks = WebhookSender(store, self.id, claim_ttl=lease_ttl, options=webhook_delivery)
         # Schedule ticks and queue TTLs (housekeeping.py); queue definitions are
         # written to the store when the worker starts.
-        self.housekeeper = Housekeeper(store, self.agents, queues=queues, on_fired=self.wake)
+        # It sleeps until the next known tick; a schedule made in another process is
+        # seen within max(1 s, poll_interval), the same promise as for other work.
+        self.housekeeper = Housekeeper(
+            store,
+            self.agents,
+            queues=queues,
+            interval=max(1.0, poll_interval),
+            on_fired=self.wake,
+        )
         self.housekeeping = housekeeping
 
     # --- control ---
