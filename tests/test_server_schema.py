@@ -52,7 +52,12 @@ negative = schemathesis.pytest.from_fixture("negative_schema").exclude(
     derandomize=True,
 )
 def test_api_conforms_to_its_openapi(case: Any, server: LiveServer) -> None:
-    case.call_and_validate(headers=server.headers(), timeout=20)
+    excluded = []
+    if (case.method, case.path) == ("POST", "/v1/schedules"):
+        # A cron expression's syntax is not expressible in JSON Schema: a schema-valid
+        # "0 0 0 0 0" is rightly refused (400). Every other check still applies.
+        excluded.append(schemathesis.checks.positive_data_acceptance)
+    case.call_and_validate(headers=server.headers(), timeout=20, excluded_checks=excluded)
 
 
 @negative.parametrize()

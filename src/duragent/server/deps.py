@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, get_args, get_origin
 
 from fastapi import Depends, Path, Request
 from fastapi.dependencies.models import Dependant
@@ -25,6 +25,19 @@ def _query_names(dependant: Dependant) -> set[str]:
     return names
 
 
+def _repeatable(dependant: Dependant) -> set[str]:
+    """The query parameters that take a list (`?meta=a:1&meta=b:2`)."""
+    names = {
+        field.alias
+        for field in dependant.query_params
+        if get_origin(field.field_info.annotation) is list
+        or any(get_origin(a) is list for a in get_args(field.field_info.annotation))
+    }
+    for sub in dependant.dependencies:
+        names |= _repeatable(sub)
+    return names
+
+
 def known_query(request: Request) -> None:
     """Refuse query parameters the route does not take: `?stauts=running` is a
     mistake to report, not a filter to ignore silently."""
@@ -33,6 +46,21 @@ def known_query(request: Request) -> None:
         return
     names = _query_names(route.dependant)
     unknown = sorted(set(request.query_params) - names)
+    repeated = sorted(
+        {
+            k
+            for k, _ in request.query_params.multi_items()
+            if len(request.query_params.getlist(k)) > 1
+        }
+        - _repeatable(route.dependant)
+    )
+    if repeated:
+        raise RequestValidationError(
+            [
+                {"loc": ("query", name), "msg": "given more than once", "type": "value_error"}
+                for name in repeated
+            ]
+        )
     if unknown:
         takes = ", ".join(sorted(names)) or "none"
         raise RequestValidationError(

@@ -7,11 +7,12 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from duragent.runtime.schedules import Schedule
 from duragent.server.deps import RuntimeDep, UserDep
 from duragent.server.problems import BadRequest, problem_responses
+from duragent.server.schemas import iso_time_only
 from duragent.store.queues import Queue
 
 router = APIRouter(prefix="/v1", tags=["queues and schedules"])
@@ -44,18 +45,21 @@ class QueuesOut(BaseModel):
 
 
 class ScheduleCreate(BaseModel):
-    model_config = {"extra": "forbid"}
+    # Strict like every request body: "5" is not a number, 0 is not a time.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: _NAME
     agent: _NAME
     input: Any = None
     cron: str | None = Field(None, max_length=200, description="5 fields, UTC.")
-    every: float | None = Field(None, gt=0, description="Seconds between ticks.")
+    every: float | None = Field(None, gt=0, strict=False, description="Seconds between ticks.")
     overlap: Literal["skip", "queue", "allow"] = "skip"
     queue: str | None = Field(None, max_length=200)
     priority: int = 0
     metadata: dict[str, Any] | None = None
-    start_at: datetime | None = None
+    start_at: datetime | None = Field(None, strict=False, description="ISO 8601, with a zone.")
+
+    _times_are_text = field_validator("start_at", mode="before")(iso_time_only)
 
 
 class ScheduleOut(BaseModel):
@@ -149,7 +153,7 @@ async def list_schedules(user: UserDep, runtime: RuntimeDep) -> SchedulesOut:
     "/schedules/{name}",
     response_model=ScheduleOut,
     summary="One of my schedules",
-    responses=problem_responses(401, 404),
+    responses=problem_responses(401, 404, 422),
 )
 async def get_schedule(name: str, user: UserDep, runtime: RuntimeDep) -> ScheduleOut:
     return ScheduleOut.of(await runtime.get_schedule(name, owner=user))
@@ -159,7 +163,7 @@ async def get_schedule(name: str, user: UserDep, runtime: RuntimeDep) -> Schedul
     "/schedules/{name}/pause",
     response_model=ScheduleOut,
     summary="Stop ticking until resumed",
-    responses=problem_responses(401, 404),
+    responses=problem_responses(401, 404, 422),
 )
 async def pause_schedule(name: str, user: UserDep, runtime: RuntimeDep) -> ScheduleOut:
     return ScheduleOut.of(await runtime.pause_schedule(name, owner=user))
@@ -169,7 +173,7 @@ async def pause_schedule(name: str, user: UserDep, runtime: RuntimeDep) -> Sched
     "/schedules/{name}/resume",
     response_model=ScheduleOut,
     summary="Tick again from the next tick after now",
-    responses=problem_responses(401, 404),
+    responses=problem_responses(401, 404, 422),
 )
 async def resume_schedule(name: str, user: UserDep, runtime: RuntimeDep) -> ScheduleOut:
     return ScheduleOut.of(await runtime.resume_schedule(name, owner=user))
@@ -179,7 +183,7 @@ async def resume_schedule(name: str, user: UserDep, runtime: RuntimeDep) -> Sche
     "/schedules/{name}",
     status_code=204,
     summary="Delete a schedule (tasks it submitted stay)",
-    responses=problem_responses(401, 404),
+    responses=problem_responses(401, 404, 422),
 )
 async def delete_schedule(name: str, user: UserDep, runtime: RuntimeDep) -> Response:
     await runtime.delete_schedule(name, owner=user)

@@ -183,9 +183,10 @@ def with_agent_names(schema: dict[str, Any], agent_names: list[str]) -> dict[str
         return schema
     out = copy.deepcopy(schema)
     schemas = out.get("components", {}).get("schemas", {})
-    agent = schemas.get("TaskCreate", {}).get("properties", {}).get("agent")
-    if agent is not None:
-        agent["enum"] = sorted(agent_names)
+    for body in ("TaskCreate", "ScheduleCreate"):
+        agent = schemas.get(body, {}).get("properties", {}).get("agent")
+        if agent is not None:
+            agent["enum"] = sorted(agent_names)
     return out
 
 

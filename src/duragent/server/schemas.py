@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from duragent.runtime.agent import Agent
 from duragent.runtime.runtime import TaskTree
@@ -24,6 +25,21 @@ class Problem(BaseModel):
 
 
 # --- requests ----------------------------------------------------------------
+
+
+_NUMBER = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")
+
+
+def iso_time_only(value: Any) -> Any:
+    """A time in a request is ISO 8601 text (or null), never a number of seconds."""
+    if value is None or isinstance(value, datetime):
+        return value
+    if not isinstance(value, str) or _NUMBER.fullmatch(value):
+        raise ValueError("a time is ISO 8601 text with a zone, e.g. 2030-01-01T09:00:00Z")
+    return value
+
+
+IsoTime = Annotated[datetime, BeforeValidator(iso_time_only)]
 
 
 class _Request(BaseModel):
@@ -56,13 +72,26 @@ class TaskCreate(_Request):
     queue: str | None = Field(
         None, min_length=1, max_length=200, description="Queue to wait in (default: the agent's)."
     )
-    priority: int = Field(0, ge=-1000, le=1000, description="Higher is claimed first.")
+    # Not strict: JSON Schema calls 3.0 an integer. Text and booleans are still refused.
+    priority: int = Field(
+        0, ge=-1000, le=1000, strict=False, description="Higher is claimed first."
+    )
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _priority_is_a_number(cls, value: Any) -> Any:
+        if isinstance(value, str | bool):
+            raise ValueError("priority is a number")
+        return value
+
     metadata: dict[str, str | int | float | bool] | None = Field(
         None, max_length=32, description="Labels to filter by (GET /v1/tasks?meta=key:value)."
     )
     start_at: datetime | None = Field(
         None, strict=False, description="Hold the task until then (ISO 8601, with a zone)."
     )
+
+    _times_are_text = field_validator("start_at", mode="before")(iso_time_only)
 
     @model_validator(mode="after")
     def _session_to_continue(self) -> TaskCreate:

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Query, Request, Response
+from pydantic import StringConstraints
 
 from duragent.runtime.waits import open_waits
 from duragent.server.deps import OwnedTask, RuntimeDep, UserDep
@@ -15,6 +16,7 @@ from duragent.server.problems import BadRequest, problem_responses
 from duragent.server.schemas import (
     AbortRequest,
     EntriesOut,
+    IsoTime,
     MessagesOut,
     OpenWait,
     PauseRequest,
@@ -105,13 +107,13 @@ async def list_tasks(
     ] = None,
     queue: Annotated[str | None, Query(max_length=200)] = None,
     meta: Annotated[
-        list[str] | None,
-        Query(max_length=400, description="key:value, metadata equal to (repeat for more)."),
+        list[Annotated[str, StringConstraints(max_length=400, pattern=r"^[^:\x00]+:[^\x00]*$")]] | None,
+        Query(description="key:value, metadata equal to (repeat for more)."),
     ] = None,
-    created_after: datetime | None = None,
-    created_before: datetime | None = None,
-    updated_after: datetime | None = None,
-    updated_before: datetime | None = None,
+    created_after: IsoTime | None = None,
+    created_before: IsoTime | None = None,
+    updated_after: IsoTime | None = None,
+    updated_before: IsoTime | None = None,
 ) -> TaskPageOut:
     if cursor is not None:
         try:
