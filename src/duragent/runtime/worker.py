@@ -8,7 +8,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -126,12 +126,14 @@ class Worker:
 
     async def run(self) -> None:
         beat = asyncio.ensure_future(self._heartbeat())
-        # Control requests (pause/abort from another process) are heard at once,
-        # not at the next heartbeat.
-        unwatch = self.store.watch_controls(self._control_noted)
+        unwatch: Callable[[], None] | None = None
         presence = asyncio.ensure_future(self._presence())
         sender = asyncio.ensure_future(self.webhooks.run())
         try:
+            # Control requests (pause/abort from another process) are heard at
+            # once, not at the next heartbeat. Inside the try: should it fail,
+            # the tasks started above are still stopped.
+            unwatch = self.store.watch_controls(self._control_noted)
             while not self._stopping:
                 # Listen before looking: a commit landing between the claim
                 # query and the wait must still wake us (else: a lost wake-up
@@ -144,7 +146,8 @@ class Worker:
                     if changed is not None:
                         changed.cancel()
         finally:
-            unwatch()
+            if unwatch is not None:
+                unwatch()
             beat.cancel()
             for check in list(self._checks):
                 check.cancel()

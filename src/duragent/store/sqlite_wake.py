@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import sys
@@ -38,6 +39,11 @@ _MAX_PATH = 100  # sun_path holds 104-108 bytes depending on the system
 # same, unless the listing was taken so soon after that mtime that another
 # registration in the same timestamp tick could hide behind it.
 _RACY_NS = 100_000_000
+
+# After a failed registration, waits poll; a new attempt is made this often.
+_RETRY_S = 30.0
+
+log = logging.getLogger("duragent.store")
 
 
 class WakeUps:
@@ -55,6 +61,8 @@ class WakeUps:
         self._sender: socket.socket | None = None
         self._peers: list[str] = []
         self._listed: tuple[int, int] | None = None  # (dir mtime, when listed), ns
+        self._retry_at = 0.0  # monotonic: no new registration attempt before
+        self._warned = False
 
     @property
     def possible(self) -> bool:
@@ -79,13 +87,24 @@ class WakeUps:
             self._unlisten()
         self._on_message = on_message
         want = "c" if changes or self.kind == "c" else "w"
-        if self._sock is None:
-            try:
+        if self._sock is not None and want == self.kind:
+            return True
+        if time.monotonic() < self._retry_at:
+            return False
+        try:
+            if self._sock is None:
                 self._bind(loop)
-            except OSError:
-                return False
-        if want != self.kind:
             self._register(want)
+        except OSError as exc:
+            # The wake directory cannot be written (another user's 0700
+            # directory, a read-only or full disk, no file descriptor left):
+            # wake-ups are an optimisation, the caller polls instead.
+            self._unlisten()
+            self._retry_at = time.monotonic() + _RETRY_S
+            if not self._warned:
+                self._warned = True
+                log.warning("no wake-ups through %s (%s): polling instead", self.dir, exc)
+            return False
         return True
 
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
