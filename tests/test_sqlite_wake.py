@@ -6,8 +6,11 @@ import asyncio
 import itertools
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from duragent import Runtime
 from duragent.store.sqlite import SQLiteStore
@@ -134,3 +137,34 @@ async def test_a_refusing_peer_is_forgotten_only_once_its_process_is_gone(
         wake.close()
     assert alive.exists()
     assert not dead.exists()
+
+
+@pytest.mark.parametrize("path", [":memory:", "file:shared?mode=memory&cache=shared"])
+async def test_no_wake_folder_for_a_database_that_is_no_plain_file(
+    path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = SQLiteStore(path)
+    try:
+        await store.wait_for_change(0.001)
+        store._announce(work=True, controlled=[])
+        hears_others = store.notifies_across_processes
+    finally:
+        await store.close()
+    assert list(tmp_path.iterdir()) == []
+    assert not hears_others
+
+
+def test_the_demo_removes_its_wake_folder_with_its_store(tmp_path: Path) -> None:
+    env = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": os.environ["PYTHONPATH"]}
+    done = subprocess.run(
+        [sys.executable, "-m", "duragent", "demo", "--no-crash"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Store removed" in done.stdout
+    assert [p.name for p in tmp_path.iterdir()] == []

@@ -56,13 +56,20 @@ _RETRY_S = 30.0
 log = logging.getLogger("duragent.store")
 
 
+def wake_dir(db_path: str) -> str:
+    """The directory of the wake-ups between the processes that share `db_path`."""
+    # Hidden, and not named like the database: `cp agent.db*` copies files only.
+    head, name = os.path.split(os.path.abspath(db_path))
+    return os.path.join(head, f".{name}.wake")
+
+
 class WakeUps:
     """One store's end of the wake-ups: a receiving socket, and sends to the others."""
 
     def __init__(self, db_path: str) -> None:
-        # Hidden, and not named like the database: `cp agent.db*` copies files only.
-        head, name = os.path.split(os.path.abspath(db_path))
-        self.dir = os.path.join(head, f".{name}.wake")
+        # An in-memory database or a URI names no file to put a folder next to.
+        self._plain_file = db_path != ":memory:" and not db_path.startswith("file:")
+        self.dir = wake_dir(db_path)
         # The pid tells a sender whether a refusing peer is gone (see announce).
         self.token = f"{uuid.uuid4().hex[:16]}-{os.getpid()}"  # short: see _MAX_PATH
         self._prefix = ""  # "@" when the socket is in the abstract namespace
@@ -78,7 +85,7 @@ class WakeUps:
 
     @property
     def possible(self) -> bool:
-        return _ABSTRACT or self._fits
+        return self._plain_file and (_ABSTRACT or self._fits)
 
     @property
     def _fits(self) -> bool:
@@ -205,6 +212,8 @@ class WakeUps:
 
     def announce(self, *, work: bool, controlled: Iterable[str] = ()) -> None:
         """Tell every other registered process about a commit (never blocks)."""
+        if not self._plain_file:
+            return
         peers = self._current_peers()
         if not peers:
             return
