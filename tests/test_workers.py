@@ -376,12 +376,22 @@ async def test_worker_stopped_past_its_lease_and_continued_counts_one_restart(
         tasks = [await rt.get(task_id) for task_id in ids]
         return [t.id for t in tasks if f":{heir.pid}:" in (t.lease.owner or "")]
 
+    deadline = asyncio.get_running_loop().time() + 120
     while len(taken := await held_by_heir()) < 4:
+        assert asyncio.get_running_loop().time() < deadline, (
+            f"the heir took {len(taken)} of the 4 expired tasks it can run within 120 s\n"
+            + "\n".join(heir.err[-30:])
+        )
         await asyncio.sleep(0.05)
     stopped.signal(signal.SIGCONT)
     # The continued worker learns it lost these (and stops their runners)...
+    deadline = asyncio.get_running_loop().time() + 120
     for task_id in taken:
         while not any(task_id in line and "lease lost" in line for line in stopped.err):
+            assert asyncio.get_running_loop().time() < deadline, (
+                f"the continued worker did not log 'lease lost' for {task_id} within 120 s\n"
+                + "\n".join(stopped.err[-30:])
+            )
             await asyncio.sleep(0.05)
             assert stopped.proc.poll() is None, "\n".join(stopped.err[-30:])
     release.touch()  # ...before any held tool could finish and record its end.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -20,6 +21,7 @@ from typing import Any
 from duragent.llm.scripted import ScriptedModel, ToolCall, Turn
 from duragent.runtime import Agent, Runtime, ToolContext, tool
 from duragent.store import open_store
+from duragent.store.sqlite_wake import wake_dir
 from duragent.types import Entry, EntryKind
 
 REQUEST_ID = "demo-trip"
@@ -192,8 +194,7 @@ def run_demo(
             "delete it."
         )
         return 2
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{store_path}{suffix}").unlink(missing_ok=True)
+    _remove_store(store_path)
     ledger = Path(f"{store_path}.bookings")
     ledger.unlink(missing_ok=True)
     url = f"sqlite:///{store_path.resolve()}"
@@ -241,8 +242,7 @@ def run_demo(
             f"Store kept at {store_path.resolve()} (try: duragent show --store {url} ...)"
         )
     else:
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{store_path}{suffix}").unlink(missing_ok=True)
+        _remove_store(store_path)
         ledger.unlink(missing_ok=True)
         console.print("Store removed (use --keep to keep it).")
     return 0 if len(bookings) == 1 else 1
@@ -259,3 +259,10 @@ async def _last_seq(url: str) -> int:
 
 if __name__ == "__main__" and len(sys.argv) >= 5 and sys.argv[1] == "--child":
     asyncio.run(_child(sys.argv[2], sys.argv[3], sys.argv[4] == "hold"))
+
+
+def _remove_store(store_path: Path) -> None:
+    """The SQLite file, its -wal and -shm, and its folder of wake-ups."""
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{store_path}{suffix}").unlink(missing_ok=True)
+    shutil.rmtree(wake_dir(str(store_path)), ignore_errors=True)

@@ -8,7 +8,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -147,13 +147,15 @@ class Worker:
 
     async def run(self) -> None:
         beat = asyncio.ensure_future(self._heartbeat())
-        # Control requests (pause/abort from another process) are heard at once,
-        # not at the next heartbeat.
-        unwatch = self.store.watch_controls(self._control_noted)
+        unwatch: Callable[[], None] | None = None
         presence = asyncio.ensure_future(self._presence())
         sender = asyncio.ensure_future(self.webhooks.run())
         house = None
         try:
+            # Control requests (pause/abort from another process) are heard at
+            # once, not at the next heartbeat. Inside the try: should it fail,
+            # the tasks started above are still stopped.
+            unwatch = self.store.watch_controls(self._control_noted)
             await self.housekeeper.define_queues()
             if self.housekeeping:
                 house = asyncio.ensure_future(self.housekeeper.run())
@@ -169,7 +171,8 @@ class Worker:
                     if changed is not None:
                         changed.cancel()
         finally:
-            unwatch()
+            if unwatch is not None:
+                unwatch()
             await stop_housekeeping(house)
             beat.cancel()
             for check in list(self._checks):

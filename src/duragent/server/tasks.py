@@ -32,6 +32,8 @@ from duragent.server.strict_json import StrictJsonRoute
 from duragent.store.base import decode_cursor
 from duragent.types import Task, TaskStatus
 
+MetaPair = Annotated[str, StringConstraints(max_length=400, pattern=r"^[^:\x00]+:[^\x00]*$")]
+
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"], route_class=StrictJsonRoute)
 
 _READ = problem_responses(401, 404, 422)
@@ -107,7 +109,7 @@ async def list_tasks(
     ] = None,
     queue: Annotated[str | None, Query(max_length=200)] = None,
     meta: Annotated[
-        list[Annotated[str, StringConstraints(max_length=400, pattern=r"^[^:\x00]+:[^\x00]*$")]] | None,
+        list[MetaPair] | None,
         Query(description="key:value, metadata equal to (repeat for more)."),
     ] = None,
     created_after: IsoTime | None = None,

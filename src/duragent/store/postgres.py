@@ -16,7 +16,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -108,6 +108,7 @@ class PostgresStore(TxWrites):
         self.schema = schema
         self.retries = int(own.get("retries", retries))
         self._conninfo = conninfo
+        self._connect_timeout = connect_timeout
         self._where = f"PostgreSQL store {redact(url)}" + (f" (schema {schema})" if schema else "")
         try:
             with psycopg.connect(
@@ -140,6 +141,7 @@ class PostgresStore(TxWrites):
         self._listener: Listener | None = None
         self._controls = ControlWatchers()
         self._leases: ThreadPoolExecutor | None = None
+        self._lease_conn: Conn | None = None  # the lease thread's own (see renew_leases)
         self._closed = False
 
     def _configure(self, conn: Conn) -> None:
@@ -161,6 +163,8 @@ class PostgresStore(TxWrites):
             self._listener = None
         await asyncio.to_thread(self._pool.close)
         if self._leases is not None:
+            # On the lease thread, after any renewal still running there.
+            self._leases.submit(self._drop_lease_connection)
             self._leases.shutdown(wait=False)
 
     async def __aenter__(self) -> PostgresStore:
@@ -171,8 +175,13 @@ class PostgresStore(TxWrites):
 
     # --- running work: one retry policy for everything ---
 
-    def _execute(self, job: Callable[[Any], _T], write: bool) -> tuple[_T, PgTx | None]:
-        """Run `job` on a pooled connection (inside a transaction if `write`).
+    def _execute(
+        self,
+        job: Callable[[Any], _T],
+        write: bool,
+        connection: Callable[[], contextlib.AbstractContextManager[Conn]] | None = None,
+    ) -> tuple[_T, PgTx | None]:
+        """Run `job` on a pooled connection, or `connection()`'s (inside a transaction if `write`).
 
         Retried: anything that failed before COMMIT was sent. A lost connection
         aborts the server-side transaction, and a deadlock or serialization
@@ -188,7 +197,7 @@ class PostgresStore(TxWrites):
             attempt += 1
             committing = False
             try:
-                with self._pool.connection() as conn:
+                with (connection or self._pool.connection)() as conn:
                     if not write:
                         return job(conn), None
                     tx = PgTx(conn, self.namespace)
@@ -265,10 +274,47 @@ class PostgresStore(TxWrites):
             return LeaseRenewal(kept=kept, lost=lost)
 
         loop = asyncio.get_running_loop()
-        result, tx = await loop.run_in_executor(self._leases, self._execute, renew, True)
+        result, tx = await loop.run_in_executor(
+            self._leases, self._execute, renew, True, self._lease_connection
+        )
         if tx is not None and tx.changed:
             self._local_signals().fire(work=tx.work)
         return result
+
+    @contextlib.contextmanager
+    def _lease_connection(self) -> Iterator[Conn]:
+        """The lease thread's own connection, made again once lost.
+
+        Not from the pool: with every pooled connection held by task commits, a
+        renewal would wait behind them and a pool timeout would skip a heartbeat.
+        """
+        conn = self._lease_conn
+        if conn is None or conn.closed or conn.broken:
+            self._drop_lease_connection()
+            conn = psycopg.connect(
+                self._conninfo,
+                autocommit=True,
+                row_factory=dict_row,
+                connect_timeout=max(1, round(self._connect_timeout)),
+            )
+            try:
+                self._configure(conn)
+            except BaseException:
+                conn.close()
+                raise
+            self._lease_conn = conn
+        try:
+            yield conn
+        except BaseException:
+            if conn.broken:
+                self._drop_lease_connection()
+            raise
+
+    def _drop_lease_connection(self) -> None:
+        conn, self._lease_conn = self._lease_conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
 
     async def delete_task(self, task_id: str) -> None:
         def delete(tx: PgTx) -> None:

@@ -10,20 +10,27 @@ event loop until a datagram arrives.
   control requests (pause/abort) for a task; `.c` waiters hear every commit.
 - A message is `w` (work) or `c` (another change), then one line per task a
   control request was set on.
-- A registration whose socket is gone (its process died) is removed by the
-  first sender that finds it unreachable. A full receive queue drops the
-  datagram: the receiver has wake-ups pending anyway, and a dropped control
-  request is still seen at the worker's next lease renewal.
+- A registration whose socket refuses datagrams is removed by the first
+  sender that finds its process gone (the token ends with the pid); a
+  refusal alone may mean a peer in another network namespace. A process also
+  re-creates its own registration, should it have been removed, at each wait.
+  A full receive queue drops the datagram: the receiver has wake-ups pending
+  anyway, and a dropped control request is still seen at the worker's next
+  lease renewal.
+- A receiver reads at most `_DRAIN_MAX` datagrams per wake-up, so a flood
+  cannot starve the event loop (and the heartbeat that keeps its leases).
 
-On Linux the sockets live in the abstract namespace (no path length limit, no
-file left behind); elsewhere the registration file is the socket itself, when
-its path is short enough for a socket address.
+The registration file is the socket itself, inside the 0700 directory, when
+its path is short enough for a socket address: only the directory's owner
+can send. Otherwise, on Linux only, the socket lives in the abstract namespace
+(no access control) and its registration is a plain file named `@<token>.<w|c>`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import sys
@@ -32,22 +39,40 @@ import uuid
 from collections.abc import Callable, Iterable
 
 _ABSTRACT = sys.platform.startswith("linux")
-_MAX_PATH = 100  # sun_path holds 104-108 bytes depending on the system
+# sun_path holds 104-108 bytes depending on the system, with its final NUL.
+_MAX_PATH = 107 if _ABSTRACT else 100
 
 # A listing of the directory is trusted while the directory's mtime is the
 # same, unless the listing was taken so soon after that mtime that another
 # registration in the same timestamp tick could hide behind it.
 _RACY_NS = 100_000_000
 
+# Datagrams read per wake-up; the rest wait for the loop's next turn.
+_DRAIN_MAX = 256
+
+# After a failed registration, waits poll; a new attempt is made this often.
+_RETRY_S = 30.0
+
+log = logging.getLogger("duragent.store")
+
+
+def wake_dir(db_path: str) -> str:
+    """The directory of the wake-ups between the processes that share `db_path`."""
+    # Hidden, and not named like the database: `cp agent.db*` copies files only.
+    head, name = os.path.split(os.path.abspath(db_path))
+    return os.path.join(head, f".{name}.wake")
+
 
 class WakeUps:
     """One store's end of the wake-ups: a receiving socket, and sends to the others."""
 
     def __init__(self, db_path: str) -> None:
-        # Hidden, and not named like the database: `cp agent.db*` copies files only.
-        head, name = os.path.split(os.path.abspath(db_path))
-        self.dir = os.path.join(head, f".{name}.wake")
-        self.token = uuid.uuid4().hex
+        # An in-memory database or a URI names no file to put a folder next to.
+        self._plain_file = db_path != ":memory:" and not db_path.startswith("file:")
+        self.dir = wake_dir(db_path)
+        # The pid tells a sender whether a refusing peer is gone (see announce).
+        self.token = f"{uuid.uuid4().hex[:16]}-{os.getpid()}"  # short: see _MAX_PATH
+        self._prefix = ""  # "@" when the socket is in the abstract namespace
         self.kind = ""  # "", "w" or "c": what this process registered to hear
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -55,10 +80,19 @@ class WakeUps:
         self._sender: socket.socket | None = None
         self._peers: list[str] = []
         self._listed: tuple[int, int] | None = None  # (dir mtime, when listed), ns
+        self._retry_at = 0.0  # monotonic: no new registration attempt before
+        self._warned = False
 
     @property
     def possible(self) -> bool:
-        return _ABSTRACT or len(os.path.join(self.dir, self.token + ".c")) <= _MAX_PATH
+        return self._plain_file and (_ABSTRACT or self._fits)
+
+    @property
+    def _fits(self) -> bool:
+        return len(os.fsencode(os.path.join(self.dir, self.token + ".c"))) <= _MAX_PATH
+
+    def _registration(self, kind: str) -> str:
+        return os.path.join(self.dir, f"{self._prefix}{self.token}.{kind}")
 
     @property
     def listening(self) -> bool:
@@ -79,13 +113,26 @@ class WakeUps:
             self._unlisten()
         self._on_message = on_message
         want = "c" if changes or self.kind == "c" else "w"
-        if self._sock is None:
-            try:
+        if self._sock is not None and want == self.kind:
+            if os.path.lexists(self._registration(want)):
+                return True
+            self._unlisten()  # someone removed it: register anew
+        if time.monotonic() < self._retry_at:
+            return False
+        try:
+            if self._sock is None:
                 self._bind(loop)
-            except OSError:
-                return False
-        if want != self.kind:
             self._register(want)
+        except OSError as exc:
+            # The wake directory cannot be written (another user's 0700
+            # directory, a read-only or full disk, no file descriptor left):
+            # wake-ups are an optimisation, the caller polls instead.
+            self._unlisten()
+            self._retry_at = time.monotonic() + _RETRY_S
+            if not self._warned:
+                self._warned = True
+                log.warning("no wake-ups through %s (%s): polling instead", self.dir, exc)
+            return False
         return True
 
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -93,12 +140,14 @@ class WakeUps:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.setblocking(False)
-            address = self._address(self.token, "w")
-            if not _ABSTRACT:
+            if self._fits:
                 # The registration file is the socket: bind it under the final
                 # name only once it is registered (see _register).
-                address = os.path.join(self.dir, f".{self.token}")
-            sock.bind(address)
+                self._prefix = ""
+                sock.bind(os.path.join(self.dir, f".{self.token}"))
+            else:
+                self._prefix = "@"
+                sock.bind(f"\0duragent-wake-{self.token}")
         except OSError:
             sock.close()
             raise
@@ -107,11 +156,11 @@ class WakeUps:
 
     def _register(self, kind: str) -> None:
         """Make the registration say `kind`, atomically (a rename)."""
-        old = os.path.join(self.dir, f"{self.token}.{self.kind}") if self.kind else None
-        new = os.path.join(self.dir, f"{self.token}.{kind}")
+        old = self._registration(self.kind) if self.kind else None
+        new = self._registration(kind)
         if old is not None:
             os.replace(old, new)
-        elif _ABSTRACT:
+        elif self._prefix:
             fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             os.close(fd)
         else:
@@ -122,7 +171,7 @@ class WakeUps:
         assert self._sock is not None
         work = change = False
         controlled: list[str] = []
-        while True:
+        for _ in range(_DRAIN_MAX):
             try:
                 data = self._sock.recv(65536)
             except (BlockingIOError, InterruptedError):
@@ -144,10 +193,14 @@ class WakeUps:
             with contextlib.suppress(Exception):
                 self._loop.remove_reader(sock.fileno())
         sock.close()
-        if self.kind:
+        if self.kind or not self._prefix:
             with contextlib.suppress(OSError):
-                os.unlink(os.path.join(self.dir, f"{self.token}.{self.kind}"))
+                os.unlink(self._registration(self.kind) if self.kind else self._unregistered)
         self.kind = ""
+
+    @property
+    def _unregistered(self) -> str:
+        return os.path.join(self.dir, f".{self.token}")
 
     def close(self) -> None:
         self._unlisten()
@@ -159,6 +212,8 @@ class WakeUps:
 
     def announce(self, *, work: bool, controlled: Iterable[str] = ()) -> None:
         """Tell every other registered process about a commit (never blocks)."""
+        if not self._plain_file:
+            return
         peers = self._current_peers()
         if not peers:
             return
@@ -168,17 +223,21 @@ class WakeUps:
             self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             self._sender.setblocking(False)
         for name in peers:
-            token, _, kind = name.partition(".")
+            base, _, kind = name.rpartition(".")
+            token = base.removeprefix("@")
             if token == self.token or (kind == "w" and not work and not ids):
                 continue
             try:
-                self._sender.sendto(for_all, self._address(token, kind))
-            except (ConnectionRefusedError, FileNotFoundError):
-                # Its process is gone: forget it, for everyone.
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(self.dir, name))
+                self._sender.sendto(for_all, self._address(name))
+            except ConnectionRefusedError:
+                # Nothing listens there, from here. Its process may live in
+                # another network namespace: forget it, for everyone, only
+                # once its process is gone.
+                if _gone(token):
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(self.dir, name))
             except OSError:
-                pass  # its queue is full: it has wake-ups pending already
+                pass  # removed already, or its queue is full: it has wake-ups pending
 
     def _current_peers(self) -> list[str]:
         try:
@@ -195,7 +254,23 @@ class WakeUps:
             self._listed = (mtime, time.time_ns())
         return self._peers
 
-    def _address(self, token: str, kind: str) -> str:
-        if _ABSTRACT:
-            return f"\0duragent-wake-{token}"
-        return os.path.join(self.dir, f"{token}.{kind}")
+    def _address(self, name: str) -> str:
+        base = name.rpartition(".")[0]
+        if base.startswith("@") or (_ABSTRACT and "-" not in base):
+            # In the abstract namespace (a token without a pid: an older version's).
+            return f"\0duragent-wake-{base.removeprefix('@')}"
+        return os.path.join(self.dir, name)
+
+
+def _gone(token: str) -> bool:
+    """Whether the process that registered `token` has exited."""
+    pid = token.rpartition("-")[2]
+    if not pid.isdigit():
+        return True  # an older version's registration: refusal meant gone
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, another user's
+    return False

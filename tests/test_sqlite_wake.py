@@ -1,0 +1,172 @@
+"""The SQLite wake-ups between processes degrade to polling, never to a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from duragent import Runtime
+from duragent.store.sqlite import SQLiteStore
+from duragent.store.sqlite_wake import WakeUps
+from worker_agents import AGENTS
+
+
+async def test_worker_polls_when_the_wake_registration_cannot_be_made(tmp_path: Path) -> None:
+    # The wake directory is one where no file can be created, not even by root
+    # (tests run as root, who bypasses a 0700 directory of another user): the
+    # registration fails, the worker must poll instead.
+    (tmp_path / ".c.db.wake").symlink_to("/proc")
+    async with Runtime(f"sqlite:///{tmp_path}/c.db", agents=AGENTS) as rt:
+        done = await (await rt.submit("chat", "hello", session_id="s1", owner="u")).wait(20)
+        assert done.output == "I have heard 1 messages: hello"
+
+
+async def test_store_waits_poll_when_the_wake_registration_cannot_be_made(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / ".s.db.wake").symlink_to("/proc")
+    store = SQLiteStore(str(tmp_path / "s.db"))
+    try:
+        unwatch = store.watch_controls(lambda task_id: None)
+        await store.wait_for_work(0.01)
+        await store.wait_for_change(0.01)
+        assert not store.listening
+        unwatch()
+    finally:
+        await store.close()
+
+
+async def test_a_registration_removed_from_disk_is_made_again_at_the_next_wait(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(str(tmp_path / "s.db"))
+    other = SQLiteStore(str(tmp_path / "s.db"))  # another process's end of the file
+    try:
+        await store.wait_for_change(0.001)
+        wake_dir = tmp_path / ".s.db.wake"
+        (mine,) = list(wake_dir.iterdir())
+        mine.unlink()
+        await store.wait_for_change(0.001)
+        assert [p.name for p in wake_dir.iterdir()] == [mine.name]
+        # ...and it works: a commit by the other end wakes this one.
+        waiting = asyncio.ensure_future(store.wait_for_change(60))
+        await asyncio.sleep(0)
+        other._wake.announce(work=False)
+        await asyncio.wait_for(waiting, 30)
+    finally:
+        await store.close()
+        await other.close()
+
+
+async def test_a_flood_of_datagrams_does_not_starve_the_event_loop(tmp_path: Path) -> None:
+    wake = WakeUps(str(tmp_path / "f.db"))
+    drains: list[tuple[int, int]] = []  # (ticks seen, ids read) per wake-up
+    ticks = 0
+
+    def heard(work: bool, change: bool, controlled: list[str]) -> None:
+        drains.append((ticks, len(controlled)))
+
+    assert wake.listen(heard, changes=True)
+    (registration,) = os.listdir(wake.dir)
+    path = Path(wake.dir) / registration
+    base = registration.rpartition(".")[0].removeprefix("@")
+    address = str(path) if path.is_socket() else f"\0duragent-wake-{base}"
+    total = 100_000
+
+    def flood() -> None:
+        # A real other process would do the same; a thread keeps the test small.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            for i in range(total):
+                s.sendto(f"c\n{i}".encode(), address)  # blocks while the queue is full
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticking = asyncio.ensure_future(ticker())
+    try:
+        await asyncio.wait_for(asyncio.to_thread(flood), 120)
+        deadline = asyncio.get_running_loop().time() + 60
+        while sum(n for _, n in drains) < total:  # the last datagrams, still queued
+            assert asyncio.get_running_loop().time() < deadline, "datagrams were lost"
+            await asyncio.sleep(0.01)
+    finally:
+        ticking.cancel()
+        wake.close()
+    assert max(n for _, n in drains) <= 256
+    # The loop ran other coroutines between any two drains.
+    assert all(a[0] < b[0] for a, b in itertools.pairwise(drains))
+
+
+async def test_the_socket_is_a_file_only_the_owner_can_reach(tmp_path: Path) -> None:
+    store = SQLiteStore(str(tmp_path / "s.db"))
+    try:
+        await store.wait_for_work(0.001)
+        wake_dir = tmp_path / ".s.db.wake"
+        assert wake_dir.stat().st_mode & 0o777 == 0o700
+        (mine,) = list(wake_dir.iterdir())
+        assert mine.is_socket()  # not the abstract namespace, open to every local user
+    finally:
+        await store.close()
+
+
+async def test_a_refusing_peer_is_forgotten_only_once_its_process_is_gone(
+    tmp_path: Path,
+) -> None:
+    exited = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+    await exited.wait()
+    wake = WakeUps(str(tmp_path / "p.db"))
+    os.makedirs(wake.dir, mode=0o700)
+    # Registrations nobody listens to: as a live process in another network
+    # namespace looks from here (its abstract socket is invisible), and as a
+    # process that exited.
+    alive = Path(wake.dir) / f"@{'a' * 32}-{os.getpid()}.w"
+    dead = Path(wake.dir) / f"@{'b' * 32}-{exited.pid}.w"
+    alive.touch()
+    dead.touch()
+    try:
+        wake.announce(work=True)
+    finally:
+        wake.close()
+    assert alive.exists()
+    assert not dead.exists()
+
+
+@pytest.mark.parametrize("path", [":memory:", "file:shared?mode=memory&cache=shared"])
+async def test_no_wake_folder_for_a_database_that_is_no_plain_file(
+    path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = SQLiteStore(path)
+    try:
+        await store.wait_for_change(0.001)
+        store._announce(work=True, controlled=[])
+        hears_others = store.notifies_across_processes
+    finally:
+        await store.close()
+    assert list(tmp_path.iterdir()) == []
+    assert not hears_others
+
+
+def test_the_demo_removes_its_wake_folder_with_its_store(tmp_path: Path) -> None:
+    env = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": os.environ["PYTHONPATH"]}
+    done = subprocess.run(
+        [sys.executable, "-m", "duragent", "demo", "--no-crash"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Store removed" in done.stdout
+    assert [p.name for p in tmp_path.iterdir()] == []
