@@ -344,6 +344,15 @@ def build_ui_view(rows: Iterable[tuple[int, str]]) -> list[UiMessage]:
 VIEW_KINDS = tuple(k.value for k in (*API_KINDS, EntryKind.ROLLBACK))
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON text: the one encoder every store writes with (json.dumps with
+    options builds a new encoder per call)."""
+    return _ENCODE(value)
+
+
 def to_ts(dt: datetime | None) -> float | None:
     return None if dt is None else dt.timestamp()
 

@@ -40,6 +40,7 @@ from duragent.store.base import (
 from duragent.store.postgres_notify import CHANNEL, WORK_CHANNEL, Listener, Signals
 from duragent.store.postgres_schema import MIGRATIONS, Conn, lock_key, migrate
 from duragent.store.postgres_tx import PgTx, row_document, row_task
+from duragent.store.postgres_writer import PgWriter
 from duragent.store.tx import TxWrites
 from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UiMessage
 
@@ -121,6 +122,16 @@ class PostgresStore(TxWrites):
         self._signals: Signals | None = None
         self._listener: Listener | None = None
         self._closed = False
+        self._writer = PgWriter(
+            self._pool,
+            self.namespace,
+            retries=self.retries,
+            translate=lambda exc: (
+                _translate(exc, self._where) if isinstance(exc, psycopg.Error) else exc
+            ),
+            lost=_connection_lost,
+            on_commit=self._committed,
+        )
 
     def _configure(self, conn: Conn) -> None:
         conn.execute("SET TIME ZONE 'UTC'")
@@ -136,6 +147,9 @@ class PostgresStore(TxWrites):
         if self._closed:
             return
         self._closed = True
+        while self._writer.busy:  # commits already asked for still land
+            await asyncio.sleep(0.001)
+        await asyncio.to_thread(self._writer.close)
         if self._listener is not None:
             await self._listener.stop()
             self._listener = None
@@ -149,44 +163,18 @@ class PostgresStore(TxWrites):
 
     # --- running work: one retry policy for everything ---
 
-    def _execute(self, job: Callable[[Any], _T], write: bool) -> tuple[_T, PgTx | None]:
-        """Run `job` on a pooled connection (inside a transaction if `write`).
-
-        Retried: anything that failed before COMMIT was sent. A lost connection
-        aborts the server-side transaction, and a deadlock or serialization
-        failure is rolled back by the server, so nothing of the attempt remains
-        and running the job again is the same as running it once.
-        Not retried: a connection lost *while* COMMIT was in flight. The server
-        may have committed before the connection died, and a second attempt
-        could apply the commit twice, so the caller gets StoreUnavailable saying
-        the outcome is unknown and must re-read to find out.
-        """
+    def _execute(self, job: Callable[[Conn], _T]) -> _T:
+        """Run a read on a pooled connection, retried after a lost connection."""
         attempt = 0
         while True:
             attempt += 1
-            committing = False
             try:
                 with self._pool.connection() as conn:
-                    if not write:
-                        return job(conn), None
-                    tx = PgTx(conn, self.namespace)
-                    with conn.transaction():
-                        result = job(tx)
-                        if tx.changed:
-                            # Delivered by the server only if and when this commits.
-                            channel = WORK_CHANNEL if tx.work else CHANNEL
-                            conn.execute("SELECT pg_notify(%s, %s)", (channel, self.namespace))
-                        committing = True
-                    return result, tx
+                    return job(conn)
             except psycopg_pool.PoolTimeout as exc:
                 raise StoreUnavailable(f"{self._where}: no connection available: {exc}") from exc
             except psycopg.Error as exc:
                 lost = _connection_lost(exc)
-                if committing and lost:
-                    raise StoreUnavailable(
-                        f"{self._where}: the connection was lost while committing; the commit "
-                        "may or may not have been applied, re-read the task to find out"
-                    ) from exc
                 retryable = lost or exc.sqlstate in ("40001", "40P01")
                 if not retryable or attempt > self.retries:
                     raise _translate(exc, self._where) from exc
@@ -199,16 +187,26 @@ class PostgresStore(TxWrites):
 
     async def _read(self, job: Callable[[Conn], _T]) -> _T:
         self._check_open()
-        result, _ = await asyncio.to_thread(self._execute, job, False)
-        return result
+        return await asyncio.to_thread(self._execute, job)
 
     async def _write(self, job: Callable[[PgTx], _T]) -> _T:
+        """Run `job` in the next group transaction (see postgres_writer.py)."""
         self._check_open()
-        result, tx = await asyncio.to_thread(self._execute, job, True)
-        if tx is not None and tx.changed:
-            # Local waiters need not wait for the round trip through the server.
-            self._local_signals().fire(work=tx.work)
-        return result
+        return await self._writer.submit(job)  # type: ignore[no-any-return]
+
+    def _committed(self, loop: asyncio.AbstractEventLoop, work: bool) -> None:
+        # Local waiters need not wait for the round trip through the server.
+        if self._signals is not None and self._signals.loop is loop:
+            self._signals.fire(work=work)
+
+    @property
+    def batches(self) -> int:
+        """Transactions the writer ran (commits / batches = commits per transaction)."""
+        return self._writer.batches
+
+    @property
+    def jobs_done(self) -> int:
+        return self._writer.jobs_done
 
     def _check_open(self) -> None:
         if self._closed:
