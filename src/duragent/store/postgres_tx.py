@@ -112,12 +112,8 @@ class PgTx:
 
     # --- writes: run at once here; BufferedPgTx queues them for one pipeline ---
 
-    def _run(self, query: str, params: Any, *, many: bool = False, guard: bool = False) -> None:
-        if many:
-            with self.conn.cursor() as cur:
-                cur.executemany(query, params)
-        else:
-            self.conn.execute(query, params)  # type: ignore[arg-type]
+    def _run(self, query: str, params: Any, *, guard: bool = False) -> None:
+        self.conn.execute(query, params)
 
     def insert_task(self, task: Task) -> None:
         cols = task_columns(task, _same, created=True)
@@ -142,15 +138,10 @@ class PgTx:
             self.work = True
 
     def append(self, entries: list[Entry]) -> None:
-        self._run(
-            "INSERT INTO entries (task_id, seq, kind, round, payload, created_at)"
-            " VALUES (%s, %s, %s, %s, %s, %s)",
-            [
-                (e.task_id, e.seq, e.kind.value, e.round, dumps(e.payload), e.created_at)
-                for e in entries
-            ],
-            many=True,
-        )
+        params: list[Any] = []
+        for e in entries:
+            params += (e.task_id, e.seq, e.kind.value, e.round, dumps(e.payload), e.created_at)
+        self._run(_append_sql(len(entries)), params)
         self.changed = True
 
     def load_document(self, scope: str, key: str) -> Document | None:
@@ -209,7 +200,6 @@ class NeedsServer(Exception):
 class Statement:
     query: str
     params: Any
-    many: bool
     guard: bool  # an UPDATE that must match exactly one row
 
 
@@ -235,14 +225,14 @@ class BufferedPgTx(PgTx):
     def conn(self, value: Conn) -> None:
         pass
 
-    def _run(self, query: str, params: Any, *, many: bool = False, guard: bool = False) -> None:
-        self.statements.append(Statement(query, params, many, guard))
+    def _run(self, query: str, params: Any, *, guard: bool = False) -> None:
+        self.statements.append(Statement(query, params, guard))
 
     def load_task(self, task_id: str) -> Task | None:
         task = self.rows(task_id)
         if task is None:
             raise NeedsServer
-        task = task.model_copy()
+        # Not copied: the commit algorithm never changes a row in place.
         self.based_on[task_id] = task
         self.inputs[task_id] = task.input
         self.schedules[task_id] = schedule_key(task)
@@ -267,6 +257,13 @@ def row_stamp(task: Task) -> tuple[Any, ...]:
 
 
 _GUARD_PARAMS = ("_version", "_last_seq", "_epoch", "_owner", "_expires")
+
+
+@functools.lru_cache(maxsize=64)
+def _append_sql(rows: int) -> str:
+    return "INSERT INTO entries (task_id, seq, kind, round, payload, created_at) VALUES " + (
+        ", ".join(["(%s, %s, %s, %s, %s, %s)"] * rows)
+    )
 
 
 @functools.cache

@@ -20,10 +20,14 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import psycopg
 import psycopg_pool
+from psycopg.errors import error_from_result
+from psycopg.generators import execute
+from psycopg.pq import ExecStatus
 
 from duragent.errors import StoreUnavailable
 from duragent.store.postgres_notify import CHANNEL, WORK_CHANNEL
@@ -114,13 +118,24 @@ class PgWriter:
                 outcomes, changed, work = [(False, exc)] * len(batch), False, False
             self.batches += 1
             self.jobs_done += len(batch)
-            loops = {}
-            for job, (ok, value) in zip(batch, outcomes, strict=True):
-                job.loop.call_soon_threadsafe(_settle, job.future, ok, value)
-                loops[id(job.loop)] = job.loop
-            if changed:
-                for loop in loops.values():
-                    loop.call_soon_threadsafe(self.on_commit, loop, work)
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, Outcome]]] = {}
+            for job, outcome in zip(batch, outcomes, strict=True):
+                by_loop.setdefault(job.loop, []).append((job, outcome))
+            for loop, settled in by_loop.items():
+                # One wake-up per loop: each call_soon_threadsafe writes to its self-pipe.
+                loop.call_soon_threadsafe(self._settle, loop, settled, changed, work)
+
+    def _settle(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        settled: list[tuple[_Job, Outcome]],
+        changed: bool,
+        work: bool,
+    ) -> None:
+        for job, (ok, value) in settled:
+            _settle(job.future, ok, value)
+        if changed:
+            self.on_commit(loop, work)
 
     def _run(self, batch: list[_Job]) -> tuple[list[Outcome], bool, bool]:
         """The batch's outcomes, whether it changed anything and whether it made work.
@@ -140,7 +155,7 @@ class PgWriter:
                         outcomes, txs = self._attempt(conn, batch, cached)
                         changed = any(tx.changed for tx in txs)
                         committing = True
-                        conn.execute("COMMIT")
+                        _send(conn, _COMMIT)
                     except BaseException:
                         if not committing and not conn.closed:
                             with contextlib.suppress(psycopg.Error):
@@ -187,7 +202,7 @@ class PgWriter:
         self, conn: Conn, batch: list[_Job], cached: bool
     ) -> tuple[list[Outcome], list[PgTx]]:
         """Run the jobs in one open transaction (not yet committed)."""
-        queued: list[Statement] = [Statement("BEGIN", None, False, False)]
+        queued: list[Statement] = [Statement("BEGIN", None, False)]
         outcomes: list[Outcome] = []
         txs: list[PgTx] = []
         alone = len(batch) == 1
@@ -242,28 +257,73 @@ class PgWriter:
             # Delivered by the server only if and when this commits.
             channel = WORK_CHANNEL if any(tx.work for tx in txs) else CHANNEL
             queued.append(
-                Statement("SELECT pg_notify(%s, %s)", (channel, self.namespace), False, False)
+                Statement("SELECT pg_notify(%s, %s)", (channel, self.namespace), False)
             )
         _send(conn, queued)
         return outcomes, txs
 
 
+_COMMIT = [Statement("COMMIT", None, False)]
+
+
 def _send(conn: Conn, statements: list[Statement]) -> None:
-    """Send the statements in one round trip; a guarded UPDATE must match one row."""
+    """Send the statements as one message (one round trip, parameters bound on
+    this side); a guarded UPDATE must have matched exactly one row."""
     if not statements:
         return
-    guarded = []
-    with conn.pipeline():
-        for st in statements:
-            cur = conn.cursor()
-            if st.many:
-                cur.executemany(st.query, st.params)
-            else:
-                cur.execute(st.query, st.params)  # type: ignore[arg-type]
-            if st.guard:
-                guarded.append(cur)
-    if any(cur.rowcount != 1 for cur in guarded):
+    text = ";".join(_bind(conn, st) for st in statements)
+    # Straight to libpq: psycopg's cursor machinery costs more than the commit.
+    with conn.lock:
+        conn.pgconn.send_query(text.encode())
+        results = conn.wait(execute(conn.pgconn))
+    counts = []
+    for res in results:
+        if res.status == ExecStatus.FATAL_ERROR:
+            raise error_from_result(res, encoding=conn.info.encoding)
+        counts.append(res.command_tuples)
+    if any(st.guard and n != 1 for st, n in zip(statements, counts, strict=False)):
         raise _StaleRow
+
+
+def _bind(conn: Conn, st: Statement) -> str:
+    """The statement with its parameters as SQL literals.
+
+    The writer's statements carry only str, int, bool, None and aware
+    datetimes, written here directly (psycopg's general adaptation costs more
+    than the rest of a commit); anything else goes through psycopg.
+    """
+    params = st.params
+    if params is None:
+        return st.query
+    try:
+        if isinstance(params, dict):
+            return st.query % {k: _literal(v) for k, v in params.items()}
+        return st.query % tuple(_literal(v) for v in params)
+    except _NotPlain:
+        return psycopg.ClientCursor(conn).mogrify(st.query, params)
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _literal(value: Any) -> str:
+    kind = type(value)
+    if kind is str:
+        if "\x00" in value:
+            raise _NotPlain  # let psycopg refuse it with its own error
+        # standard_conforming_strings is on (the default since PostgreSQL 9.1):
+        # inside '...' only the quote itself is special.
+        return "'" + value.replace("'", "''") + "'"
+    if value is None:
+        return "NULL"
+    if kind is int:
+        return str(value)
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is datetime and value.tzinfo is not None:
+        return "'" + value.isoformat() + "'::timestamptz"
+    raise _NotPlain
 
 
 def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:

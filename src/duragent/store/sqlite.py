@@ -10,10 +10,13 @@ and never wait for the writer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sqlite3
+import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -61,14 +64,14 @@ from duragent.types import (
 class _Job:
     fn: Callable[[SqliteTx], Any]
     future: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
 
 
 class SQLiteStore(TxWrites):
-    """Writes are grouped: every commit asked for in the same event-loop tick
-    shares one transaction (one fsync). The batch runs inline on the loop,
-    which is cheaper than a thread hand-off for a sub-millisecond write; when
-    another process holds the write lock the batch moves to a thread that
-    waits for it, so the loop never sits in a busy wait.
+    """Writes are grouped: every commit asked for while a transaction is in
+    flight (or in the same event-loop tick) shares the next transaction (one
+    fsync). Transactions run on one writer thread, so the loop never waits
+    for an fsync or for another process's write lock.
     """
 
     def __init__(
@@ -90,13 +93,14 @@ class SQLiteStore(TxWrites):
         self.jobs_done = 0
         self._writer_conn = connect(path, durability)
         self.migrated_from = migrate(self._writer_conn, path)
-        # The loop thread never waits for another process's lock: a busy BEGIN
-        # fails at once and the batch moves to a thread that waits (see _flush).
-        self._writer_conn.execute("PRAGMA busy_timeout=0")
+        # Only the writer thread waits for another process's write lock.
+        self._writer_conn.execute("PRAGMA busy_timeout=30000")
         self.schema_version = SQLITE_SCHEMA_VERSION
         self._reader_conn = connect(path, durability)
         self._pending: list[_Job] = []
-        self._flushing = False
+        self._flushing = False  # the writer thread is draining _pending
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="duragent-sqlite-writer")
         self._rows = RowCache()
         self._nums: dict[str, int] = {}  # task id -> its number in the entries table
         self._signal: ChangeSignal | None = None
@@ -113,6 +117,7 @@ class SQLiteStore(TxWrites):
         while self._pending or self._flushing:
             await asyncio.sleep(0.001)
         self._closed = True
+        await asyncio.to_thread(self._executor.shutdown)
         self._writer_conn.close()
         self._reader_conn.close()
 
@@ -134,35 +139,44 @@ class SQLiteStore(TxWrites):
             raise StoreError(f"store {self.url} is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._pending.append(_Job(fn, future))
-        if not self._flushing:
+        with self._lock:
+            self._pending.append(_Job(fn, future, loop))
+            start = not self._flushing
             self._flushing = True
+        if start:
             # call_soon, not now: every coroutine already runnable in this tick
             # gets to add its commit to the same transaction.
-            loop.call_soon(self._flush)
+            loop.call_soon(self._executor.submit, self._drain)
         return await future
 
-    def _flush(self) -> None:
-        batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
-        conn = self._writer_conn
-        try:
-            conn.execute("BEGIN IMMEDIATE")  # busy_timeout is 0 on this connection
-        except sqlite3.OperationalError:
-            # Another process is writing: wait for it in a thread, not on the loop.
-            loop = asyncio.get_running_loop()
-            done = loop.run_in_executor(None, self._run_batch_blocking, batch)
-            done.add_done_callback(lambda f: self._settle_batch(batch, f.result()))
-            return
-        self._settle_batch(batch, self._run_batch(conn, batch))
+    def _drain(self) -> None:
+        """The writer thread: run batches until nothing waits. The fsync of each
+        COMMIT happens here with the GIL released, so the event loop keeps
+        running other tasks (and queueing the next batch) meanwhile; a caller
+        is answered only after its batch is durable."""
+        while True:
+            with self._lock:
+                batch = self._pending[: self.max_batch]
+                del self._pending[: self.max_batch]
+                if not batch:
+                    self._flushing = False
+                    return
+            try:
+                outcomes = self._run_batch_blocking(batch)
+            except BaseException as exc:  # never leave a caller waiting
+                outcomes = [(False, exc)] * len(batch)
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, tuple[bool, Any]]]] = {}
+            for job, outcome in zip(batch, outcomes, strict=True):
+                by_loop.setdefault(job.loop, []).append((job, outcome))
+            for loop, settled in by_loop.items():
+                # One wake-up per loop: each call_soon_threadsafe writes to its self-pipe.
+                with contextlib.suppress(RuntimeError):  # that loop is closed
+                    loop.call_soon_threadsafe(self._settle_batch, settled)
 
     def _run_batch_blocking(self, batch: list[_Job]) -> list[tuple[bool, Any]]:
         conn = self._writer_conn
         try:
-            conn.execute("PRAGMA busy_timeout=30000")  # here waiting is the point
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            finally:
-                conn.execute("PRAGMA busy_timeout=0")
+            conn.execute("BEGIN IMMEDIATE")  # waits up to busy_timeout for other processes
         except sqlite3.Error as exc:
             return [(False, _translate(exc))] * len(batch)
         return self._run_batch(conn, batch)
@@ -212,15 +226,11 @@ class SQLiteStore(TxWrites):
         self.jobs_done += len(batch)
         return outcomes
 
-    def _settle_batch(self, batch: list[_Job], outcomes: list[tuple[bool, Any]]) -> None:
-        for job, (ok, value) in zip(batch, outcomes, strict=True):
+    def _settle_batch(self, settled: list[tuple[_Job, tuple[bool, Any]]]) -> None:
+        for job, (ok, value) in settled:
             _settle(job.future, ok, value)
-        if any(ok for ok, _ in outcomes):
+        if any(ok for _, (ok, _) in settled):
             self._changed().notify()
-        if self._pending:
-            asyncio.get_running_loop().call_soon(self._flush)
-        else:
-            self._flushing = False
 
     # --- reads: inline; WAL readers never wait for writers ---
 
