@@ -1,12 +1,12 @@
 """The PostgreSQL store: many workers on many machines share one database.
 
-Every write is one transaction on a pooled connection, running the shared
+Every write runs in a transaction its process's writer thread shares among
+the commits waiting at that moment (postgres_writer.py), running the shared
 commit algorithm (store/tx.py) over `PgTx` (postgres_tx.py); the tables and
 migrations are in postgres_schema.py. Each committed change sends a NOTIFY
-(postgres_notify.py), so waiters on any machine wake without polling. Psycopg is synchronous here
-and runs in worker threads; concurrency is bounded by the pool, not by a
-store-wide lock. Every database call goes through one retry policy
-(`_execute`), which also reconnects after the server dropped a connection.
+(postgres_notify.py), so waiters on any machine wake without polling. Reads
+run on pooled connections in worker threads. Writes and reads retry after a
+lost connection or a deadlock (`PgWriter._run`, `_execute`).
 """
 
 from __future__ import annotations

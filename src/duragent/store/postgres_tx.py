@@ -22,9 +22,6 @@ from duragent.store.tx import task_columns
 from duragent.types import Document, Entry, Task, TaskStatus
 
 
-_dumps = dumps  # the one shared encoder
-
-
 def row_task(row: DictRow) -> Task:
     task = Task.model_validate_json(row["data"])
     task.input = json.loads(row["input"])
@@ -110,14 +107,14 @@ class PgTx:
         ).fetchone()
         return self._task(row)
 
-    # --- writes: run at once here; BufferedPgTx queues them for one pipeline ---
+    # --- writes: run at once here; BufferedPgTx queues them for one message ---
 
     def _run(self, query: str, params: Any, *, guard: bool = False) -> None:
         self.conn.execute(query, params)
 
     def insert_task(self, task: Task) -> None:
         cols = task_columns(task, _same, created=True)
-        cols["input"] = _dumps(task.input)
+        cols["input"] = dumps(task.input)
         self._run(_insert_sql(tuple(cols)), cols)
         self.written[task.id] = task
         self.changed = self.work = True
@@ -127,7 +124,7 @@ class PgTx:
         # The input is written once at creation; re-sending it on every step would
         # make each commit cost the size of the input.
         if task.id not in self.inputs or self.inputs[task.id] != task.input:
-            cols["input"] = _dumps(task.input)
+            cols["input"] = dumps(task.input)
         base = self.based_on.get(task.id)
         if base is not None:
             cols.update(zip(_GUARD_PARAMS, row_stamp(base), strict=True))
@@ -205,7 +202,7 @@ class Statement:
 
 class BufferedPgTx(PgTx):
     """A job's writes queued, not sent: the writer sends the writes of a whole
-    batch in one pipeline. Task rows come from the rows this process last
+    batch in one message. Task rows come from the rows this process last
     committed; each UPDATE is guarded by the row's stamp, so a row another
     process changed meanwhile matches nothing and the batch is run again with
     reads under row locks. A job that needs any other read raises NeedsServer
@@ -268,10 +265,7 @@ def _append_sql(rows: int) -> str:
 
 @functools.cache
 def _insert_sql(cols: tuple[str, ...]) -> str:
-    return (
-        f"INSERT INTO tasks ({', '.join(cols)})"
-        f" VALUES ({', '.join(f'%({k})s' for k in cols)})"
-    )
+    return f"INSERT INTO tasks ({', '.join(cols)}) VALUES ({', '.join(f'%({k})s' for k in cols)})"
 
 
 @functools.cache

@@ -2,7 +2,7 @@
 
 Every commit asked for while a transaction is in flight (or in the same
 event-loop tick) joins the next one, so one fsync and two round trips carry
-many commits: the writes of the whole batch go in one pipeline (BEGIN, the
+many commits: the writes of the whole batch go in one message (BEGIN, the
 statements, pg_notify), then COMMIT. A commit whose task row this process
 wrote last needs no read: its UPDATE is guarded by the row's stamp, and a row
 someone else changed meanwhile makes the batch run again with row locks (the
@@ -163,8 +163,8 @@ class PgWriter:
                         raise
             except psycopg_pool.PoolTimeout as exc:
                 self.rows.clear()
-                err = StoreUnavailable(f"no connection available: {exc}")
-                return [(False, err)] * len(batch), False, False
+                busy: BaseException = StoreUnavailable(f"no connection available: {exc}")
+                return [(False, busy)] * len(batch), False, False
             except _StaleRow:
                 self.rows.clear()
                 cached = False  # again, reading every row under its lock
@@ -179,12 +179,12 @@ class PgWriter:
                     )
                     return [(False, err)] * len(batch), False, False
                 if cached and not lost and exc.sqlstate not in ("40001", "40P01"):
-                    # A statement of the pipeline failed: find whose, job by job.
+                    # A statement of the batch failed: find whose, job by job.
                     cached = False
                     continue
                 if not (lost or exc.sqlstate in ("40001", "40P01")) or attempt > self.retries:
-                    err = self.translate(exc)
-                    return [(False, err)] * len(batch), False, False
+                    failed = self.translate(exc)
+                    return [(False, failed)] * len(batch), False, False
                 if lost:
                     # The pool may hold more connections the server dropped.
                     with contextlib.suppress(Exception):
@@ -256,9 +256,7 @@ class PgWriter:
         if any(tx.changed for tx in txs):
             # Delivered by the server only if and when this commits.
             channel = WORK_CHANNEL if any(tx.work for tx in txs) else CHANNEL
-            queued.append(
-                Statement("SELECT pg_notify(%s, %s)", (channel, self.namespace), False)
-            )
+            queued.append(Statement("SELECT pg_notify(%s, %s)", (channel, self.namespace), False))
         _send(conn, queued)
         return outcomes, txs
 
@@ -271,7 +269,9 @@ def _send(conn: Conn, statements: list[Statement]) -> None:
     this side); a guarded UPDATE must have matched exactly one row."""
     if not statements:
         return
-    text = ";".join(_bind(conn, st) for st in statements)
+    # Literals are written here only where the server reads '...' as plain text.
+    plain = conn.pgconn.parameter_status(b"standard_conforming_strings") == b"on"
+    text = ";".join(_bind(conn, st, plain) for st in statements)
     # Straight to libpq: psycopg's cursor machinery costs more than the commit.
     with conn.lock:
         conn.pgconn.send_query(text.encode())
@@ -285,7 +285,7 @@ def _send(conn: Conn, statements: list[Statement]) -> None:
         raise _StaleRow
 
 
-def _bind(conn: Conn, st: Statement) -> str:
+def _bind(conn: Conn, st: Statement, plain: bool) -> str:
     """The statement with its parameters as SQL literals.
 
     The writer's statements carry only str, int, bool, None and aware
@@ -295,12 +295,14 @@ def _bind(conn: Conn, st: Statement) -> str:
     params = st.params
     if params is None:
         return st.query
+    if not plain:
+        return str(psycopg.ClientCursor(conn).mogrify(st.query, params))
     try:
         if isinstance(params, dict):
             return st.query % {k: _literal(v) for k, v in params.items()}
         return st.query % tuple(_literal(v) for v in params)
     except _NotPlain:
-        return psycopg.ClientCursor(conn).mogrify(st.query, params)
+        return str(psycopg.ClientCursor(conn).mogrify(st.query, params))
 
 
 class _NotPlain(Exception):
@@ -314,7 +316,7 @@ def _literal(value: Any) -> str:
             raise _NotPlain  # let psycopg refuse it with its own error
         # standard_conforming_strings is on (the default since PostgreSQL 9.1):
         # inside '...' only the quote itself is special.
-        return "'" + value.replace("'", "''") + "'"
+        return "'" + str(value).replace("'", "''") + "'"
     if value is None:
         return "NULL"
     if kind is int:
@@ -322,7 +324,7 @@ def _literal(value: Any) -> str:
     if kind is bool:
         return "true" if value else "false"
     if kind is datetime and value.tzinfo is not None:
-        return "'" + value.isoformat() + "'::timestamptz"
+        return "'" + str(value.isoformat()) + "'::timestamptz"
     raise _NotPlain
 
 

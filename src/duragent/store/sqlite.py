@@ -70,8 +70,8 @@ class _Job:
 class SQLiteStore(TxWrites):
     """Writes are grouped: every commit asked for while a transaction is in
     flight (or in the same event-loop tick) shares the next transaction (one
-    fsync). Transactions run on one writer thread, so the loop never waits
-    for an fsync or for another process's write lock.
+    fsync). At FULL, transactions run on one writer thread, so the loop never
+    waits for an fsync or for another process's write lock.
     """
 
     def __init__(
@@ -93,8 +93,10 @@ class SQLiteStore(TxWrites):
         self.jobs_done = 0
         self._writer_conn = connect(path, durability)
         self.migrated_from = migrate(self._writer_conn, path)
-        # Only the writer thread waits for another process's write lock.
-        self._writer_conn.execute("PRAGMA busy_timeout=30000")
+        # Set per batch: 0 inline (the loop never waits for another process's
+        # lock), 30 s on the writer thread (see _kick).
+        self._busy_ms = -1
+        self._full = durability == "full"
         self.schema_version = SQLITE_SCHEMA_VERSION
         self._reader_conn = connect(path, durability)
         self._pending: list[_Job] = []
@@ -146,14 +148,59 @@ class SQLiteStore(TxWrites):
         if start:
             # call_soon, not now: every coroutine already runnable in this tick
             # gets to add its commit to the same transaction.
-            loop.call_soon(self._executor.submit, self._drain)
+            loop.call_soon(self._kick)
         return await future
+
+    def _kick(self) -> None:
+        """Run the next batch inline or on the writer thread.
+
+        Inline when nothing else could run meanwhile: without fsyncs (NORMAL)
+        a batch is a fraction of a millisecond of CPU, less than a hand-off to
+        a thread, and at FULL a lone commit with no other callback ready has
+        nobody to overlap its fsync with. Otherwise the writer thread runs it,
+        the GIL released during the fsync, so other tasks run meanwhile.
+        """
+        loop = asyncio.get_running_loop()
+        idle = len(self._pending) == 1 and not getattr(loop, "_ready", True)
+        if not self._full or idle:
+            self._flush()
+        else:
+            self._executor.submit(self._drain)
+
+    def _busy_wait(self, ms: int) -> None:
+        if self._busy_ms != ms:
+            self._writer_conn.execute(f"PRAGMA busy_timeout={ms}")
+            self._busy_ms = ms
+
+    def _flush(self) -> None:
+        """One batch on the loop; only if another process holds the write lock
+        does it go to the writer thread, which waits for the lock."""
+        with self._lock:
+            batch = self._pending[: self.max_batch]
+            del self._pending[: self.max_batch]
+        conn = self._writer_conn
+        self._busy_wait(0)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            with self._lock:
+                self._pending[:0] = batch
+            self._executor.submit(self._drain)
+            return
+        outcomes = self._run_batch(conn, batch)
+        self._settle_batch(list(zip(batch, outcomes, strict=True)))
+        with self._lock:
+            if not self._pending:
+                self._flushing = False
+                return
+        asyncio.get_running_loop().call_soon(self._kick)
 
     def _drain(self) -> None:
         """The writer thread: run batches until nothing waits. The fsync of each
         COMMIT happens here with the GIL released, so the event loop keeps
         running other tasks (and queueing the next batch) meanwhile; a caller
         is answered only after its batch is durable."""
+        self._busy_wait(30000)  # here waiting for another process is the point
         while True:
             with self._lock:
                 batch = self._pending[: self.max_batch]
@@ -176,7 +223,7 @@ class SQLiteStore(TxWrites):
     def _run_batch_blocking(self, batch: list[_Job]) -> list[tuple[bool, Any]]:
         conn = self._writer_conn
         try:
-            conn.execute("BEGIN IMMEDIATE")  # waits up to busy_timeout for other processes
+            conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             return [(False, _translate(exc))] * len(batch)
         return self._run_batch(conn, batch)
