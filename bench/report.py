@@ -65,7 +65,7 @@ def rounds_table(res: Results) -> str:
             f"| {fmt(_values(res, s.key, 'ms_first50'))} "
             f"| {fmt(_values(res, s.key, 'ms_last50'))} "
             f"| {fmt(over) if over else '—'} "
-            f"| {fmt(_values(res, s.key, 'cpu_ms_per_round')) if s.system == 'duragent' else '—'} "
+            f"| {fmt(_values(res, s.key, 'cpu_ms_per_round')) if 'duragent' in s.system else '—'} "
             f"| {ratio} |"
         )
     return "\n".join(lines)
@@ -152,7 +152,7 @@ def concurrent_table(res: Results) -> str:
             continue
         raw = [r["fsync"]["sqlite_wal_full_tx"] for r in runs]
         rounds = runs[0].get("rounds", st.concurrent_rounds // 2)
-        if "commits_per_s" in runs[0]:
+        if "commits_per_s" in runs[0]:  # duragent (either revision)
             commits = fmt([r["commits_per_s"] for r in runs], 0)
             per_fsync = fmt([r["commits_per_tx"] for r in runs], 1)
             tps = [r.get("transactions_per_s", 0.0) for r in runs]
@@ -332,6 +332,22 @@ def targets(res: Results) -> list[str]:
                     f"- duragent {BY_KEY[key].store} over the bare loop (same run): "
                     f"{fmt(vs)} ms/round."
                 )
+    for config in ("sqlite-normal", "sqlite-full", "postgres"):
+        after, before = f"duragent/{config}", f"before/{config}"
+        if before in res.rounds and after in res.rounds:
+            out.append(
+                f"- Before/after, same run, {BY_KEY[after].store}: persistence overhead "
+                f"{fmt(overhead(res, before))} → {fmt(overhead(res, after))} ms/round; process "
+                f"CPU {fmt(_values(res, before, 'cpu_ms_per_round'))} → "
+                f"{fmt(_values(res, after, 'cpu_ms_per_round'))} ms/round."
+            )
+    if "before/sqlite-full" in res.concurrent and "duragent/sqlite-full" in res.concurrent:
+        b, a = res.concurrent["before/sqlite-full"], res.concurrent["duragent/sqlite-full"]
+        out.append(
+            f"- Before/after, same run, {res.settings.concurrent_tasks} tasks at FULL: "
+            f"{fmt([r['rounds_per_s'] for r in b], 0)} → {fmt([r['rounds_per_s'] for r in a], 0)}"
+            " rounds/s."
+        )
     for label, key in (("LangGraph", "langgraph/sqlite"), ("DBOS", "dbos/sqlite")):
         v = _values(res, key, "ms_per_round")
         if v:

@@ -130,6 +130,29 @@ ROUND_SYSTEMS = (
     ),
     System("dbos/postgres", "dbos", "postgres", "DBOS", "PostgreSQL", compare="duragent/postgres"),
 )
+# DURAGENT_BENCH_BEFORE_SRC=/path/to/other/src adds duragent rows run from that
+# source tree (e.g. `git archive <rev> src`), measured in the same run: before and
+# after a change, side by side, under the same load.
+BEFORE_SRC = os.environ.get("DURAGENT_BENCH_BEFORE_SRC")
+BEFORE_REV = os.environ.get("DURAGENT_BENCH_BEFORE_REV", "before")
+if BEFORE_SRC:
+    ROUND_SYSTEMS += tuple(
+        System(
+            f"before/{config}",
+            "duragent-before",
+            config,
+            f"duragent {BEFORE_REV}",
+            store,
+            baseline=None if config == "memory" else "before/memory",
+            compare=f"duragent/{config}",
+        )
+        for config, store in (
+            ("memory", "memory:// (no persistence)"),
+            ("sqlite-normal", "SQLite WAL, synchronous=NORMAL"),
+            ("sqlite-full", "SQLite WAL, synchronous=FULL"),
+            ("postgres", "PostgreSQL"),
+        )
+    )
 BY_KEY = {s.key: s for s in ROUND_SYSTEMS}
 
 
@@ -210,12 +233,17 @@ Log = Callable[[str], None]
 
 def measure(system: str, workload: str, params: dict[str, Any], timeout: float = 900) -> Any:
     """Run one measurement in a fresh interpreter; its result, or raise with its stderr."""
+    env = child_env()
+    if system == "duragent-before":
+        assert BEFORE_SRC is not None
+        system = "duragent"
+        env["PYTHONPATH"] = BEFORE_SRC + os.pathsep + env["PYTHONPATH"]
     proc = subprocess.run(
         [sys.executable, "-m", "bench.run", system, workload, json.dumps(params)],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=child_env(),
+        env=env,
         check=False,
     )
     if proc.returncode != 0:
@@ -236,6 +264,8 @@ def check_availability(res: Results, log: Log) -> None:
         for s in ROUND_SYSTEMS:
             if s.config.startswith("postgres"):
                 res.unavailable[s.key] = problem
+    if "duragent/postgres" in res.unavailable and BEFORE_SRC:
+        res.unavailable["before/postgres"] = res.unavailable["duragent/postgres"]
     for key, why in res.unavailable.items():
         log(f"  {key}: n/a — {why}")
 
@@ -357,7 +387,9 @@ def run_resume(res: Results, workdir: str, log: Log) -> None:
             log(f"  run {run + 1}/{st.resume_runs} {key:24} {out['resume_ms']:.1f} ms")
 
 
-CONCURRENT_KEYS = ("duragent/sqlite-full", "langgraph/sqlite")
+CONCURRENT_KEYS: tuple[str, ...] = ("duragent/sqlite-full", "langgraph/sqlite")
+if BEFORE_SRC:
+    CONCURRENT_KEYS += ("before/sqlite-full",)
 
 
 def run_concurrent(res: Results, workdir: str, log: Log) -> None:
