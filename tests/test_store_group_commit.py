@@ -224,3 +224,22 @@ async def test_postgres_takeover_elsewhere_fences_this_process(
         await a.commit(Commit(entries=[progress(task.id, "zombie")], fence={task.id: 1}))
     texts = [e.payload["text"] for e in await b.entries(task.id, kinds=[EntryKind.PROGRESS])]
     assert texts == ["mine"]
+
+
+@pytest.mark.postgres
+async def test_postgres_checks_run_against_the_row_as_stored_not_this_process_copy(
+    pg_pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """A commit expecting the version another process wrote succeeds; one expecting
+    this process's older copy is refused (the answer to a waiting task, say)."""
+    a, b = pg_pair
+    task, _ = await a.create_task(Task(agent="a"))  # a's copy: version 0
+    moved = await b.commit(Commit(patches=[TaskPatch(task.id, {"iterations": 5})]))
+    now = moved.tasks[task.id].version
+    result = await a.commit(
+        Commit(patches=[TaskPatch(task.id, {"iterations": 6}, expect_version=now)])
+    )
+    assert result.tasks[task.id].iterations == 6
+    with pytest.raises(Conflict):
+        await a.commit(Commit(patches=[TaskPatch(task.id, {"iterations": 7}, expect_version=0)]))
+    assert (await b.get_task(task.id)).iterations == 6

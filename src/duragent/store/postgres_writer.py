@@ -218,9 +218,12 @@ class PgWriter:
                     value = job.fn(btx)
                 except NeedsServer:
                     pass  # run it on the connection, below
-                except Exception as exc:  # refused before writing anything
-                    outcomes.append((False, exc))
-                    continue
+                except Exception as exc:  # refused before writing anything...
+                    if not btx.based_on:
+                        outcomes.append((False, exc))
+                        continue
+                    # ...but judged on this process's copy of a row, which another
+                    # process may have changed since: ask the row as stored.
                 else:
                     queued += btx.statements
                     written.update(btx.written)
