@@ -67,10 +67,28 @@ class Run:
     tasks: int
     rounds: int
     seconds: float
+    cpu_seconds: float = 0.0  # user + system time of the worker processes while they ran
 
     @property
     def rounds_per_s(self) -> float:
         return self.rounds / self.seconds
+
+    @property
+    def rounds_per_cpu_s(self) -> float:
+        return self.rounds / self.cpu_seconds if self.cpu_seconds else 0.0
+
+
+def _cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> float:
+    """User + system CPU time of the processes so far (Linux /proc)."""
+    total = 0
+    for p in procs:
+        try:
+            with open(f"/proc/{p.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, IndexError, ValueError):
+            return 0.0
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _admin() -> Any:
@@ -162,6 +180,7 @@ def run_once(workers: int, tasks: int, rounds: int, concurrency: int, timeout: f
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                 raise RuntimeError("the workers did not start listening")
             time.sleep(0.05)
+        cpu0 = _cpu_seconds(procs)  # start-up (imports, connecting) is not counted
         asyncio.run(_submit_all(url, tasks))
         deadline = time.monotonic() + timeout
         while True:
@@ -173,9 +192,10 @@ def run_once(workers: int, tasks: int, rounds: int, concurrency: int, timeout: f
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {state['done']}/{tasks} tasks done in {timeout}s")
             time.sleep(0.1)
+        cpu = _cpu_seconds(procs) - cpu0
         seconds = (state["last"] - state["first"]).total_seconds()
         assert state["rounds"] == tasks * (rounds + 1), state  # each task's rounds, counted
-        return Run(workers, tasks, state["rounds"], seconds)
+        return Run(workers, tasks, state["rounds"], seconds, cpu)
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)

@@ -34,6 +34,13 @@ class System:
 
 
 ROUND_SYSTEMS = (
+    System(
+        "duragent/none",
+        "duragent",
+        "none",
+        "duragent",
+        "bare loop: same model and tool, no runtime, no persistence",
+    ),
     System("duragent/memory", "duragent", "memory", "duragent", "memory:// (no persistence)"),
     System(
         "duragent/sqlite-normal",
@@ -87,6 +94,33 @@ ROUND_SYSTEMS = (
         compare="duragent/postgres",
     ),
     System(
+        "langgraph/postgres-pool",
+        "langgraph",
+        "postgres-pool",
+        "LangGraph",
+        "AsyncPostgresSaver on a connection pool",
+        baseline="langgraph/none",
+        compare="duragent/postgres",
+    ),
+    System(
+        "langgraph/sqlite-delta",
+        "langgraph",
+        "sqlite-delta",
+        "LangGraph",
+        "AsyncSqliteSaver, messages in a DeltaChannel (beta)",
+        baseline="langgraph/none",
+        compare="duragent/sqlite-full",
+    ),
+    System(
+        "langgraph/postgres-delta",
+        "langgraph",
+        "postgres-delta",
+        "LangGraph",
+        "AsyncPostgresSaver, messages in a DeltaChannel (beta)",
+        baseline="langgraph/none",
+        compare="duragent/postgres",
+    ),
+    System(
         "dbos/sqlite",
         "dbos",
         "sqlite",
@@ -96,6 +130,29 @@ ROUND_SYSTEMS = (
     ),
     System("dbos/postgres", "dbos", "postgres", "DBOS", "PostgreSQL", compare="duragent/postgres"),
 )
+# DURAGENT_BENCH_BEFORE_SRC=/path/to/other/src adds duragent rows run from that
+# source tree (e.g. `git archive <rev> src`), measured in the same run: before and
+# after a change, side by side, under the same load.
+BEFORE_SRC = os.environ.get("DURAGENT_BENCH_BEFORE_SRC")
+BEFORE_REV = os.environ.get("DURAGENT_BENCH_BEFORE_REV", "before")
+if BEFORE_SRC:
+    ROUND_SYSTEMS += tuple(
+        System(
+            f"before/{config}",
+            "duragent-before",
+            config,
+            f"duragent {BEFORE_REV}",
+            store,
+            baseline=None if config == "memory" else "before/memory",
+            compare=f"duragent/{config}",
+        )
+        for config, store in (
+            ("memory", "memory:// (no persistence)"),
+            ("sqlite-normal", "SQLite WAL, synchronous=NORMAL"),
+            ("sqlite-full", "SQLite WAL, synchronous=FULL"),
+            ("postgres", "PostgreSQL"),
+        )
+    )
 BY_KEY = {s.key: s for s in ROUND_SYSTEMS}
 
 
@@ -113,6 +170,10 @@ class Settings:
     concurrent_runs: int
     failover: dict[str, int]  # lease ttl -> trials
     fsync_seconds: float
+    streaming_rounds: int = 20
+    streaming_runs: int = 3
+    pg_workers: tuple[int, ...] = (1, 4)
+    pg_worker_runs: int = 3
 
     @classmethod
     def make(cls, quick: bool, runs: int | None) -> Settings:
@@ -130,6 +191,9 @@ class Settings:
                 concurrent_runs=runs or 1,
                 failover={"2": 1},
                 fsync_seconds=0.5,
+                streaming_rounds=5,
+                streaming_runs=1,
+                pg_worker_runs=1,
             )
         return cls(
             runs=runs or 5,
@@ -157,6 +221,8 @@ class Results:
     storage: dict[str, dict[str, Any]] = field(default_factory=dict)
     resume: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     concurrent: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    streaming: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    pg_workers: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     failover: dict[str, list[float]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
@@ -167,12 +233,17 @@ Log = Callable[[str], None]
 
 def measure(system: str, workload: str, params: dict[str, Any], timeout: float = 900) -> Any:
     """Run one measurement in a fresh interpreter; its result, or raise with its stderr."""
+    env = child_env()
+    if system == "duragent-before":
+        assert BEFORE_SRC is not None
+        system = "duragent"
+        env["PYTHONPATH"] = BEFORE_SRC + os.pathsep + env["PYTHONPATH"]
     proc = subprocess.run(
         [sys.executable, "-m", "bench.run", system, workload, json.dumps(params)],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=child_env(),
+        env=env,
         check=False,
     )
     if proc.returncode != 0:
@@ -191,8 +262,10 @@ def check_availability(res: Results, log: Log) -> None:
             res.unavailable["duragent/postgres"] = store_problem
     else:
         for s in ROUND_SYSTEMS:
-            if s.config == "postgres":
+            if s.config.startswith("postgres"):
                 res.unavailable[s.key] = problem
+    if "duragent/postgres" in res.unavailable and BEFORE_SRC:
+        res.unavailable["before/postgres"] = res.unavailable["duragent/postgres"]
     for key, why in res.unavailable.items():
         log(f"  {key}: n/a — {why}")
 
@@ -244,6 +317,8 @@ STORAGE_KEYS = (
     "duragent/postgres",
     "langgraph/sqlite",
     "langgraph/postgres",
+    "langgraph/sqlite-delta",
+    "langgraph/postgres-delta",
     "dbos/sqlite",
     "dbos/postgres",
 )
@@ -312,7 +387,9 @@ def run_resume(res: Results, workdir: str, log: Log) -> None:
             log(f"  run {run + 1}/{st.resume_runs} {key:24} {out['resume_ms']:.1f} ms")
 
 
-CONCURRENT_KEYS = ("duragent/sqlite-full", "langgraph/sqlite")
+CONCURRENT_KEYS: tuple[str, ...] = ("duragent/sqlite-full", "langgraph/sqlite")
+if BEFORE_SRC:
+    CONCURRENT_KEYS += ("before/sqlite-full",)
 
 
 def run_concurrent(res: Results, workdir: str, log: Log) -> None:
@@ -346,6 +423,61 @@ def run_concurrent(res: Results, workdir: str, log: Log) -> None:
             )
 
 
+STREAMING_KEYS = ("duragent/memory", "duragent/sqlite-full", "duragent/postgres")
+
+
+def run_streaming(res: Results, workdir: str, log: Log) -> None:
+    st = res.settings
+    for run in range(st.streaming_runs):
+        for key in STREAMING_KEYS:
+            if key in res.unavailable:
+                continue
+            s = BY_KEY[key]
+            params = {
+                "config": s.config,
+                "workdir": os.path.join(workdir, f"streaming-{run}-{key.replace('/', '-')}"),
+                "rounds": st.streaming_rounds,
+            }
+            try:
+                out = measure(s.system, "streaming", params)
+            except Exception as exc:
+                res.errors.append(f"streaming {key}: {exc}")
+                log(f"  ! {key}: {exc}")
+                continue
+            out["run"] = run
+            res.streaming.setdefault(key, []).append(out)
+            log(f"  run {run + 1}/{st.streaming_runs} {key:24} {out['ms_per_round']:.1f} ms/round")
+
+
+def run_pg_workers(res: Results, workdir: str, log: Log) -> None:
+    if "duragent/postgres" in res.unavailable:
+        return
+    from bench import pg_workers
+
+    st = res.settings
+    for run in range(st.pg_worker_runs):
+        for n in st.pg_workers:
+            load = os.getloadavg()[0]
+            try:
+                r = pg_workers.run_once(n, 400, 5, 32, 600)
+            except Exception as exc:
+                res.errors.append(f"pg_workers {n}: {exc}")
+                log(f"  ! pg_workers {n}: {exc}")
+                continue
+            out = {
+                "run": run,
+                "rounds_per_s": r.rounds_per_s,
+                "rounds_per_cpu_s": r.rounds_per_cpu_s,
+                "cpu_s": r.cpu_seconds,
+                "load": load,
+            }
+            res.pg_workers.setdefault(n, []).append(out)
+            log(
+                f"  run {run + 1}/{st.pg_worker_runs} {n} worker(s): {r.rounds_per_s:.0f} "
+                f"rounds/s, {r.rounds_per_cpu_s:.0f} rounds per worker CPU-second"
+            )
+
+
 def run_failover(res: Results, workdir: str, log: Log) -> None:
     for ttl, trials in res.settings.failover.items():
         for i in range(trials):
@@ -364,6 +496,8 @@ WORKLOADS: dict[str, Callable[[Results, str, Log], None]] = {
     "storage": run_storage,
     "resume": run_resume,
     "concurrent": run_concurrent,
+    "streaming": run_streaming,
+    "pg_workers": run_pg_workers,
     "failover": run_failover,
 }
 

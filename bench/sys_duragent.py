@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import statistics
 import time
@@ -25,14 +26,24 @@ from bench.common import (
     tool_output,
 )
 from duragent import Agent, Runtime, ScriptedModel, ToolCall, Turn, open_store, tool
+from duragent.llm.base import ModelRequest, ResponseAssembler
 from duragent.runtime.engine import TaskRunner
 from duragent.runtime.log import api_entry, result_entries
 from duragent.runtime.submit import new_task
 from duragent.store.base import Commit, TaskPatch
-from duragent.types import AssistantMessage, EntryKind, NewEntry, TaskStatus
+from duragent.types import (
+    AssistantMessage,
+    EntryKind,
+    NewEntry,
+    TaskStatus,
+    ToolMessage,
+    UserMessage,
+)
 
-# sqlite-normal / sqlite-full / postgres / memory: the store URLs a config names.
-CONFIGS = ("memory", "sqlite-normal", "sqlite-full", "postgres")
+# sqlite-normal / sqlite-full / postgres / memory: the store URLs a config names;
+# "none": the same model and tool driven by a bare loop, nothing persisted and no
+# runtime (the shape of LangGraph's no-checkpointer row).
+CONFIGS = ("none", "memory", "sqlite-normal", "sqlite-full", "postgres")
 
 
 def store_url(config: str, workdir: str) -> tuple[str, str | None]:
@@ -98,8 +109,35 @@ def _store_size(store: Any, url: str, schema: str | None) -> int:
     return sqlite_bytes(store.path)
 
 
+async def bare_loop(rounds: int) -> Any:
+    """The round loop with nothing durable: ask the model, run the tool, append, repeat."""
+    clock = RoundClock()
+    agent = bench_agent(rounds, clock)
+    tool_fn = agent.tool_map[TOOL_NAME]
+    messages: list[Any] = [UserMessage(content=USER_TEXT)]
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    while True:
+        request = ModelRequest(model="bench", messages=messages, tools=[tool_fn.spec()])
+        assembler = ResponseAssembler()
+        async for event in agent.chat_model.stream(request):
+            assembler.add(event)
+        response = assembler.response(call_id_prefix="call")
+        messages.append(response.message())
+        if not response.tool_calls:
+            break
+        for call in response.tool_calls:
+            out = await tool_fn.fn(**json.loads(call.function.arguments))
+            messages.append(ToolMessage(tool_call_id=call.id, content=str(out)))
+    total = time.perf_counter() - t0
+    cpu = time.process_time() - c0
+    return {**clock.summary(), "total_s": total, "cpu_ms_per_round": cpu / rounds * 1e3}
+
+
 async def rounds(config: str, workdir: str, rounds: int, sizes: list[int] | None = None) -> Any:
     """One task of `rounds` tool rounds; ms per round, and store bytes after `sizes` rounds."""
+    if config == "none":
+        return await bare_loop(rounds)
     url, schema = store_url(config, workdir)
     clock = RoundClock()
     measured: dict[str, int] = {}
@@ -119,12 +157,19 @@ async def rounds(config: str, workdir: str, rounds: int, sizes: list[int] | None
     try:
         async with rt:
             t0 = time.perf_counter()
+            c0 = time.process_time()  # this process: engine, store and driver threads
             sub = await rt.submit("bench", USER_TEXT)
             await asyncio.wait_for(ended.wait(), 1800)
             total = time.perf_counter() - t0
+            cpu = time.process_time() - c0
             task = await rt.get(sub.task_id)
             assert task.status is TaskStatus.COMPLETED, task
-            out = {**clock.summary(), "total_s": total, "sizes": measured}
+            out = {
+                **clock.summary(),
+                "total_s": total,
+                "sizes": measured,
+                "cpu_ms_per_round": cpu / rounds * 1e3,
+            }
             if hasattr(rt.store, "jobs_done"):
                 out["commits"] = rt.store.jobs_done
                 out["transactions"] = rt.store.batches
@@ -267,6 +312,8 @@ async def concurrent(config: str, workdir: str, tasks: int, rounds: int) -> Any:
             "commits_per_s": commits / elapsed,
             "rounds_per_s": tasks * rounds / elapsed,
             "commits_per_tx": commits / max(1, transactions),
+            # At FULL every transaction is one WAL fsync (its COMMIT).
+            "transactions_per_s": transactions / elapsed,
         }
     finally:
         if schema is not None:
@@ -295,8 +342,64 @@ def _concurrent_agent(rounds: int, clock: RoundClock) -> Agent:
     )
 
 
+# --- a streaming model ----------------------------------------------------------
+
+STREAM_CHUNKS = 12  # text deltas per answer, STREAM_DELAY apart: the answer takes 0.3 s
+STREAM_DELAY = 0.025
+
+
+async def streaming(config: str, workdir: str, rounds: int) -> Any:
+    """One task whose model streams each answer over 0.3 s (progress committed every
+    `progress_interval`, 0.1 s by default): ms per round and commits per round."""
+    url, schema = store_url(config, workdir)
+    clock = RoundClock()
+    ended = asyncio.Event()
+
+    def script(messages: list[Any]) -> Any:
+        done = clock.tick()
+        text = (assistant_text(done + 1) + " ") * 20
+        text = text[: STREAM_CHUNKS * 20].ljust(STREAM_CHUNKS * 20, ".")
+        if done < rounds:
+            return Turn(text=text, tool_calls=[ToolCall(TOOL_NAME, tool_args(done + 1))])
+        return text
+
+    @tool(name=TOOL_NAME)
+    async def work(n: int) -> str:
+        """Process batch n."""
+        return tool_output(n)
+
+    agent = Agent(
+        name="stream",
+        model=ScriptedModel(script, chunk_size=20, chunk_delay=STREAM_DELAY),
+        tools=[work],
+        max_iterations=rounds + 10,
+        plan_tool=False,
+    )
+    rt = Runtime(
+        url,
+        agents=[agent],
+        poll_interval=0.05,
+        on_status_change=lambda task, old, new: new.terminal and ended.set(),
+    )
+    try:
+        async with rt:
+            sub = await rt.submit("stream", USER_TEXT)
+            await asyncio.wait_for(ended.wait(), 600)
+            entries = await rt.store.entries(sub.task_id)
+        progress = sum(1 for e in entries if e.kind is EntryKind.PROGRESS)
+        return {**clock.summary(), "progress_per_round": progress / (rounds + 1)}
+    finally:
+        if schema is not None:
+            drop_schema(schema)
+
+
 def run(workload: str, params: dict[str, Any]) -> Any:
-    fn = {"rounds": rounds, "resume": resume, "concurrent": concurrent}[workload]
+    fn = {
+        "rounds": rounds,
+        "resume": resume,
+        "concurrent": concurrent,
+        "streaming": streaming,
+    }[workload]
     # `repeats` of a rounds run = tasks in this process; resume has its own repeats.
     repeats = params.pop("repeats", 1) if workload == "rounds" else 1
     workdir = params.pop("workdir")

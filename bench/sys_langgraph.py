@@ -10,15 +10,21 @@ import os
 import statistics
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode, tools_condition
 from pydantic import ConfigDict
+
+try:
+    from langgraph.channels import DeltaChannel
+except ImportError:  # LangGraph before DeltaChannel
+    DeltaChannel = None  # type: ignore[assignment,misc]
 
 from bench.common import (
     PG_URL,
@@ -38,7 +44,18 @@ from bench.common import (
     with_search_path,
 )
 
-CONFIGS = ("none", "memory", "sqlite", "postgres")
+# "-delta": the messages channel is a DeltaChannel (each checkpoint stores the new
+# messages, not the whole list), where the installed LangGraph has one.
+# "postgres-pool": AsyncPostgresSaver over a connection pool.
+CONFIGS = (
+    "none",
+    "memory",
+    "sqlite",
+    "postgres",
+    "postgres-pool",
+    "sqlite-delta",
+    "postgres-delta",
+)
 
 
 class ScriptedChatModel(BaseChatModel):
@@ -79,11 +96,33 @@ async def work(n: int) -> str:
     return tool_output(n)
 
 
-def react_graph(model: ScriptedChatModel, checkpointer: Any) -> Any:
-    async def agent(state: MessagesState) -> dict[str, Any]:
+def _delta_reducer(state: Any, writes: Any) -> Any:
+    for w in writes:  # add_messages per write: batching-invariant for appends
+        state = add_messages(state, w)
+    return state
+
+
+if DeltaChannel is not None:
+
+    class DeltaMessagesState(TypedDict):
+        """MessagesState with its messages in a DeltaChannel."""
+
+        messages: Annotated[list[Any], DeltaChannel(_delta_reducer)]
+
+
+def delta_state() -> Any:
+    """The DeltaChannel state (None if this LangGraph has no DeltaChannel)."""
+    return DeltaMessagesState if DeltaChannel is not None else None
+
+
+def react_graph(model: ScriptedChatModel, checkpointer: Any, delta: bool = False) -> Any:
+    async def agent(state: Any) -> dict[str, Any]:
         return {"messages": [await model.ainvoke(state["messages"])]}
 
-    builder = StateGraph(MessagesState)
+    state_type = delta_state() if delta else MessagesState
+    if state_type is None:
+        raise RuntimeError("this LangGraph version has no DeltaChannel")
+    builder = StateGraph(state_type)
     builder.add_node("agent", agent)
     builder.add_node("tools", ToolNode([work]))
     builder.add_edge(START, "agent")
@@ -100,17 +139,33 @@ async def saver(config: str, workdir: str, schema: str | None) -> AsyncIterator[
         from langgraph.checkpoint.memory import InMemorySaver
 
         yield InMemorySaver()
-    elif config == "sqlite":
+    elif config in ("sqlite", "sqlite-delta"):
         from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
         async with AsyncSqliteSaver.from_conn_string(f"{workdir}/langgraph.db") as s:
             await s.setup()
             yield s
-    elif config == "postgres":
+    elif config in ("postgres", "postgres-delta"):
         from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
         assert schema is not None
         async with AsyncPostgresSaver.from_conn_string(with_search_path(PG_URL, schema)) as s:
+            await s.setup()
+            yield s
+    elif config == "postgres-pool":
+        from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+        from psycopg.rows import dict_row
+        from psycopg_pool import AsyncConnectionPool
+
+        assert schema is not None
+        async with AsyncConnectionPool(
+            with_search_path(PG_URL, schema),
+            min_size=2,
+            max_size=10,
+            kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+            open=False,
+        ) as pool:
+            s = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
             await s.setup()
             yield s
     else:
@@ -118,7 +173,7 @@ async def saver(config: str, workdir: str, schema: str | None) -> AsyncIterator[
 
 
 def _size(config: str, workdir: str, schema: str | None) -> int:
-    if config == "sqlite":
+    if config.startswith("sqlite"):
         return sqlite_bytes(f"{workdir}/langgraph.db")
     assert schema is not None
     return schema_bytes(schema)
@@ -129,16 +184,18 @@ def _thread(tid: str) -> dict[str, Any]:
 
 
 async def rounds(config: str, workdir: str, rounds: int, sizes: list[int] | None = None) -> Any:
-    schema = new_schema("bench_langgraph") if config == "postgres" else None
+    schema = new_schema("bench_langgraph") if config.startswith("postgres") else None
     if schema:
         create_schema(schema)
     clock = RoundClock()
     measured: dict[str, int] = {}
-    for n in sizes or () if config in ("sqlite", "postgres") else ():
+    for n in sizes or () if config != "none" and config != "memory" else ():
         clock.hooks[n] = lambda n=n: measured.__setitem__(str(n), _size(config, workdir, schema))
     try:
         async with saver(config, workdir, schema) as cp:
-            graph = react_graph(ScriptedChatModel(rounds=rounds, clock=clock), cp)
+            graph = react_graph(
+                ScriptedChatModel(rounds=rounds, clock=clock), cp, config.endswith("-delta")
+            )
             t0 = time.perf_counter()
             # durability="sync": each checkpoint is written before the next step runs.
             extra = {"durability": "sync"} if cp is not None else {}
@@ -170,7 +227,7 @@ async def resume(config: str, workdir: str, entries: int, repeats: int) -> Any:
     """A thread holding the same conversation as a duragent task of `entries` entries
     (user message + (entries-1)/3 rounds), written as 10 state updates; then time
     reopening the checkpointer and `aget_state` of the thread."""
-    schema = new_schema("bench_langgraph") if config == "postgres" else None
+    schema = new_schema("bench_langgraph") if config.startswith("postgres") else None
     if schema:
         create_schema(schema)
     total_rounds = (entries - 1) // 3
@@ -203,7 +260,7 @@ async def resume(config: str, workdir: str, entries: int, repeats: int) -> Any:
 
 async def concurrent(config: str, workdir: str, tasks: int, rounds: int) -> Any:
     """`tasks` threads at once on one checkpointer."""
-    schema = new_schema("bench_langgraph") if config == "postgres" else None
+    schema = new_schema("bench_langgraph") if config.startswith("postgres") else None
     if schema:
         create_schema(schema)
     try:

@@ -50,10 +50,13 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "sqlite-full", "postgres"])
 def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path}/shared.db"
+        return
+    if request.param == "sqlite-full":  # batches of several commits run on the writer thread
+        yield f"sqlite:///{tmp_path}/shared.db?durability=full"
         return
     schema = f"test_{uuid.uuid4().hex[:12]}"
     yield f"{require_postgres()}?schema={schema}"
@@ -94,10 +97,14 @@ COMMITTER = r"""
 import asyncio, sys
 from duragent.store import open_store, Commit, TaskPatch
 
-async def main(url, task_id):
+async def main(url, task_id, other_id):
     store = open_store(url)
     control = {"action": "pause", "rollback": False, "reason": None}
-    await store.commit(Commit(patches=[TaskPatch(task_id, {"control": control})]))
+    # Two commits at once: one batch of two (at durability=full, on the writer thread).
+    await asyncio.gather(
+        store.commit(Commit(patches=[TaskPatch(other_id, {"status_reason": "noise"})])),
+        store.commit(Commit(patches=[TaskPatch(task_id, {"control": control})])),
+    )
     await store.close()
 
 asyncio.run(main(*sys.argv[1:]))
@@ -110,6 +117,7 @@ async def test_a_commit_in_another_process_wakes_waiters_and_control_watchers(
     store = open_store(shared_url)
     try:
         task, _ = await store.create_task(Task(agent="a", input="x"))
+        other, _ = await store.create_task(Task(agent="a", input="y"))
         told: list[str] = []
         heard = asyncio.Event()
 
@@ -128,7 +136,7 @@ async def test_a_commit_in_another_process_wakes_waiters_and_control_watchers(
         done, _ = await asyncio.wait({change}, timeout=0.5)
         assert not done, "wait_for_change returned though nothing was committed"
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", COMMITTER, shared_url, task.id
+            sys.executable, "-c", COMMITTER, shared_url, task.id, other.id
         )
         assert await proc.wait() == 0
         # Woken by the other process's commit, long before the 120 s timeout.

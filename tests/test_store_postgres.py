@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from psycopg.rows import dict_row
 
 from conftest import drop_schema, require_postgres
-from duragent.errors import StaleLease, StoreVersionError
+from duragent.errors import CommitOutcomeUnknown, StaleLease, StoreVersionError
 from duragent.store import SCHEMA_VERSION, Commit, TaskPatch, open_store
 from duragent.store.postgres import PostgresStore, split_url
 from duragent.types import EntryKind, NewEntry, Task, UIText, dump_message
@@ -257,6 +257,48 @@ async def test_commit_cut_off_before_commit_is_retried_once(pg_url: str, schema:
         result = await asyncio.wait_for(pending, 30)
         assert result.entries[0].seq == 1
         assert [e.payload["text"] for e in await s.entries(task.id)] == ["once"]
+    finally:
+        await s.close()
+
+
+async def test_connection_lost_during_commit_reports_the_outcome_unknown(
+    pg_url: str, schema: str
+) -> None:
+    """The backend dies while COMMIT is in flight (a deferred trigger holds the
+    COMMIT open): the commit may or may not have landed, so it is not run again
+    and the caller gets CommitOutcomeUnknown."""
+    app = f"duragent-test-{uuid.uuid4().hex[:8]}"
+    s = PostgresStore(f"{pg_url}?application_name={app}", schema=schema, max_size=2)
+    try:
+        task, _ = await s.create_task(Task(agent="a"))
+        with admin(pg_url) as setup:
+            setup.execute(
+                psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema))
+            )
+            setup.execute(
+                "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS"
+                " $$ BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$"
+            )
+            setup.execute(
+                "CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON tasks"
+                " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()"
+            )
+        pending = asyncio.create_task(s.commit(Commit(entries=[ui(task.id, "maybe")])))
+        with admin(pg_url) as watch:
+            for _ in range(1000):  # until the COMMIT itself is running (in the trigger)
+                row = watch.execute(
+                    "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = %s"
+                    " AND state = 'active' AND query = 'COMMIT'",
+                    (app,),
+                ).fetchone()
+                if row is not None and row["n"] == 1:
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the commit never reached COMMIT")
+        assert _terminate(pg_url, app) >= 1
+        with pytest.raises(CommitOutcomeUnknown, match="may or may not have been applied"):
+            await asyncio.wait_for(pending, 30)
     finally:
         await s.close()
 

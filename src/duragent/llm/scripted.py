@@ -73,17 +73,43 @@ class ScriptedModel:
         self.chunk_size = chunk_size
         self.final = final
         self.calls = 0  # model calls made through this instance
+        # id(last message) -> (that message, its index, assistants, characters)
+        self._counted: dict[int, tuple[Any, int, int, int]] = {}
 
     def turn_for(self, messages: list[Any]) -> Turn:
         if self._fn is not None:
             return _as_turn(self._fn(messages))
-        i = sum(1 for m in messages if isinstance(m, AssistantMessage))
+        i = self._count(messages)[0]
         return _as_turn(self._turns[i] if i < len(self._turns) else self.final)
+
+    def _count(self, messages: list[Any]) -> tuple[int, int]:
+        """(assistant messages, characters of content) in `messages`.
+
+        A task's next request is its previous one plus a few messages, so the
+        counts are carried over from the last request that ended with the same
+        message object: a long task is not rescanned on every call, and this
+        test model does not dominate what a long-task benchmark measures.
+        """
+        start, assistants, chars = 0, 0, 0
+        for j in range(len(messages) - 1, max(-1, len(messages) - 9), -1):
+            hit = self._counted.get(id(messages[j]))
+            if hit is not None and hit[0] is messages[j] and hit[1] == j:
+                start, assistants, chars = j + 1, hit[2], hit[3]
+                break
+        for m in messages[start:]:
+            assistants += isinstance(m, AssistantMessage)
+            chars += len(str(getattr(m, "content", "") or ""))
+        if messages:
+            if len(self._counted) > 4096:
+                self._counted.clear()
+            last = messages[-1]
+            self._counted[id(last)] = (last, len(messages) - 1, assistants, chars)
+        return assistants, chars
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
         self.calls += 1
         turn = self.turn_for(request.messages)
-        i = sum(1 for m in request.messages if isinstance(m, AssistantMessage))
+        i, prompt = self._count(request.messages)
         text = turn.text
         step = max(1, self.chunk_size)
         for start in range(0, len(text), step):
@@ -95,6 +121,5 @@ class ScriptedModel:
             if args is None:
                 args = json.dumps(call.arguments)
             yield ToolCallDelta(index=j, id=f"call_{i}_{j}", name=call.name, arguments=args)
-        prompt = sum(len(str(getattr(m, "content", "") or "")) for m in request.messages)
         yield UsageDelta(input_tokens=max(1, prompt // 4), output_tokens=max(1, len(text) // 4))
         yield Finish("tool_calls" if turn.tool_calls else "stop")

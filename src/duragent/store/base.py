@@ -264,12 +264,55 @@ def apply_patch(task: Task, patch: TaskPatch, now: datetime) -> tuple[Task, NewE
                 changes.setdefault("control", None)
     changes["updated_at"] = now
     changes["version"] = task.version + 1
-    patched = task.model_copy()
+    # Values already of their field's type are taken as they are (the common
+    # case, checked cheaply here); any other is validated as its field's type,
+    # so a patch of "waiting" or a usage dict is stored as TaskStatus / Usage,
+    # exactly like a fresh task.
+    plain = {k: v for k, v in changes.items() if _is_typed(k, v)}
+    patched = task.model_copy(update=plain)
     for name, value in changes.items():
-        # Validate each value as its field's type, so a patch of "waiting" or a
-        # usage dict is stored as TaskStatus / Usage, exactly like a fresh task.
-        Task.__pydantic_validator__.validate_assignment(patched, name, value)
+        if name not in plain:
+            Task.__pydantic_validator__.validate_assignment(patched, name, value)
     return patched, status_entry
+
+
+def _is_typed(name: str, value: Any) -> bool:
+    """True when `value` is already what validating it as task field `name` gives."""
+    kind = _FIELD_KINDS.get(name)
+    if kind is None:
+        return False
+    if value is None:
+        return name in _NULLABLE
+    if kind is datetime:
+        return type(value) is datetime and value.tzinfo is not None
+    if kind is dict:
+        return type(value) is dict and all(type(k) is str for k in value)
+    if kind is object:
+        return True  # JSON: anything
+    return type(value) is kind
+
+
+_FIELD_KINDS: dict[str, type] = {
+    "status": TaskStatus,
+    "status_reason": str,
+    "error": str,
+    "iterations": int,
+    "restarts": int,
+    "round_seq": int,
+    "version": int,
+    "updated_at": datetime,
+    "paused_at": datetime,
+    "completed_at": datetime,
+    "wake_at": datetime,
+    "config": dict,
+    "context": dict,
+    "control": dict,
+    "output": object,
+    "input": object,
+}
+_NULLABLE = frozenset(
+    {"status_reason", "error", "paused_at", "completed_at", "wake_at", "control", "output", "input"}
+)
 
 
 def status_change_entry(
@@ -428,6 +471,15 @@ def build_ui_view(rows: Iterable[tuple[int, str]]) -> list[UiMessage]:
 
 
 VIEW_KINDS = tuple(k.value for k in (*API_KINDS, EntryKind.ROLLBACK))
+
+
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON text: the one encoder every store writes with (json.dumps with
+    options builds a new encoder per call)."""
+    return _ENCODE(value)
 
 
 def to_ts(dt: datetime | None) -> float | None:

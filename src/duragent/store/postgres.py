@@ -1,12 +1,14 @@
 """The PostgreSQL store: many workers on many machines share one database.
 
-Every write is one transaction on a pooled connection, running the shared
+Every write runs in a transaction its process's writer thread shares among
+the commits waiting at that moment (postgres_writer.py), running the shared
 commit algorithm (store/tx.py) over `PgTx` (postgres_tx.py); the tables and
 migrations are in postgres_schema.py. Each committed change sends a NOTIFY
-(postgres_notify.py), so waiters on any machine wake without polling. Psycopg is synchronous here
-and runs in worker threads; concurrency is bounded by the pool, not by a
-store-wide lock. Every database call goes through one retry policy
-(`_execute`), which also reconnects after the server dropped a connection.
+(postgres_notify.py), so waiters on any machine wake without polling. Reads
+run on pooled connections in worker threads, and so do lease renewals, on a
+thread of their own (`renew_leases`), so they never queue behind task commits.
+Writes and reads retry after a lost connection or a deadlock (`PgWriter._run`,
+`_execute`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from duragent.store.postgres_notify import (
 )
 from duragent.store.postgres_schema import MIGRATIONS, Conn, lock_key, migrate
 from duragent.store.postgres_tx import PgTx, row_document, row_task
+from duragent.store.postgres_writer import PgWriter
 from duragent.store.tx import TxWrites
 from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UiMessage, utcnow
 
@@ -143,6 +146,17 @@ class PostgresStore(TxWrites):
         self._leases: ThreadPoolExecutor | None = None
         self._lease_conn: Conn | None = None  # the lease thread's own (see renew_leases)
         self._closed = False
+        self._writer = PgWriter(
+            self._pool,
+            self.namespace,
+            where=self._where,
+            retries=self.retries,
+            translate=lambda exc: (
+                _translate(exc, self._where) if isinstance(exc, psycopg.Error) else exc
+            ),
+            lost=_connection_lost,
+            on_commit=self._committed,
+        )
 
     def _configure(self, conn: Conn) -> None:
         conn.execute("SET TIME ZONE 'UTC'")
@@ -158,6 +172,9 @@ class PostgresStore(TxWrites):
         if self._closed:
             return
         self._closed = True
+        while self._writer.busy:  # commits already asked for still land
+            await asyncio.sleep(0.001)
+        await asyncio.to_thread(self._writer.close)
         if self._listener is not None:
             await self._listener.stop()
             self._listener = None
@@ -239,14 +256,25 @@ class PostgresStore(TxWrites):
         return result
 
     async def _write(self, job: Callable[[PgTx], _T]) -> _T:
+        """Run `job` in the next group transaction (see postgres_writer.py)."""
         self._check_open()
-        result, tx = await asyncio.to_thread(self._execute, job, True)
-        if tx is not None and tx.changed:
-            # Local waiters need not wait for the round trip through the server.
-            self._local_signals().fire(work=tx.work)
-            # Control requests are not fired here: the listener hears them from
-            # the server, once each, in commit order (a watcher always listens).
-        return result
+        return await self._writer.submit(job)  # type: ignore[no-any-return]
+
+    def _committed(self, loop: asyncio.AbstractEventLoop, work: bool) -> None:
+        # Local waiters need not wait for the round trip through the server.
+        # Control requests are not fired here: the listener hears them from
+        # the server, once each, in commit order (a watcher always listens).
+        if self._signals is not None and self._signals.loop is loop:
+            self._signals.fire(work=work)
+
+    @property
+    def batches(self) -> int:
+        """Transactions the writer ran (commits / batches = commits per transaction)."""
+        return self._writer.batches
+
+    @property
+    def jobs_done(self) -> int:
+        return self._writer.jobs_done
 
     def _check_open(self) -> None:
         if self._closed:

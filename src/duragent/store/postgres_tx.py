@@ -7,23 +7,21 @@ LOCKED`, so workers never queue behind each other.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from psycopg import sql
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
+from duragent.store.base import dumps
 from duragent.store.postgres_schema import Conn, lock_key
 from duragent.store.queues import QUEUES_SCOPE, Candidate
 from duragent.store.tx import Notes, task_columns
 from duragent.types import Document, Entry, Task, TaskStatus
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def row_task(row: DictRow) -> Task:
@@ -64,6 +62,10 @@ class PgTx:
         self.inputs: dict[str, Any] = {}
         self.notes = Notes()
         self.changed = False
+        self.written: dict[str, Task] = {}  # rows as this transaction left them
+        # Rows taken from the writer's cache instead of read under a lock: their
+        # UPDATE carries the row's stamp and must match exactly one row.
+        self.based_on: dict[str, Task] = {}
 
     @property
     def work(self) -> bool:
@@ -96,15 +98,17 @@ class PgTx:
         ).fetchone()
         return self._task(row)
 
+    # --- writes: run at once here; BufferedPgTx queues them for one message ---
+
+    def _run(self, query: str, params: Any, *, guard: bool = False) -> None:
+        self.conn.execute(query, params)
+
     def insert_task(self, task: Task) -> None:
         cols = task_columns(task, _same, created=True)
-        cols["input"] = _dumps(task.input)
+        cols["input"] = dumps(task.input)
         cols["metadata"] = Jsonb(task.metadata) if task.metadata else None
-        query = sql.SQL("INSERT INTO tasks ({}) VALUES ({})").format(
-            sql.SQL(", ").join(map(sql.Identifier, cols)),
-            sql.SQL(", ").join(map(sql.Placeholder, cols)),
-        )
-        self.conn.execute(query, cols)
+        self._run(_insert_sql(tuple(cols)), cols)
+        self.written[task.id] = task
         self.changed = True
         self.notes.wrote(task, created=True)
 
@@ -113,28 +117,20 @@ class PgTx:
         # The input is written once at creation; re-sending it on every step would
         # make each commit cost the size of the input.
         if task.id not in self.inputs or self.inputs[task.id] != task.input:
-            cols["input"] = _dumps(task.input)
-        query = sql.SQL("UPDATE tasks SET {} WHERE id = %(id)s").format(
-            sql.SQL(", ").join(
-                sql.SQL("{} = {}").format(sql.Identifier(k), sql.Placeholder(k))
-                for k in cols
-                if k != "id"
-            )
-        )
-        self.conn.execute(query, cols)
+            cols["input"] = dumps(task.input)
+        base = self.based_on.get(task.id)
+        if base is not None:
+            cols.update(zip(_GUARD_PARAMS, row_stamp(base), strict=True))
+        self._run(_update_sql(tuple(cols), base is not None), cols, guard=base is not None)
+        self.written[task.id] = task
         self.changed = True
         self.notes.wrote(task)
 
     def append(self, entries: list[Entry]) -> None:
-        with self.conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO entries (task_id, seq, kind, round, payload, created_at)"
-                " VALUES (%s, %s, %s, %s, %s, %s)",
-                [
-                    (e.task_id, e.seq, e.kind.value, e.round, _dumps(e.payload), e.created_at)
-                    for e in entries
-                ],
-            )
+        params: list[Any] = []
+        for e in entries:
+            params += (e.task_id, e.seq, e.kind.value, e.round, dumps(e.payload), e.created_at)
+        self._run(_append_sql(len(entries)), params)
         self.changed = True
 
     def load_document(self, scope: str, key: str) -> Document | None:
@@ -149,16 +145,16 @@ class PgTx:
         return None if row is None else row_document(row)
 
     def put_document(self, doc: Document) -> None:
-        self.conn.execute(
+        self._run(
             "INSERT INTO documents (scope, key, value, version, updated_at)"
             " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (scope, key) DO UPDATE SET"
             " value = excluded.value, version = excluded.version, updated_at = excluded.updated_at",
-            (doc.scope, doc.key, _dumps(doc.value), doc.version, doc.updated_at),
+            (doc.scope, doc.key, dumps(doc.value), doc.version, doc.updated_at),
         )
         self.changed = True
 
     def delete_document(self, scope: str, key: str) -> None:
-        self.conn.execute("DELETE FROM documents WHERE scope = %s AND key = %s", (scope, key))
+        self._run("DELETE FROM documents WHERE scope = %s AND key = %s", (scope, key))
         self.changed = True
 
     def renew_leases(
@@ -285,3 +281,108 @@ _RUNNABLE = (
     " OR (status = 'running' AND coalesce(lease_expires, 'epoch'::timestamptz) <= %(now)s)"
     " OR (status = 'waiting' AND status_reason = 'timer' AND wake_at <= %(now)s)"
 )
+
+
+class NeedsServer(Exception):
+    """A buffered job asked for something only the server knows (a read)."""
+
+
+@dataclass(slots=True)
+class Statement:
+    query: str
+    params: Any
+    guard: bool  # an UPDATE that must match exactly one row
+
+
+class BufferedPgTx(PgTx):
+    """A job's writes queued, not sent: the writer sends the writes of a whole
+    batch in one message. Task rows come from the rows this process last
+    committed; each UPDATE is guarded by the row's stamp, so a row another
+    process changed meanwhile matches nothing and the batch is run again with
+    reads under row locks. A job that needs any other read raises NeedsServer
+    and runs on the connection instead.
+    """
+
+    def __init__(self, namespace: str, rows: Callable[[str], Task | None]) -> None:
+        super().__init__(None, namespace)  # type: ignore[arg-type]
+        self.rows = rows
+        self.statements: list[Statement] = []
+
+    @property  # type: ignore[override]
+    def conn(self) -> Conn:
+        raise NeedsServer
+
+    @conn.setter
+    def conn(self, value: Conn) -> None:
+        pass
+
+    def _run(self, query: str, params: Any, *, guard: bool = False) -> None:
+        self.statements.append(Statement(query, params, guard))
+
+    def load_task(self, task_id: str) -> Task | None:
+        task = self.rows(task_id)
+        if task is None:
+            raise NeedsServer
+        # Not copied: the commit algorithm never changes a row in place.
+        self.based_on[task_id] = task
+        self.inputs[task_id] = task.input
+        self.notes.read(task)
+        return task
+
+    def find_by_request(self, owner: str | None, request_id: str) -> Task | None:
+        raise NeedsServer
+
+    def load_document(self, scope: str, key: str) -> Document | None:
+        raise NeedsServer
+
+    def find_claimable(
+        self,
+        now: datetime,
+        agents: Sequence[str] | None,
+        task_id: str | None,
+        limit: int,
+        closed: set[str],
+    ) -> list[Candidate]:
+        raise NeedsServer
+
+    def load_queues(self) -> list[Document]:
+        raise NeedsServer
+
+    def running_counts(
+        self, queues: Sequence[str]
+    ) -> list[tuple[str, str | None, str | None, int]]:
+        raise NeedsServer
+
+
+def row_stamp(task: Task) -> tuple[Any, ...]:
+    """What every write of a task row changes: matching it proves the row is as cached."""
+    lease = task.lease
+    return (task.version, task.last_seq, lease.epoch, lease.owner, lease.expires_at)
+
+
+_GUARD_PARAMS = ("_version", "_last_seq", "_epoch", "_owner", "_expires")
+
+
+@functools.lru_cache(maxsize=64)
+def _append_sql(rows: int) -> str:
+    return "INSERT INTO entries (task_id, seq, kind, round, payload, created_at) VALUES " + (
+        ", ".join(["(%s, %s, %s, %s, %s, %s)"] * rows)
+    )
+
+
+@functools.cache
+def _insert_sql(cols: tuple[str, ...]) -> str:
+    return f"INSERT INTO tasks ({', '.join(cols)}) VALUES ({', '.join(f'%({k})s' for k in cols)})"
+
+
+@functools.cache
+def _update_sql(cols: tuple[str, ...], guarded: bool) -> str:
+    sets = ", ".join(f"{k} = %({k})s" for k in cols if k != "id" and k not in _GUARD_PARAMS)
+    text = f"UPDATE tasks SET {sets} WHERE id = %(id)s"
+    if guarded:
+        text += (
+            " AND version = %(_version)s AND last_seq = %(_last_seq)s"
+            " AND lease_epoch = %(_epoch)s AND lease_owner IS NOT DISTINCT FROM %(_owner)s"
+            " AND lease_expires IS NOT DISTINCT FROM %(_expires)s"
+        )
+    return text

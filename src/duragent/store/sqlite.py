@@ -11,11 +11,14 @@ commits through the wake-ups of sqlite_wake.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sqlite3
+import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -66,14 +69,23 @@ from duragent.types import (
 class _Job:
     fn: Callable[[SqliteTx], Any]
     future: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass(slots=True)
+class _BatchNotes:
+    """What a committed batch announces: whether it made work, which tasks got
+    a control request."""
+
+    work: bool = False
+    controlled: list[str] = field(default_factory=list)
 
 
 class SQLiteStore(TxWrites):
-    """Writes are grouped: every commit asked for in the same event-loop tick
-    shares one transaction (one fsync). The batch runs inline on the loop,
-    which is cheaper than a thread hand-off for a sub-millisecond write; when
-    another process holds the write lock the batch moves to a thread that
-    waits for it, so the loop never sits in a busy wait.
+    """Writes are grouped: every commit asked for while a transaction is in
+    flight (or in the same event-loop tick) shares the next transaction (one
+    fsync). At FULL, transactions run on one writer thread, so the loop never
+    waits for an fsync or for another process's write lock.
     """
 
     def __init__(
@@ -95,21 +107,22 @@ class SQLiteStore(TxWrites):
         self.jobs_done = 0
         self._writer_conn = connect(path, durability)
         self.migrated_from = migrate(self._writer_conn, path)
-        # The loop thread never waits for another process's lock: a busy BEGIN
-        # fails at once and the batch moves to a thread that waits (see _flush).
-        self._writer_conn.execute("PRAGMA busy_timeout=0")
+        # Set per batch: 0 inline (the loop never waits for another process's
+        # lock), 30 s on the writer thread (see _kick).
+        self._busy_ms = -1
+        self._full = durability == "full"
         self.schema_version = SQLITE_SCHEMA_VERSION
         self._reader_conn = connect(path, durability)
         self._pending: list[_Job] = []
-        self._flushing = False
+        self._flushing = False  # the writer thread is draining _pending
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="duragent-sqlite-writer")
         self._rows = RowCache()
         self._nums: dict[str, int] = {}  # task id -> its number in the entries table
         self._signal: ChangeSignal | None = None
         self._work_signal: ChangeSignal | None = None
         self._controls = ControlWatchers()
         self._wake = WakeUps(path)
-        self._batch_work = False  # what the running batch's committed jobs announce
-        self._batch_controlled: list[str] = []
         self._closed = False
 
     # --- lifecycle ---
@@ -123,6 +136,7 @@ class SQLiteStore(TxWrites):
         while self._pending or self._flushing:
             await asyncio.sleep(0.001)
         self._closed = True
+        await asyncio.to_thread(self._executor.shutdown)
         self._wake.close()
         self._writer_conn.close()
         self._reader_conn.close()
@@ -150,41 +164,104 @@ class SQLiteStore(TxWrites):
             raise StoreError(f"store {self.url} is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._pending.append(_Job(fn, future))
-        if not self._flushing:
+        with self._lock:
+            self._pending.append(_Job(fn, future, loop))
+            start = not self._flushing
             self._flushing = True
+        if start:
             # call_soon, not now: every coroutine already runnable in this tick
             # gets to add its commit to the same transaction.
-            loop.call_soon(self._flush)
+            loop.call_soon(self._kick)
         return await future
 
-    def _flush(self) -> None:
-        batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
-        conn = self._writer_conn
-        try:
-            conn.execute("BEGIN IMMEDIATE")  # busy_timeout is 0 on this connection
-        except sqlite3.OperationalError:
-            # Another process is writing: wait for it in a thread, not on the loop.
-            loop = asyncio.get_running_loop()
-            done = loop.run_in_executor(None, self._run_batch_blocking, batch)
-            done.add_done_callback(lambda f: self._settle_batch(batch, f.result()))
-            return
-        self._settle_batch(batch, self._run_batch(conn, batch))
+    def _kick(self) -> None:
+        """Run the next batch inline or on the writer thread.
 
-    def _run_batch_blocking(self, batch: list[_Job]) -> list[tuple[bool, Any]]:
+        Inline when nothing else could run meanwhile: without fsyncs (NORMAL)
+        a batch is a fraction of a millisecond of CPU, less than a hand-off to
+        a thread, and at FULL a lone commit with no other callback ready has
+        nobody to overlap its fsync with. Otherwise the writer thread runs it,
+        the GIL released during the fsync, so other tasks run meanwhile.
+        """
+        loop = asyncio.get_running_loop()
+        idle = len(self._pending) == 1 and not getattr(loop, "_ready", True)
+        if not self._full or idle:
+            self._flush()
+        else:
+            self._executor.submit(self._drain)
+
+    def _busy_wait(self, ms: int) -> None:
+        if self._busy_ms != ms:
+            self._writer_conn.execute(f"PRAGMA busy_timeout={ms}")
+            self._busy_ms = ms
+
+    def _flush(self) -> None:
+        """One batch on the loop; only if another process holds the write lock
+        does it go to the writer thread, which waits for the lock."""
+        with self._lock:
+            batch = self._pending[: self.max_batch]
+            del self._pending[: self.max_batch]
+        conn = self._writer_conn
+        self._busy_wait(0)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            with self._lock:
+                self._pending[:0] = batch
+            self._executor.submit(self._drain)
+            return
+        outcomes, notes = self._run_batch(conn, batch)
+        self._settle_batch(list(zip(batch, outcomes, strict=True)), notes)
+        with self._lock:
+            if not self._pending:
+                self._flushing = False
+                return
+        asyncio.get_running_loop().call_soon(self._kick)
+
+    def _drain(self) -> None:
+        """The writer thread: run batches until nothing waits. The fsync of each
+        COMMIT happens here with the GIL released, so the event loop keeps
+        running other tasks (and queueing the next batch) meanwhile; a caller
+        is answered only after its batch is durable."""
+        self._busy_wait(30000)  # here waiting for another process is the point
+        while True:
+            with self._lock:
+                batch = self._pending[: self.max_batch]
+                del self._pending[: self.max_batch]
+                if not batch:
+                    self._flushing = False
+                    return
+            notes: _BatchNotes | None = None
+            try:
+                outcomes, notes = self._run_batch_blocking(batch)
+            except BaseException as exc:  # never leave a caller waiting
+                outcomes = [(False, exc)] * len(batch)
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, tuple[bool, Any]]]] = {}
+            for job, outcome in zip(batch, outcomes, strict=True):
+                by_loop.setdefault(job.loop, []).append((job, outcome))
+            for loop, settled in by_loop.items():
+                # One wake-up per loop: each call_soon_threadsafe writes to its self-pipe.
+                # The batch is durable by now; its announcement goes with the
+                # first loop's settlement only, so other processes hear it once.
+                with contextlib.suppress(RuntimeError):  # that loop is closed
+                    loop.call_soon_threadsafe(self._settle_batch, settled, notes)
+                notes = None
+
+    def _run_batch_blocking(
+        self, batch: list[_Job]
+    ) -> tuple[list[tuple[bool, Any]], _BatchNotes | None]:
         conn = self._writer_conn
         try:
-            conn.execute("PRAGMA busy_timeout=30000")  # here waiting is the point
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            finally:
-                conn.execute("PRAGMA busy_timeout=0")
+            conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            return [(False, _translate(exc))] * len(batch)
+            return [(False, _translate(exc))] * len(batch), None
         return self._run_batch(conn, batch)
 
-    def _run_batch(self, conn: sqlite3.Connection, batch: list[_Job]) -> list[tuple[bool, Any]]:
-        """Run the jobs in the open transaction and commit.
+    def _run_batch(
+        self, conn: sqlite3.Connection, batch: list[_Job]
+    ) -> tuple[list[tuple[bool, Any]], _BatchNotes | None]:
+        """Run the jobs in the open transaction and commit; return their outcomes
+        and what the committed ones announce (None when nothing committed).
 
         Several jobs each run in a savepoint, so a refused one (stale lease,
         conflict) is undone alone; a job alone in its batch needs none: its
@@ -194,7 +271,7 @@ class SQLiteStore(TxWrites):
         outcomes: list[tuple[bool, Any]] = []
         written: dict[str, Task] = {}
         numbered: dict[str, int] = {}
-        self._batch_work, self._batch_controlled = False, []
+        notes = _BatchNotes()
         try:
             for job in batch:
                 if not alone:
@@ -212,8 +289,8 @@ class SQLiteStore(TxWrites):
                 else:
                     written.update(tx.written)
                     numbered.update(tx.new_nums)
-                    self._batch_work = self._batch_work or tx.notes.work
-                    self._batch_controlled += tx.notes.controlled
+                    notes.work = notes.work or tx.notes.work
+                    notes.controlled += tx.notes.controlled
                 if not alone:
                     conn.execute("RELEASE job")
             if conn.in_transaction:
@@ -226,21 +303,22 @@ class SQLiteStore(TxWrites):
                 conn.execute("ROLLBACK")
             self._rows.rows.clear()
             self._nums.clear()
-            self._batch_work, self._batch_controlled = False, []
             outcomes = [(False, _translate(exc))] * len(batch)
         self.batches += 1
         self.jobs_done += len(batch)
-        return outcomes
+        return outcomes, notes if any(ok for ok, _ in outcomes) else None
 
-    def _settle_batch(self, batch: list[_Job], outcomes: list[tuple[bool, Any]]) -> None:
-        for job, (ok, value) in zip(batch, outcomes, strict=True):
+    def _settle_batch(
+        self, settled: list[tuple[_Job, tuple[bool, Any]]], notes: _BatchNotes | None
+    ) -> None:
+        """Answer the callers (their batch is durable), then wake the waiters of
+        this process and, with `notes`, of the other processes on the file."""
+        for job, (ok, value) in settled:
             _settle(job.future, ok, value)
-        if any(ok for ok, _ in outcomes):
-            self._announce(self._batch_work, self._batch_controlled)
-        if self._pending:
-            asyncio.get_running_loop().call_soon(self._flush)
-        else:
-            self._flushing = False
+        if notes is not None:
+            self._announce(notes.work, notes.controlled)
+        elif any(ok for _, (ok, _) in settled):
+            self._changed().notify()
 
     # --- reads: inline; WAL readers never wait for writers ---
 

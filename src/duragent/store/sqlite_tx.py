@@ -37,7 +37,8 @@ class RowCache:
 
     def get(self, task_id: str, stamp: _Stamp) -> Task | None:
         hit = self.rows.get(task_id)
-        return hit[1].model_copy() if hit is not None and hit[0] == stamp else None
+        # Not copied: the commit algorithm never changes a row in place.
+        return hit[1] if hit is not None and hit[0] == stamp else None
 
     def put(self, task: Task) -> None:
         if len(self.rows) > 10_000:

@@ -147,10 +147,12 @@ class _Touched:
 
     def append(self, new: Iterable[NewEntry], now: datetime) -> list[Entry]:
         out = []
+        last: dict[str, int] = {}  # task id -> the last seq given here
         for e in new:
-            task = self.get(e.task_id)
-            seq = task.last_seq + 1
-            self.put(task.model_copy(update={"last_seq": seq}))
+            seq = last.get(e.task_id)
+            if seq is None:
+                seq = self.get(e.task_id).last_seq
+            seq = last[e.task_id] = seq + 1
             out.append(
                 Entry.model_construct(
                     task_id=e.task_id,
@@ -161,6 +163,8 @@ class _Touched:
                     created_at=now,
                 )
             )
+        for task_id, seq in last.items():
+            self.put(self.get(task_id).model_copy(update={"last_seq": seq}))
         return out
 
     def flush(self) -> None:

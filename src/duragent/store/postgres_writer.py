@@ -1,0 +1,352 @@
+"""The PostgreSQL store's writer: the commits of a process grouped into one transaction.
+
+Every commit asked for while a transaction is in flight (or in the same
+event-loop tick) joins the next one, so one fsync and two round trips carry
+many commits: the writes of the whole batch go in one message (BEGIN, the
+statements, pg_notify), then COMMIT. A commit whose task row this process
+wrote last needs no read: its UPDATE is guarded by the row's stamp, and a row
+someone else changed meanwhile makes the batch run again with row locks (the
+way every commit ran before). A job needing a read (a claim, a document, a
+task created elsewhere) runs on the connection inside a savepoint, so a
+refused job (stale lease, conflict) leaves its batch-mates untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import psycopg_pool
+from psycopg.errors import error_from_result
+from psycopg.generators import execute
+from psycopg.pq import ExecStatus
+
+from duragent.errors import CommitOutcomeUnknown, StoreUnavailable
+from duragent.store.postgres_notify import CHANNEL, CONTROL_CHANNEL, WORK_CHANNEL, control_payload
+from duragent.store.postgres_schema import Conn
+from duragent.store.postgres_tx import BufferedPgTx, NeedsServer, PgTx, Statement
+from duragent.types import Task
+
+Outcome = tuple[bool, Any]  # (ok, result or exception)
+
+
+@dataclass(slots=True)
+class _Job:
+    fn: Callable[[PgTx], Any]
+    future: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
+
+
+class _StaleRow(Exception):
+    """A guarded UPDATE matched no row: the cached row was changed by someone else."""
+
+
+class _Retry(Exception):
+    """The batch's transaction was lost before COMMIT was sent: run it again."""
+
+
+class PgWriter:
+    """One writer thread per store; `submit` from any event loop."""
+
+    def __init__(
+        self,
+        pool: psycopg_pool.ConnectionPool[Conn],
+        namespace: str,
+        *,
+        where: str,
+        retries: int,
+        translate: Callable[[BaseException], BaseException],
+        lost: Callable[[psycopg.Error], bool],
+        on_commit: Callable[[asyncio.AbstractEventLoop, bool], None],
+        max_batch: int = 256,
+    ) -> None:
+        self.pool = pool
+        self.namespace = namespace
+        self.where = where  # the store, as error messages name it
+        self.retries = retries
+        self.translate = translate
+        self.lost = lost
+        self.on_commit = on_commit  # (loop, work) after a batch that changed something
+        self.max_batch = max_batch
+        self.batches = 0  # transactions committed or attempted: jobs_done / batches = group size
+        self.jobs_done = 0
+        self.rows: dict[str, Task] = {}  # task rows as this process last committed them
+        self._lock = threading.Lock()
+        self._pending: list[_Job] = []
+        self._busy = False
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="duragent-pg-writer")
+
+    async def submit(self, fn: Callable[[PgTx], Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        with self._lock:
+            self._pending.append(_Job(fn, future, loop))
+            start = not self._busy
+            self._busy = True
+        if start:
+            # call_soon, not now: every coroutine already runnable in this tick
+            # gets to add its commit to the same transaction.
+            loop.call_soon(self._executor.submit, self._drain)
+        return await future
+
+    @property
+    def busy(self) -> bool:
+        return self._busy
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+    # --- the writer thread ---
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                batch = self._pending[: self.max_batch]
+                del self._pending[: self.max_batch]
+                if not batch:
+                    self._busy = False
+                    return
+            try:
+                outcomes, changed, work = self._run(batch)
+            except BaseException as exc:  # never leave a caller waiting
+                outcomes, changed, work = [(False, exc)] * len(batch), False, False
+            self.batches += 1
+            self.jobs_done += len(batch)
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, Outcome]]] = {}
+            for job, outcome in zip(batch, outcomes, strict=True):
+                by_loop.setdefault(job.loop, []).append((job, outcome))
+            for loop, settled in by_loop.items():
+                # One wake-up per loop: each call_soon_threadsafe writes to its self-pipe.
+                loop.call_soon_threadsafe(self._settle, loop, settled, changed, work)
+
+    def _settle(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        settled: list[tuple[_Job, Outcome]],
+        changed: bool,
+        work: bool,
+    ) -> None:
+        for job, (ok, value) in settled:
+            _settle(job.future, ok, value)
+        if changed:
+            self.on_commit(loop, work)
+
+    def _run(self, batch: list[_Job]) -> tuple[list[Outcome], bool, bool]:
+        """The batch's outcomes, whether it changed anything and whether it made work.
+
+        Retried like any write: whatever failed before COMMIT was sent (a lost
+        connection, a deadlock) left nothing behind. A connection lost while
+        COMMIT was in flight may or may not have committed, and is reported so.
+        """
+        attempt = 0
+        cached = True
+        while True:
+            attempt += 1
+            committing = False
+            try:
+                with self.pool.connection() as conn:
+                    try:
+                        outcomes, txs = self._attempt(conn, batch, cached)
+                        changed = any(tx.changed for tx in txs)
+                        committing = True
+                        _send(conn, _COMMIT)
+                    except BaseException:
+                        if not committing and not conn.closed:
+                            with contextlib.suppress(psycopg.Error):
+                                conn.execute("ROLLBACK")
+                        raise
+            except psycopg_pool.PoolTimeout as exc:
+                self.rows.clear()
+                busy: BaseException = StoreUnavailable(
+                    f"{self.where}: no connection available: {exc}"
+                )
+                return [(False, busy)] * len(batch), False, False
+            except _StaleRow:
+                self.rows.clear()
+                cached = False  # again, reading every row under its lock
+                continue
+            except psycopg.Error as exc:
+                self.rows.clear()
+                lost = self.lost(exc)
+                if committing and lost:
+                    err = CommitOutcomeUnknown(
+                        f"{self.where}: the connection was lost while committing; the commit "
+                        "may or may not have been applied, re-read the task to find out"
+                    )
+                    return [(False, err)] * len(batch), False, False
+                if cached and not lost and exc.sqlstate not in ("40001", "40P01"):
+                    # A statement of the batch failed: find whose, job by job.
+                    cached = False
+                    continue
+                if not (lost or exc.sqlstate in ("40001", "40P01")) or attempt > self.retries:
+                    failed = self.translate(exc)
+                    return [(False, failed)] * len(batch), False, False
+                if lost:
+                    # The pool may hold more connections the server dropped.
+                    with contextlib.suppress(Exception):
+                        self.pool.check()
+                if attempt > 1:
+                    time.sleep(min(0.05 * 2**attempt, 1.0))
+                continue
+            for tx in txs:
+                self.rows.update(tx.written)
+            if len(self.rows) > 10_000:
+                self.rows.clear()
+            return outcomes, changed, any(tx.work for tx in txs)
+
+    def _attempt(
+        self, conn: Conn, batch: list[_Job], cached: bool
+    ) -> tuple[list[Outcome], list[PgTx]]:
+        """Run the jobs in one open transaction (not yet committed)."""
+        queued: list[Statement] = [Statement("BEGIN", None, False)]
+        outcomes: list[Outcome] = []
+        txs: list[PgTx] = []
+        alone = len(batch) == 1
+        written: dict[str, Task] = {}  # rows as earlier jobs of this batch left them
+
+        def row(task_id: str) -> Task | None:
+            return written.get(task_id) or self.rows.get(task_id)
+
+        for job in batch:
+            if cached:
+                btx = BufferedPgTx(self.namespace, row)
+                try:
+                    value = job.fn(btx)
+                except NeedsServer:
+                    pass  # run it on the connection, below
+                except Exception as exc:  # refused before writing anything...
+                    if not btx.based_on:
+                        outcomes.append((False, exc))
+                        continue
+                    # ...but judged on this process's copy of a row, which another
+                    # process may have changed since: ask the row as stored.
+                else:
+                    queued += btx.statements
+                    written.update(btx.written)
+                    outcomes.append((True, value))
+                    txs.append(btx)
+                    continue
+            _send(conn, queued)
+            queued = []
+            tx = PgTx(conn, self.namespace)
+            if not alone:
+                conn.execute("SAVEPOINT job")
+            try:
+                value = job.fn(tx)
+            except psycopg.Error as exc:
+                if alone or self.lost(exc) or exc.sqlstate in ("40001", "40P01"):
+                    raise  # the whole batch is retried or fails
+                conn.execute("ROLLBACK TO SAVEPOINT job")
+                outcomes.append((False, self.translate(exc)))
+            except Exception as exc:
+                if alone:
+                    # Nothing else to keep: report the refusal, write nothing.
+                    conn.execute("ROLLBACK")
+                    conn.execute("BEGIN")
+                else:
+                    conn.execute("ROLLBACK TO SAVEPOINT job")
+                outcomes.append((False, exc))
+            else:
+                if not alone:
+                    conn.execute("RELEASE SAVEPOINT job")
+                written.update(tx.written)
+                outcomes.append((True, value))
+                txs.append(tx)
+        if any(tx.changed for tx in txs):
+            # Delivered by the server only if and when this commits.
+            channel = WORK_CHANNEL if any(tx.work for tx in txs) else CHANNEL
+            queued.append(Statement("SELECT pg_notify(%s, %s)", (channel, self.namespace), False))
+        for tx in txs:
+            # One per control request, delivered only if and when this commits,
+            # in commit order, to the listener of the task's owning worker.
+            for task_id in tx.notes.controlled:
+                payload = control_payload(self.namespace, task_id)
+                queued.append(
+                    Statement("SELECT pg_notify(%s, %s)", (CONTROL_CHANNEL, payload), False)
+                )
+        _send(conn, queued)
+        return outcomes, txs
+
+
+_COMMIT = [Statement("COMMIT", None, False)]
+
+
+def _send(conn: Conn, statements: list[Statement]) -> None:
+    """Send the statements as one message (one round trip, parameters bound on
+    this side); a guarded UPDATE must have matched exactly one row."""
+    if not statements:
+        return
+    # Literals are written here only where the server reads '...' as plain text.
+    plain = conn.pgconn.parameter_status(b"standard_conforming_strings") == b"on"
+    text = ";".join(_bind(conn, st, plain) for st in statements)
+    # Straight to libpq: psycopg's cursor machinery costs more than the commit.
+    with conn.lock:
+        conn.pgconn.send_query(text.encode())
+        results = conn.wait(execute(conn.pgconn))
+    counts = []
+    for res in results:
+        if res.status == ExecStatus.FATAL_ERROR:
+            raise error_from_result(res, encoding=conn.info.encoding)
+        counts.append(res.command_tuples)
+    if any(st.guard and n != 1 for st, n in zip(statements, counts, strict=False)):
+        raise _StaleRow
+
+
+def _bind(conn: Conn, st: Statement, plain: bool) -> str:
+    """The statement with its parameters as SQL literals.
+
+    The writer's statements carry only str, int, bool, None and aware
+    datetimes, written here directly (psycopg's general adaptation costs more
+    than the rest of a commit); anything else goes through psycopg.
+    """
+    params = st.params
+    if params is None:
+        return st.query
+    if not plain:
+        return str(psycopg.ClientCursor(conn).mogrify(st.query, params))
+    try:
+        if isinstance(params, dict):
+            return st.query % {k: _literal(v) for k, v in params.items()}
+        return st.query % tuple(_literal(v) for v in params)
+    except _NotPlain:
+        return str(psycopg.ClientCursor(conn).mogrify(st.query, params))
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _literal(value: Any) -> str:
+    kind = type(value)
+    if kind is str:
+        if "\x00" in value:
+            raise _NotPlain  # let psycopg refuse it with its own error
+        # standard_conforming_strings is on (the default since PostgreSQL 9.1):
+        # inside '...' only the quote itself is special.
+        return "'" + str(value).replace("'", "''") + "'"
+    if value is None:
+        return "NULL"
+    if kind is int:
+        return str(value)
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is datetime and value.tzinfo is not None:
+        return "'" + str(value.isoformat()) + "'::timestamptz"
+    raise _NotPlain
+
+
+def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    if future.done():
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)

@@ -1,0 +1,245 @@
+"""Commits grouped into shared transactions: what each caller sees is still its own commit.
+
+The SQLite (FULL) and PostgreSQL writers run batches on a writer thread and
+answer each caller once its batch is durable; the PostgreSQL writer writes
+rows it committed last without reading them again, guarded by the row's
+stamp. These tests hold the behaviour those shortcuts must keep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from conftest import drop_schema, require_postgres
+from duragent.errors import Conflict, StaleLease
+from duragent.store import Commit, TaskPatch
+from duragent.store.base import Store, apply_patch
+from duragent.store.postgres import PostgresStore
+from duragent.store.sqlite import SQLiteStore
+from duragent.types import EntryKind, NewEntry, Task, TaskStatus, Usage, utcnow
+
+
+def progress(task_id: str, text: str) -> NewEntry:
+    return NewEntry(task_id=task_id, kind=EntryKind.PROGRESS, payload={"text": text})
+
+
+async def claimed(store: Store, worker: str = "w1") -> Task:
+    await store.create_task(Task(agent="a"))
+    task = await store.claim_task(worker)
+    assert task is not None
+    return task
+
+
+# --- every store -------------------------------------------------------------
+
+
+async def test_commits_made_together_each_land_once_in_order(store: Store) -> None:
+    tasks = [await claimed(store, f"w{i}") for i in range(5)]
+    results = await asyncio.gather(
+        *(
+            store.commit(Commit(entries=[progress(t.id, f"{t.id} {n}")], fence={t.id: 1}))
+            for n in range(4)
+            for t in tasks
+        )
+    )
+    assert len(results) == 20
+    for t in tasks:
+        texts = [e.payload["text"] for e in await store.entries(t.id, kinds=[EntryKind.PROGRESS])]
+        assert texts == [f"{t.id} {n}" for n in range(4)]
+        assert (await store.get_task(t.id)).last_seq == 1 + 4  # the claim's status entry + 4
+
+
+async def test_a_refused_commit_leaves_its_batch_mates_untouched(store: Store) -> None:
+    good, bad = await claimed(store, "w1"), await claimed(store, "w2")
+    ok, stale, conflict = await asyncio.gather(
+        store.commit(Commit(entries=[progress(good.id, "kept")], fence={good.id: 1})),
+        store.commit(Commit(entries=[progress(bad.id, "lost")], fence={bad.id: 7})),
+        store.commit(
+            Commit(
+                entries=[progress(bad.id, "lost too")],
+                patches=[TaskPatch(bad.id, {"iterations": 1}, expect_version=99)],
+            )
+        ),
+        return_exceptions=True,
+    )
+    assert not isinstance(ok, BaseException)
+    assert isinstance(stale, StaleLease)
+    assert isinstance(conflict, Conflict)
+    kept = await store.entries(good.id, kinds=[EntryKind.PROGRESS])
+    assert [e.payload["text"] for e in kept] == ["kept"]
+    assert await store.entries(bad.id, kinds=[EntryKind.PROGRESS]) == []
+    assert (await store.get_task(bad.id)).iterations == 0
+
+
+async def test_text_with_quotes_backslashes_and_unicode_round_trips(store: Store) -> None:
+    task = await claimed(store)
+    tricky = "it's a \\'quote\\' \\\\ back\\slash; DROP TABLE tasks; --"
+    tricky += " é 日本 \U0001f600 $$ %s %(x)s"
+    await store.commit(
+        Commit(
+            entries=[progress(task.id, tricky)],
+            patches=[TaskPatch(task.id, {"context": {"k'": tricky}, "error": tricky})],
+            fence={task.id: 1},
+        )
+    )
+    [entry] = await store.entries(task.id, kinds=[EntryKind.PROGRESS])
+    assert entry.payload["text"] == tricky
+    row = await store.get_task(task.id)
+    assert row.context == {"k'": tricky}
+    assert row.error == tricky
+
+
+async def test_patch_values_are_stored_as_their_field_types(store: Store) -> None:
+    task = await claimed(store)
+    result = await store.commit(
+        Commit(
+            patches=[
+                TaskPatch(
+                    task.id,
+                    {
+                        "status": "waiting",
+                        "status_reason": "input",
+                        "usage": {"input_tokens": 3, "output_tokens": 4},
+                        "wake_at": "2030-01-01T00:00:00+00:00",
+                    },
+                )
+            ],
+            fence={task.id: 1},
+        )
+    )
+    row = result.tasks[task.id]
+    assert row.status is TaskStatus.WAITING
+    assert row.usage == Usage(input_tokens=3, output_tokens=4)
+    assert row.wake_at is not None and row.wake_at.year == 2030
+    again = await store.get_task(task.id)
+    assert again.status is TaskStatus.WAITING and again.usage == row.usage
+
+
+def test_apply_patch_validates_values_not_of_their_field_type() -> None:
+    task = Task(agent="a", status=TaskStatus.RUNNING)
+    patched, _ = apply_patch(task, TaskPatch(task.id, {"iterations": "3"}), utcnow())
+    assert patched.iterations == 3 and type(patched.iterations) is int
+    with pytest.raises(ValueError):
+        apply_patch(task, TaskPatch(task.id, {"iterations": "three"}), utcnow())
+    assert task.iterations == 0  # the row it started from is unchanged
+
+
+# --- SQLite at FULL: batches on the writer thread ------------------------------------
+
+
+async def test_sqlite_full_groups_concurrent_commits_into_shared_transactions(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(str(tmp_path / "s.db"), durability="full")
+    try:
+        tasks = [await claimed(store, f"w{i}") for i in range(20)]
+        before = store.batches, store.jobs_done
+        await asyncio.gather(
+            *(store.commit(Commit(entries=[progress(t.id, "x")], fence={t.id: 1})) for t in tasks)
+        )
+        batches, jobs = store.batches - before[0], store.jobs_done - before[1]
+        assert jobs == 20
+        assert batches < jobs  # made in one tick: they shared transactions (fsyncs)
+    finally:
+        await store.close()
+
+
+# --- PostgreSQL: grouped, and rows written from this process's copy --------------------
+
+
+@pytest.fixture
+async def pg_pair() -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
+    url = require_postgres()
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    a = PostgresStore(url, schema=schema)
+    b = PostgresStore(url, schema=schema)  # another process, as far as `a` can tell
+    try:
+        yield a, b
+    finally:
+        await a.close()
+        await b.close()
+        drop_schema(schema)
+
+
+@pytest.mark.postgres
+async def test_postgres_groups_concurrent_commits_into_shared_transactions(
+    pg_pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    store, _ = pg_pair
+    tasks = [await claimed(store, f"w{i}") for i in range(20)]
+    before = store.batches, store.jobs_done
+    await asyncio.gather(
+        *(store.commit(Commit(entries=[progress(t.id, "x")], fence={t.id: 1})) for t in tasks)
+    )
+    assert store.jobs_done - before[1] == 20
+    assert store.batches - before[0] < 20
+
+
+@pytest.mark.postgres
+async def test_postgres_row_changed_elsewhere_is_reread_not_overwritten(
+    pg_pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    a, b = pg_pair
+    task = await claimed(a)
+    await a.commit(Commit(entries=[progress(task.id, "1")], fence={task.id: 1}))  # a's copy
+    # Another process changes the row: a control request and a renewed lease.
+    await b.commit(Commit(patches=[TaskPatch(task.id, {"control": {"action": "pause"}})]))
+    renewed = await b.renew_lease(task.id, "w1", 1, 120)
+    result = await a.commit(
+        Commit(
+            entries=[progress(task.id, "2")],
+            patches=[TaskPatch(task.id, {"iterations": 1})],
+            fence={task.id: 1},
+        )
+    )
+    row = result.tasks[task.id]
+    assert row.control == {"action": "pause"}  # b's change survived a's write
+    assert row.lease.expires_at == renewed.lease.expires_at
+    assert row.iterations == 1
+    stored = await b.get_task(task.id)
+    assert stored.control == {"action": "pause"} and stored.iterations == 1
+    assert stored.last_seq == row.last_seq == 3  # the claim, "1", "2": none lost
+    texts = [e.payload["text"] for e in await b.entries(task.id, kinds=[EntryKind.PROGRESS])]
+    assert texts == ["1", "2"]
+
+
+@pytest.mark.postgres
+async def test_postgres_takeover_elsewhere_fences_this_process(
+    pg_pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """A stale owner writing from its copy of the row must still be refused."""
+    a, b = pg_pair
+    task = await claimed(a)
+    await a.commit(Commit(entries=[progress(task.id, "mine")], fence={task.id: 1}))
+    # The lease is taken over by another process (an expired lease, claimed again).
+    await b.commit(Commit(patches=[TaskPatch(task.id, {"status": TaskStatus.PENDING})]))
+    taken = await b.claim_task("w2", task_id=task.id)
+    assert taken is not None and taken.lease.epoch == 2
+    with pytest.raises(StaleLease):
+        await a.commit(Commit(entries=[progress(task.id, "zombie")], fence={task.id: 1}))
+    texts = [e.payload["text"] for e in await b.entries(task.id, kinds=[EntryKind.PROGRESS])]
+    assert texts == ["mine"]
+
+
+@pytest.mark.postgres
+async def test_postgres_checks_run_against_the_row_as_stored_not_this_process_copy(
+    pg_pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """A commit expecting the version another process wrote succeeds; one expecting
+    this process's older copy is refused (the answer to a waiting task, say)."""
+    a, b = pg_pair
+    task, _ = await a.create_task(Task(agent="a"))  # a's copy: version 0
+    moved = await b.commit(Commit(patches=[TaskPatch(task.id, {"iterations": 5})]))
+    now = moved.tasks[task.id].version
+    result = await a.commit(
+        Commit(patches=[TaskPatch(task.id, {"iterations": 6}, expect_version=now)])
+    )
+    assert result.tasks[task.id].iterations == 6
+    with pytest.raises(Conflict):
+        await a.commit(Commit(patches=[TaskPatch(task.id, {"iterations": 7}, expect_version=0)]))
+    assert (await b.get_task(task.id)).iterations == 6
