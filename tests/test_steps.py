@@ -197,7 +197,15 @@ async def test_a_recorded_failure_is_raised_again_after_a_crash(store: Store) ->
 
     first = Runtime(store, agents=[agent()], lease_ttl=1.0, poll_interval=0.1)
     sub = await first.submit("shop", "buy")
-    await first.wait(sub.task_id, timeout=20, until=lambda t: t.last_seq >= 5 and bool(ran))
+
+    async def failure_recorded() -> None:  # committed, not merely raised
+        while not any(
+            e.payload.get("type") == "step" and e.payload.get("error")
+            for e in await store.entries(sub.task_id, kinds=[EntryKind.CHECKPOINT])
+        ):
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(failure_recorded(), 20)
     await first.close(graceful=False)
     async with Runtime(store, agents=[agent()], lease_ttl=1.0, poll_interval=0.1) as second:
         task = await second.wait(sub.task_id, timeout=30)
