@@ -59,6 +59,14 @@ async def test_schedules_are_per_user(client: httpx.AsyncClient) -> None:  # noq
     assert_problem(r, 400, "Bad request")
     r = await client.post("/v1/schedules", json={**body, "every": 5}, headers=auth("alice"))
     assert_problem(r, 400, "Bad request")  # cron and every
+    # Periods past any calendar and unbounded priorities are refused, not a 500.
+    huge = {**body, "cron": None, "every": 4.3e270}
+    r = await client.post("/v1/schedules", json=huge, headers=auth("alice"))
+    assert_problem(r, 422, "Validation error")
+    r = await client.post(
+        "/v1/schedules", json={**body, "priority": -480261301}, headers=auth("alice")
+    )
+    assert_problem(r, 422, "Validation error")
     assert [
         s["name"]
         for s in (await client.get("/v1/schedules", headers=auth("alice"))).json()["schedules"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import duragent
 from duragent import Runtime
 from duragent.store.sqlite import SQLiteStore
 from duragent.store.sqlite_wake import WakeUps
@@ -158,7 +159,9 @@ async def test_no_wake_folder_for_a_database_that_is_no_plain_file(
 
 
 def test_the_demo_removes_its_wake_folder_with_its_store(tmp_path: Path) -> None:
-    env = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": os.environ["PYTHONPATH"]}
+    # The duragent under test, wherever it is imported from (a checkout or a worktree).
+    src = str(Path(duragent.__file__).resolve().parents[1])
+    env = {"COLUMNS": "200", "PATH": "/usr/bin:/bin", "PYTHONPATH": src}
     done = subprocess.run(
         [sys.executable, "-m", "duragent", "demo", "--no-crash"],
         cwd=tmp_path,

@@ -52,11 +52,13 @@ class ScheduleCreate(BaseModel):
     agent: _NAME
     input: Any = None
     cron: str | None = Field(None, max_length=200, description="5 fields, UTC.")
-    every: float | None = Field(None, gt=0, strict=False, description="Seconds between ticks.")
+    every: float | None = Field(
+        None, gt=0, le=10 * 365 * 86400, strict=False, description="Seconds between ticks."
+    )
     overlap: Literal["skip", "queue", "allow"] = "skip"
     queue: str | None = Field(None, max_length=200)
-    priority: int = 0
-    metadata: dict[str, Any] | None = None
+    priority: int = Field(0, ge=-1000, le=1000, description="Higher is claimed first.")
+    metadata: dict[str, str | int | float | bool] | None = Field(None, max_length=32)
     start_at: datetime | None = Field(None, strict=False, description="ISO 8601, with a zone.")
 
     _times_are_text = field_validator("start_at", mode="before")(iso_time_only)
