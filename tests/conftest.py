@@ -63,8 +63,18 @@ def drop_schema(schema: str) -> None:
     import psycopg
     from psycopg import sql
 
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    drop = sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+    # A server or worker may still be using the schema: PostgreSQL can then pick
+    # the DROP as a deadlock's victim. That is the test's cleanup losing a race,
+    # not a result: try again (a few times, then let it fail).
+    for attempt in range(5):
+        try:
+            with psycopg.connect(PG_URL, autocommit=True) as conn:
+                conn.execute(drop)
+            return
+        except psycopg.errors.DeadlockDetected:
+            if attempt == 4:
+                raise
 
 
 async def _postgres(tmp_path: Path) -> Store:
