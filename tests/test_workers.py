@@ -64,7 +64,12 @@ async def test_three_workers_200_tasks_one_sigkilled(
 ) -> None:
     ledger = tmp_path / "ledger.txt"
     ids = [(await rt.submit("sleeper", f"task {i}")).task_id for i in range(200)]
-    for _ in range(3):
+    # The victim blocks inside its first unsafe tool call, so it surely has
+    # tasks in flight when it dies, however fast the other two are.
+    victim = WorkerProc(url_of(rt), ttl=2.0, concurrency=80, LEDGER=str(ledger), HOLD="nap")
+    workers.append(victim)
+    held = (await victim.wait_output("AT nap ")).split()[2]
+    for _ in range(2):
         workers.append(WorkerProc(url_of(rt), ttl=2.0, concurrency=80, LEDGER=str(ledger)))
 
     async def completed() -> int:
@@ -73,7 +78,6 @@ async def test_three_workers_200_tasks_one_sigkilled(
 
     while await completed() < 30:
         await asyncio.sleep(0.05)
-    victim = workers[0]
     victim.signal(signal.SIGKILL)
     victim.proc.wait(10)
 
@@ -89,7 +93,7 @@ async def test_three_workers_200_tasks_one_sigkilled(
     )
     assert starts and max(starts.values()) == 1, "an unsafe tool ran twice"
     taken_over = [t for t in tasks if t.restarts > 0]
-    assert taken_over, "the killed worker had tasks in flight; someone must have taken them over"
+    assert held in {t.id for t in taken_over}, "the killed worker's task was not taken over"
     for t in taken_over:
         claims = await rt.store.entries(t.id, kinds=[EntryKind.STATUS])
         assert any(e.payload.get("takeover") for e in claims)
