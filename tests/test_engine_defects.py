@@ -33,7 +33,7 @@ async def test_a_sync_tool_updates_state_without_error_or_warning(store: Store) 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         async with Runtime(store, agents=[agent]) as rt:
-            task = await (await rt.submit("a", "x")).wait(10)
+            task = await (await rt.submit("a", "x")).wait(30)
             view = await rt.messages(task.id)
         gc.collect()  # an un-awaited coroutine warns when it is collected
     assert [m.content for m in view if isinstance(m, ToolMessage)] == ["noted"]
@@ -49,7 +49,7 @@ async def test_status_hook_reports_every_change_from_pending_to_completed(store:
     async with Runtime(
         store, agents=[agent], on_status_change=lambda t, a, b: seen.append((a.value, b.value))
     ) as rt:
-        await (await rt.submit("a", "x")).wait(10)
+        await (await rt.submit("a", "x")).wait(30)
     assert seen == [("pending", "running"), ("running", "completed")]
 
 
@@ -63,7 +63,7 @@ async def test_a_task_no_worker_can_run_is_blocked_after_the_grace_period(store:
     lost = await _pending(store, "nobody-knows-me")
     agent = Agent(name="known", model=ScriptedModel(["fine"]))
     async with Runtime(store, agents=[agent], missing_agent_grace=0.2) as rt:
-        done = await (await rt.submit("known", "x")).wait(10)
+        done = await (await rt.submit("known", "x")).wait(30)
         task = await rt.wait(lost, timeout=30, until=lambda t: t.status is TaskStatus.BLOCKED)
         ui = await rt.ui_messages(lost)
     assert done.status is TaskStatus.COMPLETED  # the known agent's task is not held up
@@ -97,7 +97,7 @@ async def test_a_live_worker_that_knows_the_agent_keeps_its_task_unblocked(store
     job = asyncio.ensure_future(worker_b.run())
     try:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
+        deadline = loop.time() + 30
         while "b" not in await served_agents(store) or not worker_b.runners:
             assert loop.time() < deadline, "worker B did not start"
             await asyncio.sleep(0.01)

@@ -182,7 +182,7 @@ async def test_rounds_with_parallel_tool_calls_complete_and_count_tokens(
     async def meet() -> None:
         # Each of the three calls of round 1 waits for the other two: run one at a
         # time, the first would wait alone and fail.
-        await asyncio.wait_for(together.wait(), 10)
+        await asyncio.wait_for(together.wait(), 30)
 
     @tool(replay="safe")
     async def get_weather(city: str) -> str:

@@ -63,7 +63,7 @@ async def test_retry_continues_a_failed_task_keeping_its_completed_rounds(store:
     agent = agent_failing_once(ran)
     async with Runtime(store, agents=[agent]) as rt:
         sub = await rt.submit("a", "go", owner="alice")
-        failed = await sub.wait(10)
+        failed = await sub.wait(30)
         assert failed.status is TaskStatus.FAILED and "refused" in (failed.error or "")
         retried = await rt.retry(sub.task_id, owner="alice")
         assert retried.status is TaskStatus.PENDING and retried.error is None
@@ -96,7 +96,7 @@ async def test_retry_recovers_the_interrupted_round_by_the_recovery_table(store:
 
     async with Runtime(store, agents=[agent], trace=trace) as rt:
         sub = await rt.submit("a", "go")
-        failed = await sub.wait(10)
+        failed = await sub.wait(30)
         assert failed.status is TaskStatus.FAILED and "worker hit a bug" in (failed.error or "")
         results = [e for e in await store.entries(failed.id) if e.kind is EntryKind.TOOL_RESULT]
         assert results == [] and ran == []  # both calls have an intent and no result
@@ -118,7 +118,7 @@ async def test_only_a_failed_task_of_the_caller_can_be_retried(store: Store) -> 
     agent = Agent(name="a", model=ScriptedModel(["ok"]), plan_tool=False)
     async with Runtime(store, agents=[agent]) as rt:
         sub = await rt.submit("a", "go", owner="alice")
-        done = await sub.wait(10)
+        done = await sub.wait(30)
         assert done.status is TaskStatus.COMPLETED
         with pytest.raises(InvalidTransition, match="only a failed task can be retried"):
             await rt.retry(done.id)

@@ -276,7 +276,7 @@ async def test_a_rolled_back_round_is_shown_voided_and_never_copied(store: Store
             while (runner := rt.worker.runner(sub.task_id)) is None or runner.control is None:
                 await asyncio.sleep(0.01)
 
-        await asyncio.wait_for(requested(), 10)
+        await asyncio.wait_for(requested(), 30)
         release.set()
         paused = await asyncio.wait_for(pausing, 20)
         assert paused.status is TaskStatus.PAUSED and paused.iterations == 1

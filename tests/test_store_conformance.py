@@ -508,7 +508,7 @@ async def test_wait_for_change_waits_for_a_commit_then_wakes(store: Store) -> No
     done, _ = await asyncio.wait({waiter}, timeout=1.0)
     assert not done, "wait_for_change returned though nothing was committed"
     await store.commit(Commit(entries=[ui(task.id, "x")]))
-    await asyncio.wait_for(waiter, 10)
+    await asyncio.wait_for(waiter, 30)
 
 
 async def test_renew_leases_renews_all_in_one_call_and_reports_the_lost(store: Store) -> None:
@@ -571,21 +571,21 @@ async def test_watch_controls_is_told_the_task_a_control_request_was_set_on(
         if getattr(store, "listening", None) is False and store.url.startswith("postgres"):
             # Its notices come through LISTEN even from this process: wait until
             # the listener is in place, as the worker's heartbeat covers the gap.
-            await asyncio.wait_for(listening.wait(), 10)
+            await asyncio.wait_for(listening.wait(), 30)
         c = await store.claim_task("w1", task_id=task.id, ttl=60)
         assert c is not None
         await store.commit(Commit(entries=[ui(other.id, "not a control request")]))
         assert told == []
         control = {"action": "abort", "rollback": False, "reason": "enough"}
         await store.commit(Commit(patches=[TaskPatch(task.id, {"control": control})]))
-        await asyncio.wait_for(arrived.wait(), 10)
+        await asyncio.wait_for(arrived.wait(), 30)
         assert told == [task.id]
         # The owner's own commits keep the request on the row: no second notice
         # (notices arrive in commit order, so the next one proves none came).
         arrived.clear()
         await store.commit(Commit(fence={task.id: c.lease.epoch}, entries=[ui(task.id, "x")]))
         await store.commit(Commit(patches=[TaskPatch(other.id, {"control": control})]))
-        await asyncio.wait_for(arrived.wait(), 10)
+        await asyncio.wait_for(arrived.wait(), 30)
         assert told == [task.id, other.id]
     finally:
         stop()

@@ -76,7 +76,9 @@ async def test_three_workers_200_tasks_one_sigkilled(
         page = await rt.list(status=TaskStatus.COMPLETED, limit=1000)
         return len(page.tasks)
 
+    deadline = asyncio.get_running_loop().time() + 120
     while await completed() < 30:
+        assert asyncio.get_running_loop().time() < deadline, "30 tasks not done within 120 s"
         await asyncio.sleep(0.05)
     victim.signal(signal.SIGKILL)
     victim.proc.wait(10)
@@ -104,9 +106,13 @@ async def test_three_workers_200_tasks_one_sigkilled(
 async def test_zombie_worker_writes_nothing_after_takeover(
     rt: Runtime, workers: list[WorkerProc], tmp_path: Path
 ) -> None:
-    ledger = tmp_path / "ledger.txt"
+    ledger, release = tmp_path / "ledger.txt", tmp_path / "release"
     sub = await rt.submit("sleeper", "zombie")
-    zombie = WorkerProc(url_of(rt), ttl=1.0, LEDGER=str(ledger), HOLD="nap_safe", HOLD_SECONDS="2")
+    # Held until the heir has finished: stopped inside its tool, however slowly the
+    # test gets to SIGSTOP it, and it tries to go on only once it lost the task.
+    zombie = WorkerProc(
+        url_of(rt), ttl=1.0, LEDGER=str(ledger), HOLD="nap_safe", HOLD_UNTIL=str(release)
+    )
     workers.append(zombie)
     await zombie.wait_output("AT nap_safe")
     zombie.signal(signal.SIGSTOP)
@@ -119,6 +125,7 @@ async def test_zombie_worker_writes_nothing_after_takeover(
     workers.append(heir)
     task = await until(rt, sub.task_id, lambda t: t.status is TaskStatus.COMPLETED)
     before = [e.model_dump_json() for e in await rt.store.entries(sub.task_id)]
+    release.touch()
     zombie.signal(signal.SIGCONT)
     await zombie.wait_output("abandon", stream="err", timeout=30)
     zombie.signal(signal.SIGTERM)
@@ -194,7 +201,7 @@ async def test_worker_never_claims_agents_it_does_not_know(tmp_path: Path) -> No
         foreign = await submitter.submit("sleeper", "not for you")
         async with Runtime(url, agents=chat_only) as rt:
             mine = await rt.submit("chat", "hello")
-            assert (await mine.wait(10)).status is TaskStatus.COMPLETED
+            assert (await mine.wait(30)).status is TaskStatus.COMPLETED
             assert (await rt.get(foreign.task_id)).status is TaskStatus.PENDING
             assert rt.worker is not None and rt.worker.claimed == 1
 
@@ -203,10 +210,13 @@ async def test_timer_fires_after_every_process_restarted(
     rt: Runtime, workers: list[WorkerProc]
 ) -> None:
     sub = await rt.submit("timer", "wake me")
-    first = WorkerProc(url_of(rt), ttl=1.0, TIMER_SECONDS="2")
+    # The only process that could fire the timer is killed well before it is due
+    # (the timer's length is the safety net: the kill follows the wait at once).
+    first = WorkerProc(url_of(rt), ttl=1.0, TIMER_SECONDS="6")
     workers.append(first)
     waiting = await until(rt, sub.task_id, lambda t: t.status is TaskStatus.WAITING)
     assert waiting.status_reason == "timer" and waiting.wake_at is not None
+    assert datetime.now(UTC) < waiting.wake_at, "the timer was due before the kill"
     first.signal(signal.SIGKILL)
     first.proc.wait(10)
     assert (await rt.get(sub.task_id)).status is TaskStatus.WAITING  # nobody is sleeping on it
@@ -275,7 +285,7 @@ async def test_ask_user_waits_for_an_answer(rt: Runtime, workers: list[WorkerPro
 
 async def test_chat_continuation_is_not_resumption(tmp_path: Path) -> None:
     async with Runtime(f"sqlite:///{tmp_path}/c.db", agents=AGENTS) as rt:
-        first = await (await rt.submit("chat", "hello", session_id="s1", owner="u")).wait(10)
+        first = await (await rt.submit("chat", "hello", session_id="s1", owner="u")).wait(30)
         assert first.output == "I have heard 1 messages: hello"
         cont = await rt.submit("chat", "again", session_id="s1", owner="u", continue_session=True)
         second = await cont.wait(10)
@@ -289,7 +299,7 @@ async def test_chat_continuation_is_not_resumption(tmp_path: Path) -> None:
             "AssistantMessage",
         ]
         assert view[1].content == first.output  # type: ignore[union-attr]
-        fresh = await (await rt.submit("chat", "new topic", session_id="s1", owner="u")).wait(10)
+        fresh = await (await rt.submit("chat", "new topic", session_id="s1", owner="u")).wait(30)
         assert fresh.output == "I have heard 1 messages: new topic"
         # The first task's own log is untouched by the continuation.
         assert len(await rt.model_view(first.id)) == 2
@@ -298,14 +308,19 @@ async def test_chat_continuation_is_not_resumption(tmp_path: Path) -> None:
 async def test_parent_pause_and_abort_reach_the_child(
     tmp_path: Path, workers: list[WorkerProc]
 ) -> None:
-    url = f"sqlite:///{tmp_path}/g.db"
+    url, release = f"sqlite:///{tmp_path}/g.db", tmp_path / "release"
     async with Runtime(url, agents=AGENTS, run_worker=False) as rt:
         sub = await rt.submit("parent", "delegate")
-        w = WorkerProc(url, ttl=2.0, HOLD="nap", HOLD_SECONDS="0.5")
+        # The child's tool is held until the pause is on the child's row, so the
+        # child cannot finish first, however slowly the pause gets there.
+        w = WorkerProc(url, ttl=2.0, HOLD="nap", HOLD_UNTIL=str(release), TOOL_GRACE="600")
         workers.append(w)
         await w.wait_output("AT nap")
         child = (await rt.tree(sub.task_id)).children[0].task
-        paused = await rt.pause(sub.task_id)
+        pausing = asyncio.ensure_future(rt.pause(sub.task_id))
+        await until(rt, child.id, lambda t: t.control is not None)
+        release.touch()
+        paused = await asyncio.wait_for(pausing, 60)
         assert paused.status is TaskStatus.PAUSED
         child = await until(rt, child.id, lambda t: t.status is not TaskStatus.RUNNING)
         assert child.status is TaskStatus.PAUSED
@@ -318,9 +333,11 @@ async def test_parent_pause_and_abort_reach_the_child(
         done = await until(rt, sub.task_id, lambda t: t.status.terminal)
         assert done.status is TaskStatus.COMPLETED
 
+        release.unlink()  # the next child's tool is held again: it is aborted inside it
         second = await rt.submit("parent", "delegate again")
         await until(rt, second.task_id, lambda t: t.status is TaskStatus.WAITING)
         kid = (await rt.tree(second.task_id)).children[0].task
+        await w.wait_output(f"AT nap {kid.id}")
         aborted = await rt.abort(second.task_id)
         assert aborted.status is TaskStatus.ABORTED
         kid = await until(rt, kid.id, lambda t: t.status.terminal)
@@ -330,12 +347,18 @@ async def test_parent_pause_and_abort_reach_the_child(
 async def test_sigterm_finishes_the_running_tool_and_hands_the_task_back(
     rt: Runtime, workers: list[WorkerProc], tmp_path: Path
 ) -> None:
-    ledger = tmp_path / "ledger.txt"
+    ledger, release = tmp_path / "ledger.txt", tmp_path / "release"
     sub = await rt.submit("sleeper", "graceful")
-    first = WorkerProc(url_of(rt), ttl=30.0, LEDGER=str(ledger), HOLD="nap", HOLD_SECONDS="0.5")
+    first = WorkerProc(
+        url_of(rt), ttl=30.0, LEDGER=str(ledger), HOLD="nap", HOLD_UNTIL=str(release)
+    )
     workers.append(first)
     await first.wait_output("AT nap")
     first.signal(signal.SIGTERM)
+    # The tool ends only once the worker is stopping: it cannot go on to the
+    # next round first, however late the signal arrives.
+    await first.wait_output("stopping:", stream="err")
+    release.touch()
     assert first.proc.wait(30) == 0
     task = await rt.get(sub.task_id)
     # The tool finished within the grace period, its result was committed, and the

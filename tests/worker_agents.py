@@ -3,7 +3,9 @@
 Tools append to the ledger file named by $LEDGER (one fsync'd line per
 execution) so tests can count side effects. $HOLD=<tool name> makes that tool
 print `AT <tool>` and block on its first attempt (for $HOLD_SECONDS, or until
-the file $HOLD_UNTIL exists), for a test to kill or stop the process there.
+the file $HOLD_UNTIL exists), for a test to kill or stop the process there;
+$HOLD_ONCE=1 holds only the first such call of the process (one task surely in
+flight, the others run as usual).
 $DROP_TOOLS removes tools from the agents (a later deploy that lost a
 definition). $TOOL_GRACE sets how long a pause waits for tools.
 """
@@ -30,9 +32,15 @@ def ledger(line: str) -> None:
         os.close(fd)
 
 
+_held: list[str] = []  # task ids held so far in this process (for $HOLD_ONCE)
+
+
 async def hold(name: str, ctx: ToolContext) -> None:
     every = os.environ.get("HOLD_EVERY") == "1"
+    if _held and os.environ.get("HOLD_ONCE") == "1":
+        return
     if os.environ.get("HOLD") == name and (ctx.attempt == 1 or every):
+        _held.append(ctx.task_id)
         print(f"AT {name} {ctx.task_id}", flush=True)
         release = os.environ.get("HOLD_UNTIL")
         if release:  # until the test creates this file

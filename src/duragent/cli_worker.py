@@ -14,6 +14,8 @@ import typer
 from duragent.cli import app, import_from_cwd
 from duragent.runtime.agent import Agent
 
+log = logging.getLogger(__name__)
+
 
 def load_agents(spec: str) -> list[Agent]:
     """`module:attr` naming an Agent, a list of Agents, or a function returning either;
@@ -66,6 +68,7 @@ async def run_worker(
 
     def shutdown() -> None:
         if not stopping:  # SIGTERM/SIGINT: finish or hand back in-flight rounds, then exit
+            log.info("stopping: running tasks go back to the queue at their next safe point")
             stopping.append(asyncio.ensure_future(worker.stop(graceful=True)))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
