@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import IO
@@ -39,6 +40,10 @@ def read_until(stream: IO[str], marker: str, timeout: float) -> str:
 
 
 def kill_at(proc: subprocess.Popen[str], marker: str, timeout: float = 60) -> None:
+    # readline() blocks: a child that hangs silently is killed at the deadline
+    # (its output then ends), so the test fails instead of hanging.
+    watchdog = threading.Timer(timeout, proc.kill)
+    watchdog.start()
     try:
         assert proc.stdout is not None
         read_until(proc.stdout, marker, timeout)
@@ -46,6 +51,8 @@ def kill_at(proc: subprocess.Popen[str], marker: str, timeout: float = 60) -> No
         proc.kill()
         err = proc.stderr.read() if proc.stderr else ""
         raise AssertionError(f"child never reached {marker!r}:\n{err}") from None
+    finally:
+        watchdog.cancel()
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
     assert proc.returncode == -signal.SIGKILL

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.postgres
 async def test_renewals_succeed_while_every_pooled_connection_is_busy() -> None:
     url = require_postgres()
     schema = f"test_{uuid.uuid4().hex[:12]}"
-    store = PostgresStore(url, schema=schema, min_size=1, max_size=1, connect_timeout=2)
+    store = PostgresStore(url, schema=schema, min_size=1, max_size=1, connect_timeout=10)
     taken, release = threading.Event(), threading.Event()
 
     def long_transaction() -> None:

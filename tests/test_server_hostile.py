@@ -280,8 +280,11 @@ def test_out_of_file_descriptors_logs_once_per_interval_without_tracebacks(tmp_p
             while "cannot accept connections" not in server.log_text():
                 assert time.monotonic() < deadline, server.log_text()[-3000:]
                 time.sleep(0.2)
+            seen = time.monotonic()
             time.sleep(3)  # asyncio retries accept() every second: give it several tries
             log = server.log_text()
+            # The report's interval is 10 s: a test slowed past it may see a second one.
+            intervals = 1 + int((time.monotonic() - seen + 1) // 10)
         finally:
             for s in held:
                 s.close()
@@ -295,7 +298,7 @@ def test_out_of_file_descriptors_logs_once_per_interval_without_tracebacks(tmp_p
             assert time.monotonic() < deadline, "not serving again after the flood"
             time.sleep(0.2)
     assert "Traceback" not in log
-    assert log.count("cannot accept connections") == 1, log[-3000:]
+    assert 1 <= log.count("cannot accept connections") <= intervals, log[-3000:]
     assert "--max-connections" in log
 
 

@@ -43,7 +43,7 @@ def url_of(rt: Runtime) -> str:
 
 
 async def until(
-    rt: Runtime, task_id: str, cond: Callable[[Task], bool], timeout: float = 30
+    rt: Runtime, task_id: str, cond: Callable[[Task], bool], timeout: float = 120
 ) -> Task:
     return await rt.wait(task_id, timeout=timeout, until=cond)
 
@@ -127,7 +127,7 @@ async def test_zombie_worker_writes_nothing_after_takeover(
     before = [e.model_dump_json() for e in await rt.store.entries(sub.task_id)]
     release.touch()
     zombie.signal(signal.SIGCONT)
-    await zombie.wait_output("abandon", stream="err", timeout=30)
+    await zombie.wait_output("abandon", stream="err", timeout=120)
     zombie.signal(signal.SIGTERM)
     zombie.proc.wait(30)
     after = [e.model_dump_json() for e in await rt.store.entries(sub.task_id)]

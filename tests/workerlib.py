@@ -63,7 +63,7 @@ class WorkerProc:
     def pid(self) -> int:
         return self.proc.pid
 
-    async def wait_output(self, prefix: str, timeout: float = 30, stream: str = "out") -> str:
+    async def wait_output(self, prefix: str, timeout: float = 120, stream: str = "out") -> str:
         sink = self.out if stream == "out" else self.err
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
