@@ -8,7 +8,8 @@ which SQLite reports as a disk I/O / disk-full error, exactly as on a full
 disk. SIGXFSZ is caught, so the write fails instead of killing the process.
 `blip`: the limit is lifted as soon as the first write has failed (one
 commit is lost). `outage`: it is lifted 1.5 s after the first failure (every
-write in between fails). Prints one JSON line: how the task ended.
+write in between fails), and not before a second write has failed, however
+slowly the retry came. Prints one JSON line: how the task ended.
 """
 
 from __future__ import annotations
@@ -36,13 +37,22 @@ def lift() -> None:
 def main() -> None:
     path, mode = sys.argv[1], sys.argv[2]
 
+    over = threading.Event()  # the outage has lasted long enough
+
+    def end_outage() -> None:
+        over.set()
+        if len(failed_writes) > 1:
+            lift()
+
     def on_xfsz(signum: int, frame: Any) -> None:
         failed_writes.append(signum)
-        if len(failed_writes) == 1:
-            if mode == "blip":
+        if mode == "blip":
+            if len(failed_writes) == 1:
                 lift()
-            else:
-                threading.Timer(1.5, lift).start()
+        elif len(failed_writes) == 1:
+            threading.Timer(1.5, end_outage).start()
+        elif over.is_set():
+            lift()
 
     signal.signal(signal.SIGXFSZ, on_xfsz)
 

@@ -241,7 +241,7 @@ class ScriptedServer:
             self._stalled.clear()
             self._release = asyncio.Event()
 
-    def wait_stalled(self, timeout: float = 10.0) -> None:
+    def wait_stalled(self, timeout: float = 60.0) -> None:
         if not self._stalled.wait(timeout):
             raise TimeoutError(f"no stream stalled within {timeout}s")
 
@@ -250,13 +250,13 @@ class ScriptedServer:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._release.set)
 
-    def wait_hangups(self, n: int = 1, timeout: float = 10.0) -> None:
+    def wait_hangups(self, n: int = 1, timeout: float = 60.0) -> None:
         """Wait until clients have hung up on `n` answers before their end."""
         with self._cond:
             if not self._cond.wait_for(lambda: self._hangups >= n, timeout):
                 raise TimeoutError(f"{self._hangups} clients hung up, expected {n}")
 
-    def wait_for_requests(self, n: int, timeout: float = 10.0) -> list[RecordedRequest]:
+    def wait_for_requests(self, n: int, timeout: float = 60.0) -> list[RecordedRequest]:
         with self._cond:
             if not self._cond.wait_for(lambda: len(self._requests) >= n, timeout):
                 raise TimeoutError(f"{len(self._requests)} requests arrived, expected {n}")

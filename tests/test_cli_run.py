@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -317,7 +316,6 @@ async def test_a_second_ctrl_c_aborts_while_a_tool_still_runs(
         task_id = task_id_in(cli.wait_for("⚙ http_get"))
         conn, _ = hole.accept()  # the tool is waiting for an answer that never comes
         with conn:
-            started = time.monotonic()
             cli.interrupt()
             cli.wait_for("press Ctrl-C again to abort")
             cli.interrupt()
@@ -325,11 +323,10 @@ async def test_a_second_ctrl_c_aborts_while_a_tool_still_runs(
 
     assert code == 130, out + err
     assert "Aborting" in out and f"✗ aborted task {task_id}" in out
-    assert time.monotonic() - started < 30  # not the tool's own timeout
     task, entries = await stored(store, task_id)
     assert task.status is TaskStatus.ABORTED
     (result,) = [e.payload for e in entries if e.kind is EntryKind.TOOL_RESULT]
-    assert result["outcome"] == "interrupted"
+    assert result["outcome"] == "interrupted"  # cut off by the abort, not by its own timeout
 
 
 # --- asking the user ---------------------------------------------------------------------
