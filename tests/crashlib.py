@@ -58,8 +58,13 @@ def kill_at(proc: subprocess.Popen[str], marker: str, timeout: float = 60) -> No
     assert proc.returncode == -signal.SIGKILL
 
 
-def finish(proc: subprocess.Popen[str], timeout: float = 60) -> str:
-    out, err = proc.communicate(timeout=timeout)
+def finish(proc: subprocess.Popen[str], timeout: float = 120) -> str:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # a test that gives up on a child leaves no process behind
+        out, err = proc.communicate()
+        raise AssertionError(f"child still running after {timeout}s:\n{out}\n{err}") from None
     assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{out}\n{err}"
     return out
 

@@ -90,7 +90,7 @@ class LiveServer:
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -66,7 +66,7 @@ class Cli:
         with self._cond:
             return self._out.decode(errors="replace")
 
-    def wait_for(self, text: str, timeout: float = 30.0) -> str:
+    def wait_for(self, text: str, timeout: float = 60.0) -> str:
         """Until `text` was printed; all output so far."""
         with self._cond:
             ok = self._cond.wait_for(lambda: text.encode() in self._out or self._closed, timeout)

@@ -86,13 +86,19 @@ async def test_a_limit_of_three_holds_under_four_processes(
         )
         for i, out in enumerate(outs)
     ]
-    deadline = asyncio.get_running_loop().time() + 120
-    while not all(r.exists() for r in ready):  # every claimer is up and connected
-        assert asyncio.get_running_loop().time() < deadline, "the claimers did not start"
-        assert all(p.poll() is None for p in procs), "a claimer died while starting"
-        await asyncio.sleep(0.02)
-    gate.touch()
-    codes = await asyncio.gather(*(asyncio.to_thread(p.wait, 180) for p in procs))
+    try:
+        deadline = asyncio.get_running_loop().time() + 120
+        while not all(r.exists() for r in ready):  # every claimer is up and connected
+            assert asyncio.get_running_loop().time() < deadline, "the claimers did not start"
+            assert all(p.poll() is None for p in procs), "a claimer died while starting"
+            await asyncio.sleep(0.02)
+        gate.touch()
+        codes = await asyncio.gather(*(asyncio.to_thread(p.wait, 180) for p in procs))
+    finally:
+        for p in procs:  # none is left running, whatever happened
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert codes == [0, 0, 0, 0]
     results = [json.loads(out.read_text()) for out in outs]
     assert sum(r["done"] for r in results) == 120

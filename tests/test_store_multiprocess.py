@@ -80,7 +80,13 @@ async def test_four_processes_claim_each_task_exactly_once(shared_url: str, tmp_
         )
         for i, out in enumerate(outs)
     ]
-    codes = await asyncio.gather(*(asyncio.to_thread(p.wait, 120) for p in procs))
+    try:
+        codes = await asyncio.gather(*(asyncio.to_thread(p.wait, 120) for p in procs))
+    finally:
+        for p in procs:  # none is left running, whatever happened
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert codes == [0, 0, 0, 0]
     claimed = [tid for out in outs for tid in json.loads(out.read_text())]
     assert len(claimed) == 500 and set(claimed) == ids
