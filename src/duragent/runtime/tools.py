@@ -130,9 +130,7 @@ def make_tool(
 
         fields[pname] = (annotation, Field(default, description=param_docs.get(pname)))
     tool_name = name or fn.__name__
-    args_model = create_model(  # type: ignore[call-overload]
-        f"{tool_name}_args", __config__=ConfigDict(extra="forbid"), **fields
-    )
+    args_model = create_model(f"{tool_name}_args", __config__=ConfigDict(extra="forbid"), **fields)
     schema = args_model.model_json_schema()
     schema.pop("title", None)
     for prop in schema.get("properties", {}).values():

@@ -361,7 +361,7 @@ class PostgresStore(TxWrites):
         text += " LIMIT %s FOR UPDATE SKIP LOCKED"
 
         def purge(tx: PgTx) -> int:
-            rows = tx.conn.execute(text, [*params, query.limit]).fetchall()  # type: ignore[arg-type]
+            rows = tx.conn.execute(text, [*params, query.limit]).fetchall()
             return _delete_trees(tx, [r["id"] for r in rows]) if rows else 0
 
         return await self._write(purge)
@@ -394,7 +394,7 @@ class PostgresStore(TxWrites):
         params.append(q.limit + 1)
 
         def read(conn: Conn) -> TaskPage:
-            tasks = [row_task(r) for r in conn.execute(text, params)]  # type: ignore[arg-type]
+            tasks = [row_task(r) for r in conn.execute(text, params)]
             more = len(tasks) > q.limit
             tasks = tasks[: q.limit]
             return TaskPage(tasks, encode_cursor(tasks[-1]) if more and tasks else None)
@@ -409,7 +409,7 @@ class PostgresStore(TxWrites):
         text += " GROUP BY queue, status"
 
         def read(conn: Conn) -> dict[tuple[str, str], int]:
-            rows = conn.execute(text, params)  # type: ignore[arg-type]
+            rows = conn.execute(text, params)
             return {(r["queue"], r["status"]): r["n"] for r in rows}
 
         return await self._read(read)
@@ -442,7 +442,7 @@ class PostgresStore(TxWrites):
                     payload=json.loads(r["payload"]),
                     created_at=r["created_at"].astimezone(UTC),
                 )
-                for r in conn.execute(text, params)  # type: ignore[arg-type]
+                for r in conn.execute(text, params)
             ]
 
         return await self._read(read)
@@ -499,7 +499,7 @@ class PostgresStore(TxWrites):
                 {"all": names is None, "names": names or []},
             ).fetchone()
             value = None if row is None else row["t"]
-            return None if value is None else value.astimezone(UTC)  # type: ignore[no-any-return]
+            return None if value is None else value.astimezone(UTC)
 
         return await self._read(read)
 

@@ -237,7 +237,7 @@ class PgTx:
             " SELECT * FROM expired UNION ALL SELECT * FROM timers"
             " UNION ALL SELECT * FROM delayed UNION ALL SELECT * FROM ready"
         )
-        rows = self.conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+        rows = self.conn.execute(query, params).fetchall()
         return sorted(map(self._candidate, rows), key=Candidate.order)
 
     def _candidate(self, row: DictRow) -> Candidate:
@@ -308,7 +308,7 @@ class BufferedPgTx(PgTx):
         self.rows = rows
         self.statements: list[Statement] = []
 
-    @property  # type: ignore[override]
+    @property
     def conn(self) -> Conn:
         raise NeedsServer
 

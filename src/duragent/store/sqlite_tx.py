@@ -88,7 +88,7 @@ class SqliteTx:
             ).fetchone()
             if stamp is None:
                 return None
-            cached = self.cache.get(task_id, tuple(stamp))  # type: ignore[arg-type]
+            cached = self.cache.get(task_id, tuple(stamp))
             if cached is not None:
                 self.inputs[task_id] = cached.input
                 self.notes.read(cached)
