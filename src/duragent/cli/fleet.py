@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from duragent.cli import app
-from duragent.cli_tasks import STORE, _console, _run, _runtime
+from duragent.cli.tasks import STORE, _console, _run, _runtime
 from duragent.runtime.schedules import (
     Schedule,
     delete_schedule,

@@ -184,7 +184,7 @@ def list_tasks(
     since: str | None = typer.Option(None, help="Created within: 30d, 12h, 15m, 90s."),
 ) -> None:
     """List tasks, newest first."""
-    from duragent.cli_fleet import parse_age  # the command modules import each other lazily
+    from duragent.cli.fleet import parse_age  # the command modules import each other lazily
 
     labels = {}
     for pair in meta or []:

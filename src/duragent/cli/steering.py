@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from duragent.cli import app, fail
-from duragent.cli_tasks import STORE, _clip, _console, _run, _runtime, _status
+from duragent.cli.tasks import STORE, _clip, _console, _run, _runtime, _status
 from duragent.errors import UsageError
 from duragent.runtime.steering import Edit, History
 from duragent.terminal import safe

@@ -10,7 +10,7 @@ from typing import Any
 import typer
 
 from duragent.cli import app
-from duragent.cli_worker import load_agents
+from duragent.cli.worker import load_agents
 from duragent.errors import MissingExtra, UsageError
 
 

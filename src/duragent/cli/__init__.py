@@ -1,6 +1,6 @@
 """The `duragent` command.
 
-Each command group lives in its own module (`duragent/cli_*.py`) and registers
+Each command group lives in its own module (`duragent/cli/*.py`) and registers
 itself on `app`; this module assembles them and owns what every command
 shares: how an error reaches the terminal (one line, never a traceback; set
 DURAGENT_DEBUG=1 for the library's logs with tracebacks) and the path
@@ -57,13 +57,13 @@ def _untype_flags(params: list[Any]) -> None:
 app = typer.Typer(cls=_Commands, no_args_is_help=True, help="Durable AI agent tasks.")
 
 COMMAND_MODULES = (
-    "cli_tasks",
-    "cli_serve",
-    "cli_worker",
-    "cli_run",
-    "cli_store",
-    "cli_steering",
-    "cli_fleet",
+    "tasks",
+    "serve",
+    "worker",
+    "run",
+    "store",
+    "steering",
+    "fleet",
 )
 
 
@@ -142,8 +142,8 @@ def demo(
 
 def _register() -> None:
     for name in COMMAND_MODULES:
-        if importlib.util.find_spec(f"duragent.{name}") is not None:
-            importlib.import_module(f"duragent.{name}")
+        if importlib.util.find_spec(f"duragent.cli.{name}") is not None:
+            importlib.import_module(f"duragent.cli.{name}")
 
 
 def main() -> None:
