@@ -26,7 +26,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from duragent.cli import app, run_async
+from duragent.cli._common import STORE, run_async
 from duragent.errors import DuragentError, UsageError
 from duragent.fetch import NetworkPolicy
 from duragent.llm import ChatModel, resolve_model
@@ -39,6 +39,8 @@ from duragent.terminal import safe
 from duragent.toolsets import PERMISSIONS, WORKDIR_KEY, check_permissions, toolset
 from duragent.types import Entry, EntryKind, Task, TaskStatus
 
+app = typer.Typer()
+
 AGENT_PREFIX = "run-"
 INSTRUCTIONS = (
     "You are a careful assistant working for a user at a terminal. Use the tools when "
@@ -49,7 +51,6 @@ INSTRUCTIONS = (
 TOOL_GRACE = 5.0
 EXIT_INTERRUPTED = 130  # the shell's code for "stopped by Ctrl-C"
 
-STORE = typer.Option(DEFAULT_URL, "--store", help="Store URL.")
 BASE_URL = typer.Option(
     None, "--base-url", help="The provider's URL, e.g. a local OpenAI-compatible server."
 )
@@ -458,7 +459,7 @@ async def _restart(rt: Runtime, task_id: str, console: Console) -> int:
 
 
 def _go(make: Coroutine[Any, Any, int]) -> None:
-    """Run a command; an error is one line (see `duragent.cli.run_async`)."""
+    """Run a command; an error is one line (see `run_async`)."""
     raise typer.Exit(run_async(make))
 
 

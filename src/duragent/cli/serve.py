@@ -9,9 +9,11 @@ from typing import Any
 
 import typer
 
-from duragent.cli import app
+from duragent.cli._common import fail
 from duragent.cli.worker import load_agents
 from duragent.errors import MissingExtra, UsageError
+
+app = typer.Typer()
 
 
 def _server_modules() -> tuple[Any, Any]:
@@ -189,5 +191,4 @@ def serve(
             )
         )
     except UsageError as exc:  # MissingExtra, no tokens, a bad tokens file
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
+        fail(exc, code=2)

@@ -1,0 +1,119 @@
+"""What every command shares: how an error reaches the terminal (one line, never a
+traceback; DURAGENT_DEBUG=1 brings back the library's logs with tracebacks), the
+`--store` option, the operator's runtime, and the path `--agents module:attr` is
+imported from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+from typer.core import TyperGroup
+
+from duragent.errors import DuragentError, MissingExtra
+from duragent.runtime.runtime import Runtime
+from duragent.store import DEFAULT_URL
+from duragent.terminal import clean
+
+T = TypeVar("T")
+
+DEBUG_ENV = "DURAGENT_DEBUG"
+STORE = typer.Option(DEFAULT_URL, "--store", help="Store URL.")
+
+
+class Commands(TyperGroup):
+    """Shows flags as `--keep` and `--crash/--no-crash` in help, without a `<bool>` type
+    column (typer's rich help labels every flag, `--help` included, with one).
+
+    Typed loosely: typer ships its own copy of click, whose classes are private.
+    """
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _untype_flags(command.get_params(ctx))
+        return command
+
+    def get_params(self, ctx: Any) -> Any:
+        params = super().get_params(ctx)
+        _untype_flags(params)
+        return params
+
+
+def _untype_flags(params: list[Any]) -> None:
+    for param in params:
+        if getattr(param, "is_flag", False) and getattr(param, "metavar", "") is None:
+            param.metavar = ""
+
+
+def exit_code(exc: BaseException) -> int:
+    """2 for what the command line itself got wrong (a malformed URL, a missing extra);
+    1 for everything else duragent refused."""
+    return 2 if isinstance(exc, (MissingExtra, ValueError)) else 1
+
+
+def fail(exc: BaseException, code: int | None = None) -> NoReturn:
+    """One line on stderr and the exit code (`code`, else `exit_code(exc)`), instead of a
+    traceback."""
+    # The message may quote model or web text: it is cleaned of terminal controls.
+    typer.secho(f"error: {clean(str(exc))}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(exit_code(exc) if code is None else code)
+
+
+def run_async(make: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine; a duragent error or a malformed store URL (ValueError)
+    is one line on stderr and exit code `exit_code(...)`."""
+    try:
+        return asyncio.run(make)
+    except (DuragentError, ValueError) as exc:
+        fail(exc)
+
+
+def parse_age(text: str) -> timedelta:
+    """'30d', '12h', '15m', '90s' -> a timedelta."""
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    try:
+        return timedelta(seconds=float(text[:-1]) * units[text[-1]])
+    except (KeyError, ValueError, IndexError):
+        raise typer.BadParameter(f"{text!r} is not an age like 30d, 12h, 15m or 90s") from None
+
+
+def make_console() -> Console:
+    return Console(highlight=False)
+
+
+@asynccontextmanager
+async def operator_runtime(url: str) -> AsyncIterator[Runtime]:
+    """A runtime without a worker: operator commands act on the store; workers run tasks."""
+    async with Runtime(url, run_worker=False) as rt:
+        yield rt
+
+
+def import_from_cwd() -> None:
+    """Let `--agents myagents:AGENTS` find ./myagents.py, as `python -m` and uvicorn do.
+
+    The `duragent` script's own directory is first on sys.path, not the
+    directory the user is in.
+    """
+    cwd = os.getcwd()
+    if not any(os.path.abspath(p or ".") == cwd for p in sys.path):
+        sys.path.insert(0, cwd)
+
+
+def quiet_logs() -> None:
+    """The library logs a failing task with its traceback; the terminal commands say
+    what happened in one line, so those records go nowhere unless asked for (`worker`
+    and `serve` configure logging themselves)."""
+    if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+        logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(message)s")
+    else:
+        logging.getLogger("duragent").addHandler(logging.NullHandler())
