@@ -15,6 +15,7 @@ import subprocess
 import sys
 import warnings
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -239,6 +240,41 @@ def test_serve_imports_agents_from_the_current_directory(
     assert agents.status_code == 200, agents.text
     assert "here" in agents.text
     assert log.read_text().startswith("myagents imported")
+
+
+# --- ls at 80 columns ---------------------------------------------------------------------
+
+LONG_AGENT = "a-rather-long-agent-name-for-the-weekly-reports"
+
+
+async def tasks_to_list(url: str) -> list[str]:
+    """A completed task with a long answer, and an aborted one with a long reason."""
+    from duragent import Agent, Runtime, ScriptedModel
+
+    agent = Agent(name=LONG_AGENT, model=ScriptedModel(["A long answer, word after word. " * 20]))
+    async with Runtime(url, agents=[agent], poll_interval=0.05) as rt:
+        done = await rt.submit(LONG_AGENT, "go", owner="someone-with-a-long-name@example.com")
+        assert (await done.wait(timeout=60)).status is TaskStatus.COMPLETED
+        stopped = await rt.submit(LONG_AGENT, "go", start_at=timedelta(hours=1))
+        await rt.abort(stopped.task_id, reason="the operator stopped it, because " * 5)
+    return [done.task_id, stopped.task_id]
+
+
+def test_ls_fits_80_columns_with_each_id_whole(tmp_path: Path) -> None:
+    ids = asyncio.run(tasks_to_list(f"sqlite:///{tmp_path}/s.db"))
+    listed = cli("ls", "--store", "sqlite:///s.db", cwd=tmp_path, env=child_env(COLUMNS="80"))
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), listed.stdout
+    words = [line.split() for line in lines]
+    for task_id in ids:
+        # The whole id, as one word to copy, on the first line of its task.
+        (line,) = [w for w in words if w and w[0] == task_id]
+        shown = cli("show", line[0], "--store", "sqlite:///s.db", cwd=tmp_path)
+        assert shown.returncode == 0 and task_id in shown.stdout, shown.stderr
+    assert "completed" in listed.stdout and "aborted" in listed.stdout
+    assert "A long answer" in listed.stdout and "the operator stopped it" in listed.stdout
+    assert LONG_AGENT[:20] in listed.stdout  # cut short, so the output has room
 
 
 # --- tokens: one format -----------------------------------------------------------------

@@ -33,10 +33,14 @@ def when(dt: datetime | None) -> str:
     return "" if dt is None else dt.strftime("%Y-%m-%d %H:%M:%S")
 
 
+def status_text(task: Task) -> str:
+    """The task's status, and its reason if it has one: `waiting (approval)`."""
+    return task.status.value + (f" ({task.status_reason})" if task.status_reason else "")
+
+
 def status_markup(task: Task) -> str:
-    """The task's status (and reason) in its colour, as Rich markup."""
-    text = task.status.value + (f" ({task.status_reason})" if task.status_reason else "")
-    return f"[{STATUS_STYLE.get(task.status.value, '')}]{safe(text)}[/]"
+    """`status_text` in the status's colour, as Rich markup."""
+    return f"[{STATUS_STYLE.get(task.status.value, '')}]{safe(status_text(task))}[/]"
 
 
 def step(task: Task) -> str:

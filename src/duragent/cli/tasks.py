@@ -11,12 +11,22 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from duragent.cli._common import STORE, make_console, operator_runtime, parse_age, run_async
-from duragent.cli._format import clip, describe, status_markup, step, timeline, when
+from duragent.cli._format import (
+    STATUS_STYLE,
+    clip,
+    describe,
+    status_markup,
+    status_text,
+    step,
+    timeline,
+    when,
+)
 from duragent.runtime.runtime import Runtime
 from duragent.store import SCHEMA_VERSION, Store, TaskQuery, open_store
-from duragent.terminal import safe
+from duragent.terminal import clean, safe
 from duragent.types import EntryKind, Task, TaskStatus, session_scope, task_scope
 
 app = typer.Typer()
@@ -46,6 +56,45 @@ def task_header(task: Task) -> Table:
     if task.error:
         grid.add_row("error", f"[red]{safe(task.error)}[/]")
     return grid
+
+
+UPDATED = "%m-%d %H:%M:%S"
+
+
+def task_lines(tasks: list[Task], width: int) -> list[Text]:
+    """`ls` at any width: a line with the whole id (to copy), status, step and when it
+    last changed; under it, indented, agent, owner and output or error, cut to `width`.
+
+    Nothing wraps: an 80-column terminal gets every id whole and the rest cut.
+    """
+    gap = "  "
+    id_width = max(len(clean(t.id)) for t in tasks)
+    steps = [step(t) for t in tasks]
+    step_width = max(len("step"), *(len(s) for s in steps))
+    updated_width = len(tasks[0].updated_at.strftime(UPDATED))
+    room = width - id_width - step_width - updated_width - 3 * len(gap)
+    statuses = [clip(status_text(t), max(room, len("completed"))) for t in tasks]
+    status_width = max(len(s) for s in statuses)
+    columns = ("id", id_width), ("status", status_width), ("step", step_width), ("updated", 0)
+    head = Text(gap.join(name.ljust(w) for name, w in columns), style="bold")
+    lines = [head]
+    for t, status, done in zip(tasks, statuses, steps, strict=True):
+        line = Text(clean(t.id).ljust(id_width) + gap)
+        line.append(status.ljust(status_width), STATUS_STYLE.get(t.status.value, ""))
+        line.append(gap + done.ljust(step_width) + gap + t.updated_at.strftime(UPDATED))
+        # Agent and owner are cut short so that the output has room too.
+        detail = Text("    ")
+        detail.append(clip(clean(t.agent), 24), "cyan")
+        if t.owner:
+            detail.append(" · " + clip(clean(t.owner), 20))
+        if t.error:
+            detail.append(" · ")
+            detail.append(clip(clean(t.error), width), "red")
+        elif t.output is not None:
+            detail.append(" · " + clip(clean(t.output), width))
+        detail.truncate(width, overflow="ellipsis")
+        lines += [line, detail]
+    return lines
 
 
 # --- commands ----------------------------------------------------------------
@@ -89,23 +138,8 @@ def list_tasks(
     if not tasks:
         console.print("no tasks")
         return
-    table = Table()
-    table.add_column("id", no_wrap=True, min_width=max(len(t.id) for t in tasks))
-    for col in ("agent", "owner", "status", "step", "updated"):
-        table.add_column(col, no_wrap=True)
-    table.add_column("output / error", ratio=1, min_width=16)
-    for t in tasks:
-        tail = f"[red]{safe(clip(t.error))}[/]" if t.error else safe(clip(t.output or ""))
-        table.add_row(
-            safe(t.id),
-            safe(t.agent),
-            safe(t.owner or ""),
-            status_markup(t),
-            step(t),
-            t.updated_at.strftime("%m-%d %H:%M:%S"),
-            tail,
-        )
-    console.print(table)
+    for line in task_lines(tasks, console.width):
+        console.print(line, no_wrap=True, overflow="ellipsis", soft_wrap=False)
 
 
 @app.command()
