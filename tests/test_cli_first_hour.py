@@ -277,6 +277,78 @@ def test_ls_fits_80_columns_with_each_id_whole(tmp_path: Path) -> None:
     assert LONG_AGENT[:20] in listed.stdout  # cut short, so the output has room
 
 
+# --- serve without --agents ---------------------------------------------------------------
+
+ALICE = "alice:alice-token-0123456789"
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture
+def agentless_server(tmp_path: Path, started: list[subprocess.Popen[str]]) -> tuple[str, Path]:
+    """`duragent serve` without --agents; its URL and its log (stdout and stderr)."""
+    port = free_port()
+    log = tmp_path / "serve.log"
+    proc = subprocess.Popen(
+        [duragent_script(), "serve", "--store", "sqlite:///s.db", "--port", str(port)],
+        cwd=tmp_path,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=child_env(DURAGENT_TOKENS=ALICE),
+    )
+    started.append(proc)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, proc, log)
+    return url, log
+
+
+def test_serve_without_agents_warns_and_a_submit_says_how_to_fix_it(
+    agentless_server: tuple[str, Path],
+) -> None:
+    url, log = agentless_server
+    assert "warning: no --agents" in log.read_text() and "--agents module:attr" in log.read_text()
+    auth = {"Authorization": f"Bearer {ALICE.partition(':')[2]}"}
+    assert httpx.get(f"{url}/v1/agents", headers=auth, timeout=10).json() == {"agents": []}
+    sent = httpx.post(f"{url}/v1/tasks", json={"agent": "helper", "input": "hi"}, headers=auth)
+    assert sent.status_code == 400, sent.text
+    problem = sent.json()
+    assert problem["title"] == "Unknown agent"
+    assert "no agents are registered" in problem["detail"]
+    assert "--agents module:attr" in problem["detail"]
+
+
+@pytest.mark.browser
+def test_the_page_of_a_server_without_agents_says_so_instead_of_an_error(
+    agentless_server: tuple[str, Path],
+) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    url, _ = agentless_server
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM, args=["--headless", "--no-sandbox"], headless=True
+        )
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(30_000)
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(url + "/")
+            page.fill("#token", ALICE.partition(":")[2])
+            page.click("#signin-button")
+            expect = sync_api.expect
+            expect(page.locator("#user")).to_have_text("alice")
+            expect(page.locator("#agent-tools")).to_contain_text("This server has no agents")
+            expect(page.locator("#agent-tools")).to_contain_text("--agents module:attr")
+            expect(page.locator("#start")).to_be_disabled()
+            expect(page.locator("#input")).to_be_disabled()
+            expect(page.locator(".toast")).to_have_count(0)
+            assert errors == []
+        finally:
+            browser.close()
+
+
 # --- tokens: one format -----------------------------------------------------------------
 
 

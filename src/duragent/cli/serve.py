@@ -15,6 +15,11 @@ from duragent.errors import MissingExtra, UsageError
 
 app = typer.Typer()
 
+NO_AGENTS = (
+    "warning: no --agents: the API and the page start, but no task can be started or run "
+    "here; pass --agents module:attr naming your agents (e.g. --agents myagents:AGENTS)"
+)
+
 
 def _server_modules() -> tuple[Any, Any]:
     """uvicorn and duragent.server, or MissingExtra when the `server` extra is missing."""
@@ -160,6 +165,8 @@ def serve(
 ) -> None:
     """Serve the REST API under /v1, live events, and the web page at /."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if agents is None:
+        typer.secho(NO_AGENTS, fg=typer.colors.YELLOW, err=True)
     limits = {
         name: value
         for name, value in (
