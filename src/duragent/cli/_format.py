@@ -8,6 +8,7 @@ Everything here that a model, a web page or an API client wrote goes through
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime
 from typing import Any
 
@@ -15,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from duragent.terminal import clean, safe
-from duragent.types import Entry, EntryKind, Task
+from duragent.types import Entry, EntryKind, Task, utcnow
 
 STATUS_STYLE = {
     "pending": "cyan",
@@ -47,6 +48,15 @@ def step(task: Task) -> str:
     if task.status.terminal:
         return f"{task.iterations} done"
     return f"{task.iterations + 1}"
+
+
+def lease_left(task: Task) -> str:
+    """How long the task's current lease still holds it: `14 s (held by host:123 until
+    09:10:11)`. After a crash, no one may take the task over before that."""
+    expires = task.lease.expires_at
+    assert expires is not None
+    seconds = max(0, math.ceil((expires - utcnow()).total_seconds()))
+    return f"{seconds} s (held by {clean(task.lease.owner or '?')} until {expires:%H:%M:%S} UTC)"
 
 
 def clip(value: Any, n: int = 60) -> str:

@@ -25,8 +25,10 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from duragent.cli._common import STORE, run_async
+from duragent.cli._format import lease_left
 from duragent.errors import DuragentError, UsageError
 from duragent.fetch import NetworkPolicy
 from duragent.llm import ChatModel, resolve_model
@@ -214,6 +216,9 @@ class Transcript:
             }.get(outcome, ("✗", "red"))
             said = safe(_first_line(p.get("content", "")))
             self.console.print(f"  [{style}]{mark} {safe(name)} {outcome}[/]: {said}")
+        elif e.kind is EntryKind.STATUS and p.get("takeover"):
+            self.end_line()
+            self.console.print("[yellow]• took the task over from its previous owner[/]")
         elif e.kind is EntryKind.UI_MESSAGE:
             self.end_line()
             if p.get("type") == "error":
@@ -448,9 +453,8 @@ async def _restart(rt: Runtime, task_id: str, console: Console) -> int:
         await rt.resume(task_id)
     elif task.status is TaskStatus.RUNNING and lease_alive(task):
         console.print(
-            f"[yellow]• it is held by {safe(task.lease.owner or '?')} until "
-            f"{task.lease.expires_at:%H:%M:%S}; if that process is gone, this one takes "
-            "it over then.[/]"
+            f"[yellow]• waiting for the previous owner's lease, {escape(lease_left(task))}: "
+            "if that process is gone (a crash), this one takes the task over then.[/]"
         )
         rt.start_worker()
     else:  # pending, waiting, or running with its worker gone

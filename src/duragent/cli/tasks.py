@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -18,6 +19,7 @@ from duragent.cli._format import (
     STATUS_STYLE,
     clip,
     describe,
+    lease_left,
     status_markup,
     status_text,
     step,
@@ -25,6 +27,7 @@ from duragent.cli._format import (
     when,
 )
 from duragent.runtime.runtime import Runtime
+from duragent.runtime.worker import lease_alive
 from duragent.store import SCHEMA_VERSION, Store, TaskQuery, open_store
 from duragent.terminal import clean, safe
 from duragent.types import EntryKind, Task, TaskStatus, session_scope, task_scope
@@ -206,13 +209,24 @@ def pause(
 def resume(task_id: str = typer.Argument(..., help="The task's id."), store: str = STORE) -> None:
     """Make a paused or blocked task runnable again; a worker picks it up."""
 
-    async def go() -> Task | None:
+    async def go() -> tuple[Task, bool]:
         async with operator_runtime(store) as rt:
-            return await rt.resume(task_id)
+            task = await rt.get(task_id)
+            if lease_alive(task):  # its owner runs it, or crashed and its lease has not ended
+                return task, False
+            resumed = await rt.resume(task_id)
+            assert resumed is not None
+            return resumed, True
 
-    task = run_async(go())
-    assert task is not None
-    make_console().print(f"task {task.id} is {status_markup(task)}; a worker will continue it")
+    task, resumed = run_async(go())
+    if resumed:
+        make_console().print(f"task {task.id} is {status_markup(task)}; a worker will continue it")
+    else:
+        make_console().print(
+            f"task {task.id} is {status_markup(task)}: waiting for the previous owner's lease, "
+            f"{escape(lease_left(task))}; if that worker is gone (a crash), a worker with its "
+            "agent takes the task over then"
+        )
 
 
 @app.command()
