@@ -1,7 +1,7 @@
 """What every command shares: how an error reaches the terminal (one line, never a
 traceback; DURAGENT_DEBUG=1 brings back the library's logs with tracebacks), the
-`--store` option, the operator's runtime, and the path `--agents module:attr` is
-imported from.
+`--store` option, the operator's runtime, ages like `30d`, help that shows flags
+as flags, and the path `--agents module:attr` is imported from.
 """
 
 from __future__ import annotations
