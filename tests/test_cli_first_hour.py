@@ -389,7 +389,7 @@ def test_demo_never_deletes_a_store_it_did_not_make(tmp_path: Path) -> None:
 
 
 def test_help_shows_flags_as_flags(tmp_path: Path) -> None:
-    for command in ([], ["demo"], ["show"], ["pause"], ["run"]):
+    for command in ([], ["demo"], ["show"], ["pause"], ["run"], ["schedule", "add"], ["queue"]):
         shown = cli(*command, "--help", cwd=tmp_path)
         assert shown.returncode == 0, shown.stderr
         assert "<bool>" not in shown.stdout, shown.stdout
