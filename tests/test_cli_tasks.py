@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from duragent import Runtime
-from duragent.cli import _register, app
+from duragent.cli import app
 from duragent.store import open_store
 from duragent.store.base import Commit, DocumentWrite
 from duragent.store.sqlite_schema import SQLITE_SCHEMA_VERSION as SCHEMA_VERSION
@@ -22,7 +22,6 @@ from duragent.types import Task, TaskStatus, task_scope
 from server_agents import agents
 from server_live import CLI, child_env, duragent, stop
 
-_register()
 runner = CliRunner()
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from crashlib import dump, finish, read_until
 from duragent import Agent, ChatModel, Runtime, Task, tool
-from duragent.cli_tasks import export_task
+from duragent.cli.tasks import export_task
 from duragent.llm.anthropic import AnthropicChat
 from duragent.llm.openai import OpenAIChat
 from duragent.store import open_store

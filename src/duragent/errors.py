@@ -38,9 +38,13 @@ class TaskNotFound(UsageError):
 class UnknownAgent(UsageError):
     def __init__(self, name: str, known: list[str]) -> None:
         self.name = name
-        super().__init__(
-            f"no agent named {name!r}; known agents: {', '.join(sorted(known)) or '(none)'}"
-        )
+        if known:
+            super().__init__(f"no agent named {name!r}; known agents: {', '.join(sorted(known))}")
+        else:  # most likely `duragent serve` started without --agents
+            super().__init__(
+                f"no agent named {name!r}: no agents are registered here; give them to "
+                "Runtime(agents=[...]), or to `duragent serve` / `worker` as --agents module:attr"
+            )
 
 
 class InvalidValue(UsageError):

@@ -94,10 +94,18 @@ async function showApp() {
 
 // --- agents and new tasks ---------------------------------------------------
 
+const NO_AGENTS =
+  "This server has no agents, so no task can start here. Restart it with " +
+  "duragent serve --agents module:attr (e.g. --agents myagents:AGENTS).";
+
 async function loadAgents() {
   const { agents } = await api("GET", "/v1/agents");
   const select = $("#agent");
   select.replaceChildren(...agents.map((a) => h("option", { value: a.name }, a.name)));
+  const none = agents.length === 0;
+  for (const el of [select, $("#input"), $("#start")]) el.disabled = none;
+  $("#agent-tools").classList.toggle("error-text", none);
+  if (none) { $("#agent-tools").textContent = NO_AGENTS; return; }
   const remembered = localStorage.getItem(AGENT_KEY);
   if (agents.some((a) => a.name === remembered)) select.value = remembered;
   const describe = () => {
@@ -112,6 +120,7 @@ async function loadAgents() {
 
 async function startTask(ev) {
   ev.preventDefault();
+  if (!$("#agent").value) { toast(NO_AGENTS); return; }
   const input = $("#input").value.trim();
   if (!input) { $("#input").focus(); return; }
   const button = $("#start");

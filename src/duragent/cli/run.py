@@ -25,8 +25,10 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from duragent.cli import app, run_async
+from duragent.cli._common import STORE, run_async
+from duragent.cli._format import lease_left
 from duragent.errors import DuragentError, UsageError
 from duragent.fetch import NetworkPolicy
 from duragent.llm import ChatModel, resolve_model
@@ -39,6 +41,8 @@ from duragent.terminal import safe
 from duragent.toolsets import PERMISSIONS, WORKDIR_KEY, check_permissions, toolset
 from duragent.types import Entry, EntryKind, Task, TaskStatus
 
+app = typer.Typer()
+
 AGENT_PREFIX = "run-"
 INSTRUCTIONS = (
     "You are a careful assistant working for a user at a terminal. Use the tools when "
@@ -49,7 +53,6 @@ INSTRUCTIONS = (
 TOOL_GRACE = 5.0
 EXIT_INTERRUPTED = 130  # the shell's code for "stopped by Ctrl-C"
 
-STORE = typer.Option(DEFAULT_URL, "--store", help="Store URL.")
 BASE_URL = typer.Option(
     None, "--base-url", help="The provider's URL, e.g. a local OpenAI-compatible server."
 )
@@ -213,6 +216,9 @@ class Transcript:
             }.get(outcome, ("✗", "red"))
             said = safe(_first_line(p.get("content", "")))
             self.console.print(f"  [{style}]{mark} {safe(name)} {outcome}[/]: {said}")
+        elif e.kind is EntryKind.STATUS and p.get("takeover"):
+            self.end_line()
+            self.console.print("[yellow]• took the task over from its previous owner[/]")
         elif e.kind is EntryKind.UI_MESSAGE:
             self.end_line()
             if p.get("type") == "error":
@@ -447,9 +453,8 @@ async def _restart(rt: Runtime, task_id: str, console: Console) -> int:
         await rt.resume(task_id)
     elif task.status is TaskStatus.RUNNING and lease_alive(task):
         console.print(
-            f"[yellow]• it is held by {safe(task.lease.owner or '?')} until "
-            f"{task.lease.expires_at:%H:%M:%S}; if that process is gone, this one takes "
-            "it over then.[/]"
+            f"[yellow]• waiting for the previous owner's lease, {escape(lease_left(task))}: "
+            "if that process is gone (a crash), this one takes the task over then.[/]"
         )
         rt.start_worker()
     else:  # pending, waiting, or running with its worker gone
@@ -458,7 +463,7 @@ async def _restart(rt: Runtime, task_id: str, console: Console) -> int:
 
 
 def _go(make: Coroutine[Any, Any, int]) -> None:
-    """Run a command; an error is one line (see `duragent.cli.run_async`)."""
+    """Run a command; an error is one line (see `run_async`)."""
     raise typer.Exit(run_async(make))
 
 

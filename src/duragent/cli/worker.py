@@ -11,8 +11,10 @@ from typing import Any
 
 import typer
 
-from duragent.cli import app, import_from_cwd
+from duragent.cli._common import import_from_cwd, run_async
 from duragent.runtime.agent import Agent
+
+app = typer.Typer()
 
 
 def load_agents(spec: str) -> list[Agent]:
@@ -102,7 +104,7 @@ def worker(
 ) -> None:
     """Claim and run tasks until SIGTERM (then stop at a safe point and hand them back)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(
+    run_async(
         run_worker(
             store,
             load_agents(agents),

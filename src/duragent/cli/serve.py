@@ -9,9 +9,16 @@ from typing import Any
 
 import typer
 
-from duragent.cli import app
-from duragent.cli_worker import load_agents
+from duragent.cli._common import fail
+from duragent.cli.worker import load_agents
 from duragent.errors import MissingExtra, UsageError
+
+app = typer.Typer()
+
+NO_AGENTS = (
+    "warning: no --agents: the API and the page start, but no task can be started or run "
+    "here; pass --agents module:attr naming your agents (e.g. --agents myagents:AGENTS)"
+)
 
 
 def _server_modules() -> tuple[Any, Any]:
@@ -158,6 +165,8 @@ def serve(
 ) -> None:
     """Serve the REST API under /v1, live events, and the web page at /."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if agents is None:
+        typer.secho(NO_AGENTS, fg=typer.colors.YELLOW, err=True)
     limits = {
         name: value
         for name, value in (
@@ -189,5 +198,4 @@ def serve(
             )
         )
     except UsageError as exc:  # MissingExtra, no tokens, a bad tokens file
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
+        fail(exc, code=2)
