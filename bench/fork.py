@@ -4,9 +4,11 @@
 
 The source task has rounds of (assistant message with one tool call, intent,
 result); a fork at its last round copies every API entry of it. Timed end to
-end through `Runtime.fork` (read the source, build the entries, commit the new
-task), with the read and the commit also timed apart. Prints median and
-min-max of the runs.
+end through `Runtime.fork`, with its two parts also timed apart: the plan
+(read the source's entry heads and rollback markers, build the fork's log)
+and the commit (`Store.create_fork`: the new task, its own entries, and the
+copy of the source's entries made inside the store, payloads never read into
+Python). Prints median and min-max of the runs.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import time
 
 from bench.common import assistant_text, call_id, tool_args, tool_output
 from duragent import Runtime
-from duragent.runtime.steering import fork_entries
+from duragent.runtime.steering import fork_log
 from duragent.store import open_store
+from duragent.store.base import CopyEntries
 from duragent.types import EntryKind, NewEntry, Task
 
 
@@ -67,20 +70,23 @@ async def once(url: str, entries: int) -> tuple[float, float, float, int]:
         sub = await rt.fork(task.id, at_round=src.iterations)
         total = time.perf_counter() - t0
         t0 = time.perf_counter()
-        copy = await fork_entries(store, src, "t_probe", src.iterations, None)
+        log = await fork_log(store, src, "t_probe", src.iterations, None)
         read = time.perf_counter() - t0
         t0 = time.perf_counter()
-        await store.create_task(Task(id="t_probe", agent="bench", iterations=src.iterations), copy)
+        probe, _ = await store.create_fork(
+            Task(id="t_probe", agent="bench", iterations=src.iterations), log
+        )
         write = time.perf_counter() - t0
-        assert (await store.get_task(sub.task_id)).last_seq == len(copy)
-        return total * 1e3, read * 1e3, write * 1e3, len(copy)
+        assert (await store.get_task(sub.task_id)).last_seq == probe.last_seq
+        copied = sum(p.count for p in log if isinstance(p, CopyEntries))
+        return total * 1e3, read * 1e3, write * 1e3, copied
     finally:
         await store.close()
 
 
 async def main(entries: int, runs: int) -> None:
     print(f"fork of a {entries:,}-entry task at its last round (ms: median, min–max of {runs})")
-    print("| store | copied entries | fork total | read + build | commit |")
+    print("| store | copied entries | fork total | plan (read heads) | commit (copy in store) |")
     print("| --- | ---: | --- | --- | --- |")
     for label, query in (("sqlite NORMAL", "normal"), ("sqlite FULL", "full")):
         results = []

@@ -390,8 +390,8 @@ class Runtime(ManyTasks):
         the copied view (see `Edit`). The same `request_id` returns the same fork.
         """
         source = await self.get(task_id, owner=owner)
-        task, entries = await new_fork(self.store, source, at_round, edit, request_id)
-        stored, created = await self.store.create_task(task, entries)
+        task, log = await new_fork(self.store, source, at_round, edit, request_id)
+        stored, created = await self.store.create_fork(task, log)
         self.start_worker()
         self._wake()
         return Submission(self, stored.id, created)

@@ -89,6 +89,32 @@ class LeaseRenewal:
     lost: set[str]
 
 
+@dataclass(frozen=True, slots=True)
+class EntryHead:
+    """An entry without its payload, but with its message role (None if it has none):
+    what a fork reads of its source to plan the copy."""
+
+    seq: int
+    kind: EntryKind
+    round: int
+    role: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CopyEntries:
+    """In a new task's log, the entries of `source_id` with seqs `first_seq`..`last_seq`,
+    a kind in `kinds` and a round up to `max_round`, copied inside the store in
+    seq order. `count`, if given, is how many the planner saw there: a store
+    finding another number refuses the write (the source changed meanwhile)."""
+
+    source_id: str
+    first_seq: int
+    last_seq: int
+    kinds: tuple[EntryKind, ...]
+    max_round: int
+    count: int | None = None
+
+
 # Told the id of a task whose control (pause/abort) was just requested, from
 # any process; None when notifications may have been missed (re-check all).
 ControlCallback = Callable[[str | None], None]
@@ -190,6 +216,10 @@ class Store(Protocol):
         kinds: Iterable[EntryKind] | None = None,
         limit: int | None = None,
     ) -> list[Entry]: ...
+    async def entry_heads(self, task_id: str, *, kinds: Iterable[EntryKind]) -> list[EntryHead]: ...
+    async def create_fork(
+        self, task: Task, log: Sequence[NewEntry | CopyEntries]
+    ) -> tuple[Task, bool]: ...
     async def model_view(self, task_id: str) -> list[ApiMessage]: ...
     async def ui_messages(self, task_id: str) -> list[UiMessage]: ...
     async def get_document(self, scope: str, key: str) -> Document | None: ...

@@ -14,6 +14,8 @@ from duragent.store.base import (
     ChangeSignal,
     ControlCallback,
     ControlWatchers,
+    CopyEntries,
+    EntryHead,
     TaskPage,
     TaskQuery,
     build_model_view,
@@ -74,6 +76,26 @@ class _MemoryTx:
 
     def append(self, entries: list[Entry]) -> None:
         self.entries.extend(entries)
+
+    def copy_entries(self, copy: CopyEntries, task_id: str, after_seq: int, now: datetime) -> int:
+        wanted = {k.value for k in copy.kinds}
+        rows = [
+            r
+            for r in self.store._entries.get(copy.source_id, ())
+            if copy.first_seq <= r[0] <= copy.last_seq and r[1] in wanted and r[2] <= copy.max_round
+        ]
+        self.entries.extend(
+            Entry.model_construct(
+                task_id=task_id,
+                seq=after_seq + i,
+                kind=EntryKind(kind),
+                round=rnd,
+                payload=json.loads(payload),
+                created_at=now,
+            )
+            for i, (_seq, kind, rnd, payload, _at) in enumerate(rows, 1)
+        )
+        return len(rows)
 
     def load_document(self, scope: str, key: str) -> Document | None:
         if (scope, key) in self.docs:
@@ -243,6 +265,14 @@ class MemoryStore(TxWrites):
             if limit is not None and len(out) >= limit:
                 break
         return out
+
+    async def entry_heads(self, task_id: str, *, kinds: Iterable[EntryKind]) -> list[EntryHead]:
+        wanted = {EntryKind(k).value for k in kinds}
+        return [
+            EntryHead(seq, EntryKind(kind), rnd, json.loads(payload).get("role"))
+            for seq, kind, rnd, payload, _at in self._entries.get(task_id, ())
+            if kind in wanted
+        ]
 
     async def model_view(self, task_id: str) -> list[ApiMessage]:
         rows = self._entries.get(task_id, ())

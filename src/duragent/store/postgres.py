@@ -42,6 +42,7 @@ from duragent.store.base import (
     VIEW_KINDS,
     ControlCallback,
     ControlWatchers,
+    EntryHead,
     LeaseRenewal,
     TaskPage,
     TaskQuery,
@@ -444,6 +445,17 @@ class PostgresStore(TxWrites):
                 )
                 for r in conn.execute(text, params)
             ]
+
+        return await self._read(read)
+
+    async def entry_heads(self, task_id: str, *, kinds: Iterable[EntryKind]) -> list[EntryHead]:
+        def read(conn: Conn) -> list[EntryHead]:
+            rows = conn.execute(
+                "SELECT seq, kind, round, payload::json ->> 'role' AS role FROM entries"
+                " WHERE task_id = %s AND kind = ANY(%s) ORDER BY seq",
+                (task_id, [EntryKind(k).value for k in kinds]),
+            )
+            return [EntryHead(r["seq"], EntryKind(r["kind"]), r["round"], r["role"]) for r in rows]
 
         return await self._read(read)
 

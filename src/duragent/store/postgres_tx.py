@@ -17,7 +17,7 @@ from typing import Any
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
-from duragent.store.base import dumps
+from duragent.store.base import CopyEntries, dumps
 from duragent.store.postgres_schema import Conn, lock_key
 from duragent.store.queues import QUEUES_SCOPE, Candidate
 from duragent.store.tx import Notes, task_columns
@@ -132,6 +132,28 @@ class PgTx:
             params += (e.task_id, e.seq, e.kind.value, e.round, dumps(e.payload), e.created_at)
         self._run(_append_sql(len(entries)), params)
         self.changed = True
+
+    def copy_entries(self, copy: CopyEntries, task_id: str, after_seq: int, now: datetime) -> int:
+        # One statement: the payloads never leave the server. On the connection,
+        # not buffered: the number copied is checked before the commit.
+        cur = self.conn.execute(
+            "INSERT INTO entries (task_id, seq, kind, round, payload, created_at)"
+            " SELECT %s, %s + row_number() OVER (ORDER BY seq), kind, round, payload, %s"
+            " FROM entries WHERE task_id = %s AND seq BETWEEN %s AND %s AND round <= %s"
+            " AND kind = ANY(%s)",
+            (
+                task_id,
+                after_seq,
+                now,
+                copy.source_id,
+                copy.first_seq,
+                copy.last_seq,
+                copy.max_round,
+                [k.value for k in copy.kinds],
+            ),
+        )
+        self.changed = True
+        return cur.rowcount
 
     def load_document(self, scope: str, key: str) -> Document | None:
         # A document that does not exist yet has no row to lock, so writers of one

@@ -33,6 +33,7 @@ from duragent.store.base import (
     ChangeSignal,
     ControlCallback,
     ControlWatchers,
+    EntryHead,
     TaskPage,
     TaskQuery,
     build_model_view,
@@ -405,6 +406,19 @@ class SQLiteStore(TxWrites):
             ]
 
         return await self._read(read)  # type: ignore[no-any-return]
+
+    async def entry_heads(self, task_id: str, *, kinds: Iterable[EntryKind]) -> list[EntryHead]:
+        codes = [KIND_CODES[EntryKind(k)] for k in kinds]
+        sql = (
+            "SELECT seq, kind, round, json_extract(payload, '$.role') FROM entries"
+            f" WHERE task_num={_NUM} AND kind IN ({', '.join('?' * len(codes))}) ORDER BY seq"
+        )
+        return await self._read(  # type: ignore[no-any-return]
+            lambda conn: [
+                EntryHead(r[0], KINDS_BY_CODE[r[1]], r[2], r[3])
+                for r in conn.execute(sql, (task_id, *codes))
+            ]
+        )
 
     async def model_view(self, task_id: str) -> list[ApiMessage]:
         def read(conn: sqlite3.Connection) -> list[ApiMessage]:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from duragent.store.base import to_ts, ts_to_dt
+from duragent.store.base import CopyEntries, to_ts, ts_to_dt
 from duragent.store.queues import QUEUES_SCOPE, Candidate
 from duragent.store.sqlite_schema import KIND_CODES, dumps
 from duragent.store.tx import Notes, task_columns
@@ -144,6 +144,30 @@ class SqliteTx:
                 for e in entries
             ],
         )
+
+    def copy_entries(self, copy: CopyEntries, task_id: str, after_seq: int, now: datetime) -> int:
+        # One statement: the payloads never leave SQLite.
+        row = self.conn.execute("SELECT num FROM tasks WHERE id=?", (copy.source_id,)).fetchone()
+        if row is None:
+            return 0
+        codes = [KIND_CODES[k] for k in copy.kinds]
+        cur = self.conn.execute(
+            "INSERT INTO entries (task_num, seq, kind, round, payload, created_at)"
+            " SELECT ?, ? + row_number() OVER (ORDER BY seq), kind, round, payload, ?"
+            " FROM entries WHERE task_num=? AND seq BETWEEN ? AND ? AND round <= ?"
+            f" AND kind IN ({', '.join('?' * len(codes))})",
+            (
+                self.task_num(task_id),
+                after_seq,
+                to_ts(now),
+                row[0],
+                copy.first_seq,
+                copy.last_seq,
+                copy.max_round,
+                *codes,
+            ),
+        )
+        return cur.rowcount
 
     def load_document(self, scope: str, key: str) -> Document | None:
         row = self.conn.execute(

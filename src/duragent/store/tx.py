@@ -15,6 +15,7 @@ from duragent.errors import Conflict, StaleLease, TaskNotFound
 from duragent.store.base import (
     Commit,
     CommitResult,
+    CopyEntries,
     LeaseRenewal,
     apply_patch,
     check_fence,
@@ -33,6 +34,10 @@ class Tx(Protocol):
     def insert_task(self, task: Task) -> None: ...
     def update_task(self, task: Task) -> None: ...
     def append(self, entries: list[Entry]) -> None: ...
+    def copy_entries(self, copy: CopyEntries, task_id: str, after_seq: int, now: datetime) -> int:
+        """Copy `copy`'s entries into `task_id` as seqs after_seq+1.. ; returns how many."""
+        ...
+
     def load_document(self, scope: str, key: str) -> Document | None: ...
     def put_document(self, doc: Document) -> None: ...
     def delete_document(self, scope: str, key: str) -> None: ...
@@ -226,6 +231,66 @@ def apply_create(
     return result.tasks[task.id], True
 
 
+def apply_fork(
+    tx: Tx, task: Task, log: Sequence[NewEntry | CopyEntries], now: datetime
+) -> tuple[Task, bool]:
+    """Create a task whose log is `log`: new entries as given, copies made by the store.
+
+    The new task's seqs are positions in `log`, a copy counting its entries.
+    Its first `iterations` rounds are closed: `round_seq` is set to the seq of
+    the last entry of one of them (copies hold only those), where recovery
+    starts reading.
+    """
+    if task.request_id is not None:
+        existing = tx.find_by_request(task.owner, task.request_id)
+        if existing is not None:
+            return existing, False
+    check_new_child(task)
+    if tx.load_task(task.id) is not None:
+        raise Conflict(f"a task with id {task.id!r} already exists")
+    task = task.model_copy(update={"created_at": now, "updated_at": now, "last_seq": 0})
+    tx.insert_task(task)  # first: a store may number the task's entries by its row
+    seq = round_seq = 0
+    pending: list[Entry] = []
+    sources: set[str] = set()
+    for part in log:
+        if isinstance(part, NewEntry):
+            seq += 1
+            if part.round <= task.iterations:
+                round_seq = seq
+            pending.append(
+                Entry.model_construct(
+                    task_id=task.id,
+                    seq=seq,
+                    kind=part.kind,
+                    round=part.round,
+                    payload=part.payload,
+                    created_at=now,
+                )
+            )
+            continue
+        if part.source_id not in sources:
+            if tx.load_task(part.source_id) is None:
+                raise TaskNotFound(part.source_id)
+            sources.add(part.source_id)
+        if pending:
+            tx.append(pending)  # in seq order: a store may keep a task's log as a list
+            pending = []
+        copied = tx.copy_entries(part, task.id, seq, now)
+        if part.count is not None and copied != part.count:
+            raise Conflict(
+                f"task {part.source_id!r} changed while it was being forked: {copied} "
+                f"entries of seqs {part.first_seq}..{part.last_seq} found, {part.count} expected"
+            )
+        seq += copied
+        round_seq = seq
+    if pending:
+        tx.append(pending)
+    task = task.model_copy(update={"last_seq": seq, "round_seq": round_seq})
+    tx.update_task(task)
+    return task, True
+
+
 def apply_claim(
     tx: Tx,
     worker_id: str,
@@ -349,6 +414,11 @@ class TxWrites:
 
     async def create_task(self, task: Task, entries: Sequence[NewEntry] = ()) -> tuple[Task, bool]:
         return await self._write(lambda tx: apply_create(tx, task, entries, utcnow()))
+
+    async def create_fork(
+        self, task: Task, log: Sequence[NewEntry | CopyEntries]
+    ) -> tuple[Task, bool]:
+        return await self._write(lambda tx: apply_fork(tx, task, list(log), utcnow()))
 
     async def claim_task(
         self,
