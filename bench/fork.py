@@ -5,7 +5,8 @@
 The source task has rounds of (assistant message with one tool call, intent,
 result); a fork at its last round copies every API entry of it. Timed end to
 end through `Runtime.fork`, with its two parts also timed apart: the plan
-(read the source's entry heads and rollback markers, build the fork's log)
+(read the source's rollback markers, and its entry heads for an edit that
+voids a copied message; build the fork's log)
 and the commit (`Store.create_fork`: the new task, its own entries, and the
 copy of the source's entries made inside the store, payloads never read into
 Python). Prints median and min-max of the runs.
@@ -22,7 +23,7 @@ import time
 
 from bench.common import assistant_text, call_id, tool_args, tool_output
 from duragent import Runtime
-from duragent.runtime.steering import fork_log
+from duragent.runtime.steering import Edit, fork_log
 from duragent.store import open_store
 from duragent.store.base import CopyEntries
 from duragent.types import EntryKind, NewEntry, Task
@@ -58,7 +59,7 @@ def source(entries: int) -> tuple[Task, list[NewEntry]]:
     return task, out
 
 
-async def once(url: str, entries: int) -> tuple[float, float, float, int]:
+async def once(url: str, entries: int, edit: Edit | None) -> tuple[float, float, float, int]:
     store = open_store(url)
     await store.open()
     try:
@@ -67,10 +68,10 @@ async def once(url: str, entries: int) -> tuple[float, float, float, int]:
         src = await store.get_task(task.id)
         rt = Runtime(store, run_worker=False)
         t0 = time.perf_counter()
-        sub = await rt.fork(task.id, at_round=src.iterations)
+        sub = await rt.fork(task.id, at_round=src.iterations, edit=edit)
         total = time.perf_counter() - t0
         t0 = time.perf_counter()
-        log = await fork_log(store, src, "t_probe", src.iterations, None)
+        log = await fork_log(store, src, "t_probe", src.iterations, edit)
         read = time.perf_counter() - t0
         t0 = time.perf_counter()
         probe, _ = await store.create_fork(
@@ -78,7 +79,8 @@ async def once(url: str, entries: int) -> tuple[float, float, float, int]:
         )
         write = time.perf_counter() - t0
         assert (await store.get_task(sub.task_id)).last_seq == probe.last_seq
-        copied = sum(p.count for p in log if isinstance(p, CopyEntries))
+        copied = sum(p.count or 0 for p in log if isinstance(p, CopyEntries))
+        copied = copied or probe.last_seq - sum(1 for p in log if not isinstance(p, CopyEntries))
         return total * 1e3, read * 1e3, write * 1e3, copied
     finally:
         await store.close()
@@ -86,13 +88,20 @@ async def once(url: str, entries: int) -> tuple[float, float, float, int]:
 
 async def main(entries: int, runs: int) -> None:
     print(f"fork of a {entries:,}-entry task at its last round (ms: median, min–max of {runs})")
-    print("| store | copied entries | fork total | plan (read heads) | commit (copy in store) |")
+    print("| store | copied entries | fork total | plan | commit (copy in store) |")
     print("| --- | ---: | --- | --- | --- |")
-    for label, query in (("sqlite NORMAL", "normal"), ("sqlite FULL", "full")):
+    # An edit that voids a copied message plans from the source's entry heads.
+    edit = Edit(replace_last_user="start over")
+    for label, query, with_edit in (
+        ("sqlite NORMAL", "normal", None),
+        ("sqlite FULL", "full", None),
+        ("sqlite NORMAL, replace_last_user", "normal", edit),
+    ):
         results = []
         for _ in range(runs):
             with tempfile.TemporaryDirectory() as d:
-                results.append(await once(f"sqlite:///{d}/f.db?durability={query}", entries))
+                url = f"sqlite:///{d}/f.db?durability={query}"
+                results.append(await once(url, entries, with_edit))
         cols = []
         for i in range(3):
             vals = [r[i] for r in results]
