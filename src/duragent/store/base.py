@@ -14,7 +14,7 @@ import json
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from duragent.errors import Conflict, StaleLease
 from duragent.types import (
@@ -89,10 +89,9 @@ class LeaseRenewal:
     lost: set[str]
 
 
-@dataclass(frozen=True, slots=True)
-class EntryHead:
+class EntryHead(NamedTuple):
     """An entry without its payload, but with its message role (None if it has none):
-    what a fork reads of its source to plan the copy."""
+    what a fork reads of its source to plan the copy (a tuple: thousands are built)."""
 
     seq: int
     kind: EntryKind
