@@ -1,6 +1,6 @@
 """How long a fork of a long task takes (issue 13: target ≤ 50 ms for 10,000 entries on SQLite).
 
-    python -m bench.fork [--entries 10000] [--runs 7]
+    python -m bench.fork [--entries 10000] [--runs 7] [--postgres]
 
 The source task has rounds of (assistant message with one tool call, intent,
 result); a fork at its last round copies every API entry of it. Timed end to
@@ -17,11 +17,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
 
-from bench.common import assistant_text, call_id, tool_args, tool_output
+from bench.common import (
+    PG_URL,
+    assistant_text,
+    call_id,
+    postgres_unreachable,
+    throwaway_schema,
+    tool_args,
+    tool_output,
+)
 from duragent import Runtime
 from duragent.runtime.steering import Edit, fork_log
 from duragent.store import open_store
@@ -86,32 +95,44 @@ async def once(url: str, entries: int, edit: Edit | None) -> tuple[float, float,
         await store.close()
 
 
-async def main(entries: int, runs: int) -> None:
+async def main(entries: int, runs: int, postgres: bool) -> None:
     print(f"fork of a {entries:,}-entry task at its last round (ms: median, min–max of {runs})")
     print("| store | copied entries | fork total | plan | commit (copy in store) |")
     print("| --- | ---: | --- | --- | --- |")
     # An edit that voids a copied message plans from the source's entry heads.
     edit = Edit(replace_last_user="start over")
-    for label, query, with_edit in (
-        ("sqlite NORMAL", "normal", None),
-        ("sqlite FULL", "full", None),
-        ("sqlite NORMAL, replace_last_user", "normal", edit),
-    ):
+    rows: list[tuple[str, str, Edit | None]] = [
+        ("sqlite NORMAL", "sqlite:normal", None),
+        ("sqlite FULL", "sqlite:full", None),
+        ("sqlite NORMAL, replace_last_user", "sqlite:normal", edit),
+    ]
+    if postgres:
+        if (why := postgres_unreachable()) is None:
+            rows += [("postgres", "postgres", None)]
+        else:
+            print(f"postgres skipped: {why}")
+    for label, kind, with_edit in rows:
         results = []
         for _ in range(runs):
+            if kind == "postgres":
+                with throwaway_schema("bench_fork") as schema:
+                    results.append(await once(f"{PG_URL}?schema={schema}", entries, with_edit))
+                continue
             with tempfile.TemporaryDirectory() as d:
-                url = f"sqlite:///{d}/f.db?durability={query}"
+                url = f"sqlite:///{d}/f.db?durability={kind.partition(':')[2]}"
                 results.append(await once(url, entries, with_edit))
         cols = []
         for i in range(3):
             vals = [r[i] for r in results]
             cols.append(f"{statistics.median(vals):.1f} ({min(vals):.1f}–{max(vals):.1f})")
         print(f"| {label} | {results[0][3]:,} | " + " | ".join(cols) + " |")
+    print(f"load average: {os.getloadavg()[0]:.1f} (1 min), cpus: {os.cpu_count()}")
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--entries", type=int, default=10_000)
     ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--postgres", action="store_true", help="also fork on PostgreSQL (PG_URL)")
     args = ap.parse_args()
-    asyncio.run(main(args.entries, args.runs))
+    asyncio.run(main(args.entries, args.runs, args.postgres))
