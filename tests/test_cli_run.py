@@ -20,7 +20,7 @@ import pytest
 
 from duragent.store import open_store
 from duragent.types import EntryKind, Task, TaskStatus
-from llm_servers import Answer, ScriptedOpenAIServer, ToolCall
+from support.llm_servers import Answer, ScriptedOpenAIServer, ToolCall
 
 SECRET = "sk-test-SECRET-123"
 KEY_ENV = "DURAGENT_TEST_KEY"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from server_live import child_env
+from support.server_live import child_env
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 RUNNABLE = re.compile(r"^<!-- runnable\b[^\n]*-->\n```python\n(.*?)^```$", re.MULTILINE | re.DOTALL)

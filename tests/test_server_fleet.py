@@ -10,7 +10,7 @@ import httpx
 
 from duragent import Runtime
 from duragent.types import TaskStatus
-from test_server_api import assert_problem, auth, client, runtime, start, wait_for  # noqa: F401
+from support.api import assert_problem, auth, client, runtime, start, wait_for  # noqa: F401
 
 
 async def test_queue_priority_metadata_start_at_and_filters(

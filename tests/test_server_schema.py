@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from server_live import LiveServer, live_server
+from support.server_live import LiveServer, live_server
 
 schemathesis = pytest.importorskip("schemathesis")
 

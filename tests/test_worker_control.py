@@ -19,8 +19,8 @@ from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, tool
 from duragent.store import Commit, TaskPatch
 from duragent.store.memory import MemoryStore
 from duragent.types import AssistantMessage, EntryKind
+from support.workerlib import WorkerProc
 from worker_agents import AGENTS
-from workerlib import WorkerProc
 
 # A heartbeat (lease / 3) far longer than any wait below: whatever reaches the
 # worker in time did not come with a lease renewal.

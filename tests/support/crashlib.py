@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 from typing import IO
 
-HERE = Path(__file__).parent
+HERE = (
+    Path(__file__).resolve().parent.parent
+)  # tests/, where the agent modules and child scripts are
 
 
 def spawn(script: str, *args: str) -> subprocess.Popen[str]:

@@ -7,9 +7,15 @@ import os
 import subprocess
 import sys
 import threading
+from collections import Counter
 from pathlib import Path
 
-HERE = Path(__file__).parent
+from duragent import Runtime
+from duragent.types import AssistantMessage, ToolMessage
+
+HERE = (
+    Path(__file__).resolve().parent.parent
+)  # tests/, where the agent modules and child scripts are
 
 
 class WorkerProc:
@@ -88,3 +94,14 @@ class WorkerProc:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(10)
+
+
+async def one_result_per_call(rt: Runtime, task_id: str) -> None:
+    view = await rt.model_view(task_id)
+    calls = [c.id for m in view if isinstance(m, AssistantMessage) for c in m.tool_calls or ()]
+    results = Counter(m.tool_call_id for m in view if isinstance(m, ToolMessage))
+    assert set(results) == set(calls) and all(n == 1 for n in results.values()), (calls, results)
+
+
+def ledger_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import httpx
 
-HERE = Path(__file__).parent
+HERE = (
+    Path(__file__).resolve().parent.parent
+)  # tests/, where the agent modules and child scripts are
 TOKENS = {"alice": "alice-live-token-1", "bob": "bob-live-token-2"}
 CLI = "from duragent.cli import main; main()"
 
