@@ -16,7 +16,14 @@ class WorkerProc:
     """A `python -m duragent worker` child whose output is collected as it comes."""
 
     def __init__(
-        self, url: str, *, ttl: float = 2.0, concurrency: int = 50, poll: float = 0.1, **env: str
+        self,
+        url: str,
+        *,
+        ttl: float = 2.0,
+        concurrency: int = 50,
+        poll: float = 0.1,
+        args: tuple[str, ...] = (),
+        **env: str,
     ) -> None:
         self.proc = subprocess.Popen(
             [
@@ -34,6 +41,7 @@ class WorkerProc:
                 str(ttl),
                 "--poll-interval",
                 str(poll),
+                *args,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
