@@ -20,10 +20,19 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, Field, field_validator
 
+from duragent.errors import TaskNotFound, UsageError
 from duragent.store.base import Commit, DocumentWrite, Store
 from duragent.types import Task, TaskStatus
 
 QUEUES_SCOPE = "duragent:queues"
+
+
+class QueueNotFound(TaskNotFound):
+    """No queue of that name has limits. A TaskNotFound, so it maps to 404."""
+
+    def __init__(self, name: str) -> None:
+        self.task_id = name
+        UsageError.__init__(self, f"no queue named {name!r} has limits")
 
 
 class Queue(BaseModel):
@@ -226,4 +235,6 @@ async def list_queues(store: Store) -> list[Queue]:
 
 
 async def delete_queue(store: Store, name: str) -> None:
+    if await store.get_document(QUEUES_SCOPE, name) is None:
+        raise QueueNotFound(name)
     await store.commit(Commit(documents=[DocumentWrite(QUEUES_SCOPE, name, delete=True)]))
