@@ -13,7 +13,7 @@ import pytest
 
 from conftest import drop_schema, require_postgres
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
-from duragent.store.queues import Queue, define_queue, delete_queue, list_queues
+from duragent.store.queues import Queue, QueueNotFound, define_queue, delete_queue, list_queues
 from duragent.types import Task
 
 
@@ -154,6 +154,14 @@ async def test_list_and_count_filter_by_queue_metadata_and_time(store: Store) ->
         ("q1", "pending"): 1,
         ("b", "running"): 1,
     }
+
+
+async def test_removing_limits_a_queue_never_had_is_not_found(store: Store) -> None:
+    await define_queue(store, Queue("q", concurrency=1))
+    with pytest.raises(QueueNotFound, match="'nope'"):
+        await delete_queue(store, "nope")
+    await delete_queue(store, "q")
+    assert await list_queues(store) == []
 
 
 async def test_a_claim_may_be_kept_to_named_queues(store: Store) -> None:

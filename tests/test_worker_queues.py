@@ -81,7 +81,16 @@ async def test_a_limit_set_while_a_worker_runs_holds_at_its_next_claim(
     await rt.wait(first, timeout=60)
     release.unlink()
 
-    await rt.queue("slow", concurrency=1)  # another process changes the limit
+    # Another process changes the limit: `duragent queue set`.
+    got = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "duragent", "queue", "set", "slow", "--store", url,
+         "--concurrency", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
     ids = await submit_at_once(
         rt.store, [Task(agent="sleeper", input=f"job {i}", queue="slow") for i in range(3)]
     )
