@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,15 +17,7 @@ from duragent.store import Commit, Store, TaskQuery
 from duragent.types import EntryKind, Task
 from test_store_multiprocess import shared_url  # noqa: F401  (the fixture)
 from worker_agents import AGENTS
-from workerlib import WorkerProc
-
-
-@pytest.fixture
-def workers() -> Iterator[list[WorkerProc]]:
-    procs: list[WorkerProc] = []
-    yield procs
-    for p in procs:
-        p.stop()
+from workerlib import WorkerProc, workers  # noqa: F401  (the fixture)
 
 
 @pytest.fixture
@@ -47,7 +39,10 @@ async def submit_at_once(store: Store, tasks: list[Task]) -> list[str]:
     return [t.id for t in tasks]
 
 
-async def test_workers_claim_only_from_their_queues(rt: Runtime, workers: list[WorkerProc]) -> None:
+async def test_workers_claim_only_from_their_queues(
+    rt: Runtime,
+    workers: list[WorkerProc],  # noqa: F811
+) -> None:
     url = rt.store.url
     by_queue = {
         q: [(await rt.submit("chat", f"{q} {i}", queue=q)).task_id for i in range(3)]
@@ -67,7 +62,9 @@ async def test_workers_claim_only_from_their_queues(rt: Runtime, workers: list[W
 
 
 async def test_a_limit_set_while_a_worker_runs_holds_at_its_next_claim(
-    rt: Runtime, workers: list[WorkerProc], tmp_path: Path
+    rt: Runtime,
+    workers: list[WorkerProc],  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     url = rt.store.url
     release = tmp_path / "release"

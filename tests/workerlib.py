@@ -7,7 +7,10 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 HERE = Path(__file__).parent
 
@@ -96,3 +99,12 @@ class WorkerProc:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(10)
+
+
+@pytest.fixture
+def workers() -> Iterator[list[WorkerProc]]:
+    """The worker processes a test starts (append them), killed when it ends."""
+    procs: list[WorkerProc] = []
+    yield procs
+    for p in procs:
+        p.stop()
