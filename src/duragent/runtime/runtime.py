@@ -129,7 +129,6 @@ class Runtime(ManyTasks):
             "trace": trace,
             "missing_agent_grace": missing_agent_grace,
             "webhook_delivery": webhook_delivery,
-            "queues": list(queues),
         }
         self._worker_job: asyncio.Task[None] | None = None
         self._queues = list(queues)

@@ -484,19 +484,30 @@ class PostgresStore(TxWrites):
 
         return await self._read(read)
 
-    async def next_wake_at(self, agents: Iterable[str] | None = None) -> datetime | None:
+    async def next_wake_at(
+        self, agents: Iterable[str] | None = None, queues: Iterable[str] | None = None
+    ) -> datetime | None:
         names = None if agents is None else list(agents)
+        only = None if queues is None else list(queues)
+
+        mine = (
+            "AND (%(all)s OR agent = ANY(%(names)s)) AND (%(any_queue)s OR queue = ANY(%(queues)s))"
+        )
 
         def read(conn: Conn) -> datetime | None:
             row = conn.execute(
                 "SELECT min(t) AS t FROM ("
                 " SELECT wake_at AS t FROM tasks WHERE status = 'waiting'"
-                " AND status_reason = 'timer' AND (%(all)s OR agent = ANY(%(names)s))"
-                " UNION ALL SELECT lease_expires FROM tasks WHERE status = 'running'"
-                " AND (%(all)s OR agent = ANY(%(names)s))"
+                f" AND status_reason = 'timer' {mine}"
+                f" UNION ALL SELECT lease_expires FROM tasks WHERE status = 'running' {mine}"
                 " UNION ALL SELECT min(wake_at) FROM tasks WHERE status = 'pending'"
-                " AND wake_at IS NOT NULL AND (%(all)s OR agent = ANY(%(names)s))) AS wakes",
-                {"all": names is None, "names": names or []},
+                f" AND wake_at IS NOT NULL {mine}) AS wakes",
+                {
+                    "all": names is None,
+                    "names": names or [],
+                    "any_queue": only is None,
+                    "queues": only or [],
+                },
             ).fetchone()
             value = None if row is None else row["t"]
             return None if value is None else value.astimezone(UTC)
