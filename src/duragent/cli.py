@@ -63,6 +63,7 @@ COMMAND_MODULES = (
     "cli_run",
     "cli_store",
     "cli_steering",
+    "cli_approvals",
     "cli_fleet",
 )
 

@@ -32,9 +32,9 @@ class Decision(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     approve: bool = Field(description="Allow or deny the call.")
-    reason: str | None = Field(None, max_length=2000, description="Why; the model sees it.")
+    reason: str | None = Field(default=None, max_length=2000, description="Why; the model sees it.")
     arguments: dict[str, JSON] | None = Field(
-        None,
+        default=None,
         description="Run the call with these arguments instead of the model's (approve only; "
         "checked against the tool's schema).",
     )
