@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -107,6 +111,10 @@ async def test_edited_approval_runs_with_the_edit_and_the_model_and_ui_see_it(
         assert card.arguments == {"to": "carol", "body": "hello"}
         assert card.original_arguments == {"to": "bob", "body": "hi"}
         assert card.state == "ok"
+        # The round's history shows both too.
+        (call,) = (await rt.history(task.id)).rounds[0].calls
+        assert call.arguments == '{"to": "bob", "body": "hi"}'
+        assert call.edited_arguments == {"to": "carol", "body": "hello"}
 
 
 async def test_an_edit_equal_to_the_model_arguments_is_a_plain_approval(store: Store) -> None:
@@ -271,3 +279,18 @@ async def _until_past(when: Any) -> None:
 
     while utcnow() <= when:
         await asyncio.sleep(min(0.05, max(0.0, (when - utcnow()).total_seconds())) + 0.001)
+
+
+def test_readme_example_runs(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("### Approvals that edit and expire") :]
+    block = re.search(r"```python\n(.*?)```", section, re.S)
+    assert block is not None
+    script = tmp_path / "approve.py"
+    script.write_text(block.group(1))
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert "The user denied this call: Ann is on leave" in out
+    assert "a person edited this call's arguments" in out
+    assert "sent 'see you at 5' to bob@example.com" in out
