@@ -129,7 +129,8 @@ async def test_an_approval_times_out_across_a_worker_restart(
     url: str, tmp_path: Path, env: pytest.MonkeyPatch
 ) -> None:
     ledger = tmp_path / "ledger"
-    env.setenv("DURAGENT_TEST_APPROVAL_TIMEOUT", "1.5")
+    # Long enough that the first worker is surely killed before it expires.
+    env.setenv("DURAGENT_TEST_APPROVAL_TIMEOUT", "4")
     tid = await submit(url, ledger)
     kill_at(spawn("approval_child.py", url, tid, str(ledger), "park"), "parked")
     async with Runtime(url, agents=[mailer(ledger)], run_worker=False) as rt:
@@ -141,6 +142,6 @@ async def test_an_approval_times_out_across_a_worker_restart(
     task, result, kind = await outcome(url, ledger, tid)
     assert kind == "denied" and ran(ledger) == []
     assert result.content == (
-        "The call was denied: no decision within 1.5 seconds (the approval expired)."
+        "The call was denied: no decision within 4 seconds (the approval expired)."
     )
     assert task.updated_at >= parked.wake_at

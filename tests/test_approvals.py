@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,12 @@ from duragent import (
     Task,
     TaskStatus,
     ToolCall,
+    ToolContext,
     ToolMessage,
     UsageError,
     tool,
 )
+from duragent.runtime.waits import open_waits
 from duragent.types import AssistantMessage, EntryKind, UIToolCard, utcnow
 
 
@@ -229,33 +231,104 @@ async def test_an_undecided_approval_is_denied_when_its_time_is_up(store: Store)
     outbox = Outbox(approval_timeout=timedelta(seconds=0.3))
     a = agent(outbox, ToolCall("send", {"to": "bob", "body": "hi"}))
     async with Runtime(store, agents=[a]) as rt:
-        task = await parked(rt)
-        # The wait records its expiry, and the task's wake_at is that durable timer.
-        (wait,) = (await _open_approvals(store, task)).values()
-        assert task.wake_at is not None and task.wake_at.isoformat() == wait["expires_at"]
-        assert task.status_reason == "input"  # a person is still asked to act
-        done = await rt.wait(task.id, timeout=20)
+        sub = await rt.submit("a", "write to bob", owner="u")
+        done = await rt.wait(sub.task_id, timeout=20)
     assert done.status is TaskStatus.COMPLETED and outbox.sent == []
-    assert (
-        done.output == "The call was denied: no decision within 0.3 seconds (the approval expired)."
+    assert done.output == (
+        "The call was denied: no decision within 0.3 seconds (the approval expired)."
     )
-    assert done.updated_at >= task.wake_at
+    entries = await store.entries(done.id)
+    (wait,) = [e for e in entries if e.payload.get("type") == "wait"]
+    (result,) = [e for e in entries if e.kind is EntryKind.TOOL_RESULT]
+    assert wait.payload["timeout"] == 0.3 and result.payload["outcome"] == "denied"
+    # The task parked with a person's status reason (the durable timer is its
+    # wake_at), and the denial came no earlier than the expiry.
+    parked = [
+        e.payload for e in entries if e.kind is EntryKind.STATUS and e.payload["to"] == "waiting"
+    ]
+    assert parked and all(p.get("reason") == "input" for p in parked)
+    assert result.created_at >= datetime.fromisoformat(wait.payload["expires_at"])
 
 
-async def test_a_decision_after_the_time_limit_is_refused(store: Store) -> None:
-    outbox = Outbox(approval_timeout=0.2)
+def forward(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Move the clock approvals are checked by `seconds` ahead (not the store's)."""
+    import duragent.runtime.approvals as approvals
+
+    monkeypatch.setattr(approvals, "utcnow", lambda: utcnow() + timedelta(seconds=seconds))
+
+
+async def test_a_decision_after_the_time_limit_is_refused(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outbox = Outbox(approval_timeout=600)
     a = agent(outbox, ToolCall("send", {"to": "bob", "body": "hi"}))
     async with Runtime(store, agents=[a]) as rt:
         task = await parked(rt)
-    # No worker now: the timer is due but nobody has fired it yet.
     rt = Runtime(store, agents=[a], run_worker=False)
-    assert task.wake_at is not None
-    await _until_past(task.wake_at)
-    with pytest.raises(Conflict, match="expired"):
+    forward(monkeypatch, 601)  # ten minutes later, before any worker fired the timer
+    before = await rt.get(task.id)
+    with pytest.raises(Conflict, match=r"approval of call '\w+' expired at .*: the call is denied"):
         await rt.respond(task.id, approve=True)
-    async with Runtime(store, agents=[a]) as worker:
-        done = await worker.wait(task.id, timeout=20)
-    assert "no decision within 0.2 seconds" in str(done.output) and outbox.sent == []
+    calls = await _open_approvals(store, task)
+    with pytest.raises(Conflict, match="expired"):
+        await rt.respond(task.id, decisions={c: Decision(approve=False) for c in calls})
+    after = await rt.get(task.id)
+    assert (after.version, after.last_seq) == (before.version, before.last_seq)
+
+
+async def test_a_paused_task_denies_its_expired_approval_when_resumed(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outbox = Outbox(approval_timeout=600)
+    a = agent(outbox, ToolCall("send", {"to": "bob", "body": "hi"}))
+    async with Runtime(store, agents=[a]) as rt:
+        task = await parked(rt)
+        paused = await rt.pause(task.id)
+        assert paused.status is TaskStatus.PAUSED
+        forward(monkeypatch, 601)
+        with pytest.raises(Conflict, match="expired"):
+            await rt.respond(task.id, approve=True)
+        await rt.resume(task.id)
+        done = await rt.wait(task.id, timeout=20)
+    assert done.output == (
+        "The call was denied: no decision within 10 minutes (the approval expired)."
+    )
+    assert outbox.sent == []
+
+
+async def test_a_question_waits_on_while_a_sibling_timer_fires(store: Store) -> None:
+    """A task waiting for a person and a timer is woken by the timer (it used to wait for
+    the person first); the question stays open."""
+
+    @tool
+    def nap(ctx: ToolContext) -> Any:
+        """Sleep a moment."""
+        return ctx.sleep(0.2)
+
+    def script(messages: list[Any]) -> Any:
+        if not any(isinstance(m, AssistantMessage) for m in messages):
+            return [ToolCall("ask_user", {"question": "Which city?"}), ToolCall("nap")]
+        return echo_last_result(messages)
+
+    a = Agent(
+        name="a", model=ScriptedModel(script), tools=[nap], plan_tool=False, ask_user_tool=True
+    )
+    async with Runtime(store, agents=[a]) as rt:
+        sub = await rt.submit("a", "plan a trip", owner="u")
+        # Woken by the timer while the question is open: waiting for the person alone.
+        slept = await rt.wait(
+            sub.task_id,
+            timeout=20,
+            until=lambda t: t.status.value == "waiting" and t.wake_at is None,
+        )
+        waits = await open_waits(store, slept)
+        assert [w["wait"] for w in waits.values()] == ["input"]
+        assert slept.status_reason == "input"
+        task = slept
+        await rt.respond(task.id, answer="Lisbon")
+        done = await rt.wait(task.id, timeout=20)
+    # The timer's result came first, the person's answer after it.
+    assert done.output.startswith("Slept until") and done.output.endswith(" | Lisbon")
 
 
 async def test_approval_timeout_must_be_positive() -> None:
@@ -267,18 +340,8 @@ async def test_approval_timeout_must_be_positive() -> None:
 
 
 async def _open_approvals(store: Store, task: Task) -> dict[str, dict[str, Any]]:
-    from duragent.runtime.waits import open_waits
-
     task = await store.get_task(task.id)
     return {c: w for c, w in (await open_waits(store, task)).items() if w["wait"] == "approval"}
-
-
-async def _until_past(when: Any) -> None:
-    """Wait for the wall clock to pass `when` (the condition the test needs, not a guess)."""
-    import asyncio
-
-    while utcnow() <= when:
-        await asyncio.sleep(min(0.05, max(0.0, (when - utcnow()).total_seconds())) + 0.001)
 
 
 def test_readme_example_runs(tmp_path: Path) -> None:

@@ -733,6 +733,10 @@ class TaskRunner:
             )
             return
         patch: dict[str, Any] = {"status": TaskStatus.PAUSED, "control": None}
+        if self.task.status is TaskStatus.WAITING:
+            # Its timers (a sleep, an approval's expiry) are re-armed from the log when
+            # it runs again; kept, they would hold the resumed task back as a delayed start.
+            patch["wake_at"] = None
         kept: list[str] = []
         if control.rollback:
             if self._round_progress:
