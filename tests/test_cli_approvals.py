@@ -69,6 +69,9 @@ def test_list_edit_approve_and_deny_from_the_terminal(tmp_path: Path) -> None:
     assert f"denied {ann}" in out and "pending" in out
     output = asyncio.run(_finish(url, tid))
     assert "it ran with" in output and "sent 'see you' to bob@example.com" in output
+    code, out = cli("show", tid, "--store", url)
+    assert code == 0, out
+    assert f"approved {bob} with edited arguments" in out and f"denied {ann}: not ann" in out
     assert "The user denied this call: not ann" in output
 
 
