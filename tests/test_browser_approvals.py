@@ -45,7 +45,8 @@ def test_edit_the_arguments_then_approve(page: Page, server: LiveServer) -> None
     expect(bob.locator(".tool-args")).to_contain_text("<b>see you</b> at 5")
     expect(bob.locator(".tool-edited")).to_contain_text("edited before approval")
     expect(bob.locator(".tool-args-original")).to_contain_text('"body": "hi"')
-    # The other approval is still open; deny it.
+    # The other approval is still open (one alone: no "decide all" bar); deny it.
+    expect(page.locator("#approvals-bar")).to_be_hidden()
     ann.locator("input.reason").fill("not Ann")
     ann.locator("button.deny").click()
     expect(status(page)).to_have_attribute("data-status", "completed")
@@ -57,3 +58,19 @@ def test_edit_the_arguments_then_approve(page: Page, server: LiveServer) -> None
     expect(ann.locator(".tool-result")).to_have_text("The user denied this call: not Ann")
     expect(page.locator("b")).to_have_count(0)  # the edit is text, never markup
     shot(page, "31-edited-and-approved")
+
+
+def test_approve_all_open_calls_at_once(page: Page, server: LiveServer) -> None:
+    sign_in(page, server, "bob")
+    start_task(page, "mailer", "Mail them both.")
+    expect(status(page)).to_have_attribute("data-status", "waiting")
+    bar = page.locator("#approvals-bar")
+    expect(bar).to_be_visible()
+    expect(page.locator("#approvals-count")).to_have_text("2 calls wait for approval")
+    shot(page, "32-approve-all")
+    page.click("#approve-all")
+    expect(status(page)).to_have_attribute("data-status", "completed")
+    expect(bar).to_be_hidden()
+    cards = page.locator('.tool-card:has(.tool-name:text("send_email"))')
+    expect(cards.nth(0).locator(".tool-result")).to_have_text("sent 'hi' to bob@example.com")
+    expect(cards.nth(1).locator(".tool-result")).to_have_text("sent 'hello' to ann@example.com")
