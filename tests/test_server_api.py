@@ -276,6 +276,9 @@ async def test_answer_a_question(client: httpx.AsyncClient, runtime: Runtime) ->
         "question": "Which city?",
         "child_id": None,
         "wake_at": None,
+        "tool": None,
+        "arguments": None,
+        "expires_at": None,
     }
     r = await client.post(
         f"/v1/tasks/{tid}/respond", json={"answer": "Lisbon", "call_id": wait["call_id"]}, headers=h
@@ -299,6 +302,7 @@ async def test_agents_lists_tools_and_replay_policies(client: httpx.AsyncClient)
         "notebook",
         "flaky",
         "holder",
+        "mailer",
     }
     (lookup,) = found["streamer"]["tools"]
     assert lookup["name"] == "lookup" and lookup["replay"] == "safe"
@@ -307,6 +311,8 @@ async def test_agents_lists_tools_and_replay_policies(client: httpx.AsyncClient)
     assert "encyclopedia" in lookup["description"]
     (email,) = found["approver"]["tools"]
     assert email["replay"] == "never" and email["requires_approval"] is True
+    assert email["approval_timeout"] is None
+    assert found["mailer"]["tools"][0]["approval_timeout"] == 600
     assert found["quick"]["model"] == "scripted"
 
 

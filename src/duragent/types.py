@@ -303,6 +303,9 @@ class UIToolCard(BaseModel):
     )
     result: str | None = None
     voided: bool = False  # the call's round was rolled back out of the model's view
+    # Set when a person edited the arguments before approving: the model's own;
+    # `arguments` are then the ones the call ran with.
+    original_arguments: dict[str, JSON] | None = None
 
 
 class UIError(BaseModel):

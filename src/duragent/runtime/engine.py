@@ -27,7 +27,8 @@ from duragent.errors import (
 )
 from duragent.llm.base import ModelRequest, ResponseAssembler, TextDelta
 from duragent.runtime.agent import Agent
-from duragent.runtime.calls import Outcome, describe, parse_dt, render, run_call
+from duragent.runtime.approvals import wake_time
+from duragent.runtime.calls import Outcome, describe, render, run_call
 from duragent.runtime.context import SleepUntil, SpawnSubtask, WaitForInput
 from duragent.runtime.log import (
     RoundState,
@@ -643,10 +644,7 @@ class TaskRunner:
                 details: dict[str, Any] = {"wake_at": s.wake_at.isoformat()}
                 kind = "timer"
             elif isinstance(s, WaitForInput):
-                details, kind = (
-                    {"question": s.question},
-                    ("approval" if s.kind == "approval" else "input"),
-                )
+                details, kind = s.details(), ("approval" if s.kind == "approval" else "input")
             elif isinstance(s, SpawnSubtask):
                 child, first = self._child(s)
                 new_tasks.append(child)
@@ -657,11 +655,10 @@ class TaskRunner:
             entry = wait_entry(tid, r, cid, kind, **details)
             entries.append(entry)
             waits[cid] = entry.payload
-        timers = [w["wake_at"] for w in waits.values() if w["wait"] == "timer"]
         patch = {
             "status": TaskStatus.WAITING,
             "status_reason": wait_reason(waits),
-            "wake_at": parse_dt(min(timers)) if timers else None,
+            "wake_at": wake_time(waits.values()),  # a timer, or an approval's expiry
         }
         await self.commit(entries, patch, new_tasks=new_tasks, documents=documents)
 
@@ -736,6 +733,10 @@ class TaskRunner:
             )
             return
         patch: dict[str, Any] = {"status": TaskStatus.PAUSED, "control": None}
+        if self.task.status is TaskStatus.WAITING:
+            # Its timers (a sleep, an approval's expiry) are re-armed from the log when
+            # it runs again; kept, they would hold the resumed task back as a delayed start.
+            patch["wake_at"] = None
         kept: list[str] = []
         if control.rollback:
             if self._round_progress:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
@@ -21,13 +21,14 @@ from duragent.errors import (
     UsageError,
 )
 from duragent.runtime.agent import Agent
+from duragent.runtime.approvals import Decision
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
 from duragent.runtime.log import api_entry, notice
 from duragent.runtime.many import ManyTasks
 from duragent.runtime.steering import Edit, History, new_fork, task_history
 from duragent.runtime.submit import new_task
 from duragent.runtime.views import Steps, build_steps, ui_view
-from duragent.runtime.waits import open_waits, resolution
+from duragent.runtime.waits import person_answers, resolve
 from duragent.runtime.worker import Worker, lease_alive
 from duragent.store import open_store
 from duragent.store.base import Commit, Store, TaskPatch, TaskQuery
@@ -596,43 +597,31 @@ class Runtime(ManyTasks):
         reason: str | None = None,
         answer: str | None = None,
         call_id: str | None = None,
+        arguments: dict[str, Any] | None = None,
+        decisions: Mapping[str, Decision] | None = None,
     ) -> Task:
-        """Answer a task waiting for input: approve or deny a tool call, or answer a question."""
+        """Answer a task waiting for input: approve or deny a tool call, or answer a question.
+
+        `approve=True, arguments={...}` runs the call with these arguments
+        instead of the model's (checked against the tool's schema first:
+        `InvalidArguments` and nothing changed if they don't fit); the model is
+        told they were edited. `decisions={call_id: Decision(...)}` decides
+        several open approvals in one commit.
+        """
         for _ in range(10):
             task = await self.store.get_task(task_id)
-            waits = {
-                c: w
-                for c, w in (await open_waits(self.store, task)).items()
-                if w["wait"] in ("input", "approval")
-            }
-            if call_id is None:
-                if len(waits) != 1:
-                    raise UsageError(
-                        f"task {task_id!r} waits for {len(waits)} answers; pass call_id= one of "
-                        f"{sorted(waits)}"
-                        if waits
-                        else f"task {task_id!r} is not waiting for input"
-                    )
-                (cid,) = waits
-            else:
-                cid = call_id
-            wait = waits.get(cid)
-            if wait is None:
-                raise UsageError(
-                    f"task {task_id!r} has no question or approval open for call {cid!r}"
-                )
-            if wait["wait"] == "approval":
-                if approve is None:
-                    raise UsageError("this call waits for an approval: pass approve=True or False")
-                kwargs: dict[str, Any] = {"decision": (approve, reason)}
-                if not approve:
-                    kwargs["content"] = f"The user denied this call: {reason or 'no reason given'}"
-                    kwargs["outcome"] = "denied"
-            else:
-                if answer is None:
-                    raise UsageError("this call waits for an answer: pass answer='...'")
-                kwargs = {"content": answer}
-            entries, patch = await resolution(self.store, task, cid, **kwargs)
+            answers = await person_answers(
+                self.store,
+                task,
+                self.agents.get(task.agent),
+                approve=approve,
+                reason=reason,
+                answer=answer,
+                call_id=call_id,
+                arguments=arguments,
+                decisions=decisions,
+            )
+            entries, patch = await resolve(self.store, task, answers)
             try:
                 res = await self.store.commit(Commit(entries=entries, patches=[patch]))
             except Conflict:

@@ -17,6 +17,7 @@ from duragent.errors import (
     Conflict,
     DuplicateRequest,
     DuragentError,
+    InvalidArguments,
     InvalidTransition,
     StoreError,
     TaskNotFound,
@@ -61,6 +62,7 @@ _MAPPING: list[tuple[type[Exception], int, str]] = [
     (Conflict, 409, "Conflict"),
     (DuplicateRequest, 409, "Request id already used"),
     (UnknownAgent, 400, "Unknown agent"),
+    (InvalidArguments, 422, "Invalid tool arguments"),
     (UsageError, 400, "Bad request"),
     (StoreError, 503, "Store unavailable"),
 ]

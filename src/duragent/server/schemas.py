@@ -6,9 +6,18 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from duragent.runtime.agent import Agent
+from duragent.runtime.approvals import Decision
 from duragent.runtime.runtime import TaskTree
 from duragent.runtime.views import Steps
 from duragent.types import ApiMessage, Entry, Task, TaskStatus, UiMessage, Usage
@@ -113,6 +122,18 @@ class RespondRequest(_Request):
     reason: str | None = Field(None, max_length=2000)
     answer: str | None = Field(None, max_length=100_000, description="For a question.")
     call_id: str | None = Field(None, max_length=200, description="Which open wait to answer.")
+    arguments: dict[str, Any] | None = Field(
+        None,
+        description="With approve=true: run the call with these arguments instead of the "
+        "model's (checked against the tool's schema: 422 if they don't fit; the model is "
+        "told they were edited).",
+    )
+    decisions: dict[Annotated[str, StringConstraints(max_length=200)], Decision] | None = Field(
+        None,
+        max_length=100,
+        description="Decide several open approvals at once, by call id (one commit; "
+        "nothing is written if any of them is refused). Alone, without the other fields.",
+    )
 
 
 # --- responses ---------------------------------------------------------------
@@ -124,6 +145,11 @@ class OpenWait(BaseModel):
     question: str | None = None
     child_id: str | None = None
     wake_at: datetime | None = None
+    tool: str | None = Field(None, description="An approval's tool.")
+    arguments: dict[str, Any] | None = Field(None, description="An approval's arguments.")
+    expires_at: datetime | None = Field(
+        None, description="When an undecided approval is denied (approval_timeout)."
+    )
 
 
 class TaskSummary(BaseModel):
@@ -276,6 +302,9 @@ class ToolOut(BaseModel):
     parameters: dict[str, Any] = Field(description="JSON schema of the arguments.")
     replay: Literal["never", "safe", "resume"]
     requires_approval: bool | Literal["conditional"]
+    approval_timeout: float | None = Field(
+        None, description="Seconds an approval stays open before the call is denied."
+    )
 
 
 class AgentOut(BaseModel):
@@ -296,6 +325,7 @@ class AgentOut(BaseModel):
                     parameters=t.parameters,
                     replay=t.replay,
                     requires_approval="conditional" if callable(rule) else bool(rule),
+                    approval_timeout=t.approval_timeout,
                 )
             )
         return cls(

@@ -498,7 +498,7 @@ class PostgresStore(TxWrites):
             row = conn.execute(
                 "SELECT min(t) AS t FROM ("
                 " SELECT wake_at AS t FROM tasks WHERE status = 'waiting'"
-                f" AND status_reason = 'timer' {mine}"
+                f" AND wake_at IS NOT NULL {mine}"
                 f" UNION ALL SELECT lease_expires FROM tasks WHERE status = 'running' {mine}"
                 " UNION ALL SELECT min(wake_at) FROM tasks WHERE status = 'pending'"
                 f" AND wake_at IS NOT NULL {mine}) AS wakes",

@@ -96,7 +96,7 @@ def may_become_claimable(task: Task) -> bool:
     return (
         status is TaskStatus.PENDING
         or status is TaskStatus.RUNNING
-        or (status is TaskStatus.WAITING and task.status_reason == "timer")
+        or (status is TaskStatus.WAITING and task.wake_at is not None)
     )
 
 

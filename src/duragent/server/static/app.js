@@ -291,6 +291,10 @@ function renderTask(task) {
     state.roundsAt = `${task.id}:${task.last_seq}`;
     showRounds(api, task.id, $("#rounds"), forkTask).catch(() => { /* the next render retries */ });
   }
+  // Several approvals open: decide them all in one request (one commit).
+  const approvals = (task.waiting_for || []).filter((w) => w.wait === "approval");
+  $("#approvals-bar").hidden = approvals.length < 2;
+  $("#approvals-count").textContent = `${approvals.length} calls wait for approval`;
   const s = task.status;
   $("#pause").disabled = !["pending", "running", "waiting"].includes(s);
   $("#rollback").disabled = $("#pause").disabled;
@@ -329,6 +333,20 @@ async function forkTask(round) {
     openTask(task.id);
   } catch (err) {
     toast(problemText(err));
+  }
+}
+
+async function decideAll(approve, button) {
+  const open = (state.task?.waiting_for || []).filter((w) => w.wait === "approval");
+  const decisions = Object.fromEntries(open.map((w) => [w.call_id, { approve }]));
+  button.disabled = true;
+  try {
+    renderTask(await api("POST", `/v1/tasks/${encodeURIComponent(state.taskId)}/respond`, { decisions }));
+  } catch (err) {
+    toast(problemText(err));
+    refreshTaskSoon();
+  } finally {
+    button.disabled = false;
   }
 }
 
@@ -371,6 +389,8 @@ $("#pause").addEventListener("click", (ev) => control("pause", { rollback: false
 $("#rollback").addEventListener("click", (ev) => control("pause", { rollback: true }, ev.currentTarget));
 $("#resume").addEventListener("click", (ev) => control("resume", undefined, ev.currentTarget));
 $("#retry").addEventListener("click", (ev) => control("retry", undefined, ev.currentTarget));
+$("#approve-all").addEventListener("click", (ev) => decideAll(true, ev.currentTarget));
+$("#deny-all").addEventListener("click", (ev) => decideAll(false, ev.currentTarget));
 $("#abort").addEventListener("click", (ev) => {
   if (confirm("Abort this task for good?")) control("abort", { reason: "aborted from the web page" }, ev.currentTarget);
 });
