@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from duragent.errors import Conflict, UsageError
+from duragent.runtime.deadlines import wake_time
 from duragent.runtime.log import decision_entry, read_round, result_entries, wait_reason
 from duragent.store.base import Store, TaskPatch
 from duragent.types import NewEntry, Task, TaskStatus
@@ -48,11 +49,13 @@ async def resolution(
         return entries, TaskPatch(task.id, {}, **guard)  # type: ignore[arg-type]
     left = {c: w for c, w in rs.open_waits.items() if c != call_id}
     if left:
-        timers = [w["wake_at"] for w in left.values() if w["wait"] == "timer"]
+        timers = [
+            datetime.fromisoformat(w["wake_at"]) for w in left.values() if w["wait"] == "timer"
+        ]
         changes: dict[str, Any] = {
             "status": TaskStatus.WAITING,
             "status_reason": wait_reason(left),
-            "wake_at": datetime.fromisoformat(min(timers)) if timers else None,
+            "wake_at": wake_time(task, timers),  # a deadline wakes it too
         }
     else:
         missing = [c for c in rs.missing if not (c == call_id and content is not None)]

@@ -327,17 +327,13 @@ def status_change_entry(
 
 
 def claimable(task: Task, now: datetime) -> bool:
-    """Runnable = pending, running with an expired lease, or a due timer."""
+    """Runnable = pending, running with an expired lease, or waiting with its wake-up due
+    (a timer, or a deadline: `wake_at` is the first of them)."""
     if task.status is TaskStatus.PENDING:
         return task.wake_at is None or task.wake_at <= now  # a delayed start waits
     if task.status is TaskStatus.RUNNING:
         return task.lease.expires_at is None or task.lease.expires_at <= now
-    return (
-        task.status is TaskStatus.WAITING
-        and task.status_reason == "timer"
-        and task.wake_at is not None
-        and task.wake_at <= now
-    )
+    return task.status is TaskStatus.WAITING and task.wake_at is not None and task.wake_at <= now
 
 
 def claim_order(task: Task) -> tuple[int, float, str]:

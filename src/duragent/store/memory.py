@@ -272,7 +272,7 @@ class MemoryStore(TxWrites):
                 continue
             if t.status is TaskStatus.PENDING and t.wake_at:
                 wakes.append(t.wake_at)  # a delayed start
-            elif t.status is TaskStatus.WAITING and t.status_reason == "timer" and t.wake_at:
+            elif t.status is TaskStatus.WAITING and t.wake_at:  # a timer or a deadline
                 wakes.append(t.wake_at)
             elif t.status is TaskStatus.RUNNING and t.lease.expires_at:
                 wakes.append(t.lease.expires_at)

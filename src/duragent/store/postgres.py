@@ -491,7 +491,7 @@ class PostgresStore(TxWrites):
             row = conn.execute(
                 "SELECT min(t) AS t FROM ("
                 " SELECT wake_at AS t FROM tasks WHERE status = 'waiting'"
-                " AND status_reason = 'timer' AND (%(all)s OR agent = ANY(%(names)s))"
+                " AND wake_at IS NOT NULL AND (%(all)s OR agent = ANY(%(names)s))"
                 " UNION ALL SELECT lease_expires FROM tasks WHERE status = 'running'"
                 " AND (%(all)s OR agent = ANY(%(names)s))"
                 " UNION ALL SELECT min(wake_at) FROM tasks WHERE status = 'pending'"

@@ -227,7 +227,7 @@ class PgTx:
             " AND coalesce(lease_expires, 'epoch'::timestamptz) <= %(now)s"
             f"{agent_clause} LIMIT %(limit)s{lock}),"
             f" timers AS ({_CANDIDATE} WHERE status = 'waiting' AND wake_at <= %(now)s"
-            f" AND status_reason = 'timer'{agent_clause} ORDER BY wake_at LIMIT %(limit)s{lock}),"
+            f"{agent_clause} ORDER BY wake_at LIMIT %(limit)s{lock}),"
             f" delayed AS ({_CANDIDATE} WHERE status = 'pending' AND wake_at <= %(now)s"
             f"{agent_clause} ORDER BY wake_at LIMIT %(limit)s{lock}),"
             " ready AS (SELECT r.* FROM q CROSS JOIN LATERAL"
@@ -279,7 +279,7 @@ _CANDIDATE = "SELECT id, status, queue, owner, priority, created_at, data, input
 _RUNNABLE = (
     "status = 'pending' AND (wake_at IS NULL OR wake_at <= %(now)s)"
     " OR (status = 'running' AND coalesce(lease_expires, 'epoch'::timestamptz) <= %(now)s)"
-    " OR (status = 'waiting' AND status_reason = 'timer' AND wake_at <= %(now)s)"
+    " OR (status = 'waiting' AND wake_at <= %(now)s)"
 )
 
 

@@ -457,7 +457,7 @@ class SQLiteStore(TxWrites):
     async def next_wake_at(self, agents: Iterable[str] | None = None) -> datetime | None:
         sql = (
             "SELECT min(t) FROM (SELECT wake_at AS t FROM tasks WHERE status='waiting'"
-            " AND status_reason='timer' {a} UNION ALL SELECT lease_expires FROM tasks"
+            " AND wake_at IS NOT NULL {a} UNION ALL SELECT lease_expires FROM tasks"
             " WHERE status='running' {a} UNION ALL SELECT min(wake_at) FROM tasks"
             " WHERE status='pending' AND wake_at IS NOT NULL {a})"
         )

@@ -195,7 +195,7 @@ class SqliteTx:
             params,
         ).fetchall()
         rows += self.conn.execute(
-            f"{cols} WHERE status='waiting' AND wake_at <= :now AND status_reason='timer'"
+            f"{cols} WHERE status='waiting' AND wake_at <= :now"
             f"{agent_clause} ORDER BY wake_at LIMIT :limit",
             params,
         ).fetchall()
@@ -266,7 +266,7 @@ class SqliteTx:
 _RUNNABLE = (
     "status='pending' AND (wake_at IS NULL OR wake_at <= :now)"
     " OR (status='running' AND coalesce(lease_expires, 0) <= :now)"
-    " OR (status='waiting' AND status_reason='timer' AND wake_at <= :now)"
+    " OR (status='waiting' AND wake_at <= :now)"
 )
 
 

@@ -90,12 +90,13 @@ def schedule_key(task: Task) -> tuple[Any, ...]:
 
 
 def may_become_claimable(task: Task) -> bool:
-    """Pending; waiting on a timer; or running, so claimable once its lease expires."""
+    """Pending; waiting with a wake-up (a timer or a deadline); or running, so
+    claimable once its lease expires."""
     status = task.status
     return (
         status is TaskStatus.PENDING
         or status is TaskStatus.RUNNING
-        or (status is TaskStatus.WAITING and task.status_reason == "timer")
+        or (status is TaskStatus.WAITING and task.wake_at is not None)
     )
 
 

@@ -1,0 +1,353 @@
+"""Deadlines (issue 13 item 4), on every store.
+
+A task with a deadline stops at its next safe point once it passes, `failed`
+with status reason `deadline`; a task parked in the store (input, timer,
+sub-task) is woken by a worker at its deadline (`wake_at`, the earlier of its
+timer and its deadline); `retry` drops a passed deadline or sets a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, ToolContext, tool
+from duragent.errors import UsageError
+from duragent.store.base import Store
+from duragent.types import AssistantMessage, Task, ToolMessage, UserMessage, utcnow
+
+
+@tool
+async def ask(question: str, ctx: ToolContext) -> Any:
+    """Ask the user."""
+    return ctx.wait_for_input(question)
+
+
+@tool
+async def snooze(seconds: float, ctx: ToolContext) -> Any:
+    """Sleep durably."""
+    return ctx.sleep(seconds)
+
+
+@tool
+async def delegate(job: str, ctx: ToolContext) -> Any:
+    """Hand a job to the `helper` agent."""
+    return ctx.spawn("helper", job)
+
+
+def calls_then_answers(call: ToolCall) -> ScriptedModel:
+    def script(messages: list[Any]) -> Any:
+        if not any(isinstance(m, AssistantMessage) for m in messages):
+            return [call]
+        last = [m.content for m in messages if isinstance(m, ToolMessage)][-1]
+        return f"done after: {last}"
+
+    return ScriptedModel(script)
+
+
+def agents() -> list[Agent]:
+    return [
+        Agent(
+            name="asker",
+            model=calls_then_answers(ToolCall("ask", {"question": "Which city?"})),
+            tools=[ask],
+            plan_tool=False,
+        ),
+        Agent(
+            name="sleeper",
+            model=calls_then_answers(ToolCall("snooze", {"seconds": 3600})),
+            tools=[snooze],
+            plan_tool=False,
+        ),
+        Agent(
+            name="parent",
+            model=calls_then_answers(ToolCall("delegate", {"job": "ask"})),
+            tools=[delegate],
+            plan_tool=False,
+        ),
+        Agent(
+            name="helper",
+            model=calls_then_answers(ToolCall("ask", {"question": "Sure?"})),
+            tools=[ask],
+            plan_tool=False,
+        ),
+    ]
+
+
+class Moves:
+    """Every status change the runtime commits, with the row it committed."""
+
+    def __init__(self) -> None:
+        self.rows: list[Task] = []
+        self.parked = asyncio.Event()
+
+    def __call__(self, task: Task, old: TaskStatus, new: TaskStatus) -> None:
+        self.rows.append(task)
+        if new is TaskStatus.WAITING:
+            self.parked.set()
+
+    def waiting(self, task_id: str) -> Task:
+        return next(t for t in self.rows if t.id == task_id and t.status is TaskStatus.WAITING)
+
+
+def one_result_per_call(view: list[Any]) -> list[str]:
+    calls = [c.id for m in view if isinstance(m, AssistantMessage) for c in m.tool_calls or ()]
+    results = Counter(m.tool_call_id for m in view if isinstance(m, ToolMessage))
+    assert set(results) == set(calls) and all(n == 1 for n in results.values()), (calls, results)
+    return [m.content for m in view if isinstance(m, ToolMessage)]
+
+
+async def ended(rt: Runtime, task_id: str) -> Task:
+    return await rt.wait(task_id, timeout=30, until=lambda t: t.status.terminal)
+
+
+async def test_a_task_waiting_for_input_fails_at_its_deadline(store: Store) -> None:
+    moves = Moves()
+    async with Runtime(store, agents=agents(), on_status_change=moves, poll_interval=0.1) as rt:
+        sub = await rt.submit("asker", "plan a trip", deadline=0.5)
+        submitted = await rt.get(sub.task_id)
+        assert submitted.deadline is not None
+        assert submitted.config["deadline"]["by"] == "submit"
+        task = await ended(rt, sub.task_id)
+        view = await rt.messages(task.id)
+    parked = moves.waiting(sub.task_id)
+    # Parked for input, with the deadline as its wake-up: a worker claims it then.
+    assert parked.status_reason == "input" and parked.wake_at == submitted.deadline
+    assert task.status is TaskStatus.FAILED and task.status_reason == "deadline"
+    assert task.error == f"deadline exceeded: {submitted.deadline.isoformat()} (0.5 s after submit)"
+    assert task.completed_at is not None and task.completed_at >= submitted.deadline
+    # The open question is answered for the model: every call has exactly one result.
+    assert one_result_per_call(view) == [
+        "Tool call cancelled: the task's deadline passed while it waited."
+    ]
+
+
+async def test_a_timer_past_the_deadline_is_cut_short_at_the_deadline(store: Store) -> None:
+    moves = Moves()
+    async with Runtime(store, agents=agents(), on_status_change=moves, poll_interval=0.1) as rt:
+        sub = await rt.submit("sleeper", "nap", deadline=timedelta(seconds=0.5))
+        task = await ended(rt, sub.task_id)
+    parked = moves.waiting(sub.task_id)
+    assert parked.status_reason == "timer" and parked.wake_at == task.deadline  # the earlier
+    assert task.status is TaskStatus.FAILED and task.status_reason == "deadline"
+
+
+async def test_a_timer_before_the_deadline_wakes_first(store: Store) -> None:
+    moves = Moves()
+    agent = Agent(
+        name="napper",
+        model=calls_then_answers(ToolCall("snooze", {"seconds": 0.2})),
+        tools=[snooze],
+        plan_tool=False,
+    )
+    async with Runtime(store, agents=[agent], on_status_change=moves, poll_interval=0.1) as rt:
+        sub = await rt.submit("napper", "nap", deadline=3600)
+        task = await ended(rt, sub.task_id)
+    parked = moves.waiting(sub.task_id)
+    assert task.deadline is not None and parked.wake_at is not None
+    assert parked.wake_at < task.deadline
+    assert task.status is TaskStatus.COMPLETED and task.output.startswith("done after: Slept")
+
+
+async def test_a_sub_task_inherits_its_parents_deadline(store: Store) -> None:
+    async with Runtime(store, agents=agents(), poll_interval=0.1) as rt:
+        sub = await rt.submit("parent", "delegate", deadline=0.5)
+        parent = await ended(rt, sub.task_id)
+        (child_node,) = (await rt.tree(sub.task_id)).children
+        child = await ended(rt, child_node.task.id)
+        view = await rt.messages(parent.id)
+    assert child.deadline == parent.deadline and child.config["deadline"]["by"] == "parent"
+    assert parent.status is TaskStatus.FAILED and parent.status_reason == "deadline"
+    assert child.status is TaskStatus.FAILED and child.status_reason == "deadline"
+    assert "the parent task's deadline" in (child.error or "")
+    (result,) = one_result_per_call(view)
+    # Whichever ended first, the parent's call has one result, about the deadline.
+    assert "deadline" in result
+
+
+async def test_a_long_tool_gets_the_grace_then_is_cancelled(store: Store) -> None:
+    started = asyncio.Event()
+
+    @tool
+    async def forever(ctx: ToolContext) -> str:
+        """Never returns."""
+        started.set()
+        await asyncio.Event().wait()
+        return "unreachable"
+
+    agent = Agent(
+        name="stuck",
+        model=calls_then_answers(ToolCall("forever", {})),
+        tools=[forever],
+        plan_tool=False,
+        tool_grace=0.2,
+    )
+    async with Runtime(store, agents=[agent]) as rt:
+        sub = await rt.submit("stuck", "go", deadline=0.3)
+        task = await ended(rt, sub.task_id)
+        view = await rt.messages(task.id)
+    assert started.is_set()
+    assert task.status is TaskStatus.FAILED and task.status_reason == "deadline"
+    assert one_result_per_call(view) == [
+        "Tool call cancelled: the task's deadline passed while it ran."
+    ]
+
+
+async def test_a_tool_finishing_within_the_grace_keeps_its_result(store: Store) -> None:
+    release = asyncio.Event()
+    answers: list[str] = []
+
+    @tool
+    async def slow(ctx: ToolContext) -> str:
+        """Returns once released."""
+        await release.wait()
+        return "slow result"
+
+    def script(messages: list[Any]) -> Any:
+        if not any(isinstance(m, AssistantMessage) for m in messages):
+            return [ToolCall("slow", {})]
+        answers.append("asked again")
+        return "done"
+
+    agent = Agent(
+        name="slowpoke", model=ScriptedModel(script), tools=[slow], plan_tool=False, tool_grace=60
+    )
+    async with Runtime(store, agents=[agent]) as rt:
+        sub = await rt.submit("slowpoke", "go", deadline=0.3)
+        # Released only once the runner heard the deadline: the tool ends in the grace.
+        while (runner := rt.worker and rt.worker.runner(sub.task_id)) is None or (
+            runner.control is None
+        ):
+            await asyncio.sleep(0.01)
+        release.set()
+        task = await ended(rt, sub.task_id)
+        view = await rt.messages(task.id)
+    assert task.status is TaskStatus.FAILED and task.status_reason == "deadline"
+    assert one_result_per_call(view) == ["slow result"]
+    assert answers == []  # stopped at the safe point after the result: no next model call
+
+
+async def test_a_streaming_model_is_stopped_at_the_deadline(store: Store) -> None:
+    agent = Agent(
+        name="talker",
+        model=ScriptedModel(["tick " * 2000], chunk_delay=0.02, chunk_size=5),
+        plan_tool=False,
+        progress_interval=0.05,
+    )
+    async with Runtime(store, agents=[agent]) as rt:
+        sub = await rt.submit("talker", "talk", deadline=0.3)
+        task = await ended(rt, sub.task_id)
+        view = await rt.messages(task.id)
+    assert task.status is TaskStatus.FAILED and task.status_reason == "deadline"
+    assert task.output is None and [type(m) for m in view] == [UserMessage]
+
+
+async def test_a_start_after_the_deadline_fails_at_the_deadline_without_running(
+    store: Store,
+) -> None:
+    ran: list[str] = []
+
+    def script(messages: list[Any]) -> Any:
+        ran.append("model")
+        return "never"
+
+    agent = Agent(name="late", model=ScriptedModel(script), plan_tool=False)
+    async with Runtime(store, agents=[agent], poll_interval=0.1) as rt:
+        sub = await rt.submit("late", "go", start_at=timedelta(hours=1), deadline=0.3)
+        submitted = await rt.get(sub.task_id)
+        assert submitted.wake_at == submitted.deadline
+        task = await ended(rt, sub.task_id)
+    assert task.status is TaskStatus.FAILED and task.status_reason == "deadline"
+    assert ran == []
+
+
+async def test_retry_drops_a_passed_deadline_or_sets_a_new_one(store: Store) -> None:
+    async with Runtime(store, agents=agents(), poll_interval=0.1) as rt:
+        sub = await rt.submit("asker", "plan a trip", deadline=0.3)
+        first = await ended(rt, sub.task_id)
+        assert first.status_reason == "deadline"
+        # A new deadline: the task runs again (the model sees the cancelled call) and
+        # fails at the new one if it waits again. Here it answers at once.
+        again = await rt.retry(sub.task_id, deadline=timedelta(minutes=5))
+        assert again.status is TaskStatus.PENDING and again.status_reason is None
+        assert again.config["deadline"]["by"] == "retry"
+        assert again.deadline is not None and again.deadline > utcnow()
+        done = await ended(rt, sub.task_id)
+        assert done.status is TaskStatus.COMPLETED and done.deadline == again.deadline
+
+        other = await rt.submit("sleeper", "nap", deadline=0.3)
+        failed = await ended(rt, other.task_id)
+        assert failed.status_reason == "deadline"
+        # No deadline given: the passed one is dropped, the task continues without one.
+        dropped = await rt.retry(other.task_id)
+        assert dropped.deadline is None and "deadline" not in dropped.config
+        done = await ended(rt, other.task_id)
+    assert done.status is TaskStatus.COMPLETED
+    assert done.output.startswith("done after: Tool call cancelled: the task's deadline")
+
+
+async def test_a_new_deadline_on_retry_is_enforced_and_named(store: Store) -> None:
+    def always_asks(messages: list[Any]) -> Any:
+        n = sum(isinstance(m, AssistantMessage) for m in messages)
+        return [ToolCall("ask", {"question": f"question {n}"})]
+
+    agent = Agent(name="curious", model=ScriptedModel(always_asks), tools=[ask], plan_tool=False)
+    async with Runtime(store, agents=[agent], poll_interval=0.1) as rt:
+        sub = await rt.submit("curious", "go", deadline=0.3)
+        assert (await ended(rt, sub.task_id)).status_reason == "deadline"
+        again = await rt.retry(sub.task_id, deadline=0.4)
+        task = await ended(rt, sub.task_id)
+        view = await rt.messages(task.id)
+    assert task.status is TaskStatus.FAILED and task.status_reason == "deadline"
+    assert again.deadline is not None
+    assert task.error == f"deadline exceeded: {again.deadline.isoformat()} (0.4 s after retry)"
+    assert (
+        one_result_per_call(view)
+        == ["Tool call cancelled: the task's deadline passed while it waited."] * 2
+    )
+
+
+async def test_pausing_a_waiting_task_clears_its_wake_up(store: Store) -> None:
+    moves = Moves()
+    async with Runtime(store, agents=agents(), on_status_change=moves, poll_interval=0.1) as rt:
+        sub = await rt.submit("asker", "plan a trip", deadline=3600)
+        await asyncio.wait_for(moves.parked.wait(), 30)
+        paused = await rt.pause(sub.task_id)
+        assert paused.status is TaskStatus.PAUSED and paused.wake_at is None
+        moves.parked.clear()
+        await rt.resume(sub.task_id)
+        # Resumed, it parks again at once (not held back until its deadline as a
+        # delayed start), and can be answered.
+        await asyncio.wait_for(moves.parked.wait(), 30)
+        again = await rt.get(sub.task_id)
+        assert again.status is TaskStatus.WAITING and again.wake_at == again.deadline
+        await rt.respond(sub.task_id, answer="Lisbon")
+        done = await ended(rt, sub.task_id)
+    assert done.status is TaskStatus.COMPLETED and done.output == "done after: Lisbon"
+
+
+async def test_an_agent_default_deadline_and_refused_values() -> None:
+    slow = Agent(
+        name="bounded",
+        model=ScriptedModel(["ok"]),
+        plan_tool=False,
+        deadline=timedelta(minutes=10),
+    )
+    async with Runtime("memory://", agents=[slow], run_worker=False) as rt:
+        default = await rt.get((await rt.submit("bounded", "a")).task_id)
+        assert default.deadline is not None
+        assert default.deadline - default.created_at == pytest.approx(
+            timedelta(minutes=10), abs=timedelta(seconds=5)
+        )
+        at = datetime(2030, 1, 1, tzinfo=UTC)
+        given = await rt.get((await rt.submit("bounded", "b", deadline=at)).task_id)
+        assert given.deadline == at  # submit's deadline overrides the agent's
+        for bad in (datetime(2030, 1, 1), -1, 0, timedelta(0), True, float("nan"), 1e300):
+            with pytest.raises(UsageError):
+                await rt.submit("bounded", "c", deadline=bad)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="must be positive"):
+        Agent(name="x", model="scripted:none", deadline=-5)
