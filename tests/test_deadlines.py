@@ -9,14 +9,20 @@ timer and its deadline); `retry` drops a passed deadline or sets a new one.
 from __future__ import annotations
 
 import asyncio
+import signal
+import uuid
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conftest import drop_schema, require_postgres
 from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, ToolContext, tool
 from duragent.errors import UsageError
+from duragent.runtime.presence import served_agents
 from duragent.store.base import Store
 from duragent.types import AssistantMessage, Task, ToolMessage, UserMessage, utcnow
 
@@ -351,3 +357,63 @@ async def test_an_agent_default_deadline_and_refused_values() -> None:
                 await rt.submit("bounded", "c", deadline=bad)  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="must be positive"):
         Agent(name="x", model="scripted:none", deadline=-5)
+
+
+# --- durable across restarts: a real worker process, SIGKILLed -----------------------
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def crash_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/crash.db"
+        return
+    base = require_postgres()
+    schema = f"test_dl_{uuid.uuid4().hex[:12]}"
+    try:
+        yield f"{base}?schema={schema}"
+    finally:
+        drop_schema(schema)
+
+
+async def test_a_waiting_task_fails_at_its_deadline_after_its_worker_was_sigkilled(
+    crash_url: str,
+) -> None:
+    from worker_agents import AGENTS
+    from workerlib import WorkerProc
+
+    workers: list[WorkerProc] = []
+    try:
+        async with Runtime(crash_url, agents=AGENTS, run_worker=False) as rt:
+            first = WorkerProc(crash_url, ttl=1.0)
+            workers.append(first)
+            # Up and serving before the clock starts (its start-up is not the test's).
+            while "asker" not in await served_agents(rt.store):
+                await rt.store.wait_for_change(0.1)
+            sub = await rt.submit("asker", "plan a trip", deadline=5)
+            deadline = (await rt.get(sub.task_id)).deadline
+            assert deadline is not None
+            waiting = await rt.wait(
+                sub.task_id,
+                timeout=30,
+                until=lambda t: t.status not in (TaskStatus.PENDING, TaskStatus.RUNNING),
+            )
+            assert waiting.status is TaskStatus.WAITING and waiting.status_reason == "input"
+            assert waiting.wake_at == deadline  # the durable timer is the row's wake_at
+            first.signal(signal.SIGKILL)
+            first.proc.wait(10)
+            assert (await rt.get(sub.task_id)).status is TaskStatus.WAITING  # nobody holds it
+            # A new worker, started right away: it claims the task at its deadline.
+            workers.append(WorkerProc(crash_url, ttl=1.0))
+            task = await ended(rt, sub.task_id)
+            view = await rt.messages(task.id)
+    finally:
+        for w in workers:
+            w.stop()
+    assert task.status is TaskStatus.FAILED and task.status_reason == "deadline"
+    assert task.error is not None and task.error.startswith(
+        f"deadline exceeded: {deadline.isoformat()} (5 s after submit)"
+    )
+    assert task.completed_at is not None and task.completed_at >= deadline
+    assert one_result_per_call(view) == [
+        "Tool call cancelled: the task's deadline passed while it waited."
+    ]
