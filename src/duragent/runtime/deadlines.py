@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from duragent.errors import UsageError
@@ -34,18 +34,23 @@ def deadline_at(value: DeadlineSpec, now: datetime | None = None) -> datetime:
                 "deadline must be timezone-aware (e.g. datetime.now(UTC) + ...), a timedelta "
                 "or a number of seconds"
             )
-        return value
+        try:
+            return value.astimezone(UTC)
+        except (OverflowError, ValueError):
+            raise UsageError(f"deadline {value.isoformat()} is past any calendar") from None
     if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
         raise UsageError(
             f"deadline is a datetime, a timedelta or a number of seconds, not {value!r}"
         )
     if isinstance(value, timedelta):
         delay = value
+        positive = delay > timedelta(0)
     else:
         if not math.isfinite(value):
             raise UsageError(f"deadline must be a finite number of seconds, not {value!r}")
         delay = timedelta(seconds=min(float(value), MAX_DELAY.total_seconds() + 1))
-    if delay <= timedelta(0):
+        positive = value > 0  # 1e-9 s is a deadline, due at once
+    if not positive:
         raise UsageError(f"a deadline given as a delay must be positive, not {value!r}")
     if delay > MAX_DELAY:
         raise UsageError("a deadline may be at most 10 years away")
