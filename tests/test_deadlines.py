@@ -435,3 +435,71 @@ def test_the_readme_deadline_example_runs(tmp_path: Path) -> None:
     ).stdout.splitlines()
     assert out[0].startswith("failed deadline deadline exceeded: ")
     assert out[0].endswith("(1 s after submit)") and out[1] == "ok"
+
+
+async def test_a_fork_does_not_copy_the_sources_deadline(store: Store) -> None:
+    @tool(replay="safe")
+    def look(q: str) -> str:
+        """Look something up."""
+        return f"found {q}"
+
+    def script(messages: list[Any]) -> Any:
+        n = sum(isinstance(m, AssistantMessage) for m in messages)
+        if n == 0:
+            return [ToolCall("look", {"q": "x"})]
+        return [ToolCall("ask", {"question": f"question {n}"})]
+
+    plain = Agent(name="ask2", model=ScriptedModel(script), tools=[look, ask], plan_tool=False)
+    bounded = Agent(
+        name="ask2b",
+        model=ScriptedModel(script),
+        tools=[look, ask],
+        plan_tool=False,
+        deadline=timedelta(hours=1),
+    )
+    async with Runtime(store, agents=[plain, bounded], poll_interval=0.1) as rt:
+        results = []
+        for name in ("ask2", "ask2b"):
+            sub = await rt.submit(name, "go", deadline=0.3)
+            failed = await ended(rt, sub.task_id)
+            assert failed.status_reason == "deadline" and failed.iterations == 1
+            fork = await rt.fork(sub.task_id, at_round=1)
+            results.append(
+                await rt.wait(
+                    fork.task_id, timeout=30, until=lambda t: t.status is TaskStatus.WAITING
+                )
+            )
+    unbounded, defaulted = results
+    assert unbounded.deadline is None and unbounded.wake_at is None
+    assert defaulted.deadline is not None and defaulted.config["deadline"]["by"] == "fork"
+    assert defaulted.deadline - utcnow() > timedelta(minutes=50)
+
+
+async def test_a_waiting_task_is_claimable_once_its_wake_up_is_due(store: Store) -> None:
+    """Store level: whatever it waits for, a waiting task with `wake_at` due is claimed
+    (that is how a deadline reaches a task waiting for input), and one without is not."""
+    from duragent.store.base import Commit, TaskPatch
+
+    async def parked(wake_at: datetime | None) -> str:
+        task = Task(agent="a")
+        await store.create_task(task)
+        claimed = await store.claim_task("w1", task_id=task.id)
+        assert claimed is not None
+        patch = {"status": TaskStatus.WAITING, "status_reason": "input", "wake_at": wake_at}
+        await store.commit(
+            Commit(fence={task.id: claimed.lease.epoch}, patches=[TaskPatch(task.id, patch)])
+        )
+        await store.release_lease(task.id, claimed.lease.epoch)
+        return task.id
+
+    due = utcnow() - timedelta(seconds=1)
+    never = await parked(None)
+    later = await parked(utcnow() + timedelta(hours=1))
+    assert await store.next_wake_at() is not None
+    now_due = await parked(due)
+    assert await store.next_wake_at() == due
+    assert await store.claim_task("w2", task_id=never) is None
+    assert await store.claim_task("w2", task_id=later) is None
+    claimed = await store.claim_task("w2")
+    assert claimed is not None and claimed.id == now_due and claimed.wake_at is None
+    assert await store.claim_task("w2") is None

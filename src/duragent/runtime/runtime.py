@@ -396,9 +396,14 @@ class Runtime(ManyTasks):
         The source is untouched. Only a complete round can be forked (every call
         answered), so no tool of a copied round ever runs again; `edit` changes
         the copied view (see `Edit`). The same `request_id` returns the same fork.
+        The source's deadline is not copied; the agent's default applies, from now.
         """
         source = await self.get(task_id, owner=owner)
         task, entries = await new_fork(self.store, source, at_round, edit, request_id)
+        known = self.agents.get(source.agent)
+        if known is not None and known.deadline is not None:  # the agent's default, from now
+            now = utcnow()
+            task.config["deadline"] = deadline_record(deadline_at(known.deadline, now), "fork", now)
         stored, created = await self.store.create_task(task, entries)
         self.start_worker()
         self._wake()
