@@ -503,3 +503,37 @@ async def test_a_waiting_task_is_claimable_once_its_wake_up_is_due(store: Store)
     claimed = await store.claim_task("w2")
     assert claimed is not None and claimed.id == now_due and claimed.wake_at is None
     assert await store.claim_task("w2") is None
+
+
+async def test_a_task_whose_worker_died_in_a_tool_fails_at_its_deadline_without_rerunning_it(
+    crash_url: str, tmp_path: Path
+) -> None:
+    from worker_agents import AGENTS
+    from workerlib import WorkerProc
+
+    ledger = tmp_path / "ledger.txt"
+    workers: list[WorkerProc] = []
+    try:
+        async with Runtime(crash_url, agents=AGENTS, run_worker=False) as rt:
+            first = WorkerProc(crash_url, ttl=1.0, HOLD="nap", LEDGER=str(ledger))
+            workers.append(first)
+            sub = await rt.submit("sleeper", "nap", deadline=timedelta(seconds=3))
+            await first.wait_output(f"AT nap {sub.task_id}")
+            first.signal(signal.SIGKILL)
+            first.proc.wait(10)
+            deadline = (await rt.get(sub.task_id)).deadline
+            assert deadline is not None
+            # The next worker comes after the deadline: it must not run anything more.
+            await asyncio.sleep(max(0.0, (deadline - utcnow()).total_seconds()))
+            workers.append(WorkerProc(crash_url, ttl=1.0, LEDGER=str(ledger)))
+            task = await ended(rt, sub.task_id)
+            view = await rt.messages(task.id)
+    finally:
+        for w in workers:
+            w.stop()
+    assert task.status is TaskStatus.FAILED and task.status_reason == "deadline"
+    assert task.restarts == 1  # taken over once, by the worker that failed it
+    assert [line.split()[:2] for line in ledger.read_text().splitlines()] == [["start", "nap"]]
+    assert one_result_per_call(view) == [
+        "Tool call cancelled: the task's deadline passed before it finished."
+    ]

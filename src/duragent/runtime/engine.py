@@ -614,7 +614,11 @@ class TaskRunner:
             waited = rs.waits if rs else {}
             entries = []
             for c in todo:
-                when = "while it waited" if c.id in waited else "before it started"
+                when = "before it started"
+                if c.id in waited:
+                    when = "while it waited"
+                elif rs is not None:  # recovering: the call may have run in a lost worker
+                    when = "before it finished"
                 text = _cancelled(self.control, when)
                 entries += result_entries(self.task.id, r, c.id, text, "interrupted")
             await self._stop(self.control, entries)
