@@ -419,20 +419,12 @@ async def test_a_waiting_task_fails_at_its_deadline_after_its_worker_was_sigkill
     ]
 
 
-def test_the_readme_deadline_example_runs(tmp_path: Path) -> None:
-    import re
-    import subprocess
-    import sys
+def test_the_readme_deadline_example_prints_what_it_says(tmp_path: Path) -> None:
+    from test_readme import run, runnable_blocks
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("### Deadlines") :]
-    block = re.search(r"```python\n(.*?)```", section, re.S)
-    assert block is not None
-    script = tmp_path / "deadline.py"
-    script.write_text(block.group(1))
-    out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True
-    ).stdout.splitlines()
+    done = run(runnable_blocks()["Deadlines"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
     assert out[0].startswith("failed deadline deadline exceeded: ")
     assert out[0].endswith("(1 s after submit)") and out[1] == "ok"
 
