@@ -84,11 +84,12 @@ def edited_note(arguments: dict[str, Any]) -> str:
     )
 
 
-def wake_time(waits: Iterable[dict[str, Any]]) -> datetime | None:
-    """When a worker must claim a task parked on these waits: its first timer or expiry."""
+def wake_times(waits: Iterable[dict[str, Any]]) -> list[datetime]:
+    """When a worker must claim a task parked on these waits: its timers and expiries
+    (`deadlines.wake_time` adds the task's deadline and takes the first)."""
     times = [w["wake_at"] for w in waits if w["wait"] == "timer"]
     times += [w["expires_at"] for w in waits if w["wait"] == "approval" and w.get("expires_at")]
-    return min((datetime.fromisoformat(t) for t in times), default=None)
+    return [datetime.fromisoformat(t) for t in times]
 
 
 def decision_payload(

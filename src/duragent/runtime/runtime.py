@@ -22,6 +22,7 @@ from duragent.errors import (
 )
 from duragent.runtime.agent import Agent
 from duragent.runtime.approvals import Decision
+from duragent.runtime.deadlines import DeadlineSpec, deadline_at, deadline_record
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
 from duragent.runtime.log import api_entry, notice
 from duragent.runtime.many import ManyTasks
@@ -190,12 +191,16 @@ class Runtime(ManyTasks):
         priority: int = 0,
         metadata: dict[str, Any] | None = None,
         start_at: datetime | timedelta | None = None,
+        deadline: DeadlineSpec | None = None,
     ) -> Submission:
         """Start a task. The same `request_id` from the same owner returns the same task.
 
         `queue` (default: the agent's name) and `priority` (higher first) decide
         when it is claimed; `metadata` labels it for filters; `start_at` (a time,
-        or a delay) holds it until then.
+        or a delay) holds it until then. `deadline` (a time, or a delay from now:
+        a timedelta or seconds; default: the agent's `deadline`) is a wall-clock
+        limit: the task then stops at its next safe point, `failed` with status
+        reason `deadline`, even if it waits in the store (see `retry`).
 
         `continue_session=True` starts the model from the conversation of the
         session's latest finished task (chat continuation: a new task, its own log);
@@ -219,12 +224,15 @@ class Runtime(ManyTasks):
             request_id=request_id,
             context=context,
             webhook=webhook,
+            deadline=deadline,
         )
         task.queue = queue or definition.name
         task.priority = priority
         task.metadata = dict(metadata or {})
         if start_at is not None:
             task.wake_at = when(start_at)
+            if task.deadline is not None:  # a start after the deadline: claimed to fail then
+                task.wake_at = min(task.wake_at, task.deadline)
         entries = [first]
         if history:
             # Round 0: earlier conversation, visible to the model, never a round to recover.
@@ -388,9 +396,14 @@ class Runtime(ManyTasks):
         The source is untouched. Only a complete round can be forked (every call
         answered), so no tool of a copied round ever runs again; `edit` changes
         the copied view (see `Edit`). The same `request_id` returns the same fork.
+        The source's deadline is not copied; the agent's default applies, from now.
         """
         source = await self.get(task_id, owner=owner)
         task, entries = await new_fork(self.store, source, at_round, edit, request_id)
+        known = self.agents.get(source.agent)
+        if known is not None and known.deadline is not None:  # the agent's default, from now
+            now = utcnow()
+            task.config["deadline"] = deadline_record(deadline_at(known.deadline, now), "fork", now)
         stored, created = await self.store.create_task(task, entries)
         self.start_worker()
         self._wake()
@@ -551,14 +564,26 @@ class Runtime(ManyTasks):
         self._wake()
         return res.tasks[task_id]
 
-    async def retry(self, task_id: str, *, owner: str | None = None) -> Task:
+    async def retry(
+        self,
+        task_id: str,
+        *,
+        owner: str | None = None,
+        deadline: DeadlineSpec | None = None,
+    ) -> Task:
         """Continue a failed task from its last commit (DESIGN §9).
 
         The completed rounds are kept; a notice records the retry; the next
         worker recovers the round the failure interrupted by the same table as
         after a crash (a call without a result is re-run only if replay-safe).
         With `owner`, another owner's task is reported as not found.
+
+        `deadline` (a time, or a delay from now) gives the task a new deadline.
+        Without it, a deadline that has passed is dropped (the task would fail
+        again at once) and one still ahead is kept.
         """
+        now = utcnow()
+        new_deadline = None if deadline is None else deadline_at(deadline, now)
         for _ in range(10):
             task = await self.get(task_id, owner=owner)
             if task.status is not TaskStatus.FAILED:
@@ -571,12 +596,18 @@ class Runtime(ManyTasks):
                 task.iterations + 1,
                 f"Retried after the failure{why}; continuing from the last commit.",
             )
-            changes = {
+            changes: dict[str, Any] = {
                 "status": TaskStatus.PENDING,
                 "error": None,
                 "completed_at": None,
                 "control": None,
             }
+            if new_deadline is not None:
+                config = dict(task.config)
+                config["deadline"] = deadline_record(new_deadline, "retry", now)
+                changes["config"] = config
+            elif task.deadline is not None and task.deadline <= utcnow():
+                changes["config"] = {k: v for k, v in task.config.items() if k != "deadline"}
             patch = TaskPatch(
                 task_id, changes, expect_status=[TaskStatus.FAILED], expect_version=task.version
             )

@@ -304,7 +304,8 @@ async def new_fork(
     fork_id = new_id()
     entries = await fork_entries(store, source, fork_id, at_round, edit)
     config = {
-        **{k: v for k, v in source.config.items() if k != "forked_from"},
+        # A fork is a new task: the source's deadline is not its own.
+        **{k: v for k, v in source.config.items() if k not in ("forked_from", "deadline")},
         "forked_from": {"task_id": source.id, "round": at_round},
     }
     task = Task(

@@ -16,7 +16,8 @@ from pydantic import ValidationError
 from duragent.errors import Conflict, UsageError
 from duragent.llm.base import parse_arguments
 from duragent.runtime.agent import Agent
-from duragent.runtime.approvals import Decision, decision_payload, wake_time
+from duragent.runtime.approvals import Decision, decision_payload, wake_times
+from duragent.runtime.deadlines import wake_time
 from duragent.runtime.log import (
     RoundState,
     decision_entry,
@@ -81,7 +82,7 @@ async def resolve(
         changes: dict[str, Any] = {
             "status": TaskStatus.WAITING,
             "status_reason": wait_reason(left),
-            "wake_at": wake_time(left.values()),
+            "wake_at": wake_time(task, wake_times(left.values())),  # a deadline wakes it too
         }
     else:
         answered = {c for c, a in answers.items() if a.content is not None}

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
+    AwareDatetime,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
+    TypeAdapter,
     field_validator,
     model_validator,
 )
@@ -49,6 +52,40 @@ def iso_time_only(value: Any) -> Any:
 
 
 IsoTime = Annotated[datetime, BeforeValidator(iso_time_only)]
+
+
+_TIME: TypeAdapter[datetime] = TypeAdapter(datetime)
+
+
+def time_or_seconds(value: Any) -> Any:
+    """A deadline is ISO 8601 text (a time) or a JSON number (seconds from now), never
+    a number read as a time nor text read as a number."""
+    if isinstance(value, bool):
+        raise ValueError("a deadline is ISO 8601 text with a zone, or a number of seconds")
+    if isinstance(value, str):
+        return _TIME.validate_python(iso_time_only(value))
+    return value
+
+
+def in_utc(value: Any) -> Any:
+    if isinstance(value, datetime):
+        try:
+            return value.astimezone(UTC)
+        except (OverflowError, ValueError):
+            raise ValueError("the time is past any calendar once in UTC") from None
+    return value
+
+
+DEADLINE_SECONDS = 10 * 365 * 86400
+Deadline = Annotated[
+    AwareDatetime | Annotated[float, Field(gt=0, le=DEADLINE_SECONDS)],
+    BeforeValidator(time_or_seconds),
+    AfterValidator(in_utc),
+    Field(
+        description="A wall-clock limit: a time (ISO 8601, with a zone) or seconds from now. "
+        "Past it the task stops at its next safe point, failed with status_reason 'deadline'.",
+    ),
+]
 
 
 class _Request(BaseModel):
@@ -101,6 +138,7 @@ class TaskCreate(_Request):
     )
 
     _times_are_text = field_validator("start_at", mode="before")(iso_time_only)
+    deadline: Deadline | None = None
 
     @model_validator(mode="after")
     def _session_to_continue(self) -> TaskCreate:
@@ -111,6 +149,12 @@ class TaskCreate(_Request):
 
 class PauseRequest(_Request):
     rollback: bool = Field(False, description="Void the incomplete round's API entries.")
+
+
+class RetryRequest(_Request):
+    deadline: Deadline | None = Field(
+        None, description="A new deadline; without one, a deadline that has passed is dropped."
+    )
 
 
 class AbortRequest(_Request):
@@ -187,6 +231,9 @@ class TaskOut(TaskSummary):
     paused_at: datetime | None
     completed_at: datetime | None
     wake_at: datetime | None
+    deadline: datetime | None = Field(
+        description="The wall-clock limit the task fails at (status_reason 'deadline')."
+    )
     waiting_for: list[OpenWait] = Field(
         default_factory=list, description="Open approvals, questions, timers and sub-tasks."
     )
@@ -209,6 +256,7 @@ class TaskOut(TaskSummary):
             paused_at=task.paused_at,
             completed_at=task.completed_at,
             wake_at=task.wake_at,
+            deadline=task.deadline,
             waiting_for=waits or [],
             forked_from=task.config.get("forked_from"),
         )

@@ -21,6 +21,7 @@ from duragent.server.schemas import (
     OpenWait,
     PauseRequest,
     RespondRequest,
+    RetryRequest,
     StepsOut,
     TaskCreate,
     TaskOut,
@@ -87,6 +88,7 @@ async def create_task(
         priority=body.priority,
         metadata=body.metadata,
         start_at=body.start_at,
+        deadline=body.deadline,
     )
     if not sub.created:
         response.status_code = 200
@@ -239,8 +241,11 @@ async def resume_task(task: OwnedTask, runtime: RuntimeDep) -> TaskOut:
     summary="Continue a failed task from its last commit",
     responses=_CONTROL,
 )
-async def retry_task(task: OwnedTask, runtime: RuntimeDep) -> TaskOut:
-    retried = await runtime.retry(task.id, owner=task.owner)
+async def retry_task(
+    task: OwnedTask, runtime: RuntimeDep, body: Annotated[RetryRequest | None, Body()] = None
+) -> TaskOut:
+    deadline = body.deadline if body else None
+    retried = await runtime.retry(task.id, owner=task.owner, deadline=deadline)
     return await task_out(runtime, retried)
 
 

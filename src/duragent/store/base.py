@@ -331,8 +331,8 @@ def status_change_entry(
 
 
 def claimable(task: Task, now: datetime) -> bool:
-    """Runnable = pending, running with an expired lease, or waiting with a due timer
-    (a `ctx.sleep`, or an approval's time limit)."""
+    """Runnable = pending, running with an expired lease, or waiting with its wake-up due
+    (a `ctx.sleep`, an approval's time limit or a deadline: `wake_at` is the first of them)."""
     if task.status is TaskStatus.PENDING:
         return task.wake_at is None or task.wake_at <= now  # a delayed start waits
     if task.status is TaskStatus.RUNNING:

@@ -283,7 +283,7 @@ class MemoryStore(TxWrites):
                 continue
             if t.status is TaskStatus.PENDING and t.wake_at:
                 wakes.append(t.wake_at)  # a delayed start
-            elif t.status is TaskStatus.WAITING and t.wake_at:
+            elif t.status is TaskStatus.WAITING and t.wake_at:  # a timer, an expiry, a deadline
                 wakes.append(t.wake_at)
             elif t.status is TaskStatus.RUNNING and t.lease.expires_at:
                 wakes.append(t.lease.expires_at)

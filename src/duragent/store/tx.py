@@ -91,7 +91,8 @@ def schedule_key(task: Task) -> tuple[Any, ...]:
 
 
 def may_become_claimable(task: Task) -> bool:
-    """Pending; waiting on a timer; or running, so claimable once its lease expires."""
+    """Pending; waiting with a wake-up (a timer or a deadline); or running, so
+    claimable once its lease expires."""
     status = task.status
     return (
         status is TaskStatus.PENDING

@@ -280,6 +280,11 @@ function renderTask(task) {
     ? `Step ${task.current_step}`
     : `${task.iterations} step${task.iterations === 1 ? "" : "s"}`;
   $("#usage").textContent = `${task.usage.input_tokens} in · ${task.usage.output_tokens} out tokens`;
+  // The wall-clock limit; once passed, an active task fails at its next safe point.
+  const deadline = $("#deadline");
+  deadline.hidden = !task.deadline;
+  deadline.dataset.deadline = task.deadline || "";
+  deadline.textContent = task.deadline ? `Deadline ${new Date(task.deadline).toLocaleString()}` : "";
   $("#task-error").textContent = task.error || "";
   $("#task-error").hidden = !task.error;
   const src = task.forked_from;
