@@ -10,7 +10,7 @@ import typer
 
 from duragent.cli._common import parse_duration
 from duragent.types import TaskStatus, utcnow
-from test_cli_run import Cli, Serve, run_args, serve, stored, task_id_in, workdir
+from support.cli_run import Cli, Serve, run_args, serve, stored, task_id_in, workdir
 
 __all__ = ["serve", "workdir"]  # the fixtures this module uses from test_cli_run
 
