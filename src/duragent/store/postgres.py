@@ -28,7 +28,7 @@ import psycopg
 import psycopg_pool
 from psycopg import conninfo as pg_conninfo
 from psycopg import sql
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from duragent.errors import (
@@ -45,10 +45,12 @@ from duragent.store.base import (
     LeaseRenewal,
     TaskPage,
     TaskQuery,
-    build_model_view,
     build_ui_view,
     decode_cursor,
     encode_cursor,
+    parse_messages,
+    view_data,
+    view_text,
 )
 from duragent.store.postgres_notify import (
     CHANNEL,
@@ -448,15 +450,10 @@ class PostgresStore(TxWrites):
         return await self._read(read)
 
     async def model_view(self, task_id: str) -> list[ApiMessage]:
-        def read(conn: Conn) -> list[ApiMessage]:
-            rows = conn.execute(
-                "SELECT seq, kind, payload FROM entries WHERE task_id = %s AND kind = ANY(%s)"
-                " ORDER BY seq",
-                (task_id, list(VIEW_KINDS)),
-            )
-            return build_model_view((r["seq"], r["kind"], r["payload"]) for r in rows)
+        return parse_messages(await self._read(lambda conn: _view_text(conn, task_id)))
 
-        return await self._read(read)
+    async def model_view_data(self, task_id: str) -> list[dict[str, Any]]:
+        return view_data(await self._read(lambda conn: _view_text(conn, task_id)))
 
     async def ui_messages(self, task_id: str) -> list[UiMessage]:
         def read(conn: Conn) -> list[UiMessage]:
@@ -579,6 +576,17 @@ class PostgresStore(TxWrites):
                 await asyncio.wait_for(listener.ready.wait(), timeout)
             return
         await signal.wait(timeout)
+
+
+def _view_text(conn: Conn, task_id: str) -> str:
+    """The payloads of the task's model view as one JSON array text."""
+    with conn.cursor(row_factory=tuple_row) as cur:  # 10,000 rows: no dict per row
+        cur.execute(
+            "SELECT seq, kind, payload FROM entries WHERE task_id = %s AND kind = ANY(%s)"
+            " ORDER BY seq",
+            (task_id, list(VIEW_KINDS)),
+        )
+        return view_text(cur.fetchall())
 
 
 def _delete_trees(tx: PgTx, roots: list[str]) -> int:
