@@ -307,6 +307,7 @@ class PostgresStore(TxWrites):
         result, tx = await loop.run_in_executor(
             self._leases, self._execute, renew, True, self._lease_connection
         )
+        self._writer.renewed(result.kept)
         if tx is not None and tx.changed:
             self._local_signals().fire(work=tx.work)
         return result
