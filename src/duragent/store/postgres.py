@@ -115,17 +115,6 @@ class PostgresStore(TxWrites):
         self._conninfo = conninfo
         self._connect_timeout = connect_timeout
         self._where = f"PostgreSQL store {redact(url)}" + (f" (schema {schema})" if schema else "")
-        try:
-            with psycopg.connect(
-                conninfo,
-                autocommit=True,
-                row_factory=dict_row,
-                connect_timeout=max(1, round(connect_timeout)),
-            ) as conn:
-                self._configure(conn)
-                self.migrated_from, self.namespace = migrate(conn, schema, self._where)
-        except psycopg.Error as exc:
-            raise _translate(exc, self._where) from exc
         self._pool: psycopg_pool.ConnectionPool[Conn] = psycopg_pool.ConnectionPool(
             conninfo,
             connection_class=psycopg.Connection[DictRow],
@@ -137,11 +126,28 @@ class PostgresStore(TxWrites):
             name="duragent",
             timeout=connect_timeout,
         )
+        # The pool connects on its own threads while this one migrates: opening
+        # a store waits for one connection's setup, not two in a row.
+        self._pool.open(wait=False)
         try:
-            self._pool.open(wait=True, timeout=connect_timeout)
-        except psycopg_pool.PoolTimeout as exc:
+            try:
+                with psycopg.connect(
+                    conninfo,
+                    autocommit=True,
+                    row_factory=dict_row,
+                    connect_timeout=max(1, round(connect_timeout)),
+                ) as conn:
+                    self._configure(conn)
+                    self.migrated_from, self.namespace = migrate(conn, schema, self._where)
+            except psycopg.Error as exc:
+                raise _translate(exc, self._where) from exc
+            try:
+                self._pool.wait(timeout=connect_timeout)
+            except psycopg_pool.PoolTimeout as exc:
+                raise StoreUnavailable(f"{self._where}: could not open connections: {exc}") from exc
+        except BaseException:
             self._pool.close()
-            raise StoreUnavailable(f"{self._where}: could not open connections: {exc}") from exc
+            raise
         self._signals: Signals | None = None
         self._listener: Listener | None = None
         self._controls = ControlWatchers()
