@@ -48,12 +48,15 @@ def test_messages_are_typed_when_read_and_each_is_built_once() -> None:
     assert list(asked) == [system, *HISTORY]
     assert asked[2] is asked[2] and asked[-1] is list(asked)[-1]
     assert asked[1:3] == HISTORY[:2] and asked[::-1] == [*reversed(HISTORY), system]
+    assert asked[:2] == [system, HISTORY[0]] and asked[3:1] == [] and asked[-2:] == HISTORY[1:]
+    assert asked.typed_list() == [system, *HISTORY]
     with pytest.raises(IndexError):
         asked[4]
     # The next call's messages share what was built: the same objects, not copies.
     view.append(AssistantMessage(content="done"))
     later = view.messages()
     assert later[0] is asked[1] and later[3] == AssistantMessage(content="done")
+    assert later.wire() == stored([*HISTORY, AssistantMessage(content="done")])
 
 
 def test_a_model_call_keeps_seeing_what_it_was_asked_after_the_view_grows() -> None:

@@ -16,6 +16,7 @@ from duragent.llm.base import (
     ToolCallDelta,
     UsageDelta,
 )
+from duragent.llm.messages import typed_list
 from duragent.types import AssistantMessage
 
 
@@ -78,7 +79,7 @@ class ScriptedModel:
 
     def turn_for(self, messages: Sequence[Any]) -> Turn:
         if self._fn is not None:
-            return _as_turn(self._fn(list(messages)))
+            return _as_turn(self._fn(typed_list(messages)))
         i = self._count(messages)[0]
         return _as_turn(self._turns[i] if i < len(self._turns) else self.final)
 
