@@ -483,9 +483,11 @@ def view_data(text: str) -> list[dict[str, Any]]:
     finally:
         if enabled:
             gc.enable()
-    if type(data) is not list or not all(type(m) is dict for m in data):
+    if type(data) is not list:
         raise StoreCorrupt("the model's view of a task is not a list of message objects")
     for m in data:
+        if type(m) is not dict:
+            raise StoreCorrupt("the model's view of a task is not a list of message objects")
         if "outcome" in m:
             del m["outcome"]
     return data
