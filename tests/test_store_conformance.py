@@ -287,6 +287,7 @@ async def test_model_view_skips_rolled_back_rounds_but_ui_stays(store: Store) ->
     view = await store.model_view(task.id)
     assert [type(m).__name__ for m in view] == ["UserMessage", "AssistantMessage"]
     assert view[1].content == "final"  # type: ignore[union-attr]
+    assert await store.model_view_data(task.id) == [dump_message(m) for m in view]
     assert [m.text for m in await store.ui_messages(task.id)] == [
         "you: q",
         "assistant is calling f",
@@ -316,6 +317,10 @@ async def test_model_view_keeps_tool_messages(store: Store) -> None:
     view = await store.model_view(task.id)
     assert isinstance(view[1], ToolMessage) and view[1].content == "42"
     assert view[0].tool_calls[0].function.name == "f"  # type: ignore[union-attr]
+    # The plain view is the wire form: the result's `outcome` is the log's, not the model's.
+    data = await store.model_view_data(task.id)
+    assert data == [dump_message(m) for m in view]
+    assert data[1] == {"role": "tool", "tool_call_id": "c1", "content": "42"}
 
 
 async def test_documents_upsert_with_versions(store: Store) -> None:
@@ -631,3 +636,5 @@ async def test_model_view_keeps_commit_order_across_many_interleaved_commits(sto
     assert [m.content for m in view] == expected
     assert [m.content for m in await store.model_view(b.id)] == [f"b{i}" for i in range(120)]
     assert await store.model_view((await make(store)).id) == []
+    assert [m["content"] for m in await store.model_view_data(a.id)] == expected
+    assert await store.model_view_data((await make(store)).id) == []

@@ -26,6 +26,7 @@ from duragent.errors import (
     TaskNotFound,
 )
 from duragent.llm.base import ModelRequest, ResponseAssembler, TextDelta
+from duragent.llm.messages import WorkingView
 from duragent.runtime.agent import Agent
 from duragent.runtime.approvals import wake_times
 from duragent.runtime.calls import Outcome, describe, render, run_call
@@ -47,7 +48,6 @@ from duragent.runtime.submit import new_task
 from duragent.runtime.waits import child_resolution
 from duragent.store.base import Commit, CommitResult, DocumentWrite, Store, TaskPatch
 from duragent.types import (
-    ApiMessage,
     BlockReason,
     Entry,
     EntryKind,
@@ -125,7 +125,7 @@ class TaskRunner:
         self.detached = detached
         self.trace = trace
         self.on_status = on_status
-        self.view: list[ApiMessage] = []
+        self.view = WorkingView()  # plain data; typed messages built when a model call reads them
         self.state = DebouncedState(
             {"context": dict(task.context)},
             self._save_state,
@@ -347,7 +347,7 @@ class TaskRunner:
                 f"lease (max_restarts={self.agent.max_restarts}); fix the cause, then resume it",
             )
             return
-        self.view = await self.store.model_view(t.id)
+        self.view = WorkingView(await self.store.model_view_data(t.id))
         await self._recover(read_round(entries, t.iterations + 1))
 
     def _report_claim(self, entries: Sequence[Entry]) -> None:
@@ -442,13 +442,10 @@ class TaskRunner:
 
     def _request(self) -> ModelRequest:
         pin = self.task.config.get("request") or {}
-        messages: list[Any] = []
-        if self.agent.instructions:
-            messages.append(SystemMessage(content=self.agent.instructions))
-        messages += self.view
+        head = [SystemMessage(content=self.agent.instructions)] if self.agent.instructions else []
         return ModelRequest(
             model=pin.get("model", self.agent.model_name),
-            messages=messages,
+            messages=self.view.messages(head),
             tools=[t.spec() for t in self.agent.tool_map.values()],
             settings=pin.get("settings", self.agent.model_settings),
         )

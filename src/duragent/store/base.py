@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
-from duragent.errors import Conflict, StaleLease
+import pydantic_core
+
+from duragent.errors import Conflict, StaleLease, StoreCorrupt
 from duragent.types import (
     API_KINDS,
     API_MESSAGES,
@@ -191,6 +193,7 @@ class Store(Protocol):
         limit: int | None = None,
     ) -> list[Entry]: ...
     async def model_view(self, task_id: str) -> list[ApiMessage]: ...
+    async def model_view_data(self, task_id: str) -> list[dict[str, Any]]: ...
     async def ui_messages(self, task_id: str) -> list[UiMessage]: ...
     async def get_document(self, scope: str, key: str) -> Document | None: ...
     async def list_documents(self, scope: str) -> list[Document]: ...
@@ -412,6 +415,11 @@ def build_model_view(rows: Iterable[tuple[int, str, str]]) -> list[ApiMessage]:
     Payload texts are joined and validated in one call: a 10,000-message history
     parses in milliseconds.
     """
+    return parse_messages(view_text(rows))
+
+
+def view_text(rows: Iterable[tuple[int, str, str]]) -> str:
+    """The payloads the model sees as one JSON array text (see build_model_view)."""
     rows = list(rows)
     voided = voided_ranges(json.loads(p) for _s, k, p in rows if k == EntryKind.ROLLBACK)
     parts = []
@@ -423,7 +431,7 @@ def build_model_view(rows: Iterable[tuple[int, str, str]]) -> list[ApiMessage]:
         # A tool_result payload is the tool message plus an `outcome` field the
         # message model ignores, so every payload text parses as a message.
         parts.append(payload)
-    return parse_messages("[" + ",".join(parts) + "]")
+    return "[" + ",".join(parts) + "]"
 
 
 def voided_ranges(markers: Iterable[Mapping[str, Any]]) -> list[tuple[int, int]]:
@@ -452,6 +460,37 @@ def parse_messages(text: str) -> list[ApiMessage]:
     finally:
         if enabled:
             gc.enable()
+
+
+def view_data(text: str) -> list[dict[str, Any]]:
+    """The model's view as plain data: a JSON array of API messages decoded in one
+    call, in their wire form (as `dump_message` stored them, minus a tool
+    result's `outcome`), not validated.
+
+    The runtime resumes a long task from this and builds typed messages only
+    when a model call asks for them (`duragent.llm.messages`). Text that is not
+    a JSON array of objects is a damaged store: `StoreCorrupt`.
+    """
+    enabled = gc.isenabled()
+    gc.disable()  # thousands of new objects, none of them garbage (see parse_messages)
+    try:
+        data = pydantic_core.from_json(text)
+    except ValueError:
+        try:  # what only Python's decoder takes (an escaped lone surrogate)
+            data = json.loads(text)
+        except ValueError as exc:
+            raise StoreCorrupt(f"the model's view of a task is not valid JSON: {exc}") from exc
+    finally:
+        if enabled:
+            gc.enable()
+    if type(data) is not list:
+        raise StoreCorrupt("the model's view of a task is not a list of message objects")
+    for m in data:
+        if type(m) is not dict:
+            raise StoreCorrupt("the model's view of a task is not a list of message objects")
+        if "outcome" in m:
+            del m["outcome"]
+    return data
 
 
 def build_ui_view(rows: Iterable[tuple[int, str]]) -> list[UiMessage]:

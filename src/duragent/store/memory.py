@@ -22,6 +22,8 @@ from duragent.store.base import (
     claimable,
     decode_cursor,
     encode_cursor,
+    view_data,
+    view_text,
 )
 from duragent.store.queues import QUEUES_SCOPE, Candidate, candidate_of
 from duragent.store.tx import Notes, TxWrites
@@ -255,6 +257,10 @@ class MemoryStore(TxWrites):
     async def model_view(self, task_id: str) -> list[ApiMessage]:
         rows = self._entries.get(task_id, ())
         return build_model_view((s, k, p) for s, k, _r, p, _c in rows if k in VIEW_KINDS)
+
+    async def model_view_data(self, task_id: str) -> list[dict[str, Any]]:
+        rows = self._entries.get(task_id, ())
+        return view_data(view_text((s, k, p) for s, k, _r, p, _c in rows if k in VIEW_KINDS))
 
     async def ui_messages(self, task_id: str) -> list[UiMessage]:
         rows = self._entries.get(task_id, ())

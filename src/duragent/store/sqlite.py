@@ -35,13 +35,14 @@ from duragent.store.base import (
     ControlWatchers,
     TaskPage,
     TaskQuery,
-    build_model_view,
     build_ui_view,
     decode_cursor,
     encode_cursor,
     from_ts,
     parse_messages,
     ts_to_dt,
+    view_data,
+    view_text,
 )
 from duragent.store.sqlite_schema import (
     KIND_CODES,
@@ -407,26 +408,10 @@ class SQLiteStore(TxWrites):
         return await self._read(read)  # type: ignore[no-any-return]
 
     async def model_view(self, task_id: str) -> list[ApiMessage]:
-        def read(conn: sqlite3.Connection) -> list[ApiMessage]:
-            marks = ", ".join("?" * len(VIEW_KINDS))
-            codes = [KIND_CODES[EntryKind(k)] for k in VIEW_KINDS]
-            voids = conn.execute(
-                f"SELECT 1 FROM entries WHERE task_num={_NUM} AND kind=? LIMIT 1",
-                (task_id, KIND_CODES[EntryKind.ROLLBACK]),
-            ).fetchone()
-            if voids is None:
-                # Nothing voided: let SQLite join the payloads into one JSON array,
-                # parsed in one call (the common case; resume stays fast).
-                row = conn.execute(_JOINED_VIEW.format(marks=marks), (task_id, *codes)).fetchone()
-                return parse_messages(row[0])
-            sql = (
-                f"SELECT seq, kind, payload FROM entries WHERE task_num={_NUM}"
-                f" AND kind IN ({marks}) ORDER BY seq"
-            )
-            rows = conn.execute(sql, (task_id, *codes))
-            return build_model_view((r[0], KINDS_BY_CODE[r[1]], r[2]) for r in rows)
+        return parse_messages(await self._read(lambda conn: _view_text(conn, task_id)))
 
-        return await self._read(read)  # type: ignore[no-any-return]
+    async def model_view_data(self, task_id: str) -> list[dict[str, Any]]:
+        return view_data(await self._read(lambda conn: _view_text(conn, task_id)))
 
     async def ui_messages(self, task_id: str) -> list[UiMessage]:
         sql = f"SELECT seq, payload FROM entries WHERE task_num={_NUM} AND kind=? ORDER BY seq"
@@ -645,6 +630,27 @@ def _task_filters(q: TaskQuery) -> tuple[list[str], list[Any]]:
         where.append("num IN (SELECT task_num FROM task_labels WHERE key=? AND value=?)")
         params.extend([key, label_value(value)])
     return where, params
+
+
+def _view_text(conn: sqlite3.Connection, task_id: str) -> str:
+    """The payloads of the task's model view as one JSON array text."""
+    marks = ", ".join("?" * len(VIEW_KINDS))
+    codes = [KIND_CODES[EntryKind(k)] for k in VIEW_KINDS]
+    voids = conn.execute(
+        f"SELECT 1 FROM entries WHERE task_num={_NUM} AND kind=? LIMIT 1",
+        (task_id, KIND_CODES[EntryKind.ROLLBACK]),
+    ).fetchone()
+    if voids is None:
+        # Nothing voided: let SQLite join the payloads into one JSON array,
+        # parsed in one call (the common case; resume stays fast).
+        row = conn.execute(_JOINED_VIEW.format(marks=marks), (task_id, *codes)).fetchone()
+        return str(row[0])
+    sql = (
+        f"SELECT seq, kind, payload FROM entries WHERE task_num={_NUM}"
+        f" AND kind IN ({marks}) ORDER BY seq"
+    )
+    rows = conn.execute(sql, (task_id, *codes))
+    return view_text((r[0], KINDS_BY_CODE[r[1]], r[2]) for r in rows)
 
 
 def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
