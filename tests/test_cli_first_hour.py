@@ -23,7 +23,7 @@ import pytest
 
 from duragent.server.auth import TokenStore
 from duragent.types import Task, TaskStatus
-from server_live import child_env, free_port, wait_healthy
+from support.server_live import child_env, free_port, wait_healthy
 
 
 def duragent_script() -> str:

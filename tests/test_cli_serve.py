@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from server_live import CLI, TOKENS, child_env, live_server
+from support.server_live import CLI, TOKENS, child_env, live_server
 
 
 def run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -20,7 +20,7 @@ from duragent.store.base import Commit, DocumentWrite
 from duragent.store.sqlite_schema import SQLITE_SCHEMA_VERSION as SCHEMA_VERSION
 from duragent.types import Task, TaskStatus, task_scope
 from server_agents import agents
-from server_live import CLI, child_env, duragent, stop
+from support.server_live import CLI, child_env, duragent, stop
 
 runner = CliRunner()
 

@@ -6,6 +6,7 @@ from duragent.errors import (
     Conflict,
     DuplicateRequest,
     DuragentError,
+    InvalidArguments,
     InvalidTransition,
     InvalidValue,
     ModelError,
@@ -23,6 +24,7 @@ from duragent.errors import (
 from duragent.llm import ChatModel, ModelRequest, ScriptedModel, ToolCall, Turn
 from duragent.runtime import (
     Agent,
+    Decision,
     Edit,
     History,
     RoundRecord,
@@ -63,6 +65,7 @@ __all__ = [
     "ChatModel",
     "Commit",
     "Conflict",
+    "Decision",
     "Document",
     "DuplicateRequest",
     "DuragentError",
@@ -70,6 +73,7 @@ __all__ = [
     "Entry",
     "EntryKind",
     "History",
+    "InvalidArguments",
     "InvalidTransition",
     "InvalidValue",
     "ModelError",

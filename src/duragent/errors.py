@@ -55,6 +55,10 @@ class InvalidValue(UsageError):
         super().__init__(message)
 
 
+class InvalidArguments(UsageError):
+    """Arguments a person gave a tool call (an edited approval) don't fit the tool's schema."""
+
+
 class DuplicateRequest(UsageError):
     """A submission reused a request_id of the same owner with a different input."""
 

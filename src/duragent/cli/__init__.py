@@ -14,7 +14,7 @@ import sys
 
 import typer
 
-from duragent.cli import demo, fleet, run, serve, steering, store, tasks, worker
+from duragent.cli import approvals, demo, fleet, run, serve, steering, store, tasks, worker
 from duragent.cli._common import Commands, fail, quiet_logs
 from duragent.errors import DuragentError
 
@@ -33,7 +33,7 @@ def version() -> None:
 
 
 # In the order `duragent --help` lists them.
-for _module in (demo, tasks, worker, serve, run, store, steering, fleet):
+for _module in (demo, tasks, worker, serve, run, store, steering, approvals, fleet):
     app.add_typer(_module.app)
 
 

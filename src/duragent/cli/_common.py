@@ -78,13 +78,20 @@ def run_async(make: Coroutine[Any, Any, T]) -> T:
         fail(exc)
 
 
+_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def parse_duration(text: str, what: str = "a duration") -> timedelta:
+    """'90s', '15m', '12h', '30d' -> a timedelta (a bad one is a usage error, exit 2)."""
+    try:
+        return timedelta(seconds=float(text[:-1]) * _UNITS[text[-1]])
+    except (KeyError, ValueError, IndexError, OverflowError):
+        raise typer.BadParameter(f"{text!r} is not {what} like 90s, 15m, 12h or 30d") from None
+
+
 def parse_age(text: str) -> timedelta:
     """'30d', '12h', '15m', '90s' -> a timedelta."""
-    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-    try:
-        return timedelta(seconds=float(text[:-1]) * units[text[-1]])
-    except (KeyError, ValueError, IndexError):
-        raise typer.BadParameter(f"{text!r} is not an age like 30d, 12h, 15m or 90s") from None
+    return parse_duration(text, "an age")
 
 
 def make_console() -> Console:

@@ -99,8 +99,10 @@ def describe(e: Entry) -> str:
             what = p.get("question") or p.get("child_id") or p.get("wake_at") or ""
             return f"waits for {p.get('wait')} ({p.get('call_id')}): {clip(what)}"
         if kind == "decision":
-            verdict = "approved" if p.get("approved") else "denied"
-            return f"{verdict} {p.get('call_id')}" + (f": {p['reason']}" if p.get("reason") else "")
+            verdict = f"{'approved' if p.get('approved') else 'denied'} {p.get('call_id')}"
+            if p.get("arguments") is not None:
+                verdict += f" with edited arguments {clip(p['arguments'], 50)}"
+            return verdict + (f": {p['reason']}" if p.get("reason") else "")
         return f"{kind} {p.get('call_id', '')}".strip()
     if e.kind is EntryKind.UI_MESSAGE:
         text = p.get("message") or p.get("text") or ""

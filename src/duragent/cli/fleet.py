@@ -25,16 +25,29 @@ from duragent.runtime.schedules import (
     put_schedule,
     set_paused,
 )
-from duragent.store.queues import Queue, define_queue, list_queues
+from duragent.store.queues import Queue
 from duragent.types import TaskStatus
 
 app = typer.Typer()
 schedule_app = typer.Typer(
     cls=Commands, help="Schedules: submit a task on cron or every N seconds."
 )
-queue_app = typer.Typer(cls=Commands, help="Queues: limits shared by every worker.")
+queue_app = typer.Typer(
+    cls=Commands,
+    help="Queues: limits shared by every worker. Running workers apply a change at their "
+    "next claim, no restart needed.",
+)
 app.add_typer(schedule_app, name="schedule")
 app.add_typer(queue_app, name="queue")
+
+
+def show_age(seconds: float) -> str:
+    """The other way from parse_age: 2592000 -> '30d', 90 -> '90s' (the largest
+    unit that divides it)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 @app.command()
@@ -135,7 +148,7 @@ def queue_set(
 
     async def go() -> Queue:
         async with operator_runtime(store) as rt:
-            q = Queue(
+            return await rt.queue(
                 name,
                 concurrency=concurrency,
                 per_worker=per_worker,
@@ -143,23 +156,50 @@ def queue_set(
                 rate=limit,
                 ttl=keep,
             )
-            return await define_queue(rt.store, q)
 
     q = run_async(go())
-    make_console().print(f"queue {q.name}: {json.dumps(q.definition())}")
+    make_console().print(escape(f"queue {q.name}: {json.dumps(q.definition())}"))
 
 
 @queue_app.command("ls")
 def queue_ls(store: str = STORE) -> None:
-    """Queues with limits."""
+    """Queues with limits or tasks: the limits, and the tasks in each status (all users)."""
 
-    async def go() -> list[Queue]:
+    async def go() -> tuple[list[Queue], dict[str, dict[str, int]]]:
         async with operator_runtime(store) as rt:
-            return await list_queues(rt.store)
+            return await rt.queues(), await rt.counts()
 
+    defined, counts = run_async(go())
+    by_name = {q.name: q for q in defined}
     console = make_console()
-    for q in run_async(go()):
-        console.print(escape(f"{q.name}: {json.dumps(q.definition())}"))
+    if not by_name and not counts:
+        console.print("no queues")
+        return
+    table = Table()
+    for col in ("queue", "concurrency", "per worker", "per owner", "rate", "ttl", "tasks"):
+        table.add_column(col, no_wrap=col != "tasks")
+    for name in sorted(by_name.keys() | counts.keys()):
+        q = by_name.get(name) or Queue(name)
+        table.add_row(
+            escape(name),
+            *(str(v) if v is not None else "-" for v in (q.concurrency, q.per_worker, q.per_owner)),
+            "-" if q.rate is None else f"{q.rate[0]}/{q.rate[1]:g}s",
+            "-" if q.ttl is None else show_age(q.ttl),
+            ", ".join(f"{s} {n}" for s, n in counts.get(name, {}).items()) or "none",
+        )
+    console.print(table)
+
+
+@queue_app.command("rm")
+def queue_rm(name: str = typer.Argument(..., help="The queue's name."), store: str = STORE) -> None:
+    """Remove a queue's limits (its tasks stay, and run unlimited)."""
+
+    async def go() -> None:
+        async with operator_runtime(store) as rt:
+            await rt.delete_queue(name)
+
+    run_async(go())
+    make_console().print(escape(f"queue {name}: limits removed"))
 
 
 # --- schedules ---

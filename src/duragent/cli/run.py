@@ -20,6 +20,7 @@ import threading
 import uuid
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from duragent.cli._common import STORE, run_async
+from duragent.cli._common import STORE, parse_duration, run_async
 from duragent.cli._format import lease_left
 from duragent.errors import DuragentError, UsageError
 from duragent.fetch import NetworkPolicy
@@ -404,6 +405,7 @@ async def _drive(
     grants: Grants,
     request_id: str | None,
     max_iterations: int,
+    deadline: timedelta | None = None,
 ) -> int:
     # Soft wrap: a pipe gets whole lines (a hint to copy must not be cut in two).
     console = Console(highlight=False, soft_wrap=True)
@@ -422,6 +424,7 @@ async def _drive(
                     request_id=request_id,
                     # Recorded for `duragent continue`; the tools' root is `grants.root`.
                     context={WORKDIR_KEY: str(grants.root)},
+                    deadline=deadline,
                 )
                 session.task_id = sub.task_id
                 console.print(f"task {sub.task_id}")
@@ -507,12 +510,17 @@ def run_command(
     request_id: str | None = typer.Option(
         None, help="Idempotency key: the same id returns the same task."
     ),
+    deadline: str | None = typer.Option(
+        None, help="Fail the task if it has not ended by then: 90s, 15m, 2h, 1d from now."
+    ),
 ) -> None:
     """Run an agent task here, streaming it. Ctrl-C pauses, twice aborts.
 
     Exit code: 0 completed (or paused/waiting without Ctrl-C), 1 failed or
     blocked, 130 stopped by Ctrl-C.
     """
+
+    limit = None if deadline is None else parse_duration(deadline, "a deadline")
 
     async def go() -> int:
         grants = Grants.from_options(workdir, allow, yes, allow_private_network)
@@ -533,6 +541,7 @@ def run_command(
             grants=grants,
             request_id=request_id,
             max_iterations=max_iterations,
+            deadline=limit,
         )
 
     _go(go())

@@ -14,7 +14,14 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from duragent.cli._common import STORE, make_console, operator_runtime, parse_age, run_async
+from duragent.cli._common import (
+    STORE,
+    make_console,
+    operator_runtime,
+    parse_age,
+    parse_duration,
+    run_async,
+)
 from duragent.cli._format import (
     STATUS_STYLE,
     clip,
@@ -56,6 +63,8 @@ def task_header(task: Task) -> Table:
     grid.add_row("input", safe(clip(task.input, 120)))
     if task.output is not None:
         grid.add_row("output", safe(clip(task.output, 400)))
+    if task.deadline:
+        grid.add_row("deadline", when(task.deadline))
     if task.error:
         grid.add_row("error", f"[red]{safe(task.error)}[/]")
     return grid
@@ -230,12 +239,21 @@ def resume(task_id: str = typer.Argument(..., help="The task's id."), store: str
 
 
 @app.command()
-def retry(task_id: str = typer.Argument(..., help="The task's id."), store: str = STORE) -> None:
+def retry(
+    task_id: str = typer.Argument(..., help="The task's id."),
+    store: str = STORE,
+    deadline: str | None = typer.Option(
+        None,
+        help="A new deadline from now (90s, 15m, 2h, 1d); without one, a passed deadline "
+        "is dropped.",
+    ),
+) -> None:
     """Continue a failed task from its last commit; a worker picks it up."""
+    new = None if deadline is None else parse_duration(deadline, "a deadline")
 
     async def go() -> Task:
         async with operator_runtime(store) as rt:
-            return await rt.retry(task_id)
+            return await rt.retry(task_id, deadline=new)
 
     task = run_async(go())
     make_console().print(f"task {task.id} is {status_markup(task)}; a worker will continue it")

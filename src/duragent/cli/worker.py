@@ -101,8 +101,12 @@ def worker(
     metrics_host: str = typer.Option(
         "127.0.0.1", help="Interface for --metrics-port (keep it private: no auth)."
     ),
+    queues: str | None = typer.Option(
+        None, help="Claim only from these queues, comma-separated (default: every queue)."
+    ),
 ) -> None:
     """Claim and run tasks until SIGTERM (then stop at a safe point and hand them back)."""
+    only = None if queues is None else parse_queues(queues)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     run_async(
         run_worker(
@@ -115,5 +119,14 @@ def worker(
             missing_agent_grace=missing_agent_grace,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
+            queues=only,
         )
     )
+
+
+def parse_queues(text: str) -> list[str]:
+    """'emails, reports' -> ['emails', 'reports']; an empty name is a mistake."""
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise typer.BadParameter(f"--queues {text!r}: queue names separated by commas, e.g. a,b")
+    return names

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from duragent.llm import ChatModel, resolve_model
@@ -38,6 +39,9 @@ class Agent:
     ask_user_tool: bool = False  # offer the built-in ask_user tool (waits for an answer)
     # Called on status changes of this agent's tasks (see duragent.webhooks).
     webhook: str | None = None
+    # Default wall-clock limit of this agent's tasks, from their submission
+    # (seconds or a timedelta); submit(deadline=...) overrides it.
+    deadline: float | timedelta | None = None
 
     def __post_init__(self) -> None:
         from duragent.runtime.builtin import ask_user, update_plan
@@ -45,6 +49,14 @@ class Agent:
 
         if self.webhook is not None:
             check_url(self.webhook)
+        if self.deadline is not None:
+            from duragent.runtime.deadlines import deadline_at
+
+            if isinstance(self.deadline, bool) or not isinstance(
+                self.deadline, int | float | timedelta
+            ):
+                raise ValueError("Agent.deadline is a delay: seconds or a timedelta")
+            deadline_at(self.deadline)  # a delay no task could have fails here
 
         # An item may be a list of tools (a toolset such as mcp_tools(...)).
         flat: list[Any] = [

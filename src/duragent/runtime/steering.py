@@ -15,7 +15,7 @@ explains what the model sees.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -50,6 +50,10 @@ class CallRecord(BaseModel):
     call_id: str
     name: str
     arguments: str = Field(description="The arguments as the model wrote them (JSON text).")
+    edited_arguments: dict[str, Any] | None = Field(
+        default=None,
+        description="The arguments a person approved the call with, when they edited them.",
+    )
     result: str | None = None
     outcome: str | None = Field(
         default=None, description="ok, error, denied or interrupted; None while unanswered."
@@ -147,6 +151,7 @@ async def task_history(store: Store, task: Task) -> History:
                         call_id=call.id,
                         name=call.function.name,
                         arguments=call.function.arguments,
+                        edited_arguments=rs.decisions.get(call.id, {}).get("arguments"),
                         result=None if res is None else res.get("content"),
                         outcome=None if res is None else res.get("outcome", "ok"),
                     )
@@ -362,7 +367,8 @@ async def new_fork(
     fork_id = new_id()
     log = await fork_log(store, source, fork_id, at_round, edit)
     config = {
-        **{k: v for k, v in source.config.items() if k != "forked_from"},
+        # A fork is a new task: the source's deadline is not its own.
+        **{k: v for k, v in source.config.items() if k not in ("forked_from", "deadline")},
         "forked_from": {"task_id": source.id, "round": at_round},
     }
     task = Task(
