@@ -17,6 +17,7 @@ from duragent.errors import (
     StoreNotFound,
     StoreUnavailable,
     StoreVersionError,
+    TaskBusy,
     TaskNotFound,
     UsageError,
 )
@@ -93,6 +94,7 @@ __all__ = [
     "Submission",
     "SystemMessage",
     "Task",
+    "TaskBusy",
     "TaskNotFound",
     "TaskPatch",
     "TaskQuery",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from duragent.llm import ChatModel, resolve_model
+from duragent.runtime.inbox import MultitaskStrategy, check_strategy
 from duragent.runtime.tools import Tool, make_tool
 
 
@@ -38,6 +39,9 @@ class Agent:
     ask_user_tool: bool = False  # offer the built-in ask_user tool (waits for an answer)
     # Called on status changes of this agent's tasks (see duragent.webhooks).
     webhook: str | None = None
+    # What a new message does while a turn of the session runs: enqueue, reject,
+    # interrupt or rollback (runtime/inbox.py); submit(multitask_strategy=) overrides it.
+    multitask_strategy: MultitaskStrategy = "enqueue"
 
     def __post_init__(self) -> None:
         from duragent.runtime.builtin import ask_user, update_plan
@@ -45,6 +49,7 @@ class Agent:
 
         if self.webhook is not None:
             check_url(self.webhook)
+        check_strategy(self.multitask_strategy)
 
         # An item may be a list of tools (a toolset such as mcp_tools(...)).
         flat: list[Any] = [

@@ -29,6 +29,7 @@ from duragent.llm.base import ModelRequest, ResponseAssembler, TextDelta
 from duragent.runtime.agent import Agent
 from duragent.runtime.calls import Outcome, describe, parse_dt, render, run_call
 from duragent.runtime.context import SleepUntil, SpawnSubtask, WaitForInput
+from duragent.runtime.inbox import delivery, due
 from duragent.runtime.log import (
     RoundState,
     api_entry,
@@ -56,6 +57,7 @@ from duragent.types import (
     ToolCallData,
     ToolMessage,
     UIError,
+    UserMessage,
 )
 from duragent.webhooks import outbox_events
 
@@ -68,6 +70,9 @@ StatusHook = Callable[[Task, TaskStatus, TaskStatus], None]
 # ("model_start", "model_end"). For tests, demos, tracing (duragent.otel) and
 # metrics (duragent.metrics); a hook that never returns holds the task there.
 TraceHook = Callable[..., Awaitable[None]]
+
+
+_PAST = {"pause": "paused", "abort": "aborted", "release": "released"}
 
 
 class _Interrupted(Exception):
@@ -86,15 +91,21 @@ class Control:
     action: Literal["pause", "abort", "release"]
     rollback: bool = False
     reason: str | None = None
+    # A pause that goes on at once with the messages sent to interrupt (runtime/inbox.py);
+    # `token` (the message id) makes a request heard twice act once.
+    resume: bool = False
+    token: str | None = None
 
     @classmethod
     def from_row(cls, control: Mapping[str, Any]) -> Control:
         """The request a task row's `control` field holds (written by Runtime._stop)."""
-        reason = control.get("reason")
+        reason, token = control.get("reason"), control.get("token")
         return cls(
             "abort" if control.get("action") == "abort" else "pause",
             bool(control.get("rollback")),
             None if reason is None else str(reason),
+            resume=bool(control.get("resume")),
+            token=None if token is None else str(token),
         )
 
 
@@ -133,6 +144,8 @@ class TaskRunner:
         self._control_event = asyncio.Event()
         self._abort_event = asyncio.Event()
         self._interrupt_target: asyncio.Task[Any] | None = None
+        self._handled_tokens: set[str] = set()  # interrupts already acted on
+        self._reread = False  # an interrupt changed the log: rebuild the round from it
         self._interrupting = False
         self._commit_lock = asyncio.Lock()
         self._attempt: ResponseAssembler | None = None  # the model call in progress
@@ -147,6 +160,8 @@ class TaskRunner:
     # --- control from outside ---
 
     def request(self, control: Control) -> None:
+        if control.token is not None and control.token in self._handled_tokens:
+            return
         if self.control is None or control.action == "abort":
             self.control = control
             self._control_event.set()
@@ -166,6 +181,7 @@ class TaskRunner:
         documents: Iterable[DocumentWrite] = (),
         new_tasks: Iterable[Task] = (),
         patches: Iterable[TaskPatch] = (),
+        expect_version: int | None = None,
     ) -> CommitResult:
         async with self._commit_lock:  # one task's commits land in the order it made them
             changes = dict(patch or {})
@@ -174,7 +190,9 @@ class TaskRunner:
                 changes.setdefault("context", state["context"])
             # A status change worth announcing writes its webhook event in this commit.
             documents = [*documents, *outbox_events(self.task, changes)]
-            own = [TaskPatch(self.task.id, changes)] if changes else []
+            own = [TaskPatch(self.task.id, changes, expect_version=expect_version)]
+            if not changes and expect_version is None:
+                own = []
             if self.detached:
                 own = [TaskPatch(self.task.id, changes, expect_version=self.task.version)]
             commit = Commit(
@@ -228,8 +246,12 @@ class TaskRunner:
             await self._start()
             while self.task.status is TaskStatus.RUNNING:
                 if self.control is not None:
-                    await self._stop(self.control)
-                    break
+                    await self._stop(self.control)  # an interrupt leaves it running
+                    continue
+                if self._reread:
+                    self._reread = False
+                    await self._reread_round()
+                    continue
                 if self.task.iterations >= self.agent.max_iterations:
                     await self._finish(
                         TaskStatus.FAILED,
@@ -237,6 +259,8 @@ class TaskRunner:
                         "without a final answer",
                     )
                     break
+                # A safe point: the last round is closed. Messages sent to interrupt go in.
+                self.view += await self._take_messages(self.task.iterations + 1)
                 await self._round()
             if self.control is not None and self.task.status is TaskStatus.WAITING:
                 await self._stop(self.control)  # asked to stop just as it parked
@@ -370,6 +394,52 @@ class TaskRunner:
         calls = [c for c in rs.assistant.tool_calls or () if c.id in rs.intents]
         await self._run_calls(r, calls, rs)
 
+    async def _reread_round(self) -> None:
+        """After an interrupt: the model's view and the open round as the log has them."""
+        t = self.task
+        self.view = await self.store.model_view(t.id)
+        await self._recover(
+            read_round(await self.store.entries(t.id, after_seq=t.round_seq), t.iterations + 1)
+        )
+
+    async def _take_messages(
+        self,
+        r: int,
+        *,
+        turn_end: bool = False,
+        before: Sequence[NewEntry] = (),
+        patch: Mapping[str, Any] | None = None,
+    ) -> list[UserMessage]:
+        """Commit the inbox messages due at this safe point as user messages of round
+        r (after `before`, with `patch`); [] when none is due, and nothing committed.
+
+        Guarded by the row's version: a message sent since this runner last saw the
+        row makes it read the row and decide again, so none is missed or taken twice.
+        """
+        while True:
+            items = due(self.task, turn_end=turn_end)
+            if not items:
+                return []
+            entries, config, messages = delivery(self.task, items, r)
+            try:
+                await self.commit(
+                    [*before, *entries],
+                    {**(patch or {}), "config": config},
+                    expect_version=self.task.version,
+                )
+            except Conflict:
+                await self._refresh()
+                continue
+            return messages
+
+    async def _refresh(self) -> None:
+        """Read the row again after a guarded commit found it changed (same lease:
+        if another worker took the task, the next commit is refused by fencing)."""
+        row = await self.store.get_task(self.task.id)
+        self.task = row
+        if row.control:
+            self.request(Control.from_row(row.control))
+
     async def _round(self) -> None:
         r = self.task.iterations + 1
         self._round_no, self._round_api_seqs, self._round_progress = r, [], []
@@ -382,11 +452,7 @@ class TaskRunner:
         usage = (self.task.usage + response.usage).model_dump()
         tid = self.task.id
         if not response.tool_calls:
-            await self._finish(
-                TaskStatus.COMPLETED,
-                entries=[api_entry(tid, r, message)],
-                extra={"output": response.text, "usage": usage, "iterations": r},
-            )
+            await self._end_turn(r, message, response.text, usage)
             await self.trace_point("final")
             return
         intents = [
@@ -410,6 +476,29 @@ class TaskRunner:
         self.view.append(message)
         await self.trace_point("intents", calls=[c.id for c in response.tool_calls])
         await self._run_calls(r, response.tool_calls, None)
+
+    async def _end_turn(self, r: int, message: ApiMessage, text: str, usage: Any) -> None:
+        """An answer without tool calls ends the turn: the task completes, unless
+        messages wait in its inbox; then it goes on with them, seeing the answer."""
+        final = api_entry(self.task.id, r, message)
+        while True:
+            version = self.task.version  # what the inbox was read at
+            users = await self._take_messages(
+                r + 1, turn_end=True, before=[final], patch={"usage": usage, "iterations": r}
+            )
+            if users:
+                self.view += [message, *users]
+                return
+            try:
+                await self._finish(
+                    TaskStatus.COMPLETED,
+                    entries=[final],
+                    extra={"output": text, "usage": usage, "iterations": r},
+                    expect_version=version,
+                )
+                return
+            except Conflict:
+                await self._refresh()  # a message (or a request) came in: look again
 
     def _replay(self, name: str) -> str:
         tool = self.agent.tool_map.get(name)
@@ -589,7 +678,7 @@ class TaskRunner:
             # Paused or aborted before any tool started: none starts. (A release,
             # a worker shutting down, lets them run within the grace period.)
             action = self.control.action
-            text = f"Tool call cancelled: the task was {action}ed before it started."
+            text = f"Tool call cancelled: the task was {_PAST[action]} before it started."
             entries = [
                 e for c in todo for e in result_entries(self.task.id, r, c.id, text, "interrupted")
             ]
@@ -716,7 +805,7 @@ class TaskRunner:
             if cid in committing:
                 await committing[cid]  # its result was already on its way: let it land
                 continue
-            text = f"Tool call cancelled: the task was {control.action}ed while it ran."
+            text = f"Tool call cancelled: the task was {_PAST[control.action]} while it ran."
             entries += result_entries(self.task.id, r, cid, text, "interrupted")
         await self._stop(control, entries)
 
@@ -735,33 +824,78 @@ class TaskRunner:
                 TaskStatus.ABORTED, entries=entries, error=control.reason or "aborted"
             )
             return
-        patch: dict[str, Any] = {"status": TaskStatus.PAUSED, "control": None}
-        kept: list[str] = []
-        if control.rollback:
-            if self._round_progress:
-                entries.append(self._void_progress(r, "paused with rollback"))
-            if self._round_api_seqs and self.task.iterations < self._round_no:
-                kept = await self._roll_back_round(r, entries, patch)
+        if control.resume and self.task.status is not TaskStatus.RUNNING:
+            # Parked just as asked: the messages are taken when the wait ends.
+            await self.commit([], {"control": None})
+            self._resumed(control)
+            return
+        if control.rollback and self._round_progress:
+            entries.append(self._void_progress(r, "paused with rollback"))
+        while True:
+            patch: dict[str, Any] = {"status": TaskStatus.PAUSED, "control": None}
+            if control.resume:
+                patch = {"control": None}
+            todo, version = list(entries), None
+            kept: list[str] = []
+            if control.rollback and self._round_api_seqs and self.task.iterations < self._round_no:
+                kept, version = await self._roll_back_round(r, todo, patch)
+            try:
+                await self._commit_stop(control, todo, patch, kept, version)
+                break
+            except Conflict:
+                if version is None:
+                    raise
+                # Written meanwhile (a message came in): the void range is planned again.
+        if control.resume:
+            self._resumed(control)
+
+    async def _commit_stop(
+        self,
+        control: Control,
+        entries: list[NewEntry],
+        patch: dict[str, Any],
+        kept: list[str],
+        version: int | None,
+    ) -> None:
+        tid, r = self.task.id, self.task.iterations + 1
         text = "Paused."
         if control.rollback:
             text = "Paused (incomplete round rolled back)."
+        if control.resume:
+            text = "Interrupted by a new message" + (
+                " (incomplete round rolled back)." if control.rollback else "."
+            )
         if kept:
             text += f" Kept, as they are never replayed, the results of: {', '.join(kept)}."
         entries.append(notice(tid, r, text))
-        await self.commit(entries, patch)
+        await self.commit(entries, patch, expect_version=version)
+
+    def _resumed(self, control: Control) -> None:
+        """An interrupt is done: the runner goes on (an abort asked meanwhile stays)."""
+        if control.token is not None:
+            self._handled_tokens.add(control.token)
+        if self.control is control:
+            self.control = None
+            self._control_event.clear()
+        self._reread = True
 
     async def _roll_back_round(
         self, r: int, entries: list[NewEntry], patch: dict[str, Any]
-    ) -> list[str]:
+    ) -> tuple[list[str], int]:
         """Add to `entries` what takes round r out of the model's view (log.rollback);
-        returns the calls kept in it, by name."""
+        returns the calls kept in it, by name, and the row version the plan holds for.
+
+        The void range ends at the seq `entries` will end at, so it is planned from
+        the row as stored: others append too (a message sent in), and the commit
+        must be refused (Conflict) if one did since."""
+        row = await self.store.get_task(self.task.id)
         rs = read_round(await self.store.entries(self.task.id, after_seq=self.task.round_seq), r)
-        first, last = min(self._round_api_seqs), self.task.last_seq
+        first, last = min(self._round_api_seqs), row.last_seq
         plan = rollback(self.task.id, rs, first, last, entries, "paused with rollback")
         entries += plan.entries
         if plan.closes_round:
             patch["iterations"] = r
-        return [f"{c.function.name} ({c.id})" for c in plan.kept]
+        return [f"{c.function.name} ({c.id})" for c in plan.kept], row.version
 
     async def _finish(
         self,
@@ -770,6 +904,7 @@ class TaskRunner:
         error: str | None = None,
         entries: list[NewEntry] | None = None,
         extra: dict[str, Any] | None = None,
+        expect_version: int | None = None,
     ) -> None:
         entries = list(entries or [])
         r = self.task.iterations + 1
@@ -779,7 +914,7 @@ class TaskRunner:
             )
         patch = {"status": status, "error": error, "control": None, **(extra or {})}
         if self.task.parent_id is None:
-            await self.commit(entries, patch)
+            await self.commit(entries, patch, expect_version=expect_version)
             return
         # A sub-task's end and its parent's tool result land in one commit.
         if status is TaskStatus.COMPLETED:
@@ -791,11 +926,16 @@ class TaskRunner:
                 self.store, self.task, content, outcome
             )
             try:
-                await self.commit([*entries, *parent_entries], patch, patches=parent_patches)
+                await self.commit(
+                    [*entries, *parent_entries],
+                    patch,
+                    patches=parent_patches,
+                    expect_version=expect_version,
+                )
                 return
             except Conflict:
-                if attempt == 4:
-                    raise
+                if attempt == 4 or expect_version is not None:
+                    raise  # the caller reads the row again (a message may have come in)
 
     async def _block(self, reason: BlockReason, message: str) -> None:
         r = self.task.iterations + 1

@@ -16,19 +16,29 @@ from duragent.errors import (
     Conflict,
     DuplicateRequest,
     InvalidTransition,
+    TaskBusy,
     TaskNotFound,
     UnknownAgent,
     UsageError,
 )
 from duragent.runtime.agent import Agent
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
+from duragent.runtime.inbox import (
+    BUSY,
+    MAX_MESSAGE_CHARS,
+    MultitaskStrategy,
+    check_strategy,
+    send_commit,
+    strategy_of,
+)
 from duragent.runtime.log import api_entry, notice
 from duragent.runtime.many import ManyTasks
 from duragent.runtime.steering import Edit, History, new_fork, task_history
-from duragent.runtime.submit import new_task
+from duragent.runtime.submit import input_text, new_task
 from duragent.runtime.views import Steps, build_steps, ui_view
 from duragent.runtime.waits import open_waits, resolution
 from duragent.runtime.worker import Worker, lease_alive
+from duragent.storable import check_storable
 from duragent.store import open_store
 from duragent.store.base import Commit, Store, TaskPatch, TaskQuery
 from duragent.store.queues import Queue, define_queue
@@ -57,6 +67,9 @@ class Submission:
     runtime: Runtime
     task_id: str
     created: bool
+    # continue_session while a turn of the session ran: the input was sent into
+    # that task (under the session's multitask_strategy), `task_id` names it.
+    sent: bool = False
 
     async def status(self) -> TaskStatus:
         return (await self.runtime.get(self.task_id)).status
@@ -190,6 +203,7 @@ class Runtime(ManyTasks):
         priority: int = 0,
         metadata: dict[str, Any] | None = None,
         start_at: datetime | timedelta | None = None,
+        multitask_strategy: MultitaskStrategy | None = None,
     ) -> Submission:
         """Start a task. The same `request_id` from the same owner returns the same task.
 
@@ -199,17 +213,26 @@ class Runtime(ManyTasks):
 
         `continue_session=True` starts the model from the conversation of the
         session's latest finished task (chat continuation: a new task, its own log);
-        resuming an interrupted task is `resume`, not this. `webhook` (a URL,
+        resuming an interrupted task is `resume`, not this. If a task of the session
+        is still pending, running or waiting, the input is a new message for it
+        instead (see `send`): `multitask_strategy` (default: the session's, pinned on
+        that task; else the agent's) decides what it does, and the Submission
+        names that task with `sent=True`. `webhook` (a URL,
         default: the agent's) is called when the task completes, fails, is
         aborted or blocked, or waits for input (see duragent.webhooks).
         """
         definition = self.agent(agent)
         if webhook is not None:
             check_url(webhook)
+        strategy = check_strategy(multitask_strategy or definition.multitask_strategy)
         history: builtins.list[Any] | None = None
         if continue_session:
             if session_id is None:
                 raise UsageError("continue_session=True needs a session_id")
+            live = await self._live_session_task(session_id, owner)
+            if live is not None:  # a turn runs: never a silent fork of the session
+                await self.send(live.id, input_text(input), multitask_strategy=multitask_strategy)
+                return Submission(self, live.id, created=False, sent=True)
             history = await self._session_history(session_id, owner)
         task, first = new_task(
             definition,
@@ -223,6 +246,7 @@ class Runtime(ManyTasks):
         task.queue = queue or definition.name
         task.priority = priority
         task.metadata = dict(metadata or {})
+        task.config["multitask_strategy"] = strategy
         if start_at is not None:
             task.wake_at = when(start_at)
         entries = [first]
@@ -237,11 +261,13 @@ class Runtime(ManyTasks):
         self._wake()
         return Submission(self, stored.id, created)
 
-    async def _session_history(self, session_id: str, owner: str | None) -> builtins.list[Any]:
+    async def _session_tasks(
+        self, session_id: str, owner: str | None, status: Sequence[TaskStatus], limit: int
+    ) -> builtins.list[Task]:
         # The session is the owner's: another owner's tasks under the same id are
         # not in it, and neither are an owner's tasks in an ownerless session. No
         # owner and the empty owner are one owner, as in `session_scope`: both kinds
-        # of task are looked for, and the latest of them continued.
+        # of task are looked for.
         owners: list[str | None] = [owner] if owner else [None, ""]
         found: list[Task] = []
         for one in owners:
@@ -249,14 +275,25 @@ class Runtime(ManyTasks):
                 session_id=session_id,
                 owner=one,
                 no_owner=one is None,
-                status=TaskStatus.COMPLETED,
-                limit=1,
+                status=list(status),
+                limit=limit,
             )
             found += (await self.store.list_tasks(query)).tasks
+        return found
+
+    async def _session_history(self, session_id: str, owner: str | None) -> builtins.list[Any]:
+        found = await self._session_tasks(session_id, owner, [TaskStatus.COMPLETED], 1)
         if not found:
             return []
         latest = max(found, key=lambda t: t.created_at)
         return list(await self.store.model_view(latest.id))
+
+    async def _live_session_task(self, session_id: str, owner: str | None) -> Task | None:
+        """The session's latest top-level task that runs a turn (its sub-tasks share
+        the session id but are no turn of it)."""
+        found = await self._session_tasks(session_id, owner, BUSY, 100)
+        top = [t for t in found if t.parent_id is None]
+        return max(top, key=lambda t: t.created_at) if top else None
 
     async def get(self, task_id: str, *, owner: str | None = None) -> Task:
         """The task; with `owner`, another owner's task is reported as not found."""
@@ -395,6 +432,62 @@ class Runtime(ManyTasks):
         self.start_worker()
         self._wake()
         return Submission(self, stored.id, created)
+
+    async def send(
+        self,
+        task_id: str,
+        text: str,
+        *,
+        owner: str | None = None,
+        multitask_strategy: MultitaskStrategy | None = None,
+    ) -> Task:
+        """Send a user message into a pending, running, waiting, paused or blocked task.
+
+        The message is committed before this returns (a crash loses nothing) and
+        the task takes it exactly once, at a safe point: never between a tool
+        call and its result. While a turn runs (pending, running, waiting), the
+        task's `multitask_strategy` (or this call's) decides when: `enqueue` after
+        the turn's answer, `interrupt` / `rollback` at the next safe point after
+        stopping as `pause` / `pause(rollback=True)` would, `reject` not at all
+        (`TaskBusy`). A paused or blocked task keeps the message until it is
+        resumed. A finished task takes none (`InvalidTransition`): continue its
+        conversation with `submit(..., continue_session=True)` or `fork`.
+        With `owner`, another owner's task is reported as not found.
+        """
+        if not isinstance(text, str) or not text.strip():
+            raise UsageError("a message needs some text")
+        if len(text) > MAX_MESSAGE_CHARS:
+            raise UsageError(f"a message holds at most {MAX_MESSAGE_CHARS} characters")
+        check_storable(text, "text")
+        if multitask_strategy is not None:
+            check_strategy(multitask_strategy)
+        for _ in range(20):
+            task = await self.get(task_id, owner=owner)
+            if task.status.terminal:
+                raise InvalidTransition(
+                    task.status.value,
+                    "running",
+                    "a finished task takes no messages; continue its conversation with "
+                    "submit(..., session_id=..., continue_session=True), or fork it with "
+                    "fork(task_id, at_round=N, edit=Edit(append_user=...))",
+                )
+            strategy = check_strategy(multitask_strategy or strategy_of(task))
+            if strategy == "reject" and task.status in BUSY:
+                raise TaskBusy(task.id, task.status.value)
+            commit, _ = send_commit(task, text, strategy)
+            try:
+                res = await self.store.commit(commit)
+            except Conflict:
+                continue  # it moved (a commit of its runner, another message): look again
+            stored = res.tasks[task_id]
+            runner = self.worker.runner(task_id) if self.worker else None
+            if runner is not None and stored.control:
+                runner.request(Control.from_row(stored.control))
+            if stored.status is not TaskStatus.PAUSED:
+                self.start_worker()
+                self._wake()
+            return stored
+        raise Conflict(f"task {task_id!r} kept changing while sending it a message")
 
     # --- control ---
 

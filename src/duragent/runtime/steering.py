@@ -299,7 +299,8 @@ async def new_fork(
     fork_id = new_id()
     entries = await fork_entries(store, source, fork_id, at_round, edit)
     config = {
-        **{k: v for k, v in source.config.items() if k != "forked_from"},
+        # A fork starts with an empty inbox: messages sent to the source are the source's.
+        **{k: v for k, v in source.config.items() if k not in ("forked_from", "inbox")},
         "forked_from": {"task_id": source.id, "round": at_round},
     }
     task = Task(

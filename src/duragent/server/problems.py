@@ -19,6 +19,7 @@ from duragent.errors import (
     DuragentError,
     InvalidTransition,
     StoreError,
+    TaskBusy,
     TaskNotFound,
     UnknownAgent,
     UsageError,
@@ -46,6 +47,7 @@ class BadRequest(UsageError):
 _MAPPING: list[tuple[type[Exception], int, str]] = [
     (TaskNotFound, 404, "Task not found"),
     (InvalidTransition, 409, "Invalid status transition"),
+    (TaskBusy, 409, "Task is busy"),
     (Conflict, 409, "Conflict"),
     (DuplicateRequest, 409, "Request id already used"),
     (UnknownAgent, 400, "Unknown agent"),
