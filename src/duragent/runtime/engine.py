@@ -162,7 +162,9 @@ class TaskRunner:
     def request(self, control: Control) -> None:
         if control.token is not None and control.token in self._handled_tokens:
             return
-        if self.control is None or control.action == "abort":
+        # An interrupt (a pause that goes on) gives way to a plain pause or an abort.
+        yields = self.control is not None and self.control.resume and not control.resume
+        if self.control is None or control.action == "abort" or yields:
             self.control = control
             self._control_event.set()
             if control.action == "abort":
@@ -213,7 +215,11 @@ class TaskRunner:
         old = self.task.status
         self.task = result.tasks[self.task.id]
         control = self.task.control
-        if control and (self.control is None or self.control.action != control.get("action")):
+        if control and (
+            self.control is None
+            or self.control.action != control.get("action")
+            or self.control.resume != bool(control.get("resume"))
+        ):
             # A pause/abort committed by another process: every commit sees it,
             # so no tool starts after the commit that precedes it (the intents).
             self.request(Control.from_row(control))

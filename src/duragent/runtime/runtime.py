@@ -231,7 +231,7 @@ class Runtime(ManyTasks):
                 raise UsageError("continue_session=True needs a session_id")
             live = await self._live_session_task(session_id, owner)
             if live is not None:  # a turn runs: never a silent fork of the session
-                await self.send(live.id, input_text(input), multitask_strategy=multitask_strategy)
+                await self._send(live.id, input_text(input), None, multitask_strategy)
                 return Submission(self, live.id, created=False, sent=True)
             history = await self._session_history(session_id, owner)
         task, first = new_task(
@@ -458,6 +458,16 @@ class Runtime(ManyTasks):
             raise UsageError("a message needs some text")
         if len(text) > MAX_MESSAGE_CHARS:
             raise UsageError(f"a message holds at most {MAX_MESSAGE_CHARS} characters")
+        return await self._send(task_id, text, owner, multitask_strategy)
+
+    async def _send(
+        self,
+        task_id: str,
+        text: str,
+        owner: str | None,
+        multitask_strategy: MultitaskStrategy | None,
+    ) -> Task:
+        # The checks submit makes of an input: continue_session sends one through here.
         check_storable(text, "text")
         if multitask_strategy is not None:
             check_strategy(multitask_strategy)
