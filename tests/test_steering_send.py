@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -247,4 +251,22 @@ async def test_a_waiting_task_takes_an_interrupting_message_when_its_wait_ends(
         "tool:deployed",
         "user:quickly please",
         "assistant:saw 'quickly please'",
+    ]
+
+
+def test_the_readme_example_runs(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("### Messages into a live task") :]
+    block = re.search(r"```python\n(.*?)```", section, re.S)
+    assert block is not None
+    script = tmp_path / "send.py"
+    script.write_text(block.group(1))
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.splitlines()
+    assert out[4:] == [
+        "user: and bats?",
+        "assistant: Answering 'and bats?' after 2 model turns.",
+        "Answering 'and bats?' after 2 model turns.",
+        "Answering 'never mind, just say hi' after 1 model turns.",
     ]
