@@ -270,3 +270,36 @@ def test_the_readme_example_runs(tmp_path: Path) -> None:
         "Answering 'and bats?' after 2 model turns.",
         "Answering 'never mind, just say hi' after 1 model turns.",
     ]
+
+
+async def test_a_pause_asked_during_an_interrupt_wins_and_the_message_waits(
+    store: Store,
+) -> None:
+    gate = Gate()
+    slow_agent = Agent(
+        name="a", model=ScriptedModel(script), tools=gate.tools(), plan_tool=False, tool_grace=30
+    )
+    async with Runtime(store, agents=[slow_agent]) as rt:
+        sub = await rt.submit("a", "start", owner="u")
+        await gate.entered.wait()
+        await rt.send(sub.task_id, "stop that", multitask_strategy="interrupt")
+        assert rt.worker is not None
+        runner = rt.worker.runner(sub.task_id)
+        assert runner is not None and runner.control is not None and runner.control.resume
+        pausing = asyncio.ensure_future(rt.pause(sub.task_id))
+        while runner.control is None or runner.control.resume:  # the pause is heard
+            await asyncio.sleep(0.01)
+        gate.release.set()  # the held tool finishes within the grace period
+        paused = await pausing
+        assert paused.status is TaskStatus.PAUSED
+        assert [m["text"] for m in paused.config["inbox"]] == ["stop that"]
+        await rt.resume(sub.task_id)
+        task = await sub.wait(20)
+        view = await rt.model_view(task.id)
+    assert roles(view) == [
+        "user:start",
+        "assistant",
+        "tool:slow done",
+        "user:stop that",
+        "assistant:re 'stop that' having said 1",
+    ]

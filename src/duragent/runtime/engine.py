@@ -849,8 +849,8 @@ class TaskRunner:
                 await self._commit_stop(control, todo, patch, kept, version)
                 break
             except Conflict:
-                if version is None:
-                    raise
+                if version is None or self.detached:
+                    raise  # a detached stop is retried from the top by Runtime._stop
                 # Written meanwhile (a message came in): the void range is planned again.
         if control.resume:
             self._resumed(control)
