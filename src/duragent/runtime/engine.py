@@ -427,24 +427,30 @@ class TaskRunner:
             if not items:
                 return []
             entries, config, messages = delivery(self.task, items, r)
+            version = self.task.version
             try:
                 await self.commit(
                     [*before, *entries],
                     {**(patch or {}), "config": config},
-                    expect_version=self.task.version,
+                    expect_version=version,
                 )
             except Conflict:
-                await self._refresh()
+                if not await self._moved(version):
+                    raise
                 continue
             return messages
 
-    async def _refresh(self) -> None:
-        """Read the row again after a guarded commit found it changed (same lease:
-        if another worker took the task, the next commit is refused by fencing)."""
+    async def _moved(self, version: int) -> bool:
+        """After a Conflict: whether this task's row moved past `version` (a message
+        came in); if so the runner takes the row as it is now (same lease: if another
+        worker took the task, the next commit is refused by fencing)."""
         row = await self.store.get_task(self.task.id)
+        if row.version == version:
+            return False  # the conflict was someone else's (a parent's row)
         self.task = row
         if row.control:
             self.request(Control.from_row(row.control))
+        return True
 
     async def _round(self) -> None:
         r = self.task.iterations + 1
@@ -504,7 +510,9 @@ class TaskRunner:
                 )
                 return
             except Conflict:
-                await self._refresh()  # a message (or a request) came in: look again
+                if not await self._moved(version):
+                    raise
+                # A message (or a request) came in: look again.
 
     def _replay(self, name: str) -> str:
         tool = self.agent.tool_map.get(name)
@@ -940,8 +948,12 @@ class TaskRunner:
                 )
                 return
             except Conflict:
-                if attempt == 4 or expect_version is not None:
-                    raise  # the caller reads the row again (a message may have come in)
+                if attempt == 4:
+                    raise
+                if expect_version is not None:
+                    row = await self.store.get_task(self.task.id)
+                    if row.version != expect_version:
+                        raise  # ours moved (a message came in): the caller decides again
 
     async def _block(self, reason: BlockReason, message: str) -> None:
         r = self.task.iterations + 1
