@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from server_live import LiveServer
-from test_browser import Page, expect, gates, page, server, shot, sign_in, start_task, status
+from support.browser import Page, expect, gates, page, server, shot, sign_in, start_task, status
+from support.server_live import LiveServer
 
 pytestmark = pytest.mark.browser
-__all__ = ["gates", "page", "server"]  # the fixtures this module uses from test_browser
+__all__ = ["gates", "page", "server"]  # the fixtures this module uses from support.browser
 
 
 def test_rounds_list_and_fork_from_here(page: Page, server: LiveServer) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from duragent.store import open_store
 from duragent.types import EntryKind, Task, TaskStatus
-from llm_servers import Answer, ScriptedOpenAIServer, ToolCall
+from support.llm_servers import Answer, ScriptedOpenAIServer, ToolCall
 
 SECRET = "sk-test-SECRET-123"
 KEY_ENV = "DURAGENT_TEST_KEY"
@@ -293,6 +293,38 @@ async def test_ctrl_c_mid_stream_pauses_and_continue_finishes(
     assert (task.usage.input_tokens, task.usage.output_tokens) == (30, 15)
     first, again = server.requests
     assert again.body == first.body  # the same question, asked again
+
+
+@pytest.mark.slow  # waits out the killed process's lease (15 s)
+async def test_after_a_crash_continue_says_it_waits_for_the_lease_then_takes_over(
+    serve: Serve, workdir: Path, tmp_path: Path
+) -> None:
+    answer = "An answer that streams slowly, piece by piece, to its very end."
+    server = serve([Answer(answer)], chunk_delay=0.05)
+    server.stall_next(after=8)
+    store = f"sqlite:///{tmp_path}/cli.db"
+    cli = Cli(*run_args(server, store, workdir, "Say something"))
+    task_id = task_id_in(cli.wait_for("task t_"))
+    server.wait_stalled()
+    cli.wait_for(answer[:8])
+    cli.proc.kill()  # SIGKILL: the task keeps its lease until it expires
+    cli.finish()
+    task, _ = await stored(store, task_id)
+    assert task.status is TaskStatus.RUNNING and task.lease.owner is not None
+
+    # The operator command does not fail: it says what the task waits for.
+    code, out, err = Cli("resume", task_id, "--store", store).finish()
+    assert code == 0, out + err
+    assert re.search(r"waiting for the previous owner's lease, \d+ s", out), out
+
+    flags = run_args(server, store, workdir, "")[2:]  # --model ... --workdir ... --allow read
+    code, out, err = Cli("continue", task_id, *flags).finish()
+    assert code == 0, out + err
+    waited = re.search(r"waiting for the previous owner's lease, (\d+) s", out)
+    assert waited and 0 < int(waited.group(1)) <= 15, out
+    assert task.lease.owner in " ".join(out.split())
+    assert "took the task over from its previous owner" in out
+    assert answer in out and f"✓ completed task {task_id}" in out
 
 
 def black_hole() -> socket.socket:

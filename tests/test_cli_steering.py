@@ -8,11 +8,10 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from duragent import Runtime
-from duragent.cli import _register, app
+from duragent.cli import app
 from duragent.types import TaskStatus
 from server_agents import agents
 
-_register()
 runner = CliRunner()
 
 

@@ -14,7 +14,7 @@ from duragent import Runtime
 from duragent.server import TokenStore, create_app
 from duragent.types import TaskStatus
 from server_agents import agents
-from test_server_api import TOKENS, assert_problem, auth, start, wait_for
+from support.api import TOKENS, assert_problem, auth, start, wait_for
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from conftest import PG_URL, drop_schema, require_postgres
-from crashlib import kill_at, ledger_lines, read_until, spawn
 from duragent import Runtime, TaskStatus
 from duragent.types import EntryKind, UserMessage
 from send_child import make_agent
+from support.crashlib import kill_at, ledger_lines, read_until, spawn
 
 STRATEGIES = ["enqueue", "interrupt", "rollback"]
 

@@ -428,6 +428,31 @@ async def test_due_timer_is_claimable_future_one_is_not(store: Store) -> None:
     assert nxt is not None and nxt > datetime.now(UTC) + timedelta(seconds=3000)
 
 
+async def test_a_waiting_task_is_claimable_on_its_due_wake_at_whatever_it_waits_for(
+    store: Store,
+) -> None:
+    """An approval's time limit (waiting for input, with a wake_at) is a durable timer too."""
+    due, later, open_ended = await make(store), await make(store), await make(store)
+    for t, wake in ((due, -1), (later, 3600), (open_ended, None)):
+        c = await store.claim_task("w", task_id=t.id)
+        assert c is not None
+        when = None if wake is None else datetime.now(UTC) + timedelta(seconds=wake)
+        patch = {"status": "waiting", "status_reason": "input", "wake_at": when}
+        await store.commit(Commit(fence={t.id: c.lease.epoch}, patches=[TaskPatch(t.id, patch)]))
+        await store.release_lease(t.id, c.lease.epoch)
+    nxt = await store.next_wake_at()
+    assert nxt is not None and nxt < datetime.now(UTC)
+    assert await store.claim_task("w2", task_id=later.id) is None
+    assert await store.claim_task("w2", task_id=open_ended.id) is None
+    woke = await store.claim_task("w2", task_id=due.id)
+    assert woke is not None and woke.id == due.id and woke.status is TaskStatus.RUNNING
+    assert await store.claim_task("w2") is None  # neither the later nor the open-ended one
+    done = TaskPatch(due.id, {"status": "completed"})
+    await store.commit(Commit(fence={due.id: woke.lease.epoch}, patches=[done]))
+    nxt = await store.next_wake_at()
+    assert nxt is not None and nxt > datetime.now(UTC) + timedelta(seconds=3000)
+
+
 async def test_renew_and_release(store: Store) -> None:
     task = await make(store)
     c = await store.claim_task("w1", ttl=1)

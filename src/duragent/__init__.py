@@ -6,6 +6,7 @@ from duragent.errors import (
     Conflict,
     DuplicateRequest,
     DuragentError,
+    InvalidArguments,
     InvalidTransition,
     InvalidValue,
     ModelError,
@@ -24,6 +25,7 @@ from duragent.errors import (
 from duragent.llm import ChatModel, ModelRequest, ScriptedModel, ToolCall, Turn
 from duragent.runtime import (
     Agent,
+    Decision,
     Edit,
     History,
     RoundRecord,
@@ -64,6 +66,7 @@ __all__ = [
     "ChatModel",
     "Commit",
     "Conflict",
+    "Decision",
     "Document",
     "DuplicateRequest",
     "DuragentError",
@@ -71,6 +74,7 @@ __all__ = [
     "Entry",
     "EntryKind",
     "History",
+    "InvalidArguments",
     "InvalidTransition",
     "InvalidValue",
     "ModelError",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from duragent.llm import ChatModel, resolve_model
@@ -42,6 +43,9 @@ class Agent:
     # What a new message does while a turn of the session runs: enqueue, reject,
     # interrupt or rollback (runtime/inbox.py); submit(multitask_strategy=) overrides it.
     multitask_strategy: MultitaskStrategy = "enqueue"
+    # Default wall-clock limit of this agent's tasks, from their submission
+    # (seconds or a timedelta); submit(deadline=...) overrides it.
+    deadline: float | timedelta | None = None
 
     def __post_init__(self) -> None:
         from duragent.runtime.builtin import ask_user, update_plan
@@ -50,6 +54,14 @@ class Agent:
         if self.webhook is not None:
             check_url(self.webhook)
         check_strategy(self.multitask_strategy)
+        if self.deadline is not None:
+            from duragent.runtime.deadlines import deadline_at
+
+            if isinstance(self.deadline, bool) or not isinstance(
+                self.deadline, int | float | timedelta
+            ):
+                raise ValueError("Agent.deadline is a delay: seconds or a timedelta")
+            deadline_at(self.deadline)  # a delay no task could have fails here
 
         # An item may be a list of tools (a toolset such as mcp_tools(...)).
         flat: list[Any] = [

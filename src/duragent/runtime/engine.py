@@ -27,8 +27,10 @@ from duragent.errors import (
 )
 from duragent.llm.base import ModelRequest, ResponseAssembler, TextDelta
 from duragent.runtime.agent import Agent
-from duragent.runtime.calls import Outcome, describe, parse_dt, render, run_call
+from duragent.runtime.approvals import wake_times
+from duragent.runtime.calls import Outcome, describe, render, run_call
 from duragent.runtime.context import SleepUntil, SpawnSubtask, WaitForInput
+from duragent.runtime.deadlines import deadline_at, exceeded, wake_time
 from duragent.runtime.inbox import delivery, due
 from duragent.runtime.log import (
     RoundState,
@@ -58,6 +60,7 @@ from duragent.types import (
     ToolMessage,
     UIError,
     UserMessage,
+    utcnow,
 )
 from duragent.webhooks import outbox_events
 
@@ -85,10 +88,11 @@ class Abandoned(Exception):
 
 @dataclass
 class Control:
-    """A request to stop: pause (status paused), abort (terminal), or release
-    (hand the task back to the queue, e.g. on worker shutdown)."""
+    """A request to stop: pause (status paused), abort (terminal), release
+    (hand the task back to the queue, e.g. on worker shutdown), or deadline
+    (the task's deadline passed: failed, status reason `deadline`)."""
 
-    action: Literal["pause", "abort", "release"]
+    action: Literal["pause", "abort", "release", "deadline"]
     rollback: bool = False
     reason: str | None = None
     # A pause that goes on at once with the messages sent to interrupt (runtime/inbox.py);
@@ -246,8 +250,21 @@ class TaskRunner:
 
     # --- the loop ---
 
+    def _arm_deadline(self) -> asyncio.TimerHandle | None:
+        """Stop the task at its deadline, like a pause (at the next safe point), then fail it."""
+        at = self.task.deadline
+        if at is None or self.detached:
+            return None
+        stop = Control("deadline", reason=exceeded(self.task))
+        delay = (at - utcnow()).total_seconds()
+        if delay <= 0:
+            self.request(stop)
+            return None
+        return asyncio.get_running_loop().call_later(delay, self.request, stop)
+
     async def run(self) -> Task:
         await self.trace_point("task_start", task=self.task)
+        deadline = self._arm_deadline()
         try:
             await self._start()
             while self.task.status is TaskStatus.RUNNING:
@@ -269,7 +286,11 @@ class TaskRunner:
                 self.view += await self._take_messages(self.task.iterations + 1)
                 await self._round()
             if self.control is not None and self.task.status is TaskStatus.WAITING:
-                await self._stop(self.control)  # asked to stop just as it parked
+                # Asked to stop just as it parked; at the deadline, its waits get results.
+                if self.control.action == "deadline":
+                    await self.stop_now(self.control)
+                else:
+                    await self._stop(self.control)
         except Abandoned as exc:
             log.warning("task %s abandoned: %s", self.task.id, exc)
         except asyncio.CancelledError:
@@ -285,6 +306,8 @@ class TaskRunner:
             except StoreError as store_exc:
                 await self._end_on_store_error(store_exc)
         finally:
+            if deadline is not None:
+                deadline.cancel()
             await self.state.close()
         await self.trace_point("task_end", task=self.task)
         return self.task
@@ -336,9 +359,9 @@ class TaskRunner:
         self._round_no, self._round_progress = rs.round, list(rs.progress_seqs)
         self._round_api_seqs = list(rs.api_seqs)
         entries: list[NewEntry] = []
-        if control.action == "abort":
+        if control.action in ("abort", "deadline"):
             for cid in rs.missing:  # every call keeps exactly one result
-                text = "Tool call cancelled: the task was aborted before it finished."
+                text = _cancelled(control, "before it finished")
                 entries += result_entries(t.id, rs.round, cid, text, "interrupted")
         await self._stop(control, entries)
         return self.task
@@ -689,13 +712,19 @@ class TaskRunner:
             return
         self._round_no = r
         if self.control is not None and self.control.action != "release":
-            # Paused or aborted before any tool started: none starts. (A release,
-            # a worker shutting down, lets them run within the grace period.)
-            action = self.control.action
-            text = f"Tool call cancelled: the task was {_PAST[action]} before it started."
-            entries = [
-                e for c in todo for e in result_entries(self.task.id, r, c.id, text, "interrupted")
-            ]
+            # Paused, aborted or past its deadline before any tool started: none
+            # starts. (A release, a worker shutting down, lets them run within the
+            # grace period.)
+            waited = rs.waits if rs else {}
+            entries = []
+            for c in todo:
+                when = "before it started"
+                if c.id in waited:
+                    when = "while it waited"
+                elif rs is not None:  # recovering: the call may have run in a lost worker
+                    when = "before it finished"
+                text = _cancelled(self.control, when)
+                entries += result_entries(self.task.id, r, c.id, text, "interrupted")
             await self._stop(self.control, entries)
             return
         jobs = {asyncio.ensure_future(one(c)): c.id for c in todo}
@@ -746,10 +775,7 @@ class TaskRunner:
                 details: dict[str, Any] = {"wake_at": s.wake_at.isoformat()}
                 kind = "timer"
             elif isinstance(s, WaitForInput):
-                details, kind = (
-                    {"question": s.question},
-                    ("approval" if s.kind == "approval" else "input"),
-                )
+                details, kind = s.details(), ("approval" if s.kind == "approval" else "input")
             elif isinstance(s, SpawnSubtask):
                 child, first = self._child(s)
                 new_tasks.append(child)
@@ -760,24 +786,32 @@ class TaskRunner:
             entry = wait_entry(tid, r, cid, kind, **details)
             entries.append(entry)
             waits[cid] = entry.payload
-        timers = [w["wake_at"] for w in waits.values() if w["wait"] == "timer"]
         patch = {
             "status": TaskStatus.WAITING,
             "status_reason": wait_reason(waits),
-            "wake_at": parse_dt(min(timers)) if timers else None,
+            "wake_at": wake_time(
+                self.task, wake_times(waits.values())
+            ),  # a timer, an expiry, a deadline
         }
         await self.commit(entries, patch, new_tasks=new_tasks, documents=documents)
 
     def _child(self, s: SpawnSubtask) -> tuple[Task, NewEntry]:
-        parent = self.task
+        parent, agent = self.task, self.agents[s.agent]
+        # A sub-task cannot outlive its parent's deadline; its agent's may be earlier.
+        deadline = parent.deadline
+        if deadline is not None and agent.deadline is not None:
+            deadline = min(deadline, deadline_at(agent.deadline))
+        by = "parent" if deadline is not None and deadline == parent.deadline else "submit"
         return new_task(
-            self.agents[s.agent],
+            agent,
             s.input,
             owner=parent.owner,
             session_id=parent.session_id,
             parent_id=parent.id,
             root_id=parent.root_id,
             context=s.context,
+            deadline=deadline,
+            deadline_by=by,
         )
 
     async def _stop_tools(
@@ -788,7 +822,7 @@ class TaskRunner:
         committing: Mapping[str, asyncio.Future[None]],
     ) -> None:
         control = self.control or Control("pause")
-        if control.action in ("pause", "release"):
+        if control.action in ("pause", "release", "deadline"):
             # Let running tools finish (and commit their results) within the grace
             # period, unless an abort arrives meanwhile (a second Ctrl-C).
             loop = asyncio.get_running_loop()
@@ -819,7 +853,7 @@ class TaskRunner:
             if cid in committing:
                 await committing[cid]  # its result was already on its way: let it land
                 continue
-            text = f"Tool call cancelled: the task was {_PAST[control.action]} while it ran."
+            text = _cancelled(control, "while it ran")
             entries += result_entries(self.task.id, r, cid, text, "interrupted")
         await self._stop(control, entries)
 
@@ -838,6 +872,11 @@ class TaskRunner:
                 TaskStatus.ABORTED, entries=entries, error=control.reason or "aborted"
             )
             return
+        if control.action == "deadline":
+            error = control.reason or "deadline exceeded"
+            extra = {"status_reason": "deadline"}
+            await self._finish(TaskStatus.FAILED, entries=entries, error=error, extra=extra)
+            return
         if control.resume and self.task.status is not TaskStatus.RUNNING:
             # Parked just as asked: the messages are taken when the wait ends.
             await self.commit([], {"control": None})
@@ -846,7 +885,10 @@ class TaskRunner:
         if control.rollback and self._round_progress:
             entries.append(self._void_progress(r, "paused with rollback"))
         while True:
-            patch: dict[str, Any] = {"status": TaskStatus.PAUSED, "control": None}
+            # A paused task has no timer (a sleep, an approval's expiry, a deadline):
+            # they are re-armed from the log when it runs again; kept, they would hold
+            # the resumed task back as a delayed start. An interrupted one runs on.
+            patch: dict[str, Any] = {"status": TaskStatus.PAUSED, "control": None, "wake_at": None}
             if control.resume:
                 patch = {"control": None}
             todo, version = list(entries), None
@@ -961,6 +1003,13 @@ class TaskRunner:
             [ui_entry(self.task.id, r, UIError(message="The task is blocked.", detail=message))],
             {"status": TaskStatus.BLOCKED, "status_reason": reason.value, "error": message},
         )
+
+
+def _cancelled(control: Control, when: str) -> str:
+    """The result a call stopped by `control` gets (`when`: "while it ran", ...)."""
+    if control.action == "deadline":
+        return f"Tool call cancelled: the task's deadline passed {when}."
+    return f"Tool call cancelled: the task was {_PAST[control.action]} {when}."
 
 
 __all__ = ["Abandoned", "Control", "TaskRunner"]

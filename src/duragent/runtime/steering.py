@@ -41,6 +41,10 @@ class CallRecord(BaseModel):
     call_id: str
     name: str
     arguments: str = Field(description="The arguments as the model wrote them (JSON text).")
+    edited_arguments: dict[str, Any] | None = Field(
+        default=None,
+        description="The arguments a person approved the call with, when they edited them.",
+    )
     result: str | None = None
     outcome: str | None = Field(
         default=None, description="ok, error, denied or interrupted; None while unanswered."
@@ -138,6 +142,7 @@ async def task_history(store: Store, task: Task) -> History:
                         call_id=call.id,
                         name=call.function.name,
                         arguments=call.function.arguments,
+                        edited_arguments=rs.decisions.get(call.id, {}).get("arguments"),
                         result=None if res is None else res.get("content"),
                         outcome=None if res is None else res.get("outcome", "ok"),
                     )
@@ -299,8 +304,8 @@ async def new_fork(
     fork_id = new_id()
     entries = await fork_entries(store, source, fork_id, at_round, edit)
     config = {
-        # A fork starts with an empty inbox: messages sent to the source are the source's.
-        **{k: v for k, v in source.config.items() if k not in ("forked_from", "inbox")},
+        # A fork is a new task: the source's deadline and inbox are not its own.
+        **{k: v for k, v in source.config.items() if k not in ("forked_from", "deadline", "inbox")},
         "forked_from": {"task_id": source.id, "round": at_round},
     }
     task = Task(

@@ -202,6 +202,7 @@ class Store(Protocol):
         agents: Iterable[str] | None = None,
         ttl: float = 30.0,
         task_id: str | None = None,
+        queues: Iterable[str] | None = None,
     ) -> Task | None: ...
     async def claim_tasks(
         self,
@@ -211,13 +212,16 @@ class Store(Protocol):
         agents: Iterable[str] | None = None,
         ttl: float = 30.0,
         task_id: str | None = None,
+        queues: Iterable[str] | None = None,
     ) -> list[Task]: ...
     async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task: ...
     async def renew_leases(
         self, worker_id: str, leases: Mapping[str, int], ttl: float
     ) -> LeaseRenewal: ...
     async def release_lease(self, task_id: str, epoch: int) -> None: ...
-    async def next_wake_at(self, agents: Iterable[str] | None = None) -> datetime | None: ...
+    async def next_wake_at(
+        self, agents: Iterable[str] | None = None, queues: Iterable[str] | None = None
+    ) -> datetime | None: ...
 
     async def delete_task(self, task_id: str) -> None: ...
     async def purge_tasks(self, query: TaskQuery) -> int: ...
@@ -327,17 +331,13 @@ def status_change_entry(
 
 
 def claimable(task: Task, now: datetime) -> bool:
-    """Runnable = pending, running with an expired lease, or a due timer."""
+    """Runnable = pending, running with an expired lease, or waiting with its wake-up due
+    (a `ctx.sleep`, an approval's time limit or a deadline: `wake_at` is the first of them)."""
     if task.status is TaskStatus.PENDING:
         return task.wake_at is None or task.wake_at <= now  # a delayed start waits
     if task.status is TaskStatus.RUNNING:
         return task.lease.expires_at is None or task.lease.expires_at <= now
-    return (
-        task.status is TaskStatus.WAITING
-        and task.status_reason == "timer"
-        and task.wake_at is not None
-        and task.wake_at <= now
-    )
+    return task.status is TaskStatus.WAITING and task.wake_at is not None and task.wake_at <= now
 
 
 def claim_order(task: Task) -> tuple[int, float, str]:

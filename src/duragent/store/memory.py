@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -41,6 +41,13 @@ _T = TypeVar("_T")
 def request_key(owner: str | None, request_id: str) -> tuple[str, str]:
     """Request ids are per owner; no owner and the empty owner are one (as in the SQL stores)."""
     return (owner or "", request_id)
+
+
+def serves(task: Task, agents: Collection[str] | None, queues: Collection[str] | None) -> bool:
+    """Whether a worker of these agents and queues (None: any) may run the task."""
+    return (agents is None or task.agent in agents) and (
+        queues is None or (task.queue or task.agent) in queues
+    )
 
 
 class _MemoryTx:
@@ -95,12 +102,13 @@ class _MemoryTx:
         task_id: str | None,
         limit: int,
         closed: set[str],
+        queues: Sequence[str] | None = None,
     ) -> list[Candidate]:
         ids = [task_id] if task_id else list(self.store._tasks)
         out = []
         for tid in ids:
             task = self.load_task(tid)
-            if task is None or (agents is not None and task.agent not in agents):
+            if task is None or not serves(task, agents, queues):
                 continue
             ready = task.status is TaskStatus.PENDING and task.wake_at is None
             if ready and task.queue in closed:
@@ -263,16 +271,19 @@ class MemoryStore(TxWrites):
             if s == scope
         ]
 
-    async def next_wake_at(self, agents: Iterable[str] | None = None) -> datetime | None:
+    async def next_wake_at(
+        self, agents: Iterable[str] | None = None, queues: Iterable[str] | None = None
+    ) -> datetime | None:
         names = None if agents is None else set(agents)
+        only = None if queues is None else set(queues)
         wakes = []
         for raw in self._tasks.values():
             t = Task.model_validate_json(raw)
-            if names is not None and t.agent not in names:
+            if not serves(t, names, only):
                 continue
             if t.status is TaskStatus.PENDING and t.wake_at:
                 wakes.append(t.wake_at)  # a delayed start
-            elif t.status is TaskStatus.WAITING and t.status_reason == "timer" and t.wake_at:
+            elif t.status is TaskStatus.WAITING and t.wake_at:  # a timer, an expiry, a deadline
                 wakes.append(t.wake_at)
             elif t.status is TaskStatus.RUNNING and t.lease.expires_at:
                 wakes.append(t.lease.expires_at)

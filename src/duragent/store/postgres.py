@@ -361,7 +361,7 @@ class PostgresStore(TxWrites):
         text += " LIMIT %s FOR UPDATE SKIP LOCKED"
 
         def purge(tx: PgTx) -> int:
-            rows = tx.conn.execute(text, [*params, query.limit]).fetchall()  # type: ignore[arg-type]
+            rows = tx.conn.execute(text, [*params, query.limit]).fetchall()
             return _delete_trees(tx, [r["id"] for r in rows]) if rows else 0
 
         return await self._write(purge)
@@ -394,7 +394,7 @@ class PostgresStore(TxWrites):
         params.append(q.limit + 1)
 
         def read(conn: Conn) -> TaskPage:
-            tasks = [row_task(r) for r in conn.execute(text, params)]  # type: ignore[arg-type]
+            tasks = [row_task(r) for r in conn.execute(text, params)]
             more = len(tasks) > q.limit
             tasks = tasks[: q.limit]
             return TaskPage(tasks, encode_cursor(tasks[-1]) if more and tasks else None)
@@ -409,7 +409,7 @@ class PostgresStore(TxWrites):
         text += " GROUP BY queue, status"
 
         def read(conn: Conn) -> dict[tuple[str, str], int]:
-            rows = conn.execute(text, params)  # type: ignore[arg-type]
+            rows = conn.execute(text, params)
             return {(r["queue"], r["status"]): r["n"] for r in rows}
 
         return await self._read(read)
@@ -442,7 +442,7 @@ class PostgresStore(TxWrites):
                     payload=json.loads(r["payload"]),
                     created_at=r["created_at"].astimezone(UTC),
                 )
-                for r in conn.execute(text, params)  # type: ignore[arg-type]
+                for r in conn.execute(text, params)
             ]
 
         return await self._read(read)
@@ -484,22 +484,33 @@ class PostgresStore(TxWrites):
 
         return await self._read(read)
 
-    async def next_wake_at(self, agents: Iterable[str] | None = None) -> datetime | None:
+    async def next_wake_at(
+        self, agents: Iterable[str] | None = None, queues: Iterable[str] | None = None
+    ) -> datetime | None:
         names = None if agents is None else list(agents)
+        only = None if queues is None else list(queues)
+
+        mine = (
+            "AND (%(all)s OR agent = ANY(%(names)s)) AND (%(any_queue)s OR queue = ANY(%(queues)s))"
+        )
 
         def read(conn: Conn) -> datetime | None:
             row = conn.execute(
                 "SELECT min(t) AS t FROM ("
                 " SELECT wake_at AS t FROM tasks WHERE status = 'waiting'"
-                " AND status_reason = 'timer' AND (%(all)s OR agent = ANY(%(names)s))"
-                " UNION ALL SELECT lease_expires FROM tasks WHERE status = 'running'"
-                " AND (%(all)s OR agent = ANY(%(names)s))"
+                f" AND wake_at IS NOT NULL {mine}"
+                f" UNION ALL SELECT lease_expires FROM tasks WHERE status = 'running' {mine}"
                 " UNION ALL SELECT min(wake_at) FROM tasks WHERE status = 'pending'"
-                " AND wake_at IS NOT NULL AND (%(all)s OR agent = ANY(%(names)s))) AS wakes",
-                {"all": names is None, "names": names or []},
+                f" AND wake_at IS NOT NULL {mine}) AS wakes",
+                {
+                    "all": names is None,
+                    "names": names or [],
+                    "any_queue": only is None,
+                    "queues": only or [],
+                },
             ).fetchone()
             value = None if row is None else row["t"]
-            return None if value is None else value.astimezone(UTC)  # type: ignore[no-any-return]
+            return None if value is None else value.astimezone(UTC)
 
         return await self._read(read)
 

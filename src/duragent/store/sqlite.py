@@ -454,20 +454,24 @@ class SQLiteStore(TxWrites):
             ]
         )
 
-    async def next_wake_at(self, agents: Iterable[str] | None = None) -> datetime | None:
+    async def next_wake_at(
+        self, agents: Iterable[str] | None = None, queues: Iterable[str] | None = None
+    ) -> datetime | None:
         sql = (
             "SELECT min(t) FROM (SELECT wake_at AS t FROM tasks WHERE status='waiting'"
-            " AND status_reason='timer' {a} UNION ALL SELECT lease_expires FROM tasks"
+            " AND wake_at IS NOT NULL {a} UNION ALL SELECT lease_expires FROM tasks"
             " WHERE status='running' {a} UNION ALL SELECT min(wake_at) FROM tasks"
             " WHERE status='pending' AND wake_at IS NOT NULL {a})"
         )
         params: list[Any] = []
         clause = ""
-        if agents is not None:
-            names = list(agents)
-            clause = "AND agent IN (" + ", ".join("?" * len(names)) + ")" if names else "AND 0"
-            params = names * 3
+        for column, values in (("agent", agents), ("queue", queues)):
+            if values is not None:
+                names = list(values)
+                clause += f" AND {column} IN (" + ", ".join("?" * len(names)) + ")"
+                params += names
         sql = sql.format(a=clause)
+        params *= 3
         return await self._read(lambda conn: from_ts(conn.execute(sql, params).fetchone()[0]))  # type: ignore[no-any-return]
 
     async def claim_tasks(
@@ -478,16 +482,22 @@ class SQLiteStore(TxWrites):
         agents: Iterable[str] | None = None,
         ttl: float = 30.0,
         task_id: str | None = None,
+        queues: Iterable[str] | None = None,
     ) -> list[Task]:
         """Look first without the write lock: an idle worker polling for work then
         never holds the file's one write lock (which would stall every other
         process's commits, for as long as a stopped or slow poller holds it)."""
         names = None if agents is None else list(agents)
+        only = None if queues is None else sorted(set(queues))
         if n < 1 or not await self._read(
-            lambda conn: bool(SqliteTx(conn).find_claimable(utcnow(), names, task_id, 1, set()))
+            lambda conn: bool(
+                SqliteTx(conn).find_claimable(utcnow(), names, task_id, 1, set(), only)
+            )
         ):
             return []
-        return await super().claim_tasks(worker_id, n, agents=names, ttl=ttl, task_id=task_id)
+        return await super().claim_tasks(
+            worker_id, n, agents=names, ttl=ttl, task_id=task_id, queues=only
+        )
 
     async def delete_task(self, task_id: str) -> None:
         def delete(tx: SqliteTx) -> None:

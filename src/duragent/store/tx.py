@@ -43,6 +43,7 @@ class Tx(Protocol):
         task_id: str | None,
         limit: int,
         closed: set[str],
+        queues: Sequence[str] | None = None,
     ) -> list[Candidate]: ...
     def load_queues(self) -> list[Document]: ...
     def running_counts(
@@ -90,12 +91,13 @@ def schedule_key(task: Task) -> tuple[Any, ...]:
 
 
 def may_become_claimable(task: Task) -> bool:
-    """Pending; waiting on a timer; or running, so claimable once its lease expires."""
+    """Pending; waiting with a wake-up (a timer or a deadline); or running, so
+    claimable once its lease expires."""
     status = task.status
     return (
         status is TaskStatus.PENDING
         or status is TaskStatus.RUNNING
-        or (status is TaskStatus.WAITING and task.status_reason == "timer")
+        or (status is TaskStatus.WAITING and task.wake_at is not None)
     )
 
 
@@ -234,8 +236,10 @@ def apply_claim(
     ttl: float,
     task_id: str | None,
     now: datetime,
+    queues: Sequence[str] | None = None,
 ) -> list[Task]:
-    """Claim up to `n` runnable tasks in claim order, within every queue's limits.
+    """Claim up to `n` runnable tasks in claim order, within every queue's limits
+    (only from `queues`, when given).
 
     Candidates come in pages; one a limit refuses is passed over (it stays
     queued), so a page may be read again larger, a few times at most.
@@ -251,7 +255,7 @@ def apply_claim(
     limit = n + 8
     for _ in range(4):
         refused = 0
-        for found in tx.find_claimable(now, agents, task_id, limit, budget.closed()):
+        for found in tx.find_claimable(now, agents, task_id, limit, budget.closed(), queues):
             if found.id in seen:
                 continue
             seen.add(found.id)
@@ -357,8 +361,11 @@ class TxWrites:
         agents: Iterable[str] | None = None,
         ttl: float = 30.0,
         task_id: str | None = None,
+        queues: Iterable[str] | None = None,
     ) -> Task | None:
-        claimed = await self.claim_tasks(worker_id, 1, agents=agents, ttl=ttl, task_id=task_id)
+        claimed = await self.claim_tasks(
+            worker_id, 1, agents=agents, ttl=ttl, task_id=task_id, queues=queues
+        )
         return claimed[0] if claimed else None
 
     async def claim_tasks(
@@ -369,10 +376,12 @@ class TxWrites:
         agents: Iterable[str] | None = None,
         ttl: float = 30.0,
         task_id: str | None = None,
+        queues: Iterable[str] | None = None,
     ) -> list[Task]:
         names = None if agents is None else list(agents)
+        only = None if queues is None else sorted(set(queues))
         return await self._write(
-            lambda tx: apply_claim(tx, worker_id, n, names, ttl, task_id, utcnow())
+            lambda tx: apply_claim(tx, worker_id, n, names, ttl, task_id, utcnow(), only)
         )
 
     async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task:
