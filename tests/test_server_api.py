@@ -334,6 +334,7 @@ BODIES = {
     "abort": {"reason": "bob was here"},
     "respond": {"approve": True},
     "fork": {"at_round": 1},
+    "messages": {"text": "bob was here"},
 }
 
 

@@ -18,6 +18,7 @@ from duragent.errors import (
     StoreNotFound,
     StoreUnavailable,
     StoreVersionError,
+    TaskBusy,
     TaskNotFound,
     UsageError,
 )
@@ -97,6 +98,7 @@ __all__ = [
     "Submission",
     "SystemMessage",
     "Task",
+    "TaskBusy",
     "TaskNotFound",
     "TaskPatch",
     "TaskQuery",

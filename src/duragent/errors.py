@@ -72,6 +72,18 @@ class DuplicateRequest(UsageError):
         )
 
 
+class TaskBusy(UsageError):
+    """A message came in while the task runs a turn and its strategy is `reject`."""
+
+    def __init__(self, task_id: str, status: str) -> None:
+        self.task_id = task_id
+        super().__init__(
+            f"task {task_id!r} is {status} (a turn runs) and its multitask_strategy is "
+            "'reject'; send again once it ends, or pass multitask_strategy='enqueue', "
+            "'interrupt' or 'rollback'"
+        )
+
+
 class MissingExtra(UsageError):
     def __init__(self, what: str, extra: str) -> None:
         super().__init__(f"{what} needs an optional extra: pip install 'duragent[{extra}]'")

@@ -1,4 +1,5 @@
-"""Steering commands: `history` (a task round by round) and `fork` (a new task from a round)."""
+"""Steering commands: `history` (a task round by round), `fork` (a new task from a
+round) and `send` (a message into a live task)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from rich.table import Table
 from duragent.cli._common import STORE, fail, make_console, operator_runtime, run_async
 from duragent.cli._format import clip, status_markup
 from duragent.errors import UsageError
+from duragent.runtime.inbox import STRATEGIES, MultitaskStrategy
 from duragent.runtime.steering import Edit, History
 from duragent.terminal import safe
 from duragent.types import Task
@@ -101,3 +103,33 @@ def fork(
     make_console().print(
         f"{verb}: task {safe(task.id)} from {safe(task_id)} at round {at}; it is {status}"
     )
+
+
+@app.command()
+def send(
+    task_id: str = typer.Argument(..., help="The live task (pending, running, waiting, paused)."),
+    text: str = typer.Argument(..., help="The user message."),
+    store: str = STORE,
+    strategy: str | None = typer.Option(
+        None,
+        "--strategy",
+        help=f"What it does while a turn runs ({', '.join(STRATEGIES)}; default: the task's).",
+    ),
+) -> None:
+    """Send a user message into a live task; it is taken once, at a safe point."""
+
+    async def go() -> Task:
+        async with operator_runtime(store) as rt:
+            chosen: MultitaskStrategy | None = strategy  # type: ignore[assignment]
+            return await rt.send(task_id, text, multitask_strategy=chosen)
+
+    task = run_async(go())
+    queued = task.config.get("inbox")
+    last = queued[-1] if isinstance(queued, list) and queued else {}
+    when = "at the next safe point"
+    if task.status.value in ("paused", "blocked"):
+        when = "when it is resumed"
+    elif isinstance(last, dict) and last.get("at") == "turn_end":
+        when = "after the current turn's answer"
+    status = status_markup(task)
+    make_console().print(f"sent to task {safe(task.id)} ({status}); it takes the message {when}")

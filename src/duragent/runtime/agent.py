@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from duragent.llm import ChatModel, resolve_model
+from duragent.runtime.inbox import MultitaskStrategy, check_strategy
 from duragent.runtime.tools import Tool, make_tool
 
 
@@ -39,6 +40,9 @@ class Agent:
     ask_user_tool: bool = False  # offer the built-in ask_user tool (waits for an answer)
     # Called on status changes of this agent's tasks (see duragent.webhooks).
     webhook: str | None = None
+    # What a new message does while a turn of the session runs: enqueue, reject,
+    # interrupt or rollback (runtime/inbox.py); submit(multitask_strategy=) overrides it.
+    multitask_strategy: MultitaskStrategy = "enqueue"
     # Default wall-clock limit of this agent's tasks, from their submission
     # (seconds or a timedelta); submit(deadline=...) overrides it.
     deadline: float | timedelta | None = None
@@ -49,6 +53,7 @@ class Agent:
 
         if self.webhook is not None:
             check_url(self.webhook)
+        check_strategy(self.multitask_strategy)
         if self.deadline is not None:
             from duragent.runtime.deadlines import deadline_at
 

@@ -32,6 +32,7 @@ from duragent.runtime.approvals import wake_times
 from duragent.runtime.calls import Outcome, describe, render, run_call
 from duragent.runtime.context import SleepUntil, SpawnSubtask, WaitForInput
 from duragent.runtime.deadlines import deadline_at, exceeded, wake_time
+from duragent.runtime.inbox import delivery, due
 from duragent.runtime.log import (
     RoundState,
     api_entry,
@@ -58,6 +59,7 @@ from duragent.types import (
     ToolCallData,
     ToolMessage,
     UIError,
+    UserMessage,
     utcnow,
 )
 from duragent.webhooks import outbox_events
@@ -71,6 +73,9 @@ StatusHook = Callable[[Task, TaskStatus, TaskStatus], None]
 # ("model_start", "model_end"). For tests, demos, tracing (duragent.otel) and
 # metrics (duragent.metrics); a hook that never returns holds the task there.
 TraceHook = Callable[..., Awaitable[None]]
+
+
+_PAST = {"pause": "paused", "abort": "aborted", "release": "released"}
 
 
 class _Interrupted(Exception):
@@ -90,15 +95,21 @@ class Control:
     action: Literal["pause", "abort", "release", "deadline"]
     rollback: bool = False
     reason: str | None = None
+    # A pause that goes on at once with the messages sent to interrupt (runtime/inbox.py);
+    # `token` (the message id) makes a request heard twice act once.
+    resume: bool = False
+    token: str | None = None
 
     @classmethod
     def from_row(cls, control: Mapping[str, Any]) -> Control:
         """The request a task row's `control` field holds (written by Runtime._stop)."""
-        reason = control.get("reason")
+        reason, token = control.get("reason"), control.get("token")
         return cls(
             "abort" if control.get("action") == "abort" else "pause",
             bool(control.get("rollback")),
             None if reason is None else str(reason),
+            resume=bool(control.get("resume")),
+            token=None if token is None else str(token),
         )
 
 
@@ -137,6 +148,8 @@ class TaskRunner:
         self._control_event = asyncio.Event()
         self._abort_event = asyncio.Event()
         self._interrupt_target: asyncio.Task[Any] | None = None
+        self._handled_tokens: set[str] = set()  # interrupts already acted on
+        self._reread = False  # an interrupt changed the log: rebuild the round from it
         self._interrupting = False
         self._commit_lock = asyncio.Lock()
         self._attempt: ResponseAssembler | None = None  # the model call in progress
@@ -151,7 +164,11 @@ class TaskRunner:
     # --- control from outside ---
 
     def request(self, control: Control) -> None:
-        if self.control is None or control.action == "abort":
+        if control.token is not None and control.token in self._handled_tokens:
+            return
+        # An interrupt (a pause that goes on) gives way to a plain pause or an abort.
+        yields = self.control is not None and self.control.resume and not control.resume
+        if self.control is None or control.action == "abort" or yields:
             self.control = control
             self._control_event.set()
             if control.action == "abort":
@@ -170,6 +187,7 @@ class TaskRunner:
         documents: Iterable[DocumentWrite] = (),
         new_tasks: Iterable[Task] = (),
         patches: Iterable[TaskPatch] = (),
+        expect_version: int | None = None,
     ) -> CommitResult:
         async with self._commit_lock:  # one task's commits land in the order it made them
             changes = dict(patch or {})
@@ -178,7 +196,9 @@ class TaskRunner:
                 changes.setdefault("context", state["context"])
             # A status change worth announcing writes its webhook event in this commit.
             documents = [*documents, *outbox_events(self.task, changes)]
-            own = [TaskPatch(self.task.id, changes)] if changes else []
+            own = [TaskPatch(self.task.id, changes, expect_version=expect_version)]
+            if not changes and expect_version is None:
+                own = []
             if self.detached:
                 own = [TaskPatch(self.task.id, changes, expect_version=self.task.version)]
             commit = Commit(
@@ -199,7 +219,11 @@ class TaskRunner:
         old = self.task.status
         self.task = result.tasks[self.task.id]
         control = self.task.control
-        if control and (self.control is None or self.control.action != control.get("action")):
+        if control and (
+            self.control is None
+            or self.control.action != control.get("action")
+            or self.control.resume != bool(control.get("resume"))
+        ):
             # A pause/abort committed by another process: every commit sees it,
             # so no tool starts after the commit that precedes it (the intents).
             self.request(Control.from_row(control))
@@ -245,8 +269,12 @@ class TaskRunner:
             await self._start()
             while self.task.status is TaskStatus.RUNNING:
                 if self.control is not None:
-                    await self._stop(self.control)
-                    break
+                    await self._stop(self.control)  # an interrupt leaves it running
+                    continue
+                if self._reread:
+                    self._reread = False
+                    await self._reread_round()
+                    continue
                 if self.task.iterations >= self.agent.max_iterations:
                     await self._finish(
                         TaskStatus.FAILED,
@@ -254,6 +282,8 @@ class TaskRunner:
                         "without a final answer",
                     )
                     break
+                # A safe point: the last round is closed. Messages sent to interrupt go in.
+                self.view += await self._take_messages(self.task.iterations + 1)
                 await self._round()
             if self.control is not None and self.task.status is TaskStatus.WAITING:
                 # Asked to stop just as it parked; at the deadline, its waits get results.
@@ -393,6 +423,58 @@ class TaskRunner:
         calls = [c for c in rs.assistant.tool_calls or () if c.id in rs.intents]
         await self._run_calls(r, calls, rs)
 
+    async def _reread_round(self) -> None:
+        """After an interrupt: the model's view and the open round as the log has them."""
+        t = self.task
+        self.view = await self.store.model_view(t.id)
+        await self._recover(
+            read_round(await self.store.entries(t.id, after_seq=t.round_seq), t.iterations + 1)
+        )
+
+    async def _take_messages(
+        self,
+        r: int,
+        *,
+        turn_end: bool = False,
+        before: Sequence[NewEntry] = (),
+        patch: Mapping[str, Any] | None = None,
+    ) -> list[UserMessage]:
+        """Commit the inbox messages due at this safe point as user messages of round
+        r (after `before`, with `patch`); [] when none is due, and nothing committed.
+
+        Guarded by the row's version: a message sent since this runner last saw the
+        row makes it read the row and decide again, so none is missed or taken twice.
+        """
+        while True:
+            items = due(self.task, turn_end=turn_end)
+            if not items:
+                return []
+            entries, config, messages = delivery(self.task, items, r)
+            version = self.task.version
+            try:
+                await self.commit(
+                    [*before, *entries],
+                    {**(patch or {}), "config": config},
+                    expect_version=version,
+                )
+            except Conflict:
+                if not await self._moved(version):
+                    raise
+                continue
+            return messages
+
+    async def _moved(self, version: int) -> bool:
+        """After a Conflict: whether this task's row moved past `version` (a message
+        came in); if so the runner takes the row as it is now (same lease: if another
+        worker took the task, the next commit is refused by fencing)."""
+        row = await self.store.get_task(self.task.id)
+        if row.version == version:
+            return False  # the conflict was someone else's (a parent's row)
+        self.task = row
+        if row.control:
+            self.request(Control.from_row(row.control))
+        return True
+
     async def _round(self) -> None:
         r = self.task.iterations + 1
         self._round_no, self._round_api_seqs, self._round_progress = r, [], []
@@ -405,11 +487,7 @@ class TaskRunner:
         usage = (self.task.usage + response.usage).model_dump()
         tid = self.task.id
         if not response.tool_calls:
-            await self._finish(
-                TaskStatus.COMPLETED,
-                entries=[api_entry(tid, r, message)],
-                extra={"output": response.text, "usage": usage, "iterations": r},
-            )
+            await self._end_turn(r, message, response.text, usage)
             await self.trace_point("final")
             return
         intents = [
@@ -433,6 +511,31 @@ class TaskRunner:
         self.view.append(message)
         await self.trace_point("intents", calls=[c.id for c in response.tool_calls])
         await self._run_calls(r, response.tool_calls, None)
+
+    async def _end_turn(self, r: int, message: ApiMessage, text: str, usage: Any) -> None:
+        """An answer without tool calls ends the turn: the task completes, unless
+        messages wait in its inbox; then it goes on with them, seeing the answer."""
+        final = api_entry(self.task.id, r, message)
+        while True:
+            version = self.task.version  # what the inbox was read at
+            users = await self._take_messages(
+                r + 1, turn_end=True, before=[final], patch={"usage": usage, "iterations": r}
+            )
+            if users:
+                self.view += [message, *users]
+                return
+            try:
+                await self._finish(
+                    TaskStatus.COMPLETED,
+                    entries=[final],
+                    extra={"output": text, "usage": usage, "iterations": r},
+                    expect_version=version,
+                )
+                return
+            except Conflict:
+                if not await self._moved(version):
+                    raise
+                # A message (or a request) came in: look again.
 
     def _replay(self, name: str) -> str:
         tool = self.agent.tool_map.get(name)
@@ -771,36 +874,81 @@ class TaskRunner:
             extra = {"status_reason": "deadline"}
             await self._finish(TaskStatus.FAILED, entries=entries, error=error, extra=extra)
             return
-        # A paused task has no timer (a sleep, an approval's expiry, a deadline): they are
-        # re-armed from the log when it runs again; kept, they would hold the resumed task
-        # back as a delayed start.
-        patch: dict[str, Any] = {"status": TaskStatus.PAUSED, "control": None, "wake_at": None}
-        kept: list[str] = []
-        if control.rollback:
-            if self._round_progress:
-                entries.append(self._void_progress(r, "paused with rollback"))
-            if self._round_api_seqs and self.task.iterations < self._round_no:
-                kept = await self._roll_back_round(r, entries, patch)
+        if control.resume and self.task.status is not TaskStatus.RUNNING:
+            # Parked just as asked: the messages are taken when the wait ends.
+            await self.commit([], {"control": None})
+            self._resumed(control)
+            return
+        if control.rollback and self._round_progress:
+            entries.append(self._void_progress(r, "paused with rollback"))
+        while True:
+            # A paused task has no timer (a sleep, an approval's expiry, a deadline):
+            # they are re-armed from the log when it runs again; kept, they would hold
+            # the resumed task back as a delayed start. An interrupted one runs on.
+            patch: dict[str, Any] = {"status": TaskStatus.PAUSED, "control": None, "wake_at": None}
+            if control.resume:
+                patch = {"control": None}
+            todo, version = list(entries), None
+            kept: list[str] = []
+            if control.rollback and self._round_api_seqs and self.task.iterations < self._round_no:
+                kept, version = await self._roll_back_round(r, todo, patch)
+            try:
+                await self._commit_stop(control, todo, patch, kept, version)
+                break
+            except Conflict:
+                if version is None or self.detached:
+                    raise  # a detached stop is retried from the top by Runtime._stop
+                # Written meanwhile (a message came in): the void range is planned again.
+        if control.resume:
+            self._resumed(control)
+
+    async def _commit_stop(
+        self,
+        control: Control,
+        entries: list[NewEntry],
+        patch: dict[str, Any],
+        kept: list[str],
+        version: int | None,
+    ) -> None:
+        tid, r = self.task.id, self.task.iterations + 1
         text = "Paused."
         if control.rollback:
             text = "Paused (incomplete round rolled back)."
+        if control.resume:
+            text = "Interrupted by a new message" + (
+                " (incomplete round rolled back)." if control.rollback else "."
+            )
         if kept:
             text += f" Kept, as they are never replayed, the results of: {', '.join(kept)}."
         entries.append(notice(tid, r, text))
-        await self.commit(entries, patch)
+        await self.commit(entries, patch, expect_version=version)
+
+    def _resumed(self, control: Control) -> None:
+        """An interrupt is done: the runner goes on (an abort asked meanwhile stays)."""
+        if control.token is not None:
+            self._handled_tokens.add(control.token)
+        if self.control is control:
+            self.control = None
+            self._control_event.clear()
+        self._reread = True
 
     async def _roll_back_round(
         self, r: int, entries: list[NewEntry], patch: dict[str, Any]
-    ) -> list[str]:
+    ) -> tuple[list[str], int]:
         """Add to `entries` what takes round r out of the model's view (log.rollback);
-        returns the calls kept in it, by name."""
+        returns the calls kept in it, by name, and the row version the plan holds for.
+
+        The void range ends at the seq `entries` will end at, so it is planned from
+        the row as stored: others append too (a message sent in), and the commit
+        must be refused (Conflict) if one did since."""
+        row = await self.store.get_task(self.task.id)
         rs = read_round(await self.store.entries(self.task.id, after_seq=self.task.round_seq), r)
-        first, last = min(self._round_api_seqs), self.task.last_seq
+        first, last = min(self._round_api_seqs), row.last_seq
         plan = rollback(self.task.id, rs, first, last, entries, "paused with rollback")
         entries += plan.entries
         if plan.closes_round:
             patch["iterations"] = r
-        return [f"{c.function.name} ({c.id})" for c in plan.kept]
+        return [f"{c.function.name} ({c.id})" for c in plan.kept], row.version
 
     async def _finish(
         self,
@@ -809,6 +957,7 @@ class TaskRunner:
         error: str | None = None,
         entries: list[NewEntry] | None = None,
         extra: dict[str, Any] | None = None,
+        expect_version: int | None = None,
     ) -> None:
         entries = list(entries or [])
         r = self.task.iterations + 1
@@ -818,7 +967,7 @@ class TaskRunner:
             )
         patch = {"status": status, "error": error, "control": None, **(extra or {})}
         if self.task.parent_id is None:
-            await self.commit(entries, patch)
+            await self.commit(entries, patch, expect_version=expect_version)
             return
         # A sub-task's end and its parent's tool result land in one commit.
         if status is TaskStatus.COMPLETED:
@@ -830,11 +979,20 @@ class TaskRunner:
                 self.store, self.task, content, outcome
             )
             try:
-                await self.commit([*entries, *parent_entries], patch, patches=parent_patches)
+                await self.commit(
+                    [*entries, *parent_entries],
+                    patch,
+                    patches=parent_patches,
+                    expect_version=expect_version,
+                )
                 return
             except Conflict:
                 if attempt == 4:
                     raise
+                if expect_version is not None:
+                    row = await self.store.get_task(self.task.id)
+                    if row.version != expect_version:
+                        raise  # ours moved (a message came in): the caller decides again
 
     async def _block(self, reason: BlockReason, message: str) -> None:
         r = self.task.iterations + 1
@@ -848,7 +1006,7 @@ def _cancelled(control: Control, when: str) -> str:
     """The result a call stopped by `control` gets (`when`: "while it ran", ...)."""
     if control.action == "deadline":
         return f"Tool call cancelled: the task's deadline passed {when}."
-    return f"Tool call cancelled: the task was {control.action}ed {when}."
+    return f"Tool call cancelled: the task was {_PAST[control.action]} {when}."
 
 
 __all__ = ["Abandoned", "Control", "TaskRunner"]

@@ -24,10 +24,12 @@ from duragent.runtime.agent import Agent
 from duragent.runtime.approvals import Decision
 from duragent.runtime.deadlines import DeadlineSpec, deadline_at, deadline_record
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
+from duragent.runtime.inbox import MultitaskStrategy, check_strategy
 from duragent.runtime.log import api_entry, notice
 from duragent.runtime.many import ManyTasks
+from duragent.runtime.sending import SendsMessages
 from duragent.runtime.steering import Edit, History, new_fork, task_history
-from duragent.runtime.submit import new_task
+from duragent.runtime.submit import input_text, new_task
 from duragent.runtime.views import Steps, build_steps, ui_view
 from duragent.runtime.waits import person_answers, resolve
 from duragent.runtime.worker import Worker, lease_alive
@@ -59,6 +61,9 @@ class Submission:
     runtime: Runtime
     task_id: str
     created: bool
+    # continue_session while a turn of the session ran: the input was sent into
+    # that task (under the session's multitask_strategy), `task_id` names it.
+    sent: bool = False
 
     async def status(self) -> TaskStatus:
         return (await self.runtime.get(self.task_id)).status
@@ -90,7 +95,7 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class Runtime(ManyTasks):
+class Runtime(ManyTasks, SendsMessages):
     """`async with Runtime("sqlite:///agent.db", agents=[...]) as rt: ...`
 
     With `run_worker=True` (the default) an in-process worker runs the tasks of
@@ -191,6 +196,7 @@ class Runtime(ManyTasks):
         priority: int = 0,
         metadata: dict[str, Any] | None = None,
         start_at: datetime | timedelta | None = None,
+        multitask_strategy: MultitaskStrategy | None = None,
         deadline: DeadlineSpec | None = None,
     ) -> Submission:
         """Start a task. The same `request_id` from the same owner returns the same task.
@@ -204,17 +210,26 @@ class Runtime(ManyTasks):
 
         `continue_session=True` starts the model from the conversation of the
         session's latest finished task (chat continuation: a new task, its own log);
-        resuming an interrupted task is `resume`, not this. `webhook` (a URL,
+        resuming an interrupted task is `resume`, not this. If a task of the session
+        is still pending, running or waiting, the input is a new message for it
+        instead (see `send`): `multitask_strategy` (default: the session's, pinned on
+        that task; else the agent's) decides what it does, and the Submission
+        names that task with `sent=True`. `webhook` (a URL,
         default: the agent's) is called when the task completes, fails, is
         aborted or blocked, or waits for input (see duragent.webhooks).
         """
         definition = self.agent(agent)
         if webhook is not None:
             check_url(webhook)
+        strategy = check_strategy(multitask_strategy or definition.multitask_strategy)
         history: builtins.list[Any] | None = None
         if continue_session:
             if session_id is None:
                 raise UsageError("continue_session=True needs a session_id")
+            live = await self._live_session_task(session_id, owner)
+            if live is not None:  # a turn runs: never a silent fork of the session
+                await self._send(live.id, input_text(input), None, multitask_strategy)
+                return Submission(self, live.id, created=False, sent=True)
             history = await self._session_history(session_id, owner)
         task, first = new_task(
             definition,
@@ -229,6 +244,7 @@ class Runtime(ManyTasks):
         task.queue = queue or definition.name
         task.priority = priority
         task.metadata = dict(metadata or {})
+        task.config["multitask_strategy"] = strategy
         if start_at is not None:
             task.wake_at = when(start_at)
             if task.deadline is not None:  # a start after the deadline: claimed to fail then
@@ -245,11 +261,13 @@ class Runtime(ManyTasks):
         self._wake()
         return Submission(self, stored.id, created)
 
-    async def _session_history(self, session_id: str, owner: str | None) -> builtins.list[Any]:
+    async def _session_tasks(
+        self, session_id: str, owner: str | None, status: Sequence[TaskStatus], limit: int
+    ) -> builtins.list[Task]:
         # The session is the owner's: another owner's tasks under the same id are
         # not in it, and neither are an owner's tasks in an ownerless session. No
         # owner and the empty owner are one owner, as in `session_scope`: both kinds
-        # of task are looked for, and the latest of them continued.
+        # of task are looked for.
         owners: list[str | None] = [owner] if owner else [None, ""]
         found: list[Task] = []
         for one in owners:
@@ -257,10 +275,14 @@ class Runtime(ManyTasks):
                 session_id=session_id,
                 owner=one,
                 no_owner=one is None,
-                status=TaskStatus.COMPLETED,
-                limit=1,
+                status=list(status),
+                limit=limit,
             )
             found += (await self.store.list_tasks(query)).tasks
+        return found
+
+    async def _session_history(self, session_id: str, owner: str | None) -> builtins.list[Any]:
+        found = await self._session_tasks(session_id, owner, [TaskStatus.COMPLETED], 1)
         if not found:
             return []
         latest = max(found, key=lambda t: t.created_at)

@@ -367,8 +367,8 @@ async def new_fork(
     fork_id = new_id()
     log = await fork_log(store, source, fork_id, at_round, edit)
     config = {
-        # A fork is a new task: the source's deadline is not its own.
-        **{k: v for k, v in source.config.items() if k not in ("forked_from", "deadline")},
+        # A fork is a new task: the source's deadline and inbox are not its own.
+        **{k: v for k, v in source.config.items() if k not in ("forked_from", "deadline", "inbox")},
         "forked_from": {"task_id": source.id, "round": at_round},
     }
     task = Task(

@@ -21,6 +21,7 @@ from pydantic import (
 
 from duragent.runtime.agent import Agent
 from duragent.runtime.approvals import Decision
+from duragent.runtime.inbox import MultitaskStrategy
 from duragent.runtime.runtime import TaskTree
 from duragent.runtime.views import Steps
 from duragent.types import ApiMessage, Entry, Task, TaskStatus, UiMessage, Usage
@@ -113,7 +114,15 @@ class TaskCreate(_Request):
     context: dict[str, Any] | None = None
     session_id: str | None = Field(None, max_length=200)
     continue_session: bool = Field(
-        False, description="Start from the conversation of the session's latest finished task."
+        False,
+        description="Start from the conversation of the session's latest finished task; "
+        "while a task of the session is pending, running or waiting, the input is sent "
+        "into it instead (202), as multitask_strategy says.",
+    )
+    multitask_strategy: MultitaskStrategy | None = Field(
+        None,
+        description="What a new message does while a turn of this session runs "
+        "(default: the agent's): enqueue, reject, interrupt or rollback.",
     )
     queue: str | None = Field(
         None, min_length=1, max_length=200, description="Queue to wait in (default: the agent's)."

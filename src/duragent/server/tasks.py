@@ -69,6 +69,11 @@ async def task_out(runtime: RuntimeDep, task: Task) -> TaskOut:
     summary="Start a task",
     responses={
         200: {"model": TaskOut, "description": "A task with this request_id already exists"},
+        202: {
+            "model": TaskOut,
+            "description": "continue_session while a turn of the session runs: the input "
+            "was sent into that task (this one) as a message",
+        },
         **problem_responses(400, 401, 409, 413, 422),
     },
 )
@@ -88,9 +93,12 @@ async def create_task(
         priority=body.priority,
         metadata=body.metadata,
         start_at=body.start_at,
+        multitask_strategy=body.multitask_strategy,
         deadline=body.deadline,
     )
-    if not sub.created:
+    if sub.sent:
+        response.status_code = 202
+    elif not sub.created:
         response.status_code = 200
     return await task_out(runtime, await runtime.get(sub.task_id))
 

@@ -4,7 +4,7 @@
 
 import { follow, HttpError } from "./sse.js";
 import { h, Timeline } from "./timeline.js";
-import { showRounds } from "./steering.js";
+import { sendMessage, showRounds } from "./steering.js";
 
 const TOKEN_KEY = "duragent.token";
 const AGENT_KEY = "duragent.agent";
@@ -307,6 +307,23 @@ function renderTask(task) {
   $("#retry").hidden = s !== "failed";
   $("#retry").disabled = s !== "failed";
   $("#abort").disabled = !(ACTIVE.has(s) || s === "blocked");
+  $("#send-form").hidden = !(ACTIVE.has(s) || s === "blocked");  // a live task takes messages
+}
+
+async function sendToTask(ev) {
+  ev.preventDefault();
+  const text = $("#send-text").value;
+  if (!text.trim()) return;
+  $("#send").disabled = true;
+  try {
+    const task = await sendMessage(api, state.taskId, text, $("#send-strategy").value);
+    $("#send-text").value = "";
+    if (state.taskId === task.id) renderTask(task);
+  } catch (err) {
+    toast(problemText(err));
+  } finally {
+    $("#send").disabled = false;
+  }
 }
 
 async function control(action, body, button) {
@@ -385,6 +402,10 @@ $("#signin-form").addEventListener("submit", (ev) => {
 });
 $("#signout").addEventListener("click", () => signOut());
 $("#new-task").addEventListener("submit", startTask);
+$("#send-form").addEventListener("submit", sendToTask);
+$("#send-text").addEventListener("keydown", (ev) => {
+  if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) sendToTask(ev);
+});
 $("#filter-status").addEventListener("change", () => refreshList());
 $("#filter-queue").addEventListener("input", () => refreshList());
 $("#input").addEventListener("keydown", (ev) => {
