@@ -47,6 +47,10 @@ class WorkingView:
         self._data.append(None)
         self._typed.append(message)
 
+    def extend(self, messages: Sequence[BaseModel]) -> None:
+        for message in messages:
+            self.append(message)
+
     def messages(self, head: Sequence[BaseModel] = ()) -> Messages:
         """What one model call is asked: `head` (a system message, say), then the view now."""
         return Messages(tuple(head), self, len(self._data))

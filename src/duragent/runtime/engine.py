@@ -49,6 +49,7 @@ from duragent.runtime.submit import new_task
 from duragent.runtime.waits import child_resolution
 from duragent.store.base import Commit, CommitResult, DocumentWrite, Store, TaskPatch
 from duragent.types import (
+    ApiMessage,
     BlockReason,
     Entry,
     EntryKind,
@@ -283,7 +284,7 @@ class TaskRunner:
                     )
                     break
                 # A safe point: the last round is closed. Messages sent to interrupt go in.
-                self.view += await self._take_messages(self.task.iterations + 1)
+                self.view.extend(await self._take_messages(self.task.iterations + 1))
                 await self._round()
             if self.control is not None and self.task.status is TaskStatus.WAITING:
                 # Asked to stop just as it parked; at the deadline, its waits get results.
@@ -426,7 +427,7 @@ class TaskRunner:
     async def _reread_round(self) -> None:
         """After an interrupt: the model's view and the open round as the log has them."""
         t = self.task
-        self.view = await self.store.model_view(t.id)
+        self.view = WorkingView(await self.store.model_view_data(t.id))
         await self._recover(
             read_round(await self.store.entries(t.id, after_seq=t.round_seq), t.iterations + 1)
         )
@@ -522,7 +523,7 @@ class TaskRunner:
                 r + 1, turn_end=True, before=[final], patch={"usage": usage, "iterations": r}
             )
             if users:
-                self.view += [message, *users]
+                self.view.extend([message, *users])
                 return
             try:
                 await self._finish(
