@@ -1,12 +1,15 @@
 """How long a fork of a long task takes (issue 13: target ≤ 50 ms for 10,000 entries on SQLite).
 
-    python -m bench.fork [--entries 10000] [--runs 7]
+    python -m bench.fork [--entries 10000] [--runs 7] [--postgres]
 
 The source task has rounds of (assistant message with one tool call, intent,
 result); a fork at its last round copies every API entry of it. Timed end to
-end through `Runtime.fork` (read the source, build the entries, commit the new
-task), with the read and the commit also timed apart. Prints median and
-min-max of the runs.
+end through `Runtime.fork`, with its two parts also timed apart: the plan
+(read the source's rollback markers, and its entry heads for an edit that
+voids a copied message; build the fork's log)
+and the commit (`Store.create_fork`: the new task, its own entries, and the
+copy of the source's entries made inside the store, payloads never read into
+Python). Prints median and min-max of the runs.
 """
 
 from __future__ import annotations
@@ -14,14 +17,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
 
-from bench.common import assistant_text, call_id, tool_args, tool_output
+from bench.common import (
+    PG_URL,
+    assistant_text,
+    call_id,
+    postgres_unreachable,
+    throwaway_schema,
+    tool_args,
+    tool_output,
+)
 from duragent import Runtime
-from duragent.runtime.steering import fork_entries
+from duragent.runtime.steering import Edit, fork_log
 from duragent.store import open_store
+from duragent.store.base import CopyEntries
 from duragent.types import EntryKind, NewEntry, Task
 
 
@@ -55,7 +68,7 @@ def source(entries: int) -> tuple[Task, list[NewEntry]]:
     return task, out
 
 
-async def once(url: str, entries: int) -> tuple[float, float, float, int]:
+async def once(url: str, entries: int, edit: Edit | None) -> tuple[float, float, float, int]:
     store = open_store(url)
     await store.open()
     try:
@@ -64,39 +77,62 @@ async def once(url: str, entries: int) -> tuple[float, float, float, int]:
         src = await store.get_task(task.id)
         rt = Runtime(store, run_worker=False)
         t0 = time.perf_counter()
-        sub = await rt.fork(task.id, at_round=src.iterations)
+        sub = await rt.fork(task.id, at_round=src.iterations, edit=edit)
         total = time.perf_counter() - t0
         t0 = time.perf_counter()
-        copy = await fork_entries(store, src, "t_probe", src.iterations, None)
+        log = await fork_log(store, src, "t_probe", src.iterations, edit)
         read = time.perf_counter() - t0
         t0 = time.perf_counter()
-        await store.create_task(Task(id="t_probe", agent="bench", iterations=src.iterations), copy)
+        probe, _ = await store.create_fork(
+            Task(id="t_probe", agent="bench", iterations=src.iterations), log
+        )
         write = time.perf_counter() - t0
-        assert (await store.get_task(sub.task_id)).last_seq == len(copy)
-        return total * 1e3, read * 1e3, write * 1e3, len(copy)
+        assert (await store.get_task(sub.task_id)).last_seq == probe.last_seq
+        copied = sum(p.count or 0 for p in log if isinstance(p, CopyEntries))
+        copied = copied or probe.last_seq - sum(1 for p in log if not isinstance(p, CopyEntries))
+        return total * 1e3, read * 1e3, write * 1e3, copied
     finally:
         await store.close()
 
 
-async def main(entries: int, runs: int) -> None:
+async def main(entries: int, runs: int, postgres: bool) -> None:
     print(f"fork of a {entries:,}-entry task at its last round (ms: median, min–max of {runs})")
-    print("| store | copied entries | fork total | read + build | commit |")
+    print("| store | copied entries | fork total | plan | commit (copy in store) |")
     print("| --- | ---: | --- | --- | --- |")
-    for label, query in (("sqlite NORMAL", "normal"), ("sqlite FULL", "full")):
+    # An edit that voids a copied message plans from the source's entry heads.
+    edit = Edit(replace_last_user="start over")
+    rows: list[tuple[str, str, Edit | None]] = [
+        ("sqlite NORMAL", "sqlite:normal", None),
+        ("sqlite FULL", "sqlite:full", None),
+        ("sqlite NORMAL, replace_last_user", "sqlite:normal", edit),
+    ]
+    if postgres:
+        if (why := postgres_unreachable()) is None:
+            rows += [("postgres", "postgres", None)]
+        else:
+            print(f"postgres skipped: {why}")
+    for label, kind, with_edit in rows:
         results = []
         for _ in range(runs):
+            if kind == "postgres":
+                with throwaway_schema("bench_fork") as schema:
+                    results.append(await once(f"{PG_URL}?schema={schema}", entries, with_edit))
+                continue
             with tempfile.TemporaryDirectory() as d:
-                results.append(await once(f"sqlite:///{d}/f.db?durability={query}", entries))
+                url = f"sqlite:///{d}/f.db?durability={kind.partition(':')[2]}"
+                results.append(await once(url, entries, with_edit))
         cols = []
         for i in range(3):
             vals = [r[i] for r in results]
             cols.append(f"{statistics.median(vals):.1f} ({min(vals):.1f}–{max(vals):.1f})")
         print(f"| {label} | {results[0][3]:,} | " + " | ".join(cols) + " |")
+    print(f"load average: {os.getloadavg()[0]:.1f} (1 min), cpus: {os.cpu_count()}")
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--entries", type=int, default=10_000)
     ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--postgres", action="store_true", help="also fork on PostgreSQL (PG_URL)")
     args = ap.parse_args()
-    asyncio.run(main(args.entries, args.runs))
+    asyncio.run(main(args.entries, args.runs, args.postgres))

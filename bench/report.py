@@ -107,7 +107,7 @@ def resume_table(res: Results) -> str:
     ]
     for key in RESUME_KEYS:
         s = BY_KEY[key]
-        store = "SQLite WAL" if key == "duragent/sqlite-normal" else s.store
+        store = "SQLite WAL" if s.config == "sqlite-normal" else s.store
         if key in res.unavailable:
             lines.append(f"| {s.label} | {store} | | n/a | n/a |")
             continue
@@ -118,7 +118,7 @@ def resume_table(res: Results) -> str:
         msgs = runs[0]["messages"]
         history = (
             f"{runs[0]['entries']:,} entries, {msgs:,} messages"
-            if s.system == "duragent"
+            if s.system.startswith("duragent")
             else f"{msgs:,} messages (same conversation)"
         )
         view = fmt([r["view_ms"] for r in runs], 1) if "view_ms" in runs[0] else "—"

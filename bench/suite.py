@@ -362,6 +362,8 @@ RESUME_KEYS = (
     "langgraph/sqlite",
     "langgraph/postgres",
 )
+if BEFORE_SRC:
+    RESUME_KEYS += ("before/sqlite-normal", "before/postgres")
 
 
 def run_resume(res: Results, workdir: str, log: Log) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import functools
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -111,3 +111,17 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         yield s
     finally:
         await s.close()
+
+
+@pytest.fixture(params=["sqlite", "sqlite-full", "postgres"])
+def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """One store (a SQLite file, or a PostgreSQL schema) that several processes open."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/shared.db"
+        return
+    if request.param == "sqlite-full":  # batches of several commits run on the writer thread
+        yield f"sqlite:///{tmp_path}/shared.db?durability=full"
+        return
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    yield f"{require_postgres()}?schema={schema}"
+    drop_schema(schema)

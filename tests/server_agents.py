@@ -42,6 +42,23 @@ def send_email(to: str, body: str) -> str:
     return f"sent to {to}"
 
 
+@tool(name="send_email", requires_approval=True, approval_timeout=600)
+def send_email_within_10_minutes(to: str, body: str) -> str:
+    """Send an email (asks for approval first; denied after 10 minutes without one)."""
+    return f"sent {body!r} to {to}"
+
+
+def mail_two(messages: list[Any]) -> Any:
+    """Round 1 sends two emails; round 2 says what became of them."""
+    results = [m.content for m in messages if isinstance(m, ToolMessage)]
+    if not results:
+        return [
+            ToolCall("send_email", {"to": "bob@example.com", "body": "hi"}),
+            ToolCall("send_email", {"to": "ann@example.com", "body": "hello"}),
+        ]
+    return " | ".join(results)
+
+
 @tool
 def delegate(job: str, ctx: ToolContext) -> object:
     """Hand a job to the `quick` agent as a sub-task."""
@@ -163,4 +180,11 @@ def agents() -> list[Agent]:
             plan_tool=False,
         ),
         notebook(),
+        Agent(
+            # Two approvals at once, each open for 10 minutes: edit, batch, expiry.
+            name="mailer",
+            model=ScriptedModel(mail_two),
+            tools=[send_email_within_10_minutes],
+            plan_tool=False,
+        ),
     ]

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server_live import TOKENS, LiveServer, live_server
-from test_browser import ARGS, CHROMIUM, TIMEOUT, sign_in
+from support.browser import ARGS, CHROMIUM, TIMEOUT, sign_in
+from support.server_live import TOKENS, LiveServer, live_server
 
 pytestmark = pytest.mark.browser
 sync_api = pytest.importorskip("playwright.sync_api")

@@ -1,14 +1,17 @@
-"""The page's round list and "Fork from here", in real headless Chromium."""
+"""The page's round list, "Fork from here" and the message box of a live task, in real
+headless Chromium."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from server_live import LiveServer
-from test_browser import Page, expect, gates, page, server, shot, sign_in, start_task, status
+from support.browser import Page, expect, gates, page, server, shot, sign_in, start_task, status
+from support.server_live import LiveServer
 
 pytestmark = pytest.mark.browser
-__all__ = ["gates", "page", "server"]  # the fixtures this module uses from test_browser
+__all__ = ["gates", "page", "server"]  # the fixtures this module uses from support.browser
 
 
 def test_rounds_list_and_fork_from_here(page: Page, server: LiveServer) -> None:
@@ -40,3 +43,39 @@ def test_rounds_list_and_fork_from_here(page: Page, server: LiveServer) -> None:
     page.click("#forked-from a")
     expect(page.locator("#task-id")).to_have_text(source_id)
     expect(page.locator(".bubble.user")).to_have_count(1)
+
+
+def test_message_box_on_a_live_task_enqueue_and_interrupt(
+    page: Page, server: LiveServer, gates: Path
+) -> None:
+    sign_in(page, server)
+    start_task(page, "holder", "gate-send")
+    card = page.locator('.tool-card:has(.tool-name:text("hold"))')
+    expect(card).to_have_attribute("data-state", "running")
+    expect(page.locator("#send-form")).to_be_visible()
+    page.fill("#send-text", "Also <i>say</i> hi.")
+    page.click("#send")
+    expect(page.locator(".notice").last).to_have_text(
+        "New message (enqueue); it is taken when the current turn ends."
+    )
+    expect(page.locator("#send-text")).to_have_value("")
+    shot(page, "22-message-queued")
+    (gates / "gate-send").write_text("open")
+    expect(status(page)).to_have_attribute("data-status", "completed")
+    # Taken once, after the turn's answer, and answered; a finished task has no box.
+    expect(page.locator(".bubble.user .text")).to_have_text(["gate-send", "Also <i>say</i> hi."])
+    expect(page.locator(".bubble.assistant").last).to_contain_text("Through the gate.")
+    expect(page.locator("#send-form")).to_be_hidden()
+    shot(page, "23-message-taken")
+
+    start_task(page, "holder", "gate-never")
+    expect(page.locator("#task-input")).to_have_text("gate-never")
+    expect(card.last).to_have_attribute("data-state", "running")
+    page.fill("#send-text", "Stop waiting.")
+    page.select_option("#send-strategy", "interrupt")
+    page.click("#send")
+    # The held call is cut short (the agent's grace period), then the task goes on.
+    expect(status(page)).to_have_attribute("data-status", "completed")
+    expect(page.locator(".notice", has_text="Interrupted by a new message.")).to_have_count(1)
+    expect(page.locator(".bubble.user .text").last).to_have_text("Stop waiting.")
+    expect(card.last).to_have_attribute("data-state", "interrupted")

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import warnings
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -22,7 +23,7 @@ import pytest
 
 from duragent.server.auth import TokenStore
 from duragent.types import Task, TaskStatus
-from server_live import child_env, free_port, wait_healthy
+from support.server_live import child_env, free_port, wait_healthy
 
 
 def duragent_script() -> str:
@@ -241,6 +242,113 @@ def test_serve_imports_agents_from_the_current_directory(
     assert log.read_text().startswith("myagents imported")
 
 
+# --- ls at 80 columns ---------------------------------------------------------------------
+
+LONG_AGENT = "a-rather-long-agent-name-for-the-weekly-reports"
+
+
+async def tasks_to_list(url: str) -> list[str]:
+    """A completed task with a long answer, and an aborted one with a long reason."""
+    from duragent import Agent, Runtime, ScriptedModel
+
+    agent = Agent(name=LONG_AGENT, model=ScriptedModel(["A long answer, word after word. " * 20]))
+    async with Runtime(url, agents=[agent], poll_interval=0.05) as rt:
+        done = await rt.submit(LONG_AGENT, "go", owner="someone-with-a-long-name@example.com")
+        assert (await done.wait(timeout=60)).status is TaskStatus.COMPLETED
+        stopped = await rt.submit(LONG_AGENT, "go", start_at=timedelta(hours=1))
+        await rt.abort(stopped.task_id, reason="the operator stopped it, because " * 5)
+    return [done.task_id, stopped.task_id]
+
+
+def test_ls_fits_80_columns_with_each_id_whole(tmp_path: Path) -> None:
+    ids = asyncio.run(tasks_to_list(f"sqlite:///{tmp_path}/s.db"))
+    listed = cli("ls", "--store", "sqlite:///s.db", cwd=tmp_path, env=child_env(COLUMNS="80"))
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), listed.stdout
+    words = [line.split() for line in lines]
+    for task_id in ids:
+        # The whole id, as one word to copy, on the first line of its task.
+        (line,) = [w for w in words if w and w[0] == task_id]
+        shown = cli("show", line[0], "--store", "sqlite:///s.db", cwd=tmp_path)
+        assert shown.returncode == 0 and task_id in shown.stdout, shown.stderr
+    assert "completed" in listed.stdout and "aborted" in listed.stdout
+    assert "A long answer" in listed.stdout and "the operator stopped it" in listed.stdout
+    assert LONG_AGENT[:20] in listed.stdout  # cut short, so the output has room
+
+
+# --- serve without --agents ---------------------------------------------------------------
+
+ALICE = "alice:alice-token-0123456789"
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture
+def agentless_server(tmp_path: Path, started: list[subprocess.Popen[str]]) -> tuple[str, Path]:
+    """`duragent serve` without --agents; its URL and its log (stdout and stderr)."""
+    port = free_port()
+    log = tmp_path / "serve.log"
+    proc = subprocess.Popen(
+        [duragent_script(), "serve", "--store", "sqlite:///s.db", "--port", str(port)],
+        cwd=tmp_path,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=child_env(DURAGENT_TOKENS=ALICE),
+    )
+    started.append(proc)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, proc, log)
+    return url, log
+
+
+def test_serve_without_agents_warns_and_a_submit_says_how_to_fix_it(
+    agentless_server: tuple[str, Path],
+) -> None:
+    url, log = agentless_server
+    assert "warning: no --agents" in log.read_text() and "--agents module:attr" in log.read_text()
+    auth = {"Authorization": f"Bearer {ALICE.partition(':')[2]}"}
+    assert httpx.get(f"{url}/v1/agents", headers=auth, timeout=10).json() == {"agents": []}
+    sent = httpx.post(f"{url}/v1/tasks", json={"agent": "helper", "input": "hi"}, headers=auth)
+    assert sent.status_code == 400, sent.text
+    problem = sent.json()
+    assert problem["title"] == "Unknown agent"
+    assert "no agents are registered" in problem["detail"]
+    assert "--agents module:attr" in problem["detail"]
+
+
+@pytest.mark.browser
+def test_the_page_of_a_server_without_agents_says_so_instead_of_an_error(
+    agentless_server: tuple[str, Path],
+) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    url, _ = agentless_server
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM, args=["--headless", "--no-sandbox"], headless=True
+        )
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(30_000)
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(url + "/")
+            page.fill("#token", ALICE.partition(":")[2])
+            page.click("#signin-button")
+            expect = sync_api.expect
+            expect(page.locator("#user")).to_have_text("alice")
+            expect(page.locator("#agent-tools")).to_contain_text("This server has no agents")
+            expect(page.locator("#agent-tools")).to_contain_text("--agents module:attr")
+            expect(page.locator("#start")).to_be_disabled()
+            expect(page.locator("#input")).to_be_disabled()
+            expect(page.locator(".toast")).to_have_count(0)
+            assert errors == []
+        finally:
+            browser.close()
+
+
 # --- tokens: one format -----------------------------------------------------------------
 
 
@@ -281,7 +389,7 @@ def test_demo_never_deletes_a_store_it_did_not_make(tmp_path: Path) -> None:
 
 
 def test_help_shows_flags_as_flags(tmp_path: Path) -> None:
-    for command in ([], ["demo"], ["show"], ["pause"], ["run"]):
+    for command in ([], ["demo"], ["show"], ["pause"], ["run"], ["schedule", "add"], ["queue"]):
         shown = cli(*command, "--help", cwd=tmp_path)
         assert shown.returncode == 0, shown.stderr
         assert "<bool>" not in shown.stdout, shown.stdout

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from typer.testing import CliRunner
 
 from duragent import Runtime, TaskStatus
-from duragent.cli import _register, app
+from duragent.cli import app
 from duragent.store import open_store
+from duragent.store.queues import list_queues
 from server_agents import agents
 
-_register()
 runner = CliRunner()
 
 
@@ -58,7 +61,7 @@ def test_queue_and_schedule_commands(tmp_path: Path) -> None:
     code, out = cli("queue", "set", "mail", "--store", url, "--concurrency", "3", "--rate", "10/60")
     assert code == 0 and '"concurrency": 3' in out, out
     code, out = cli("queue", "ls", "--store", url)
-    assert code == 0 and "mail" in out and "[10, 60.0]" in out
+    assert code == 0 and "mail" in out and "10/60s" in out
     code, out = cli("queue", "set", "mail", "--store", url, "--rate", "ten")
     assert code == 2
     code, out = cli(
@@ -88,3 +91,50 @@ def test_queue_and_schedule_commands(tmp_path: Path) -> None:
         assert asyncio.run(list_schedules(store)) == []
     finally:
         asyncio.run(store.close())
+
+
+def duragent(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m duragent ARGS` as its own process."""
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "duragent", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=Path(__file__).parent,
+    )
+
+
+def test_queue_set_ls_rm_as_a_real_process(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/q.db"
+    asyncio.run(_finished(url, "alice", queue="mail"))
+    got = duragent(
+        "queue", "set", "mail", "--store", url, "--concurrency", "3", "--per-owner", "1",
+        "--rate", "10/60", "--ttl", "30d",
+    )  # fmt: skip
+    assert got.returncode == 0 and '"concurrency": 3' in got.stdout, got.stderr
+    got = duragent("queue", "ls", "--store", url)
+    assert got.returncode == 0, got.stderr
+    (row,) = [line for line in got.stdout.splitlines() if "mail" in line]
+    assert "10/60s" in row and "30d" in row and "completed 1" in row
+    assert duragent("queue", "set", "mail", "--store", url, "--concurrency", "0").returncode == 2
+    assert duragent("queue", "set", "mail", "--store", url, "--rate", "ten").returncode == 2
+    assert duragent("queue", "set", "mail", "--store", url, "--ttl", "soon").returncode == 2
+    store = open_store(url)
+    try:
+        (q,) = asyncio.run(list_queues(store))
+        assert (q.concurrency, q.per_owner, q.rate) == (
+            3,
+            1,
+            (10, 60.0),
+        )  # the bad ones changed nothing
+    finally:
+        asyncio.run(store.close())
+    got = duragent("queue", "rm", "mail", "--store", url)
+    assert got.returncode == 0 and "limits removed" in got.stdout, got.stderr
+    got = duragent("queue", "rm", "mail", "--store", url)
+    assert got.returncode == 1 and "no queue named 'mail'" in got.stdout + got.stderr
+    got = duragent("queue", "ls", "--store", url)  # its tasks stay, now unlimited
+    (row,) = [line for line in got.stdout.splitlines() if "mail" in line]
+    assert "completed 1" in row and "10/60s" not in row

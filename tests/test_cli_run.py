@@ -4,172 +4,31 @@ approvals typed at the terminal, and the API key kept out of every output."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import socket
 import subprocess
-import sys
-import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from duragent.store import open_store
-from duragent.types import EntryKind, Task, TaskStatus
-from llm_servers import Answer, ScriptedOpenAIServer, ToolCall
+from duragent.types import EntryKind, TaskStatus
+from support.cli_run import (
+    KEY_ENV,
+    MODEL,
+    SECRET,
+    Cli,
+    Serve,
+    continue_hint,
+    run_args,
+    serve,
+    store_bytes,
+    stored,
+    task_id_in,
+    workdir,
+)
+from support.llm_servers import Answer, ToolCall
 
-SECRET = "sk-test-SECRET-123"
-KEY_ENV = "DURAGENT_TEST_KEY"
-MODEL = "openai:gpt-4o-mini"
-Serve = Callable[..., ScriptedOpenAIServer]
-
-
-class Cli:
-    """A `duragent` process whose output is collected as it comes."""
-
-    def __init__(
-        self, *args: str, stdin: int = subprocess.DEVNULL, cwd: Path | None = None
-    ) -> None:
-        env = {**os.environ, KEY_ENV: SECRET, "PYTHONUNBUFFERED": "1", "COLUMNS": "100"}
-        for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
-            env.pop(var, None)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "duragent", *args],
-            stdin=stdin,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd=cwd,
-        )
-        self._out = bytearray()
-        self._err = b""
-        self._cond = threading.Condition()
-        self._closed = False
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self) -> None:
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        while chunk := os.read(fd, 4096):
-            with self._cond:
-                self._out += chunk
-                self._cond.notify_all()
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    @property
-    def out(self) -> str:
-        with self._cond:
-            return self._out.decode(errors="replace")
-
-    def wait_for(self, text: str, timeout: float = 60.0) -> str:
-        """Until `text` was printed; all output so far."""
-        with self._cond:
-            ok = self._cond.wait_for(lambda: text.encode() in self._out or self._closed, timeout)
-        if not ok or text not in self.out:
-            self.proc.kill()
-            raise AssertionError(f"{text!r} never printed; output:\n{self.out}\n{self.err()}")
-        return self.out
-
-    def send(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line.encode())
-        self.proc.stdin.flush()
-
-    def interrupt(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
-
-    def err(self) -> str:
-        if self.proc.poll() is None:
-            return ""
-        assert self.proc.stderr is not None
-        self._err += self.proc.stderr.read()
-        return self._err.decode(errors="replace")
-
-    def finish(self, timeout: float = 60.0) -> tuple[int, str, str]:
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise AssertionError(f"still running after {timeout}s; output:\n{self.out}") from None
-        with self._cond:
-            self._cond.wait_for(lambda: self._closed, 10)
-        return self.proc.returncode, self.out, self.err()
-
-
-@pytest.fixture
-def serve() -> Iterator[Serve]:
-    servers: list[ScriptedOpenAIServer] = []
-
-    def start(turns: Any, **options: Any) -> ScriptedOpenAIServer:
-        server = ScriptedOpenAIServer(turns, answer_by="history", **options)
-        servers.append(server.start())  # type: ignore[arg-type]
-        return server
-
-    yield start
-    for server in servers:
-        server.close()
-
-
-@pytest.fixture
-def workdir(tmp_path: Path) -> Path:
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "notes.txt").write_text("hello from the notes\n")
-    return work
-
-
-def run_args(
-    server: ScriptedOpenAIServer, store: str, workdir: Path, text: str, allow: str = "read"
-) -> list[str]:
-    """`duragent run` against the scripted server; the file reads it allows run unasked."""
-    return [
-        "run",
-        text,
-        "--model",
-        MODEL,
-        "--base-url",
-        server.base_url,
-        "--api-key-env",
-        KEY_ENV,
-        "--store",
-        store,
-        "--workdir",
-        str(workdir),
-        *(["--allow", allow] if allow else []),
-    ]
-
-
-def task_id_in(out: str) -> str:
-    found = re.search(r"^task (t_\w+)$", out, re.MULTILINE)
-    assert found, out
-    return found.group(1)
-
-
-def continue_hint(out: str) -> list[str]:
-    """The arguments of the `duragent continue ...` line the CLI printed."""
-    found = re.search(r"^\w[\w ]*: duragent (continue .*)$", out, re.MULTILINE)
-    assert found, out
-    return found.group(1).split()
-
-
-async def stored(store: str, task_id: str) -> tuple[Task, list[Any]]:
-    s = open_store(store)
-    try:
-        return await s.get_task(task_id), await s.entries(task_id)
-    finally:
-        await s.close()
-
-
-def store_bytes(tmp_path: Path) -> bytes:
-    # Regular files only: the store's wake-up sockets live in a directory beside it.
-    files = [p for p in tmp_path.iterdir() if p.name.startswith("cli.db") and p.is_file()]
-    return b"".join(p.read_bytes() for p in files)
-
+__all__ = ["serve", "workdir"]  # the fixtures this module uses from support.cli_run
 
 # --- a task from start to end ------------------------------------------------------------
 
@@ -292,6 +151,38 @@ async def test_ctrl_c_mid_stream_pauses_and_continue_finishes(
     assert (task.usage.input_tokens, task.usage.output_tokens) == (30, 15)
     first, again = server.requests
     assert again.body == first.body  # the same question, asked again
+
+
+@pytest.mark.slow  # waits out the killed process's lease (15 s)
+async def test_after_a_crash_continue_says_it_waits_for_the_lease_then_takes_over(
+    serve: Serve, workdir: Path, tmp_path: Path
+) -> None:
+    answer = "An answer that streams slowly, piece by piece, to its very end."
+    server = serve([Answer(answer)], chunk_delay=0.05)
+    server.stall_next(after=8)
+    store = f"sqlite:///{tmp_path}/cli.db"
+    cli = Cli(*run_args(server, store, workdir, "Say something"))
+    task_id = task_id_in(cli.wait_for("task t_"))
+    server.wait_stalled()
+    cli.wait_for(answer[:8])
+    cli.proc.kill()  # SIGKILL: the task keeps its lease until it expires
+    cli.finish()
+    task, _ = await stored(store, task_id)
+    assert task.status is TaskStatus.RUNNING and task.lease.owner is not None
+
+    # The operator command does not fail: it says what the task waits for.
+    code, out, err = Cli("resume", task_id, "--store", store).finish()
+    assert code == 0, out + err
+    assert re.search(r"waiting for the previous owner's lease, \d+ s", out), out
+
+    flags = run_args(server, store, workdir, "")[2:]  # --model ... --workdir ... --allow read
+    code, out, err = Cli("continue", task_id, *flags).finish()
+    assert code == 0, out + err
+    waited = re.search(r"waiting for the previous owner's lease, (\d+) s", out)
+    assert waited and 0 < int(waited.group(1)) <= 15, out
+    assert task.lease.owner in " ".join(out.split())
+    assert "took the task over from its previous owner" in out
+    assert answer in out and f"✓ completed task {task_id}" in out
 
 
 def black_hole() -> socket.socket:
@@ -462,7 +353,7 @@ async def test_reading_a_file_asks_first_unless_the_run_allows_it(
 async def test_http_get_reaches_a_local_server_only_with_the_flag(
     serve: Serve, workdir: Path, tmp_path: Path, private: bool
 ) -> None:
-    from test_toolsets import answer, serving
+    from support.http import answer, serving
 
     with serving(answer("the local secret")) as local:
         server = serve([[ToolCall("http_get", {"url": f"{local}/"})], "Fetched."])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from server_live import CLI, TOKENS, child_env, live_server
+from support.server_live import CLI, TOKENS, child_env, live_server
 
 
 def run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -34,7 +34,7 @@ def test_serve_without_the_extra_says_how_to_install_it(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "pip install 'duragent[server]'" in result.stderr
     # The core package and the other commands don't need it.
-    code = "import duragent, duragent.cli_tasks, duragent.cli_serve; print(duragent.Runtime)"
+    code = "import duragent, duragent.cli.tasks, duragent.cli.serve; print(duragent.Runtime)"
     ok = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert ok.returncode == 0, ok.stderr
     listed = run("ls", "--store", f"sqlite:///{tmp_path}/s.db", env=env)

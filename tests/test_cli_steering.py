@@ -8,11 +8,10 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from duragent import Runtime
-from duragent.cli import _register, app
+from duragent.cli import app
 from duragent.types import TaskStatus
 from server_agents import agents
 
-_register()
 runner = CliRunner()
 
 
@@ -73,3 +72,34 @@ def test_history_output_is_sanitized(tmp_path: Path) -> None:
     assert code == 0, out
     assert "\x1b" not in out and "\x07" not in out
     assert "[bold red]hi[/bold red]" in out  # shown as written, not as markup
+
+
+def test_send_a_message_into_a_waiting_task_then_it_is_taken_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/cli.db"
+
+    async def waiting() -> str:
+        async with Runtime(url, agents(), poll_interval=0.05) as rt:
+            sub = await rt.submit("approver", "go", owner="alice")
+            await rt.wait(sub.task_id, timeout=30, until=lambda t: t.status is TaskStatus.WAITING)
+            return sub.task_id
+
+    tid = asyncio.run(waiting())
+    code, out = cli("send", tid, "cc carol too", "--store", url)
+    assert code == 0, out
+    assert f"sent to task {tid} (waiting" in out and "after the current turn's answer" in out
+    code, out = cli("send", tid, "x", "--strategy", "shout", "--store", url)
+    assert code == 1 and "unknown multitask_strategy 'shout'" in out
+    code, out = cli("send", tid, "x", "--strategy", "reject", "--store", url)
+    assert code == 1 and "is waiting (a turn runs)" in out
+
+    async def approve() -> list[str]:
+        async with Runtime(url, agents(), poll_interval=0.05) as rt:
+            await rt.respond(tid, approve=True)
+            task = await rt.wait(tid, timeout=30)
+            assert task.status is TaskStatus.COMPLETED
+            return [m.content for m in await rt.model_view(tid) if m.role == "user"]
+
+    assert asyncio.run(approve()) == ["go", "cc carol too"]
+    code, out = cli("send", tid, "more", "--store", url)
+    assert code == 1 and out.startswith("error: ") and "continue_session" in out
+    assert len(out.strip().splitlines()) == 1

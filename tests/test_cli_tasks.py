@@ -14,15 +14,14 @@ import pytest
 from typer.testing import CliRunner
 
 from duragent import Runtime
-from duragent.cli import _register, app
+from duragent.cli import app
 from duragent.store import open_store
 from duragent.store.base import Commit, DocumentWrite
 from duragent.store.sqlite_schema import SQLITE_SCHEMA_VERSION as SCHEMA_VERSION
 from duragent.types import Task, TaskStatus, task_scope
 from server_agents import agents
-from server_live import CLI, child_env, duragent, stop
+from support.server_live import CLI, child_env, duragent, stop
 
-_register()
 runner = CliRunner()
 
 

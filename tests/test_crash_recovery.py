@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from crashlib import dump, finish, kill_at, ledger_lines, spawn
 from duragent.store import open_store
 from duragent.types import AssistantMessage, EntryKind, TaskStatus, ToolMessage
+from support.crashlib import dump, finish, kill_at, ledger_lines, spawn
 
 POINTS = ["progress", "intents", "tool_running", "result"]
 

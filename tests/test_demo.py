@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+
+def _checkout() -> dict[str, str]:
+    src = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p.endswith("src")]
+    return {"PYTHONPATH": src[0]} if src else {}
 
 
 @pytest.mark.parametrize("crash", [True, False])
@@ -18,7 +24,9 @@ def test_demo_finishes_and_the_side_effect_ran_once(tmp_path: Path, crash: bool)
         capture_output=True,
         text=True,
         timeout=120,
-        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+        # No PYTHONPATH of ours: the demo's child process finds duragent by itself
+        # (a checkout's own tree when the tests run with one).
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", **_checkout()},
     )
     assert done.returncode == 0, done.stdout + done.stderr
     out = " ".join(done.stdout.split())

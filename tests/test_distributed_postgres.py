@@ -31,9 +31,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from conftest import PG_URL, drop_schema, require_postgres
 from duragent import Runtime, TaskStatus
 from duragent.types import Entry, EntryKind, Task
-from test_workers import ledger_lines, one_result_per_call
+from support.workerlib import HERE, WorkerProc, ledger_lines, one_result_per_call
 from worker_agents import AGENTS
-from workerlib import HERE, WorkerProc
 
 pytestmark = pytest.mark.postgres
 

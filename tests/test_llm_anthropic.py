@@ -45,7 +45,7 @@ from duragent.types import (
     ToolMessage,
     UserMessage,
 )
-from llm_servers import Answer, Reply, ScriptedAnthropicServer, ToolCall, sse
+from support.llm_servers import Answer, Reply, ScriptedAnthropicServer, ToolCall, sse
 
 KEY = "sk-ant-test-5ecret-0123456789abcdef"
 HELLO = ModelRequest(model="", messages=[UserMessage(content="Hi")])

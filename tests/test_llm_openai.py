@@ -46,7 +46,7 @@ from duragent.types import (
     ToolMessage,
     UserMessage,
 )
-from llm_servers import Answer, Reply, ScriptedOpenAIServer, ToolCall, sse
+from support.llm_servers import Answer, Reply, ScriptedOpenAIServer, ToolCall, sse
 
 KEY = "sk-test-5ecret-0123456789abcdef"
 HELLO = ModelRequest(model="", messages=[UserMessage(content="Hi")])

@@ -15,9 +15,9 @@ pytest.importorskip("prometheus_client", reason="the metrics extra is part of th
 from prometheus_client.parser import text_string_to_metric_families
 
 from duragent import Runtime
-from server_live import TOKENS, duragent, free_port, stop, wait_healthy
+from support.server_live import TOKENS, duragent, free_port, stop, wait_healthy
+from support.workerlib import WorkerProc
 from worker_agents import AGENTS
-from workerlib import WorkerProc
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

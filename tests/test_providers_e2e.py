@@ -21,14 +21,14 @@ from typing import Any
 
 import pytest
 
-from crashlib import dump, finish, read_until
 from duragent import Agent, ChatModel, Runtime, Task, tool
-from duragent.cli_tasks import export_task
+from duragent.cli.tasks import export_task
 from duragent.llm.anthropic import AnthropicChat
 from duragent.llm.openai import OpenAIChat
 from duragent.store import open_store
 from duragent.types import EntryKind, TaskStatus, UIError, UINotice
-from llm_servers import (
+from support.crashlib import dump, finish, read_until
+from support.llm_servers import (
     Answer,
     RecordedRequest,
     ScriptedAnthropicServer,

@@ -12,7 +12,6 @@ from pathlib import Path
 from duragent.store import open_store
 from duragent.store.queues import Queue, define_queue
 from duragent.types import Task
-from test_store_multiprocess import shared_url  # noqa: F401  (the fixture)
 
 CLAIMER = r"""
 import asyncio, json, os, sys
@@ -68,7 +67,7 @@ asyncio.run(main(*sys.argv[1:]))
 
 
 async def test_a_limit_of_three_holds_under_four_processes(
-    shared_url: str,  # noqa: F811
+    shared_url: str,
     tmp_path: Path,
 ) -> None:
     url = shared_url

@@ -4,10 +4,16 @@ limits (concurrency, per worker, per owner, rate) enforced inside the claim."""
 from __future__ import annotations
 
 import asyncio
+import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
-from duragent.store import Commit, Store, TaskPatch, TaskQuery
-from duragent.store.queues import Queue, define_queue, list_queues
+import pytest
+
+from conftest import drop_schema, require_postgres
+from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
+from duragent.store.queues import Queue, QueueNotFound, define_queue, delete_queue, list_queues
 from duragent.types import Task
 
 
@@ -148,3 +154,84 @@ async def test_list_and_count_filter_by_queue_metadata_and_time(store: Store) ->
         ("q1", "pending"): 1,
         ("b", "running"): 1,
     }
+
+
+async def test_removing_limits_a_queue_never_had_is_not_found(store: Store) -> None:
+    await define_queue(store, Queue("q", concurrency=1))
+    with pytest.raises(QueueNotFound, match="'nope'"):
+        await delete_queue(store, "nope")
+    await delete_queue(store, "q")
+    assert await list_queues(store) == []
+
+
+async def test_a_claim_may_be_kept_to_named_queues(store: Store) -> None:
+    past = datetime.now(UTC) - timedelta(seconds=1)
+    a_ready = await make(store, queue="a")
+    a_due = await make(store, queue="a", wake_at=past)
+    b_ready = await make(store, queue="b", priority=9)
+    b_due = await make(store, queue="b", wake_at=past)
+    c_ready = await make(store, agent="c")  # its agent's queue, "c"
+    (b_held,) = await store.claim_tasks("gone", 1, queues=["b"], ttl=0.0)  # expires at once
+    assert b_held.id == b_ready.id
+    assert await store.claim_tasks("w", 10, queues=[]) == []
+    got = await store.claim_tasks("w", 10, queues=["a", "c", "a"], ttl=60)
+    assert {t.id for t in got} == {a_ready.id, a_due.id, c_ready.id}
+    assert await store.claim_tasks("w", 10, queues=["a"]) == []
+    assert await store.claim_task("w", queues=["nothing-here"]) is None
+    rest = await store.claim_tasks("w", 10, queues=["b"], ttl=60)
+    assert {t.id for t in rest} == {b_due.id, b_ready.id}  # the expired lease taken over
+
+
+async def test_next_wake_at_of_named_queues_ignores_the_others(store: Store) -> None:
+    soon = datetime.now(UTC) + timedelta(minutes=5)
+    later = datetime.now(UTC) + timedelta(hours=2)
+    await make(store, queue="b", wake_at=soon)
+    await make(store, queue="a", wake_at=later)
+    for queues, want in ((["a"], later), (["b", "a"], soon), (None, soon)):
+        got = await store.next_wake_at(None, queues)
+        assert got is not None and abs((got - want).total_seconds()) < 1, queues
+    assert await store.next_wake_at(["a"], ["a"]) is not None
+    assert await store.next_wake_at(["x"], ["a"]) is None
+    assert await store.next_wake_at(None, ["z"]) is None
+
+
+@pytest.fixture(params=["sqlite", "jsonl", "postgres"])
+def durable_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/q.db"
+    elif request.param == "jsonl":
+        yield f"jsonl:///{tmp_path}/q"
+    else:
+        schema = f"test_{uuid.uuid4().hex[:12]}"
+        yield f"{require_postgres()}?schema={schema}"
+        drop_schema(schema)
+
+
+async def test_queue_definitions_and_buckets_survive_a_reopen(durable_url: str) -> None:
+    store = open_store(durable_url)
+    await define_queue(store, Queue("mail", concurrency=1, rate=(2, 3600), ttl=60))
+    await define_queue(store, Queue("gone", per_owner=1))
+    await delete_queue(store, "gone")
+    for _ in range(3):
+        await make(store, queue="mail")
+    (first,) = await store.claim_tasks("w", 5, ttl=60)
+    await finish(store, first)
+    await store.close()
+
+    store = open_store(durable_url)
+    try:
+        (q,) = await list_queues(store)
+        assert q.definition() == {
+            "name": "mail",
+            "concurrency": 1,
+            "per_worker": None,
+            "per_owner": None,
+            "rate": [2, 3600.0],
+            "ttl": 60.0,
+        }
+        assert q.tokens is not None and 0.9 < q.tokens < 1.1  # one of two spent
+        (second,) = await store.claim_tasks("w", 5, ttl=60)
+        await finish(store, second)
+        assert await store.claim_tasks("w", 5, ttl=60) == []  # the bucket is empty
+    finally:
+        await store.close()

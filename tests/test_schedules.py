@@ -15,7 +15,7 @@ from duragent import Agent, Runtime, ScriptedModel
 from duragent.errors import TaskNotFound
 from duragent.runtime.schedules import fire_due, get_schedule, new_schedule, put_schedule
 from duragent.store import Store, TaskQuery, open_store
-from workerlib import WorkerProc
+from support.workerlib import WorkerProc
 
 CHAT = Agent(name="chat", model=ScriptedModel(lambda messages: "done"))
 

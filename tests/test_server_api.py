@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -12,54 +11,11 @@ import httpx
 import pytest
 
 from duragent import Runtime
-from duragent.server import TokenStore, create_app
-from duragent.types import Task, TaskStatus
-from server_agents import agents
+from duragent.server import TokenStore
+from duragent.types import TaskStatus
+from support.api import TOKENS, assert_problem, auth, client, runtime, start, wait_for
 
-TOKENS = {"alice": "alice-secret-token", "bob": "bob-secret-token"}
-
-
-def auth(user: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {TOKENS[user]}"}
-
-
-@pytest.fixture
-async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
-    rt = Runtime(f"sqlite:///{tmp_path}/api.db", agents(), poll_interval=0.05, lease_ttl=5.0)
-    async with rt:
-        yield rt
-
-
-@pytest.fixture
-async def client(runtime: Runtime) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(runtime, TokenStore.from_mapping(TOKENS))
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
-        yield c
-
-
-async def start(client: httpx.AsyncClient, agent: str, user: str = "alice", **body: Any) -> str:
-    r = await client.post(
-        "/v1/tasks", json={"agent": agent, "input": "go", **body}, headers=auth(user)
-    )
-    assert r.status_code == 201, r.text
-    return str(r.json()["id"])
-
-
-async def wait_for(runtime: Runtime, task_id: str, *statuses: TaskStatus) -> Task:
-    return await runtime.wait(task_id, timeout=30, until=lambda t: t.status in statuses)
-
-
-def assert_problem(r: httpx.Response, status: int, title: str) -> dict[str, Any]:
-    assert r.status_code == status, r.text
-    assert r.headers["content-type"] == "application/problem+json"
-    body: dict[str, Any] = r.json()
-    assert body["status"] == status
-    assert body["title"] == title
-    return body
-
-
-# --- health and auth ---------------------------------------------------------
+__all__ = ["client", "runtime"]  # the fixtures this module uses from support.api
 
 
 async def test_health_needs_no_token(client: httpx.AsyncClient) -> None:
@@ -320,6 +276,9 @@ async def test_answer_a_question(client: httpx.AsyncClient, runtime: Runtime) ->
         "question": "Which city?",
         "child_id": None,
         "wake_at": None,
+        "tool": None,
+        "arguments": None,
+        "expires_at": None,
     }
     r = await client.post(
         f"/v1/tasks/{tid}/respond", json={"answer": "Lisbon", "call_id": wait["call_id"]}, headers=h
@@ -343,6 +302,7 @@ async def test_agents_lists_tools_and_replay_policies(client: httpx.AsyncClient)
         "notebook",
         "flaky",
         "holder",
+        "mailer",
     }
     (lookup,) = found["streamer"]["tools"]
     assert lookup["name"] == "lookup" and lookup["replay"] == "safe"
@@ -351,6 +311,8 @@ async def test_agents_lists_tools_and_replay_policies(client: httpx.AsyncClient)
     assert "encyclopedia" in lookup["description"]
     (email,) = found["approver"]["tools"]
     assert email["replay"] == "never" and email["requires_approval"] is True
+    assert email["approval_timeout"] is None
+    assert found["mailer"]["tools"][0]["approval_timeout"] == 600
     assert found["quick"]["model"] == "scripted"
 
 
@@ -372,6 +334,7 @@ BODIES = {
     "abort": {"reason": "bob was here"},
     "respond": {"approve": True},
     "fork": {"at_round": 1},
+    "messages": {"text": "bob was here"},
 }
 
 

@@ -14,7 +14,7 @@ import pytest
 from duragent import Runtime
 from duragent.server.events import entry_events
 from server_agents import agents
-from server_live import LiveServer, duragent, live_server, stop
+from support.server_live import LiveServer, duragent, live_server, stop
 
 
 @dataclass

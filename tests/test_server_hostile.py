@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from server_live import CLI, TOKENS, LiveServer, child_env, live_server
+from support.server_live import CLI, TOKENS, LiveServer, child_env, live_server
 
 MB = 1024 * 1024
 WRONG = "wrong-token-0123456789"

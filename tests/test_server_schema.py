@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from server_live import LiveServer, live_server
+from support.server_live import LiveServer, live_server
 
 schemathesis = pytest.importorskip("schemathesis")
 
@@ -18,8 +18,9 @@ schemathesis = pytest.importorskip("schemathesis")
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     # Negative cases may carry broken Authorization headers: those must not lock the
-    # test client's address out (the throttle has its own test).
-    args = ["--auth-failures-per-minute", "100000"]
+    # test client's address out (the throttle has its own test). Alice is an admin,
+    # so the queue limits' PUT and DELETE are tried for real, not only refused.
+    args = ["--auth-failures-per-minute", "100000", "--admin", "alice"]
     with live_server(tmp_path_factory.mktemp("schema"), workers=2, args=args) as s:
         yield s
 

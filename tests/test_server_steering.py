@@ -1,9 +1,11 @@
-"""REST: a task's history and forks (`/v1/tasks/{id}/history`, `/fork`), per owner."""
+"""REST: a task's history, forks and messages into it (`/v1/tasks/{id}/history`, `/fork`,
+`/messages`), per owner."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -12,7 +14,7 @@ from duragent import Runtime
 from duragent.server import TokenStore, create_app
 from duragent.types import TaskStatus
 from server_agents import agents
-from test_server_api import TOKENS, assert_problem, auth, start, wait_for
+from support.api import TOKENS, assert_problem, auth, start, wait_for
 
 
 @pytest.fixture
@@ -115,3 +117,94 @@ async def test_openapi_describes_history_and_fork(client: httpx.AsyncClient) -> 
     fork = spec["paths"]["/v1/tasks/{task_id}/fork"]["post"]
     assert {"201", "200", "400", "404"} <= set(fork["responses"])
     assert "Edit" in spec["components"]["schemas"]
+
+
+@pytest.fixture
+def gates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("DURAGENT_TEST_GATES", str(tmp_path))
+    return tmp_path
+
+
+async def held_task(client: httpx.AsyncClient, runtime: Runtime, gate: str, **body: Any) -> str:
+    """A `holder` task inside its tool call until the gate file is written."""
+    tid = await start(client, "holder", input=gate, **body)
+    await runtime.wait(
+        tid, timeout=30, until=lambda t: t.status is TaskStatus.RUNNING and t.last_seq >= 4
+    )
+    return tid
+
+
+async def test_a_message_into_a_running_task_is_taken_after_its_turn(
+    client: httpx.AsyncClient, runtime: Runtime, gates: Path
+) -> None:
+    tid = await held_task(client, runtime, "g1")
+    r = await client.post(
+        f"/v1/tasks/{tid}/messages", json={"text": "and one more"}, headers=auth("alice")
+    )
+    assert r.status_code == 202, r.text
+    assert r.json()["id"] == tid and r.json()["status"] == "running"
+    (gates / "g1").touch()
+    await wait_for(runtime, tid, TaskStatus.COMPLETED)
+    view = (await client.get(f"/v1/tasks/{tid}/messages", headers=auth("alice"))).json()
+    said = [(m["role"], m.get("content")) for m in view["messages"]]
+    assert said[-2:] == [("user", "and one more"), ("assistant", "Through the gate.")]
+    assert [m for m in said if m == ("user", "and one more")] == [("user", "and one more")]
+    # A finished task takes no message: 409, with what to do instead.
+    r = await client.post(f"/v1/tasks/{tid}/messages", json={"text": "more"}, headers=auth("alice"))
+    body = assert_problem(r, 409, "Invalid status transition")
+    assert "continue_session" in body["detail"]
+
+
+async def test_reject_is_409_and_continue_session_sends_into_the_live_task(
+    client: httpx.AsyncClient, runtime: Runtime, gates: Path
+) -> None:
+    tid = await held_task(client, runtime, "g2", session_id="s", multitask_strategy="reject")
+    r = await client.post(f"/v1/tasks/{tid}/messages", json={"text": "hi"}, headers=auth("alice"))
+    body = assert_problem(r, 409, "Task is busy")
+    assert "reject" in body["detail"]
+    again = {"agent": "holder", "input": "g2", "session_id": "s", "continue_session": True}
+    r = await client.post("/v1/tasks", json=again, headers=auth("alice"))
+    assert_problem(r, 409, "Task is busy")
+    r = await client.post(
+        "/v1/tasks", json={**again, "multitask_strategy": "enqueue"}, headers=auth("alice")
+    )
+    assert r.status_code == 202, r.text
+    assert r.json()["id"] == tid
+    (gates / "g2").touch()
+    done = await wait_for(runtime, tid, TaskStatus.COMPLETED)
+    users = [m for m in await runtime.model_view(done.id) if m.role == "user"]
+    assert [m.content for m in users] == ["g2", "g2"]
+    assert len((await runtime.list(owner="alice")).tasks) == 1  # no silent fork
+
+
+async def test_bad_messages_are_422_and_another_users_task_is_404(
+    client: httpx.AsyncClient, runtime: Runtime, gates: Path
+) -> None:
+    tid = await held_task(client, runtime, "g3")
+    before = await runtime.get(tid)
+    for bad in (
+        {},
+        {"text": ""},
+        {"text": "   "},
+        {"text": "x" * 100_001},
+        {"text": "hi", "multitask_strategy": "shout"},
+        {"text": "hi", "extra": 1},
+        {"text": 5},
+    ):
+        r = await client.post(f"/v1/tasks/{tid}/messages", json=bad, headers=auth("alice"))
+        assert r.status_code == 422, (bad, r.text)
+    r = await client.post(f"/v1/tasks/{tid}/messages", json={"text": "hi"}, headers=auth("bob"))
+    assert_problem(r, 404, "Task not found")
+    after = await runtime.get(tid)
+    assert (after.version, after.last_seq) == (before.version, before.last_seq)
+    (gates / "g3").touch()
+    await wait_for(runtime, tid, TaskStatus.COMPLETED)
+
+
+async def test_openapi_describes_messages_into_a_task(client: httpx.AsyncClient) -> None:
+    spec = (await client.get("/openapi.json")).json()
+    post = spec["paths"]["/v1/tasks/{task_id}/messages"]["post"]
+    assert {"202", "404", "409", "422"} <= set(post["responses"])
+    assert "MessageRequest" in spec["components"]["schemas"]
+    create = spec["paths"]["/v1/tasks"]["post"]
+    assert "202" in create["responses"]

@@ -23,7 +23,7 @@ from duragent.store.sqlite import SQLiteStore
 from duragent.store.sqlite_schema import MIGRATIONS as SQLITE_MIGRATIONS
 from duragent.store.sqlite_schema import SQLITE_SCHEMA_VERSION
 from duragent.types import Task, session_scope, task_scope
-from server_live import LiveServer, live_server
+from support.server_live import LiveServer, live_server
 
 
 def start(server: LiveServer, user: str, text: str, **body: Any) -> dict[str, Any]:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from crashlib import kill_at, spawn
 from duragent import Agent, Edit, Runtime, ScriptedModel, TaskQuery, TaskStatus, tool
 from duragent.store import open_store
 from duragent.types import EntryKind, NewEntry, Task, ToolMessage, UserMessage
+from support.crashlib import kill_at, spawn
 
 ROUNDS = 700  # ~2,100 entries: a fork's commit takes long enough to be cut
 

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from conftest import drop_schema, require_postgres
-from crashlib import finish, kill_at, ledger_lines, spawn
 from duragent import (
     Agent,
     Runtime,
@@ -25,6 +24,7 @@ from duragent import (
 )
 from duragent.store import open_store
 from duragent.types import EntryKind
+from support.crashlib import finish, kill_at, ledger_lines, spawn
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -287,6 +287,7 @@ async def test_model_view_skips_rolled_back_rounds_but_ui_stays(store: Store) ->
     view = await store.model_view(task.id)
     assert [type(m).__name__ for m in view] == ["UserMessage", "AssistantMessage"]
     assert view[1].content == "final"  # type: ignore[union-attr]
+    assert await store.model_view_data(task.id) == [dump_message(m) for m in view]
     assert [m.text for m in await store.ui_messages(task.id)] == [
         "you: q",
         "assistant is calling f",
@@ -316,6 +317,10 @@ async def test_model_view_keeps_tool_messages(store: Store) -> None:
     view = await store.model_view(task.id)
     assert isinstance(view[1], ToolMessage) and view[1].content == "42"
     assert view[0].tool_calls[0].function.name == "f"  # type: ignore[union-attr]
+    # The plain view is the wire form: the result's `outcome` is the log's, not the model's.
+    data = await store.model_view_data(task.id)
+    assert data == [dump_message(m) for m in view]
+    assert data[1] == {"role": "tool", "tool_call_id": "c1", "content": "42"}
 
 
 async def test_documents_upsert_with_versions(store: Store) -> None:
@@ -424,6 +429,31 @@ async def test_due_timer_is_claimable_future_one_is_not(store: Store) -> None:
             fence={due.id: woke.lease.epoch}, patches=[TaskPatch(due.id, {"status": "completed"})]
         )
     )
+    nxt = await store.next_wake_at()
+    assert nxt is not None and nxt > datetime.now(UTC) + timedelta(seconds=3000)
+
+
+async def test_a_waiting_task_is_claimable_on_its_due_wake_at_whatever_it_waits_for(
+    store: Store,
+) -> None:
+    """An approval's time limit (waiting for input, with a wake_at) is a durable timer too."""
+    due, later, open_ended = await make(store), await make(store), await make(store)
+    for t, wake in ((due, -1), (later, 3600), (open_ended, None)):
+        c = await store.claim_task("w", task_id=t.id)
+        assert c is not None
+        when = None if wake is None else datetime.now(UTC) + timedelta(seconds=wake)
+        patch = {"status": "waiting", "status_reason": "input", "wake_at": when}
+        await store.commit(Commit(fence={t.id: c.lease.epoch}, patches=[TaskPatch(t.id, patch)]))
+        await store.release_lease(t.id, c.lease.epoch)
+    nxt = await store.next_wake_at()
+    assert nxt is not None and nxt < datetime.now(UTC)
+    assert await store.claim_task("w2", task_id=later.id) is None
+    assert await store.claim_task("w2", task_id=open_ended.id) is None
+    woke = await store.claim_task("w2", task_id=due.id)
+    assert woke is not None and woke.id == due.id and woke.status is TaskStatus.RUNNING
+    assert await store.claim_task("w2") is None  # neither the later nor the open-ended one
+    done = TaskPatch(due.id, {"status": "completed"})
+    await store.commit(Commit(fence={due.id: woke.lease.epoch}, patches=[done]))
     nxt = await store.next_wake_at()
     assert nxt is not None and nxt > datetime.now(UTC) + timedelta(seconds=3000)
 
@@ -606,3 +636,5 @@ async def test_model_view_keeps_commit_order_across_many_interleaved_commits(sto
     assert [m.content for m in view] == expected
     assert [m.content for m in await store.model_view(b.id)] == [f"b{i}" for i in range(120)]
     assert await store.model_view((await make(store)).id) == []
+    assert [m["content"] for m in await store.model_view_data(a.id)] == expected
+    assert await store.model_view_data((await make(store)).id) == []

@@ -209,6 +209,27 @@ async def test_postgres_row_changed_elsewhere_is_reread_not_overwritten(
 
 
 @pytest.mark.postgres
+async def test_postgres_lease_renewals_keep_this_process_copy_of_the_rows(
+    pg_pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """A worker's renewals run beside the writer (renew_leases); the next commit
+    of each task still writes from this process's copy, not a batch read again."""
+    store, _ = pg_pair
+    tasks = [await claimed(store, "w1") for _ in range(3)]
+    for t in tasks:
+        await store.commit(Commit(entries=[progress(t.id, "1")], fence={t.id: 1}))
+    renewal = await store.renew_leases("w1", {t.id: 1 for t in tasks}, 120)
+    rereads = store._writer.rereads
+    for t in tasks:
+        result = await store.commit(Commit(entries=[progress(t.id, "2")], fence={t.id: 1}))
+        assert result.tasks[t.id].lease.expires_at == renewal.kept[t.id].lease.expires_at
+    assert store._writer.rereads == rereads
+    stored = await store.get_task(tasks[0].id)
+    assert stored.lease.expires_at == renewal.kept[tasks[0].id].lease.expires_at
+    assert stored.last_seq == 3  # the claim, "1", "2"
+
+
+@pytest.mark.postgres
 async def test_postgres_takeover_elsewhere_fences_this_process(
     pg_pair: tuple[PostgresStore, PostgresStore],
 ) -> None:

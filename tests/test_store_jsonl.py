@@ -31,7 +31,7 @@ from duragent.types import (
     UserMessage,
     dump_message,
 )
-from test_store_property import SETTINGS, op, run
+from support.store_model import SETTINGS, op, run
 
 
 def ui(task_id: str, text: str) -> NewEntry:

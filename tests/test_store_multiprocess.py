@@ -7,13 +7,8 @@ import asyncio
 import json
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from conftest import drop_schema, require_postgres
 from duragent.store import open_store
 from duragent.types import Task
 
@@ -48,19 +43,6 @@ async def main(url, worker, out, barrier, n):
 
 asyncio.run(main(*sys.argv[1:]))
 """
-
-
-@pytest.fixture(params=["sqlite", "sqlite-full", "postgres"])
-def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/shared.db"
-        return
-    if request.param == "sqlite-full":  # batches of several commits run on the writer thread
-        yield f"sqlite:///{tmp_path}/shared.db?durability=full"
-        return
-    schema = f"test_{uuid.uuid4().hex[:12]}"
-    yield f"{require_postgres()}?schema={schema}"
-    drop_schema(schema)
 
 
 async def test_four_processes_claim_each_task_exactly_once(shared_url: str, tmp_path: Path) -> None:

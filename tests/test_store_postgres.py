@@ -23,7 +23,7 @@ from duragent.errors import CommitOutcomeUnknown, StaleLease, StoreVersionError
 from duragent.store import SCHEMA_VERSION, Commit, TaskPatch, open_store
 from duragent.store.postgres import PostgresStore, split_url
 from duragent.types import EntryKind, NewEntry, Task, UIText, dump_message
-from test_store_property import SETTINGS, op, run
+from support.store_model import SETTINGS, op, run
 
 pytestmark = pytest.mark.postgres
 

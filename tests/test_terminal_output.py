@@ -13,9 +13,9 @@ from pathlib import Path
 from duragent import Agent, Runtime, ScriptedModel, ToolCall
 from duragent.terminal import clean, safe
 from duragent.types import TaskStatus
-from llm_servers import Answer, ScriptedOpenAIServer
-from llm_servers import ToolCall as WireToolCall
-from server_live import child_env
+from support.llm_servers import Answer, ScriptedOpenAIServer
+from support.llm_servers import ToolCall as WireToolCall
+from support.server_live import child_env
 
 # A window-title change (OSC, ended by BEL and by ST), a screen clear (CSI), an
 # 8-bit CSI, a bare C0 control, and Rich markup that must print as written.

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from conftest import drop_schema, require_postgres
-from crashlib import finish, kill_at, spawn
 from duragent import Agent, Runtime, ScriptedModel, Store, TaskStatus, ToolCall, tool
 from duragent.errors import UsageError
 from duragent.store import open_store
 from duragent.webhooks import OUTBOX, SECRET_ENV, WebhookDelivery, sign, verify_signature
+from support.crashlib import finish, kill_at, spawn
 from webhook_receiver import Received, Receiver
 
 SECRET = "whsec-test-secret"

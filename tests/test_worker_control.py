@@ -19,8 +19,8 @@ from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, tool
 from duragent.store import Commit, TaskPatch
 from duragent.store.memory import MemoryStore
 from duragent.types import AssistantMessage, EntryKind
+from support.workerlib import WorkerProc, workers  # noqa: F401  (the fixture)
 from worker_agents import AGENTS
-from workerlib import WorkerProc
 
 # A heartbeat (lease / 3) far longer than any wait below: whatever reaches the
 # worker in time did not come with a lease renewal.
@@ -44,16 +44,10 @@ async def rt(shared_url: str) -> AsyncIterator[Runtime]:
         yield runtime
 
 
-@pytest.fixture
-def workers() -> Iterator[list[WorkerProc]]:
-    procs: list[WorkerProc] = []
-    yield procs
-    for p in procs:
-        p.stop()
-
-
 async def test_pause_and_abort_from_another_process_land_without_a_heartbeat(
-    rt: Runtime, shared_url: str, workers: list[WorkerProc]
+    rt: Runtime,
+    shared_url: str,
+    workers: list[WorkerProc],  # noqa: F811
 ) -> None:
     first = await rt.submit("sleeper", "pause me")
     second = await rt.submit("sleeper", "abort me")
@@ -75,7 +69,9 @@ async def test_pause_and_abort_from_another_process_land_without_a_heartbeat(
 
 
 async def test_worker_picks_up_work_from_another_process_without_polling(
-    rt: Runtime, shared_url: str, workers: list[WorkerProc]
+    rt: Runtime,
+    shared_url: str,
+    workers: list[WorkerProc],  # noqa: F811
 ) -> None:
     w = WorkerProc(shared_url, ttl=30.0, poll=600.0)
     workers.append(w)

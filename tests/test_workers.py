@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, tool
 from duragent.store.base import LeaseRenewal
 from duragent.store.memory import MemoryStore
-from duragent.types import AssistantMessage, EntryKind, Task, ToolMessage
+from duragent.types import EntryKind, Task
+from support.workerlib import WorkerProc, ledger_lines, one_result_per_call
 from worker_agents import AGENTS
-from workerlib import WorkerProc
 
 
 @pytest.fixture
@@ -46,17 +46,6 @@ async def until(
     rt: Runtime, task_id: str, cond: Callable[[Task], bool], timeout: float = 120
 ) -> Task:
     return await rt.wait(task_id, timeout=timeout, until=cond)
-
-
-async def one_result_per_call(rt: Runtime, task_id: str) -> None:
-    view = await rt.model_view(task_id)
-    calls = [c.id for m in view if isinstance(m, AssistantMessage) for c in m.tool_calls or ()]
-    results = Counter(m.tool_call_id for m in view if isinstance(m, ToolMessage))
-    assert set(results) == set(calls) and all(n == 1 for n in results.values()), (calls, results)
-
-
-def ledger_lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
 
 
 async def test_three_workers_200_tasks_one_sigkilled(

@@ -38,9 +38,13 @@ class TaskNotFound(UsageError):
 class UnknownAgent(UsageError):
     def __init__(self, name: str, known: list[str]) -> None:
         self.name = name
-        super().__init__(
-            f"no agent named {name!r}; known agents: {', '.join(sorted(known)) or '(none)'}"
-        )
+        if known:
+            super().__init__(f"no agent named {name!r}; known agents: {', '.join(sorted(known))}")
+        else:  # most likely `duragent serve` started without --agents
+            super().__init__(
+                f"no agent named {name!r}: no agents are registered here; give them to "
+                "Runtime(agents=[...]), or to `duragent serve` / `worker` as --agents module:attr"
+            )
 
 
 class InvalidValue(UsageError):
@@ -49,6 +53,10 @@ class InvalidValue(UsageError):
     def __init__(self, message: str, *, path: tuple[str | int, ...] = ()) -> None:
         self.path = path
         super().__init__(message)
+
+
+class InvalidArguments(UsageError):
+    """Arguments a person gave a tool call (an edited approval) don't fit the tool's schema."""
 
 
 class DuplicateRequest(UsageError):
@@ -61,6 +69,18 @@ class DuplicateRequest(UsageError):
             f"request_id {request_id!r} already started task {task_id!r} with another agent "
             "or input; use a new request_id for a new task (the same request_id with the same "
             "input returns the existing task)"
+        )
+
+
+class TaskBusy(UsageError):
+    """A message came in while the task runs a turn and its strategy is `reject`."""
+
+    def __init__(self, task_id: str, status: str) -> None:
+        self.task_id = task_id
+        super().__init__(
+            f"task {task_id!r} is {status} (a turn runs) and its multitask_strategy is "
+            "'reject'; send again once it ends, or pass multitask_strategy='enqueue', "
+            "'interrupt' or 'rollback'"
         )
 
 

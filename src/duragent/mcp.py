@@ -242,7 +242,7 @@ def mcp_tools(
                 fn=_unused,
                 parameters=schema,
                 args_model=_AnyArgs,
-                replay=per_tool.get(remote.name, default),  # type: ignore[arg-type]
+                replay=per_tool.get(remote.name, default),
                 metadata={"mcp_server": server},
                 server=where,
                 remote_name=remote.name,

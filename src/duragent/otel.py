@@ -89,7 +89,7 @@ class OTelTracer:
         span = self.tracer.start_span(
             "duragent.task.run",
             context=self._parent(task),
-            kind=trace.SpanKind.INTERNAL,  # type: ignore[union-attr]
+            kind=trace.SpanKind.INTERNAL,
             attributes={
                 "duragent.task.id": task.id,
                 "duragent.task.root_id": task.root_id or task.id,
@@ -114,12 +114,12 @@ class OTelTracer:
                 span.end()
         run.span.set_attribute("duragent.task.status", status)
         if status == "failed":
-            run.span.set_status(trace.Status(trace.StatusCode.ERROR, error or ""))  # type: ignore[union-attr]
+            run.span.set_status(trace.Status(trace.StatusCode.ERROR, error or ""))
         run.span.end()
 
     def _child(self, run: _Run, name: str, attributes: dict[str, Any]) -> Any:
         parent = run.round or run.span
-        ctx = trace.set_span_in_context(parent)  # type: ignore[union-attr]
+        ctx = trace.set_span_in_context(parent)
         return self.tracer.start_span(name, context=ctx, attributes=attributes)
 
     # --- rounds and model calls ---
@@ -138,7 +138,7 @@ class OTelTracer:
         if run is None:
             return
         if run.model is not None:  # the previous attempt failed
-            run.model.set_status(trace.Status(trace.StatusCode.ERROR, "model call failed"))  # type: ignore[union-attr]
+            run.model.set_status(trace.Status(trace.StatusCode.ERROR, "model call failed"))
             run.model.end()
         run.model = self._child(
             run,
@@ -195,7 +195,7 @@ class OTelTracer:
             span = self._child(run, "execute_tool", {"gen_ai.tool.call.id": call_id})
         span.set_attribute("duragent.tool.outcome", outcome)
         if outcome not in ("ok",):
-            span.set_status(trace.Status(trace.StatusCode.ERROR, outcome))  # type: ignore[union-attr]
+            span.set_status(trace.Status(trace.StatusCode.ERROR, outcome))
         span.end()
 
 

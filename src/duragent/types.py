@@ -166,6 +166,15 @@ class Task(BaseModel):
         if self.queue is None:
             self.queue = self.agent
 
+    @property
+    def deadline(self) -> datetime | None:
+        """The wall-clock limit the task fails at, if any (kept in `config`, see
+        duragent.runtime.deadlines)."""
+        record = self.config.get("deadline")
+        if not isinstance(record, dict) or not record.get("at"):
+            return None
+        return datetime.fromisoformat(str(record["at"]))
+
 
 # Fields a TaskPatch may change. id, input, created_at, request_id, owner,
 # parent/root/session and agent are fixed at creation; lease and last_seq are
@@ -303,6 +312,9 @@ class UIToolCard(BaseModel):
     )
     result: str | None = None
     voided: bool = False  # the call's round was rolled back out of the model's view
+    # Set when a person edited the arguments before approving: the model's own;
+    # `arguments` are then the ones the call ran with.
+    original_arguments: dict[str, JSON] | None = None
 
 
 class UIError(BaseModel):

@@ -49,13 +49,13 @@ def resolve_model(spec: str | ChatModel, **options: Any) -> ChatModel:
     if provider == "scripted":
         return ScriptedModel([], name=spec, **options)
     if provider == "openai":
-        from duragent.llm.openai import OpenAIChat  # type: ignore[import-not-found]
+        from duragent.llm.openai import OpenAIChat
 
-        return OpenAIChat(name, **options)  # type: ignore[no-any-return]
+        return OpenAIChat(name, **options)
     if provider == "anthropic":
-        from duragent.llm.anthropic import AnthropicChat  # type: ignore[import-not-found]
+        from duragent.llm.anthropic import AnthropicChat
 
-        return AnthropicChat(name, **options)  # type: ignore[no-any-return]
+        return AnthropicChat(name, **options)
     raise ValueError(
         f"unknown model provider {provider!r} in {spec!r}; use openai, anthropic or scripted"
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, NoReturn, cast
 
 from duragent.errors import (
@@ -198,7 +198,7 @@ class AnthropicChat(SdkChat):
         )
 
 
-def to_anthropic_messages(messages: list[Any]) -> tuple[str, list[dict[str, Any]]]:
+def to_anthropic_messages(messages: Sequence[Any]) -> tuple[str, list[dict[str, Any]]]:
     """Split OpenAI-shaped API messages into Anthropic's `system` and `messages`.
 
     Every message becomes a list of content blocks, and consecutive messages of

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -54,7 +54,9 @@ class ModelRequest:
     so a resend after a crash asks the same question."""
 
     model: str
-    messages: list[Any]  # ApiMessage models, system message first
+    # ApiMessage models, system message first. From the runtime a `Messages`
+    # (llm/messages.py): typed on access, or sent as plain data with `wire_messages`.
+    messages: Sequence[Any]
     tools: list[ToolSpec] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
 

@@ -37,6 +37,7 @@ from duragent.llm.base import (
     ToolSpec,
     UsageDelta,
 )
+from duragent.llm.messages import wire_messages
 
 try:
     import openai
@@ -110,7 +111,7 @@ class OpenAIChat(SdkChat):
             )
         body: dict[str, Any] = {
             "model": _model_name(request.model, self.model),
-            "messages": [m.model_dump(mode="json", exclude_none=True) for m in request.messages],
+            "messages": wire_messages(request.messages),
         }
         if request.tools:
             body["tools"] = [_tool(t) for t in request.tools]

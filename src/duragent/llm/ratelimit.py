@@ -54,7 +54,7 @@ class RateLimited:
         self.tpm = tokens_per_minute
         self.waited = 0.0  # seconds this process spent waiting for the budget
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:  # type: ignore[override]
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
         await self.acquire()
         used = 0
         try:

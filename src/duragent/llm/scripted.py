@@ -16,6 +16,7 @@ from duragent.llm.base import (
     ToolCallDelta,
     UsageDelta,
 )
+from duragent.llm.messages import typed_list
 from duragent.types import AssistantMessage
 
 
@@ -76,13 +77,13 @@ class ScriptedModel:
         # id(last message) -> (that message, its index, assistants, characters)
         self._counted: dict[int, tuple[Any, int, int, int]] = {}
 
-    def turn_for(self, messages: list[Any]) -> Turn:
+    def turn_for(self, messages: Sequence[Any]) -> Turn:
         if self._fn is not None:
-            return _as_turn(self._fn(messages))
+            return _as_turn(self._fn(typed_list(messages)))
         i = self._count(messages)[0]
         return _as_turn(self._turns[i] if i < len(self._turns) else self.final)
 
-    def _count(self, messages: list[Any]) -> tuple[int, int]:
+    def _count(self, messages: Sequence[Any]) -> tuple[int, int]:
         """(assistant messages, characters of content) in `messages`.
 
         A task's next request is its previous one plus a few messages, so the

@@ -1,6 +1,7 @@
 """The durable agent runtime."""
 
 from duragent.runtime.agent import Agent
+from duragent.runtime.approvals import Decision
 from duragent.runtime.context import ToolContext
 from duragent.runtime.engine import Control, TaskRunner
 from duragent.runtime.runtime import Runtime, Submission, TaskTree
@@ -11,6 +12,7 @@ from duragent.runtime.worker import Worker
 __all__ = [
     "Agent",
     "Control",
+    "Decision",
     "Edit",
     "History",
     "RoundRecord",

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from duragent.llm import ChatModel, resolve_model
+from duragent.runtime.inbox import MultitaskStrategy, check_strategy
 from duragent.runtime.tools import Tool, make_tool
 
 
@@ -38,6 +40,12 @@ class Agent:
     ask_user_tool: bool = False  # offer the built-in ask_user tool (waits for an answer)
     # Called on status changes of this agent's tasks (see duragent.webhooks).
     webhook: str | None = None
+    # What a new message does while a turn of the session runs: enqueue, reject,
+    # interrupt or rollback (runtime/inbox.py); submit(multitask_strategy=) overrides it.
+    multitask_strategy: MultitaskStrategy = "enqueue"
+    # Default wall-clock limit of this agent's tasks, from their submission
+    # (seconds or a timedelta); submit(deadline=...) overrides it.
+    deadline: float | timedelta | None = None
 
     def __post_init__(self) -> None:
         from duragent.runtime.builtin import ask_user, update_plan
@@ -45,6 +53,15 @@ class Agent:
 
         if self.webhook is not None:
             check_url(self.webhook)
+        check_strategy(self.multitask_strategy)
+        if self.deadline is not None:
+            from duragent.runtime.deadlines import deadline_at
+
+            if isinstance(self.deadline, bool) or not isinstance(
+                self.deadline, int | float | timedelta
+            ):
+                raise ValueError("Agent.deadline is a delay: seconds or a timedelta")
+            deadline_at(self.deadline)  # a delay no task could have fails here
 
         # An item may be a list of tools (a toolset such as mcp_tools(...)).
         flat: list[Any] = [

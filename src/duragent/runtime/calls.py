@@ -6,10 +6,11 @@ import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from duragent.llm.base import parse_arguments
+from duragent.runtime.approvals import edited_note, expired, expired_text
 from duragent.runtime.context import SleepUntil, SpawnSubtask, Suspend, ToolContext, WaitForInput
 from duragent.runtime.log import INTERRUPTED, RoundState, started_entry
 from duragent.runtime.steps import StepInterrupted, StepRecord
@@ -41,14 +42,32 @@ class Outcome:
 async def run_call(
     runner: TaskRunner, r: int, call: ToolCallData, rs: RoundState | None
 ) -> Outcome:
-    """Run one tool call of round r (or decide it from the log when recovering)."""
+    """Run one tool call of round r (or decide it from the log when recovering).
+
+    A call a person approved with edited arguments runs with those, on its
+    first run and on any re-run; its result tells the model so.
+    """
+    edited = (rs.decisions.get(call.id) or {}).get("arguments") if rs is not None else None
+    out = await _run_call(runner, r, call, rs, edited)
+    if edited is not None and out.content is not None:
+        out.content = edited_note(edited) + out.content
+    return out
+
+
+async def _run_call(
+    runner: TaskRunner,
+    r: int,
+    call: ToolCallData,
+    rs: RoundState | None,
+    edited: dict[str, Any] | None,
+) -> Outcome:
     cid, name = call.id, call.function.name
     tool = runner.agent.tool_map.get(name)
     if tool is None:
         known = ", ".join(sorted(runner.agent.tool_map)) or "(none)"
         return Outcome(cid, f"Error: unknown tool {name!r}. Available tools: {known}.", "error")
     try:
-        arguments = parse_arguments(call.function.arguments)
+        arguments = parse_arguments(call.function.arguments) if edited is None else edited
         tool.validate(arguments)
     except (ValueError, ToolArgumentError) as exc:
         return Outcome(cid, f"Error: {exc}", "error")
@@ -72,9 +91,16 @@ async def run_call(
                 text = INTERRUPTED + (f" Partial output: {partial}" if partial else "")
                 return Outcome(cid, text, "interrupted")
     elif tool.needs_approval(arguments):
-        return Outcome(
-            cid, suspend=WaitForInput(f"Approve {name}({call.function.arguments})?", "approval")
+        limit = tool.approval_timeout
+        ask = WaitForInput(
+            f"Approve {name}({call.function.arguments})?",
+            "approval",
+            tool=name,
+            arguments=arguments,
+            timeout=limit,
+            expires_at=None if limit is None else utcnow() + timedelta(seconds=limit),
         )
+        return Outcome(cid, suspend=ask)
     steps = None
     if rs is not None and (cid in rs.steps or cid in rs.steps_started):
         steps = StepRecord(rs.steps.get(cid, {}), rs.steps_started.get(cid, set()))
@@ -119,6 +145,9 @@ def resumed_wait(cid: str, wait: dict[str, Any], rs: RoundState) -> Outcome | No
     if kind == "approval":
         decision = rs.decisions.get(cid)
         if decision is None:
+            if expired(wait):  # the durable timer of approval_timeout fired
+                return Outcome(cid, expired_text(wait), "denied")
+            # Still open: park again on the recorded wait (its expiry included).
             return Outcome(cid, suspend=WaitForInput(wait.get("question", ""), "approval"))
         if decision["approved"]:
             return None  # approved: run it (its first run)

@@ -27,6 +27,20 @@ class Suspend:
 class WaitForInput(Suspend):
     question: str
     kind: str = "question"  # "question" (ask_user) or "approval"
+    # An approval: the call it asks about, and when it expires (if it may).
+    tool: str | None = None
+    arguments: dict[str, Any] | None = None
+    timeout: float | None = None
+    expires_at: datetime | None = None
+
+    def details(self) -> dict[str, Any]:
+        """The wait entry's fields besides call id and kind."""
+        out: dict[str, Any] = {"question": self.question}
+        if self.tool is not None:
+            out.update(tool=self.tool, arguments=self.arguments or {})
+        if self.expires_at is not None:
+            out.update(timeout=self.timeout, expires_at=self.expires_at.isoformat())
+        return out
 
 
 @dataclass

@@ -26,9 +26,13 @@ from duragent.errors import (
     TaskNotFound,
 )
 from duragent.llm.base import ModelRequest, ResponseAssembler, TextDelta
+from duragent.llm.messages import WorkingView
 from duragent.runtime.agent import Agent
-from duragent.runtime.calls import Outcome, describe, parse_dt, render, run_call
+from duragent.runtime.approvals import wake_times
+from duragent.runtime.calls import Outcome, describe, render, run_call
 from duragent.runtime.context import SleepUntil, SpawnSubtask, WaitForInput
+from duragent.runtime.deadlines import deadline_at, exceeded, wake_time
+from duragent.runtime.inbox import delivery, due
 from duragent.runtime.log import (
     RoundState,
     api_entry,
@@ -56,6 +60,8 @@ from duragent.types import (
     ToolCallData,
     ToolMessage,
     UIError,
+    UserMessage,
+    utcnow,
 )
 from duragent.webhooks import outbox_events
 
@@ -70,6 +76,9 @@ StatusHook = Callable[[Task, TaskStatus, TaskStatus], None]
 TraceHook = Callable[..., Awaitable[None]]
 
 
+_PAST = {"pause": "paused", "abort": "aborted", "release": "released"}
+
+
 class _Interrupted(Exception):
     """A control request cut an interruptible stretch short."""
 
@@ -80,21 +89,28 @@ class Abandoned(Exception):
 
 @dataclass
 class Control:
-    """A request to stop: pause (status paused), abort (terminal), or release
-    (hand the task back to the queue, e.g. on worker shutdown)."""
+    """A request to stop: pause (status paused), abort (terminal), release
+    (hand the task back to the queue, e.g. on worker shutdown), or deadline
+    (the task's deadline passed: failed, status reason `deadline`)."""
 
-    action: Literal["pause", "abort", "release"]
+    action: Literal["pause", "abort", "release", "deadline"]
     rollback: bool = False
     reason: str | None = None
+    # A pause that goes on at once with the messages sent to interrupt (runtime/inbox.py);
+    # `token` (the message id) makes a request heard twice act once.
+    resume: bool = False
+    token: str | None = None
 
     @classmethod
     def from_row(cls, control: Mapping[str, Any]) -> Control:
         """The request a task row's `control` field holds (written by Runtime._stop)."""
-        reason = control.get("reason")
+        reason, token = control.get("reason"), control.get("token")
         return cls(
             "abort" if control.get("action") == "abort" else "pause",
             bool(control.get("rollback")),
             None if reason is None else str(reason),
+            resume=bool(control.get("resume")),
+            token=None if token is None else str(token),
         )
 
 
@@ -121,7 +137,7 @@ class TaskRunner:
         self.detached = detached
         self.trace = trace
         self.on_status = on_status
-        self.view: list[ApiMessage] = []
+        self.view = WorkingView()  # plain data; typed messages built when a model call reads them
         self.state = DebouncedState(
             {"context": dict(task.context)},
             self._save_state,
@@ -133,6 +149,8 @@ class TaskRunner:
         self._control_event = asyncio.Event()
         self._abort_event = asyncio.Event()
         self._interrupt_target: asyncio.Task[Any] | None = None
+        self._handled_tokens: set[str] = set()  # interrupts already acted on
+        self._reread = False  # an interrupt changed the log: rebuild the round from it
         self._interrupting = False
         self._commit_lock = asyncio.Lock()
         self._attempt: ResponseAssembler | None = None  # the model call in progress
@@ -147,7 +165,11 @@ class TaskRunner:
     # --- control from outside ---
 
     def request(self, control: Control) -> None:
-        if self.control is None or control.action == "abort":
+        if control.token is not None and control.token in self._handled_tokens:
+            return
+        # An interrupt (a pause that goes on) gives way to a plain pause or an abort.
+        yields = self.control is not None and self.control.resume and not control.resume
+        if self.control is None or control.action == "abort" or yields:
             self.control = control
             self._control_event.set()
             if control.action == "abort":
@@ -166,6 +188,7 @@ class TaskRunner:
         documents: Iterable[DocumentWrite] = (),
         new_tasks: Iterable[Task] = (),
         patches: Iterable[TaskPatch] = (),
+        expect_version: int | None = None,
     ) -> CommitResult:
         async with self._commit_lock:  # one task's commits land in the order it made them
             changes = dict(patch or {})
@@ -174,7 +197,9 @@ class TaskRunner:
                 changes.setdefault("context", state["context"])
             # A status change worth announcing writes its webhook event in this commit.
             documents = [*documents, *outbox_events(self.task, changes)]
-            own = [TaskPatch(self.task.id, changes)] if changes else []
+            own = [TaskPatch(self.task.id, changes, expect_version=expect_version)]
+            if not changes and expect_version is None:
+                own = []
             if self.detached:
                 own = [TaskPatch(self.task.id, changes, expect_version=self.task.version)]
             commit = Commit(
@@ -195,7 +220,11 @@ class TaskRunner:
         old = self.task.status
         self.task = result.tasks[self.task.id]
         control = self.task.control
-        if control and (self.control is None or self.control.action != control.get("action")):
+        if control and (
+            self.control is None
+            or self.control.action != control.get("action")
+            or self.control.resume != bool(control.get("resume"))
+        ):
             # A pause/abort committed by another process: every commit sees it,
             # so no tool starts after the commit that precedes it (the intents).
             self.request(Control.from_row(control))
@@ -222,14 +251,31 @@ class TaskRunner:
 
     # --- the loop ---
 
+    def _arm_deadline(self) -> asyncio.TimerHandle | None:
+        """Stop the task at its deadline, like a pause (at the next safe point), then fail it."""
+        at = self.task.deadline
+        if at is None or self.detached:
+            return None
+        stop = Control("deadline", reason=exceeded(self.task))
+        delay = (at - utcnow()).total_seconds()
+        if delay <= 0:
+            self.request(stop)
+            return None
+        return asyncio.get_running_loop().call_later(delay, self.request, stop)
+
     async def run(self) -> Task:
         await self.trace_point("task_start", task=self.task)
+        deadline = self._arm_deadline()
         try:
             await self._start()
             while self.task.status is TaskStatus.RUNNING:
                 if self.control is not None:
-                    await self._stop(self.control)
-                    break
+                    await self._stop(self.control)  # an interrupt leaves it running
+                    continue
+                if self._reread:
+                    self._reread = False
+                    await self._reread_round()
+                    continue
                 if self.task.iterations >= self.agent.max_iterations:
                     await self._finish(
                         TaskStatus.FAILED,
@@ -237,9 +283,15 @@ class TaskRunner:
                         "without a final answer",
                     )
                     break
+                # A safe point: the last round is closed. Messages sent to interrupt go in.
+                self.view.extend(await self._take_messages(self.task.iterations + 1))
                 await self._round()
             if self.control is not None and self.task.status is TaskStatus.WAITING:
-                await self._stop(self.control)  # asked to stop just as it parked
+                # Asked to stop just as it parked; at the deadline, its waits get results.
+                if self.control.action == "deadline":
+                    await self.stop_now(self.control)
+                else:
+                    await self._stop(self.control)
         except Abandoned as exc:
             log.warning("task %s abandoned: %s", self.task.id, exc)
         except asyncio.CancelledError:
@@ -255,6 +307,8 @@ class TaskRunner:
             except StoreError as store_exc:
                 await self._end_on_store_error(store_exc)
         finally:
+            if deadline is not None:
+                deadline.cancel()
             await self.state.close()
         await self.trace_point("task_end", task=self.task)
         return self.task
@@ -306,9 +360,9 @@ class TaskRunner:
         self._round_no, self._round_progress = rs.round, list(rs.progress_seqs)
         self._round_api_seqs = list(rs.api_seqs)
         entries: list[NewEntry] = []
-        if control.action == "abort":
+        if control.action in ("abort", "deadline"):
             for cid in rs.missing:  # every call keeps exactly one result
-                text = "Tool call cancelled: the task was aborted before it finished."
+                text = _cancelled(control, "before it finished")
                 entries += result_entries(t.id, rs.round, cid, text, "interrupted")
         await self._stop(control, entries)
         return self.task
@@ -324,7 +378,7 @@ class TaskRunner:
                 f"lease (max_restarts={self.agent.max_restarts}); fix the cause, then resume it",
             )
             return
-        self.view = await self.store.model_view(t.id)
+        self.view = WorkingView(await self.store.model_view_data(t.id))
         await self._recover(read_round(entries, t.iterations + 1))
 
     def _report_claim(self, entries: Sequence[Entry]) -> None:
@@ -370,6 +424,58 @@ class TaskRunner:
         calls = [c for c in rs.assistant.tool_calls or () if c.id in rs.intents]
         await self._run_calls(r, calls, rs)
 
+    async def _reread_round(self) -> None:
+        """After an interrupt: the model's view and the open round as the log has them."""
+        t = self.task
+        self.view = WorkingView(await self.store.model_view_data(t.id))
+        await self._recover(
+            read_round(await self.store.entries(t.id, after_seq=t.round_seq), t.iterations + 1)
+        )
+
+    async def _take_messages(
+        self,
+        r: int,
+        *,
+        turn_end: bool = False,
+        before: Sequence[NewEntry] = (),
+        patch: Mapping[str, Any] | None = None,
+    ) -> list[UserMessage]:
+        """Commit the inbox messages due at this safe point as user messages of round
+        r (after `before`, with `patch`); [] when none is due, and nothing committed.
+
+        Guarded by the row's version: a message sent since this runner last saw the
+        row makes it read the row and decide again, so none is missed or taken twice.
+        """
+        while True:
+            items = due(self.task, turn_end=turn_end)
+            if not items:
+                return []
+            entries, config, messages = delivery(self.task, items, r)
+            version = self.task.version
+            try:
+                await self.commit(
+                    [*before, *entries],
+                    {**(patch or {}), "config": config},
+                    expect_version=version,
+                )
+            except Conflict:
+                if not await self._moved(version):
+                    raise
+                continue
+            return messages
+
+    async def _moved(self, version: int) -> bool:
+        """After a Conflict: whether this task's row moved past `version` (a message
+        came in); if so the runner takes the row as it is now (same lease: if another
+        worker took the task, the next commit is refused by fencing)."""
+        row = await self.store.get_task(self.task.id)
+        if row.version == version:
+            return False  # the conflict was someone else's (a parent's row)
+        self.task = row
+        if row.control:
+            self.request(Control.from_row(row.control))
+        return True
+
     async def _round(self) -> None:
         r = self.task.iterations + 1
         self._round_no, self._round_api_seqs, self._round_progress = r, [], []
@@ -382,11 +488,7 @@ class TaskRunner:
         usage = (self.task.usage + response.usage).model_dump()
         tid = self.task.id
         if not response.tool_calls:
-            await self._finish(
-                TaskStatus.COMPLETED,
-                entries=[api_entry(tid, r, message)],
-                extra={"output": response.text, "usage": usage, "iterations": r},
-            )
+            await self._end_turn(r, message, response.text, usage)
             await self.trace_point("final")
             return
         intents = [
@@ -411,6 +513,31 @@ class TaskRunner:
         await self.trace_point("intents", calls=[c.id for c in response.tool_calls])
         await self._run_calls(r, response.tool_calls, None)
 
+    async def _end_turn(self, r: int, message: ApiMessage, text: str, usage: Any) -> None:
+        """An answer without tool calls ends the turn: the task completes, unless
+        messages wait in its inbox; then it goes on with them, seeing the answer."""
+        final = api_entry(self.task.id, r, message)
+        while True:
+            version = self.task.version  # what the inbox was read at
+            users = await self._take_messages(
+                r + 1, turn_end=True, before=[final], patch={"usage": usage, "iterations": r}
+            )
+            if users:
+                self.view.extend([message, *users])
+                return
+            try:
+                await self._finish(
+                    TaskStatus.COMPLETED,
+                    entries=[final],
+                    extra={"output": text, "usage": usage, "iterations": r},
+                    expect_version=version,
+                )
+                return
+            except Conflict:
+                if not await self._moved(version):
+                    raise
+                # A message (or a request) came in: look again.
+
     def _replay(self, name: str) -> str:
         tool = self.agent.tool_map.get(name)
         return tool.replay if tool is not None else "never"
@@ -419,13 +546,10 @@ class TaskRunner:
 
     def _request(self) -> ModelRequest:
         pin = self.task.config.get("request") or {}
-        messages: list[Any] = []
-        if self.agent.instructions:
-            messages.append(SystemMessage(content=self.agent.instructions))
-        messages += self.view
+        head = [SystemMessage(content=self.agent.instructions)] if self.agent.instructions else []
         return ModelRequest(
             model=pin.get("model", self.agent.model_name),
-            messages=messages,
+            messages=self.view.messages(head),
             tools=[t.spec() for t in self.agent.tool_map.values()],
             settings=pin.get("settings", self.agent.model_settings),
         )
@@ -586,13 +710,19 @@ class TaskRunner:
             return
         self._round_no = r
         if self.control is not None and self.control.action != "release":
-            # Paused or aborted before any tool started: none starts. (A release,
-            # a worker shutting down, lets them run within the grace period.)
-            action = self.control.action
-            text = f"Tool call cancelled: the task was {action}ed before it started."
-            entries = [
-                e for c in todo for e in result_entries(self.task.id, r, c.id, text, "interrupted")
-            ]
+            # Paused, aborted or past its deadline before any tool started: none
+            # starts. (A release, a worker shutting down, lets them run within the
+            # grace period.)
+            waited = rs.waits if rs else {}
+            entries = []
+            for c in todo:
+                when = "before it started"
+                if c.id in waited:
+                    when = "while it waited"
+                elif rs is not None:  # recovering: the call may have run in a lost worker
+                    when = "before it finished"
+                text = _cancelled(self.control, when)
+                entries += result_entries(self.task.id, r, c.id, text, "interrupted")
             await self._stop(self.control, entries)
             return
         jobs = {asyncio.ensure_future(one(c)): c.id for c in todo}
@@ -643,10 +773,7 @@ class TaskRunner:
                 details: dict[str, Any] = {"wake_at": s.wake_at.isoformat()}
                 kind = "timer"
             elif isinstance(s, WaitForInput):
-                details, kind = (
-                    {"question": s.question},
-                    ("approval" if s.kind == "approval" else "input"),
-                )
+                details, kind = s.details(), ("approval" if s.kind == "approval" else "input")
             elif isinstance(s, SpawnSubtask):
                 child, first = self._child(s)
                 new_tasks.append(child)
@@ -657,24 +784,32 @@ class TaskRunner:
             entry = wait_entry(tid, r, cid, kind, **details)
             entries.append(entry)
             waits[cid] = entry.payload
-        timers = [w["wake_at"] for w in waits.values() if w["wait"] == "timer"]
         patch = {
             "status": TaskStatus.WAITING,
             "status_reason": wait_reason(waits),
-            "wake_at": parse_dt(min(timers)) if timers else None,
+            "wake_at": wake_time(
+                self.task, wake_times(waits.values())
+            ),  # a timer, an expiry, a deadline
         }
         await self.commit(entries, patch, new_tasks=new_tasks, documents=documents)
 
     def _child(self, s: SpawnSubtask) -> tuple[Task, NewEntry]:
-        parent = self.task
+        parent, agent = self.task, self.agents[s.agent]
+        # A sub-task cannot outlive its parent's deadline; its agent's may be earlier.
+        deadline = parent.deadline
+        if deadline is not None and agent.deadline is not None:
+            deadline = min(deadline, deadline_at(agent.deadline))
+        by = "parent" if deadline is not None and deadline == parent.deadline else "submit"
         return new_task(
-            self.agents[s.agent],
+            agent,
             s.input,
             owner=parent.owner,
             session_id=parent.session_id,
             parent_id=parent.id,
             root_id=parent.root_id,
             context=s.context,
+            deadline=deadline,
+            deadline_by=by,
         )
 
     async def _stop_tools(
@@ -685,7 +820,7 @@ class TaskRunner:
         committing: Mapping[str, asyncio.Future[None]],
     ) -> None:
         control = self.control or Control("pause")
-        if control.action in ("pause", "release"):
+        if control.action in ("pause", "release", "deadline"):
             # Let running tools finish (and commit their results) within the grace
             # period, unless an abort arrives meanwhile (a second Ctrl-C).
             loop = asyncio.get_running_loop()
@@ -716,7 +851,7 @@ class TaskRunner:
             if cid in committing:
                 await committing[cid]  # its result was already on its way: let it land
                 continue
-            text = f"Tool call cancelled: the task was {control.action}ed while it ran."
+            text = _cancelled(control, "while it ran")
             entries += result_entries(self.task.id, r, cid, text, "interrupted")
         await self._stop(control, entries)
 
@@ -735,33 +870,86 @@ class TaskRunner:
                 TaskStatus.ABORTED, entries=entries, error=control.reason or "aborted"
             )
             return
-        patch: dict[str, Any] = {"status": TaskStatus.PAUSED, "control": None}
-        kept: list[str] = []
-        if control.rollback:
-            if self._round_progress:
-                entries.append(self._void_progress(r, "paused with rollback"))
-            if self._round_api_seqs and self.task.iterations < self._round_no:
-                kept = await self._roll_back_round(r, entries, patch)
+        if control.action == "deadline":
+            error = control.reason or "deadline exceeded"
+            extra = {"status_reason": "deadline"}
+            await self._finish(TaskStatus.FAILED, entries=entries, error=error, extra=extra)
+            return
+        if control.resume and self.task.status is not TaskStatus.RUNNING:
+            # Parked just as asked: the messages are taken when the wait ends.
+            await self.commit([], {"control": None})
+            self._resumed(control)
+            return
+        if control.rollback and self._round_progress:
+            entries.append(self._void_progress(r, "paused with rollback"))
+        while True:
+            # A paused task has no timer (a sleep, an approval's expiry, a deadline):
+            # they are re-armed from the log when it runs again; kept, they would hold
+            # the resumed task back as a delayed start. An interrupted one runs on.
+            patch: dict[str, Any] = {"status": TaskStatus.PAUSED, "control": None, "wake_at": None}
+            if control.resume:
+                patch = {"control": None}
+            todo, version = list(entries), None
+            kept: list[str] = []
+            if control.rollback and self._round_api_seqs and self.task.iterations < self._round_no:
+                kept, version = await self._roll_back_round(r, todo, patch)
+            try:
+                await self._commit_stop(control, todo, patch, kept, version)
+                break
+            except Conflict:
+                if version is None or self.detached:
+                    raise  # a detached stop is retried from the top by Runtime._stop
+                # Written meanwhile (a message came in): the void range is planned again.
+        if control.resume:
+            self._resumed(control)
+
+    async def _commit_stop(
+        self,
+        control: Control,
+        entries: list[NewEntry],
+        patch: dict[str, Any],
+        kept: list[str],
+        version: int | None,
+    ) -> None:
+        tid, r = self.task.id, self.task.iterations + 1
         text = "Paused."
         if control.rollback:
             text = "Paused (incomplete round rolled back)."
+        if control.resume:
+            text = "Interrupted by a new message" + (
+                " (incomplete round rolled back)." if control.rollback else "."
+            )
         if kept:
             text += f" Kept, as they are never replayed, the results of: {', '.join(kept)}."
         entries.append(notice(tid, r, text))
-        await self.commit(entries, patch)
+        await self.commit(entries, patch, expect_version=version)
+
+    def _resumed(self, control: Control) -> None:
+        """An interrupt is done: the runner goes on (an abort asked meanwhile stays)."""
+        if control.token is not None:
+            self._handled_tokens.add(control.token)
+        if self.control is control:
+            self.control = None
+            self._control_event.clear()
+        self._reread = True
 
     async def _roll_back_round(
         self, r: int, entries: list[NewEntry], patch: dict[str, Any]
-    ) -> list[str]:
+    ) -> tuple[list[str], int]:
         """Add to `entries` what takes round r out of the model's view (log.rollback);
-        returns the calls kept in it, by name."""
+        returns the calls kept in it, by name, and the row version the plan holds for.
+
+        The void range ends at the seq `entries` will end at, so it is planned from
+        the row as stored: others append too (a message sent in), and the commit
+        must be refused (Conflict) if one did since."""
+        row = await self.store.get_task(self.task.id)
         rs = read_round(await self.store.entries(self.task.id, after_seq=self.task.round_seq), r)
-        first, last = min(self._round_api_seqs), self.task.last_seq
+        first, last = min(self._round_api_seqs), row.last_seq
         plan = rollback(self.task.id, rs, first, last, entries, "paused with rollback")
         entries += plan.entries
         if plan.closes_round:
             patch["iterations"] = r
-        return [f"{c.function.name} ({c.id})" for c in plan.kept]
+        return [f"{c.function.name} ({c.id})" for c in plan.kept], row.version
 
     async def _finish(
         self,
@@ -770,6 +958,7 @@ class TaskRunner:
         error: str | None = None,
         entries: list[NewEntry] | None = None,
         extra: dict[str, Any] | None = None,
+        expect_version: int | None = None,
     ) -> None:
         entries = list(entries or [])
         r = self.task.iterations + 1
@@ -779,7 +968,7 @@ class TaskRunner:
             )
         patch = {"status": status, "error": error, "control": None, **(extra or {})}
         if self.task.parent_id is None:
-            await self.commit(entries, patch)
+            await self.commit(entries, patch, expect_version=expect_version)
             return
         # A sub-task's end and its parent's tool result land in one commit.
         if status is TaskStatus.COMPLETED:
@@ -791,11 +980,20 @@ class TaskRunner:
                 self.store, self.task, content, outcome
             )
             try:
-                await self.commit([*entries, *parent_entries], patch, patches=parent_patches)
+                await self.commit(
+                    [*entries, *parent_entries],
+                    patch,
+                    patches=parent_patches,
+                    expect_version=expect_version,
+                )
                 return
             except Conflict:
                 if attempt == 4:
                     raise
+                if expect_version is not None:
+                    row = await self.store.get_task(self.task.id)
+                    if row.version != expect_version:
+                        raise  # ours moved (a message came in): the caller decides again
 
     async def _block(self, reason: BlockReason, message: str) -> None:
         r = self.task.iterations + 1
@@ -803,6 +1001,13 @@ class TaskRunner:
             [ui_entry(self.task.id, r, UIError(message="The task is blocked.", detail=message))],
             {"status": TaskStatus.BLOCKED, "status_reason": reason.value, "error": message},
         )
+
+
+def _cancelled(control: Control, when: str) -> str:
+    """The result a call stopped by `control` gets (`when`: "while it ran", ...)."""
+    if control.action == "deadline":
+        return f"Tool call cancelled: the task's deadline passed {when}."
+    return f"Tool call cancelled: the task was {_PAST[control.action]} {when}."
 
 
 __all__ = ["Abandoned", "Control", "TaskRunner"]

@@ -6,14 +6,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 
 from duragent.errors import StoreError
 from duragent.runtime.agent import Agent
 from duragent.runtime.schedules import fire_due
 from duragent.store.base import Store
 from duragent.store.purge import expire_by_ttl
-from duragent.store.queues import Queue, define_queue
 from duragent.types import utcnow
 
 log = logging.getLogger("duragent.worker")
@@ -28,7 +27,6 @@ class Housekeeper:
         store: Store,
         agents: Mapping[str, Agent],
         *,
-        queues: Iterable[Queue] = (),
         interval: float = 1.0,
         ttl_interval: float = 60.0,
         on_fired: Callable[[], None] | None = None,
@@ -36,15 +34,10 @@ class Housekeeper:
         self.store = store
         self.on_fired = on_fired
         self.agents = agents
-        self.queues = list(queues)
         self.interval = interval
         self.ttl_interval = ttl_interval
         self.fired = 0
         self._last_ttl = 0.0
-
-    async def define_queues(self) -> None:
-        for q in self.queues:
-            await define_queue(self.store, q)
 
     async def run(self) -> None:
         while True:

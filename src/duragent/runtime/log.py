@@ -179,9 +179,22 @@ def step_started_entry(task_id: str, rnd: int, call_id: str, step: str) -> NewEn
 
 
 def decision_entry(
-    task_id: str, rnd: int, call_id: str, approved: bool, reason: str | None
+    task_id: str,
+    rnd: int,
+    call_id: str,
+    approved: bool,
+    reason: str | None,
+    arguments: dict[str, Any] | None = None,
 ) -> NewEntry:
-    payload = {"type": "decision", "call_id": call_id, "approved": approved, "reason": reason}
+    """A person's decision on an approval; `arguments` when they edited the call's."""
+    payload: dict[str, Any] = {
+        "type": "decision",
+        "call_id": call_id,
+        "approved": approved,
+        "reason": reason,
+    }
+    if arguments is not None:
+        payload["arguments"] = arguments
     return NewEntry(task_id=task_id, kind=EntryKind.CHECKPOINT, round=rnd, payload=payload)
 
 

@@ -72,7 +72,8 @@ class ManyTasks:
         return await list_queues(self.store)
 
     async def delete_queue(self, name: str) -> None:
-        """Forget a queue's limits (its tasks stay, now unlimited)."""
+        """Forget a queue's limits (its tasks stay, now unlimited); QueueNotFound if it
+        had none."""
         await delete_queue(self.store, name)
 
     async def counts(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
@@ -21,13 +21,17 @@ from duragent.errors import (
     UsageError,
 )
 from duragent.runtime.agent import Agent
+from duragent.runtime.approvals import Decision
+from duragent.runtime.deadlines import DeadlineSpec, deadline_at, deadline_record
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
+from duragent.runtime.inbox import MultitaskStrategy, check_strategy
 from duragent.runtime.log import api_entry, notice
 from duragent.runtime.many import ManyTasks
+from duragent.runtime.sending import SendsMessages
 from duragent.runtime.steering import Edit, History, new_fork, task_history
-from duragent.runtime.submit import new_task
+from duragent.runtime.submit import input_text, new_task
 from duragent.runtime.views import Steps, build_steps, ui_view
-from duragent.runtime.waits import open_waits, resolution
+from duragent.runtime.waits import person_answers, resolve
 from duragent.runtime.worker import Worker, lease_alive
 from duragent.store import open_store
 from duragent.store.base import Commit, Store, TaskPatch, TaskQuery
@@ -57,6 +61,9 @@ class Submission:
     runtime: Runtime
     task_id: str
     created: bool
+    # continue_session while a turn of the session ran: the input was sent into
+    # that task (under the session's multitask_strategy), `task_id` names it.
+    sent: bool = False
 
     async def status(self) -> TaskStatus:
         return (await self.runtime.get(self.task_id)).status
@@ -88,7 +95,7 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class Runtime(ManyTasks):
+class Runtime(ManyTasks, SendsMessages):
     """`async with Runtime("sqlite:///agent.db", agents=[...]) as rt: ...`
 
     With `run_worker=True` (the default) an in-process worker runs the tasks of
@@ -129,7 +136,6 @@ class Runtime(ManyTasks):
             "trace": trace,
             "missing_agent_grace": missing_agent_grace,
             "webhook_delivery": webhook_delivery,
-            "queues": list(queues),
         }
         self._worker_job: asyncio.Task[None] | None = None
         self._queues = list(queues)
@@ -190,26 +196,40 @@ class Runtime(ManyTasks):
         priority: int = 0,
         metadata: dict[str, Any] | None = None,
         start_at: datetime | timedelta | None = None,
+        multitask_strategy: MultitaskStrategy | None = None,
+        deadline: DeadlineSpec | None = None,
     ) -> Submission:
         """Start a task. The same `request_id` from the same owner returns the same task.
 
         `queue` (default: the agent's name) and `priority` (higher first) decide
         when it is claimed; `metadata` labels it for filters; `start_at` (a time,
-        or a delay) holds it until then.
+        or a delay) holds it until then. `deadline` (a time, or a delay from now:
+        a timedelta or seconds; default: the agent's `deadline`) is a wall-clock
+        limit: the task then stops at its next safe point, `failed` with status
+        reason `deadline`, even if it waits in the store (see `retry`).
 
         `continue_session=True` starts the model from the conversation of the
         session's latest finished task (chat continuation: a new task, its own log);
-        resuming an interrupted task is `resume`, not this. `webhook` (a URL,
+        resuming an interrupted task is `resume`, not this. If a task of the session
+        is still pending, running or waiting, the input is a new message for it
+        instead (see `send`): `multitask_strategy` (default: the session's, pinned on
+        that task; else the agent's) decides what it does, and the Submission
+        names that task with `sent=True`. `webhook` (a URL,
         default: the agent's) is called when the task completes, fails, is
         aborted or blocked, or waits for input (see duragent.webhooks).
         """
         definition = self.agent(agent)
         if webhook is not None:
             check_url(webhook)
+        strategy = check_strategy(multitask_strategy or definition.multitask_strategy)
         history: builtins.list[Any] | None = None
         if continue_session:
             if session_id is None:
                 raise UsageError("continue_session=True needs a session_id")
+            live = await self._live_session_task(session_id, owner)
+            if live is not None:  # a turn runs: never a silent fork of the session
+                await self._send(live.id, input_text(input), None, multitask_strategy)
+                return Submission(self, live.id, created=False, sent=True)
             history = await self._session_history(session_id, owner)
         task, first = new_task(
             definition,
@@ -219,12 +239,16 @@ class Runtime(ManyTasks):
             request_id=request_id,
             context=context,
             webhook=webhook,
+            deadline=deadline,
         )
         task.queue = queue or definition.name
         task.priority = priority
         task.metadata = dict(metadata or {})
+        task.config["multitask_strategy"] = strategy
         if start_at is not None:
             task.wake_at = when(start_at)
+            if task.deadline is not None:  # a start after the deadline: claimed to fail then
+                task.wake_at = min(task.wake_at, task.deadline)
         entries = [first]
         if history:
             # Round 0: earlier conversation, visible to the model, never a round to recover.
@@ -237,11 +261,13 @@ class Runtime(ManyTasks):
         self._wake()
         return Submission(self, stored.id, created)
 
-    async def _session_history(self, session_id: str, owner: str | None) -> builtins.list[Any]:
+    async def _session_tasks(
+        self, session_id: str, owner: str | None, status: Sequence[TaskStatus], limit: int
+    ) -> builtins.list[Task]:
         # The session is the owner's: another owner's tasks under the same id are
         # not in it, and neither are an owner's tasks in an ownerless session. No
         # owner and the empty owner are one owner, as in `session_scope`: both kinds
-        # of task are looked for, and the latest of them continued.
+        # of task are looked for.
         owners: list[str | None] = [owner] if owner else [None, ""]
         found: list[Task] = []
         for one in owners:
@@ -249,10 +275,14 @@ class Runtime(ManyTasks):
                 session_id=session_id,
                 owner=one,
                 no_owner=one is None,
-                status=TaskStatus.COMPLETED,
-                limit=1,
+                status=list(status),
+                limit=limit,
             )
             found += (await self.store.list_tasks(query)).tasks
+        return found
+
+    async def _session_history(self, session_id: str, owner: str | None) -> builtins.list[Any]:
+        found = await self._session_tasks(session_id, owner, [TaskStatus.COMPLETED], 1)
         if not found:
             return []
         latest = max(found, key=lambda t: t.created_at)
@@ -388,10 +418,15 @@ class Runtime(ManyTasks):
         The source is untouched. Only a complete round can be forked (every call
         answered), so no tool of a copied round ever runs again; `edit` changes
         the copied view (see `Edit`). The same `request_id` returns the same fork.
+        The source's deadline is not copied; the agent's default applies, from now.
         """
         source = await self.get(task_id, owner=owner)
-        task, entries = await new_fork(self.store, source, at_round, edit, request_id)
-        stored, created = await self.store.create_task(task, entries)
+        task, log = await new_fork(self.store, source, at_round, edit, request_id)
+        known = self.agents.get(source.agent)
+        if known is not None and known.deadline is not None:  # the agent's default, from now
+            now = utcnow()
+            task.config["deadline"] = deadline_record(deadline_at(known.deadline, now), "fork", now)
+        stored, created = await self.store.create_fork(task, log)
         self.start_worker()
         self._wake()
         return Submission(self, stored.id, created)
@@ -551,14 +586,26 @@ class Runtime(ManyTasks):
         self._wake()
         return res.tasks[task_id]
 
-    async def retry(self, task_id: str, *, owner: str | None = None) -> Task:
+    async def retry(
+        self,
+        task_id: str,
+        *,
+        owner: str | None = None,
+        deadline: DeadlineSpec | None = None,
+    ) -> Task:
         """Continue a failed task from its last commit (DESIGN §9).
 
         The completed rounds are kept; a notice records the retry; the next
         worker recovers the round the failure interrupted by the same table as
         after a crash (a call without a result is re-run only if replay-safe).
         With `owner`, another owner's task is reported as not found.
+
+        `deadline` (a time, or a delay from now) gives the task a new deadline.
+        Without it, a deadline that has passed is dropped (the task would fail
+        again at once) and one still ahead is kept.
         """
+        now = utcnow()
+        new_deadline = None if deadline is None else deadline_at(deadline, now)
         for _ in range(10):
             task = await self.get(task_id, owner=owner)
             if task.status is not TaskStatus.FAILED:
@@ -571,12 +618,18 @@ class Runtime(ManyTasks):
                 task.iterations + 1,
                 f"Retried after the failure{why}; continuing from the last commit.",
             )
-            changes = {
+            changes: dict[str, Any] = {
                 "status": TaskStatus.PENDING,
                 "error": None,
                 "completed_at": None,
                 "control": None,
             }
+            if new_deadline is not None:
+                config = dict(task.config)
+                config["deadline"] = deadline_record(new_deadline, "retry", now)
+                changes["config"] = config
+            elif task.deadline is not None and task.deadline <= utcnow():
+                changes["config"] = {k: v for k, v in task.config.items() if k != "deadline"}
             patch = TaskPatch(
                 task_id, changes, expect_status=[TaskStatus.FAILED], expect_version=task.version
             )
@@ -597,43 +650,31 @@ class Runtime(ManyTasks):
         reason: str | None = None,
         answer: str | None = None,
         call_id: str | None = None,
+        arguments: dict[str, Any] | None = None,
+        decisions: Mapping[str, Decision] | None = None,
     ) -> Task:
-        """Answer a task waiting for input: approve or deny a tool call, or answer a question."""
+        """Answer a task waiting for input: approve or deny a tool call, or answer a question.
+
+        `approve=True, arguments={...}` runs the call with these arguments
+        instead of the model's (checked against the tool's schema first:
+        `InvalidArguments` and nothing changed if they don't fit); the model is
+        told they were edited. `decisions={call_id: Decision(...)}` decides
+        several open approvals in one commit.
+        """
         for _ in range(10):
             task = await self.store.get_task(task_id)
-            waits = {
-                c: w
-                for c, w in (await open_waits(self.store, task)).items()
-                if w["wait"] in ("input", "approval")
-            }
-            if call_id is None:
-                if len(waits) != 1:
-                    raise UsageError(
-                        f"task {task_id!r} waits for {len(waits)} answers; pass call_id= one of "
-                        f"{sorted(waits)}"
-                        if waits
-                        else f"task {task_id!r} is not waiting for input"
-                    )
-                (cid,) = waits
-            else:
-                cid = call_id
-            wait = waits.get(cid)
-            if wait is None:
-                raise UsageError(
-                    f"task {task_id!r} has no question or approval open for call {cid!r}"
-                )
-            if wait["wait"] == "approval":
-                if approve is None:
-                    raise UsageError("this call waits for an approval: pass approve=True or False")
-                kwargs: dict[str, Any] = {"decision": (approve, reason)}
-                if not approve:
-                    kwargs["content"] = f"The user denied this call: {reason or 'no reason given'}"
-                    kwargs["outcome"] = "denied"
-            else:
-                if answer is None:
-                    raise UsageError("this call waits for an answer: pass answer='...'")
-                kwargs = {"content": answer}
-            entries, patch = await resolution(self.store, task, cid, **kwargs)
+            answers = await person_answers(
+                self.store,
+                task,
+                self.agents.get(task.agent),
+                approve=approve,
+                reason=reason,
+                answer=answer,
+                call_id=call_id,
+                arguments=arguments,
+                decisions=decisions,
+            )
+            entries, patch = await resolve(self.store, task, answers)
             try:
                 res = await self.store.commit(Commit(entries=entries, patches=[patch]))
             except Conflict:

@@ -5,7 +5,9 @@ same reader recovery uses. A fork is a new task, never a change to the old one:
 its log starts with a record of the fork, then the source's visible API
 entries through round N (as they are: every call of a closed round already has
 its result, so no tool of a copied round runs again), then its edits as
-entries (a void marker, a replacing or appended user message). Its model view
+entries (a void marker, a replacing or appended user message). The store
+copies the entries itself (`Store.create_fork`): a fork reads only its
+source's entry heads, not their payloads. Its model view
 is built by `build_model_view` like every other, so the fork's own log
 explains what the model sees.
 """
@@ -19,7 +21,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from duragent.errors import UsageError
 from duragent.runtime.log import notice, read_round
-from duragent.store.base import Store, is_voided, iter_entries, voided_ranges
+from duragent.store.base import (
+    CopyEntries,
+    EntryHead,
+    Store,
+    is_voided,
+    iter_entries,
+    voided_ranges,
+)
 from duragent.types import (
     API_KINDS,
     Entry,
@@ -41,6 +50,10 @@ class CallRecord(BaseModel):
     call_id: str
     name: str
     arguments: str = Field(description="The arguments as the model wrote them (JSON text).")
+    edited_arguments: dict[str, Any] | None = Field(
+        default=None,
+        description="The arguments a person approved the call with, when they edited them.",
+    )
     result: str | None = None
     outcome: str | None = Field(
         default=None, description="ok, error, denied or interrupted; None while unanswered."
@@ -138,6 +151,7 @@ async def task_history(store: Store, task: Task) -> History:
                         call_id=call.id,
                         name=call.function.name,
                         arguments=call.function.arguments,
+                        edited_arguments=rs.decisions.get(call.id, {}).get("arguments"),
                         result=None if res is None else res.get("content"),
                         outcome=None if res is None else res.get("outcome", "ok"),
                     )
@@ -202,52 +216,101 @@ async def check_forkable(store: Store, source: Task, at_round: int) -> None:
     )
 
 
-async def fork_entries(
+async def fork_log(
     store: Store, source: Task, fork_id: str, at_round: int, edit: Edit | None
-) -> list[NewEntry]:
-    """The fork's log: the record of the fork, the copied view, then the edits."""
-    rows = await store.entries(
-        source.id, kinds=(EntryKind.API_MESSAGE, EntryKind.TOOL_RESULT, EntryKind.ROLLBACK)
-    )
-    voided = voided_ranges(e.payload for e in rows if e.kind is EntryKind.ROLLBACK)
-    visible = [
-        e
-        for e in rows
-        if e.kind is not EntryKind.ROLLBACK and e.round <= at_round and not is_voided(e.seq, voided)
-    ]
+) -> list[NewEntry | CopyEntries]:
+    """The fork's log: the record of the fork, the copied view, then the edits.
+
+    The store copies the visible entries itself (`Store.create_fork`), so their
+    payloads never pass through Python (the copy still writes their bytes
+    again). Only the source's rollback markers are read, and, for an edit
+    that voids copied messages, its entry heads (seq, kind, round, role).
+    """
+    markers = await store.entries(source.id, kinds=(EntryKind.ROLLBACK,))
+    voided = voided_ranges(e.payload for e in markers)
     record = {
         "type": "fork",
         "task_id": source.id,
         "round": at_round,
         "edit": edit.model_dump(exclude_defaults=True) if edit and not edit.empty else None,
     }
-    out = [
+    out: list[NewEntry | CopyEntries] = [
         NewEntry(task_id=fork_id, kind=EntryKind.CHECKPOINT, payload=record),
         notice(fork_id, 0, f"Forked from task {source.id} at round {at_round}."),
     ]
-    # The new task's seqs are its entries' positions (it starts at seq 0), so a
-    # void marker can name the seqs of copied entries before they are written.
-    copied = [
-        NewEntry(task_id=fork_id, kind=e.kind, round=e.round, payload=e.payload) for e in visible
-    ]
-    if edit is None or edit.empty:
-        return out + copied
+    if edit is not None and (edit.drop_last_assistant or edit.replace_last_user is not None):
+        out += await _edited_copy(store, source, fork_id, at_round, edit, voided, len(out))
+    else:
+        out += [
+            CopyEntries(source.id, lo, hi, COPIED_KINDS, at_round)
+            for lo, hi in _shown_ranges(voided, source.last_seq)
+        ]
+    if edit is not None and edit.append_user is not None:
+        out.append(
+            NewEntry(
+                task_id=fork_id,
+                kind=EntryKind.API_MESSAGE,
+                round=at_round + 1,
+                payload=dump_message(UserMessage(content=edit.append_user)),
+            )
+        )
+    return out
+
+
+COPIED_KINDS = (EntryKind.API_MESSAGE, EntryKind.TOOL_RESULT)
+
+
+def _shown_ranges(voided: list[tuple[int, int]], last_seq: int) -> list[tuple[int, int]]:
+    """Seqs 1..last_seq less the voided ranges, as ranges."""
+    out = []
+    lo = 1
+    for v_lo, v_hi in sorted(voided):
+        if v_lo > lo:
+            out.append((lo, min(v_lo - 1, last_seq)))
+        lo = max(lo, v_hi + 1)
+    if lo <= last_seq:
+        out.append((lo, last_seq))
+    return [(a, b) for a, b in out if a <= b]
+
+
+async def _edited_copy(
+    store: Store,
+    source: Task,
+    fork_id: str,
+    at_round: int,
+    edit: Edit,
+    voided: list[tuple[int, int]],
+    head: int,
+) -> list[NewEntry | CopyEntries]:
+    """The copy, a replacing user message and the void markers of an edit.
+
+    The void markers name the fork's seqs of copied entries, so every copied
+    entry's position is planned here, from the source's entry heads; runs of
+    them are copied by the store. `head` entries come before the copy.
+    """
+    copied: list[EntryHead] = []
+    breaks: set[int] = set()  # copied indexes right after a hidden entry: a run ends there
+    hidden = False
+    for h in await store.entry_heads(source.id, kinds=COPIED_KINDS):
+        if h.round > at_round or is_voided(h.seq, voided):
+            hidden = True
+            continue
+        if hidden and copied:
+            breaks.add(len(copied))
+        copied.append(h)
+        hidden = False
     live = list(range(len(copied)))  # indexes of copied entries not voided by an edit
     voids: list[tuple[int, int, str]] = []  # (first, last) copied index, reason
     inserted: dict[int, NewEntry] = {}  # copied index -> the entry that goes right after it
-
-    def role(i: int) -> Any:
-        return copied[i].payload.get("role")
-
     if edit.drop_last_assistant:
-        last = next((i for i in reversed(live) if role(i) == "assistant"), None)
+        last = next((i for i in reversed(live) if copied[i].role == "assistant"), None)
         if last is None:
             raise UsageError(f"rounds 1..{at_round} of task {source.id!r} have no model message")
         # Its tool results follow it within its (closed) round: they go with it.
         voids.append((last, len(copied) - 1, "fork: dropped the last assistant message"))
         live = [i for i in live if i < last]
     if edit.replace_last_user is not None:
-        last = next((i for i in reversed(live) if role(i) == "user"), None)
+        last = next((i for i in reversed(live) if copied[i].role == "user"), None)
         if last is None:
             raise UsageError(f"rounds 1..{at_round} of task {source.id!r} have no user message")
         # The replacement goes right after the message it replaces, so the view keeps its order.
@@ -258,14 +321,30 @@ async def fork_entries(
             payload=dump_message(UserMessage(content=edit.replace_last_user)),
         )
         voids.append((last, last, "fork: replaced the last user message"))
-    body: list[NewEntry] = []
+    out: list[NewEntry | CopyEntries] = []
     seq_of: list[int] = []  # copied index -> its seq in the fork
-    for i, e in enumerate(copied):
-        seq_of.append(len(out) + len(body) + 1)
-        body.append(e)
+    seq = head
+    run: list[EntryHead] = []
+
+    def flush() -> None:
+        if run:
+            out.append(
+                CopyEntries(source.id, run[0].seq, run[-1].seq, COPIED_KINDS, at_round, len(run))
+            )
+            run.clear()
+
+    for i, h in enumerate(copied):
+        if i in breaks:
+            flush()
+        seq += 1
+        seq_of.append(seq)
+        run.append(h)
         if i in inserted:
-            body.append(inserted[i])
-    markers = [
+            flush()
+            out.append(inserted[i])
+            seq += 1
+    flush()
+    return out + [
         NewEntry(
             task_id=fork_id,
             kind=EntryKind.ROLLBACK,
@@ -274,17 +353,6 @@ async def fork_entries(
         )
         for lo, hi, why in voids
     ]
-    tail: list[NewEntry] = []
-    if edit.append_user is not None:
-        tail.append(
-            NewEntry(
-                task_id=fork_id,
-                kind=EntryKind.API_MESSAGE,
-                round=at_round + 1,
-                payload=dump_message(UserMessage(content=edit.append_user)),
-            )
-        )
-    return out + body + markers + tail
 
 
 async def new_fork(
@@ -293,13 +361,14 @@ async def new_fork(
     at_round: int,
     edit: Edit | None,
     request_id: str | None,
-) -> tuple[Task, list[NewEntry]]:
-    """The pending fork task and its entries (not yet stored)."""
+) -> tuple[Task, list[NewEntry | CopyEntries]]:
+    """The pending fork task and its log (not yet stored: see `Store.create_fork`)."""
     await check_forkable(store, source, at_round)
     fork_id = new_id()
-    entries = await fork_entries(store, source, fork_id, at_round, edit)
+    log = await fork_log(store, source, fork_id, at_round, edit)
     config = {
-        **{k: v for k, v in source.config.items() if k != "forked_from"},
+        # A fork is a new task: the source's deadline and inbox are not its own.
+        **{k: v for k, v in source.config.items() if k not in ("forked_from", "deadline", "inbox")},
         "forked_from": {"task_id": source.id, "round": at_round},
     }
     task = Task(
@@ -312,11 +381,10 @@ async def new_fork(
         config=config,
         context=dict(source.context),
         # The copied rounds are closed: the fork's first own round is at_round + 1,
-        # and recovery reads its log from after the copy.
+        # and recovery reads its log from after the copy (the store sets round_seq).
         iterations=at_round,
-        round_seq=max((i + 1 for i, e in enumerate(entries) if e.round <= at_round), default=0),
     )
-    return task, entries
+    return task, log
 
 
 __all__ = [
@@ -326,7 +394,7 @@ __all__ = [
     "History",
     "RoundRecord",
     "check_forkable",
-    "fork_entries",
+    "fork_log",
     "forked_from",
     "new_fork",
     "task_history",

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from duragent.otel import current_trace_context
+from duragent.runtime.deadlines import DeadlineSpec, deadline_at, deadline_record
 from duragent.runtime.log import api_entry
 from duragent.storable import check_storable
-from duragent.types import NewEntry, Task, UserMessage
+from duragent.types import NewEntry, Task, UserMessage, utcnow
 
 if TYPE_CHECKING:
     from duragent.runtime.agent import Agent
@@ -35,13 +36,16 @@ def new_task(
     root_id: str | None = None,
     context: dict[str, Any] | None = None,
     webhook: str | None = None,
+    deadline: DeadlineSpec | None = None,
+    deadline_by: str = "submit",
 ) -> tuple[Task, NewEntry]:
     """A pending task and the entry holding its user message.
 
     The model request (model and settings) is pinned on the task now, so every
     model call of the task, including a resend after a crash, asks the same way.
     Input and context no store could give back (see duragent.storable) are refused
-    here, before anything is written.
+    here, before anything is written. The deadline is `deadline` (a time, or a
+    delay from now) or, without one, the agent's default delay.
     """
     check_storable(input, "input")
     check_storable(context, "context")
@@ -53,6 +57,11 @@ def new_task(
         config["trace"] = trace
     if webhook or agent.webhook:
         config["webhook"] = webhook or agent.webhook
+    if deadline is None:
+        deadline = agent.deadline
+    if deadline is not None:
+        now = utcnow()
+        config["deadline"] = deadline_record(deadline_at(deadline, now), deadline_by, now)
     task = Task(
         agent=agent.name,
         input=input,

@@ -6,11 +6,13 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, get_args, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from duragent.llm.base import ToolSpec
+from duragent.runtime.approvals import timeout_seconds
 
 if TYPE_CHECKING:
     from duragent.runtime.context import ToolContext
@@ -40,6 +42,8 @@ class Tool:
     requires_approval: ApprovalRule = False
     timeout: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Seconds an approval may stay open; then the call is denied ("no decision within ...").
+    approval_timeout: float | None = None
 
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters)
@@ -111,6 +115,7 @@ def make_tool(
     replay: Replay = "never",
     requires_approval: ApprovalRule = False,
     timeout: float | None = None,
+    approval_timeout: float | timedelta | None = None,
 ) -> Tool:
     if replay not in ("never", "safe", "resume"):
         raise ValueError(f"replay must be 'never', 'safe' or 'resume', not {replay!r}")
@@ -130,9 +135,7 @@ def make_tool(
 
         fields[pname] = (annotation, Field(default, description=param_docs.get(pname)))
     tool_name = name or fn.__name__
-    args_model = create_model(  # type: ignore[call-overload]
-        f"{tool_name}_args", __config__=ConfigDict(extra="forbid"), **fields
-    )
+    args_model = create_model(f"{tool_name}_args", __config__=ConfigDict(extra="forbid"), **fields)
     schema = args_model.model_json_schema()
     schema.pop("title", None)
     for prop in schema.get("properties", {}).values():
@@ -147,6 +150,7 @@ def make_tool(
         replay=replay,
         requires_approval=requires_approval,
         timeout=timeout,
+        approval_timeout=timeout_seconds(approval_timeout),
     )
 
 
@@ -160,6 +164,7 @@ def tool(
     replay: Replay = "never",
     requires_approval: ApprovalRule = False,
     timeout: float | None = None,
+    approval_timeout: float | timedelta | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -172,6 +177,7 @@ def tool(
     replay: Replay = "never",
     requires_approval: ApprovalRule = False,
     timeout: float | None = None,
+    approval_timeout: float | timedelta | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a function into a tool: `@tool` or `@tool(replay="safe")`.
 
@@ -181,7 +187,9 @@ def tool(
     tool again after a crash is harmless; `replay="resume"` re-runs it after a
     crash with the steps it committed through `ctx.step` skipped; the default
     `"never"` means an interrupted call is reported to the model instead of
-    being re-run.
+    being re-run. `requires_approval=True` (or a function of the arguments)
+    parks the call until a person decides; with `approval_timeout` (seconds or
+    a timedelta) an undecided call is denied once that time has passed.
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
@@ -192,6 +200,7 @@ def tool(
             replay=replay,
             requires_approval=requires_approval,
             timeout=timeout,
+            approval_timeout=approval_timeout,
         )
 
     return wrap(fn) if fn is not None else wrap

@@ -90,6 +90,11 @@ def ui_view(entries: list[Entry]) -> list[UiMessage]:
             if done is not None and (done.voided or not void(e.seq)):
                 done.state = _CARD_STATE.get(p.get("outcome", "ok"), "error")  # type: ignore[assignment]
                 done.result = p.get("content", "")[:4000]
+        elif e.kind is EntryKind.CHECKPOINT and p.get("type") == "decision":
+            decided = cards.get(p["call_id"])
+            if decided is not None and p.get("arguments") is not None:
+                decided.original_arguments = decided.arguments
+                decided.arguments = p["arguments"]
         elif e.kind is EntryKind.CHECKPOINT and p.get("type") == "wait":
             parked = cards.get(p["call_id"])
             if parked is not None:

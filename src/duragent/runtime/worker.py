@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
-from duragent.errors import CommitOutcomeUnknown, StoreError, TaskNotFound
+from duragent.errors import CommitOutcomeUnknown, StoreError, TaskNotFound, UsageError
 from duragent.runtime.agent import Agent
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
 from duragent.runtime.housekeeping import Housekeeper
@@ -20,7 +20,6 @@ from duragent.runtime.housekeeping import stop as stop_housekeeping
 from duragent.runtime.presence import announce, block_unserved, withdraw
 from duragent.runtime.state import Clock
 from duragent.store.base import Store, TaskQuery
-from duragent.store.queues import Queue
 from duragent.types import Task, TaskStatus, utcnow
 from duragent.webhooks import WebhookDelivery, WebhookSender
 
@@ -42,6 +41,8 @@ class Worker:
     process reaches the task's runner at once through `watch_controls`.
     A task pending longer than `missing_agent_grace` seconds for an agent that
     no live worker serves becomes blocked(missing_definition) (presence.py).
+    `queues` (names) makes the worker claim only tasks of those queues; the
+    limits of a queue are kept in the store (`Runtime.queue`, `duragent queue set`).
     """
 
     def __init__(
@@ -60,10 +61,11 @@ class Worker:
         trace: TraceHook | None = None,
         missing_agent_grace: float = 60.0,
         webhook_delivery: WebhookDelivery | None = None,
-        queues: Iterable[Queue] = (),
+        queues: Iterable[str] | None = None,
         housekeeping: bool = True,
     ) -> None:
         self.store = store
+        self.queues = None if queues is None else queue_names(queues)
         self.agents = {a.name: a for a in agents}
         self.concurrency = concurrency
         self.lease_ttl = lease_ttl
@@ -93,14 +95,12 @@ class Worker:
         if webhook_delivery is None:
             webhook_delivery = WebhookDelivery(poll_interval=max(2.0, poll_interval))
         self.webhooks = WebhookSender(store, self.id, claim_ttl=lease_ttl, options=webhook_delivery)
-        # Schedule ticks and queue TTLs (housekeeping.py); queue definitions are
-        # written to the store when the worker starts.
+        # Schedule ticks and queue TTLs (housekeeping.py).
         # It sleeps until the next known tick; a schedule made in another process is
         # seen within max(1 s, poll_interval), the same promise as for other work.
         self.housekeeper = Housekeeper(
             store,
             self.agents,
-            queues=queues,
             interval=max(1.0, poll_interval),
             on_fired=self.wake,
         )
@@ -156,7 +156,6 @@ class Worker:
             # once, not at the next heartbeat. Inside the try: should it fail,
             # the tasks started above are still stopped.
             unwatch = self.store.watch_controls(self._control_noted)
-            await self.housekeeper.define_queues()
             if self.housekeeping:
                 house = asyncio.ensure_future(self.housekeeper.run())
             while not self._stopping:
@@ -228,7 +227,7 @@ class Worker:
             free = self.concurrency - len(self._jobs)
             try:
                 tasks = await self.store.claim_tasks(
-                    self.id, free, agents=list(self.agents), ttl=self.lease_ttl
+                    self.id, free, agents=list(self.agents), ttl=self.lease_ttl, queues=self.queues
                 )
             except StoreError as exc:
                 # The store is failing (down, disk full): look again later, backing
@@ -274,7 +273,7 @@ class Worker:
             changed = None  # a failing store's wake-ups say nothing: wait out the back-off
         if len(self._jobs) < self.concurrency:
             with contextlib.suppress(StoreError):
-                due = await self.store.next_wake_at(list(self.agents))
+                due = await self.store.next_wake_at(list(self.agents), self.queues)
                 if due is not None:
                     timeout = max(0.0, min(timeout, (due - utcnow()).total_seconds() + 0.01))
         woken = asyncio.ensure_future(self._wake.wait())
@@ -409,6 +408,18 @@ class Worker:
     def _apply_control(self, runner: TaskRunner, row: Task) -> None:
         if row.control and row.lease.epoch == runner.epoch:
             runner.request(Control.from_row(row.control))
+
+
+def queue_names(queues: Iterable[str]) -> list[str]:
+    """The queues a worker claims from, checked: names, not Queue definitions."""
+    names = list(queues) if not isinstance(queues, str) else [queues]
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise UsageError(
+                f"Worker(queues=) takes queue names, not {name!r}; limits are set "
+                "with Runtime(queues=[Queue(...)]) or rt.queue(name, ...)"
+            )
+    return sorted(set(names))
 
 
 def lease_alive(task: Task, now: datetime | None = None) -> bool:

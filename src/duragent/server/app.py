@@ -6,7 +6,7 @@ scheduler at startup when the runtime runs an in-process worker.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -27,10 +27,15 @@ STATIC = Path(__file__).parent / "static"
 
 
 def create_app(
-    runtime: Runtime, tokens: TokenLookup, limits: ServerLimits | None = None
+    runtime: Runtime,
+    tokens: TokenLookup,
+    limits: ServerLimits | None = None,
+    *,
+    admins: Iterable[str] = (),
 ) -> FastAPI:
     """The app; `tokens` is a TokenStore or a WatchedTokenFile, `limits` what one
-    client may ask (ServerLimits() by default)."""
+    client may ask (ServerLimits() by default). `admins`: the users who may change
+    what every user shares (queue limits); with none, nobody may over HTTP."""
     limits = limits or ServerLimits()
 
     @asynccontextmanager
@@ -56,6 +61,7 @@ def create_app(
     app.state.runtime = runtime
     app.state.tokens = tokens
     app.state.limits = limits
+    app.state.admins = frozenset(admins)
     app.state.streams = StreamSlots(limits.streams_per_user)
     problems.install(app)
     app.add_exception_handler(TooManyStreams, too_many_streams)

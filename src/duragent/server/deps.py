@@ -12,7 +12,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from duragent.runtime.runtime import Runtime
 from duragent.server.gate import TokenLookup
-from duragent.server.problems import NotAuthenticated
+from duragent.server.problems import Forbidden, NotAuthenticated
 from duragent.types import Task
 
 bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer <token>`")
@@ -98,6 +98,24 @@ def current_user(
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 UserDep = Annotated[str, Depends(current_user)]
+
+
+def is_admin(request: Request, user: str) -> bool:
+    """Admins (`duragent serve --admin USER`) may change what every user shares: queue limits."""
+    admins: frozenset[str] = request.app.state.admins
+    return user in admins
+
+
+def admin_user(request: Request, user: UserDep) -> str:
+    if not is_admin(request, user):
+        raise Forbidden(
+            f"only an admin may change fleet-wide settings, and {user!r} is not one "
+            "(the server names its admins: duragent serve --admin USER)"
+        )
+    return user
+
+
+AdminDep = Annotated[str, Depends(admin_user)]
 TaskId = Annotated[str, Path(min_length=1, max_length=200, description="A task id.")]
 
 

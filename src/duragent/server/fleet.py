@@ -1,23 +1,46 @@
 """REST routes for running many tasks: counts per queue and status, queue limits, and
-schedules under /v1/schedules. Counts and schedules are the caller's own."""
+schedules under /v1/schedules. Counts and schedules are the caller's own.
+
+Queue limits are shared by every user of the store, so only an admin
+(`create_app(..., admins=)`, `duragent serve --admin USER`) may set or remove
+them; anyone signed in may read them, with counts of their own tasks (an
+admin's counts are everyone's)."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from duragent.runtime.runtime import Runtime
 from duragent.runtime.schedules import Schedule
-from duragent.server.deps import RuntimeDep, UserDep
+from duragent.server.deps import AdminDep, RuntimeDep, UserDep, is_admin
 from duragent.server.problems import BadRequest, problem_responses
 from duragent.server.schemas import iso_time_only
-from duragent.store.queues import Queue
+from duragent.server.strict_json import StrictJsonRoute
+from duragent.store.queues import Queue, QueueNotFound
 
-router = APIRouter(prefix="/v1", tags=["queues and schedules"])
+router = APIRouter(prefix="/v1", tags=["queues and schedules"], route_class=StrictJsonRoute)
 
 _NAME = Annotated[str, Field(min_length=1, max_length=200)]
+_TEN_YEARS = 10 * 365 * 86400
+_MAX_SLOTS = 1_000_000
+
+
+def _not_text(value: Any) -> Any:
+    """Whole numbers are not strict (JSON Schema calls 3.0 an integer); text and
+    booleans are still refused."""
+    if isinstance(value, str | bool):
+        raise ValueError("a whole number, not text or a boolean")
+    return value
+
+
+QueueName = Annotated[str, Path(min_length=1, max_length=200, description="A queue's name.")]
+ScheduleName = Annotated[
+    str, Path(min_length=1, max_length=200, description="One of my schedules' names.")
+]
 
 
 class CountsOut(BaseModel):
@@ -27,21 +50,61 @@ class CountsOut(BaseModel):
     total: int
 
 
+class Rate(BaseModel):
+    """Tasks started per period, all workers together (a token bucket in the store)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    tasks: int = Field(ge=1, le=1_000_000_000, strict=False)
+    seconds: float = Field(gt=0, le=_TEN_YEARS)
+
+    _whole = field_validator("tasks", mode="before")(_not_text)
+
+
+class QueueSet(BaseModel):
+    """A queue's limits, replacing the ones it had; a limit left out (or null) is none."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    concurrency: int | None = Field(
+        None, ge=1, le=_MAX_SLOTS, strict=False, description="Running at once, all workers."
+    )
+    per_worker: int | None = Field(
+        None, ge=1, le=_MAX_SLOTS, strict=False, description="Running at once on one worker."
+    )
+    per_owner: int | None = Field(
+        None, ge=1, le=_MAX_SLOTS, strict=False, description="Running at once for one user."
+    )
+    rate: Rate | None = None
+    ttl: float | None = Field(
+        None, gt=0, le=_TEN_YEARS, description="Seconds a finished task is kept, then purged."
+    )
+
+    _whole = field_validator("concurrency", "per_worker", "per_owner", mode="before")(_not_text)
+
+
 class QueueOut(BaseModel):
     name: str
     concurrency: int | None
     per_worker: int | None
     per_owner: int | None
-    rate: tuple[int, float] | None
+    rate: Rate | None
     ttl: float | None
+    counts: dict[str, int] = Field(
+        description="Tasks in the queue per status: mine, or everyone's for an admin."
+    )
 
     @classmethod
-    def of(cls, q: Queue) -> QueueOut:
-        return cls(**q.definition())
+    def of(cls, q: Queue, counts: dict[str, int]) -> QueueOut:
+        rate = None if q.rate is None else Rate(tasks=q.rate[0], seconds=q.rate[1])
+        return cls(**{**q.definition(), "rate": rate}, counts=counts)
 
 
 class QueuesOut(BaseModel):
-    queues: list[QueueOut]
+    queues: list[QueueOut] = Field(
+        description="Queues with limits, and the queues holding tasks counted here."
+    )
+    counts_of: Literal["mine", "everyone"]
 
 
 class ScheduleCreate(BaseModel):
@@ -104,14 +167,73 @@ async def counts(
     return CountsOut(counts=got, total=sum(sum(v.values()) for v in got.values()))
 
 
+async def _queue_views(
+    runtime: Runtime, owner: str | None, name: str | None = None
+) -> list[QueueOut]:
+    """Queues with limits and queues with tasks (of `owner`; None: everyone's), by name."""
+    defined = {q.name: q for q in await runtime.queues() if name is None or q.name == name}
+    counts = await runtime.counts(owner=owner, queue=name)
+    names = sorted(defined.keys() | counts.keys())
+    return [QueueOut.of(defined.get(n) or Queue(n), counts.get(n, {})) for n in names]
+
+
+def _counted_owner(request: Request, user: str) -> str | None:
+    return None if is_admin(request, user) else user
+
+
 @router.get(
     "/queues",
     response_model=QueuesOut,
-    summary="Queues with limits (set by the operator)",
+    summary="Queues: their limits and how many tasks each holds",
     responses=problem_responses(401),
 )
-async def queues(user: UserDep, runtime: RuntimeDep) -> QueuesOut:
-    return QueuesOut(queues=[QueueOut.of(q) for q in await runtime.queues()])
+async def queues(request: Request, user: UserDep, runtime: RuntimeDep) -> QueuesOut:
+    owner = _counted_owner(request, user)
+    return QueuesOut(
+        queues=await _queue_views(runtime, owner),
+        counts_of="mine" if owner is not None else "everyone",
+    )
+
+
+@router.get(
+    "/queues/{name}",
+    response_model=QueueOut,
+    summary="One queue: its limits and how many tasks it holds",
+    responses=problem_responses(401, 404, 422),
+)
+async def get_queue(
+    name: QueueName, request: Request, user: UserDep, runtime: RuntimeDep
+) -> QueueOut:
+    found = await _queue_views(runtime, _counted_owner(request, user), name)
+    if not found:
+        raise QueueNotFound(name)
+    return found[0]
+
+
+@router.put(
+    "/queues/{name}",
+    response_model=QueueOut,
+    summary="Set a queue's limits, for every worker (admins only)",
+    responses=problem_responses(401, 403, 422),
+)
+async def set_queue(
+    name: QueueName, body: QueueSet, admin: AdminDep, runtime: RuntimeDep
+) -> QueueOut:
+    rate = None if body.rate is None else (body.rate.tasks, body.rate.seconds)
+    await runtime.queue(name, **{**body.model_dump(), "rate": rate})
+    (view,) = await _queue_views(runtime, None, name)
+    return view
+
+
+@router.delete(
+    "/queues/{name}",
+    status_code=204,
+    summary="Remove a queue's limits; its tasks stay (admins only)",
+    responses=problem_responses(401, 403, 404, 422),
+)
+async def delete_queue(name: QueueName, admin: AdminDep, runtime: RuntimeDep) -> Response:
+    await runtime.delete_queue(name)
+    return Response(status_code=204)
 
 
 @router.post(
@@ -151,14 +273,23 @@ async def list_schedules(user: UserDep, runtime: RuntimeDep) -> SchedulesOut:
     return SchedulesOut(schedules=[ScheduleOut.of(s) for s in await runtime.schedules(owner=user)])
 
 
+async def _my_schedule(name: ScheduleName, user: UserDep, runtime: RuntimeDep) -> Schedule:
+    """The signed-in user's schedule of that name; another user's is 'not found',
+    exactly like one that does not exist."""
+    return await runtime.get_schedule(name, owner=user)
+
+
+MySchedule = Annotated[Schedule, Depends(_my_schedule)]
+
+
 @router.get(
     "/schedules/{name}",
     response_model=ScheduleOut,
     summary="One of my schedules",
     responses=problem_responses(401, 404, 422),
 )
-async def get_schedule(name: str, user: UserDep, runtime: RuntimeDep) -> ScheduleOut:
-    return ScheduleOut.of(await runtime.get_schedule(name, owner=user))
+async def get_schedule(sched: MySchedule) -> ScheduleOut:
+    return ScheduleOut.of(sched)
 
 
 @router.post(
@@ -167,8 +298,8 @@ async def get_schedule(name: str, user: UserDep, runtime: RuntimeDep) -> Schedul
     summary="Stop ticking until resumed",
     responses=problem_responses(401, 404, 422),
 )
-async def pause_schedule(name: str, user: UserDep, runtime: RuntimeDep) -> ScheduleOut:
-    return ScheduleOut.of(await runtime.pause_schedule(name, owner=user))
+async def pause_schedule(sched: MySchedule, runtime: RuntimeDep) -> ScheduleOut:
+    return ScheduleOut.of(await runtime.pause_schedule(sched.name, owner=sched.owner))
 
 
 @router.post(
@@ -177,8 +308,8 @@ async def pause_schedule(name: str, user: UserDep, runtime: RuntimeDep) -> Sched
     summary="Tick again from the next tick after now",
     responses=problem_responses(401, 404, 422),
 )
-async def resume_schedule(name: str, user: UserDep, runtime: RuntimeDep) -> ScheduleOut:
-    return ScheduleOut.of(await runtime.resume_schedule(name, owner=user))
+async def resume_schedule(sched: MySchedule, runtime: RuntimeDep) -> ScheduleOut:
+    return ScheduleOut.of(await runtime.resume_schedule(sched.name, owner=sched.owner))
 
 
 @router.delete(
@@ -187,8 +318,8 @@ async def resume_schedule(name: str, user: UserDep, runtime: RuntimeDep) -> Sche
     summary="Delete a schedule (tasks it submitted stay)",
     responses=problem_responses(401, 404, 422),
 )
-async def delete_schedule(name: str, user: UserDep, runtime: RuntimeDep) -> Response:
-    await runtime.delete_schedule(name, owner=user)
+async def delete_schedule(sched: MySchedule, runtime: RuntimeDep) -> Response:
+    await runtime.delete_schedule(sched.name, owner=sched.owner)
     return Response(status_code=204)
 
 

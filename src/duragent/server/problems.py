@@ -17,13 +17,17 @@ from duragent.errors import (
     Conflict,
     DuplicateRequest,
     DuragentError,
+    InvalidArguments,
     InvalidTransition,
     StoreError,
+    TaskBusy,
     TaskNotFound,
     UnknownAgent,
     UsageError,
 )
+from duragent.runtime.schedules import ScheduleNotFound
 from duragent.server.schemas import Problem
+from duragent.store.queues import QueueNotFound
 
 log = logging.getLogger("duragent.server")
 
@@ -38,17 +42,29 @@ class NotAuthenticated(Exception):
         super().__init__(detail)
 
 
+class Forbidden(Exception):
+    """A signed-in user asking for what only an admin may do."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
+
+
 class BadRequest(UsageError):
     """A request the server can parse but not act on (a bad cursor, a bad Last-Event-ID)."""
 
 
 # Most specific first: the first class the exception is an instance of decides.
 _MAPPING: list[tuple[type[Exception], int, str]] = [
+    (ScheduleNotFound, 404, "Schedule not found"),
+    (QueueNotFound, 404, "Queue not found"),
     (TaskNotFound, 404, "Task not found"),
     (InvalidTransition, 409, "Invalid status transition"),
+    (TaskBusy, 409, "Task is busy"),
     (Conflict, 409, "Conflict"),
     (DuplicateRequest, 409, "Request id already used"),
     (UnknownAgent, 400, "Unknown agent"),
+    (InvalidArguments, 422, "Invalid tool arguments"),
     (UsageError, 400, "Bad request"),
     (StoreError, 503, "Store unavailable"),
 ]
@@ -161,6 +177,11 @@ def _not_authenticated(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+def _forbidden(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, Forbidden)
+    return problem(403, "Forbidden", exc.detail)
+
+
 def complete_openapi(app: FastAPI) -> None:
     """Register the Problem schema the `problem_responses` refer to."""
     build = app.openapi
@@ -197,3 +218,4 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(NotAuthenticated, _not_authenticated)
+    app.add_exception_handler(Forbidden, _forbidden)

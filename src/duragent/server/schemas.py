@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 
 from duragent.runtime.agent import Agent
+from duragent.runtime.approvals import Decision
+from duragent.runtime.inbox import MultitaskStrategy
 from duragent.runtime.runtime import TaskTree
 from duragent.runtime.views import Steps
 from duragent.types import ApiMessage, Entry, Task, TaskStatus, UiMessage, Usage
@@ -42,6 +55,40 @@ def iso_time_only(value: Any) -> Any:
 IsoTime = Annotated[datetime, BeforeValidator(iso_time_only)]
 
 
+_TIME: TypeAdapter[datetime] = TypeAdapter(datetime)
+
+
+def time_or_seconds(value: Any) -> Any:
+    """A deadline is ISO 8601 text (a time) or a JSON number (seconds from now), never
+    a number read as a time nor text read as a number."""
+    if isinstance(value, bool):
+        raise ValueError("a deadline is ISO 8601 text with a zone, or a number of seconds")
+    if isinstance(value, str):
+        return _TIME.validate_python(iso_time_only(value))
+    return value
+
+
+def in_utc(value: Any) -> Any:
+    if isinstance(value, datetime):
+        try:
+            return value.astimezone(UTC)
+        except (OverflowError, ValueError):
+            raise ValueError("the time is past any calendar once in UTC") from None
+    return value
+
+
+DEADLINE_SECONDS = 10 * 365 * 86400
+Deadline = Annotated[
+    AwareDatetime | Annotated[float, Field(gt=0, le=DEADLINE_SECONDS)],
+    BeforeValidator(time_or_seconds),
+    AfterValidator(in_utc),
+    Field(
+        description="A wall-clock limit: a time (ISO 8601, with a zone) or seconds from now. "
+        "Past it the task stops at its next safe point, failed with status_reason 'deadline'.",
+    ),
+]
+
+
 class _Request(BaseModel):
     # Strict: "0" is not a boolean; a request means exactly what its JSON says.
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -67,7 +114,15 @@ class TaskCreate(_Request):
     context: dict[str, Any] | None = None
     session_id: str | None = Field(None, max_length=200)
     continue_session: bool = Field(
-        False, description="Start from the conversation of the session's latest finished task."
+        False,
+        description="Start from the conversation of the session's latest finished task; "
+        "while a task of the session is pending, running or waiting, the input is sent "
+        "into it instead (202), as multitask_strategy says.",
+    )
+    multitask_strategy: MultitaskStrategy | None = Field(
+        None,
+        description="What a new message does while a turn of this session runs "
+        "(default: the agent's): enqueue, reject, interrupt or rollback.",
     )
     queue: str | None = Field(
         None, min_length=1, max_length=200, description="Queue to wait in (default: the agent's)."
@@ -92,6 +147,7 @@ class TaskCreate(_Request):
     )
 
     _times_are_text = field_validator("start_at", mode="before")(iso_time_only)
+    deadline: Deadline | None = None
 
     @model_validator(mode="after")
     def _session_to_continue(self) -> TaskCreate:
@@ -104,6 +160,12 @@ class PauseRequest(_Request):
     rollback: bool = Field(False, description="Void the incomplete round's API entries.")
 
 
+class RetryRequest(_Request):
+    deadline: Deadline | None = Field(
+        None, description="A new deadline; without one, a deadline that has passed is dropped."
+    )
+
+
 class AbortRequest(_Request):
     reason: str | None = Field(None, max_length=2000)
 
@@ -113,6 +175,18 @@ class RespondRequest(_Request):
     reason: str | None = Field(None, max_length=2000)
     answer: str | None = Field(None, max_length=100_000, description="For a question.")
     call_id: str | None = Field(None, max_length=200, description="Which open wait to answer.")
+    arguments: dict[str, Any] | None = Field(
+        None,
+        description="With approve=true: run the call with these arguments instead of the "
+        "model's (checked against the tool's schema: 422 if they don't fit; the model is "
+        "told they were edited).",
+    )
+    decisions: dict[Annotated[str, StringConstraints(max_length=200)], Decision] | None = Field(
+        None,
+        max_length=100,
+        description="Decide several open approvals at once, by call id (one commit; "
+        "nothing is written if any of them is refused). Alone, without the other fields.",
+    )
 
 
 # --- responses ---------------------------------------------------------------
@@ -124,6 +198,11 @@ class OpenWait(BaseModel):
     question: str | None = None
     child_id: str | None = None
     wake_at: datetime | None = None
+    tool: str | None = Field(None, description="An approval's tool.")
+    arguments: dict[str, Any] | None = Field(None, description="An approval's arguments.")
+    expires_at: datetime | None = Field(
+        None, description="When an undecided approval is denied (approval_timeout)."
+    )
 
 
 class TaskSummary(BaseModel):
@@ -161,6 +240,9 @@ class TaskOut(TaskSummary):
     paused_at: datetime | None
     completed_at: datetime | None
     wake_at: datetime | None
+    deadline: datetime | None = Field(
+        description="The wall-clock limit the task fails at (status_reason 'deadline')."
+    )
     waiting_for: list[OpenWait] = Field(
         default_factory=list, description="Open approvals, questions, timers and sub-tasks."
     )
@@ -183,6 +265,7 @@ class TaskOut(TaskSummary):
             paused_at=task.paused_at,
             completed_at=task.completed_at,
             wake_at=task.wake_at,
+            deadline=task.deadline,
             waiting_for=waits or [],
             forked_from=task.config.get("forked_from"),
         )
@@ -276,6 +359,9 @@ class ToolOut(BaseModel):
     parameters: dict[str, Any] = Field(description="JSON schema of the arguments.")
     replay: Literal["never", "safe", "resume"]
     requires_approval: bool | Literal["conditional"]
+    approval_timeout: float | None = Field(
+        None, description="Seconds an approval stays open before the call is denied."
+    )
 
 
 class AgentOut(BaseModel):
@@ -296,6 +382,7 @@ class AgentOut(BaseModel):
                     parameters=t.parameters,
                     replay=t.replay,
                     requires_approval="conditional" if callable(rule) else bool(rule),
+                    approval_timeout=t.approval_timeout,
                 )
             )
         return cls(

@@ -1,10 +1,12 @@
-"""REST routes for steering a task: its history round by round, and forks (issue 13)."""
+"""REST routes for steering a task: its history round by round, forks, and messages
+into a live task (issue 13)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from duragent.runtime.inbox import MAX_MESSAGE_CHARS, MultitaskStrategy
 from duragent.runtime.steering import Edit, History
 from duragent.server.deps import OwnedTask, RuntimeDep, UserDep
 from duragent.server.problems import problem_responses
@@ -26,6 +28,24 @@ class ForkRequest(BaseModel):
         min_length=1,
         max_length=200,
         description="Idempotency key: the same one returns the same fork.",
+    )
+
+
+class MessageRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(
+        min_length=1,
+        max_length=MAX_MESSAGE_CHARS,
+        pattern=r"\S",
+        description="The user message (some text besides white space).",
+    )
+    multitask_strategy: MultitaskStrategy | None = Field(
+        default=None,
+        description="What the message does while a turn runs (default: the task's): "
+        "enqueue (after the turn's answer), reject (409), interrupt (stop at the next "
+        "safe point, then go on with it), rollback (the same, the round in progress "
+        "rolled back).",
     )
 
 
@@ -61,3 +81,23 @@ async def fork_task(
     if not sub.created:
         response.status_code = 200
     return await task_out(runtime, await runtime.get(sub.task_id, owner=user))
+
+
+@router.post(
+    "/{task_id}/messages",
+    status_code=202,
+    response_model=TaskOut,
+    summary="Send a user message into a live task (double texting)",
+    description="The message is committed before the answer; the task takes it exactly "
+    "once at a safe point (never between a tool call and its result), when its "
+    "multitask_strategy says. A paused or blocked task keeps it until resumed; a "
+    "finished task takes none (409), nor does a running one under `reject` (409).",
+    responses=problem_responses(400, 401, 404, 409, 422),
+)
+async def send_message(
+    task: OwnedTask, user: UserDep, runtime: RuntimeDep, body: MessageRequest
+) -> TaskOut:
+    sent = await runtime.send(
+        task.id, body.text, owner=user, multitask_strategy=body.multitask_strategy
+    )
+    return await task_out(runtime, sent)

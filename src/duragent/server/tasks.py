@@ -21,6 +21,7 @@ from duragent.server.schemas import (
     OpenWait,
     PauseRequest,
     RespondRequest,
+    RetryRequest,
     StepsOut,
     TaskCreate,
     TaskOut,
@@ -53,6 +54,9 @@ async def task_out(runtime: RuntimeDep, task: Task) -> TaskOut:
                     question=w.get("question"),
                     child_id=w.get("child_id"),
                     wake_at=w.get("wake_at"),
+                    tool=w.get("tool"),
+                    arguments=w.get("arguments"),
+                    expires_at=w.get("expires_at"),
                 )
             )
     return TaskOut.full(task, waits)
@@ -65,6 +69,11 @@ async def task_out(runtime: RuntimeDep, task: Task) -> TaskOut:
     summary="Start a task",
     responses={
         200: {"model": TaskOut, "description": "A task with this request_id already exists"},
+        202: {
+            "model": TaskOut,
+            "description": "continue_session while a turn of the session runs: the input "
+            "was sent into that task (this one) as a message",
+        },
         **problem_responses(400, 401, 409, 413, 422),
     },
 )
@@ -84,8 +93,12 @@ async def create_task(
         priority=body.priority,
         metadata=body.metadata,
         start_at=body.start_at,
+        multitask_strategy=body.multitask_strategy,
+        deadline=body.deadline,
     )
-    if not sub.created:
+    if sub.sent:
+        response.status_code = 202
+    elif not sub.created:
         response.status_code = 200
     return await task_out(runtime, await runtime.get(sub.task_id))
 
@@ -236,8 +249,11 @@ async def resume_task(task: OwnedTask, runtime: RuntimeDep) -> TaskOut:
     summary="Continue a failed task from its last commit",
     responses=_CONTROL,
 )
-async def retry_task(task: OwnedTask, runtime: RuntimeDep) -> TaskOut:
-    retried = await runtime.retry(task.id, owner=task.owner)
+async def retry_task(
+    task: OwnedTask, runtime: RuntimeDep, body: Annotated[RetryRequest | None, Body()] = None
+) -> TaskOut:
+    deadline = body.deadline if body else None
+    retried = await runtime.retry(task.id, owner=task.owner, deadline=deadline)
     return await task_out(runtime, retried)
 
 
@@ -254,11 +270,21 @@ async def abort_task(
 @router.post(
     "/{task_id}/respond",
     response_model=TaskOut,
-    summary="Approve or deny a tool call, or answer a question",
+    summary="Approve (optionally with edited arguments) or deny tool calls, or answer a question",
+    description="One answer (`approve`, `reason`, `arguments` or `answer`, with `call_id` when "
+    "several are open), or `decisions` for several approvals in one commit. Edited arguments "
+    "that don't fit the tool's schema answer 422 and change nothing; an approval past its "
+    "time limit answers 409.",
     responses=_CONTROL,
 )
 async def respond(task: OwnedTask, runtime: RuntimeDep, body: RespondRequest) -> TaskOut:
     answered = await runtime.respond(
-        task.id, approve=body.approve, reason=body.reason, answer=body.answer, call_id=body.call_id
+        task.id,
+        approve=body.approve,
+        reason=body.reason,
+        answer=body.answer,
+        call_id=body.call_id,
+        arguments=body.arguments,
+        decisions=body.decisions,
     )
     return await task_out(runtime, answered)

@@ -14,9 +14,11 @@ import json
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from duragent.errors import Conflict, StaleLease
+import pydantic_core
+
+from duragent.errors import Conflict, StaleLease, StoreCorrupt
 from duragent.types import (
     API_KINDS,
     API_MESSAGES,
@@ -87,6 +89,31 @@ class LeaseRenewal:
 
     kept: dict[str, Task]
     lost: set[str]
+
+
+class EntryHead(NamedTuple):
+    """An entry without its payload, but with its message role (None if it has none):
+    what a fork reads of its source to plan the copy (a tuple: thousands are built)."""
+
+    seq: int
+    kind: EntryKind
+    round: int
+    role: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CopyEntries:
+    """In a new task's log, the entries of `source_id` with seqs `first_seq`..`last_seq`,
+    a kind in `kinds` and a round up to `max_round`, copied inside the store in
+    seq order. `count`, if given, is how many the planner saw there: a store
+    finding another number refuses the write (the source changed meanwhile)."""
+
+    source_id: str
+    first_seq: int
+    last_seq: int
+    kinds: tuple[EntryKind, ...]
+    max_round: int
+    count: int | None = None
 
 
 # Told the id of a task whose control (pause/abort) was just requested, from
@@ -190,7 +217,12 @@ class Store(Protocol):
         kinds: Iterable[EntryKind] | None = None,
         limit: int | None = None,
     ) -> list[Entry]: ...
+    async def entry_heads(self, task_id: str, *, kinds: Iterable[EntryKind]) -> list[EntryHead]: ...
+    async def create_fork(
+        self, task: Task, log: Sequence[NewEntry | CopyEntries]
+    ) -> tuple[Task, bool]: ...
     async def model_view(self, task_id: str) -> list[ApiMessage]: ...
+    async def model_view_data(self, task_id: str) -> list[dict[str, Any]]: ...
     async def ui_messages(self, task_id: str) -> list[UiMessage]: ...
     async def get_document(self, scope: str, key: str) -> Document | None: ...
     async def list_documents(self, scope: str) -> list[Document]: ...
@@ -202,6 +234,7 @@ class Store(Protocol):
         agents: Iterable[str] | None = None,
         ttl: float = 30.0,
         task_id: str | None = None,
+        queues: Iterable[str] | None = None,
     ) -> Task | None: ...
     async def claim_tasks(
         self,
@@ -211,13 +244,16 @@ class Store(Protocol):
         agents: Iterable[str] | None = None,
         ttl: float = 30.0,
         task_id: str | None = None,
+        queues: Iterable[str] | None = None,
     ) -> list[Task]: ...
     async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task: ...
     async def renew_leases(
         self, worker_id: str, leases: Mapping[str, int], ttl: float
     ) -> LeaseRenewal: ...
     async def release_lease(self, task_id: str, epoch: int) -> None: ...
-    async def next_wake_at(self, agents: Iterable[str] | None = None) -> datetime | None: ...
+    async def next_wake_at(
+        self, agents: Iterable[str] | None = None, queues: Iterable[str] | None = None
+    ) -> datetime | None: ...
 
     async def delete_task(self, task_id: str) -> None: ...
     async def purge_tasks(self, query: TaskQuery) -> int: ...
@@ -327,17 +363,13 @@ def status_change_entry(
 
 
 def claimable(task: Task, now: datetime) -> bool:
-    """Runnable = pending, running with an expired lease, or a due timer."""
+    """Runnable = pending, running with an expired lease, or waiting with its wake-up due
+    (a `ctx.sleep`, an approval's time limit or a deadline: `wake_at` is the first of them)."""
     if task.status is TaskStatus.PENDING:
         return task.wake_at is None or task.wake_at <= now  # a delayed start waits
     if task.status is TaskStatus.RUNNING:
         return task.lease.expires_at is None or task.lease.expires_at <= now
-    return (
-        task.status is TaskStatus.WAITING
-        and task.status_reason == "timer"
-        and task.wake_at is not None
-        and task.wake_at <= now
-    )
+    return task.status is TaskStatus.WAITING and task.wake_at is not None and task.wake_at <= now
 
 
 def claim_order(task: Task) -> tuple[int, float, str]:
@@ -412,6 +444,11 @@ def build_model_view(rows: Iterable[tuple[int, str, str]]) -> list[ApiMessage]:
     Payload texts are joined and validated in one call: a 10,000-message history
     parses in milliseconds.
     """
+    return parse_messages(view_text(rows))
+
+
+def view_text(rows: Iterable[tuple[int, str, str]]) -> str:
+    """The payloads the model sees as one JSON array text (see build_model_view)."""
     rows = list(rows)
     voided = voided_ranges(json.loads(p) for _s, k, p in rows if k == EntryKind.ROLLBACK)
     parts = []
@@ -423,7 +460,7 @@ def build_model_view(rows: Iterable[tuple[int, str, str]]) -> list[ApiMessage]:
         # A tool_result payload is the tool message plus an `outcome` field the
         # message model ignores, so every payload text parses as a message.
         parts.append(payload)
-    return parse_messages("[" + ",".join(parts) + "]")
+    return "[" + ",".join(parts) + "]"
 
 
 def voided_ranges(markers: Iterable[Mapping[str, Any]]) -> list[tuple[int, int]]:
@@ -452,6 +489,37 @@ def parse_messages(text: str) -> list[ApiMessage]:
     finally:
         if enabled:
             gc.enable()
+
+
+def view_data(text: str) -> list[dict[str, Any]]:
+    """The model's view as plain data: a JSON array of API messages decoded in one
+    call, in their wire form (as `dump_message` stored them, minus a tool
+    result's `outcome`), not validated.
+
+    The runtime resumes a long task from this and builds typed messages only
+    when a model call asks for them (`duragent.llm.messages`). Text that is not
+    a JSON array of objects is a damaged store: `StoreCorrupt`.
+    """
+    enabled = gc.isenabled()
+    gc.disable()  # thousands of new objects, none of them garbage (see parse_messages)
+    try:
+        data = pydantic_core.from_json(text)
+    except ValueError:
+        try:  # what only Python's decoder takes (an escaped lone surrogate)
+            data = json.loads(text)
+        except ValueError as exc:
+            raise StoreCorrupt(f"the model's view of a task is not valid JSON: {exc}") from exc
+    finally:
+        if enabled:
+            gc.enable()
+    if type(data) is not list:
+        raise StoreCorrupt("the model's view of a task is not a list of message objects")
+    for m in data:
+        if type(m) is not dict:
+            raise StoreCorrupt("the model's view of a task is not a list of message objects")
+        if "outcome" in m:
+            del m["outcome"]
+    return data
 
 
 def build_ui_view(rows: Iterable[tuple[int, str]]) -> list[UiMessage]:

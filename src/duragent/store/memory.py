@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -14,6 +14,8 @@ from duragent.store.base import (
     ChangeSignal,
     ControlCallback,
     ControlWatchers,
+    CopyEntries,
+    EntryHead,
     TaskPage,
     TaskQuery,
     build_model_view,
@@ -22,6 +24,8 @@ from duragent.store.base import (
     claimable,
     decode_cursor,
     encode_cursor,
+    view_data,
+    view_text,
 )
 from duragent.store.queues import QUEUES_SCOPE, Candidate, candidate_of
 from duragent.store.tx import Notes, TxWrites
@@ -41,6 +45,13 @@ _T = TypeVar("_T")
 def request_key(owner: str | None, request_id: str) -> tuple[str, str]:
     """Request ids are per owner; no owner and the empty owner are one (as in the SQL stores)."""
     return (owner or "", request_id)
+
+
+def serves(task: Task, agents: Collection[str] | None, queues: Collection[str] | None) -> bool:
+    """Whether a worker of these agents and queues (None: any) may run the task."""
+    return (agents is None or task.agent in agents) and (
+        queues is None or (task.queue or task.agent) in queues
+    )
 
 
 class _MemoryTx:
@@ -75,6 +86,26 @@ class _MemoryTx:
     def append(self, entries: list[Entry]) -> None:
         self.entries.extend(entries)
 
+    def copy_entries(self, copy: CopyEntries, task_id: str, after_seq: int, now: datetime) -> int:
+        wanted = {k.value for k in copy.kinds}
+        rows = [
+            r
+            for r in self.store._entries.get(copy.source_id, ())
+            if copy.first_seq <= r[0] <= copy.last_seq and r[1] in wanted and r[2] <= copy.max_round
+        ]
+        self.entries.extend(
+            Entry.model_construct(
+                task_id=task_id,
+                seq=after_seq + i,
+                kind=EntryKind(kind),
+                round=rnd,
+                payload=json.loads(payload),
+                created_at=now,
+            )
+            for i, (_seq, kind, rnd, payload, _at) in enumerate(rows, 1)
+        )
+        return len(rows)
+
     def load_document(self, scope: str, key: str) -> Document | None:
         if (scope, key) in self.docs:
             raw = self.docs[(scope, key)]
@@ -95,12 +126,13 @@ class _MemoryTx:
         task_id: str | None,
         limit: int,
         closed: set[str],
+        queues: Sequence[str] | None = None,
     ) -> list[Candidate]:
         ids = [task_id] if task_id else list(self.store._tasks)
         out = []
         for tid in ids:
             task = self.load_task(tid)
-            if task is None or (agents is not None and task.agent not in agents):
+            if task is None or not serves(task, agents, queues):
                 continue
             ready = task.status is TaskStatus.PENDING and task.wake_at is None
             if ready and task.queue in closed:
@@ -244,9 +276,21 @@ class MemoryStore(TxWrites):
                 break
         return out
 
+    async def entry_heads(self, task_id: str, *, kinds: Iterable[EntryKind]) -> list[EntryHead]:
+        wanted = {EntryKind(k).value for k in kinds}
+        return [
+            EntryHead(seq, EntryKind(kind), rnd, json.loads(payload).get("role"))
+            for seq, kind, rnd, payload, _at in self._entries.get(task_id, ())
+            if kind in wanted
+        ]
+
     async def model_view(self, task_id: str) -> list[ApiMessage]:
         rows = self._entries.get(task_id, ())
         return build_model_view((s, k, p) for s, k, _r, p, _c in rows if k in VIEW_KINDS)
+
+    async def model_view_data(self, task_id: str) -> list[dict[str, Any]]:
+        rows = self._entries.get(task_id, ())
+        return view_data(view_text((s, k, p) for s, k, _r, p, _c in rows if k in VIEW_KINDS))
 
     async def ui_messages(self, task_id: str) -> list[UiMessage]:
         rows = self._entries.get(task_id, ())
@@ -263,16 +307,19 @@ class MemoryStore(TxWrites):
             if s == scope
         ]
 
-    async def next_wake_at(self, agents: Iterable[str] | None = None) -> datetime | None:
+    async def next_wake_at(
+        self, agents: Iterable[str] | None = None, queues: Iterable[str] | None = None
+    ) -> datetime | None:
         names = None if agents is None else set(agents)
+        only = None if queues is None else set(queues)
         wakes = []
         for raw in self._tasks.values():
             t = Task.model_validate_json(raw)
-            if names is not None and t.agent not in names:
+            if not serves(t, names, only):
                 continue
             if t.status is TaskStatus.PENDING and t.wake_at:
                 wakes.append(t.wake_at)  # a delayed start
-            elif t.status is TaskStatus.WAITING and t.status_reason == "timer" and t.wake_at:
+            elif t.status is TaskStatus.WAITING and t.wake_at:  # a timer, an expiry, a deadline
                 wakes.append(t.wake_at)
             elif t.status is TaskStatus.RUNNING and t.lease.expires_at:
                 wakes.append(t.lease.expires_at)

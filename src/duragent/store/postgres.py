@@ -28,7 +28,7 @@ import psycopg
 import psycopg_pool
 from psycopg import conninfo as pg_conninfo
 from psycopg import sql
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow, dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from duragent.errors import (
@@ -42,13 +42,16 @@ from duragent.store.base import (
     VIEW_KINDS,
     ControlCallback,
     ControlWatchers,
+    EntryHead,
     LeaseRenewal,
     TaskPage,
     TaskQuery,
-    build_model_view,
     build_ui_view,
     decode_cursor,
     encode_cursor,
+    parse_messages,
+    view_data,
+    view_text,
 )
 from duragent.store.postgres_notify import (
     CHANNEL,
@@ -113,17 +116,6 @@ class PostgresStore(TxWrites):
         self._conninfo = conninfo
         self._connect_timeout = connect_timeout
         self._where = f"PostgreSQL store {redact(url)}" + (f" (schema {schema})" if schema else "")
-        try:
-            with psycopg.connect(
-                conninfo,
-                autocommit=True,
-                row_factory=dict_row,
-                connect_timeout=max(1, round(connect_timeout)),
-            ) as conn:
-                self._configure(conn)
-                self.migrated_from, self.namespace = migrate(conn, schema, self._where)
-        except psycopg.Error as exc:
-            raise _translate(exc, self._where) from exc
         self._pool: psycopg_pool.ConnectionPool[Conn] = psycopg_pool.ConnectionPool(
             conninfo,
             connection_class=psycopg.Connection[DictRow],
@@ -135,11 +127,28 @@ class PostgresStore(TxWrites):
             name="duragent",
             timeout=connect_timeout,
         )
+        # The pool connects on its own threads while this one migrates: opening
+        # a store waits for one connection's setup, not two in a row.
+        self._pool.open(wait=False)
         try:
-            self._pool.open(wait=True, timeout=connect_timeout)
-        except psycopg_pool.PoolTimeout as exc:
+            try:
+                with psycopg.connect(
+                    conninfo,
+                    autocommit=True,
+                    row_factory=dict_row,
+                    connect_timeout=max(1, round(connect_timeout)),
+                ) as conn:
+                    self._configure(conn)
+                    self.migrated_from, self.namespace = migrate(conn, schema, self._where)
+            except psycopg.Error as exc:
+                raise _translate(exc, self._where) from exc
+            try:
+                self._pool.wait(timeout=connect_timeout)
+            except psycopg_pool.PoolTimeout as exc:
+                raise StoreUnavailable(f"{self._where}: could not open connections: {exc}") from exc
+        except BaseException:
             self._pool.close()
-            raise StoreUnavailable(f"{self._where}: could not open connections: {exc}") from exc
+            raise
         self._signals: Signals | None = None
         self._listener: Listener | None = None
         self._controls = ControlWatchers()
@@ -305,6 +314,7 @@ class PostgresStore(TxWrites):
         result, tx = await loop.run_in_executor(
             self._leases, self._execute, renew, True, self._lease_connection
         )
+        self._writer.renewed(result.kept)
         if tx is not None and tx.changed:
             self._local_signals().fire(work=tx.work)
         return result
@@ -361,7 +371,7 @@ class PostgresStore(TxWrites):
         text += " LIMIT %s FOR UPDATE SKIP LOCKED"
 
         def purge(tx: PgTx) -> int:
-            rows = tx.conn.execute(text, [*params, query.limit]).fetchall()  # type: ignore[arg-type]
+            rows = tx.conn.execute(text, [*params, query.limit]).fetchall()
             return _delete_trees(tx, [r["id"] for r in rows]) if rows else 0
 
         return await self._write(purge)
@@ -394,7 +404,7 @@ class PostgresStore(TxWrites):
         params.append(q.limit + 1)
 
         def read(conn: Conn) -> TaskPage:
-            tasks = [row_task(r) for r in conn.execute(text, params)]  # type: ignore[arg-type]
+            tasks = [row_task(r) for r in conn.execute(text, params)]
             more = len(tasks) > q.limit
             tasks = tasks[: q.limit]
             return TaskPage(tasks, encode_cursor(tasks[-1]) if more and tasks else None)
@@ -409,7 +419,7 @@ class PostgresStore(TxWrites):
         text += " GROUP BY queue, status"
 
         def read(conn: Conn) -> dict[tuple[str, str], int]:
-            rows = conn.execute(text, params)  # type: ignore[arg-type]
+            rows = conn.execute(text, params)
             return {(r["queue"], r["status"]): r["n"] for r in rows}
 
         return await self._read(read)
@@ -442,21 +452,27 @@ class PostgresStore(TxWrites):
                     payload=json.loads(r["payload"]),
                     created_at=r["created_at"].astimezone(UTC),
                 )
-                for r in conn.execute(text, params)  # type: ignore[arg-type]
+                for r in conn.execute(text, params)
             ]
 
         return await self._read(read)
 
-    async def model_view(self, task_id: str) -> list[ApiMessage]:
-        def read(conn: Conn) -> list[ApiMessage]:
+    async def entry_heads(self, task_id: str, *, kinds: Iterable[EntryKind]) -> list[EntryHead]:
+        def read(conn: Conn) -> list[EntryHead]:
             rows = conn.execute(
-                "SELECT seq, kind, payload FROM entries WHERE task_id = %s AND kind = ANY(%s)"
-                " ORDER BY seq",
-                (task_id, list(VIEW_KINDS)),
+                "SELECT seq, kind, round, payload::json ->> 'role' AS role FROM entries"
+                " WHERE task_id = %s AND kind = ANY(%s) ORDER BY seq",
+                (task_id, [EntryKind(k).value for k in kinds]),
             )
-            return build_model_view((r["seq"], r["kind"], r["payload"]) for r in rows)
+            return [EntryHead(r["seq"], EntryKind(r["kind"]), r["round"], r["role"]) for r in rows]
 
         return await self._read(read)
+
+    async def model_view(self, task_id: str) -> list[ApiMessage]:
+        return parse_messages(await self._read(lambda conn: _view_text(conn, task_id)))
+
+    async def model_view_data(self, task_id: str) -> list[dict[str, Any]]:
+        return view_data(await self._read(lambda conn: _view_text(conn, task_id)))
 
     async def ui_messages(self, task_id: str) -> list[UiMessage]:
         def read(conn: Conn) -> list[UiMessage]:
@@ -484,22 +500,33 @@ class PostgresStore(TxWrites):
 
         return await self._read(read)
 
-    async def next_wake_at(self, agents: Iterable[str] | None = None) -> datetime | None:
+    async def next_wake_at(
+        self, agents: Iterable[str] | None = None, queues: Iterable[str] | None = None
+    ) -> datetime | None:
         names = None if agents is None else list(agents)
+        only = None if queues is None else list(queues)
+
+        mine = (
+            "AND (%(all)s OR agent = ANY(%(names)s)) AND (%(any_queue)s OR queue = ANY(%(queues)s))"
+        )
 
         def read(conn: Conn) -> datetime | None:
             row = conn.execute(
                 "SELECT min(t) AS t FROM ("
                 " SELECT wake_at AS t FROM tasks WHERE status = 'waiting'"
-                " AND status_reason = 'timer' AND (%(all)s OR agent = ANY(%(names)s))"
-                " UNION ALL SELECT lease_expires FROM tasks WHERE status = 'running'"
-                " AND (%(all)s OR agent = ANY(%(names)s))"
+                f" AND wake_at IS NOT NULL {mine}"
+                f" UNION ALL SELECT lease_expires FROM tasks WHERE status = 'running' {mine}"
                 " UNION ALL SELECT min(wake_at) FROM tasks WHERE status = 'pending'"
-                " AND wake_at IS NOT NULL AND (%(all)s OR agent = ANY(%(names)s))) AS wakes",
-                {"all": names is None, "names": names or []},
+                f" AND wake_at IS NOT NULL {mine}) AS wakes",
+                {
+                    "all": names is None,
+                    "names": names or [],
+                    "any_queue": only is None,
+                    "queues": only or [],
+                },
             ).fetchone()
             value = None if row is None else row["t"]
-            return None if value is None else value.astimezone(UTC)  # type: ignore[no-any-return]
+            return None if value is None else value.astimezone(UTC)
 
         return await self._read(read)
 
@@ -579,6 +606,17 @@ class PostgresStore(TxWrites):
                 await asyncio.wait_for(listener.ready.wait(), timeout)
             return
         await signal.wait(timeout)
+
+
+def _view_text(conn: Conn, task_id: str) -> str:
+    """The payloads of the task's model view as one JSON array text."""
+    with conn.cursor(row_factory=tuple_row) as cur:  # 10,000 rows: no dict per row
+        cur.execute(
+            "SELECT seq, kind, payload FROM entries WHERE task_id = %s AND kind = ANY(%s)"
+            " ORDER BY seq",
+            (task_id, list(VIEW_KINDS)),
+        )
+        return view_text(cur.fetchall())
 
 
 def _delete_trees(tx: PgTx, roots: list[str]) -> int:

@@ -111,8 +111,18 @@ def migrate(conn: Conn, schema: str | None, where: str) -> tuple[int, str]:
     """Bring the schema to SCHEMA_VERSION; return (version found, schema name).
 
     An advisory lock makes concurrent openers take turns: the first migrates,
-    the rest find the work done. A newer version is refused untouched.
+    the rest find the work done. A newer version is refused untouched. A store
+    already at this version is only read: opening it writes nothing (no commit
+    to wait for), which is most of what reopening a store costs.
     """
+    try:
+        row = conn.execute(
+            "SELECT value, current_schema() AS name FROM duragent_meta WHERE key = 'schema_version'"
+        ).fetchone()
+    except psycopg.errors.UndefinedTable:
+        row = None  # a new store (or schema): create it below
+    if row is not None and int(row["value"]) == SCHEMA_VERSION:
+        return SCHEMA_VERSION, str(row["name"])
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key("migrate", schema or ""),))
         if schema is not None:

@@ -17,11 +17,11 @@ from typing import Any
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
-from duragent.store.base import dumps
+from duragent.store.base import CopyEntries, dumps
 from duragent.store.postgres_schema import Conn, lock_key
 from duragent.store.queues import QUEUES_SCOPE, Candidate
 from duragent.store.tx import Notes, task_columns
-from duragent.types import Document, Entry, Task, TaskStatus
+from duragent.types import Document, Entry, Task
 
 
 def row_task(row: DictRow) -> Task:
@@ -133,6 +133,28 @@ class PgTx:
         self._run(_append_sql(len(entries)), params)
         self.changed = True
 
+    def copy_entries(self, copy: CopyEntries, task_id: str, after_seq: int, now: datetime) -> int:
+        # One statement: the payloads never leave the server. On the connection,
+        # not buffered: the number copied is checked before the commit.
+        cur = self.conn.execute(
+            "INSERT INTO entries (task_id, seq, kind, round, payload, created_at)"
+            " SELECT %s, %s + row_number() OVER (ORDER BY seq), kind, round, payload, %s"
+            " FROM entries WHERE task_id = %s AND seq BETWEEN %s AND %s AND round <= %s"
+            " AND kind = ANY(%s)",
+            (
+                task_id,
+                after_seq,
+                now,
+                copy.source_id,
+                copy.first_seq,
+                copy.last_seq,
+                copy.max_round,
+                [k.value for k in copy.kinds],
+            ),
+        )
+        self.changed = True
+        return cur.rowcount
+
     def load_document(self, scope: str, key: str) -> Document | None:
         # A document that does not exist yet has no row to lock, so writers of one
         # (scope, key) take turns on an advisory lock instead; the version check
@@ -195,8 +217,10 @@ class PgTx:
         task_id: str | None,
         limit: int,
         closed: set[str],
+        queues: Sequence[str] | None = None,
     ) -> list[Candidate]:
-        """Runnable tasks in claim order, in one statement, each source on its own index.
+        """Runnable tasks in claim order (of `queues` only, when given), in one
+        statement, each source on its own index.
 
         Ready tasks: per open queue (found by a skip scan of `tasks_ready`), the
         first `limit` of `tasks_ready`, already in claim order; due timers and
@@ -205,29 +229,36 @@ class PgTx:
         waited for; the rows returned stay locked until this transaction ends.
         A candidate's JSON is parsed only if admitted.
         """
-        if agents is not None and not agents:
+        if (agents is not None and not agents) or (queues is not None and not queues):
             return []
         params: dict[str, Any] = {"now": now, "limit": limit, "closed": sorted(closed)}
         agent_clause = ""
         if agents is not None:
             agent_clause = " AND agent = ANY(%(agents)s)"
             params["agents"] = list(agents)
-        lock = " FOR UPDATE SKIP LOCKED"
-        if task_id is not None:
-            params["id"] = task_id
-            query = f"{_CANDIDATE} WHERE id = %(id)s AND ({_RUNNABLE}){agent_clause}{lock}"
-            return [self._candidate(r) for r in self.conn.execute(query, params)]
-        # Locking reads cannot be UNIONed; as CTEs they can be, in one round trip.
-        query = (
+        # The queues with ready tasks: a skip scan of `tasks_ready`, or the ones named.
+        ready_queues = (
             "WITH RECURSIVE q(name) AS ("
             " SELECT (SELECT min(queue) FROM tasks WHERE status = 'pending' AND wake_at IS NULL)"
             " UNION ALL SELECT (SELECT min(queue) FROM tasks WHERE status = 'pending'"
             " AND wake_at IS NULL AND queue > q.name) FROM q WHERE q.name IS NOT NULL),"
-            f" expired AS ({_CANDIDATE} WHERE status = 'running'"
+        )
+        if queues is not None:
+            agent_clause += " AND queue = ANY(%(queues)s)"
+            params["queues"] = list(queues)
+            ready_queues = "WITH q(name) AS (SELECT unnest(%(queues)s::text[])),"
+        lock = " FOR UPDATE SKIP LOCKED"
+        if task_id is not None:
+            params["id"] = task_id
+            query = f"{_CANDIDATE} WHERE id = %(id)s AND ({_RUNNABLE}){agent_clause}{lock}"
+            return [Candidate.from_row(r, self._task) for r in self.conn.execute(query, params)]
+        # Locking reads cannot be UNIONed; as CTEs they can be, in one round trip.
+        query = (
+            f"{ready_queues} expired AS ({_CANDIDATE} WHERE status = 'running'"
             " AND coalesce(lease_expires, 'epoch'::timestamptz) <= %(now)s"
             f"{agent_clause} LIMIT %(limit)s{lock}),"
             f" timers AS ({_CANDIDATE} WHERE status = 'waiting' AND wake_at <= %(now)s"
-            f" AND status_reason = 'timer'{agent_clause} ORDER BY wake_at LIMIT %(limit)s{lock}),"
+            f"{agent_clause} ORDER BY wake_at LIMIT %(limit)s{lock}),"
             f" delayed AS ({_CANDIDATE} WHERE status = 'pending' AND wake_at <= %(now)s"
             f"{agent_clause} ORDER BY wake_at LIMIT %(limit)s{lock}),"
             " ready AS (SELECT r.* FROM q CROSS JOIN LATERAL"
@@ -237,24 +268,8 @@ class PgTx:
             " SELECT * FROM expired UNION ALL SELECT * FROM timers"
             " UNION ALL SELECT * FROM delayed UNION ALL SELECT * FROM ready"
         )
-        rows = self.conn.execute(query, params).fetchall()  # type: ignore[arg-type]
-        return sorted(map(self._candidate, rows), key=Candidate.order)
-
-    def _candidate(self, row: DictRow) -> Candidate:
-        def load() -> Task:
-            task = self._task(row)
-            assert task is not None
-            return task
-
-        return Candidate(
-            row["id"],
-            TaskStatus(row["status"]),
-            row["queue"],
-            row["owner"],
-            row["priority"],
-            row["created_at"].timestamp(),
-            load,
-        )
+        rows = self.conn.execute(query, params).fetchall()
+        return sorted((Candidate.from_row(r, self._task) for r in rows), key=Candidate.order)
 
     def load_queues(self) -> list[Document]:
         # FOR UPDATE: claims from limited queues take turns here, so each one
@@ -279,7 +294,7 @@ _CANDIDATE = "SELECT id, status, queue, owner, priority, created_at, data, input
 _RUNNABLE = (
     "status = 'pending' AND (wake_at IS NULL OR wake_at <= %(now)s)"
     " OR (status = 'running' AND coalesce(lease_expires, 'epoch'::timestamptz) <= %(now)s)"
-    " OR (status = 'waiting' AND status_reason = 'timer' AND wake_at <= %(now)s)"
+    " OR (status = 'waiting' AND wake_at <= %(now)s)"
 )
 
 
@@ -308,7 +323,7 @@ class BufferedPgTx(PgTx):
         self.rows = rows
         self.statements: list[Statement] = []
 
-    @property  # type: ignore[override]
+    @property
     def conn(self) -> Conn:
         raise NeedsServer
 
@@ -342,6 +357,7 @@ class BufferedPgTx(PgTx):
         task_id: str | None,
         limit: int,
         closed: set[str],
+        queues: Sequence[str] | None = None,
     ) -> list[Candidate]:
         raise NeedsServer
 

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -78,6 +78,7 @@ class PgWriter:
         self.max_batch = max_batch
         self.batches = 0  # transactions committed or attempted: jobs_done / batches = group size
         self.jobs_done = 0
+        self.rereads = 0  # batches run again, reading their rows, because a copy was stale
         self.rows: dict[str, Task] = {}  # task rows as this process last committed them
         self._lock = threading.Lock()
         self._pending: list[_Job] = []
@@ -96,6 +97,21 @@ class PgWriter:
             # gets to add its commit to the same transaction.
             loop.call_soon(self._executor.submit, self._drain)
         return await future
+
+    def renewed(self, rows: Mapping[str, Task]) -> None:
+        """Take in rows as lease renewals left them: renewals run beside the writer
+        (PostgresStore.renew_leases) and move only `lease.expires_at`, which the
+        guard of the next UPDATE compares. Without this, the first commit after
+        every renewal would miss its guard and its whole batch would run again.
+
+        Only a copy the renewal is the next version of is replaced. A copy left
+        older by a race with the writer thread is merely stale: its guarded
+        UPDATE matches nothing and the batch reads the row again.
+        """
+        for task_id, fresh in rows.items():
+            mine = self.rows.get(task_id)
+            if mine is not None and _same_but_expiry(mine, fresh):
+                self.rows[task_id] = fresh
 
     @property
     def busy(self) -> bool:
@@ -170,6 +186,7 @@ class PgWriter:
                 )
                 return [(False, busy)] * len(batch), False, False
             except _StaleRow:
+                self.rereads += 1
                 self.rows.clear()
                 cached = False  # again, reading every row under its lock
                 continue
@@ -341,6 +358,16 @@ def _literal(value: Any) -> str:
     if kind is datetime and value.tzinfo is not None:
         return "'" + str(value.isoformat()) + "'::timestamptz"
     raise _NotPlain
+
+
+def _same_but_expiry(mine: Task, fresh: Task) -> bool:
+    a, b = mine.lease, fresh.lease
+    return (mine.version, mine.last_seq, a.epoch, a.owner) == (
+        fresh.version,
+        fresh.last_seq,
+        b.epoch,
+        b.owner,
+    )
 
 
 def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:

@@ -16,14 +16,23 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, Field, field_validator
 
+from duragent.errors import TaskNotFound, UsageError
 from duragent.store.base import Commit, DocumentWrite, Store
 from duragent.types import Task, TaskStatus
 
 QUEUES_SCOPE = "duragent:queues"
+
+
+class QueueNotFound(TaskNotFound):
+    """No queue of that name has limits. A TaskNotFound, so it maps to 404."""
+
+    def __init__(self, name: str) -> None:
+        self.task_id = name
+        UsageError.__init__(self, f"no queue named {name!r} has limits")
 
 
 class Queue(BaseModel):
@@ -74,6 +83,15 @@ def queue_from_value(value: Any) -> Queue:
     return Queue.model_validate(value)
 
 
+class Row(Protocol):
+    """A database row read by column name (sqlite3.Row, psycopg's dict rows)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+_R = TypeVar("_R", bound=Row)
+
+
 @dataclass(slots=True)
 class Candidate:
     """A runnable task as the claim query found it; parsed (`load`) only if admitted."""
@@ -89,6 +107,27 @@ class Candidate:
     def order(self) -> tuple[int, float, str]:
         """Claim order: higher priority first, then oldest."""
         return (-self.priority, self.created, self.id)
+
+    @classmethod
+    def from_row(cls, row: _R, parse: Callable[[_R], Task | None]) -> Candidate:
+        """A candidate from a claim query's row (columns id, status, queue, owner,
+        priority, created_at as seconds or a datetime); `parse` reads its task."""
+
+        def load() -> Task:
+            task = parse(row)
+            assert task is not None
+            return task
+
+        created = row["created_at"]
+        return cls(
+            row["id"],
+            TaskStatus(row["status"]),
+            row["queue"],
+            row["owner"],
+            row["priority"],
+            created.timestamp() if isinstance(created, datetime) else created,
+            load,
+        )
 
 
 def candidate_of(task: Task) -> Candidate:
@@ -196,4 +235,6 @@ async def list_queues(store: Store) -> list[Queue]:
 
 
 async def delete_queue(store: Store, name: str) -> None:
+    if await store.get_document(QUEUES_SCOPE, name) is None:
+        raise QueueNotFound(name)
     await store.commit(Commit(documents=[DocumentWrite(QUEUES_SCOPE, name, delete=True)]))

@@ -33,15 +33,17 @@ from duragent.store.base import (
     ChangeSignal,
     ControlCallback,
     ControlWatchers,
+    EntryHead,
     TaskPage,
     TaskQuery,
-    build_model_view,
     build_ui_view,
     decode_cursor,
     encode_cursor,
     from_ts,
     parse_messages,
     ts_to_dt,
+    view_data,
+    view_text,
 )
 from duragent.store.sqlite_schema import (
     KIND_CODES,
@@ -406,27 +408,24 @@ class SQLiteStore(TxWrites):
 
         return await self._read(read)  # type: ignore[no-any-return]
 
-    async def model_view(self, task_id: str) -> list[ApiMessage]:
-        def read(conn: sqlite3.Connection) -> list[ApiMessage]:
-            marks = ", ".join("?" * len(VIEW_KINDS))
-            codes = [KIND_CODES[EntryKind(k)] for k in VIEW_KINDS]
-            voids = conn.execute(
-                f"SELECT 1 FROM entries WHERE task_num={_NUM} AND kind=? LIMIT 1",
-                (task_id, KIND_CODES[EntryKind.ROLLBACK]),
-            ).fetchone()
-            if voids is None:
-                # Nothing voided: let SQLite join the payloads into one JSON array,
-                # parsed in one call (the common case; resume stays fast).
-                row = conn.execute(_JOINED_VIEW.format(marks=marks), (task_id, *codes)).fetchone()
-                return parse_messages(row[0])
-            sql = (
-                f"SELECT seq, kind, payload FROM entries WHERE task_num={_NUM}"
-                f" AND kind IN ({marks}) ORDER BY seq"
-            )
-            rows = conn.execute(sql, (task_id, *codes))
-            return build_model_view((r[0], KINDS_BY_CODE[r[1]], r[2]) for r in rows)
+    async def entry_heads(self, task_id: str, *, kinds: Iterable[EntryKind]) -> list[EntryHead]:
+        codes = [KIND_CODES[EntryKind(k)] for k in kinds]
+        sql = (
+            "SELECT seq, kind, round, json_extract(payload, '$.role') FROM entries"
+            f" WHERE task_num={_NUM} AND kind IN ({', '.join('?' * len(codes))}) ORDER BY seq"
+        )
+        return await self._read(  # type: ignore[no-any-return]
+            lambda conn: [
+                EntryHead(r[0], KINDS_BY_CODE[r[1]], r[2], r[3])
+                for r in conn.execute(sql, (task_id, *codes))
+            ]
+        )
 
-        return await self._read(read)  # type: ignore[no-any-return]
+    async def model_view(self, task_id: str) -> list[ApiMessage]:
+        return parse_messages(await self._read(lambda conn: _view_text(conn, task_id)))
+
+    async def model_view_data(self, task_id: str) -> list[dict[str, Any]]:
+        return view_data(await self._read(lambda conn: _view_text(conn, task_id)))
 
     async def ui_messages(self, task_id: str) -> list[UiMessage]:
         sql = f"SELECT seq, payload FROM entries WHERE task_num={_NUM} AND kind=? ORDER BY seq"
@@ -454,20 +453,24 @@ class SQLiteStore(TxWrites):
             ]
         )
 
-    async def next_wake_at(self, agents: Iterable[str] | None = None) -> datetime | None:
+    async def next_wake_at(
+        self, agents: Iterable[str] | None = None, queues: Iterable[str] | None = None
+    ) -> datetime | None:
         sql = (
             "SELECT min(t) FROM (SELECT wake_at AS t FROM tasks WHERE status='waiting'"
-            " AND status_reason='timer' {a} UNION ALL SELECT lease_expires FROM tasks"
+            " AND wake_at IS NOT NULL {a} UNION ALL SELECT lease_expires FROM tasks"
             " WHERE status='running' {a} UNION ALL SELECT min(wake_at) FROM tasks"
             " WHERE status='pending' AND wake_at IS NOT NULL {a})"
         )
         params: list[Any] = []
         clause = ""
-        if agents is not None:
-            names = list(agents)
-            clause = "AND agent IN (" + ", ".join("?" * len(names)) + ")" if names else "AND 0"
-            params = names * 3
+        for column, values in (("agent", agents), ("queue", queues)):
+            if values is not None:
+                names = list(values)
+                clause += f" AND {column} IN (" + ", ".join("?" * len(names)) + ")"
+                params += names
         sql = sql.format(a=clause)
+        params *= 3
         return await self._read(lambda conn: from_ts(conn.execute(sql, params).fetchone()[0]))  # type: ignore[no-any-return]
 
     async def claim_tasks(
@@ -478,16 +481,22 @@ class SQLiteStore(TxWrites):
         agents: Iterable[str] | None = None,
         ttl: float = 30.0,
         task_id: str | None = None,
+        queues: Iterable[str] | None = None,
     ) -> list[Task]:
         """Look first without the write lock: an idle worker polling for work then
         never holds the file's one write lock (which would stall every other
         process's commits, for as long as a stopped or slow poller holds it)."""
         names = None if agents is None else list(agents)
+        only = None if queues is None else sorted(set(queues))
         if n < 1 or not await self._read(
-            lambda conn: bool(SqliteTx(conn).find_claimable(utcnow(), names, task_id, 1, set()))
+            lambda conn: bool(
+                SqliteTx(conn).find_claimable(utcnow(), names, task_id, 1, set(), only)
+            )
         ):
             return []
-        return await super().claim_tasks(worker_id, n, agents=names, ttl=ttl, task_id=task_id)
+        return await super().claim_tasks(
+            worker_id, n, agents=names, ttl=ttl, task_id=task_id, queues=only
+        )
 
     async def delete_task(self, task_id: str) -> None:
         def delete(tx: SqliteTx) -> None:
@@ -635,6 +644,27 @@ def _task_filters(q: TaskQuery) -> tuple[list[str], list[Any]]:
         where.append("num IN (SELECT task_num FROM task_labels WHERE key=? AND value=?)")
         params.extend([key, label_value(value)])
     return where, params
+
+
+def _view_text(conn: sqlite3.Connection, task_id: str) -> str:
+    """The payloads of the task's model view as one JSON array text."""
+    marks = ", ".join("?" * len(VIEW_KINDS))
+    codes = [KIND_CODES[EntryKind(k)] for k in VIEW_KINDS]
+    voids = conn.execute(
+        f"SELECT 1 FROM entries WHERE task_num={_NUM} AND kind=? LIMIT 1",
+        (task_id, KIND_CODES[EntryKind.ROLLBACK]),
+    ).fetchone()
+    if voids is None:
+        # Nothing voided: let SQLite join the payloads into one JSON array,
+        # parsed in one call (the common case; resume stays fast).
+        row = conn.execute(_JOINED_VIEW.format(marks=marks), (task_id, *codes)).fetchone()
+        return str(row[0])
+    sql = (
+        f"SELECT seq, kind, payload FROM entries WHERE task_num={_NUM}"
+        f" AND kind IN ({marks}) ORDER BY seq"
+    )
+    rows = conn.execute(sql, (task_id, *codes))
+    return view_text((r[0], KINDS_BY_CODE[r[1]], r[2]) for r in rows)
 
 
 def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:

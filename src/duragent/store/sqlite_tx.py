@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from duragent.store.base import to_ts, ts_to_dt
+from duragent.store.base import CopyEntries, to_ts, ts_to_dt
 from duragent.store.queues import QUEUES_SCOPE, Candidate
 from duragent.store.sqlite_schema import KIND_CODES, dumps
 from duragent.store.tx import Notes, task_columns
-from duragent.types import Document, Entry, Task, TaskStatus
+from duragent.types import Document, Entry, Task
 
 
 def row_task(row: sqlite3.Row) -> Task:
@@ -88,7 +88,7 @@ class SqliteTx:
             ).fetchone()
             if stamp is None:
                 return None
-            cached = self.cache.get(task_id, tuple(stamp))  # type: ignore[arg-type]
+            cached = self.cache.get(task_id, tuple(stamp))
             if cached is not None:
                 self.inputs[task_id] = cached.input
                 self.notes.read(cached)
@@ -145,6 +145,30 @@ class SqliteTx:
             ],
         )
 
+    def copy_entries(self, copy: CopyEntries, task_id: str, after_seq: int, now: datetime) -> int:
+        # One statement: the payloads never leave SQLite.
+        row = self.conn.execute("SELECT num FROM tasks WHERE id=?", (copy.source_id,)).fetchone()
+        if row is None:
+            return 0
+        codes = [KIND_CODES[k] for k in copy.kinds]
+        cur = self.conn.execute(
+            "INSERT INTO entries (task_num, seq, kind, round, payload, created_at)"
+            " SELECT ?, ? + row_number() OVER (ORDER BY seq), kind, round, payload, ?"
+            " FROM entries WHERE task_num=? AND seq BETWEEN ? AND ? AND round <= ?"
+            f" AND kind IN ({', '.join('?' * len(codes))})",
+            (
+                self.task_num(task_id),
+                after_seq,
+                to_ts(now),
+                row[0],
+                copy.first_seq,
+                copy.last_seq,
+                copy.max_round,
+                *codes,
+            ),
+        )
+        return cur.rowcount
+
     def load_document(self, scope: str, key: str) -> Document | None:
         row = self.conn.execute(
             "SELECT * FROM documents WHERE scope=? AND key=?", (scope, key)
@@ -169,8 +193,10 @@ class SqliteTx:
         task_id: str | None,
         limit: int,
         closed: set[str],
+        queues: Sequence[str] | None = None,
     ) -> list[Candidate]:
-        """Runnable tasks in claim order, each source read through its own index.
+        """Runnable tasks in claim order (of `queues` only, when given), each source
+        read through its own index.
 
         Ready tasks: per open queue, the first `limit` of `tasks_ready` (already
         in claim order); due timers and delayed starts: `tasks_due`; expired
@@ -184,18 +210,24 @@ class SqliteTx:
                 return []
             agent_clause = " AND agent IN (" + ", ".join(f":a{i}" for i in range(len(agents))) + ")"
             params.update({f"a{i}": n for i, n in enumerate(agents)})
+        if queues is not None:
+            if not queues:
+                return []
+            agent_clause += " AND queue IN (" + ", ".join(f":q{i}" for i in range(len(queues)))
+            agent_clause += ")"
+            params.update({f"q{i}": n for i, n in enumerate(queues)})
         cols = "SELECT id, status, queue, owner, priority, created_at, data, input FROM tasks"
         if task_id is not None:
             params["id"] = task_id
             sql = f"{cols} WHERE id=:id AND ({_RUNNABLE}){agent_clause}"
-            return [self._candidate(r) for r in self.conn.execute(sql, params)]
+            return [Candidate.from_row(r, self._task) for r in self.conn.execute(sql, params)]
         rows = self.conn.execute(
             f"{cols} WHERE status='running' AND coalesce(lease_expires, 0) <= :now"
             f"{agent_clause} LIMIT :limit",
             params,
         ).fetchall()
         rows += self.conn.execute(
-            f"{cols} WHERE status='waiting' AND wake_at <= :now AND status_reason='timer'"
+            f"{cols} WHERE status='waiting' AND wake_at <= :now"
             f"{agent_clause} ORDER BY wake_at LIMIT :limit",
             params,
         ).fetchall()
@@ -204,7 +236,7 @@ class SqliteTx:
             " ORDER BY wake_at LIMIT :limit",
             params,
         ).fetchall()
-        for queue in self._ready_queues():
+        for queue in self._ready_queues() if queues is None else queues:
             if queue in closed:
                 continue
             rows += self.conn.execute(
@@ -212,23 +244,7 @@ class SqliteTx:
                 f" AND queue=:queue{agent_clause} ORDER BY priority DESC, created_at LIMIT :limit",
                 {**params, "queue": queue},
             ).fetchall()
-        return sorted(map(self._candidate, rows), key=Candidate.order)
-
-    def _candidate(self, row: sqlite3.Row) -> Candidate:
-        def load() -> Task:
-            task = self._task(row)
-            assert task is not None
-            return task
-
-        return Candidate(
-            row["id"],
-            TaskStatus(row["status"]),
-            row["queue"],
-            row["owner"],
-            row["priority"],
-            row["created_at"],
-            load,
-        )
+        return sorted((Candidate.from_row(r, self._task) for r in rows), key=Candidate.order)
 
     def _ready_queues(self) -> list[str]:
         """The queues with ready tasks: a skip scan of `tasks_ready`, one seek per queue."""
@@ -266,7 +282,7 @@ class SqliteTx:
 _RUNNABLE = (
     "status='pending' AND (wake_at IS NULL OR wake_at <= :now)"
     " OR (status='running' AND coalesce(lease_expires, 0) <= :now)"
-    " OR (status='waiting' AND status_reason='timer' AND wake_at <= :now)"
+    " OR (status='waiting' AND wake_at <= :now)"
 )
 
 

@@ -15,6 +15,7 @@ from duragent.errors import Conflict, StaleLease, TaskNotFound
 from duragent.store.base import (
     Commit,
     CommitResult,
+    CopyEntries,
     LeaseRenewal,
     apply_patch,
     check_fence,
@@ -33,6 +34,10 @@ class Tx(Protocol):
     def insert_task(self, task: Task) -> None: ...
     def update_task(self, task: Task) -> None: ...
     def append(self, entries: list[Entry]) -> None: ...
+    def copy_entries(self, copy: CopyEntries, task_id: str, after_seq: int, now: datetime) -> int:
+        """Copy `copy`'s entries into `task_id` as seqs after_seq+1.. ; returns how many."""
+        ...
+
     def load_document(self, scope: str, key: str) -> Document | None: ...
     def put_document(self, doc: Document) -> None: ...
     def delete_document(self, scope: str, key: str) -> None: ...
@@ -43,6 +48,7 @@ class Tx(Protocol):
         task_id: str | None,
         limit: int,
         closed: set[str],
+        queues: Sequence[str] | None = None,
     ) -> list[Candidate]: ...
     def load_queues(self) -> list[Document]: ...
     def running_counts(
@@ -90,12 +96,13 @@ def schedule_key(task: Task) -> tuple[Any, ...]:
 
 
 def may_become_claimable(task: Task) -> bool:
-    """Pending; waiting on a timer; or running, so claimable once its lease expires."""
+    """Pending; waiting with a wake-up (a timer or a deadline); or running, so
+    claimable once its lease expires."""
     status = task.status
     return (
         status is TaskStatus.PENDING
         or status is TaskStatus.RUNNING
-        or (status is TaskStatus.WAITING and task.status_reason == "timer")
+        or (status is TaskStatus.WAITING and task.wake_at is not None)
     )
 
 
@@ -226,6 +233,66 @@ def apply_create(
     return result.tasks[task.id], True
 
 
+def apply_fork(
+    tx: Tx, task: Task, log: Sequence[NewEntry | CopyEntries], now: datetime
+) -> tuple[Task, bool]:
+    """Create a task whose log is `log`: new entries as given, copies made by the store.
+
+    The new task's seqs are positions in `log`, a copy counting its entries.
+    Its first `iterations` rounds are closed: `round_seq` is set to the seq of
+    the last entry of one of them (copies hold only those), where recovery
+    starts reading.
+    """
+    if task.request_id is not None:
+        existing = tx.find_by_request(task.owner, task.request_id)
+        if existing is not None:
+            return existing, False
+    check_new_child(task)
+    if tx.load_task(task.id) is not None:
+        raise Conflict(f"a task with id {task.id!r} already exists")
+    task = task.model_copy(update={"created_at": now, "updated_at": now, "last_seq": 0})
+    tx.insert_task(task)  # first: a store may number the task's entries by its row
+    seq = round_seq = 0
+    pending: list[Entry] = []
+    sources: set[str] = set()
+    for part in log:
+        if isinstance(part, NewEntry):
+            seq += 1
+            if part.round <= task.iterations:
+                round_seq = seq
+            pending.append(
+                Entry.model_construct(
+                    task_id=task.id,
+                    seq=seq,
+                    kind=part.kind,
+                    round=part.round,
+                    payload=part.payload,
+                    created_at=now,
+                )
+            )
+            continue
+        if part.source_id not in sources:
+            if tx.load_task(part.source_id) is None:
+                raise TaskNotFound(part.source_id)
+            sources.add(part.source_id)
+        if pending:
+            tx.append(pending)  # in seq order: a store may keep a task's log as a list
+            pending = []
+        copied = tx.copy_entries(part, task.id, seq, now)
+        if part.count is not None and copied != part.count:
+            raise Conflict(
+                f"task {part.source_id!r} changed while it was being forked: {copied} "
+                f"entries of seqs {part.first_seq}..{part.last_seq} found, {part.count} expected"
+            )
+        seq += copied
+        round_seq = seq
+    if pending:
+        tx.append(pending)
+    task = task.model_copy(update={"last_seq": seq, "round_seq": round_seq})
+    tx.update_task(task)
+    return task, True
+
+
 def apply_claim(
     tx: Tx,
     worker_id: str,
@@ -234,8 +301,10 @@ def apply_claim(
     ttl: float,
     task_id: str | None,
     now: datetime,
+    queues: Sequence[str] | None = None,
 ) -> list[Task]:
-    """Claim up to `n` runnable tasks in claim order, within every queue's limits.
+    """Claim up to `n` runnable tasks in claim order, within every queue's limits
+    (only from `queues`, when given).
 
     Candidates come in pages; one a limit refuses is passed over (it stays
     queued), so a page may be read again larger, a few times at most.
@@ -251,7 +320,7 @@ def apply_claim(
     limit = n + 8
     for _ in range(4):
         refused = 0
-        for found in tx.find_claimable(now, agents, task_id, limit, budget.closed()):
+        for found in tx.find_claimable(now, agents, task_id, limit, budget.closed(), queues):
             if found.id in seen:
                 continue
             seen.add(found.id)
@@ -350,6 +419,11 @@ class TxWrites:
     async def create_task(self, task: Task, entries: Sequence[NewEntry] = ()) -> tuple[Task, bool]:
         return await self._write(lambda tx: apply_create(tx, task, entries, utcnow()))
 
+    async def create_fork(
+        self, task: Task, log: Sequence[NewEntry | CopyEntries]
+    ) -> tuple[Task, bool]:
+        return await self._write(lambda tx: apply_fork(tx, task, list(log), utcnow()))
+
     async def claim_task(
         self,
         worker_id: str,
@@ -357,8 +431,11 @@ class TxWrites:
         agents: Iterable[str] | None = None,
         ttl: float = 30.0,
         task_id: str | None = None,
+        queues: Iterable[str] | None = None,
     ) -> Task | None:
-        claimed = await self.claim_tasks(worker_id, 1, agents=agents, ttl=ttl, task_id=task_id)
+        claimed = await self.claim_tasks(
+            worker_id, 1, agents=agents, ttl=ttl, task_id=task_id, queues=queues
+        )
         return claimed[0] if claimed else None
 
     async def claim_tasks(
@@ -369,10 +446,12 @@ class TxWrites:
         agents: Iterable[str] | None = None,
         ttl: float = 30.0,
         task_id: str | None = None,
+        queues: Iterable[str] | None = None,
     ) -> list[Task]:
         names = None if agents is None else list(agents)
+        only = None if queues is None else sorted(set(queues))
         return await self._write(
-            lambda tx: apply_claim(tx, worker_id, n, names, ttl, task_id, utcnow())
+            lambda tx: apply_claim(tx, worker_id, n, names, ttl, task_id, utcnow(), only)
         )
 
     async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task:

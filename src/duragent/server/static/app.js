@@ -4,7 +4,7 @@
 
 import { follow, HttpError } from "./sse.js";
 import { h, Timeline } from "./timeline.js";
-import { showRounds } from "./steering.js";
+import { sendMessage, showRounds } from "./steering.js";
 
 const TOKEN_KEY = "duragent.token";
 const AGENT_KEY = "duragent.agent";
@@ -94,10 +94,18 @@ async function showApp() {
 
 // --- agents and new tasks ---------------------------------------------------
 
+const NO_AGENTS =
+  "This server has no agents, so no task can start here. Restart it with " +
+  "duragent serve --agents module:attr (e.g. --agents myagents:AGENTS).";
+
 async function loadAgents() {
   const { agents } = await api("GET", "/v1/agents");
   const select = $("#agent");
   select.replaceChildren(...agents.map((a) => h("option", { value: a.name }, a.name)));
+  const none = agents.length === 0;
+  for (const el of [select, $("#input"), $("#start")]) el.disabled = none;
+  $("#agent-tools").classList.toggle("error-text", none);
+  if (none) { $("#agent-tools").textContent = NO_AGENTS; return; }
   const remembered = localStorage.getItem(AGENT_KEY);
   if (agents.some((a) => a.name === remembered)) select.value = remembered;
   const describe = () => {
@@ -112,6 +120,7 @@ async function loadAgents() {
 
 async function startTask(ev) {
   ev.preventDefault();
+  if (!$("#agent").value) { toast(NO_AGENTS); return; }
   const input = $("#input").value.trim();
   if (!input) { $("#input").focus(); return; }
   const button = $("#start");
@@ -271,6 +280,11 @@ function renderTask(task) {
     ? `Step ${task.current_step}`
     : `${task.iterations} step${task.iterations === 1 ? "" : "s"}`;
   $("#usage").textContent = `${task.usage.input_tokens} in · ${task.usage.output_tokens} out tokens`;
+  // The wall-clock limit; once passed, an active task fails at its next safe point.
+  const deadline = $("#deadline");
+  deadline.hidden = !task.deadline;
+  deadline.dataset.deadline = task.deadline || "";
+  deadline.textContent = task.deadline ? `Deadline ${new Date(task.deadline).toLocaleString()}` : "";
   $("#task-error").textContent = task.error || "";
   $("#task-error").hidden = !task.error;
   const src = task.forked_from;
@@ -282,6 +296,10 @@ function renderTask(task) {
     state.roundsAt = `${task.id}:${task.last_seq}`;
     showRounds(api, task.id, $("#rounds"), forkTask).catch(() => { /* the next render retries */ });
   }
+  // Several approvals open: decide them all in one request (one commit).
+  const approvals = (task.waiting_for || []).filter((w) => w.wait === "approval");
+  $("#approvals-bar").hidden = approvals.length < 2;
+  $("#approvals-count").textContent = `${approvals.length} calls wait for approval`;
   const s = task.status;
   $("#pause").disabled = !["pending", "running", "waiting"].includes(s);
   $("#rollback").disabled = $("#pause").disabled;
@@ -289,6 +307,23 @@ function renderTask(task) {
   $("#retry").hidden = s !== "failed";
   $("#retry").disabled = s !== "failed";
   $("#abort").disabled = !(ACTIVE.has(s) || s === "blocked");
+  $("#send-form").hidden = !(ACTIVE.has(s) || s === "blocked");  // a live task takes messages
+}
+
+async function sendToTask(ev) {
+  ev.preventDefault();
+  const text = $("#send-text").value;
+  if (!text.trim()) return;
+  $("#send").disabled = true;
+  try {
+    const task = await sendMessage(api, state.taskId, text, $("#send-strategy").value);
+    $("#send-text").value = "";
+    if (state.taskId === task.id) renderTask(task);
+  } catch (err) {
+    toast(problemText(err));
+  } finally {
+    $("#send").disabled = false;
+  }
 }
 
 async function control(action, body, button) {
@@ -323,6 +358,20 @@ async function forkTask(round) {
   }
 }
 
+async function decideAll(approve, button) {
+  const open = (state.task?.waiting_for || []).filter((w) => w.wait === "approval");
+  const decisions = Object.fromEntries(open.map((w) => [w.call_id, { approve }]));
+  button.disabled = true;
+  try {
+    renderTask(await api("POST", `/v1/tasks/${encodeURIComponent(state.taskId)}/respond`, { decisions }));
+  } catch (err) {
+    toast(problemText(err));
+    refreshTaskSoon();
+  } finally {
+    button.disabled = false;
+  }
+}
+
 async function respond(callId, body) {
   try {
     const task = await api("POST", `/v1/tasks/${encodeURIComponent(state.taskId)}/respond`, { ...body, call_id: callId });
@@ -353,6 +402,10 @@ $("#signin-form").addEventListener("submit", (ev) => {
 });
 $("#signout").addEventListener("click", () => signOut());
 $("#new-task").addEventListener("submit", startTask);
+$("#send-form").addEventListener("submit", sendToTask);
+$("#send-text").addEventListener("keydown", (ev) => {
+  if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) sendToTask(ev);
+});
 $("#filter-status").addEventListener("change", () => refreshList());
 $("#filter-queue").addEventListener("input", () => refreshList());
 $("#input").addEventListener("keydown", (ev) => {
@@ -362,6 +415,8 @@ $("#pause").addEventListener("click", (ev) => control("pause", { rollback: false
 $("#rollback").addEventListener("click", (ev) => control("pause", { rollback: true }, ev.currentTarget));
 $("#resume").addEventListener("click", (ev) => control("resume", undefined, ev.currentTarget));
 $("#retry").addEventListener("click", (ev) => control("retry", undefined, ev.currentTarget));
+$("#approve-all").addEventListener("click", (ev) => decideAll(true, ev.currentTarget));
+$("#deny-all").addEventListener("click", (ev) => decideAll(false, ev.currentTarget));
 $("#abort").addEventListener("click", (ev) => {
   if (confirm("Abort this task for good?")) control("abort", { reason: "aborted from the web page" }, ev.currentTarget);
 });

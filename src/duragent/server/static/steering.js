@@ -1,5 +1,6 @@
 // Steering a task from the page: its rounds (GET /history) with "Fork from here"
-// on every complete round (POST /fork). A fork is a new task; the page opens it.
+// on every complete round (POST /fork), a fork being a new task the page opens;
+// and a message box on a live task (POST /messages).
 
 import { h } from "./timeline.js";
 
@@ -36,4 +37,11 @@ export async function showRounds(api, taskId, list, fork) {
   }));
   list.replaceChildren(...(items.length ? items : [h("li", { class: "empty" }, "No rounds yet.")]));
   return hist;
+}
+
+// Send `text` into the task (POST /messages); `strategy` "" means the task's own.
+export async function sendMessage(api, taskId, text, strategy) {
+  const body = { text };
+  if (strategy) body.multitask_strategy = strategy;
+  return api("POST", `/v1/tasks/${encodeURIComponent(taskId)}/messages`, body);
 }

@@ -1,7 +1,8 @@
 // A task's conversation, built from its committed entries in seq order.
 // The same rules as duragent.runtime.views.ui_view: streamed text is shown
 // until the round's assistant message arrives (or a progress rollback voids
-// it); tool cards follow intent -> wait -> decision -> result. An API rollback
+// it); tool cards follow intent -> wait -> decision -> result (a decision may
+// carry edited arguments: the card then shows those, and the model's). An API rollback
 // marks what it voids (the model no longer sees it) but removes nothing.
 
 export function h(tag, attrs = {}, ...children) {
@@ -157,6 +158,10 @@ export class Timeline {
       card.wait = null;
       card.state = p.approved ? "approved" : "denied";
       card.decision = p;
+      if (p.arguments) {  // a person edited the arguments: the call runs with these
+        card.originalArgs = card.args;
+        card.args = prettyArgs(JSON.stringify(p.arguments));
+      }
     } else if (p.type === "started") card.state = "running";
     this.update(card);
   }
@@ -187,7 +192,11 @@ export class Timeline {
         card.voided ? h("span", { class: "voided-label", title: "Rolled back: the model no longer sees this call" }, "rolled back") : null,
         card.replay ? h("span", { class: "replay", title: "replay policy" }, `replay: ${card.replay}`) : null,
         h("span", { class: `tool-state badge-${card.state}` }, STATE_LABEL[card.state] || card.state)),
-      h("code", { class: "tool-args" }, card.args));
+      h("code", { class: "tool-args" }, card.args),
+      card.originalArgs != null
+        ? h("div", { class: "tool-edited", title: "A person edited the arguments before approving" },
+            "edited before approval; the model asked for ", h("code", { class: "tool-args-original" }, card.originalArgs))
+        : null);
     if (card.partial && card.result == null) el.append(h("div", { class: "tool-partial" }, card.partial));
     if (card.result != null) el.append(h("pre", { class: `tool-result${card.resultVoided ? " voided" : ""}` }, card.result));
     if (card.state === "waiting" && card.wait) el.append(this.waitForm(card));
@@ -198,15 +207,40 @@ export class Timeline {
     const w = card.wait;
     if (w.wait === "approval") {
       const reason = h("input", { type: "text", class: "reason", placeholder: "Reason (optional)" });
+      const original = w.arguments ?? (() => { try { return JSON.parse(card.args); } catch { return {}; } })();
+      const editor = h("textarea", { class: "edit-args", rows: 4, spellcheck: "false", hidden: true });
+      editor.value = JSON.stringify(original, null, 2);
+      const problem = h("div", { class: "edit-problem", role: "alert" });
       const go = (approve) => async (ev) => {
+        const body = { approve, reason: reason.value || null };
+        if (approve && !editor.hidden) {
+          let edited;
+          try { edited = JSON.parse(editor.value); } catch (err) { edited = err; }
+          if (edited === null || typeof edited !== "object" || Array.isArray(edited) || edited instanceof Error) {
+            problem.textContent = "The arguments must be a JSON object.";
+            return;
+          }
+          body.arguments = edited;
+        }
+        problem.textContent = "";
         ev.target.disabled = true;
-        const ok = await this.actions.respond(card.callId, { approve, reason: reason.value || null });
+        const ok = await this.actions.respond(card.callId, body);
         if (!ok) ev.target.disabled = false;
       };
+      const approve = h("button", { class: "approve", onclick: go(true) }, "Approve");
+      const edit = h("button", { class: "secondary edit", onclick: () => {
+        editor.hidden = !editor.hidden;
+        approve.textContent = editor.hidden ? "Approve" : "Approve with these arguments";
+        edit.textContent = editor.hidden ? "Edit arguments" : "Cancel edit";
+        if (!editor.hidden) editor.focus();
+      } }, "Edit arguments");
+      const expires = w.expires_at
+        ? h("div", { class: "expires" }, `Denied automatically at ${new Date(w.expires_at).toLocaleString()} without a decision.`)
+        : null;
       return h("div", { class: "wait approval" },
         h("div", { class: "question" }, w.question || "Allow this call?"),
-        h("div", { class: "row" }, reason,
-          h("button", { class: "approve", onclick: go(true) }, "Approve"),
+        expires, editor, problem,
+        h("div", { class: "row" }, reason, edit, approve,
           h("button", { class: "deny danger", onclick: go(false) }, "Deny")));
     }
     if (w.wait === "input") {

@@ -11,10 +11,11 @@ from typing import Any
 
 import typer
 
-from duragent.cli import app, import_from_cwd
+from duragent.cli._common import import_from_cwd, run_async
 from duragent.runtime.agent import Agent
 
 log = logging.getLogger(__name__)
+app = typer.Typer()
 
 
 def load_agents(spec: str) -> list[Agent]:
@@ -102,10 +103,14 @@ def worker(
     metrics_host: str = typer.Option(
         "127.0.0.1", help="Interface for --metrics-port (keep it private: no auth)."
     ),
+    queues: str | None = typer.Option(
+        None, help="Claim only from these queues, comma-separated (default: every queue)."
+    ),
 ) -> None:
     """Claim and run tasks until SIGTERM (then stop at a safe point and hand them back)."""
+    only = None if queues is None else parse_queues(queues)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(
+    run_async(
         run_worker(
             store,
             load_agents(agents),
@@ -116,5 +121,14 @@ def worker(
             missing_agent_grace=missing_agent_grace,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
+            queues=only,
         )
     )
+
+
+def parse_queues(text: str) -> list[str]:
+    """'emails, reports' -> ['emails', 'reports']; an empty name is a mistake."""
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise typer.BadParameter(f"--queues {text!r}: queue names separated by commas, e.g. a,b")
+    return names

@@ -4,144 +4,43 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from duragent.cli import app, run_async
+from duragent.cli._common import (
+    STORE,
+    make_console,
+    operator_runtime,
+    parse_age,
+    parse_duration,
+    run_async,
+)
+from duragent.cli._format import (
+    STATUS_STYLE,
+    clip,
+    describe,
+    lease_left,
+    status_markup,
+    status_text,
+    step,
+    timeline,
+    when,
+)
 from duragent.runtime.runtime import Runtime
-from duragent.store import DEFAULT_URL, SCHEMA_VERSION, Store, TaskQuery, open_store
+from duragent.runtime.worker import lease_alive
+from duragent.store import SCHEMA_VERSION, Store, TaskQuery, open_store
 from duragent.terminal import clean, safe
-from duragent.types import Entry, EntryKind, Task, TaskStatus, session_scope, task_scope
+from duragent.types import EntryKind, Task, TaskStatus, session_scope, task_scope
 
-T = TypeVar("T")
+app = typer.Typer()
 _C1 = re.compile(r"[\x7f-\x9f]")
-
-STORE = typer.Option(DEFAULT_URL, "--store", help="Store URL.")
-STATUS_STYLE = {
-    "pending": "cyan",
-    "running": "bold blue",
-    "paused": "yellow",
-    "waiting": "magenta",
-    "completed": "green",
-    "failed": "bold red",
-    "aborted": "red",
-    "blocked": "bold yellow",
-}
-
-
-def _console() -> Console:
-    return Console(highlight=False)
-
-
-def _run(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a command's coroutine; an error is one line (see `duragent.cli.run_async`)."""
-    return run_async(make())
-
-
-@asynccontextmanager
-async def _runtime(url: str) -> AsyncIterator[Runtime]:
-    # No worker: operator commands act on the store; the workers run the tasks.
-    async with Runtime(url, run_worker=False) as rt:
-        yield rt
-
-
-def _when(dt: datetime | None) -> str:
-    return "" if dt is None else dt.strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _status(task: Task) -> str:
-    text = task.status.value + (f" ({task.status_reason})" if task.status_reason else "")
-    return f"[{STATUS_STYLE.get(task.status.value, '')}]{safe(text)}[/]"
-
-
-def _step(task: Task) -> str:
-    if task.status.terminal:
-        return f"{task.iterations} done"
-    return f"{task.iterations + 1}"
-
-
-def _clip(value: Any, n: int = 60) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    text = " ".join(str(text).split())
-    return text if len(text) <= n else text[: n - 1] + "…"
-
-
-def describe(e: Entry) -> str:
-    """One line saying what an entry records."""
-    p = e.payload
-    if e.kind is EntryKind.API_MESSAGE:
-        if p.get("role") == "assistant":
-            calls = ", ".join(c["function"]["name"] for c in p.get("tool_calls") or ())
-            said = _clip(p.get("content") or "", 70)
-            return f"assistant: {said}" + (f"  → calls {calls}" if calls else "")
-        return f"{p.get('role')}: {_clip(p.get('content'), 70)}"
-    if e.kind is EntryKind.TOOL_INTENT:
-        return f"intent {p.get('name')} ({p.get('call_id')}, replay={p.get('replay')})"
-    if e.kind is EntryKind.TOOL_RESULT:
-        return f"result {p.get('tool_call_id')} [{p.get('outcome')}]: {_clip(p.get('content'))}"
-    if e.kind is EntryKind.PROGRESS:
-        who = f"tool {p['call_id']} " if "call_id" in p else ""
-        return f"{who}streamed '{_clip(p.get('text', ''), 70)}'"
-    if e.kind is EntryKind.STATUS:
-        line = f"status {p.get('from')} → {p.get('to')}"
-        if p.get("reason"):
-            line += f" ({p['reason']})"
-        if p.get("takeover"):
-            line += " (took over from a dead worker)"
-        if p.get("error"):
-            line += f": {_clip(p['error'])}"
-        return line
-    if e.kind is EntryKind.ROLLBACK:
-        return f"rollback ({p.get('scope', 'api')}) of seqs {p.get('from_seq')}–{p.get('to_seq')}"
-    if e.kind is EntryKind.CHECKPOINT:
-        kind = p.get("type")
-        if kind == "wait":
-            what = p.get("question") or p.get("child_id") or p.get("wake_at") or ""
-            return f"waits for {p.get('wait')} ({p.get('call_id')}): {_clip(what)}"
-        if kind == "decision":
-            verdict = "approved" if p.get("approved") else "denied"
-            return f"{verdict} {p.get('call_id')}" + (f": {p['reason']}" if p.get("reason") else "")
-        return f"{kind} {p.get('call_id', '')}".strip()
-    if e.kind is EntryKind.UI_MESSAGE:
-        text = p.get("message") or p.get("text") or ""
-        return f"{p.get('type', 'ui')}: {_clip(text, 70)}" + (
-            f" — {_clip(p['detail'])}" if p.get("detail") else ""
-        )
-    return _clip(p, 80)
-
-
-def timeline(entries: list[Entry]) -> Table:
-    """The log as a table; consecutive progress batches of one stream collapse into a row."""
-    table = Table(title="Committed entries", title_justify="left")
-    for col in ("seq", "round", "kind", "at", "what"):
-        table.add_column(col, no_wrap=col != "what")
-    rows: list[list[str]] = []
-    last_kind = None
-    for e in entries:
-        p = e.payload
-        streamed = e.kind is EntryKind.PROGRESS and "call_id" not in p
-        if streamed and last_kind == ("progress", e.round) and rows:
-            row = rows[-1]
-            row[0] = f"{row[0].split('–')[0]}–{e.seq}"
-            row[4] = row[4][:-1] + clean(p.get("text", "")) + "'"
-            continue
-        last_kind = ("progress", e.round) if streamed else None
-        what = f"streamed '{clean(p.get('text', ''))}'" if streamed else clean(describe(e))
-        at = e.created_at.strftime("%H:%M:%S.%f")[:-3]
-        rows.append([str(e.seq), str(e.round or "-"), e.kind.value, at, what])
-    for row in rows:
-        # Text, not markup: pieces escaped one by one could join into a live tag
-        # ("x [lin" + "k=...]"), so the joined text is never parsed at all.
-        table.add_row(*row[:4], Text(row[4]))
-    return table
 
 
 def task_header(task: Task) -> Table:
@@ -152,21 +51,62 @@ def task_header(task: Task) -> Table:
     grid.add_row("agent", safe(task.agent))
     if task.owner:
         grid.add_row("owner", safe(task.owner))
-    grid.add_row("status", _status(task))
-    grid.add_row("step", f"{_step(task)} (rounds completed: {task.iterations})")
+    grid.add_row("status", status_markup(task))
+    grid.add_row("step", f"{step(task)} (rounds completed: {task.iterations})")
     grid.add_row("tokens", f"{task.usage.input_tokens} in, {task.usage.output_tokens} out")
-    grid.add_row("created", _when(task.created_at))
-    grid.add_row("updated", _when(task.updated_at))
+    grid.add_row("created", when(task.created_at))
+    grid.add_row("updated", when(task.updated_at))
     if task.parent_id:
         grid.add_row("parent", safe(task.parent_id))
     if task.session_id:
         grid.add_row("session", safe(task.session_id))
-    grid.add_row("input", safe(_clip(task.input, 120)))
+    grid.add_row("input", safe(clip(task.input, 120)))
     if task.output is not None:
-        grid.add_row("output", safe(_clip(task.output, 400)))
+        grid.add_row("output", safe(clip(task.output, 400)))
+    if task.deadline:
+        grid.add_row("deadline", when(task.deadline))
     if task.error:
         grid.add_row("error", f"[red]{safe(task.error)}[/]")
     return grid
+
+
+UPDATED = "%m-%d %H:%M:%S"
+
+
+def task_lines(tasks: list[Task], width: int) -> list[Text]:
+    """`ls` at any width: a line with the whole id (to copy), status, step and when it
+    last changed; under it, indented, agent, owner and output or error, cut to `width`.
+
+    Nothing wraps: an 80-column terminal gets every id whole and the rest cut.
+    """
+    gap = "  "
+    id_width = max(len(clean(t.id)) for t in tasks)
+    steps = [step(t) for t in tasks]
+    step_width = max(len("step"), *(len(s) for s in steps))
+    updated_width = len(tasks[0].updated_at.strftime(UPDATED))
+    room = width - id_width - step_width - updated_width - 3 * len(gap)
+    statuses = [clip(status_text(t), max(room, len("completed"))) for t in tasks]
+    status_width = max(len(s) for s in statuses)
+    columns = ("id", id_width), ("status", status_width), ("step", step_width), ("updated", 0)
+    head = Text(gap.join(name.ljust(w) for name, w in columns), style="bold")
+    lines = [head]
+    for t, status, done in zip(tasks, statuses, steps, strict=True):
+        line = Text(clean(t.id).ljust(id_width) + gap)
+        line.append(status.ljust(status_width), STATUS_STYLE.get(t.status.value, ""))
+        line.append(gap + done.ljust(step_width) + gap + t.updated_at.strftime(UPDATED))
+        # Agent and owner are cut short so that the output has room too.
+        detail = Text("    ")
+        detail.append(clip(clean(t.agent), 24), "cyan")
+        if t.owner:
+            detail.append(" · " + clip(clean(t.owner), 20))
+        if t.error:
+            detail.append(" · ")
+            detail.append(clip(clean(t.error), width), "red")
+        elif t.output is not None:
+            detail.append(" · " + clip(clean(t.output), width))
+        detail.truncate(width, overflow="ellipsis")
+        lines += [line, detail]
+    return lines
 
 
 # --- commands ----------------------------------------------------------------
@@ -184,8 +124,6 @@ def list_tasks(
     since: str | None = typer.Option(None, help="Created within: 30d, 12h, 15m, 90s."),
 ) -> None:
     """List tasks, newest first."""
-    from duragent.cli_fleet import parse_age  # the command modules import each other lazily
-
     labels = {}
     for pair in meta or []:
         key, sep, value = pair.partition("=")
@@ -195,7 +133,7 @@ def list_tasks(
     after = datetime.now(UTC) - parse_age(since) if since else None
 
     async def go() -> list[Task]:
-        async with _runtime(store) as rt:
+        async with operator_runtime(store) as rt:
             page = await rt.list(
                 owner=owner,
                 status=status or None,
@@ -207,28 +145,13 @@ def list_tasks(
             )
             return list(page.tasks)
 
-    tasks = _run(go)
-    console = _console()
+    tasks = run_async(go())
+    console = make_console()
     if not tasks:
         console.print("no tasks")
         return
-    table = Table()
-    table.add_column("id", no_wrap=True, min_width=max(len(t.id) for t in tasks))
-    for col in ("agent", "owner", "status", "step", "updated"):
-        table.add_column(col, no_wrap=True)
-    table.add_column("output / error", ratio=1, min_width=16)
-    for t in tasks:
-        tail = f"[red]{safe(_clip(t.error))}[/]" if t.error else safe(_clip(t.output or ""))
-        table.add_row(
-            safe(t.id),
-            safe(t.agent),
-            safe(t.owner or ""),
-            _status(t),
-            _step(t),
-            t.updated_at.strftime("%m-%d %H:%M:%S"),
-            tail,
-        )
-    console.print(table)
+    for line in task_lines(tasks, console.width):
+        console.print(line, no_wrap=True, overflow="ellipsis", soft_wrap=False)
 
 
 @app.command()
@@ -238,10 +161,10 @@ def show(
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until it ends."),
 ) -> None:
     """Show a task and the timeline of its committed entries."""
-    console = _console()
+    console = make_console()
 
     async def go() -> None:
-        async with _runtime(store) as rt:
+        async with operator_runtime(store) as rt:
             task = await rt.get(task_id)
             entries = await rt.store.entries(task_id)
             console.print(task_header(task))
@@ -249,7 +172,7 @@ def show(
             if follow:
                 await _follow(rt, task_id, entries[-1].seq if entries else 0, console)
 
-    _run(go)
+    run_async(go())
 
 
 async def _follow(rt: Runtime, task_id: str, after: int, console: Console) -> None:
@@ -269,9 +192,9 @@ async def _follow(rt: Runtime, task_id: str, after: int, console: Console) -> No
     if streaming:
         console.print()
     task = await rt.get(task_id)
-    console.print(f"task {task.id} is {_status(task)}")
+    console.print(f"task {task.id} is {status_markup(task)}")
     if task.output is not None:
-        console.print(safe(_clip(task.output, 2000)))
+        console.print(safe(clip(task.output, 2000)))
 
 
 @app.command()
@@ -284,36 +207,56 @@ def pause(
     """Pause a task at its next safe point (its worker may be another process)."""
 
     async def go() -> Task:
-        async with _runtime(store) as rt:
+        async with operator_runtime(store) as rt:
             return await rt.pause(task_id, rollback=rollback, timeout=timeout)
 
-    task = _run(go)
-    _console().print(f"task {task.id} is {_status(task)}")
+    task = run_async(go())
+    make_console().print(f"task {task.id} is {status_markup(task)}")
 
 
 @app.command()
 def resume(task_id: str = typer.Argument(..., help="The task's id."), store: str = STORE) -> None:
     """Make a paused or blocked task runnable again; a worker picks it up."""
 
-    async def go() -> Task | None:
-        async with _runtime(store) as rt:
-            return await rt.resume(task_id)
+    async def go() -> tuple[Task, bool]:
+        async with operator_runtime(store) as rt:
+            task = await rt.get(task_id)
+            if lease_alive(task):  # its owner runs it, or crashed and its lease has not ended
+                return task, False
+            resumed = await rt.resume(task_id)
+            assert resumed is not None
+            return resumed, True
 
-    task = _run(go)
-    assert task is not None
-    _console().print(f"task {task.id} is {_status(task)}; a worker will continue it")
+    task, resumed = run_async(go())
+    if resumed:
+        make_console().print(f"task {task.id} is {status_markup(task)}; a worker will continue it")
+    else:
+        make_console().print(
+            f"task {task.id} is {status_markup(task)}: waiting for the previous owner's lease, "
+            f"{escape(lease_left(task))}; if that worker is gone (a crash), a worker with its "
+            "agent takes the task over then"
+        )
 
 
 @app.command()
-def retry(task_id: str = typer.Argument(..., help="The task's id."), store: str = STORE) -> None:
+def retry(
+    task_id: str = typer.Argument(..., help="The task's id."),
+    store: str = STORE,
+    deadline: str | None = typer.Option(
+        None,
+        help="A new deadline from now (90s, 15m, 2h, 1d); without one, a passed deadline "
+        "is dropped.",
+    ),
+) -> None:
     """Continue a failed task from its last commit; a worker picks it up."""
+    new = None if deadline is None else parse_duration(deadline, "a deadline")
 
     async def go() -> Task:
-        async with _runtime(store) as rt:
-            return await rt.retry(task_id)
+        async with operator_runtime(store) as rt:
+            return await rt.retry(task_id, deadline=new)
 
-    task = _run(go)
-    _console().print(f"task {task.id} is {_status(task)}; a worker will continue it")
+    task = run_async(go())
+    make_console().print(f"task {task.id} is {status_markup(task)}; a worker will continue it")
 
 
 @app.command()
@@ -326,11 +269,11 @@ def abort(
     """End a task for good (its sub-tasks too)."""
 
     async def go() -> Task:
-        async with _runtime(store) as rt:
+        async with operator_runtime(store) as rt:
             return await rt.abort(task_id, reason=reason, timeout=timeout)
 
-    task = _run(go)
-    _console().print(f"task {task.id} is {_status(task)}")
+    task = run_async(go())
+    make_console().print(f"task {task.id} is {status_markup(task)}")
 
 
 async def export_task(store: Store, task_id: str) -> dict[str, Any]:
@@ -363,13 +306,12 @@ def export(
     """Export a task as JSON: its row, every entry, its documents and its sub-tasks."""
 
     async def go() -> dict[str, Any]:
-        async with _runtime(store) as rt:
+        async with operator_runtime(store) as rt:
             return await export_task(rt.store, task_id)
 
     # C1 controls are legal raw in JSON text but commands to a terminal: escape them.
-    text = _C1.sub(
-        lambda m: f"\\u{ord(m.group()):04x}", json.dumps(_run(go), indent=2, ensure_ascii=False)
-    )
+    exported = json.dumps(run_async(go()), indent=2, ensure_ascii=False)
+    text = _C1.sub(lambda m: f"\\u{ord(m.group()):04x}", exported)
     if output is None:
         typer.echo(text)
     else:
@@ -392,8 +334,8 @@ def migrate(store: str = STORE) -> None:
         finally:
             await s.close()
 
-    before, after = _run(go)
-    console = _console()
+    before, after = run_async(go())
+    console = make_console()
     if before is None:
         console.print(f"schema version: {after} (this backend has no migrations)")
     elif before == after:

@@ -1,4 +1,5 @@
-"""Steering commands: `history` (a task round by round) and `fork` (a new task from a round)."""
+"""Steering commands: `history` (a task round by round), `fork` (a new task from a
+round) and `send` (a message into a live task)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from duragent.cli import app, fail
-from duragent.cli_tasks import STORE, _clip, _console, _run, _runtime, _status
+from duragent.cli._common import STORE, fail, make_console, operator_runtime, run_async
+from duragent.cli._format import clip, status_markup
 from duragent.errors import UsageError
+from duragent.runtime.inbox import STRATEGIES, MultitaskStrategy
 from duragent.runtime.steering import Edit, History
 from duragent.terminal import safe
 from duragent.types import Task
+
+app = typer.Typer()
 
 _ROUND_STYLE = {"complete": "green", "open": "magenta", "voided": "dim"}
 
@@ -22,10 +26,10 @@ def history_table(history: History) -> Table:
         table.add_column(col, no_wrap=col in ("round", "seqs", "status"))
     for r in history.rounds:
         status = r.status + (" (rolled back)" if r.voided and r.status != "voided" else "")
-        said = "".join(f"user: {_clip(u, 60)}\n" for u in r.user) + _clip(r.assistant or "", 80)
+        said = "".join(f"user: {clip(u, 60)}\n" for u in r.user) + clip(r.assistant or "", 80)
         calls = "\n".join(
-            f"{c.name}({_clip(c.arguments, 40)}) → [{c.outcome or 'no result yet'}] "
-            f"{_clip(c.result or '', 50)}"
+            f"{c.name}({clip(c.arguments, 40)}) → [{c.outcome or 'no result yet'}] "
+            f"{clip(c.result or '', 50)}"
             for c in r.calls
         )
         table.add_row(
@@ -43,12 +47,13 @@ def history(task_id: str = typer.Argument(..., help="The task's id."), store: st
     """Show a task round by round: what the model said, its tool calls and their results."""
 
     async def go() -> tuple[Task, History]:
-        async with _runtime(store) as rt:
+        async with operator_runtime(store) as rt:
             return await rt.get(task_id), await rt.history(task_id)
 
-    task, hist = _run(go)
-    console: Console = _console()
-    console.print(f"task {safe(task.id)} is {_status(task)}; {task.iterations} complete rounds")
+    task, hist = run_async(go())
+    console: Console = make_console()
+    status = status_markup(task)
+    console.print(f"task {safe(task.id)} is {status}; {task.iterations} complete rounds")
     if hist.forked_from is not None:
         src = hist.forked_from
         console.print(f"forked from {safe(src.task_id)} at round {src.round}")
@@ -88,12 +93,43 @@ def fork(
         fail(UsageError(f"invalid edit: {exc.errors()[0]['msg']}"))  # type: ignore[attr-defined]
 
     async def go() -> tuple[Task, bool]:
-        async with _runtime(store) as rt:
+        async with operator_runtime(store) as rt:
             sub = await rt.fork(task_id, at, edit=edit, request_id=request_id)
             return await rt.get(sub.task_id), sub.created
 
-    task, created = _run(go)
+    task, created = run_async(go())
     verb = "forked" if created else "already forked (same request id)"
-    _console().print(
-        f"{verb}: task {safe(task.id)} from {safe(task_id)} at round {at}; it is {_status(task)}"
+    status = status_markup(task)
+    make_console().print(
+        f"{verb}: task {safe(task.id)} from {safe(task_id)} at round {at}; it is {status}"
     )
+
+
+@app.command()
+def send(
+    task_id: str = typer.Argument(..., help="The live task (pending, running, waiting, paused)."),
+    text: str = typer.Argument(..., help="The user message."),
+    store: str = STORE,
+    strategy: str | None = typer.Option(
+        None,
+        "--strategy",
+        help=f"What it does while a turn runs ({', '.join(STRATEGIES)}; default: the task's).",
+    ),
+) -> None:
+    """Send a user message into a live task; it is taken once, at a safe point."""
+
+    async def go() -> Task:
+        async with operator_runtime(store) as rt:
+            chosen: MultitaskStrategy | None = strategy  # type: ignore[assignment]
+            return await rt.send(task_id, text, multitask_strategy=chosen)
+
+    task = run_async(go())
+    queued = task.config.get("inbox")
+    last = queued[-1] if isinstance(queued, list) and queued else {}
+    when = "at the next safe point"
+    if task.status.value in ("paused", "blocked"):
+        when = "when it is resumed"
+    elif isinstance(last, dict) and last.get("at") == "turn_end":
+        when = "after the current turn's answer"
+    status = status_markup(task)
+    make_console().print(f"sent to task {safe(task.id)} ({status}); it takes the message {when}")

@@ -7,16 +7,31 @@ import os
 import subprocess
 import sys
 import threading
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
-HERE = Path(__file__).parent
+import pytest
+
+from duragent import Runtime
+from duragent.types import AssistantMessage, ToolMessage
+
+# tests/, where the agent modules and child scripts are
+HERE = Path(__file__).resolve().parent.parent
 
 
 class WorkerProc:
     """A `python -m duragent worker` child whose output is collected as it comes."""
 
     def __init__(
-        self, url: str, *, ttl: float = 2.0, concurrency: int = 50, poll: float = 0.1, **env: str
+        self,
+        url: str,
+        *,
+        ttl: float = 2.0,
+        concurrency: int = 50,
+        poll: float = 0.1,
+        args: tuple[str, ...] = (),
+        **env: str,
     ) -> None:
         self.proc = subprocess.Popen(
             [
@@ -34,6 +49,7 @@ class WorkerProc:
                 str(ttl),
                 "--poll-interval",
                 str(poll),
+                *args,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -88,3 +104,23 @@ class WorkerProc:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(10)
+
+
+async def one_result_per_call(rt: Runtime, task_id: str) -> None:
+    view = await rt.model_view(task_id)
+    calls = [c.id for m in view if isinstance(m, AssistantMessage) for c in m.tool_calls or ()]
+    results = Counter(m.tool_call_id for m in view if isinstance(m, ToolMessage))
+    assert set(results) == set(calls) and all(n == 1 for n in results.values()), (calls, results)
+
+
+def ledger_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.fixture
+def workers() -> Iterator[list[WorkerProc]]:
+    """The worker processes a test starts (append them), killed when it ends."""
+    procs: list[WorkerProc] = []
+    yield procs
+    for p in procs:
+        p.stop()

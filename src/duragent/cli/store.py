@@ -6,8 +6,10 @@ import os
 
 import typer
 
-from duragent.cli import app
-from duragent.errors import DuragentError
+from duragent.cli._common import fail
+from duragent.errors import DuragentError, UsageError
+
+app = typer.Typer()
 
 
 def _jsonl_directory(url: str) -> str:
@@ -47,14 +49,12 @@ def compact(
     directory = _jsonl_directory(store)
     log = os.path.join(directory, LOG_NAME)
     if not os.path.isfile(log):
-        typer.secho(f"error: no JSONL store in {directory} (no {LOG_NAME})", fg="red", err=True)
-        raise typer.Exit(1)
+        fail(UsageError(f"no JSONL store in {directory} (no {LOG_NAME})"))
     lines_before = _lines(log)
     try:
         result = compact_log(directory)
     except DuragentError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(1) from None
+        fail(exc)
     lines_after = _lines(log)
     saved = result.bytes_before - result.bytes_after
     share = saved / result.bytes_before if result.bytes_before else 0.0

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 from typing import Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from duragent.cli import app
-from duragent.cli_tasks import STORE, _console, _run, _runtime
+from duragent.cli._common import (
+    STORE,
+    Commands,
+    make_console,
+    operator_runtime,
+    parse_age,
+    run_async,
+)
 from duragent.runtime.schedules import (
     Schedule,
     delete_schedule,
@@ -20,22 +25,29 @@ from duragent.runtime.schedules import (
     put_schedule,
     set_paused,
 )
-from duragent.store.queues import Queue, define_queue, list_queues
+from duragent.store.queues import Queue
 from duragent.types import TaskStatus
 
-schedule_app = typer.Typer(help="Schedules: submit a task on cron or every N seconds.")
-queue_app = typer.Typer(help="Queues: limits shared by every worker.")
+app = typer.Typer()
+schedule_app = typer.Typer(
+    cls=Commands, help="Schedules: submit a task on cron or every N seconds."
+)
+queue_app = typer.Typer(
+    cls=Commands,
+    help="Queues: limits shared by every worker. Running workers apply a change at their "
+    "next claim, no restart needed.",
+)
 app.add_typer(schedule_app, name="schedule")
 app.add_typer(queue_app, name="queue")
 
 
-def parse_age(text: str) -> timedelta:
-    """'30d', '12h', '15m', '90s' -> a timedelta."""
-    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-    try:
-        return timedelta(seconds=float(text[:-1]) * units[text[-1]])
-    except (KeyError, ValueError, IndexError):
-        raise typer.BadParameter(f"{text!r} is not an age like 30d, 12h, 15m or 90s") from None
+def show_age(seconds: float) -> str:
+    """The other way from parse_age: 2592000 -> '30d', 90 -> '90s' (the largest
+    unit that divides it)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 @app.command()
@@ -48,10 +60,10 @@ def counts(
     """How many tasks are in each queue and status."""
 
     async def go() -> dict[str, dict[str, int]]:
-        async with _runtime(store) as rt:
+        async with operator_runtime(store) as rt:
             return await rt.counts(owner=owner, queue=queue, agent=agent)
 
-    got = _run(go)
+    got = run_async(go())
     statuses = [s.value for s in TaskStatus if any(s.value in v for v in got.values())]
     table = Table()
     table.add_column("queue")
@@ -59,7 +71,7 @@ def counts(
         table.add_column(s, justify="right")
     for name, row in got.items():
         table.add_row(escape(name), *(str(row.get(s, 0)) for s in statuses))
-    console = _console()
+    console = make_console()
     console.print(table if got else "no tasks")
 
 
@@ -79,7 +91,7 @@ def purge(
     age = parse_age(older_than)
 
     async def go() -> Any:
-        async with _runtime(store) as rt:
+        async with operator_runtime(store) as rt:
             return await rt.purge(
                 before=age,
                 status=status or None,
@@ -89,8 +101,8 @@ def purge(
                 batch=batch,
             )
 
-    result = _run(go)
-    _console().print(f"deleted {result.tasks} tasks in {result.batches} batches")
+    result = run_async(go())
+    make_console().print(f"deleted {result.tasks} tasks in {result.batches} batches")
 
 
 @app.command("erase-owner")
@@ -104,11 +116,11 @@ def erase_owner(
         typer.confirm(f"delete every task and schedule of {owner!r}?", abort=True)
 
     async def go() -> Any:
-        async with _runtime(store) as rt:
+        async with operator_runtime(store) as rt:
             return await rt.erase_owner(owner)
 
-    result = _run(go)
-    _console().print(f"deleted {result.tasks} tasks of {owner}")
+    result = run_async(go())
+    make_console().print(f"deleted {result.tasks} tasks of {owner}")
 
 
 # --- queues ---
@@ -135,8 +147,8 @@ def queue_set(
     keep = parse_age(ttl).total_seconds() if ttl else None
 
     async def go() -> Queue:
-        async with _runtime(store) as rt:
-            q = Queue(
+        async with operator_runtime(store) as rt:
+            return await rt.queue(
                 name,
                 concurrency=concurrency,
                 per_worker=per_worker,
@@ -144,23 +156,50 @@ def queue_set(
                 rate=limit,
                 ttl=keep,
             )
-            return await define_queue(rt.store, q)
 
-    q = _run(go)
-    _console().print(f"queue {q.name}: {json.dumps(q.definition())}")
+    q = run_async(go())
+    make_console().print(escape(f"queue {q.name}: {json.dumps(q.definition())}"))
 
 
 @queue_app.command("ls")
 def queue_ls(store: str = STORE) -> None:
-    """Queues with limits."""
+    """Queues with limits or tasks: the limits, and the tasks in each status (all users)."""
 
-    async def go() -> list[Queue]:
-        async with _runtime(store) as rt:
-            return await list_queues(rt.store)
+    async def go() -> tuple[list[Queue], dict[str, dict[str, int]]]:
+        async with operator_runtime(store) as rt:
+            return await rt.queues(), await rt.counts()
 
-    console = _console()
-    for q in _run(go):
-        console.print(escape(f"{q.name}: {json.dumps(q.definition())}"))
+    defined, counts = run_async(go())
+    by_name = {q.name: q for q in defined}
+    console = make_console()
+    if not by_name and not counts:
+        console.print("no queues")
+        return
+    table = Table()
+    for col in ("queue", "concurrency", "per worker", "per owner", "rate", "ttl", "tasks"):
+        table.add_column(col, no_wrap=col != "tasks")
+    for name in sorted(by_name.keys() | counts.keys()):
+        q = by_name.get(name) or Queue(name)
+        table.add_row(
+            escape(name),
+            *(str(v) if v is not None else "-" for v in (q.concurrency, q.per_worker, q.per_owner)),
+            "-" if q.rate is None else f"{q.rate[0]}/{q.rate[1]:g}s",
+            "-" if q.ttl is None else show_age(q.ttl),
+            ", ".join(f"{s} {n}" for s, n in counts.get(name, {}).items()) or "none",
+        )
+    console.print(table)
+
+
+@queue_app.command("rm")
+def queue_rm(name: str = typer.Argument(..., help="The queue's name."), store: str = STORE) -> None:
+    """Remove a queue's limits (its tasks stay, and run unlimited)."""
+
+    async def go() -> None:
+        async with operator_runtime(store) as rt:
+            await rt.delete_queue(name)
+
+    run_async(go())
+    make_console().print(escape(f"queue {name}: limits removed"))
 
 
 # --- schedules ---
@@ -187,7 +226,7 @@ def schedule_add(
         raise typer.BadParameter("--overlap is skip, queue or allow")
 
     async def go() -> Schedule:
-        async with _runtime(store) as rt:
+        async with operator_runtime(store) as rt:
             sched = new_schedule(
                 name,
                 agent,
@@ -200,8 +239,8 @@ def schedule_add(
             )
             return await put_schedule(rt.store, sched)
 
-    sched = _run(go)
-    _console().print(f"schedule {sched.name}: next tick {sched.next_at.isoformat()}")
+    sched = run_async(go())
+    make_console().print(f"schedule {sched.name}: next tick {sched.next_at.isoformat()}")
 
 
 @schedule_app.command("ls")
@@ -211,11 +250,11 @@ def schedule_ls(
     """List schedules."""
 
     async def go() -> list[Schedule]:
-        async with _runtime(store) as rt:
+        async with operator_runtime(store) as rt:
             return await list_schedules(rt.store, owner)
 
-    scheds = _run(go)
-    console = _console()
+    scheds = run_async(go())
+    console = make_console()
     if not scheds:
         console.print("no schedules")
         return
@@ -239,12 +278,12 @@ def schedule_ls(
 
 def _set(name: str, store: str, owner: str | None, paused: bool) -> None:
     async def go() -> Schedule:
-        async with _runtime(store) as rt:
+        async with operator_runtime(store) as rt:
             return await set_paused(rt.store, name, owner, paused)
 
-    s = _run(go)
+    s = run_async(go())
     state = "paused" if s.paused else f"active, next tick {s.next_at.isoformat()}"
-    _console().print(f"schedule {s.name}: {state}")
+    make_console().print(f"schedule {s.name}: {state}")
 
 
 @schedule_app.command("pause")
@@ -270,8 +309,8 @@ def schedule_rm(
     """Delete a schedule (the tasks it submitted stay)."""
 
     async def go() -> None:
-        async with _runtime(store) as rt:
+        async with operator_runtime(store) as rt:
             await delete_schedule(rt.store, name, owner)
 
-    _run(go)
-    _console().print(f"schedule {name} deleted")
+    run_async(go())
+    make_console().print(f"schedule {name} deleted")

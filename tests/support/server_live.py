@@ -15,7 +15,8 @@ from pathlib import Path
 
 import httpx
 
-HERE = Path(__file__).parent
+# tests/, where the agent modules and child scripts are
+HERE = Path(__file__).resolve().parent.parent
 TOKENS = {"alice": "alice-live-token-1", "bob": "bob-live-token-2"}
 CLI = "from duragent.cli import main; main()"
 

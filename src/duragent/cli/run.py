@@ -20,13 +20,16 @@ import threading
 import uuid
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from duragent.cli import app, run_async
+from duragent.cli._common import STORE, parse_duration, run_async
+from duragent.cli._format import lease_left
 from duragent.errors import DuragentError, UsageError
 from duragent.fetch import NetworkPolicy
 from duragent.llm import ChatModel, resolve_model
@@ -39,6 +42,8 @@ from duragent.terminal import safe
 from duragent.toolsets import PERMISSIONS, WORKDIR_KEY, check_permissions, toolset
 from duragent.types import Entry, EntryKind, Task, TaskStatus
 
+app = typer.Typer()
+
 AGENT_PREFIX = "run-"
 INSTRUCTIONS = (
     "You are a careful assistant working for a user at a terminal. Use the tools when "
@@ -49,7 +54,6 @@ INSTRUCTIONS = (
 TOOL_GRACE = 5.0
 EXIT_INTERRUPTED = 130  # the shell's code for "stopped by Ctrl-C"
 
-STORE = typer.Option(DEFAULT_URL, "--store", help="Store URL.")
 BASE_URL = typer.Option(
     None, "--base-url", help="The provider's URL, e.g. a local OpenAI-compatible server."
 )
@@ -213,6 +217,9 @@ class Transcript:
             }.get(outcome, ("✗", "red"))
             said = safe(_first_line(p.get("content", "")))
             self.console.print(f"  [{style}]{mark} {safe(name)} {outcome}[/]: {said}")
+        elif e.kind is EntryKind.STATUS and p.get("takeover"):
+            self.end_line()
+            self.console.print("[yellow]• took the task over from its previous owner[/]")
         elif e.kind is EntryKind.UI_MESSAGE:
             self.end_line()
             if p.get("type") == "error":
@@ -398,6 +405,7 @@ async def _drive(
     grants: Grants,
     request_id: str | None,
     max_iterations: int,
+    deadline: timedelta | None = None,
 ) -> int:
     # Soft wrap: a pipe gets whole lines (a hint to copy must not be cut in two).
     console = Console(highlight=False, soft_wrap=True)
@@ -416,6 +424,7 @@ async def _drive(
                     request_id=request_id,
                     # Recorded for `duragent continue`; the tools' root is `grants.root`.
                     context={WORKDIR_KEY: str(grants.root)},
+                    deadline=deadline,
                 )
                 session.task_id = sub.task_id
                 console.print(f"task {sub.task_id}")
@@ -447,9 +456,8 @@ async def _restart(rt: Runtime, task_id: str, console: Console) -> int:
         await rt.resume(task_id)
     elif task.status is TaskStatus.RUNNING and lease_alive(task):
         console.print(
-            f"[yellow]• it is held by {safe(task.lease.owner or '?')} until "
-            f"{task.lease.expires_at:%H:%M:%S}; if that process is gone, this one takes "
-            "it over then.[/]"
+            f"[yellow]• waiting for the previous owner's lease, {escape(lease_left(task))}: "
+            "if that process is gone (a crash), this one takes the task over then.[/]"
         )
         rt.start_worker()
     else:  # pending, waiting, or running with its worker gone
@@ -458,7 +466,7 @@ async def _restart(rt: Runtime, task_id: str, console: Console) -> int:
 
 
 def _go(make: Coroutine[Any, Any, int]) -> None:
-    """Run a command; an error is one line (see `duragent.cli.run_async`)."""
+    """Run a command; an error is one line (see `run_async`)."""
     raise typer.Exit(run_async(make))
 
 
@@ -502,12 +510,17 @@ def run_command(
     request_id: str | None = typer.Option(
         None, help="Idempotency key: the same id returns the same task."
     ),
+    deadline: str | None = typer.Option(
+        None, help="Fail the task if it has not ended by then: 90s, 15m, 2h, 1d from now."
+    ),
 ) -> None:
     """Run an agent task here, streaming it. Ctrl-C pauses, twice aborts.
 
     Exit code: 0 completed (or paused/waiting without Ctrl-C), 1 failed or
     blocked, 130 stopped by Ctrl-C.
     """
+
+    limit = None if deadline is None else parse_duration(deadline, "a deadline")
 
     async def go() -> int:
         grants = Grants.from_options(workdir, allow, yes, allow_private_network)
@@ -528,6 +541,7 @@ def run_command(
             grants=grants,
             request_id=request_id,
             max_iterations=max_iterations,
+            deadline=limit,
         )
 
     _go(go())

@@ -18,11 +18,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from duragent.cli._format import timeline
 from duragent.llm.scripted import ScriptedModel, ToolCall, Turn
 from duragent.runtime import Agent, Runtime, ToolContext, tool
 from duragent.store import open_store
 from duragent.store.sqlite_wake import wake_dir
-from duragent.types import Entry, EntryKind
+from duragent.terminal import safe
+from duragent.types import Entry
+
+app = typer.Typer()
 
 REQUEST_ID = "demo-trip"
 AGENT_NAME = "trip-planner"
@@ -104,61 +112,18 @@ async def _child(url: str, ledger: str, hold: bool) -> None:
 
 
 def _spawn(url: str, ledger: str, hold: bool) -> subprocess.Popen[str]:
-    args = [
-        sys.executable,
-        "-m",
-        "duragent.demo",
-        "--child",
-        url,
-        ledger,
-        "hold" if hold else "run",
-    ]
+    # Not `-m duragent.cli.demo`: the package imports this module before runpy would.
+    run_child = "import sys; from duragent.cli.demo import child_main; child_main(sys.argv[1:])"
+    args = [sys.executable, "-c", run_child, url, ledger, "hold" if hold else "run"]
     return subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
 
 
-def _summary(e: Entry) -> str:
-    p = e.payload
-    if e.kind is EntryKind.API_MESSAGE:
-        if p.get("role") == "assistant":
-            calls = ", ".join(c["function"]["name"] for c in p.get("tool_calls") or ())
-            text = (p.get("content") or "").strip()
-            return f"assistant: {text[:60]}" + (f"  → calls {calls}" if calls else "")
-        return f"{p.get('role')}: {str(p.get('content'))[:70]}"
-    if e.kind is EntryKind.TOOL_INTENT:
-        return f"intent {p['name']} ({p['call_id']}, replay={p['replay']})"
-    if e.kind is EntryKind.TOOL_RESULT:
-        return f"result {p['tool_call_id']} [{p['outcome']}]: {p['content'][:60]}"
-    if e.kind is EntryKind.PROGRESS:
-        return f"streamed text: '{p.get('text', '')}'"
-    if e.kind is EntryKind.STATUS:
-        extra = " (took over from a dead worker)" if p.get("takeover") else ""
-        return f"status {p['from']} → {p['to']}{extra}"
-    if e.kind is EntryKind.ROLLBACK:
-        return f"rollback of seqs {p['from_seq']}–{p['to_seq']} ({p.get('reason')})"
-    if e.kind is EntryKind.UI_MESSAGE:
-        return f"notice: {p.get('message') or p.get('text')}"
-    return str(p)[:80]
-
-
-async def _timeline(url: str, killed_after: int) -> tuple[list[list[str]], int]:
-    from duragent.terminal import safe
-
+async def _log(url: str) -> tuple[list[Entry], int]:
+    """The demo task's entries and its completed rounds."""
     store = open_store(url)
     try:
         task = (await store.list_tasks()).tasks[0]
-        rows: list[list[str]] = []
-        for e in await store.entries(task.id):
-            phase = "before kill" if e.seq <= killed_after else "after restart"
-            what = safe(_summary(e))
-            last = rows[-1] if rows else None
-            if e.kind is EntryKind.PROGRESS and last and last[2] == "progress" and last[3] == phase:
-                # Collapse a stream's progress batches into one line.
-                last[0] = f"{last[0].split('–')[0]}–{e.seq}"
-                last[4] = last[4][:-1] + safe(e.payload.get("text", "")) + "'"
-                continue
-            rnd = str(e.round) if e.round else "-"
-            rows.append([str(e.seq), rnd, e.kind.value, phase, what])
-        return rows, task.iterations
+        return await store.entries(task.id), task.iterations
     finally:
         await store.close()
 
@@ -179,12 +144,6 @@ def made_by_demo(path: Path) -> bool:
 def run_demo(
     store_path: Path, *, crash: bool = True, keep: bool = False, fresh: bool = False
 ) -> int:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    from duragent.terminal import safe
-
     console = Console()
     if store_path.exists() and not fresh and not made_by_demo(store_path):
         # The demo starts from an empty store: never delete a file it did not make.
@@ -222,14 +181,9 @@ def run_demo(
     if child.returncode != 0 or "DEMO-DONE" not in out:
         console.print(f"[red]the demo task did not finish[/]: {safe(out)}")
         return 1
-    rows, rounds = asyncio.run(_timeline(url, killed_after if crash else 10**9))
-    table = Table(title="The task's log (every line a committed entry)")
-    for col in ("seq", "round", "kind", "when", "what"):
-        table.add_column(col)
-    for row in rows:
-        style = "yellow" if row[3] == "after restart" and crash else None
-        table.add_row(*row, style=style)
-    console.print(table)
+    entries, rounds = asyncio.run(_log(url))
+    title = "The task's log (every line a committed entry)"
+    console.print(timeline(entries, title=title, restarted_after=killed_after if crash else None))
     bookings = ledger.read_text().splitlines() if ledger.exists() else []
     rerun = "; get_weather is replay-safe and was re-run after the crash" if crash else ""
     console.print(
@@ -248,6 +202,19 @@ def run_demo(
     return 0 if len(bookings) == 1 else 1
 
 
+@app.command()
+def demo(
+    crash: bool = typer.Option(True, "--crash/--no-crash", help="SIGKILL the agent mid-round."),
+    keep: bool = typer.Option(False, "--keep", help="Keep the store file afterwards."),
+    store: Path = typer.Option(Path("duragent-demo.db"), help="SQLite file for the demo."),
+    fresh: bool = typer.Option(
+        False, "--fresh", help="Delete --store first, even if the demo did not create it."
+    ),
+) -> None:
+    """Run a demo agent, kill it mid-round with SIGKILL, and finish the task after restart."""
+    raise typer.Exit(run_demo(store, crash=crash, keep=keep, fresh=fresh))
+
+
 async def _last_seq(url: str) -> int:
     store = open_store(url)
     try:
@@ -257,12 +224,14 @@ async def _last_seq(url: str) -> int:
         await store.close()
 
 
-if __name__ == "__main__" and len(sys.argv) >= 5 and sys.argv[1] == "--child":
-    asyncio.run(_child(sys.argv[2], sys.argv[3], sys.argv[4] == "hold"))
-
-
 def _remove_store(store_path: Path) -> None:
     """The SQLite file, its -wal and -shm, and its folder of wake-ups."""
     for suffix in ("", "-wal", "-shm"):
         Path(f"{store_path}{suffix}").unlink(missing_ok=True)
     shutil.rmtree(wake_dir(str(store_path)), ignore_errors=True)
+
+
+def child_main(argv: list[str]) -> None:
+    """The demo's child process: `URL LEDGER hold|run`."""
+    url, ledger, mode = argv
+    asyncio.run(_child(url, ledger, mode == "hold"))

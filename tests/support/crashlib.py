@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 from typing import IO
 
-HERE = Path(__file__).parent
+# tests/, where the agent modules and child scripts are
+HERE = Path(__file__).resolve().parent.parent
 
 
 def spawn(script: str, *args: str) -> subprocess.Popen[str]:

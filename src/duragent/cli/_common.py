@@ -1,35 +1,36 @@
-"""The `duragent` command.
-
-Each command group lives in its own module (`duragent/cli_*.py`) and registers
-itself on `app`; this module assembles them and owns what every command
-shares: how an error reaches the terminal (one line, never a traceback; set
-DURAGENT_DEBUG=1 for the library's logs with tracebacks) and the path
-`--agents module:attr` is imported from.
+"""What every command shares: how an error reaches the terminal (one line, never a
+traceback; DURAGENT_DEBUG=1 brings back the library's logs with tracebacks), the
+`--store` option, the operator's runtime, ages like `30d`, help that shows flags
+as flags, and the path `--agents module:attr` is imported from.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import logging
 import os
 import sys
-from collections.abc import Coroutine
-from pathlib import Path
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import Any, NoReturn, TypeVar
 
 import typer
+from rich.console import Console
 from typer.core import TyperGroup
 
 from duragent.errors import DuragentError, MissingExtra
+from duragent.runtime.runtime import Runtime
+from duragent.store import DEFAULT_URL
+from duragent.terminal import clean
 
 T = TypeVar("T")
 
 DEBUG_ENV = "DURAGENT_DEBUG"
+STORE = typer.Option(DEFAULT_URL, "--store", help="Store URL.")
 
 
-class _Commands(TyperGroup):
+class Commands(TyperGroup):
     """Shows flags as `--keep` and `--crash/--no-crash` in help, without a `<bool>` type
     column (typer's rich help labels every flag, `--help` included, with one).
 
@@ -54,34 +55,18 @@ def _untype_flags(params: list[Any]) -> None:
             param.metavar = ""
 
 
-app = typer.Typer(cls=_Commands, no_args_is_help=True, help="Durable AI agent tasks.")
-
-COMMAND_MODULES = (
-    "cli_tasks",
-    "cli_serve",
-    "cli_worker",
-    "cli_run",
-    "cli_store",
-    "cli_steering",
-    "cli_fleet",
-)
-
-
-# --- what every command shares ------------------------------------------------------
-
-
 def exit_code(exc: BaseException) -> int:
     """2 for what the command line itself got wrong (a malformed URL, a missing extra);
     1 for everything else duragent refused."""
     return 2 if isinstance(exc, (MissingExtra, ValueError)) else 1
 
 
-def fail(exc: BaseException) -> NoReturn:
-    """One line on stderr and the exit code, instead of a traceback."""
-    from duragent.terminal import clean  # the message may quote model or web text
-
+def fail(exc: BaseException, code: int | None = None) -> NoReturn:
+    """One line on stderr and the exit code (`code`, else `exit_code(exc)`), instead of a
+    traceback."""
+    # The message may quote model or web text: it is cleaned of terminal controls.
     typer.secho(f"error: {clean(str(exc))}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(exit_code(exc))
+    raise typer.Exit(exit_code(exc) if code is None else code)
 
 
 def run_async(make: Coroutine[Any, Any, T]) -> T:
@@ -91,6 +76,33 @@ def run_async(make: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(make)
     except (DuragentError, ValueError) as exc:
         fail(exc)
+
+
+_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def parse_duration(text: str, what: str = "a duration") -> timedelta:
+    """'90s', '15m', '12h', '30d' -> a timedelta (a bad one is a usage error, exit 2)."""
+    try:
+        return timedelta(seconds=float(text[:-1]) * _UNITS[text[-1]])
+    except (KeyError, ValueError, IndexError, OverflowError):
+        raise typer.BadParameter(f"{text!r} is not {what} like 90s, 15m, 12h or 30d") from None
+
+
+def parse_age(text: str) -> timedelta:
+    """'30d', '12h', '15m', '90s' -> a timedelta."""
+    return parse_duration(text, "an age")
+
+
+def make_console() -> Console:
+    return Console(highlight=False)
+
+
+@asynccontextmanager
+async def operator_runtime(url: str) -> AsyncIterator[Runtime]:
+    """A runtime without a worker: operator commands act on the store; workers run tasks."""
+    async with Runtime(url, run_worker=False) as rt:
+        yield rt
 
 
 def import_from_cwd() -> None:
@@ -104,7 +116,7 @@ def import_from_cwd() -> None:
         sys.path.insert(0, cwd)
 
 
-def _quiet_logs() -> None:
+def quiet_logs() -> None:
     """The library logs a failing task with its traceback; the terminal commands say
     what happened in one line, so those records go nowhere unless asked for (`worker`
     and `serve` configure logging themselves)."""
@@ -112,47 +124,3 @@ def _quiet_logs() -> None:
         logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(message)s")
     else:
         logging.getLogger("duragent").addHandler(logging.NullHandler())
-
-
-# --- commands -------------------------------------------------------------------------
-
-
-@app.command()
-def version() -> None:
-    """Print the version."""
-    from duragent import __version__
-
-    typer.echo(__version__)
-
-
-@app.command()
-def demo(
-    crash: bool = typer.Option(True, "--crash/--no-crash", help="SIGKILL the agent mid-round."),
-    keep: bool = typer.Option(False, "--keep", help="Keep the store file afterwards."),
-    store: Path = typer.Option(Path("duragent-demo.db"), help="SQLite file for the demo."),
-    fresh: bool = typer.Option(
-        False, "--fresh", help="Delete --store first, even if the demo did not create it."
-    ),
-) -> None:
-    """Run a demo agent, kill it mid-round with SIGKILL, and finish the task after restart."""
-    from duragent.demo import run_demo
-
-    raise typer.Exit(run_demo(store, crash=crash, keep=keep, fresh=fresh))
-
-
-def _register() -> None:
-    for name in COMMAND_MODULES:
-        if importlib.util.find_spec(f"duragent.{name}") is not None:
-            importlib.import_module(f"duragent.{name}")
-
-
-def main() -> None:
-    _register()
-    _quiet_logs()
-    try:
-        app()
-    except DuragentError as exc:  # from a command without its own handler
-        try:
-            fail(exc)
-        except typer.Exit as done:
-            sys.exit(done.exit_code)

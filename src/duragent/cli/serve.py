@@ -9,9 +9,16 @@ from typing import Any
 
 import typer
 
-from duragent.cli import app
-from duragent.cli_worker import load_agents
+from duragent.cli._common import fail
+from duragent.cli.worker import load_agents
 from duragent.errors import MissingExtra, UsageError
+
+app = typer.Typer()
+
+NO_AGENTS = (
+    "warning: no --agents: the API and the page start, but no task can be started or run "
+    "here; pass --agents module:attr naming your agents (e.g. --agents myagents:AGENTS)"
+)
 
 
 def _server_modules() -> tuple[Any, Any]:
@@ -41,6 +48,7 @@ async def serve_forever(
     keep_alive_timeout: int = 5,
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
+    admins: list[str] | None = None,
 ) -> None:
     uvicorn, server = _server_modules()
     from duragent.runtime.runtime import Runtime
@@ -78,7 +86,9 @@ async def serve_forever(
     )
     try:
         async with runtime:
-            api = server.create_app(runtime, tokens, server.ServerLimits(**(limits or {})))
+            api = server.create_app(
+                runtime, tokens, server.ServerLimits(**(limits or {})), admins=admins or ()
+            )
             config = uvicorn.Config(
                 api,
                 host=host,
@@ -155,9 +165,17 @@ def serve(
     metrics_host: str = typer.Option(
         "127.0.0.1", help="Interface for --metrics-port (keep it private: no auth)."
     ),
+    admin: list[str] | None = typer.Option(
+        None,
+        "--admin",
+        help="A user (as named in the tokens) who may change what all users share: "
+        "queue limits (PUT/DELETE /v1/queues/NAME). Repeat for more. Default: nobody.",
+    ),
 ) -> None:
     """Serve the REST API under /v1, live events, and the web page at /."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if agents is None:
+        typer.secho(NO_AGENTS, fg=typer.colors.YELLOW, err=True)
     limits = {
         name: value
         for name, value in (
@@ -186,8 +204,8 @@ def serve(
                 keep_alive_timeout=keep_alive_timeout,
                 metrics_port=metrics_port,
                 metrics_host=metrics_host,
+                admins=admin,
             )
         )
     except UsageError as exc:  # MissingExtra, no tokens, a bad tokens file
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
+        fail(exc, code=2)

@@ -1,0 +1,48 @@
+"""The `duragent` command.
+
+Each command group lives in its own module of this package and exposes its
+commands as a Typer app, `app`; this module adds each of them to the one
+`duragent` app, by name, so a missing module is an ImportError, never a
+command that silently is not there. What every command shares (the one-line
+errors, the `--store` option) is in `_common`; how tasks and entries look on
+the terminal is in `_format`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from duragent.cli import approvals, demo, fleet, run, serve, steering, store, tasks, worker
+from duragent.cli._common import Commands, fail, quiet_logs
+from duragent.errors import DuragentError
+
+__all__ = ["app", "main"]
+
+
+app = typer.Typer(cls=Commands, no_args_is_help=True, help="Durable AI agent tasks.")
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    from duragent import __version__
+
+    typer.echo(__version__)
+
+
+# In the order `duragent --help` lists them.
+for _module in (demo, tasks, worker, serve, run, store, steering, approvals, fleet):
+    app.add_typer(_module.app)
+
+
+def main() -> None:
+    quiet_logs()
+    try:
+        app()
+    except DuragentError as exc:  # from a command without its own handler
+        try:
+            fail(exc)
+        except typer.Exit as done:
+            sys.exit(done.exit_code)

@@ -1,0 +1,152 @@
+"""How tasks and their entries look on the terminal: status colours, one line per entry,
+and the timeline table shared by `duragent show` and `duragent demo`.
+
+Everything here that a model, a web page or an API client wrote goes through
+`safe` (Rich markup) or `clean` (plain text, `rich.text.Text`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from duragent.terminal import clean, safe
+from duragent.types import Entry, EntryKind, Task, utcnow
+
+STATUS_STYLE = {
+    "pending": "cyan",
+    "running": "bold blue",
+    "paused": "yellow",
+    "waiting": "magenta",
+    "completed": "green",
+    "failed": "bold red",
+    "aborted": "red",
+    "blocked": "bold yellow",
+}
+
+
+def when(dt: datetime | None) -> str:
+    return "" if dt is None else dt.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def status_text(task: Task) -> str:
+    """The task's status, and its reason if it has one: `waiting (approval)`."""
+    return task.status.value + (f" ({task.status_reason})" if task.status_reason else "")
+
+
+def status_markup(task: Task) -> str:
+    """`status_text` in the status's colour, as Rich markup."""
+    return f"[{STATUS_STYLE.get(task.status.value, '')}]{safe(status_text(task))}[/]"
+
+
+def step(task: Task) -> str:
+    if task.status.terminal:
+        return f"{task.iterations} done"
+    return f"{task.iterations + 1}"
+
+
+def lease_left(task: Task) -> str:
+    """How long the task's current lease still holds it: `14 s (held by host:123 until
+    09:10:11)`. After a crash, no one may take the task over before that."""
+    expires = task.lease.expires_at
+    assert expires is not None
+    seconds = max(0, math.ceil((expires - utcnow()).total_seconds()))
+    return f"{seconds} s (held by {clean(task.lease.owner or '?')} until {expires:%H:%M:%S} UTC)"
+
+
+def clip(value: Any, n: int = 60) -> str:
+    """`value` (JSON unless a string) on one line, at most `n` characters."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def describe(e: Entry) -> str:
+    """One line saying what an entry records (not yet cleaned for the terminal)."""
+    p = e.payload
+    if e.kind is EntryKind.API_MESSAGE:
+        if p.get("role") == "assistant":
+            calls = ", ".join(c["function"]["name"] for c in p.get("tool_calls") or ())
+            said = clip(p.get("content") or "", 70)
+            return f"assistant: {said}" + (f"  → calls {calls}" if calls else "")
+        return f"{p.get('role')}: {clip(p.get('content'), 70)}"
+    if e.kind is EntryKind.TOOL_INTENT:
+        return f"intent {p.get('name')} ({p.get('call_id')}, replay={p.get('replay')})"
+    if e.kind is EntryKind.TOOL_RESULT:
+        return f"result {p.get('tool_call_id')} [{p.get('outcome')}]: {clip(p.get('content'))}"
+    if e.kind is EntryKind.PROGRESS:
+        who = f"tool {p['call_id']} " if "call_id" in p else ""
+        return f"{who}streamed '{clip(p.get('text', ''), 70)}'"
+    if e.kind is EntryKind.STATUS:
+        line = f"status {p.get('from')} → {p.get('to')}"
+        if p.get("reason"):
+            line += f" ({p['reason']})"
+        if p.get("takeover"):
+            line += " (took over from a dead worker)"
+        if p.get("error"):
+            line += f": {clip(p['error'])}"
+        return line
+    if e.kind is EntryKind.ROLLBACK:
+        return f"rollback ({p.get('scope', 'api')}) of seqs {p.get('from_seq')}–{p.get('to_seq')}"
+    if e.kind is EntryKind.CHECKPOINT:
+        kind = p.get("type")
+        if kind == "wait":
+            what = p.get("question") or p.get("child_id") or p.get("wake_at") or ""
+            return f"waits for {p.get('wait')} ({p.get('call_id')}): {clip(what)}"
+        if kind == "decision":
+            verdict = f"{'approved' if p.get('approved') else 'denied'} {p.get('call_id')}"
+            if p.get("arguments") is not None:
+                verdict += f" with edited arguments {clip(p['arguments'], 50)}"
+            return verdict + (f": {p['reason']}" if p.get("reason") else "")
+        return f"{kind} {p.get('call_id', '')}".strip()
+    if e.kind is EntryKind.UI_MESSAGE:
+        text = p.get("message") or p.get("text") or ""
+        return f"{p.get('type', 'ui')}: {clip(text, 70)}" + (
+            f" — {clip(p['detail'])}" if p.get("detail") else ""
+        )
+    return clip(p, 80)
+
+
+BEFORE, AFTER = "before kill", "after restart"
+
+
+def timeline(
+    entries: list[Entry], *, title: str = "Committed entries", restarted_after: int | None = None
+) -> Table:
+    """The log as a table; consecutive progress batches of one stream collapse into a row.
+
+    With `restarted_after` (the last seq committed before a crash), a `phase`
+    column says which side of the restart each entry is on, and the entries
+    after it are highlighted.
+    """
+    table = Table(title=title, title_justify="left")
+    columns = ["seq", "round", "kind", "at"] + (["phase"] if restarted_after is not None else [])
+    for col in [*columns, "what"]:
+        table.add_column(col, no_wrap=col != "what")
+    rows: list[list[str]] = []
+    last_stream: tuple[int, str] | None = None
+    for e in entries:
+        p = e.payload
+        phase = "" if restarted_after is None else BEFORE if e.seq <= restarted_after else AFTER
+        streamed = e.kind is EntryKind.PROGRESS and "call_id" not in p
+        if streamed and last_stream == (e.round, phase) and rows:
+            row = rows[-1]
+            row[0] = f"{row[0].split('–')[0]}–{e.seq}"
+            row[-1] = row[-1][:-1] + clean(p.get("text", "")) + "'"
+            continue
+        last_stream = (e.round, phase) if streamed else None
+        what = f"streamed '{clean(p.get('text', ''))}'" if streamed else clean(describe(e))
+        at = e.created_at.strftime("%H:%M:%S.%f")[:-3]
+        row = [str(e.seq), str(e.round or "-"), e.kind.value, at]
+        rows.append([*row, phase, what] if restarted_after is not None else [*row, what])
+    for row in rows:
+        # Text, not markup: pieces escaped one by one could join into a live tag
+        # ("x [lin" + "k=...]"), so the joined text is never parsed at all.
+        style = "yellow" if restarted_after is not None and row[4] == AFTER else None
+        table.add_row(*row[:-1], Text(row[-1]), style=style)
+    return table

@@ -1,0 +1,113 @@
+"""The Runtime's verb for messages into a live task (double texting, runtime/inbox.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from duragent.errors import Conflict, InvalidTransition, TaskBusy, UsageError
+from duragent.runtime.engine import Control
+from duragent.runtime.inbox import (
+    BUSY,
+    MAX_MESSAGE_CHARS,
+    MultitaskStrategy,
+    check_strategy,
+    send_commit,
+    strategy_of,
+)
+from duragent.storable import check_storable
+from duragent.types import Task, TaskStatus
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from duragent.runtime.worker import Worker
+    from duragent.store.base import Store
+
+
+class SendsMessages:
+    """Mixed into Runtime (runtime.py), whose store, worker and verbs these use."""
+
+    store: Store
+    worker: Worker | None
+
+    if TYPE_CHECKING:
+
+        async def get(self, task_id: str, *, owner: str | None = None) -> Task: ...
+        def start_worker(self) -> None: ...
+        def _wake(self) -> None: ...
+        async def _session_tasks(
+            self, session_id: str, owner: str | None, status: Sequence[TaskStatus], limit: int
+        ) -> list[Task]: ...
+
+    async def send(
+        self,
+        task_id: str,
+        text: str,
+        *,
+        owner: str | None = None,
+        multitask_strategy: MultitaskStrategy | None = None,
+    ) -> Task:
+        """Send a user message into a pending, running, waiting, paused or blocked task.
+
+        The message is committed before this returns (a crash loses nothing) and
+        the task takes it exactly once, at a safe point: never between a tool
+        call and its result. While a turn runs (pending, running, waiting), the
+        task's `multitask_strategy` (or this call's) decides when: `enqueue` after
+        the turn's answer, `interrupt` / `rollback` at the next safe point after
+        stopping as `pause` / `pause(rollback=True)` would, `reject` not at all
+        (`TaskBusy`). A paused or blocked task keeps the message until it is
+        resumed. A finished task takes none (`InvalidTransition`): continue its
+        conversation with `submit(..., continue_session=True)` or `fork`.
+        With `owner`, another owner's task is reported as not found.
+        """
+        if not isinstance(text, str) or not text.strip():
+            raise UsageError("a message needs some text")
+        if len(text) > MAX_MESSAGE_CHARS:
+            raise UsageError(f"a message holds at most {MAX_MESSAGE_CHARS} characters")
+        return await self._send(task_id, text, owner, multitask_strategy)
+
+    async def _send(
+        self,
+        task_id: str,
+        text: str,
+        owner: str | None,
+        multitask_strategy: MultitaskStrategy | None,
+    ) -> Task:
+        # The checks submit makes of an input: continue_session sends one through here.
+        check_storable(text, "text")
+        if multitask_strategy is not None:
+            check_strategy(multitask_strategy)
+        for _ in range(20):
+            task = await self.get(task_id, owner=owner)
+            if task.status.terminal:
+                raise InvalidTransition(
+                    task.status.value,
+                    "running",
+                    "a finished task takes no messages; continue its conversation with "
+                    "submit(..., session_id=..., continue_session=True), or fork it with "
+                    "fork(task_id, at_round=N, edit=Edit(append_user=...))",
+                )
+            strategy = check_strategy(multitask_strategy or strategy_of(task))
+            if strategy == "reject" and task.status in BUSY:
+                raise TaskBusy(task.id, task.status.value)
+            commit, _ = send_commit(task, text, strategy)
+            try:
+                res = await self.store.commit(commit)
+            except Conflict:
+                continue  # it moved (a commit of its runner, another message): look again
+            stored = res.tasks[task_id]
+            runner = self.worker.runner(task_id) if self.worker else None
+            if runner is not None and stored.control:
+                runner.request(Control.from_row(stored.control))
+            if stored.status is not TaskStatus.PAUSED:
+                self.start_worker()
+                self._wake()
+            return stored
+        raise Conflict(f"task {task_id!r} kept changing while sending it a message")
+
+    async def _live_session_task(self, session_id: str, owner: str | None) -> Task | None:
+        """The session's latest top-level task that runs a turn (its sub-tasks share
+        the session id but are no turn of it)."""
+        found = await self._session_tasks(session_id, owner, BUSY, 100)
+        top = [t for t in found if t.parent_id is None]
+        return max(top, key=lambda t: t.created_at) if top else None

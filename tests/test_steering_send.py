@@ -1,0 +1,305 @@
+"""Messages into a live task (double texting, issue 13 item 2), on every store."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from duragent import (
+    Agent,
+    InvalidTransition,
+    Runtime,
+    ScriptedModel,
+    Store,
+    TaskBusy,
+    TaskNotFound,
+    TaskStatus,
+    ToolCall,
+    UsageError,
+    tool,
+)
+from duragent.types import AssistantMessage, EntryKind, ToolMessage, UserMessage
+
+
+class Gate:
+    """A tool that holds its round open until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self.runs = 0
+
+    def tools(self) -> list[Any]:
+        @tool
+        async def slow() -> str:
+            """Take a while."""
+            self.runs += 1
+            self.entered.set()
+            await self.release.wait()
+            return "slow done"
+
+        @tool(replay="safe")
+        async def lookup() -> str:
+            """Look something up (harmless to repeat)."""
+            self.runs += 1
+            self.entered.set()
+            await self.release.wait()
+            return "looked up"
+
+        return [slow, lookup]
+
+
+def script(messages: list[Any]) -> Any:
+    """'start' calls slow, 'look' calls lookup; a tool result or another user
+    message is answered with what the model has seen."""
+    last = messages[-1]
+    if isinstance(last, ToolMessage):
+        return f"answer after {last.content!r}"
+    if isinstance(last, UserMessage) and last.content == "start":
+        return [ToolCall("slow")]
+    if isinstance(last, UserMessage) and last.content == "look":
+        return [ToolCall("lookup")]
+    seen = sum(isinstance(m, AssistantMessage) for m in messages)
+    return f"re {last.content!r} having said {seen}"
+
+
+def agent(gate: Gate, **kw: Any) -> Agent:
+    return Agent(
+        name="a",
+        model=ScriptedModel(script),
+        tools=gate.tools(),
+        plan_tool=False,
+        tool_grace=0.0,
+        **kw,
+    )
+
+
+def roles(view: list[Any]) -> list[str]:
+    out = []
+    for m in view:
+        content = getattr(m, "content", None) or ""
+        out.append(f"{m.role}:{content}" if content else m.role)
+    return out
+
+
+async def test_enqueue_takes_the_message_after_the_turn_seeing_its_answer(store: Store) -> None:
+    gate = Gate()
+    async with Runtime(store, agents=[agent(gate)]) as rt:
+        sub = await rt.submit("a", "start", owner="u")
+        await gate.entered.wait()
+        sent = await rt.send(sub.task_id, "and then?", owner="u")
+        assert sent.status is TaskStatus.RUNNING
+        assert [m["text"] for m in sent.config["inbox"]] == ["and then?"]
+        gate.release.set()
+        task = await sub.wait(20)
+        view = await rt.model_view(task.id)
+    assert task.status is TaskStatus.COMPLETED
+    assert task.output == "re 'and then?' having said 2"
+    assert roles(view) == [
+        "user:start",
+        "assistant",
+        "tool:slow done",
+        "assistant:answer after 'slow done'",
+        "user:and then?",
+        "assistant:re 'and then?' having said 2",
+    ]
+    assert "inbox" not in task.config and gate.runs == 1
+    kinds = [(e.kind, e.payload.get("type")) for e in await store.entries(task.id)]
+    assert kinds.count((EntryKind.CHECKPOINT, "message")) == 1
+    assert kinds.count((EntryKind.CHECKPOINT, "delivered")) == 1
+
+
+async def test_interrupt_stops_the_round_and_goes_on_with_the_message(store: Store) -> None:
+    gate = Gate()
+    async with Runtime(store, agents=[agent(gate, multitask_strategy="interrupt")]) as rt:
+        sub = await rt.submit("a", "start", owner="u")
+        await gate.entered.wait()
+        await rt.send(sub.task_id, "stop that", owner="u")
+        task = await sub.wait(20)
+        view = await rt.model_view(task.id)
+        statuses = [e.payload["to"] for e in await store.entries(task.id, kinds=[EntryKind.STATUS])]
+    assert task.status is TaskStatus.COMPLETED
+    # The call keeps exactly one result (cut short), then the message comes in.
+    assert roles(view)[:2] == ["user:start", "assistant"]
+    assert isinstance(view[2], ToolMessage) and "cancelled" in view[2].content
+    assert roles(view)[3:] == ["user:stop that", "assistant:re 'stop that' having said 1"]
+    assert "paused" not in statuses and gate.runs == 1
+
+
+async def test_rollback_voids_the_round_and_goes_on_with_the_message(store: Store) -> None:
+    gate = Gate()
+    async with Runtime(store, agents=[agent(gate)]) as rt:
+        sub = await rt.submit("a", "look", owner="u")
+        await gate.entered.wait()
+        await rt.send(sub.task_id, "never mind", owner="u", multitask_strategy="rollback")
+        task = await sub.wait(20)
+        view = await rt.model_view(task.id)
+        hist = await rt.history(task.id)
+    assert task.status is TaskStatus.COMPLETED
+    # The replay-safe round is gone from the model's view; the audit trail keeps it.
+    assert roles(view) == [
+        "user:look",
+        "user:never mind",
+        "assistant:re 'never mind' having said 0",
+    ]
+    assert hist.rounds[0].voided and gate.runs == 1
+
+
+async def test_reject_refuses_while_a_turn_runs_and_accepts_when_paused(store: Store) -> None:
+    gate = Gate()
+    async with Runtime(store, agents=[agent(gate, multitask_strategy="reject")]) as rt:
+        sub = await rt.submit("a", "start", owner="u")
+        await gate.entered.wait()
+        with pytest.raises(TaskBusy, match="multitask_strategy is 'reject'"):
+            await rt.send(sub.task_id, "hello?", owner="u")
+        assert "inbox" not in (await rt.get(sub.task_id)).config
+        pause = asyncio.ensure_future(rt.pause(sub.task_id))
+        paused = await pause
+        assert paused.status is TaskStatus.PAUSED
+        # No turn runs: the message waits in the inbox, the task stays paused.
+        kept = await rt.send(sub.task_id, "when you are back", owner="u")
+        assert kept.status is TaskStatus.PAUSED and len(kept.config["inbox"]) == 1
+        await rt.resume(sub.task_id)
+        task = await sub.wait(20)
+        view = await rt.model_view(task.id)
+    assert task.status is TaskStatus.COMPLETED
+    assert roles(view)[3:] == [
+        "user:when you are back",
+        "assistant:re 'when you are back' having said 1",
+    ]
+
+
+async def test_a_finished_task_takes_no_message_and_others_ids_are_not_found(
+    store: Store,
+) -> None:
+    gate = Gate()
+    gate.release.set()
+    async with Runtime(store, agents=[agent(gate)]) as rt:
+        task = await (await rt.submit("a", "start", owner="u")).wait(20)
+        with pytest.raises(InvalidTransition, match="continue_session=True"):
+            await rt.send(task.id, "more", owner="u")
+        with pytest.raises(TaskNotFound):
+            await rt.send(task.id, "more", owner="intruder")
+        with pytest.raises(UsageError, match="needs some text"):
+            await rt.send(task.id, "  ", owner="u")
+        with pytest.raises(UsageError, match="unknown multitask_strategy"):
+            await rt.send(task.id, "x", multitask_strategy="shout")  # type: ignore[arg-type]
+        assert (await rt.get(task.id)).last_seq == task.last_seq  # nothing written
+
+
+async def test_continue_session_while_a_turn_runs_follows_the_strategy(store: Store) -> None:
+    gate = Gate()
+    async with Runtime(store, agents=[agent(gate)]) as rt:
+        first = await rt.submit("a", "start", owner="u", session_id="s")
+        await gate.entered.wait()
+        with pytest.raises(TaskBusy):
+            await rt.submit(
+                "a",
+                "too soon",
+                owner="u",
+                session_id="s",
+                continue_session=True,
+                multitask_strategy="reject",
+            )
+        second = await rt.submit("a", "also this", owner="u", session_id="s", continue_session=True)
+        assert second.sent and not second.created and second.task_id == first.task_id
+        # Another owner's session of the same name is another session: a new task.
+        other = await rt.submit("a", "look", owner="v", session_id="s", continue_session=True)
+        assert other.created and other.task_id != first.task_id
+        gate.release.set()
+        task = await first.wait(20)
+        await other.wait(20)
+        assert task.output == "re 'also this' having said 2"
+        assert len((await rt.list(owner="u")).tasks) == 1  # never a silent fork
+        # Once the turn is over, continuing the session starts a new task from it.
+        third = await rt.submit("a", "next", owner="u", session_id="s", continue_session=True)
+        assert third.created and not third.sent
+        view = await rt.model_view((await third.wait(20)).id)
+    assert roles(view)[-2:] == ["user:next", "assistant:re 'next' having said 3"]
+
+
+async def test_a_waiting_task_takes_an_interrupting_message_when_its_wait_ends(
+    store: Store,
+) -> None:
+    @tool(requires_approval=True)
+    def deploy() -> str:
+        """Deploy."""
+        return "deployed"
+
+    def deploy_script(messages: list[Any]) -> Any:
+        last = messages[-1]
+        if isinstance(last, UserMessage) and last.content == "ship":
+            return [ToolCall("deploy")]
+        return f"saw {getattr(last, 'content', '')!r}"
+
+    a = Agent(name="w", model=ScriptedModel(deploy_script), tools=[deploy], plan_tool=False)
+    async with Runtime(store, agents=[a]) as rt:
+        sub = await rt.submit("w", "ship", owner="u", multitask_strategy="interrupt")
+        await rt.wait(sub.task_id, timeout=20, until=lambda t: t.status is TaskStatus.WAITING)
+        sent = await rt.send(sub.task_id, "quickly please", owner="u")
+        assert sent.status is TaskStatus.WAITING and sent.control is None
+        await rt.respond(sub.task_id, approve=True)
+        task = await sub.wait(20)
+        view = await rt.model_view(task.id)
+    assert roles(view)[2:] == [
+        "tool:deployed",
+        "user:quickly please",
+        "assistant:saw 'quickly please'",
+    ]
+
+
+def test_the_readme_example_runs(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("### Messages into a live task") :]
+    block = re.search(r"```python\n(.*?)```", section, re.S)
+    assert block is not None
+    script = tmp_path / "send.py"
+    script.write_text(block.group(1))
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.splitlines()
+    assert out[4:] == [
+        "user: and bats?",
+        "assistant: Answering 'and bats?' after 2 model turns.",
+        "Answering 'and bats?' after 2 model turns.",
+        "Answering 'never mind, just say hi' after 1 model turns.",
+    ]
+
+
+async def test_a_pause_asked_during_an_interrupt_wins_and_the_message_waits(
+    store: Store,
+) -> None:
+    gate = Gate()
+    slow_agent = Agent(
+        name="a", model=ScriptedModel(script), tools=gate.tools(), plan_tool=False, tool_grace=30
+    )
+    async with Runtime(store, agents=[slow_agent]) as rt:
+        sub = await rt.submit("a", "start", owner="u")
+        await gate.entered.wait()
+        await rt.send(sub.task_id, "stop that", multitask_strategy="interrupt")
+        assert rt.worker is not None
+        runner = rt.worker.runner(sub.task_id)
+        assert runner is not None and runner.control is not None and runner.control.resume
+        pausing = asyncio.ensure_future(rt.pause(sub.task_id))
+        while runner.control is None or runner.control.resume:  # the pause is heard
+            await asyncio.sleep(0.01)
+        gate.release.set()  # the held tool finishes within the grace period
+        paused = await pausing
+        assert paused.status is TaskStatus.PAUSED
+        assert [m["text"] for m in paused.config["inbox"]] == ["stop that"]
+        await rt.resume(sub.task_id)
+        task = await sub.wait(20)
+        view = await rt.model_view(task.id)
+    assert roles(view) == [
+        "user:start",
+        "assistant",
+        "tool:slow done",
+        "user:stop that",
+        "assistant:re 'stop that' having said 1",
+    ]

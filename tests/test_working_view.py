@@ -1,0 +1,144 @@
+"""The engine's working view: the model's view as plain data, typed messages built when read."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import pytest
+
+from duragent.errors import StoreCorrupt
+from duragent.llm.base import ModelRequest
+from duragent.llm.messages import WorkingView, wire_messages
+from duragent.llm.scripted import ScriptedModel
+from duragent.store import Commit, Store
+from duragent.store.base import view_data
+from duragent.store.memory import MemoryStore
+from duragent.store.sqlite import SQLiteStore
+from duragent.types import (
+    AssistantMessage,
+    EntryKind,
+    FunctionCall,
+    NewEntry,
+    SystemMessage,
+    Task,
+    ToolCallData,
+    ToolMessage,
+    UserMessage,
+    dump_message,
+)
+
+CALL = ToolCallData(id="c1", function=FunctionCall(name="f", arguments='{"a": 1}'))
+HISTORY = [
+    UserMessage(content="q"),
+    AssistantMessage(content="calling f", tool_calls=[CALL]),
+    ToolMessage(tool_call_id="c1", content="r"),
+]
+
+
+def stored(messages: list[Any]) -> list[dict[str, Any]]:
+    return [dump_message(m) for m in messages]
+
+
+def test_messages_are_typed_when_read_and_each_is_built_once() -> None:
+    view = WorkingView(stored(HISTORY))
+    system = SystemMessage(content="be brief")
+    asked = view.messages([system])
+    assert len(asked) == 4
+    assert list(asked) == [system, *HISTORY]
+    assert asked[2] is asked[2] and asked[-1] is list(asked)[-1]
+    assert asked[1:3] == HISTORY[:2] and asked[::-1] == [*reversed(HISTORY), system]
+    assert asked[:2] == [system, HISTORY[0]] and asked[3:1] == [] and asked[-2:] == HISTORY[1:]
+    assert asked.typed_list() == [system, *HISTORY]
+    with pytest.raises(IndexError):
+        asked[4]
+    # The next call's messages share what was built: the same objects, not copies.
+    view.append(AssistantMessage(content="done"))
+    later = view.messages()
+    assert later[0] is asked[1] and later[3] == AssistantMessage(content="done")
+    assert later.wire() == stored([*HISTORY, AssistantMessage(content="done")])
+
+
+def test_a_model_call_keeps_seeing_what_it_was_asked_after_the_view_grows() -> None:
+    view = WorkingView(stored(HISTORY[:1]))
+    asked = view.messages()
+    view.append(AssistantMessage(content="a"))
+    assert list(asked) == HISTORY[:1] and len(asked) == 1
+    assert asked.wire() == stored(HISTORY[:1])
+    assert asked == HISTORY[:1]
+
+
+def test_the_wire_form_is_what_typed_messages_dump_to_and_builds_none() -> None:
+    data = stored(HISTORY)
+    data.append({"role": "robot", "content": "not an API message"})
+    view = WorkingView(data)
+    asked = view.messages([SystemMessage(content="s")])
+    # OpenAIChat sends the wire form: nothing is typed, so nothing is refused.
+    assert wire_messages(asked) == [{"role": "system", "content": "s"}, *data]
+    assert wire_messages([SystemMessage(content="s"), *HISTORY]) == wire_messages(asked)[:4]
+    # A model that reads typed messages finds the damage, named as such.
+    assert asked[3] == HISTORY[2]
+    with pytest.raises(StoreCorrupt, match="not a valid API message"):
+        list(asked)
+
+
+async def test_the_scripted_model_reads_a_resumed_view_as_typed_messages() -> None:
+    seen: list[list[Any]] = []
+
+    def answer(messages: list[Any]) -> str:
+        seen.append(messages)
+        return "ok"
+
+    request = ModelRequest(model="m", messages=WorkingView(stored(HISTORY)).messages())
+    events = [e async for e in ScriptedModel(answer).stream(request)]
+    assert events and seen == [HISTORY] and isinstance(seen[0], list)
+
+
+def test_text_that_is_not_a_list_of_messages_is_store_corrupt() -> None:
+    with pytest.raises(StoreCorrupt, match="not valid JSON"):
+        view_data('[{"role": "user", "content": "q"')
+    with pytest.raises(StoreCorrupt, match="not a list of message objects"):
+        view_data('[{"role": "user", "content": "q"}, 7]')
+    assert view_data("[]") == []
+
+
+async def _damage(store: Store, task_id: str, seq: int, payload: str) -> None:
+    """Overwrite one stored payload behind the store's back, as a damaged disk would."""
+    if isinstance(store, SQLiteStore):
+        conn = sqlite3.connect(store.path)
+        with conn:
+            conn.execute(
+                "UPDATE entries SET payload=? WHERE seq=?"
+                " AND task_num=(SELECT num FROM tasks WHERE id=?)",
+                (payload, seq, task_id),
+            )
+        conn.close()
+    elif isinstance(store, MemoryStore):  # and the JSONL store, which reads from memory
+        rows = store._entries[task_id]
+        rows[:] = [(s, k, r, payload if s == seq else p, c) for s, k, r, p, c in rows]
+    else:
+        import psycopg
+        from psycopg import sql
+
+        from conftest import PG_URL
+
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            schema = store.schema  # type: ignore[attr-defined]
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            conn.execute(
+                "UPDATE entries SET payload = %s WHERE task_id = %s AND seq = %s",
+                (payload, task_id, seq),
+            )
+
+
+async def test_a_damaged_payload_in_the_view_is_store_corrupt(store: Store) -> None:
+    task, _ = await store.create_task(Task(agent="a"))
+    entries = [
+        NewEntry(task_id=task.id, kind=EntryKind.API_MESSAGE, payload=dump_message(m))
+        for m in HISTORY[:2]
+    ]
+    res = await store.commit(Commit(entries=entries))
+    assert await store.model_view_data(task.id) == stored(HISTORY[:2])
+    await _damage(store, task.id, res.entries[1].seq, '{"role": "assistant", "cont')
+    with pytest.raises(StoreCorrupt, match="not valid JSON"):
+        await store.model_view_data(task.id)
