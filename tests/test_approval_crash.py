@@ -75,6 +75,7 @@ async def outcome(url: str, ledger: Path, task_id: str) -> tuple[Any, ToolMessag
     return task, result, kind
 
 
+@pytest.mark.slow
 async def test_sigkill_before_an_edited_call_runs(
     url: str, tmp_path: Path, env: pytest.MonkeyPatch
 ) -> None:
@@ -92,6 +93,7 @@ async def test_sigkill_before_an_edited_call_runs(
     assert task.output == result.content
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replay", ["never", "safe"])
 async def test_sigkill_while_an_edited_call_runs(
     url: str, tmp_path: Path, env: pytest.MonkeyPatch, replay: str
@@ -125,6 +127,7 @@ async def test_sigkill_while_an_edited_call_runs(
     assert task.status is TaskStatus.COMPLETED
 
 
+@pytest.mark.slow
 async def test_an_approval_times_out_across_a_worker_restart(
     url: str, tmp_path: Path, env: pytest.MonkeyPatch
 ) -> None:

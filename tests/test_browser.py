@@ -27,6 +27,7 @@ pytestmark = pytest.mark.browser
 __all__ = ["gates", "page", "server"]  # the fixtures this module uses from support.browser
 
 
+@pytest.mark.slow
 def test_watch_reload_pause_resume_complete(page: Page, server: LiveServer) -> None:
     page.goto(server.url + "/")
     page.fill("#token", "not-a-token")
@@ -107,6 +108,7 @@ def test_watch_reload_pause_resume_complete(page: Page, server: LiveServer) -> N
     shot(page, "05-completed")
 
 
+@pytest.mark.slow
 def test_approve_and_answer_from_the_page(page: Page, server: LiveServer) -> None:
     sign_in(page, server, "bob")
     start_task(page, "approver", "Email Bob.")
@@ -134,6 +136,7 @@ def test_approve_and_answer_from_the_page(page: Page, server: LiveServer) -> Non
     shot(page, "08-answered")
 
 
+@pytest.mark.slow
 def test_token_stays_in_the_tab_not_in_local_storage(page: Page, server: LiveServer) -> None:
     violations: list[str] = []
     page.on(
@@ -160,6 +163,7 @@ def test_token_stays_in_the_tab_not_in_local_storage(page: Page, server: LiveSer
     assert violations == []
 
 
+@pytest.mark.slow
 def test_a_rolled_back_round_stays_visible_marked_as_voided(
     page: Page, server: LiveServer, gates: Path
 ) -> None:
@@ -184,6 +188,7 @@ def test_a_rolled_back_round_stays_visible_marked_as_voided(
     expect(page.locator(".bubble.assistant").last).to_contain_text("Through the gate.")
 
 
+@pytest.mark.slow
 def test_retry_a_failed_task_from_the_page(page: Page, server: LiveServer) -> None:
     sign_in(page, server, "bob")
     start_task(page, "flaky", "fail-from-the-page")

@@ -11,6 +11,7 @@ pytestmark = pytest.mark.browser
 __all__ = ["gates", "page", "server"]  # the fixtures this module uses from test_browser
 
 
+@pytest.mark.slow
 def test_edit_the_arguments_then_approve(page: Page, server: LiveServer) -> None:
     sign_in(page, server)
     start_task(page, "mailer", "Mail Bob and Ann.")
@@ -60,6 +61,7 @@ def test_edit_the_arguments_then_approve(page: Page, server: LiveServer) -> None
     shot(page, "31-edited-and-approved")
 
 
+@pytest.mark.slow
 def test_approve_all_open_calls_at_once(page: Page, server: LiveServer) -> None:
     sign_in(page, server, "bob")
     start_task(page, "mailer", "Mail them both.")

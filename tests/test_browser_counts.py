@@ -25,6 +25,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         yield s
 
 
+@pytest.mark.slow
 def test_counts_and_filters(server: LiveServer) -> None:
     headers = {"Authorization": f"Bearer {TOKENS['alice']}"}
     made = {}

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.browser
 __all__ = ["gates", "page", "server"]  # the fixtures this module uses from test_browser
 
 
+@pytest.mark.slow
 def test_the_deadline_is_shown_and_a_waiting_task_fails_at_it(
     page: Page, server: LiveServer
 ) -> None:

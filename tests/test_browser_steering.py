@@ -14,6 +14,7 @@ pytestmark = pytest.mark.browser
 __all__ = ["gates", "page", "server"]  # the fixtures this module uses from support.browser
 
 
+@pytest.mark.slow
 def test_rounds_list_and_fork_from_here(page: Page, server: LiveServer) -> None:
     sign_in(page, server)
     start_task(page, "parent", "Delegate a greeting.")

@@ -15,6 +15,7 @@ from support.cli_run import Cli, Serve, run_args, serve, stored, task_id_in, wor
 __all__ = ["serve", "workdir"]  # the fixtures this module uses from test_cli_run
 
 
+@pytest.mark.slow
 async def test_run_with_a_deadline_fails_the_task_then_retry_sets_a_new_one(
     serve: Serve, workdir: Path, tmp_path: Path
 ) -> None:

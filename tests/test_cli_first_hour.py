@@ -70,6 +70,7 @@ PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 PIP = "pip install 'duragent[postgres]'"
 
 
+@pytest.mark.slow
 def test_postgres_without_the_extra_is_one_line_naming_the_pip_command(tmp_path: Path) -> None:
     env = without_psycopg(tmp_path)
     code = (
@@ -96,6 +97,7 @@ def test_postgres_without_the_extra_is_one_line_naming_the_pip_command(tmp_path:
     assert PIP in one_error_line(worker)
 
 
+@pytest.mark.slow
 def test_a_missing_directory_is_one_line_not_a_corrupt_store(tmp_path: Path) -> None:
     listed = cli("ls", "--store", "sqlite:///nodir/x.db", cwd=tmp_path)
     assert listed.returncode == 1
@@ -180,6 +182,7 @@ def first_line(proc: subprocess.Popen[str]) -> str:
     return proc.stdout.readline().strip()
 
 
+@pytest.mark.slow
 def test_worker_imports_agents_from_the_current_directory(
     project: Path, started: list[subprocess.Popen[str]]
 ) -> None:
@@ -213,6 +216,7 @@ async def submit_and_wait(url: str) -> Task:
     return task
 
 
+@pytest.mark.slow
 def test_serve_imports_agents_from_the_current_directory(
     project: Path, started: list[subprocess.Popen[str]]
 ) -> None:
@@ -260,6 +264,7 @@ async def tasks_to_list(url: str) -> list[str]:
     return [done.task_id, stopped.task_id]
 
 
+@pytest.mark.slow
 def test_ls_fits_80_columns_with_each_id_whole(tmp_path: Path) -> None:
     ids = asyncio.run(tasks_to_list(f"sqlite:///{tmp_path}/s.db"))
     listed = cli("ls", "--store", "sqlite:///s.db", cwd=tmp_path, env=child_env(COLUMNS="80"))
@@ -302,6 +307,7 @@ def agentless_server(tmp_path: Path, started: list[subprocess.Popen[str]]) -> tu
     return url, log
 
 
+@pytest.mark.slow
 def test_serve_without_agents_warns_and_a_submit_says_how_to_fix_it(
     agentless_server: tuple[str, Path],
 ) -> None:
@@ -317,6 +323,7 @@ def test_serve_without_agents_warns_and_a_submit_says_how_to_fix_it(
     assert "--agents module:attr" in problem["detail"]
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_the_page_of_a_server_without_agents_says_so_instead_of_an_error(
     agentless_server: tuple[str, Path],
@@ -388,6 +395,7 @@ def test_demo_never_deletes_a_store_it_did_not_make(tmp_path: Path) -> None:
     assert not precious.exists()
 
 
+@pytest.mark.slow
 def test_help_shows_flags_as_flags(tmp_path: Path) -> None:
     for command in ([], ["demo"], ["show"], ["pause"], ["run"], ["schedule", "add"], ["queue"]):
         shown = cli(*command, "--help", cwd=tmp_path)

@@ -33,6 +33,7 @@ __all__ = ["serve", "workdir"]  # the fixtures this module uses from support.cli
 # --- a task from start to end ------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_run_streams_a_task_with_tools_to_completion(
     serve: Serve, workdir: Path, tmp_path: Path
 ) -> None:
@@ -73,6 +74,7 @@ async def test_run_streams_a_task_with_tools_to_completion(
     assert SECRET.encode() not in store_bytes(tmp_path)
 
 
+@pytest.mark.slow
 async def test_file_tools_stay_inside_the_working_directory(
     serve: Serve, workdir: Path, tmp_path: Path
 ) -> None:
@@ -95,6 +97,7 @@ async def test_file_tools_stay_inside_the_working_directory(
     assert "not for the model" not in out + str([e.payload for e in entries])
 
 
+@pytest.mark.slow
 def test_a_missing_key_variable_is_named(serve: Serve, workdir: Path, tmp_path: Path) -> None:
     server = serve(["never asked"])
     args = run_args(server, f"sqlite:///{tmp_path}/cli.db", workdir, "Hi")
@@ -110,6 +113,7 @@ def test_a_missing_key_variable_is_named(serve: Serve, workdir: Path, tmp_path: 
 # --- Ctrl-C ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_ctrl_c_mid_stream_pauses_and_continue_finishes(
     serve: Serve, workdir: Path, tmp_path: Path
 ) -> None:
@@ -194,6 +198,7 @@ def black_hole() -> socket.socket:
     return hole
 
 
+@pytest.mark.slow
 async def test_a_second_ctrl_c_aborts_while_a_tool_still_runs(
     serve: Serve, workdir: Path, tmp_path: Path
 ) -> None:
@@ -223,6 +228,7 @@ async def test_a_second_ctrl_c_aborts_while_a_tool_still_runs(
 # --- asking the user ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("answer", ["y", "n"])
 async def test_writing_a_file_waits_for_the_users_yes(
     serve: Serve, workdir: Path, tmp_path: Path, answer: str
@@ -250,6 +256,7 @@ async def test_writing_a_file_waits_for_the_users_yes(
         assert result["outcome"] == "denied"
 
 
+@pytest.mark.slow
 async def test_with_no_one_to_answer_the_task_waits_for_continue(
     serve: Serve, workdir: Path, tmp_path: Path
 ) -> None:
@@ -276,6 +283,7 @@ async def test_with_no_one_to_answer_the_task_waits_for_continue(
     assert task.status is TaskStatus.COMPLETED and task.output == "Written."
 
 
+@pytest.mark.slow
 async def test_continue_never_takes_its_directory_from_the_task(
     serve: Serve, workdir: Path, tmp_path: Path
 ) -> None:
@@ -308,6 +316,7 @@ async def test_continue_never_takes_its_directory_from_the_task(
     assert (workdir / "later.txt").read_text() == "approved later"
 
 
+@pytest.mark.slow
 async def test_the_same_request_id_returns_the_same_task(
     serve: Serve, workdir: Path, tmp_path: Path
 ) -> None:
@@ -330,6 +339,7 @@ async def test_the_same_request_id_returns_the_same_task(
 # --- what the tools may do without asking --------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_reading_a_file_asks_first_unless_the_run_allows_it(
     serve: Serve, workdir: Path, tmp_path: Path
 ) -> None:
@@ -349,6 +359,7 @@ async def test_reading_a_file_asks_first_unless_the_run_allows_it(
     assert result["outcome"] == "denied" and "hello from the notes" not in str(entries)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("private", [False, True])
 async def test_http_get_reaches_a_local_server_only_with_the_flag(
     serve: Serve, workdir: Path, tmp_path: Path, private: bool

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from support.server_live import CLI, TOKENS, child_env, live_server
 
@@ -27,6 +28,7 @@ def without_fastapi(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_serve_without_the_extra_says_how_to_install_it(tmp_path: Path) -> None:
     env = without_fastapi(tmp_path)
     env["DURAGENT_TOKENS"] = "alice=x"
@@ -41,6 +43,7 @@ def test_serve_without_the_extra_says_how_to_install_it(tmp_path: Path) -> None:
     assert listed.returncode == 0 and "no tasks" in listed.stdout
 
 
+@pytest.mark.slow
 def test_serve_refuses_to_start_without_tokens(tmp_path: Path) -> None:
     env = child_env()
     env.pop("DURAGENT_TOKENS", None)
@@ -49,6 +52,7 @@ def test_serve_refuses_to_start_without_tokens(tmp_path: Path) -> None:
     assert "no API tokens configured" in result.stderr and "DURAGENT_TOKENS" in result.stderr
 
 
+@pytest.mark.slow
 def test_serve_with_tokens_from_the_environment(tmp_path: Path) -> None:
     env = child_env(DURAGENT_TOKENS="carol=carol-env-token-3")
     with live_server(tmp_path, workers=1, env=env, tokens_file=False) as server:

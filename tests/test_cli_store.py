@@ -93,6 +93,7 @@ def kinds(entries: list[str]) -> list[str]:
     return [e.split('"kind":"', 1)[1].split('"', 1)[0] for e in entries]
 
 
+@pytest.mark.slow
 async def test_compact_removes_what_no_reader_needs_and_keeps_the_rest(tmp_path: Path) -> None:
     directory = tmp_path / "store"
     ids = await fill(directory)
@@ -136,6 +137,7 @@ async def test_compact_removes_what_no_reader_needs_and_keeps_the_rest(tmp_path:
     assert "removed: 0 progress entries" in again.stdout
 
 
+@pytest.mark.slow
 async def test_compact_refuses_a_store_another_process_has_open(tmp_path: Path) -> None:
     directory = tmp_path / "store"
     await fill(directory)
@@ -151,6 +153,7 @@ async def test_compact_refuses_a_store_another_process_has_open(tmp_path: Path) 
     assert log.read_bytes() == content
 
 
+@pytest.mark.slow
 def test_compact_names_what_it_needs(tmp_path: Path) -> None:
     wrong = compact(f"sqlite:///{tmp_path}/x.db")
     assert wrong.returncode == 2 and "not a JSONL store" in wrong.stderr

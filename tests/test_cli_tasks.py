@@ -101,6 +101,7 @@ def test_ls_lists_and_filters(url: str) -> None:
     assert code == 0 and "no tasks" in out
 
 
+@pytest.mark.slow
 def test_show_prints_the_timeline(url: str) -> None:
     tid = asyncio.run(_run_to_end(url, "streamer"))
     code, out = cli("show", tid, "--store", url)
@@ -119,6 +120,7 @@ def test_show_prints_the_timeline(url: str) -> None:
     assert code == 1 and "no task with id 't_missing'" in out
 
 
+@pytest.mark.slow
 def test_show_follow_streams_a_running_task(url: str, tmp_path: Path) -> None:
     tid = asyncio.run(_submit(url, "streamer"))
     follow = subprocess.Popen(
@@ -151,6 +153,7 @@ def test_show_follow_streams_a_running_task(url: str, tmp_path: Path) -> None:
     assert "That is the whole idea." in rest
 
 
+@pytest.mark.slow
 def test_pause_resume_abort_a_task_another_process_runs(
     url: str, worker: subprocess.Popen[bytes]
 ) -> None:
@@ -178,6 +181,7 @@ async def _submit_input(url: str, agent: str, text: str) -> str:
         return (await rt.submit(agent, text, owner="alice")).task_id
 
 
+@pytest.mark.slow
 def test_retry_a_failed_task_another_process_runs(
     url: str, worker: subprocess.Popen[bytes]
 ) -> None:
@@ -195,6 +199,7 @@ def test_retry_a_failed_task_another_process_runs(
     assert code == 1 and "only a failed task can be retried" in out
 
 
+@pytest.mark.slow
 def test_a_task_for_an_agent_no_worker_knows_shows_blocked(
     url: str, worker: subprocess.Popen[bytes]
 ) -> None:

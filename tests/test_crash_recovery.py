@@ -27,6 +27,7 @@ async def snapshot(url: str) -> tuple[str, dict[int, str]]:
         await store.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["unsafe", "safe"])
 @pytest.mark.parametrize("point", POINTS)
 async def test_sigkill_at_each_point_then_resume(tmp_path: Path, point: str, kind: str) -> None:

@@ -375,6 +375,7 @@ def crash_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         drop_schema(schema)
 
 
+@pytest.mark.slow
 async def test_a_waiting_task_fails_at_its_deadline_after_its_worker_was_sigkilled(
     crash_url: str,
 ) -> None:
@@ -419,6 +420,7 @@ async def test_a_waiting_task_fails_at_its_deadline_after_its_worker_was_sigkill
     ]
 
 
+@pytest.mark.slow
 def test_the_readme_deadline_example_prints_what_it_says(tmp_path: Path) -> None:
     from support.readme import run, runnable_blocks
 
@@ -497,6 +499,7 @@ async def test_a_waiting_task_is_claimable_once_its_wake_up_is_due(store: Store)
     assert await store.claim_task("w2") is None
 
 
+@pytest.mark.slow
 async def test_a_task_whose_worker_died_in_a_tool_fails_at_its_deadline_without_rerunning_it(
     crash_url: str, tmp_path: Path
 ) -> None:

@@ -15,6 +15,7 @@ def _checkout() -> dict[str, str]:
     return {"PYTHONPATH": src[0]} if src else {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("crash", [True, False])
 def test_demo_finishes_and_the_side_effect_ran_once(tmp_path: Path, crash: bool) -> None:
     args = [sys.executable, "-m", "duragent", "demo", "--keep"] + ([] if crash else ["--no-crash"])

@@ -165,6 +165,7 @@ def started(task: Task) -> bool:
 # --- wake-ups ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_idle_worker_is_woken_by_notify_not_by_polling(
     rt: Runtime, workers: list[PgWorker]
 ) -> None:
@@ -204,6 +205,7 @@ async def test_idle_worker_is_woken_by_notify_not_by_polling(
     assert worker.proc.poll() is None
 
 
+@pytest.mark.slow
 async def test_subtasks_and_timers_run_on_workers_with_a_long_poll_interval(
     rt: Runtime, workers: list[PgWorker]
 ) -> None:
@@ -224,6 +226,7 @@ async def test_subtasks_and_timers_run_on_workers_with_a_long_poll_interval(
 # --- the server drops the worker's connections ------------------------------------
 
 
+@pytest.mark.slow
 async def test_worker_reconnects_after_its_backends_are_terminated_mid_tool(
     rt: Runtime, workers: list[PgWorker], tmp_path: Path
 ) -> None:

@@ -94,16 +94,19 @@ async def run_calls(server: str, ledger: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 async def test_stdio_server_tools_run_with_their_replay_policy(tmp_path: Path) -> None:
     ledger = tmp_path / "ledger.txt"
     await run_calls(stdio(ledger), ledger)
 
 
+@pytest.mark.slow
 async def test_streamable_http_server_tools_run(http_server: tuple[str, Path]) -> None:
     url, ledger = http_server
     await run_calls(url, ledger)
 
 
+@pytest.mark.slow
 def test_the_model_never_sees_the_idempotency_argument(tmp_path: Path) -> None:
     (charge,) = mcp_tools(stdio(tmp_path / "l.txt"), only=["charge"])
     assert charge.parameters["required"] == ["amount"]
@@ -111,6 +114,7 @@ def test_the_model_never_sees_the_idempotency_argument(tmp_path: Path) -> None:
     assert charge.replay == "never"
 
 
+@pytest.mark.slow
 def test_bad_servers_and_names_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="stdio:command args"):
         mcp_tools("ftp://x")

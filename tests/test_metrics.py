@@ -50,6 +50,7 @@ def wait_listening(port: int, proc: object, log: Path, timeout: float = 30.0) ->
     raise TimeoutError(f"no metrics on {port}:\n{log.read_text()}")
 
 
+@pytest.mark.slow
 async def test_worker_metrics_are_scraped_from_a_real_process(tmp_path: Path) -> None:
     url, port, log = f"sqlite:///{tmp_path}/m.db", free_port(), tmp_path / "worker.log"
     proc = duragent(
@@ -92,6 +93,7 @@ async def test_worker_metrics_are_scraped_from_a_real_process(tmp_path: Path) ->
     assert ("duragent_lease_renew_lag_seconds_count", ()) in samples
 
 
+@pytest.mark.slow
 async def test_serve_metrics_are_on_their_own_port(tmp_path: Path) -> None:
     api_port, metrics_port, log = free_port(), free_port(), tmp_path / "serve.log"
     tokens = tmp_path / "tokens.txt"
@@ -132,6 +134,7 @@ async def test_serve_metrics_are_on_their_own_port(tmp_path: Path) -> None:
     assert value(samples, "duragent_commits_total") >= 1
 
 
+@pytest.mark.slow
 async def test_a_takeover_after_sigkill_is_counted(tmp_path: Path) -> None:
     url, port, log = f"sqlite:///{tmp_path}/m.db", free_port(), tmp_path / "worker.log"
     dying = WorkerProc(url, ttl=1.0, HOLD="nap")

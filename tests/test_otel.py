@@ -91,6 +91,7 @@ async def test_the_submitters_trace_continues_in_the_task(tmp_path: Path) -> Non
     assert run.parent is not None and run.parent.span_id == request.get_span_context().span_id
 
 
+@pytest.mark.slow
 async def test_runs_of_one_task_across_a_restart_share_one_trace(tmp_path: Path) -> None:
     tp, exporter = provider()
     hang = asyncio.Event()

@@ -261,6 +261,7 @@ async def test_rounds_with_parallel_tool_calls_complete_and_count_tokens(
     assert outcomes == ["ok"] * 4
 
 
+@pytest.mark.slow
 async def test_rate_limit_is_retried_after_the_servers_wait_with_a_notice_each(
     provider: Provider, serve: Serve, chat: Chat, tmp_path: Path
 ) -> None:
@@ -366,6 +367,7 @@ def spawn_child(provider: Provider, server: ScriptedServer, url: str) -> subproc
     )
 
 
+@pytest.mark.slow
 async def test_sigkill_mid_stream_then_restart_resends_the_same_request(
     provider: Provider, serve: Serve, tmp_path: Path
 ) -> None:

@@ -143,6 +143,7 @@ async def test_sqlite_purge_leaves_no_orphans_and_the_file_shrinks(tmp_path: Pat
     assert os.path.getsize(path) < pages * 4096 * 0.5
 
 
+@pytest.mark.slow
 async def test_postgres_purge_leaves_no_orphans() -> None:
     import psycopg
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from duragent.store import open_store
 from duragent.store.queues import Queue, define_queue
 from duragent.types import Task
@@ -66,6 +68,7 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 async def test_a_limit_of_three_holds_under_four_processes(
     shared_url: str,
     tmp_path: Path,

@@ -24,6 +24,7 @@ async def call(model: RateLimited) -> int:
     return used
 
 
+@pytest.mark.slow
 async def test_two_workers_share_one_request_budget(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/r.db"
     one, two = open_store(url), open_store(url)

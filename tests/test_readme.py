@@ -19,6 +19,7 @@ def test_the_first_examples_are_marked_runnable() -> None:
     assert {"In five minutes", "Steering a task"} <= set(runnable_blocks())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("heading", sorted(runnable_blocks()))
 def test_a_readme_example_runs_as_written(heading: str, tmp_path: Path) -> None:
     done = run(runnable_blocks()[heading], tmp_path)
@@ -26,6 +27,7 @@ def test_a_readme_example_runs_as_written(heading: str, tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_the_five_minute_example_says_what_the_readme_says_and_reruns(tmp_path: Path) -> None:
     code = runnable_blocks()["In five minutes"]
     first = run(code, tmp_path)

@@ -196,6 +196,7 @@ def noop() -> str:
     return "noop done"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rollback", [False, True])
 async def test_pause_mid_stream_then_resume_completes(url: str, rollback: bool) -> None:
     agent = Agent(name="a", model=streaming_model(), tools=[noop], progress_interval=0.02)

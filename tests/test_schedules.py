@@ -90,6 +90,7 @@ async def test_overlap_skip_and_queue_wait_for_the_previous_run(store: Store) ->
     assert len(fired) == 1 and len(await scheduled(store, "queue")) == 2
 
 
+@pytest.mark.slow
 async def test_runtime_schedule_lifecycle(tmp_path: Path) -> None:
     async with Runtime(f"sqlite:///{tmp_path}/rt.db", agents=[CHAT]) as rt:
         with pytest.raises(ValueError, match="exactly one of cron= or every="):
@@ -121,6 +122,7 @@ async def test_runtime_schedule_lifecycle(tmp_path: Path) -> None:
             await rt.get_schedule("fast", owner="u")
 
 
+@pytest.mark.slow
 async def test_ticks_are_exactly_once_across_a_worker_sigkill(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/ticks.db"
     store = open_store(url)

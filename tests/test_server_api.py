@@ -380,6 +380,7 @@ async def test_another_users_task_is_404_exactly_like_a_missing_one(
     assert alice_task not in {t["id"] for t in bobs}
 
 
+@pytest.mark.slow
 async def test_every_route_but_health_needs_a_token(client: httpx.AsyncClient) -> None:
     spec = client._transport.app.openapi()  # type: ignore[attr-defined]
     checked = 0

@@ -71,6 +71,7 @@ def server(tmp_path: Path) -> Any:
         yield s
 
 
+@pytest.mark.slow
 async def test_reconnect_with_last_event_id_misses_and_repeats_nothing(server: LiveServer) -> None:
     async with httpx.AsyncClient(timeout=30) as client:
         tid = await start(client, server, "streamer")
@@ -108,6 +109,7 @@ async def test_reconnect_with_last_event_id_misses_and_repeats_nothing(server: L
         assert "durable execution" in text
 
 
+@pytest.mark.slow
 async def test_after_query_and_finished_task(server: LiveServer) -> None:
     async with httpx.AsyncClient(timeout=30) as client:
         tid = await start(client, server, "quick")
@@ -130,6 +132,7 @@ async def test_after_query_and_finished_task(server: LiveServer) -> None:
         assert r.status_code == 404
 
 
+@pytest.mark.slow
 async def test_events_from_a_worker_in_another_process(tmp_path: Path) -> None:
     # API only: the task runs in a separate `duragent worker` writing to the same file.
     with live_server(tmp_path, workers=0) as server:

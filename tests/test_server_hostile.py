@@ -138,6 +138,7 @@ def warm(server: LiveServer) -> int:
 # --- 2. body limit, and the token checked before the body is read -------------
 
 
+@pytest.mark.slow
 def test_wrong_token_with_a_500_mb_body_is_refused_without_reading_it(server: LiveServer) -> None:
     before = warm(server)
     status, response = stream_request(server, post_head(server, WRONG, 500 * MB), zeros(500 * MB))
@@ -149,6 +150,7 @@ def test_wrong_token_with_a_500_mb_body_is_refused_without_reading_it(server: Li
     assert server.rss() - before < RSS_SLACK, (before, server.rss())
 
 
+@pytest.mark.slow
 def test_a_body_over_the_limit_is_413_without_buffering_it(server: LiveServer) -> None:
     before = warm(server)
     token = TOKENS["alice"]
@@ -240,6 +242,7 @@ def need_files(n: int) -> None:
         pytest.skip(f"this test opens {n} sockets; the open-files limit is {hard}")
 
 
+@pytest.mark.slow
 def test_slow_headers_are_dropped_and_everyone_else_is_served(tmp_path: Path) -> None:
     need_files(1500)
     with live_server(tmp_path, workers=1, args=["--header-timeout", "2"]) as server:
@@ -255,6 +258,7 @@ def test_slow_headers_are_dropped_and_everyone_else_is_served(tmp_path: Path) ->
     assert "Traceback" not in log
 
 
+@pytest.mark.slow
 def test_connections_past_the_limit_get_503(tmp_path: Path) -> None:
     with live_server(tmp_path, workers=1, args=["--max-connections", "20"]) as server:
         held = open_sockets(server, 25, b"GET /v1/health HTTP/1.1\r\nHost: x\r\n")
@@ -270,6 +274,7 @@ def test_connections_past_the_limit_get_503(tmp_path: Path) -> None:
             time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_out_of_file_descriptors_logs_once_per_interval_without_tracebacks(tmp_path: Path) -> None:
     need_files(1000)
     # Hard limit 256 for the server: it cannot raise it, and runs out of descriptors.
@@ -327,6 +332,7 @@ def open_stream(server: LiveServer, task_id: str, user: str) -> tuple[socket.soc
     return s, int(match.group(1)), head
 
 
+@pytest.mark.slow
 def test_event_streams_per_user_are_limited_with_429(tmp_path: Path) -> None:
     with live_server(tmp_path, workers=1, args=["--streams-per-user", "5"]) as server:
         r = httpx.post(
@@ -401,6 +407,7 @@ def test_deep_nesting_is_422_and_nothing_is_stored(server: LiveServer, depth: in
 # --- low ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "raw",
     [
@@ -438,6 +445,7 @@ def test_sequence_numbers_past_int64_are_4xx(server: LiveServer) -> None:
     assert r.status_code == 200 and r.json()["entries"] == []
 
 
+@pytest.mark.slow
 def test_cursor_times_past_year_9999_are_400_on_postgres(tmp_path: Path) -> None:
     from conftest import drop_schema, require_postgres
 
@@ -455,6 +463,7 @@ def test_cursor_times_past_year_9999_are_400_on_postgres(tmp_path: Path) -> None
         drop_schema(schema)
 
 
+@pytest.mark.slow
 def test_nul_bytes_on_postgres_are_422_without_connection_details(tmp_path: Path) -> None:
     from conftest import drop_schema, require_postgres
 
@@ -545,6 +554,7 @@ def test_405_names_the_allowed_methods(server: LiveServer) -> None:
         assert r.headers["allow"] == allowed, (method, path)
 
 
+@pytest.mark.slow
 def test_wrong_tokens_are_throttled_per_client_address(tmp_path: Path) -> None:
     with live_server(tmp_path, workers=1, args=["--auth-failures-per-minute", "5"]) as server:
         me = f"{server.url}/v1/me"
@@ -571,6 +581,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_short_tokens_are_refused_at_startup(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.txt"
     tokens.write_text("alice:alice-live-token-1\nbob:short-tok\n")
@@ -580,6 +591,7 @@ def test_short_tokens_are_refused_at_startup(tmp_path: Path) -> None:
     assert "short-tok" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_removed_token_stops_working_without_a_restart(tmp_path: Path) -> None:
     with live_server(tmp_path, workers=1) as server:
         me = f"{server.url}/v1/me"

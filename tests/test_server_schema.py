@@ -52,6 +52,7 @@ negative = schemathesis.pytest.from_fixture("negative_schema").exclude(
 )
 
 
+@pytest.mark.slow
 @schema.parametrize()
 @settings(
     max_examples=30,
@@ -68,6 +69,7 @@ def test_api_conforms_to_its_openapi(case: Any, server: LiveServer) -> None:
     case.call_and_validate(headers=server.headers(), timeout=20, excluded_checks=excluded)
 
 
+@pytest.mark.slow
 @negative.parametrize()
 @settings(
     max_examples=40,

@@ -41,6 +41,7 @@ async def approved_task(client: httpx.AsyncClient, runtime: Runtime) -> str:
     return tid
 
 
+@pytest.mark.slow
 async def test_history_lists_rounds_and_fork_starts_a_linked_task(
     client: httpx.AsyncClient, runtime: Runtime
 ) -> None:

@@ -66,6 +66,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     drop_schema(schema)
 
 
+@pytest.mark.slow
 def test_another_owners_session_id_behaves_like_a_new_session(
     tmp_path: Path, store_url: str
 ) -> None:

@@ -158,6 +158,7 @@ async def test_no_wake_folder_for_a_database_that_is_no_plain_file(
     assert not hears_others
 
 
+@pytest.mark.slow
 def test_the_demo_removes_its_wake_folder_with_its_store(tmp_path: Path) -> None:
     # The duragent under test, wherever it is imported from (a checkout or a worktree).
     src = str(Path(duragent.__file__).resolve().parents[1])

@@ -50,6 +50,7 @@ def long_source() -> tuple[Task, list[NewEntry]]:
     return task, out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sqlite", "jsonl"])
 async def test_sigkill_during_forks_leaves_whole_forks_only(tmp_path: Path, kind: str) -> None:
     url = f"sqlite:///{tmp_path}/f.db" if kind == "sqlite" else f"jsonl:///{tmp_path}/f"

@@ -254,6 +254,7 @@ async def test_a_waiting_task_takes_an_interrupting_message_when_its_wait_ends(
     ]
 
 
+@pytest.mark.slow
 def test_the_readme_example_runs(tmp_path: Path) -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     section = readme[readme.index("### Messages into a live task") :]

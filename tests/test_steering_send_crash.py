@@ -49,6 +49,7 @@ async def check_after_restart(url: str, task_id: str, ledger: Path) -> None:
     assert len(set(intents)) == len(intents)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store_url", ["sqlite", "jsonl", "postgres"], indirect=True)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 async def test_sigkill_right_after_a_messages_pickup_is_committed(
@@ -64,6 +65,7 @@ async def test_sigkill_right_after_a_messages_pickup_is_committed(
     await check_after_restart(store_url, sub.task_id, ledger)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 async def test_sigkill_after_a_message_is_sent_and_before_it_is_taken(

@@ -49,6 +49,7 @@ async def outcome_of(url: str) -> tuple[str, str, str]:
         await store.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replay", ["resume", "safe"])
 async def test_sigkill_between_steps_skips_the_recorded_step(
     shared_url: str, tmp_path: Path, replay: str
@@ -71,6 +72,7 @@ async def test_sigkill_between_steps_skips_the_recorded_step(
     assert (status, outcome, content) == ("completed", "ok", "r-book ch-42 shipped")
 
 
+@pytest.mark.slow
 async def test_sigkill_inside_an_unsafe_step_interrupts_the_call(
     shared_url: str, tmp_path: Path
 ) -> None:
@@ -85,6 +87,7 @@ async def test_sigkill_inside_an_unsafe_step_interrupts_the_call(
     assert "interrupted in step 'charge'" in content and "'reserve'" in content
 
 
+@pytest.mark.slow
 async def test_sigkill_inside_a_safe_step_runs_it_again(tmp_path: Path) -> None:
     url, ledger = f"sqlite:///{tmp_path}/steps.db", tmp_path / "ledger.txt"
     kill_at(spawn("step_agent.py", url, str(ledger), "in_charge", "resume", "1"), "AT in_charge")
@@ -101,6 +104,7 @@ async def test_sigkill_inside_a_safe_step_runs_it_again(tmp_path: Path) -> None:
     assert await outcome_of(url) == ("completed", "ok", "r-book ch-42 shipped")
 
 
+@pytest.mark.slow
 async def test_sigkill_in_a_never_replay_tool_with_steps_is_interrupted(tmp_path: Path) -> None:
     url, ledger = f"sqlite:///{tmp_path}/steps.db", tmp_path / "ledger.txt"
     kill_at(spawn("step_agent.py", url, str(ledger), "after_reserve", "never"), "AT after_reserve")
@@ -172,6 +176,7 @@ async def test_a_failed_step_is_recorded_and_raised_to_the_tool(store: Store) ->
     assert failed["error"] == "RuntimeError: card declined"
 
 
+@pytest.mark.slow
 async def test_a_recorded_failure_is_raised_again_after_a_crash(store: Store) -> None:
     ran: list[int] = []
     hang = asyncio.Event()
@@ -243,6 +248,7 @@ def test_resume_is_a_replay_policy_and_others_are_refused() -> None:
     assert asyncio.iscoroutinefunction(ToolContext.step)
 
 
+@pytest.mark.slow
 def test_the_readme_steps_example_runs(tmp_path: Path) -> None:
     import re
     import subprocess

@@ -529,6 +529,7 @@ async def until_listening(store: Store) -> None:
     raise AssertionError("the store never started listening")
 
 
+@pytest.mark.slow
 async def test_wait_for_change_waits_for_a_commit_then_wakes(store: Store) -> None:
     task = await make(store)
     await until_listening(store)

@@ -49,6 +49,7 @@ def test_a_write_lost_to_a_full_disk_does_not_fail_the_task(tmp_path: Path) -> N
     assert sum("interrupted" in r for r in out["results"]) <= 1
 
 
+@pytest.mark.slow
 def test_a_task_waits_out_a_full_disk_and_continues(tmp_path: Path) -> None:
     out = run_disk_full_child(tmp_path, "outage")
     assert out["failed_writes"] > 1  # several writes failed while the disk was full
@@ -58,6 +59,7 @@ def test_a_task_waits_out_a_full_disk_and_continues(tmp_path: Path) -> None:
     assert out["ran"].count("write_note:s2") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_killing_the_workers_postgres_connections_fails_no_task() -> None:
     require_postgres()

@@ -47,6 +47,7 @@ async def texts(store: Any, task_id: str) -> list[str]:
 # --- checksums ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_every_changed_byte_after_the_header_is_reported_not_read(tmp_path: Path) -> None:
     """A byte changed anywhere in a record or a marker, the last commit included, is
     StoreCorrupt naming file, line and byte offset; the file is left as it was."""
@@ -322,6 +323,7 @@ def fill(directory: Path) -> Path:
     return filler
 
 
+@pytest.mark.slow
 async def test_a_full_disk_at_open_says_disk_full_and_loses_nothing(tmp_path: Path) -> None:
     with small_tmpfs(tmp_path / "disk", "1m") as disk:
         old_sqlite, old_jsonl = await existing_stores(disk)

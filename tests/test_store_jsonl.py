@@ -83,6 +83,7 @@ async def test_state_survives_reopen(tmp_path: Path) -> None:
     await again.close()
 
 
+@pytest.mark.slow
 async def test_every_cut_inside_the_last_commit_reopens_to_before_or_after(
     tmp_path: Path,
 ) -> None:

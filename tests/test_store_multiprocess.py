@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from duragent.store import open_store
 from duragent.types import Task
 
@@ -45,6 +47,7 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 async def test_four_processes_claim_each_task_exactly_once(shared_url: str, tmp_path: Path) -> None:
     url = shared_url
     store = open_store(url)
@@ -99,6 +102,7 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 async def test_a_commit_in_another_process_wakes_waiters_and_control_watchers(
     shared_url: str,
 ) -> None:

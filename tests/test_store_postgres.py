@@ -151,6 +151,7 @@ for schema in schemas:
 """
 
 
+@pytest.mark.slow
 def test_processes_migrating_at_once_all_succeed(pg_url: str, tmp_path: Path) -> None:
     schemas = [f"test_{uuid.uuid4().hex[:12]}" for _ in range(8)]
     gate = tmp_path / "go"
@@ -303,6 +304,7 @@ async def test_connection_lost_during_commit_reports_the_outcome_unknown(
         await s.close()
 
 
+@pytest.mark.slow
 async def test_wait_for_change_wakes_on_another_connections_commit(
     pg_url: str, schema: str
 ) -> None:
@@ -395,6 +397,7 @@ async def test_wait_for_work_wakes_only_for_commits_that_can_make_work(
         await writer.close()
 
 
+@pytest.mark.slow
 async def test_zombie_commits_racing_a_takeover_never_roll_the_lease_back(
     pg_url: str, schema: str
 ) -> None:
@@ -511,6 +514,7 @@ def waiting_on(pg_url: str, app: str, *locktypes: str) -> int:
     return int(row["n"]) if row else 0
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.lists(op, max_size=25))
 def test_postgres_store_matches_model(ops: list[tuple[Any, ...]]) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import tempfile
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ def test_memory_store_matches_model(ops: list[tuple[Any, ...]]) -> None:
     asyncio.run(_with_store("memory://", ops))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.lists(op, max_size=25))
 def test_sqlite_store_matches_model(ops: list[tuple[Any, ...]]) -> None:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from duragent import Agent, Runtime, ScriptedModel, ToolCall
 from duragent.terminal import clean, safe
 from duragent.types import TaskStatus
@@ -55,6 +57,7 @@ def test_clean_strips_every_kind_of_control_sequence() -> None:
     assert safe("[bold]x[/] \x1b[1m") == "\\[bold]x\\[/] "
 
 
+@pytest.mark.slow
 def test_run_prints_a_hostile_answer_as_plain_text(tmp_path: Path) -> None:
     server = ScriptedOpenAIServer(
         [
@@ -86,6 +89,7 @@ def test_run_prints_a_hostile_answer_as_plain_text(tmp_path: Path) -> None:
     assert "list_dir(path='\\x1b]2;pwned\\x07[red]x')" in out  # arguments show as repr
 
 
+@pytest.mark.slow
 def test_show_follow_and_ls_print_hostile_text_as_plain_text(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/t.db"
     agent = Agent(
@@ -112,6 +116,7 @@ def test_show_follow_and_ls_print_hostile_text_as_plain_text(tmp_path: Path) -> 
     assert "[b]" in run_cli("ls", "--store", url)
 
 
+@pytest.mark.slow
 def test_show_prints_markup_split_across_streamed_pieces_as_written(tmp_path: Path) -> None:
     """Each streamed piece holds half a tag; joined, they must not become a live link."""
     url = f"sqlite:///{tmp_path}/t.db"

@@ -79,6 +79,7 @@ def test_public_addresses_pass(address: str) -> None:
     assert local_kind(ipaddress.ip_address(address)) is None
 
 
+@pytest.mark.slow
 async def test_a_local_server_is_refused_by_default_and_reached_when_allowed() -> None:
     with serving(answer("the local secret")) as base:
         port = base.rsplit(":", 1)[1]
@@ -262,6 +263,7 @@ def tls_site(tmp_path: Path) -> Iterator[tuple[int, ssl.SSLContext]]:
         yield port, ssl.create_default_context(cafile=str(cert))
 
 
+@pytest.mark.slow
 async def test_https_dials_the_checked_address_and_still_verifies_the_name(
     tls_site: tuple[int, ssl.SSLContext],
 ) -> None:
@@ -340,6 +342,7 @@ async def test_a_compressed_body_is_capped_after_decoding() -> None:
     assert peak < 5 * 1024 * 1024, peak  # 50 MB once decoded
 
 
+@pytest.mark.slow
 async def test_a_body_compressed_twice_is_refused_not_expanded() -> None:
     policy = NetworkPolicy(allow_private=True, max_bytes=1000)
     with serving(bomb(2)) as base:

@@ -25,6 +25,7 @@ from conftest import require_postgres
 # --- real trials -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("store", "trials"),
     [("sqlite", 3), ("jsonl", 1), ("postgres", 1)],

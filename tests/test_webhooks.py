@@ -59,6 +59,7 @@ async def until_outbox_empty(store: Store, timeout: float = 30.0) -> None:
     await asyncio.wait_for(empty(), timeout)
 
 
+@pytest.mark.slow
 async def test_failed_attempts_are_retried_with_one_idempotency_key(
     store: Store, receiver: Receiver
 ) -> None:
@@ -101,6 +102,7 @@ async def test_agent_webhook_announces_input_waits_and_the_end(tmp_path: Path) -
         receiver.close()
 
 
+@pytest.mark.slow
 async def test_failed_aborted_and_blocked_tasks_are_announced(tmp_path: Path) -> None:
     receiver = Receiver()
     hang = asyncio.Event()
@@ -222,6 +224,7 @@ async def outbox_of(url: str) -> int:
         await store.close()
 
 
+@pytest.mark.slow
 async def test_sigkill_before_any_delivery_loses_nothing(
     shared_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -240,6 +243,7 @@ async def test_sigkill_before_any_delivery_loses_nothing(
         receiver.close()
 
 
+@pytest.mark.slow
 async def test_sigkill_during_delivery_sends_it_again(
     shared_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -44,6 +44,7 @@ async def rt(shared_url: str) -> AsyncIterator[Runtime]:
         yield runtime
 
 
+@pytest.mark.slow
 async def test_pause_and_abort_from_another_process_land_without_a_heartbeat(
     rt: Runtime,
     shared_url: str,
@@ -68,6 +69,7 @@ async def test_pause_and_abort_from_another_process_land_without_a_heartbeat(
     assert done.status is TaskStatus.COMPLETED
 
 
+@pytest.mark.slow
 async def test_worker_picks_up_work_from_another_process_without_polling(
     rt: Runtime,
     shared_url: str,

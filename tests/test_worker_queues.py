@@ -38,6 +38,7 @@ async def submit_at_once(store: Store, tasks: list[Task]) -> list[str]:
     return [t.id for t in tasks]
 
 
+@pytest.mark.slow
 async def test_workers_claim_only_from_their_queues(
     rt: Runtime,
     workers: list[WorkerProc],  # noqa: F811
@@ -60,6 +61,7 @@ async def test_workers_claim_only_from_their_queues(
     assert await rt.counts(queue="d") == {"d": {"pending": 3}}
 
 
+@pytest.mark.slow
 async def test_a_limit_set_while_a_worker_runs_holds_at_its_next_claim(
     rt: Runtime,
     workers: list[WorkerProc],  # noqa: F811
@@ -126,6 +128,7 @@ async def test_worker_object_keeps_to_its_queues_on_every_store(store: Store) ->
         await job
 
 
+@pytest.mark.slow
 def test_worker_refuses_an_empty_queue_name(tmp_path: Path) -> None:
     got = subprocess.run(
         [

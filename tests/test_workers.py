@@ -48,6 +48,7 @@ async def until(
     return await rt.wait(task_id, timeout=timeout, until=cond)
 
 
+@pytest.mark.slow
 async def test_three_workers_200_tasks_one_sigkilled(
     rt: Runtime, workers: list[WorkerProc], tmp_path: Path
 ) -> None:
@@ -92,6 +93,7 @@ async def test_three_workers_200_tasks_one_sigkilled(
         await one_result_per_call(rt, t.id)
 
 
+@pytest.mark.slow
 async def test_zombie_worker_writes_nothing_after_takeover(
     rt: Runtime, workers: list[WorkerProc], tmp_path: Path
 ) -> None:
@@ -135,6 +137,7 @@ async def test_zombie_worker_writes_nothing_after_takeover(
     await one_result_per_call(rt, sub.task_id)
 
 
+@pytest.mark.slow
 async def test_restart_limit_blocks_then_resume_clears_it(
     rt: Runtime, workers: list[WorkerProc]
 ) -> None:
@@ -158,6 +161,7 @@ async def test_restart_limit_blocks_then_resume_clears_it(
     assert done.status is TaskStatus.COMPLETED
 
 
+@pytest.mark.slow
 async def test_missing_tool_definition_blocks_naming_the_tool(
     rt: Runtime, workers: list[WorkerProc]
 ) -> None:
@@ -195,6 +199,7 @@ async def test_worker_never_claims_agents_it_does_not_know(tmp_path: Path) -> No
             assert rt.worker is not None and rt.worker.claimed == 1
 
 
+@pytest.mark.slow
 async def test_timer_fires_after_every_process_restarted(
     rt: Runtime, workers: list[WorkerProc]
 ) -> None:
@@ -215,6 +220,7 @@ async def test_timer_fires_after_every_process_restarted(
     assert done.completed_at is not None and done.completed_at >= waiting.wake_at
 
 
+@pytest.mark.slow
 async def test_subtask_survives_a_crash_of_its_worker(
     rt: Runtime, workers: list[WorkerProc], tmp_path: Path
 ) -> None:
@@ -238,6 +244,7 @@ async def test_subtask_survives_a_crash_of_its_worker(
     await one_result_per_call(rt, sub.task_id)
 
 
+@pytest.mark.slow
 async def test_approval_and_denial_answered_from_another_process(
     rt: Runtime, workers: list[WorkerProc], tmp_path: Path
 ) -> None:
@@ -294,6 +301,7 @@ async def test_chat_continuation_is_not_resumption(tmp_path: Path) -> None:
         assert len(await rt.model_view(first.id)) == 2
 
 
+@pytest.mark.slow
 async def test_parent_pause_and_abort_reach_the_child(
     tmp_path: Path, workers: list[WorkerProc]
 ) -> None:
@@ -333,6 +341,7 @@ async def test_parent_pause_and_abort_reach_the_child(
         assert kid.status is TaskStatus.ABORTED
 
 
+@pytest.mark.slow
 async def test_sigterm_finishes_the_running_tool_and_hands_the_task_back(
     rt: Runtime, workers: list[WorkerProc], tmp_path: Path
 ) -> None:
@@ -364,6 +373,7 @@ async def test_sigterm_finishes_the_running_tool_and_hands_the_task_back(
     assert sum(1 for line in ledger_lines(ledger) if line.startswith("start nap ")) == 1
 
 
+@pytest.mark.slow
 async def test_worker_stopped_past_its_lease_and_continued_counts_one_restart(
     rt: Runtime, workers: list[WorkerProc], tmp_path: Path
 ) -> None:
@@ -429,6 +439,7 @@ async def test_worker_stopped_past_its_lease_and_continued_counts_one_restart(
         assert len(ends) == (0 if restarts else 1), (task_id, restarts, ends)
 
 
+@pytest.mark.slow
 async def test_heartbeat_renews_every_lease_in_one_store_call() -> None:
     class CountingStore(MemoryStore):
         def __init__(self) -> None:
