@@ -32,7 +32,7 @@ from duragent.runtime.steering import Edit, History, new_fork, task_history
 from duragent.runtime.submit import input_text, new_task
 from duragent.runtime.views import Steps, build_steps, ui_view
 from duragent.runtime.waits import person_answers, resolve
-from duragent.runtime.worker import Worker, lease_alive
+from duragent.runtime.worker import Worker, lease_alive, queue_names
 from duragent.store import open_store
 from duragent.store.base import Commit, Store, TaskPatch, TaskQuery
 from duragent.store.queues import Queue, define_queue
@@ -102,6 +102,8 @@ class Runtime(ManyTasks, SendsMessages):
     the given agents; it starts on the first `submit`, `wait` or `resume()`.
     A task that waits `missing_agent_grace` seconds (default 60) for an agent no
     running worker knows becomes `blocked` with reason `missing_definition`.
+    `worker_queues` (queue names, as `Worker(queues=)`) keeps the in-process
+    worker to those queues; `queues` defines queues and their limits.
     """
 
     def __init__(
@@ -119,6 +121,7 @@ class Runtime(ManyTasks, SendsMessages):
         missing_agent_grace: float = 60.0,
         webhook_delivery: WebhookDelivery | None = None,
         queues: Iterable[Queue] = (),
+        worker_queues: Iterable[str] | None = None,
     ) -> None:
         self.store: Store = (
             store if store is not None and not isinstance(store, str) else open_store(store)
@@ -136,6 +139,8 @@ class Runtime(ManyTasks, SendsMessages):
             "trace": trace,
             "missing_agent_grace": missing_agent_grace,
             "webhook_delivery": webhook_delivery,
+            # Checked now, not when the worker starts on the first submit.
+            "queues": None if worker_queues is None else queue_names(worker_queues),
         }
         self._worker_job: asyncio.Task[None] | None = None
         self._queues = list(queues)
