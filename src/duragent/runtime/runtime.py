@@ -233,7 +233,7 @@ class Runtime(ManyTasks, SendsMessages):
                 raise UsageError("continue_session=True needs a session_id")
             live = await self._live_session_task(session_id, owner)
             if live is not None:  # a turn runs: never a silent fork of the session
-                await self._send(live.id, input_text(input), None, multitask_strategy)
+                await self._send(live.id, input_text(input), None, multitask_strategy, request_id)
                 return Submission(self, live.id, created=False, sent=True)
             history = await self._session_history(session_id, owner)
         task, first = new_task(
