@@ -22,7 +22,8 @@ from duragent import (
     TaskStatus,
     UsageError,
 )
-from duragent.types import EntryKind
+from duragent.store import Commit
+from duragent.types import EntryKind, NewEntry
 from test_steering_send import Gate, roles, script
 
 
@@ -121,6 +122,25 @@ async def test_continue_session_retried_with_its_request_id_sends_once(store: St
         first.release.set()
         second.release.set()
         await live.wait(20)
+
+
+async def test_a_request_id_is_found_past_the_first_page_of_the_log(store: Store) -> None:
+    first, second = Gate(), Gate()
+    async with Runtime(store, agents=[agent(first, second)], run_worker=False) as rt:
+        tid = (await rt.submit("a", "start")).task_id
+
+        def checkpoint(payload: dict[str, Any]) -> NewEntry:
+            return NewEntry(task_id=tid, kind=EntryKind.CHECKPOINT, round=1, payload=payload)
+
+        # A long log, then the record of a message already taken (out of the inbox).
+        filler = [checkpoint({"type": "step", "n": i}) for i in range(520)]
+        taken = checkpoint({"type": "message", "id": "m1", "text": "hi", "request_id": "deep"})
+        await store.commit(Commit(entries=[*filler, taken]))
+        before = await rt.get(tid)
+        assert (await rt.send(tid, "hi", request_id="deep")).last_seq == before.last_seq
+        with pytest.raises(DuplicateRequest):
+            await rt.send(tid, "ho", request_id="deep")
+        assert "inbox" not in (await rt.get(tid)).config
 
 
 @pytest.fixture(params=["sqlite", "jsonl", "postgres"])
