@@ -24,7 +24,7 @@ from duragent import (
 )
 from duragent.store import Commit
 from duragent.types import EntryKind, NewEntry
-from test_steering_send import Gate, roles, script
+from support.sending import Gate, roles, script
 
 
 def agent(first: Gate, second: Gate) -> Agent:
