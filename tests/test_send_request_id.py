@@ -143,6 +143,30 @@ async def test_a_request_id_is_found_past_the_first_page_of_the_log(store: Store
         assert "inbox" not in (await rt.get(tid)).config
 
 
+async def test_a_retried_continue_session_that_started_the_live_task_sends_nothing(
+    store: Store,
+) -> None:
+    first, second = Gate(), Gate()
+    async with Runtime(store, agents=[agent(first, second)]) as rt:
+        asked: dict[str, Any] = {
+            "owner": "u",
+            "session_id": "s",
+            "continue_session": True,
+            "request_id": "c0",
+        }
+        started = await rt.submit("a", "start", **asked)
+        assert started.created
+        await first.entered.wait()
+        retried = await rt.submit("a", "start", **asked)
+        assert retried.task_id == started.task_id and not retried.created and not retried.sent
+        with pytest.raises(DuplicateRequest):
+            await rt.submit("a", "other", **asked)
+        assert "inbox" not in (await rt.get(started.task_id)).config
+        first.release.set()
+        task = await started.wait(20)
+        assert roles(await rt.model_view(task.id)).count("user:start") == 1
+
+
 @pytest.fixture(params=["sqlite", "jsonl", "postgres"])
 def durable_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":

@@ -29,7 +29,7 @@ from duragent.runtime.log import api_entry, notice
 from duragent.runtime.many import ManyTasks
 from duragent.runtime.sending import SendsMessages
 from duragent.runtime.steering import Edit, History, new_fork, task_history
-from duragent.runtime.submit import input_text, new_task
+from duragent.runtime.submit import new_task
 from duragent.runtime.views import Steps, build_steps, ui_view
 from duragent.runtime.waits import person_answers, resolve
 from duragent.runtime.worker import Worker, lease_alive, queue_names
@@ -233,8 +233,10 @@ class Runtime(ManyTasks, SendsMessages):
                 raise UsageError("continue_session=True needs a session_id")
             live = await self._live_session_task(session_id, owner)
             if live is not None:  # a turn runs: never a silent fork of the session
-                await self._send(live.id, input_text(input), None, multitask_strategy, request_id)
-                return Submission(self, live.id, created=False, sent=True)
+                sent = await self._send_into_session(
+                    live, agent, input, multitask_strategy, request_id
+                )
+                return Submission(self, live.id, created=False, sent=sent)
             history = await self._session_history(session_id, owner)
         task, first = new_task(
             definition,

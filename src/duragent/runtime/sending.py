@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pydantic_core import to_jsonable_python
+
 from duragent.errors import Conflict, DuplicateRequest, InvalidTransition, TaskBusy, UsageError
 from duragent.runtime.engine import Control
 from duragent.runtime.inbox import (
@@ -15,6 +17,7 @@ from duragent.runtime.inbox import (
     sent_before,
     strategy_of,
 )
+from duragent.runtime.submit import input_text
 from duragent.storable import check_storable
 from duragent.types import EntryKind, Task, TaskStatus
 
@@ -145,6 +148,26 @@ class SendsMessages:
             if len(page) < 500:
                 return None
             after = page[-1].seq
+
+    async def _send_into_session(
+        self,
+        live: Task,
+        agent: str,
+        input: Any,
+        multitask_strategy: MultitaskStrategy | None,
+        request_id: str | None,
+    ) -> bool:
+        """Send a `continue_session` submission's input into the session's live task;
+        False if that task is the one this request_id started (a retried submission)."""
+        if request_id is not None and live.request_id == request_id:
+            same = live.agent == agent and to_jsonable_python(live.input) == to_jsonable_python(
+                input
+            )
+            if not same:
+                raise DuplicateRequest(request_id, live.id)
+            return False
+        await self._send(live.id, input_text(input), None, multitask_strategy, request_id)
+        return True
 
     async def _live_session_task(self, session_id: str, owner: str | None) -> Task | None:
         """The session's latest top-level task that runs a turn (its sub-tasks share
