@@ -103,3 +103,35 @@ def test_send_a_message_into_a_waiting_task_then_it_is_taken_once(tmp_path: Path
     code, out = cli("send", tid, "more", "--store", url)
     assert code == 1 and out.startswith("error: ") and "continue_session" in out
     assert len(out.strip().splitlines()) == 1
+
+
+def test_send_with_a_request_id_sends_once_also_after_the_task_took_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/cli.db"
+
+    async def waiting() -> str:
+        async with Runtime(url, agents(), poll_interval=0.05) as rt:
+            sub = await rt.submit("approver", "go", owner="alice")
+            await rt.wait(sub.task_id, timeout=30, until=lambda t: t.status is TaskStatus.WAITING)
+            return sub.task_id
+
+    tid = asyncio.run(waiting())
+    send = ("send", tid, "cc carol too", "--request-id", "r1", "--store", url)
+    for _ in range(2):
+        code, out = cli(*send)
+        assert code == 0, out
+        assert f"sent to task {tid} (waiting" in out and "after the current turn's answer" in out
+    code, out = cli("send", tid, "cc dave", "--request-id", "r1", "--store", url)
+    assert code == 1 and "request_id 'r1' already sent task" in out
+
+    async def approve() -> list[str]:
+        async with Runtime(url, agents(), poll_interval=0.05) as rt:
+            await rt.respond(tid, approve=True)
+            task = await rt.wait(tid, timeout=30)
+            assert task.status is TaskStatus.COMPLETED
+            return [m.content for m in await rt.model_view(tid) if m.role == "user"]
+
+    assert asyncio.run(approve()) == ["go", "cc carol too"]
+    code, out = cli(*send)
+    assert code == 0, out
+    assert f"task {tid} (completed" in out and "already took the message" in out
+    assert "not sent again" in out

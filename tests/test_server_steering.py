@@ -202,10 +202,39 @@ async def test_bad_messages_are_422_and_another_users_task_is_404(
     await wait_for(runtime, tid, TaskStatus.COMPLETED)
 
 
+async def test_a_message_retried_with_its_request_id_is_sent_once(
+    client: httpx.AsyncClient, runtime: Runtime, gates: Path
+) -> None:
+    tid = await held_task(client, runtime, "g4")
+    url = f"/v1/tasks/{tid}/messages"
+    body = {"text": "and one more", "request_id": "k1"}
+    first = await client.post(url, json=body, headers=auth("alice"))
+    assert first.status_code == 202, first.text
+    again = await client.post(url, json=body, headers=auth("alice"))
+    assert again.status_code == 202, again.text
+    assert again.json()["id"] == tid and again.json()["last_seq"] == first.json()["last_seq"]
+    r = await client.post(url, json={**body, "text": "another"}, headers=auth("alice"))
+    assert "another message" in assert_problem(r, 409, "Request id already used")["detail"]
+    # Another user's retry of it finds no task.
+    assert_problem(await client.post(url, json=body, headers=auth("bob")), 404, "Task not found")
+    (gates / "g4").touch()
+    done = await wait_for(runtime, tid, TaskStatus.COMPLETED)
+    # A retry after the task took the message and ended: 202 with the task, nothing sent.
+    late = await client.post(url, json=body, headers=auth("alice"))
+    assert late.status_code == 202, late.text
+    assert late.json()["status"] == "completed" and late.json()["last_seq"] == done.last_seq
+    users = [m.content for m in await runtime.model_view(tid) if m.role == "user"]
+    assert users == ["g4", "and one more"]
+    for bad in ({"text": "hi", "request_id": ""}, {"text": "hi", "request_id": "x" * 201}):
+        r = await client.post(url, json=bad, headers=auth("alice"))
+        assert r.status_code == 422, (bad, r.text)
+
+
 async def test_openapi_describes_messages_into_a_task(client: httpx.AsyncClient) -> None:
     spec = (await client.get("/openapi.json")).json()
     post = spec["paths"]["/v1/tasks/{task_id}/messages"]["post"]
     assert {"202", "404", "409", "422"} <= set(post["responses"])
     assert "MessageRequest" in spec["components"]["schemas"]
+    assert "request_id" in spec["components"]["schemas"]["MessageRequest"]["properties"]
     create = spec["paths"]["/v1/tasks"]["post"]
     assert "202" in create["responses"]

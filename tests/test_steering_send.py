@@ -24,49 +24,8 @@ from duragent import (
     UsageError,
     tool,
 )
-from duragent.types import AssistantMessage, EntryKind, ToolMessage, UserMessage
-
-
-class Gate:
-    """A tool that holds its round open until the test lets it go."""
-
-    def __init__(self) -> None:
-        self.entered = asyncio.Event()
-        self.release = asyncio.Event()
-        self.runs = 0
-
-    def tools(self) -> list[Any]:
-        @tool
-        async def slow() -> str:
-            """Take a while."""
-            self.runs += 1
-            self.entered.set()
-            await self.release.wait()
-            return "slow done"
-
-        @tool(replay="safe")
-        async def lookup() -> str:
-            """Look something up (harmless to repeat)."""
-            self.runs += 1
-            self.entered.set()
-            await self.release.wait()
-            return "looked up"
-
-        return [slow, lookup]
-
-
-def script(messages: list[Any]) -> Any:
-    """'start' calls slow, 'look' calls lookup; a tool result or another user
-    message is answered with what the model has seen."""
-    last = messages[-1]
-    if isinstance(last, ToolMessage):
-        return f"answer after {last.content!r}"
-    if isinstance(last, UserMessage) and last.content == "start":
-        return [ToolCall("slow")]
-    if isinstance(last, UserMessage) and last.content == "look":
-        return [ToolCall("lookup")]
-    seen = sum(isinstance(m, AssistantMessage) for m in messages)
-    return f"re {last.content!r} having said {seen}"
+from duragent.types import EntryKind, ToolMessage, UserMessage
+from support.sending import Gate, roles, script
 
 
 def agent(gate: Gate, **kw: Any) -> Agent:
@@ -78,14 +37,6 @@ def agent(gate: Gate, **kw: Any) -> Agent:
         tool_grace=0.0,
         **kw,
     )
-
-
-def roles(view: list[Any]) -> list[str]:
-    out = []
-    for m in view:
-        content = getattr(m, "content", None) or ""
-        out.append(f"{m.role}:{content}" if content else m.role)
-    return out
 
 
 async def test_enqueue_takes_the_message_after_the_turn_seeing_its_answer(store: Store) -> None:

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from duragent import Runtime, TaskStatus
+from duragent import Runtime, TaskStatus, UsageError
 from duragent.runtime.worker import Worker
 from duragent.store import Commit, Store, TaskQuery
+from duragent.store.queues import Queue
 from duragent.types import EntryKind, Task
 from support.workerlib import WorkerProc, workers  # noqa: F401  (the fixture)
 from worker_agents import AGENTS
@@ -126,6 +127,24 @@ async def test_worker_object_keeps_to_its_queues_on_every_store(store: Store) ->
     finally:
         await worker.stop()
         await job
+
+
+async def test_runtime_keeps_its_in_process_worker_to_worker_queues(store: Store) -> None:
+    async with Runtime(store, agents=AGENTS, worker_queues=["a"], concurrency=1) as rt:
+        # Submitted first and with a higher priority: a worker free to take any
+        # queue would claim it before the task of queue a, one at a time.
+        other = await rt.submit("chat", "b0", queue="b", priority=10)
+        mine = await rt.submit("chat", "a0", queue="a")
+        assert (await mine.wait(30)).status is TaskStatus.COMPLETED
+        assert rt.worker is not None and rt.worker.queues == ["a"]
+        assert rt.worker.claimed == 1
+        assert (await rt.get(other.task_id)).status is TaskStatus.PENDING
+        assert await claimed_by(rt.store, other.task_id) == set()
+
+
+def test_runtime_refuses_queue_definitions_as_worker_queues() -> None:
+    with pytest.raises(UsageError, match="takes queue names"):
+        Runtime("memory://", worker_queues=[Queue("a", concurrency=1)])  # type: ignore[list-item]
 
 
 @pytest.mark.slow

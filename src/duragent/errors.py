@@ -60,15 +60,17 @@ class InvalidArguments(UsageError):
 
 
 class DuplicateRequest(UsageError):
-    """A submission reused a request_id of the same owner with a different input."""
+    """A submission reused a request_id of the same owner with a different input, or a
+    message sent into a task reused one of that task's request_ids with another text."""
 
-    def __init__(self, request_id: str, task_id: str) -> None:
+    def __init__(self, request_id: str, task_id: str, message: str | None = None) -> None:
         self.request_id = request_id
         self.task_id = task_id
         super().__init__(
-            f"request_id {request_id!r} already started task {task_id!r} with another agent "
-            "or input; use a new request_id for a new task (the same request_id with the same "
-            "input returns the existing task)"
+            message
+            or f"request_id {request_id!r} already started task {task_id!r} with another "
+            "agent or input; use a new request_id for a new task (the same request_id with "
+            "the same input returns the existing task)"
         )
 
 

@@ -115,17 +115,31 @@ def send(
         "--strategy",
         help=f"What it does while a turn runs ({', '.join(STRATEGIES)}; default: the task's).",
     ),
+    request_id: str | None = typer.Option(
+        None,
+        "--request-id",
+        help="Idempotency key: the same one with the same text sends nothing again.",
+    ),
 ) -> None:
     """Send a user message into a live task; it is taken once, at a safe point."""
 
     async def go() -> Task:
         async with operator_runtime(store) as rt:
             chosen: MultitaskStrategy | None = strategy  # type: ignore[assignment]
-            return await rt.send(task_id, text, multitask_strategy=chosen)
+            return await rt.send(task_id, text, multitask_strategy=chosen, request_id=request_id)
 
     task = run_async(go())
     queued = task.config.get("inbox")
-    last = queued[-1] if isinstance(queued, list) and queued else {}
+    items = [m for m in queued if isinstance(m, dict)] if isinstance(queued, list) else []
+    if request_id is not None:
+        items = [m for m in items if m.get("request_id") == request_id]
+        if not items:  # a repeat: the task took the message already
+            make_console().print(
+                f"task {safe(task.id)} ({status_markup(task)}) already took the message "
+                f"sent with request id {safe(request_id)}; not sent again"
+            )
+            return
+    last = items[-1] if items else {}
     when = "at the next safe point"
     if task.status.value in ("paused", "blocked"):
         when = "when it is resumed"

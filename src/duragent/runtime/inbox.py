@@ -25,6 +25,11 @@ A waiting task has no safe point before its wait ends: `interrupt` and
 `rollback` take the message once it does. A paused or blocked task runs no
 turn: the message waits in its inbox until the task is resumed. A finished task
 takes no messages (continue its conversation with `continue_session` or `fork`).
+
+A message sent with a `request_id` keeps it on its inbox item and on its
+`message` record in the log, which stays when the item leaves the inbox: the
+same id sent to the task again, before or after the message was taken, sends
+nothing (another text under it is a `DuplicateRequest`, runtime/sending.py).
 """
 
 from __future__ import annotations
@@ -63,14 +68,19 @@ def inbox(task: Task) -> list[dict[str, Any]]:
     return [dict(m) for m in items if isinstance(m, dict)] if isinstance(items, list) else []
 
 
-def send_commit(task: Task, text: str, strategy: MultitaskStrategy) -> tuple[Commit, str]:
+def send_commit(
+    task: Task, text: str, strategy: MultitaskStrategy, request_id: str | None = None
+) -> tuple[Commit, str]:
     """The commit that puts `text` in the task's inbox (and its id), guarded by the
     task's version and status; under interrupt/rollback a running task also gets
-    the control request that stops it at its next safe point."""
+    the control request that stops it at its next safe point. A `request_id` is
+    kept on the inbox item and on the log's `message` record, which outlives it."""
     message_id = new_id()
     busy = task.status in BUSY
     at = "turn_end" if strategy == "enqueue" and busy else "next"
     item = {"id": message_id, "text": text, "at": at}
+    if request_id is not None:
+        item["request_id"] = request_id
     config = {**task.config, "inbox": [*inbox(task), item]}
     changes: dict[str, Any] = {"config": config}
     # A pause or abort asked before stays as asked.
@@ -95,12 +105,24 @@ def send_commit(task: Task, text: str, strategy: MultitaskStrategy) -> tuple[Com
             task_id=task.id,
             kind=EntryKind.CHECKPOINT,
             round=r,
-            payload={"type": "message", "id": message_id, "text": text, "strategy": strategy},
+            payload={
+                "type": "message",
+                "id": message_id,
+                "text": text,
+                "strategy": strategy,
+                **({"request_id": request_id} if request_id is not None else {}),
+            },
         ),
         notice(task.id, r, f"New message ({strategy}); {when}."),
     ]
     patch = TaskPatch(task.id, changes, expect_status=[task.status], expect_version=task.version)
     return Commit(entries=entries, patches=[patch]), message_id
+
+
+def sent_before(task: Task, request_id: str) -> dict[str, Any] | None:
+    """The message of the task's inbox sent with `request_id`, if it is still there
+    (once taken, only the log's `message` record holds the request id)."""
+    return next((m for m in inbox(task) if m.get("request_id") == request_id), None)
 
 
 def due(task: Task, *, turn_end: bool) -> list[dict[str, Any]]:
@@ -146,5 +168,6 @@ __all__ = [
     "due",
     "inbox",
     "send_commit",
+    "sent_before",
     "strategy_of",
 ]

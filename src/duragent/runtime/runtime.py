@@ -29,10 +29,10 @@ from duragent.runtime.log import api_entry, notice
 from duragent.runtime.many import ManyTasks
 from duragent.runtime.sending import SendsMessages
 from duragent.runtime.steering import Edit, History, new_fork, task_history
-from duragent.runtime.submit import input_text, new_task
+from duragent.runtime.submit import new_task
 from duragent.runtime.views import Steps, build_steps, ui_view
 from duragent.runtime.waits import person_answers, resolve
-from duragent.runtime.worker import Worker, lease_alive
+from duragent.runtime.worker import Worker, lease_alive, queue_names
 from duragent.store import open_store
 from duragent.store.base import Commit, Store, TaskPatch, TaskQuery
 from duragent.store.queues import Queue, define_queue
@@ -102,6 +102,8 @@ class Runtime(ManyTasks, SendsMessages):
     the given agents; it starts on the first `submit`, `wait` or `resume()`.
     A task that waits `missing_agent_grace` seconds (default 60) for an agent no
     running worker knows becomes `blocked` with reason `missing_definition`.
+    `worker_queues` (queue names, as `Worker(queues=)`) keeps the in-process
+    worker to those queues; `queues` defines queues and their limits.
     """
 
     def __init__(
@@ -119,6 +121,7 @@ class Runtime(ManyTasks, SendsMessages):
         missing_agent_grace: float = 60.0,
         webhook_delivery: WebhookDelivery | None = None,
         queues: Iterable[Queue] = (),
+        worker_queues: Iterable[str] | None = None,
     ) -> None:
         self.store: Store = (
             store if store is not None and not isinstance(store, str) else open_store(store)
@@ -136,6 +139,8 @@ class Runtime(ManyTasks, SendsMessages):
             "trace": trace,
             "missing_agent_grace": missing_agent_grace,
             "webhook_delivery": webhook_delivery,
+            # Checked now, not when the worker starts on the first submit.
+            "queues": None if worker_queues is None else queue_names(worker_queues),
         }
         self._worker_job: asyncio.Task[None] | None = None
         self._queues = list(queues)
@@ -228,8 +233,10 @@ class Runtime(ManyTasks, SendsMessages):
                 raise UsageError("continue_session=True needs a session_id")
             live = await self._live_session_task(session_id, owner)
             if live is not None:  # a turn runs: never a silent fork of the session
-                await self._send(live.id, input_text(input), None, multitask_strategy)
-                return Submission(self, live.id, created=False, sent=True)
+                sent = await self._send_into_session(
+                    live, agent, input, multitask_strategy, request_id
+                )
+                return Submission(self, live.id, created=False, sent=sent)
             history = await self._session_history(session_id, owner)
         task, first = new_task(
             definition,

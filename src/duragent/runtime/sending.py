@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from duragent.errors import Conflict, InvalidTransition, TaskBusy, UsageError
+from pydantic_core import to_jsonable_python
+
+from duragent.errors import Conflict, DuplicateRequest, InvalidTransition, TaskBusy, UsageError
 from duragent.runtime.engine import Control
 from duragent.runtime.inbox import (
     BUSY,
@@ -12,10 +14,12 @@ from duragent.runtime.inbox import (
     MultitaskStrategy,
     check_strategy,
     send_commit,
+    sent_before,
     strategy_of,
 )
+from duragent.runtime.submit import input_text
 from duragent.storable import check_storable
-from duragent.types import Task, TaskStatus
+from duragent.types import EntryKind, Task, TaskStatus
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -46,6 +50,7 @@ class SendsMessages:
         *,
         owner: str | None = None,
         multitask_strategy: MultitaskStrategy | None = None,
+        request_id: str | None = None,
     ) -> Task:
         """Send a user message into a pending, running, waiting, paused or blocked task.
 
@@ -59,12 +64,19 @@ class SendsMessages:
         resumed. A finished task takes none (`InvalidTransition`): continue its
         conversation with `submit(..., continue_session=True)` or `fork`.
         With `owner`, another owner's task is reported as not found.
+
+        The same `request_id` sent to the same task again (a retried request) sends
+        nothing and returns the task, also after the message was taken and the task
+        ended; with another text it raises `DuplicateRequest`. The task's log keeps
+        the request id with the message.
         """
         if not isinstance(text, str) or not text.strip():
             raise UsageError("a message needs some text")
         if len(text) > MAX_MESSAGE_CHARS:
             raise UsageError(f"a message holds at most {MAX_MESSAGE_CHARS} characters")
-        return await self._send(task_id, text, owner, multitask_strategy)
+        if request_id is not None and (not isinstance(request_id, str) or not request_id):
+            raise UsageError("a request_id is a non-empty string")
+        return await self._send(task_id, text, owner, multitask_strategy, request_id)
 
     async def _send(
         self,
@@ -72,6 +84,7 @@ class SendsMessages:
         text: str,
         owner: str | None,
         multitask_strategy: MultitaskStrategy | None,
+        request_id: str | None = None,
     ) -> Task:
         # The checks submit makes of an input: continue_session sends one through here.
         check_storable(text, "text")
@@ -79,6 +92,22 @@ class SendsMessages:
             check_strategy(multitask_strategy)
         for _ in range(20):
             task = await self.get(task_id, owner=owner)
+            if request_id is not None:
+                # Read after the row: the commit below expects its version, so a
+                # message with this id sent meanwhile makes it look again.
+                before = sent_before(task, request_id) or await self._sent_message(
+                    task_id, request_id
+                )
+                if before is not None:
+                    if before.get("text") != text:
+                        raise DuplicateRequest(
+                            request_id,
+                            task_id,
+                            f"request_id {request_id!r} already sent task {task_id!r} another "
+                            "message; use a new request_id for a new message (the same "
+                            "request_id with the same text sends nothing again)",
+                        )
+                    return task
             if task.status.terminal:
                 raise InvalidTransition(
                     task.status.value,
@@ -90,7 +119,7 @@ class SendsMessages:
             strategy = check_strategy(multitask_strategy or strategy_of(task))
             if strategy == "reject" and task.status in BUSY:
                 raise TaskBusy(task.id, task.status.value)
-            commit, _ = send_commit(task, text, strategy)
+            commit, _ = send_commit(task, text, strategy, request_id)
             try:
                 res = await self.store.commit(commit)
             except Conflict:
@@ -104,6 +133,41 @@ class SendsMessages:
                 self._wake()
             return stored
         raise Conflict(f"task {task_id!r} kept changing while sending it a message")
+
+    async def _sent_message(self, task_id: str, request_id: str) -> dict[str, Any] | None:
+        """The log's record of the message sent to the task with `request_id`, if any."""
+        after = 0
+        while True:
+            page = await self.store.entries(
+                task_id, after_seq=after, kinds=[EntryKind.CHECKPOINT], limit=500
+            )
+            for e in page:
+                p = e.payload
+                if p.get("type") == "message" and p.get("request_id") == request_id:
+                    return dict(p)
+            if len(page) < 500:
+                return None
+            after = page[-1].seq
+
+    async def _send_into_session(
+        self,
+        live: Task,
+        agent: str,
+        input: Any,
+        multitask_strategy: MultitaskStrategy | None,
+        request_id: str | None,
+    ) -> bool:
+        """Send a `continue_session` submission's input into the session's live task;
+        False if that task is the one this request_id started (a retried submission)."""
+        if request_id is not None and live.request_id == request_id:
+            same = live.agent == agent and to_jsonable_python(live.input) == to_jsonable_python(
+                input
+            )
+            if not same:
+                raise DuplicateRequest(request_id, live.id)
+            return False
+        await self._send(live.id, input_text(input), None, multitask_strategy, request_id)
+        return True
 
     async def _live_session_task(self, session_id: str, owner: str | None) -> Task | None:
         """The session's latest top-level task that runs a turn (its sub-tasks share

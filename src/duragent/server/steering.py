@@ -47,6 +47,14 @@ class MessageRequest(BaseModel):
         "safe point, then go on with it), rollback (the same, the round in progress "
         "rolled back).",
     )
+    request_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="Idempotency key, per task: the same one with the same text sends "
+        "nothing again (also once the task took the message) and answers 202 with the "
+        "task; with another text, 409.",
+    )
 
 
 @router.get(
@@ -91,13 +99,18 @@ async def fork_task(
     description="The message is committed before the answer; the task takes it exactly "
     "once at a safe point (never between a tool call and its result), when its "
     "multitask_strategy says. A paused or blocked task keeps it until resumed; a "
-    "finished task takes none (409), nor does a running one under `reject` (409).",
+    "finished task takes none (409), nor does a running one under `reject` (409). "
+    "A repeat with the same request_id and text sends nothing and answers 202.",
     responses=problem_responses(400, 401, 404, 409, 422),
 )
 async def send_message(
     task: OwnedTask, user: UserDep, runtime: RuntimeDep, body: MessageRequest
 ) -> TaskOut:
     sent = await runtime.send(
-        task.id, body.text, owner=user, multitask_strategy=body.multitask_strategy
+        task.id,
+        body.text,
+        owner=user,
+        multitask_strategy=body.multitask_strategy,
+        request_id=body.request_id,
     )
     return await task_out(runtime, sent)

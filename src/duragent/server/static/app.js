@@ -155,13 +155,16 @@ async function refreshList() {
   const status = $("#filter-status").value, queue = $("#filter-queue").value.trim();
   if (status) query.set("status", status);
   if (queue) query.set("queue", queue);
-  let page, counts;
+  let page, counts, queues;
   const asked = ++listAsked;  // a slower answer to an older filter must not win
   try {
-    [page, counts] = await Promise.all([api("GET", `/v1/tasks?${query}`), api("GET", "/v1/counts")]);
+    [page, counts, queues] = await Promise.all([
+      api("GET", `/v1/tasks?${query}`), api("GET", "/v1/counts"), api("GET", "/v1/queues"),
+    ]);
   } catch { return; }
   if (asked !== listAsked) return;
   renderCounts(counts);
+  renderQueues(queues);
   const list = $("#tasks");
   if (!page.tasks.length) {
     const filtered = status || queue;
@@ -187,6 +190,40 @@ function renderCounts(body) {
   const queues = Object.keys(body.counts);
   if (queues.length > 1) parts.push(h("span", { class: "count-queues" }, `in ${queues.length} queues`));
   $("#counts").replaceChildren(...parts);
+}
+
+// Each queue with its tasks per status and its limits, read-only: an admin sets
+// limits over REST (PUT /v1/queues/NAME) or the CLI (duragent queue set).
+function renderQueues(body) {
+  const items = body.queues.map((q) => {
+    const counts = Object.entries(q.counts).map(([s, n]) =>
+      h("span", { class: `count status-${s}`, "data-status": s }, `${n} ${s}`));
+    return h("li", { class: "queue", "data-queue": q.name },
+      h("span", { class: "queue-name" }, q.name),
+      h("span", { class: "queue-counts" }, counts.length ? counts : h("span", { class: "none" }, "no tasks")),
+      h("span", { class: "queue-limits" }, queueLimits(q)));
+  });
+  $("#queue-list").replaceChildren(...items);
+  $("#queues-counted").textContent = body.counts_of === "everyone" ? "(everyone's tasks)" : "(my tasks)";
+  $("#queues").hidden = !items.length;
+}
+
+function queueLimits(q) {
+  const limits = [];
+  if (q.concurrency != null) limits.push(["concurrency", `${q.concurrency} at once`]);
+  if (q.per_worker != null) limits.push(["per_worker", `${q.per_worker} per worker`]);
+  if (q.per_owner != null) limits.push(["per_owner", `${q.per_owner} per owner`]);
+  if (q.rate) limits.push(["rate", `${q.rate.tasks} starts per ${seconds(q.rate.seconds)}`]);
+  if (q.ttl != null) limits.push(["ttl", `kept ${seconds(q.ttl)} after the end`]);
+  if (!limits.length) return h("span", { class: "limit none" }, "no limits");
+  return limits.map(([name, text]) => h("span", { class: "limit", "data-limit": name }, text));
+}
+
+function seconds(s) {
+  if (s >= 86400 && s % 86400 === 0) return `${s / 86400} d`;
+  if (s >= 3600 && s % 3600 === 0) return `${s / 3600} h`;
+  if (s >= 60 && s % 60 === 0) return `${s / 60} min`;
+  return `${s} s`;
 }
 
 function badge(status, reason) {
