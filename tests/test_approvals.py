@@ -227,6 +227,7 @@ async def test_a_batch_with_one_bad_decision_commits_none(store: Store) -> None:
         assert set(await _open_approvals(store, left)) == {ann}
 
 
+@pytest.mark.slow
 async def test_an_undecided_approval_is_denied_when_its_time_is_up(store: Store) -> None:
     outbox = Outbox(approval_timeout=timedelta(seconds=0.3))
     a = agent(outbox, ToolCall("send", {"to": "bob", "body": "hi"}))
@@ -296,6 +297,7 @@ async def test_a_paused_task_denies_its_expired_approval_when_resumed(
     assert outbox.sent == []
 
 
+@pytest.mark.slow
 async def test_a_question_waits_on_while_a_sibling_timer_fires(store: Store) -> None:
     """A task waiting for a person and a timer is woken by the timer (it used to wait for
     the person first); the question stays open."""
@@ -344,6 +346,7 @@ async def _open_approvals(store: Store, task: Task) -> dict[str, dict[str, Any]]
     return {c: w for c, w in (await open_waits(store, task)).items() if w["wait"] == "approval"}
 
 
+@pytest.mark.slow
 def test_readme_example_runs(tmp_path: Path) -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     section = readme[readme.index("### Approvals that edit and expire") :]

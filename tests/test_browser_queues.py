@@ -38,6 +38,7 @@ def put_queue(server: LiveServer, name: str, limits: dict[str, Any]) -> None:
         assert r.status_code == 200, r.text
 
 
+@pytest.mark.slow
 def test_queue_limits_are_shown_next_to_my_counts(server: LiveServer) -> None:
     put_queue(
         server,

@@ -46,6 +46,7 @@ def test_rounds_list_and_fork_from_here(page: Page, server: LiveServer) -> None:
     expect(page.locator(".bubble.user")).to_have_count(1)
 
 
+@pytest.mark.slow
 def test_message_box_on_a_live_task_enqueue_and_interrupt(
     page: Page, server: LiveServer, gates: Path
 ) -> None:

@@ -42,6 +42,7 @@ async def test_run_with_a_deadline_fails_the_task_then_retry_sets_a_new_one(
     assert code == 0 and "deadline" in out and task.deadline.strftime("%Y-%m-%d %H:%M") in out
 
 
+@pytest.mark.slow
 def test_a_malformed_deadline_is_a_usage_error(workdir: Path, tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path}/cli.db"
     args = ["run", "x", "--model", "scripted:demo", "--store", store, "--deadline", "soon"]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from duragent import Runtime, TaskStatus
@@ -32,6 +33,7 @@ async def _finished(url: str, owner: str, **kw: object) -> str:
         return task.id
 
 
+@pytest.mark.slow
 def test_ls_filters_counts_and_purge(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/c.db"
     a = asyncio.run(_finished(url, "alice", queue="reports", metadata={"team": "red"}))
@@ -56,6 +58,7 @@ def test_ls_filters_counts_and_purge(tmp_path: Path) -> None:
     assert code == 0 and "no tasks" in out
 
 
+@pytest.mark.slow
 def test_queue_and_schedule_commands(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/c.db"
     code, out = cli("queue", "set", "mail", "--store", url, "--concurrency", "3", "--rate", "10/60")
@@ -106,6 +109,7 @@ def duragent(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_queue_set_ls_rm_as_a_real_process(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/q.db"
     asyncio.run(_finished(url, "alice", queue="mail"))

@@ -111,6 +111,7 @@ async def ended(rt: Runtime, task_id: str) -> Task:
     return await rt.wait(task_id, timeout=30, until=lambda t: t.status.terminal)
 
 
+@pytest.mark.slow
 async def test_a_task_waiting_for_input_fails_at_its_deadline(store: Store) -> None:
     moves = Moves()
     async with Runtime(store, agents=agents(), on_status_change=moves, poll_interval=0.1) as rt:
@@ -132,6 +133,7 @@ async def test_a_task_waiting_for_input_fails_at_its_deadline(store: Store) -> N
     ]
 
 
+@pytest.mark.slow
 async def test_a_timer_past_the_deadline_is_cut_short_at_the_deadline(store: Store) -> None:
     moves = Moves()
     async with Runtime(store, agents=agents(), on_status_change=moves, poll_interval=0.1) as rt:
@@ -142,6 +144,7 @@ async def test_a_timer_past_the_deadline_is_cut_short_at_the_deadline(store: Sto
     assert task.status is TaskStatus.FAILED and task.status_reason == "deadline"
 
 
+@pytest.mark.slow
 async def test_a_timer_before_the_deadline_wakes_first(store: Store) -> None:
     moves = Moves()
     agent = Agent(
@@ -159,6 +162,7 @@ async def test_a_timer_before_the_deadline_wakes_first(store: Store) -> None:
     assert task.status is TaskStatus.COMPLETED and task.output.startswith("done after: Slept")
 
 
+@pytest.mark.slow
 async def test_a_sub_task_inherits_its_parents_deadline(store: Store) -> None:
     async with Runtime(store, agents=agents(), poll_interval=0.1) as rt:
         sub = await rt.submit("parent", "delegate", deadline=0.5)
@@ -175,6 +179,7 @@ async def test_a_sub_task_inherits_its_parents_deadline(store: Store) -> None:
     assert "deadline" in result
 
 
+@pytest.mark.slow
 async def test_a_long_tool_gets_the_grace_then_is_cancelled(store: Store) -> None:
     started = asyncio.Event()
 
@@ -203,6 +208,7 @@ async def test_a_long_tool_gets_the_grace_then_is_cancelled(store: Store) -> Non
     ]
 
 
+@pytest.mark.slow
 async def test_a_tool_finishing_within_the_grace_keeps_its_result(store: Store) -> None:
     release = asyncio.Event()
     answers: list[str] = []
@@ -237,6 +243,7 @@ async def test_a_tool_finishing_within_the_grace_keeps_its_result(store: Store) 
     assert answers == []  # stopped at the safe point after the result: no next model call
 
 
+@pytest.mark.slow
 async def test_a_streaming_model_is_stopped_at_the_deadline(store: Store) -> None:
     agent = Agent(
         name="talker",
@@ -252,6 +259,7 @@ async def test_a_streaming_model_is_stopped_at_the_deadline(store: Store) -> Non
     assert task.output is None and [type(m) for m in view] == [UserMessage]
 
 
+@pytest.mark.slow
 async def test_a_start_after_the_deadline_fails_at_the_deadline_without_running(
     store: Store,
 ) -> None:
@@ -271,6 +279,7 @@ async def test_a_start_after_the_deadline_fails_at_the_deadline_without_running(
     assert ran == []
 
 
+@pytest.mark.slow
 async def test_retry_drops_a_passed_deadline_or_sets_a_new_one(store: Store) -> None:
     async with Runtime(store, agents=agents(), poll_interval=0.1) as rt:
         sub = await rt.submit("asker", "plan a trip", deadline=0.3)
@@ -296,6 +305,7 @@ async def test_retry_drops_a_passed_deadline_or_sets_a_new_one(store: Store) -> 
     assert done.output.startswith("done after: Tool call cancelled: the task's deadline")
 
 
+@pytest.mark.slow
 async def test_a_new_deadline_on_retry_is_enforced_and_named(store: Store) -> None:
     def always_asks(messages: list[Any]) -> Any:
         n = sum(isinstance(m, AssistantMessage) for m in messages)
@@ -431,6 +441,7 @@ def test_the_readme_deadline_example_prints_what_it_says(tmp_path: Path) -> None
     assert out[0].endswith("(1 s after submit)") and out[1] == "ok"
 
 
+@pytest.mark.slow
 async def test_a_fork_does_not_copy_the_sources_deadline(store: Store) -> None:
     @tool(replay="safe")
     def look(q: str) -> str:

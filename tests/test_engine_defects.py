@@ -12,6 +12,8 @@ import asyncio
 import gc
 import warnings
 
+import pytest
+
 from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, ToolContext, tool
 from duragent.runtime.presence import WORKERS_SCOPE, block_unserved, served_agents
 from duragent.runtime.submit import new_task
@@ -27,6 +29,7 @@ def remember_sync(fact: str, ctx: ToolContext) -> str:
     return "noted"
 
 
+@pytest.mark.slow
 async def test_a_sync_tool_updates_state_without_error_or_warning(store: Store) -> None:
     model = ScriptedModel([[ToolCall("remember_sync", {"fact": "sky"})], "done"])
     agent = Agent(name="a", model=model, tools=[remember_sync], state_debounce=0.01)
@@ -59,6 +62,7 @@ async def _pending(store: Store, agent: str) -> str:
     return stored.id
 
 
+@pytest.mark.slow
 async def test_a_task_no_worker_can_run_is_blocked_after_the_grace_period(store: Store) -> None:
     lost = await _pending(store, "nobody-knows-me")
     agent = Agent(name="known", model=ScriptedModel(["fine"]))

@@ -428,6 +428,7 @@ async def test_unreachable_server_is_retryable() -> None:
     assert "could not reach OpenAI" in str(error)
 
 
+@pytest.mark.slow
 async def test_silent_server_times_out_as_retryable(serve, chat) -> None:
     server = serve(["slow"])
     server.stall_next(after=1)  # headers and one event, then nothing until released
@@ -520,6 +521,7 @@ async def test_no_log_line_shows_the_key(serve, chat, caplog) -> None:
     assert KEY not in logged
 
 
+@pytest.mark.slow
 def test_missing_sdk_says_which_extra_to_install() -> None:
     code = (
         "import sys; sys.modules['openai'] = None\n"

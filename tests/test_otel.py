@@ -136,6 +136,7 @@ def test_without_an_active_span_nothing_is_stored_with_the_task() -> None:
     assert "trace" not in task.config
 
 
+@pytest.mark.slow
 def test_without_opentelemetry_installed_tasks_run_and_the_tracer_says_why() -> None:
     code = """
 import sys

@@ -5,9 +5,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 
 
+@pytest.mark.slow
 def test_no_test_file_imports_another() -> None:
     """What two test files share lives in tests/support/ (or conftest.py)."""
     offenders = []

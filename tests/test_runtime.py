@@ -326,6 +326,7 @@ async def test_load_task_deep_merges_context(url: str) -> None:
         assert (await rt.get(sub.task_id)).context == task.context
 
 
+@pytest.mark.slow
 async def test_subscribe_yields_every_committed_entry_once_and_ends(url: str) -> None:
     agent = Agent(
         name="a", model=streaming_model("abc " * 40), tools=[noop], progress_interval=0.01
@@ -522,6 +523,7 @@ async def test_pause_cuts_a_retry_back_off_short(url: str) -> None:
         assert (await sub.wait(30)).output == "after the pause"
 
 
+@pytest.mark.slow
 async def test_rollback_keeps_completed_never_replay_results_and_voids_the_rest(
     store: Store,
 ) -> None:

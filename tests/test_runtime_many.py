@@ -41,6 +41,7 @@ def script(messages: list[object]) -> object:
 AGENT = Agent(name="w", model=ScriptedModel(script), tools=[work])
 
 
+@pytest.mark.slow
 async def test_queue_limit_priority_and_metadata_through_the_runtime(tmp_path: Path) -> None:
     global most_at_once
     most_at_once = 0
@@ -65,6 +66,7 @@ async def test_queue_limit_priority_and_metadata_through_the_runtime(tmp_path: P
         assert first_started.queue == "slow" and later.metadata == {"batch": "b1"}
 
 
+@pytest.mark.slow
 async def test_start_at_holds_a_task_until_then(tmp_path: Path) -> None:
     async with Runtime(f"sqlite:///{tmp_path}/rt.db", agents=[AGENT]) as rt:
         with pytest.raises(UsageError, match="timezone-aware"):

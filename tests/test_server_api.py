@@ -40,6 +40,7 @@ async def test_missing_or_bad_token_is_401_problem(client: httpx.AsyncClient) ->
 # --- tasks -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_start_task_runs_to_completion_and_reports_everything(
     client: httpx.AsyncClient, runtime: Runtime
 ) -> None:
@@ -77,6 +78,7 @@ async def test_start_task_runs_to_completion_and_reports_everything(
     assert other.status_code == 201 and other.json()["id"] != created["id"]
 
 
+@pytest.mark.slow
 async def test_running_task_shows_current_step(client: httpx.AsyncClient, runtime: Runtime) -> None:
     tid = await start(client, "slow")
     await runtime.wait(tid, timeout=30, until=lambda t: t.last_seq >= 4)
@@ -176,6 +178,7 @@ async def test_messages_steps_entries_and_tree(client: httpx.AsyncClient, runtim
     assert [e["seq"] for e in tail["entries"]] == [4, 5]
 
 
+@pytest.mark.slow
 async def test_pause_resume_abort_and_invalid_transitions(
     client: httpx.AsyncClient, runtime: Runtime
 ) -> None:
@@ -202,6 +205,7 @@ async def test_pause_resume_abort_and_invalid_transitions(
     assert_problem(r, 422, "Validation error")
 
 
+@pytest.mark.slow
 async def test_retry_a_failed_task_continues_it(
     client: httpx.AsyncClient, runtime: Runtime
 ) -> None:

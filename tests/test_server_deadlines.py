@@ -15,6 +15,7 @@ from support.api import assert_problem, auth, client, runtime, start, wait_for
 __all__ = ["client", "runtime"]  # the fixtures this module uses from test_server_api
 
 
+@pytest.mark.slow
 async def test_a_deadline_in_seconds_fails_a_waiting_task_and_shows_in_its_json(
     client: httpx.AsyncClient, runtime: Runtime
 ) -> None:
@@ -77,6 +78,7 @@ async def test_an_invalid_deadline_is_422(client: httpx.AsyncClient, bad: object
     assert_problem(r, 422, "Validation error")
 
 
+@pytest.mark.slow
 async def test_retry_refuses_an_invalid_deadline(
     client: httpx.AsyncClient, runtime: Runtime
 ) -> None:
@@ -87,6 +89,7 @@ async def test_retry_refuses_an_invalid_deadline(
     assert (await runtime.get(tid)).status is TaskStatus.FAILED
 
 
+@pytest.mark.slow
 async def test_openapi_documents_the_deadline(client: httpx.AsyncClient) -> None:
     spec = client._transport.app.openapi()  # type: ignore[attr-defined]
     schemas = spec["components"]["schemas"]

@@ -171,6 +171,7 @@ def test_a_body_over_the_limit_is_413_without_buffering_it(server: LiveServer) -
     assert my_tasks(server, "big") == []
 
 
+@pytest.mark.slow
 def test_input_and_context_over_their_limits_are_422(server: LiveServer) -> None:
     r = httpx.post(
         f"{server.url}/v1/tasks",
@@ -541,6 +542,7 @@ def test_openapi_names_agents_only_to_a_signed_in_caller(server: LiveServer) -> 
     assert_problem(wrong, 401)
 
 
+@pytest.mark.slow
 def test_405_names_the_allowed_methods(server: LiveServer) -> None:
     h = server.headers()
     for method, path, allowed in (

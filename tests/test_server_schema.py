@@ -94,6 +94,7 @@ def test_invalid_requests_get_a_4xx_problem_never_a_5xx(case: Any, server: LiveS
     )
 
 
+@pytest.mark.slow
 def test_schema_documents_problem_responses(api_schema: Any, tmp_path: Path) -> None:
     raw = api_schema.raw_schema
     ops = [op for path in raw["paths"].values() for op in path.values()]

@@ -112,6 +112,7 @@ async def test_another_users_history_and_fork_are_404(
     assert (await runtime.list(owner="bob")).tasks == []
 
 
+@pytest.mark.slow
 async def test_openapi_describes_history_and_fork(client: httpx.AsyncClient) -> None:
     spec = (await client.get("/openapi.json")).json()
     assert "get" in spec["paths"]["/v1/tasks/{task_id}/history"]

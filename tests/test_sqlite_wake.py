@@ -66,6 +66,7 @@ async def test_a_registration_removed_from_disk_is_made_again_at_the_next_wait(
         await other.close()
 
 
+@pytest.mark.slow
 async def test_a_flood_of_datagrams_does_not_starve_the_event_loop(tmp_path: Path) -> None:
     wake = WakeUps(str(tmp_path / "f.db"))
     drains: list[tuple[int, int]] = []  # (ticks seen, ids read) per wake-up

@@ -226,6 +226,7 @@ async def test_a_tool_timeout_tells_the_model_the_limit(tmp_path: Any) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_the_readme_steering_example_runs(tmp_path: Any) -> None:
     import re
     import subprocess

@@ -66,6 +66,7 @@ async def test_enqueue_takes_the_message_after_the_turn_seeing_its_answer(store:
     assert kinds.count((EntryKind.CHECKPOINT, "delivered")) == 1
 
 
+@pytest.mark.slow
 async def test_interrupt_stops_the_round_and_goes_on_with_the_message(store: Store) -> None:
     gate = Gate()
     async with Runtime(store, agents=[agent(gate, multitask_strategy="interrupt")]) as rt:

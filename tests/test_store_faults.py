@@ -38,6 +38,7 @@ def run_disk_full_child(tmp_path: Path, mode: str) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.slow
 def test_a_write_lost_to_a_full_disk_does_not_fail_the_task(tmp_path: Path) -> None:
     out = run_disk_full_child(tmp_path, "blip")
     assert out["failed_writes"] >= 1  # the fault really happened

@@ -342,6 +342,7 @@ async def test_a_full_disk_at_open_says_disk_full_and_loses_nothing(tmp_path: Pa
         }
 
 
+@pytest.mark.slow
 async def test_a_file_size_limit_at_open_says_disk_full(tmp_path: Path) -> None:
     """The same through RLIMIT_FSIZE (EFBIG), which needs no privileges."""
     old_sqlite, old_jsonl = await existing_stores(tmp_path)

@@ -126,6 +126,7 @@ async def test_every_cut_inside_the_last_commit_reopens_to_before_or_after(
         await reopened.close()
 
 
+@pytest.mark.slow
 async def test_second_process_gets_store_locked_naming_the_owner_pid(tmp_path: Path) -> None:
     holder = subprocess.Popen(
         [
@@ -284,6 +285,7 @@ async def test_compact_refuses_an_open_store(tmp_path: Path) -> None:
     await store.close()
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.lists(op, max_size=25))
 def test_jsonl_store_matches_model_and_its_replay(ops: list[tuple[Any, ...]]) -> None:

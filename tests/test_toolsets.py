@@ -94,6 +94,7 @@ async def test_a_local_server_is_refused_by_default_and_reached_when_allowed() -
         assert "the local secret" in await get(f"{base}/", NetworkPolicy(allow_private=True))
 
 
+@pytest.mark.slow
 async def test_a_redirect_to_a_local_address_is_refused() -> None:
     policy = NetworkPolicy(public=(PUBLIC_STAND_IN,))
     with (
@@ -108,6 +109,7 @@ async def test_a_redirect_to_a_local_address_is_refused() -> None:
             await get(f"{local}/", policy)
 
 
+@pytest.mark.slow
 async def test_the_connection_goes_to_the_address_that_was_checked() -> None:
     """A resolver that answers differently the second time (DNS rebinding) changes nothing:
     the name is looked up once per hop and that address is the one dialled."""
@@ -132,6 +134,7 @@ async def test_the_connection_goes_to_the_address_that_was_checked() -> None:
     assert hosts == [f"rebind.test:{port}"]  # the server still sees the name asked for
 
 
+@pytest.mark.slow
 async def test_a_huge_response_is_read_only_up_to_the_cap() -> None:
     sent = [0]
     chunk = b"x" * 65536
@@ -329,6 +332,7 @@ def bomb(layers: int) -> Handler:
     return handle
 
 
+@pytest.mark.slow
 async def test_a_compressed_body_is_capped_after_decoding() -> None:
     policy = NetworkPolicy(allow_private=True, max_bytes=1000)
     with serving(bomb(1)) as base:

@@ -81,6 +81,7 @@ async def test_failed_attempts_are_retried_with_one_idempotency_key(
     assert event["task"]["id"] == task.id and event["task"]["output"] == "Done."
 
 
+@pytest.mark.slow
 async def test_agent_webhook_announces_input_waits_and_the_end(tmp_path: Path) -> None:
     receiver = Receiver()
     try:
@@ -169,6 +170,7 @@ async def test_failed_aborted_and_blocked_tasks_are_announced(tmp_path: Path) ->
         receiver.close()
 
 
+@pytest.mark.slow
 async def test_without_a_secret_events_wait_in_the_outbox(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

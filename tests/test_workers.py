@@ -267,6 +267,7 @@ async def test_approval_and_denial_answered_from_another_process(
     assert len(big) == 1 and approved.task_id in big[0]
 
 
+@pytest.mark.slow
 async def test_ask_user_waits_for_an_answer(rt: Runtime, workers: list[WorkerProc]) -> None:
     workers.append(WorkerProc(url_of(rt), ttl=2.0))
     sub = await rt.submit("asker", "plan a trip")
