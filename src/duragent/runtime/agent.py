@@ -8,8 +8,11 @@ from datetime import timedelta
 from typing import Any
 
 from duragent.llm import ChatModel, resolve_model
+from duragent.runtime.builtin import ask_user, update_plan
+from duragent.runtime.deadlines import deadline_at
 from duragent.runtime.inbox import MultitaskStrategy, check_strategy
 from duragent.runtime.tools import Tool, make_tool
+from duragent.webhooks import check_url
 
 
 @dataclass
@@ -48,15 +51,10 @@ class Agent:
     deadline: float | timedelta | None = None
 
     def __post_init__(self) -> None:
-        from duragent.runtime.builtin import ask_user, update_plan
-        from duragent.webhooks import check_url
-
         if self.webhook is not None:
             check_url(self.webhook)
         check_strategy(self.multitask_strategy)
         if self.deadline is not None:
-            from duragent.runtime.deadlines import deadline_at
-
             if isinstance(self.deadline, bool) or not isinstance(
                 self.deadline, int | float | timedelta
             ):

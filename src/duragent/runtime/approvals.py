@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from duragent.errors import Conflict, InvalidArguments, UsageError
+from duragent.runtime.tools import Tool, ToolArgumentError
 from duragent.types import JSON, utcnow
-
-if TYPE_CHECKING:
-    from duragent.runtime.tools import Tool
 
 
 class Decision(BaseModel):
@@ -44,16 +42,6 @@ class Decision(BaseModel):
         if self.arguments is not None and not self.approve:
             raise ValueError("arguments go with approve=true only: a denied call does not run")
         return self
-
-
-def timeout_seconds(value: float | timedelta | None) -> float | None:
-    """An approval time limit in seconds, from seconds or a timedelta."""
-    if value is None:
-        return None
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if not seconds > 0:
-        raise ValueError(f"approval_timeout must be positive, not {value!r}")
-    return seconds
 
 
 def say_duration(seconds: float) -> str:
@@ -119,8 +107,6 @@ def decision_payload(
             "definition of it; pass the task's agent to Runtime(agents=...) "
             "(duragent approve --agents module:attr)"
         )
-    from duragent.runtime.tools import ToolArgumentError
-
     try:
         tool.validate(decision.arguments)
     except ToolArgumentError as exc:

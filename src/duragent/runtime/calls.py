@@ -4,28 +4,37 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from duragent.llm.base import parse_arguments
+from duragent.runtime.agent import Agent
 from duragent.runtime.approvals import edited_note, expired, expired_text
 from duragent.runtime.context import SleepUntil, SpawnSubtask, Suspend, ToolContext, WaitForInput
+from duragent.runtime.host import TaskHost
 from duragent.runtime.log import INTERRUPTED, RoundState, started_entry
 from duragent.runtime.steps import StepInterrupted, StepRecord
 from duragent.runtime.tools import ToolArgumentError
 from duragent.store.base import DocumentWrite
 from duragent.types import ToolCallData, utcnow
 
-if TYPE_CHECKING:
-    from duragent.runtime.engine import TaskRunner
-
-
 # Replay policies under which a call cut off by a crash is run again: "safe" (the
 # whole tool is harmless to repeat) and "resume" (its effects are in ctx.step
 # steps, which are skipped once recorded).
 RERUN = frozenset({"safe", "resume"})
+
+
+class CallHost(TaskHost, Protocol):
+    """What `run_call` uses of its task's runner (`TaskRunner`, runtime/engine.py):
+    the task's agent, for its tools, and the agents a sub-task may be spawned for."""
+
+    @property
+    def agent(self) -> Agent: ...
+
+    @property
+    def agents(self) -> Mapping[str, Agent]: ...
 
 
 @dataclass
@@ -39,32 +48,30 @@ class Outcome:
     documents: Sequence[DocumentWrite] = ()
 
 
-async def run_call(
-    runner: TaskRunner, r: int, call: ToolCallData, rs: RoundState | None
-) -> Outcome:
+async def run_call(host: CallHost, r: int, call: ToolCallData, rs: RoundState | None) -> Outcome:
     """Run one tool call of round r (or decide it from the log when recovering).
 
     A call a person approved with edited arguments runs with those, on its
     first run and on any re-run; its result tells the model so.
     """
     edited = (rs.decisions.get(call.id) or {}).get("arguments") if rs is not None else None
-    out = await _run_call(runner, r, call, rs, edited)
+    out = await _run_call(host, r, call, rs, edited)
     if edited is not None and out.content is not None:
         out.content = edited_note(edited) + out.content
     return out
 
 
 async def _run_call(
-    runner: TaskRunner,
+    host: CallHost,
     r: int,
     call: ToolCallData,
     rs: RoundState | None,
     edited: dict[str, Any] | None,
 ) -> Outcome:
     cid, name = call.id, call.function.name
-    tool = runner.agent.tool_map.get(name)
+    tool = host.agent.tool_map.get(name)
     if tool is None:
-        known = ", ".join(sorted(runner.agent.tool_map)) or "(none)"
+        known = ", ".join(sorted(host.agent.tool_map)) or "(none)"
         return Outcome(cid, f"Error: unknown tool {name!r}. Available tools: {known}.", "error")
     try:
         arguments = parse_arguments(call.function.arguments) if edited is None else edited
@@ -80,7 +87,7 @@ async def _run_call(
                 return resolved
             # Approved: record that it starts, so a crash while it runs is
             # treated like any interrupted call, never silently re-run.
-            await runner.commit([started_entry(runner.task.id, r, cid)])
+            await host.commit([started_entry(host.task.id, r, cid)])
         else:
             # The call was running when its worker stopped: re-run only if both
             # the stored intent and the current definition say it is safe.
@@ -104,8 +111,8 @@ async def _run_call(
     steps = None
     if rs is not None and (cid in rs.steps or cid in rs.steps_started):
         steps = StepRecord(rs.steps.get(cid, {}), rs.steps_started.get(cid, set()))
-    ctx = ToolContext(runner, cid, r, attempt, replay=tool.replay, steps=steps)
-    await runner.trace_point(
+    ctx = ToolContext(host, cid, r, attempt, replay=tool.replay, steps=steps)
+    await host.trace_point(
         "tool_start", call_id=cid, tool=name, attempt=attempt, replay=tool.replay
     )
     try:
@@ -123,8 +130,8 @@ async def _run_call(
         return Outcome(cid, said, "error", documents=ctx.staged_documents())
     except Exception as exc:
         return Outcome(cid, f"Error: {describe(exc)}", "error", documents=ctx.staged_documents())
-    if isinstance(value, SpawnSubtask) and value.agent not in runner.agents:
-        known = ", ".join(sorted(runner.agents))
+    if isinstance(value, SpawnSubtask) and value.agent not in host.agents:
+        known = ", ".join(sorted(host.agents))
         return Outcome(
             cid,
             f"Error: no agent named {value.agent!r} to run a sub-task; known: {known}",

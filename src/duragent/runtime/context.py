@@ -5,15 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from duragent.store.base import DocumentWrite
+from duragent.runtime.host import TaskHost
+from duragent.runtime.steps import CallSteps, StepRecord
+from duragent.store.base import DocumentWrite, Store
 from duragent.types import session_scope, task_scope, utcnow
-
-if TYPE_CHECKING:
-    from duragent.runtime.engine import TaskRunner
-    from duragent.runtime.steps import StepRecord
-
 
 # --- durable waits: a tool returns one of these instead of a result ----------
 
@@ -59,8 +56,8 @@ class Documents:
     """Named JSON documents in one scope. Writes are staged and committed
     together with the tool's result, so a crash never leaves half of them."""
 
-    def __init__(self, runner: TaskRunner, scope: str) -> None:
-        self._runner = runner
+    def __init__(self, store: Store, scope: str) -> None:
+        self._store = store
         self.scope = scope
         self.staged: dict[str, DocumentWrite] = {}
 
@@ -68,7 +65,7 @@ class Documents:
         if key in self.staged:
             w = self.staged[key]
             return default if w.delete else w.value
-        doc = await self._runner.store.get_document(self.scope, key)
+        doc = await self._store.get_document(self.scope, key)
         return default if doc is None else doc.value
 
     def put(self, key: str, value: Any) -> None:
@@ -87,7 +84,7 @@ class ToolContext:
 
     def __init__(
         self,
-        runner: TaskRunner,
+        host: TaskHost,
         call_id: str,
         round: int,
         attempt: int,
@@ -95,24 +92,21 @@ class ToolContext:
         replay: str = "never",
         steps: StepRecord | None = None,
     ) -> None:
-        from duragent.runtime.steps import StepRecord
-
-        self._runner = runner
+        self._host = host
         self.replay = replay  # the tool's replay policy: "never", "safe" or "resume"
-        self._steps = steps or StepRecord()
-        self._step_names: list[str] = []
-        self.task_id = runner.task.id
+        self._steps = CallSteps(host, host.task.id, round, call_id, replay, steps or StepRecord())
+        self.task_id = host.task.id
         self.call_id = call_id
         self.round = round
         self.attempt = attempt  # 1, or more when a replay-safe call is re-run after a crash
-        self.owner = runner.task.owner
-        self.session_id = runner.task.session_id
+        self.owner = host.task.owner
+        self.session_id = host.task.session_id
         # Stable across restarts: hand it to external services to make calls idempotent.
-        self.idempotency_key = f"{runner.task.id}:{round}:{call_id}"
-        self.documents = Documents(runner, task_scope(runner.task.id))
+        self.idempotency_key = f"{host.task.id}:{round}:{call_id}"
+        self.documents = Documents(host.store, task_scope(host.task.id))
         self.session_documents = (
-            Documents(runner, session_scope(runner.task.owner, runner.task.session_id))
-            if runner.task.session_id
+            Documents(host.store, session_scope(host.task.owner, host.task.session_id))
+            if host.task.session_id
             else None
         )
         self.partial: list[str] = []
@@ -120,17 +114,17 @@ class ToolContext:
     @property
     def context(self) -> dict[str, Any]:
         """The task's context (read it; change it with update_state)."""
-        ctx: dict[str, Any] = self._runner.state.state["context"]
+        ctx: dict[str, Any] = self._host.state.state["context"]
         return ctx
 
     def update_state(self, **changes: Any) -> None:
         """Merge keys into the task context now; persisted debounced (and at every commit)."""
-        self._runner.state.update(context={**self.context, **changes})
+        self._host.state.update(context={**self.context, **changes})
 
     async def report(self, text: str) -> None:
         """Partial output; committed as progress so an interrupted call can show it."""
         self.partial.append(text)
-        await self._runner.tool_progress(self.call_id, text)
+        await self._host.tool_progress(self.call_id, text)
 
     async def step(
         self,
@@ -150,9 +144,7 @@ class ToolContext:
         by default when the tool is `replay="safe"`); otherwise the call ends with
         an "interrupted in step" result the model sees. Results must be JSON data.
         """
-        from duragent.runtime.steps import run_step
-
-        return await run_step(self, name, fn, args, kwargs, safe)
+        return await self._steps.run(name, fn, args, kwargs, safe)
 
     def wait_for_input(self, question: str) -> WaitForInput:
         return WaitForInput(question)

@@ -15,12 +15,10 @@ import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from duragent.runtime.host import StepHost
 from duragent.runtime.log import step_entry, step_started_entry
-
-if TYPE_CHECKING:
-    from duragent.runtime.context import ToolContext
 
 
 @dataclass
@@ -76,51 +74,63 @@ def as_json(step: str, value: Any) -> Any:
         ) from exc
 
 
-async def run_step(
-    ctx: ToolContext,
-    name: str,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    safe: bool | None,
-) -> Any:
-    runner, record = ctx._runner, ctx._steps
-    if not isinstance(name, str) or not name:
-        raise ValueError("a step needs a non-empty name")
-    if name in ctx._step_names:
-        raise ValueError(
-            f"step {name!r} ran twice in call {ctx.call_id}; steps are keyed by call and name, "
-            "so give each step of a call its own name (e.g. f'charge-{i}')"
-        )
-    ctx._step_names.append(name)
-    done = record.done.get(name)
-    if done is not None:
-        if "error" in done:
-            raise StepFailed(name, done["error"])
-        return done.get("value")
-    # A step is as safe as its tool unless it says otherwise.
-    repeatable = safe if safe is not None else ctx.replay == "safe"
-    tid, r, cid = runner.task.id, ctx.round, ctx.call_id
-    if name in record.started and not repeatable:
-        raise StepInterrupted(name, [s for s in ctx._step_names[:-1] if s in record.done])
-    if not repeatable:
-        # Intent before effect: a crash from here on is seen as "started, not recorded".
-        await runner.commit([step_started_entry(tid, r, cid, name)])
-    try:
-        if inspect.iscoroutinefunction(fn):
-            value = await fn(*args, **kwargs)
-        else:
-            value = await asyncio.to_thread(fn, *args, **kwargs)
-            if inspect.isawaitable(value):
-                value = await value
-        stored = as_json(name, value)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        await runner.commit([step_entry(tid, r, cid, name, error=error)])
-        # The same exception type on the first run as on a replay of the record.
-        raise StepFailed(name, error) from exc
-    await runner.commit([step_entry(tid, r, cid, name, value=stored)])
-    await runner.trace_point("step", call_id=cid, step=name)
-    return stored
+@dataclass
+class CallSteps:
+    """The steps of one run of one tool call (what `ToolContext.step` runs)."""
+
+    host: StepHost
+    task_id: str
+    round: int
+    call_id: str
+    replay: str  # the tool's replay policy: "never", "safe" or "resume"
+    record: StepRecord = field(default_factory=StepRecord)
+    names: list[str] = field(default_factory=list)  # the steps of this run, in order
+
+    async def run(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        safe: bool | None,
+    ) -> Any:
+        host, record = self.host, self.record
+        if not isinstance(name, str) or not name:
+            raise ValueError("a step needs a non-empty name")
+        if name in self.names:
+            raise ValueError(
+                f"step {name!r} ran twice in call {self.call_id}; steps are keyed by call and "
+                "name, so give each step of a call its own name (e.g. f'charge-{i}')"
+            )
+        self.names.append(name)
+        done = record.done.get(name)
+        if done is not None:
+            if "error" in done:
+                raise StepFailed(name, done["error"])
+            return done.get("value")
+        # A step is as safe as its tool unless it says otherwise.
+        repeatable = safe if safe is not None else self.replay == "safe"
+        tid, r, cid = self.task_id, self.round, self.call_id
+        if name in record.started and not repeatable:
+            raise StepInterrupted(name, [s for s in self.names[:-1] if s in record.done])
+        if not repeatable:
+            # Intent before effect: a crash from here on is seen as "started, not recorded".
+            await host.commit([step_started_entry(tid, r, cid, name)])
+        try:
+            if inspect.iscoroutinefunction(fn):
+                value = await fn(*args, **kwargs)
+            else:
+                value = await asyncio.to_thread(fn, *args, **kwargs)
+                if inspect.isawaitable(value):
+                    value = await value
+            stored = as_json(name, value)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            await host.commit([step_entry(tid, r, cid, name, error=error)])
+            # The same exception type on the first run as on a replay of the record.
+            raise StepFailed(name, error) from exc
+        await host.commit([step_entry(tid, r, cid, name, value=stored)])
+        await host.trace_point("step", call_id=cid, step=name)
+        return stored

@@ -7,15 +7,12 @@ import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, get_args, get_type_hints, overload
+from typing import Any, Literal, get_args, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from duragent.llm.base import ToolSpec
-from duragent.runtime.approvals import timeout_seconds
-
-if TYPE_CHECKING:
-    from duragent.runtime.context import ToolContext
+from duragent.runtime.context import ToolContext
 
 # "never": an interrupted call is reported to the model, not re-run (the default).
 # "safe": re-run after a crash; running it twice is harmless.
@@ -79,11 +76,19 @@ class Tool:
 
 def _is_context(annotation: Any) -> bool:
     """`ToolContext`, or `ToolContext | None`."""
-    from duragent.runtime.context import ToolContext
-
     if annotation is ToolContext:
         return True
     return ToolContext in get_args(annotation)
+
+
+def timeout_seconds(value: float | timedelta | None) -> float | None:
+    """An approval time limit in seconds, from seconds or a timedelta."""
+    if value is None:
+        return None
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if not seconds > 0:
+        raise ValueError(f"approval_timeout must be positive, not {value!r}")
+    return seconds
 
 
 def _describe(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:

@@ -1,0 +1,39 @@
+"""What a running tool call may use of the runner of its task.
+
+`ToolContext`, its durable steps and `run_call` (runtime/calls.py) are handed the
+task's runner (`TaskRunner`, runtime/engine.py); they see it through these
+protocols, so they depend on what they use and not on the engine, which
+imports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from duragent.runtime.state import DebouncedState
+from duragent.store.base import CommitResult, Store
+from duragent.types import NewEntry, Task
+
+
+class StepHost(Protocol):
+    """What a durable step (runtime/steps.py) uses: commit its record, and trace."""
+
+    async def commit(self, entries: Iterable[NewEntry] = ()) -> CommitResult: ...
+
+    async def trace_point(self, point: str, **info: Any) -> None: ...
+
+
+class TaskHost(StepHost, Protocol):
+    """What a tool's `ToolContext` (runtime/context.py) uses of its task's runner."""
+
+    @property
+    def task(self) -> Task: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def state(self) -> DebouncedState: ...
+
+    async def tool_progress(self, call_id: str, text: str) -> None: ...
