@@ -579,8 +579,10 @@ class ChangeSignal:
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
+        self.fired = 0  # how many times it woke its waiters (for tests and diagnostics)
 
     def notify(self) -> None:
+        self.fired += 1
         self._event.set()
         self._event = asyncio.Event()
 
