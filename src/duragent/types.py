@@ -181,7 +181,7 @@ class Task(BaseModel):
 # the store's own.
 PATCHABLE = frozenset(
     {
-        "input",  # only the seed-000 save_task_input helper rewrites it
+        "input",  # only the save_task_input helper rewrites it
         "status",
         "status_reason",
         "config",

@@ -90,7 +90,7 @@ class TaskRunner(RecoveringRunner):
         return self.task
 
     async def _end_on_store_error(self, exc: StoreError) -> None:
-        """A store error ends the runner, never the task (DESIGN §9).
+        """A store error ends the runner, never the task (docs/architecture.md §4).
 
         What this runner knows in memory may be wrong now (a commit whose
         connection was lost may or may not have landed), so it writes nothing

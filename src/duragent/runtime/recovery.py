@@ -46,7 +46,8 @@ class RecoveringRunner(RoundRunner):
                 return
 
     async def _recover(self, rs: RoundState) -> None:
-        """Bring an interrupted round to a state the loop can continue from (DESIGN §3)."""
+        """Bring an interrupted round to a state the loop can continue from
+        (docs/architecture.md §4)."""
         tid, r = self.task.id, rs.round
         if rs.assistant is None:
             if rs.progress_seqs:  # a partial stream: void it and ask again

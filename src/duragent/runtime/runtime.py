@@ -600,7 +600,7 @@ class Runtime(ManyTasks, SendsMessages):
         owner: str | None = None,
         deadline: DeadlineSpec | None = None,
     ) -> Task:
-        """Continue a failed task from its last commit (DESIGN §9).
+        """Continue a failed task from its last commit (docs/architecture.md §4).
 
         The completed rounds are kept; a notice records the retry; the next
         worker recovers the round the failure interrupted by the same table as

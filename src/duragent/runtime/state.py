@@ -1,4 +1,4 @@
-"""Memory-first task state with debounced persistence (seed 000's StateManager).
+"""Memory-first task state with debounced persistence (`ctx.state`; docs/architecture.md §3).
 
 `update` changes memory at once; a save follows after `debounce` seconds of
 quiet, or at the latest `max_wait` seconds after the first unsaved change.

@@ -1,4 +1,4 @@
-"""Views a person reads: the UI message list and the steps of a task (seed 001)."""
+"""Views a person reads: the UI message list and the steps of a task."""
 
 from __future__ import annotations
 

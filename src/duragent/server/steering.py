@@ -1,5 +1,5 @@
 """REST routes for steering a task: its history round by round, forks, and messages
-into a live task (issue 13)."""
+into a live task (README "Steering a task")."""
 
 from __future__ import annotations
 

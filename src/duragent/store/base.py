@@ -523,7 +523,7 @@ def view_data(text: str) -> list[dict[str, Any]]:
 
 
 def build_ui_view(rows: Iterable[tuple[int, str]]) -> list[UiMessage]:
-    """UI messages in seq order; only a `scope: "ui"` rollback (seed-000 delete) hides them."""
+    """UI messages in seq order; only a `scope: "ui"` rollback (a deleted message) hides them."""
     rows = list(rows)
     hidden: list[tuple[int, int]] = []
     out: list[tuple[int, str]] = []

@@ -80,7 +80,7 @@ def _scope_sessions_per_owner(conn: Conn) -> None:
 
 MIGRATIONS[2] = [_scope_sessions_per_owner]
 
-# Queues (issue 14): every task has a queue and a priority; claims are served
+# Queues: every task has a queue and a priority; claims are served
 # by indexes instead of a sort of the table: ready tasks per queue in claim
 # order, timers and delayed starts by due time. Metadata is jsonb with a GIN
 # index for equality filters (`metadata @> '{"k": "v"}'`).

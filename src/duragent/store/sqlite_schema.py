@@ -136,7 +136,7 @@ def _scope_sessions_per_owner(conn: sqlite3.Connection) -> None:
 
 MIGRATIONS[3] = [_scope_sessions_per_owner]
 
-# Queues (issue 14): every task has a queue and a priority; claims are served
+# Queues: every task has a queue and a priority; claims are served
 # by indexes instead of a sort of the table: ready tasks per queue in claim
 # order, timers and delayed starts by due time. Metadata labels are rows of
 # their own, indexed for equality filters.
