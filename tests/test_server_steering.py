@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -11,25 +10,10 @@ import httpx
 import pytest
 
 from duragent import Runtime
-from duragent.server import TokenStore, create_app
 from duragent.types import TaskStatus
-from server_agents import agents
-from support.api import TOKENS, assert_problem, auth, start, wait_for
+from support.api import assert_problem, auth, client, runtime, start, wait_for
 
-
-@pytest.fixture
-async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
-    rt = Runtime(f"sqlite:///{tmp_path}/api.db", agents(), poll_interval=0.05, lease_ttl=5.0)
-    async with rt:
-        yield rt
-
-
-@pytest.fixture
-async def client(runtime: Runtime) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(runtime, TokenStore.from_mapping(TOKENS))
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
-        yield c
+__all__ = ["client", "runtime"]  # the fixtures this module uses from support.api
 
 
 async def approved_task(client: httpx.AsyncClient, runtime: Runtime) -> str:
