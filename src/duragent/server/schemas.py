@@ -243,6 +243,12 @@ class TaskOut(TaskSummary):
     deadline: datetime | None = Field(
         description="The wall-clock limit the task fails at (status_reason 'deadline')."
     )
+    lease_expires_at: datetime | None = Field(
+        default=None,
+        description="While running: until when its worker holds the task. A live worker "
+        "renews the lease well before then; if that worker died, no other may take the "
+        "task over before this time.",
+    )
     waiting_for: list[OpenWait] = Field(
         default_factory=list, description="Open approvals, questions, timers and sub-tasks."
     )
@@ -266,6 +272,7 @@ class TaskOut(TaskSummary):
             completed_at=task.completed_at,
             wake_at=task.wake_at,
             deadline=task.deadline,
+            lease_expires_at=task.lease.expires_at if task.status is TaskStatus.RUNNING else None,
             waiting_for=waits or [],
             forked_from=task.config.get("forked_from"),
         )

@@ -24,6 +24,8 @@ const state = {
   listTimer: null,
   refreshTimer: null,
   roundsAt: null,
+  leaseTimer: null,
+  leaseChecked: null,  // the lease end the task was fetched again for
 };
 
 // --- HTTP -------------------------------------------------------------------
@@ -233,6 +235,7 @@ function badge(status, reason) {
 // --- one task ---------------------------------------------------------------
 
 function closeTask() {
+  clearInterval(state.leaseTimer);
   if (state.stopFollowing) state.stopFollowing();
   state.stopFollowing = null;
   state.taskId = null;
@@ -322,6 +325,7 @@ function renderTask(task) {
   deadline.hidden = !task.deadline;
   deadline.dataset.deadline = task.deadline || "";
   deadline.textContent = task.deadline ? `Deadline ${new Date(task.deadline).toLocaleString()}` : "";
+  showLease(task);
   $("#task-error").textContent = task.error || "";
   $("#task-error").hidden = !task.error;
   const src = task.forked_from;
@@ -345,6 +349,36 @@ function renderTask(task) {
   $("#retry").disabled = s !== "failed";
   $("#abort").disabled = !(ACTIVE.has(s) || s === "blocked");
   $("#send-form").hidden = !(ACTIVE.has(s) || s === "blocked");  // a live task takes messages
+}
+
+// A running task is held by its worker's lease. A live worker renews it long
+// before it ends; if the worker died (a crash), nobody may take the task over
+// before it ends: say how long that is, and once it has passed, that the task
+// waits for another worker.
+function showLease(task) {
+  clearInterval(state.leaseTimer);
+  const el = $("#lease");
+  const until = task.status === "running" && task.lease_expires_at
+    ? new Date(task.lease_expires_at).getTime() : null;
+  el.hidden = until === null;
+  el.dataset.until = task.lease_expires_at || "";
+  if (until === null) return;
+  const tick = () => {
+    const left = Math.ceil((until - Date.now()) / 1000);
+    if (left > 0) {
+      el.dataset.state = "held";
+      el.textContent = `Its worker's lease holds it ${left} s more (renewed while that worker lives; ` +
+        "after a crash, another worker takes it over when it ends)";
+    } else if (state.leaseChecked !== task.lease_expires_at) {
+      state.leaseChecked = task.lease_expires_at;  // renewed meanwhile? fetch the task once
+      refreshTaskSoon();
+    } else {
+      el.dataset.state = "expired";
+      el.textContent = "Its worker's lease has ended: waiting for another worker to take it over";
+    }
+  };
+  tick();
+  state.leaseTimer = setInterval(tick, 1000);
 }
 
 async function sendToTask(ev) {
