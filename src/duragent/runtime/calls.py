@@ -16,7 +16,7 @@ from duragent.runtime.context import SleepUntil, SpawnSubtask, Suspend, ToolCont
 from duragent.runtime.host import TaskHost
 from duragent.runtime.log import INTERRUPTED, RoundState, started_entry
 from duragent.runtime.steps import StepInterrupted, StepRecord
-from duragent.runtime.tools import ToolArgumentError
+from duragent.runtime.tools import Tool, ToolArgumentError
 from duragent.store.base import DocumentWrite
 from duragent.types import ToolCallData, utcnow
 
@@ -61,6 +61,19 @@ async def run_call(host: CallHost, r: int, call: ToolCallData, rs: RoundState | 
     return out
 
 
+def approval_request(tool: Tool, call: ToolCallData, arguments: dict[str, Any]) -> WaitForInput:
+    """The wait that asks a person to approve `call`, with its time limit if the tool has one."""
+    limit = tool.approval_timeout
+    return WaitForInput(
+        f"Approve {call.function.name}({call.function.arguments})?",
+        "approval",
+        tool=call.function.name,
+        arguments=arguments,
+        timeout=limit,
+        expires_at=None if limit is None else utcnow() + timedelta(seconds=limit),
+    )
+
+
 async def _run_call(
     host: CallHost,
     r: int,
@@ -88,6 +101,11 @@ async def _run_call(
             # Approved: record that it starts, so a crash while it runs is
             # treated like any interrupted call, never silently re-run.
             await host.commit([started_entry(host.task.id, r, cid)])
+        elif wait is None and tool.needs_approval(arguments):
+            # Its approval was never asked: the round stopped (a pause, an
+            # interrupting message) or crashed before its wait was written, and a
+            # call that needs approval never starts before one. Ask now.
+            return Outcome(cid, suspend=approval_request(tool, call, arguments))
         else:
             # The call was running when its worker stopped: re-run only if both
             # the stored intent and the current definition say it is safe.
@@ -98,16 +116,7 @@ async def _run_call(
                 text = INTERRUPTED + (f" Partial output: {partial}" if partial else "")
                 return Outcome(cid, text, "interrupted")
     elif tool.needs_approval(arguments):
-        limit = tool.approval_timeout
-        ask = WaitForInput(
-            f"Approve {name}({call.function.arguments})?",
-            "approval",
-            tool=name,
-            arguments=arguments,
-            timeout=limit,
-            expires_at=None if limit is None else utcnow() + timedelta(seconds=limit),
-        )
-        return Outcome(cid, suspend=ask)
+        return Outcome(cid, suspend=approval_request(tool, call, arguments))
     steps = None
     if rs is not None and (cid in rs.steps or cid in rs.steps_started):
         steps = StepRecord(rs.steps.get(cid, {}), rs.steps_started.get(cid, set()))

@@ -297,21 +297,35 @@ class ControlledRunner:
         while True:
             # A paused task has no timer (a sleep, an approval's expiry, a deadline):
             # they are re-armed from the log when it runs again; kept, they would hold
-            # the resumed task back as a delayed start. An interrupted one runs on.
-            patch: dict[str, Any] = {"status": TaskStatus.PAUSED, "control": None, "wake_at": None}
-            if control.resume:
-                patch = {"control": None}
+            # the resumed task back as a delayed start. A pending task's wake_at is
+            # its delayed start (start_at): kept. An interrupted one runs on.
+            patch: dict[str, Any] = {"status": TaskStatus.PAUSED, "control": None}
+            if self.task.status is not TaskStatus.PENDING:
+                patch["wake_at"] = None
             todo, version = list(entries), None
+            if control.resume:
+                # The runner goes on: a pause or abort another process wrote on the
+                # row meanwhile must survive this commit (it is heard right after),
+                # so the row is guarded by its version and the request is cleared
+                # only if it is still this interrupt's own.
+                self.task = await self.store.get_task(tid)
+                mine = self.task.control is None or self.task.control.get("token") == control.token
+                patch = {"control": None} if mine else {}
+                version = self.task.version
             kept: list[str] = []
             if control.rollback and self._round_api_seqs and self.task.iterations < self._round_no:
-                kept, version = await self._roll_back_round(r, todo, patch)
+                kept, planned = await self._roll_back_round(r, todo, patch)
+                if version is not None and planned != version:
+                    continue  # the row moved since it was read: read and plan again
+                version = planned
             try:
                 await self._commit_stop(control, todo, patch, kept, version)
                 break
             except Conflict:
                 if version is None or self.detached:
                     raise  # a detached stop is retried from the top by Runtime._stop
-                # Written meanwhile (a message came in): the void range is planned again.
+                # Written meanwhile (a message came in, a control request): plan
+                # again (the void range too), from the row as it is now.
         if control.resume:
             self._resumed(control)
 
