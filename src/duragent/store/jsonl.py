@@ -31,6 +31,7 @@ from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qsl
 
 from duragent.errors import (
+    InvalidOption,
     StoreCorrupt,
     StoreError,
     StoreLocked,
@@ -180,7 +181,7 @@ class JSONLStore(MemoryStore):
 
     def __init__(self, directory: str, *, durability: Durability = "normal") -> None:
         if durability not in ("normal", "full"):
-            raise ValueError(f"durability must be 'normal' or 'full', not {durability!r}")
+            raise InvalidOption(f"durability must be 'normal' or 'full', not {durability!r}")
         directory = os.path.abspath(os.path.expanduser(directory))
         super().__init__(f"jsonl://{directory}")
         self.directory = directory

@@ -20,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, Field, field_validator
 
-from duragent.errors import TaskNotFound, UsageError
+from duragent.errors import InvalidOption, TaskNotFound, UsageError
 from duragent.store.base import Commit, DocumentWrite, Store
 from duragent.types import Task, TaskStatus
 
@@ -65,7 +65,7 @@ class Queue(BaseModel):
     @classmethod
     def _rate(cls, value: tuple[int, float] | None) -> tuple[int, float] | None:
         if value is not None and (value[0] < 1 or value[1] <= 0):
-            raise ValueError("rate is (tasks, seconds) with tasks >= 1 and seconds > 0")
+            raise InvalidOption("rate is (tasks, seconds) with tasks >= 1 and seconds > 0")
         return value
 
     @property
