@@ -112,6 +112,21 @@ def test_open_store_names_a_bad_url_as_a_duragent_error() -> None:
             duragent.open_store(url)
 
 
+def test_misuses_raise_duragent_errors_that_say_what_is_wrong() -> None:
+    from duragent.runtime.schedules import new_schedule
+
+    def spread(*args: int) -> int:
+        """Takes anything."""
+        return len(args)
+
+    with pytest.raises(duragent.InvalidOption, match="invalid queue: rate: rate is"):
+        duragent.Queue("q", rate=(0, 1.0))
+    with pytest.raises(duragent.InvalidOption, match="exactly one of cron= or every="):
+        new_schedule("nightly", "chat", "x")
+    with pytest.raises(duragent.InvalidType, match=r"\*args/\*\*kwargs"):
+        duragent.tool(spread)
+
+
 def test_no_internal_class_is_exported_from_a_public_module() -> None:
     import duragent.runtime
     import duragent.store

@@ -15,7 +15,10 @@ hand one to another), whatever its `__init__` takes: see `DuragentError.__reduce
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 
 def _restore(cls: type[DuragentError], args: tuple[Any, ...]) -> DuragentError:
@@ -43,6 +46,17 @@ class UsageError(DuragentError):
 class InvalidOption(UsageError, ValueError):
     """An argument, option or setting has a value duragent does not accept; the
     message says which values it does."""
+
+
+def invalid_option(what: str, exc: ValidationError) -> InvalidOption:
+    """A pydantic ValidationError of something the user built (a Queue, a Schedule) as
+    the `InvalidOption` duragent raises for every other bad option."""
+    reasons = []
+    for error in exc.errors():
+        msg = str(error["msg"]).removeprefix("Value error, ")
+        where = ".".join(str(part) for part in error["loc"])
+        reasons.append(f"{where}: {msg}" if where else msg)
+    return InvalidOption(f"invalid {what}: " + "; ".join(reasons))
 
 
 class InvalidStoreURL(InvalidOption):

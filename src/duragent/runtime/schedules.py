@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from duragent.errors import Conflict, InvalidOption, TaskNotFound, UsageError
+from duragent.errors import Conflict, InvalidOption, TaskNotFound, UsageError, invalid_option
 from duragent.runtime.agent import Agent
 from duragent.runtime.submit import new_task
 from duragent.store.base import Commit, DocumentWrite, Store
@@ -138,19 +138,22 @@ def new_schedule(
         start_at = now + timedelta(seconds=every)
     if start_at is None and cron is not None:
         start_at = _croniter(cron, now).get_next(datetime)
-    return Schedule(
-        name=name,
-        agent=agent,
-        input=input,
-        owner=owner,
-        cron=cron,
-        every=every,
-        overlap=overlap,
-        queue=queue,
-        priority=priority,
-        metadata=dict(metadata or {}),
-        next_at=start_at or now,
-    )
+    try:
+        return Schedule(
+            name=name,
+            agent=agent,
+            input=input,
+            owner=owner,
+            cron=cron,
+            every=every,
+            overlap=overlap,
+            queue=queue,
+            priority=priority,
+            metadata=dict(metadata or {}),
+            next_at=start_at or now,
+        )
+    except ValidationError as exc:
+        raise invalid_option("schedule", exc) from None
 
 
 async def put_schedule(store: Store, schedule: Schedule) -> Schedule:
