@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import pickle
+import pkgutil
 import types
 from typing import Any
 
@@ -80,9 +82,31 @@ def test_every_error_is_a_duragent_error_exported_from_the_front_door() -> None:
         for name in vars(duragent.errors)
         if isinstance(getattr(duragent.errors, name), type)
         and issubclass(getattr(duragent.errors, name), duragent.DuragentError)
-    } | {"ScheduleNotFound"}
+    } | {"ScheduleNotFound", "QueueNotFound"}
     for cls in _error_classes():
         assert issubclass(cls, duragent.DuragentError), cls
+
+
+@pytest.mark.slow  # imports every module, the optional extras too
+def test_no_duragent_error_is_left_unexported() -> None:
+    # Every error a user can catch is importable from the front door, or from
+    # its optional extra's module (duragent.mcp); the server's own are internal.
+    for info in pkgutil.walk_packages(duragent.__path__, "duragent."):
+        if info.name.startswith("duragent.server") or info.name == "duragent.__main__":
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # an optional extra that is not installed
+            continue
+        for name, value in vars(module).items():
+            if (
+                isinstance(value, type)
+                and issubclass(value, duragent.DuragentError)
+                and value.__module__ == info.name
+                and not name.startswith("_")
+            ):
+                where = set(duragent.__all__) | set(getattr(module, "__all__", ()))
+                assert name in where, f"{info.name}.{name} is not exported"
 
 
 def test_misuse_errors_are_still_the_builtin_they_replace() -> None:

@@ -49,7 +49,7 @@ from duragent.runtime import (
 )
 from duragent.runtime.schedules import Schedule, ScheduleNotFound
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
-from duragent.store.queues import Queue
+from duragent.store.queues import Queue, QueueNotFound
 from duragent.types import (
     AssistantMessage,
     BlockReason,
@@ -97,6 +97,7 @@ __all__ = [
     "ModelRequest",
     "NewEntry",
     "Queue",
+    "QueueNotFound",
     "RetryableModelError",
     "RoundRecord",
     "Runtime",
