@@ -8,12 +8,9 @@ tasks while two of them are SIGKILLed.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import signal
-import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -31,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from conftest import PG_URL, drop_schema, require_postgres
 from duragent import Runtime, TaskStatus
 from duragent.types import Entry, EntryKind, Task
-from support.workerlib import HERE, WorkerProc, ledger_lines, one_result_per_call
+from support.workerlib import WorkerProc, ledger_lines, one_result_per_call
 from worker_agents import AGENTS
 
 pytestmark = pytest.mark.postgres
@@ -53,41 +50,14 @@ class PgWorker(WorkerProc):
         concurrency: int = 50,
         **env: str,
     ) -> None:
-        command = [
-            sys.executable,
-            "-m",
-            "duragent",
-            "worker",
-            "--store",
-            url,
-            "--agents",
-            "worker_agents:AGENTS",
-            "--concurrency",
-            str(concurrency),
-            "--lease-ttl",
-            str(ttl),
-            "--poll-interval",
-            str(poll_interval),
-        ]
-        environ = {**_child_env(), **env}
-        self.proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ
+        # PGAPPNAME would override the store's application_name, which `app` relies on.
+        super().__init__(
+            url, ttl=ttl, concurrency=concurrency, poll=poll_interval, unset=("PGAPPNAME",), **env
         )
-        self.out: list[str] = []
-        self.err: list[str] = []
-        for stream, sink in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
-            threading.Thread(target=self._pump, args=(stream, sink), daemon=True).start()
 
     @property
     def app(self) -> str:
         return f"duragent-{self.pid}"
-
-
-def _child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "PGAPPNAME"}
-    env["PYTHONPATH"] = f"{HERE}:{os.environ.get('PYTHONPATH', '')}"
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 # --- fixtures and helpers ---------------------------------------------------

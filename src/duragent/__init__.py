@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 from duragent.errors import (
+    CommitOutcomeUnknown,
     Conflict,
     DuplicateRequest,
     DuragentError,
     InvalidArguments,
+    InvalidOption,
+    InvalidStoreURL,
     InvalidTransition,
+    InvalidType,
     InvalidValue,
+    MalformedModelOutput,
+    MissingCredential,
+    MissingExtra,
     ModelError,
+    RetryableModelError,
     StaleLease,
+    StepFailed,
     StoreCorrupt,
     StoreError,
     StoreFull,
@@ -20,6 +29,7 @@ from duragent.errors import (
     StoreVersionError,
     TaskBusy,
     TaskNotFound,
+    UnknownAgent,
     UsageError,
 )
 from duragent.llm import ChatModel, ModelRequest, ScriptedModel, ToolCall, Turn
@@ -37,10 +47,9 @@ from duragent.runtime import (
     Worker,
     tool,
 )
-from duragent.runtime.schedules import Schedule
-from duragent.runtime.steps import StepFailed
+from duragent.runtime.schedules import Schedule, ScheduleNotFound
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
-from duragent.store.queues import Queue
+from duragent.store.queues import Queue, QueueNotFound
 from duragent.types import (
     AssistantMessage,
     BlockReason,
@@ -65,6 +74,7 @@ __all__ = [
     "BlockReason",
     "ChatModel",
     "Commit",
+    "CommitOutcomeUnknown",
     "Conflict",
     "Decision",
     "Document",
@@ -75,15 +85,24 @@ __all__ = [
     "EntryKind",
     "History",
     "InvalidArguments",
+    "InvalidOption",
+    "InvalidStoreURL",
     "InvalidTransition",
+    "InvalidType",
     "InvalidValue",
+    "MalformedModelOutput",
+    "MissingCredential",
+    "MissingExtra",
     "ModelError",
     "ModelRequest",
     "NewEntry",
     "Queue",
+    "QueueNotFound",
+    "RetryableModelError",
     "RoundRecord",
     "Runtime",
     "Schedule",
+    "ScheduleNotFound",
     "ScriptedModel",
     "StaleLease",
     "StepFailed",
@@ -109,6 +128,7 @@ __all__ = [
     "ToolContext",
     "ToolMessage",
     "Turn",
+    "UnknownAgent",
     "UsageError",
     "UserMessage",
     "WaitReason",

@@ -1,17 +1,39 @@
 """Every error duragent raises, grouped by who must act on it.
 
 - `UsageError`: the caller asked for something that cannot be done.
+  `InvalidOption` and `InvalidType` also subclass `ValueError` / `TypeError`,
+  so `except ValueError` around a misuse keeps working.
 - `StoreError`: the store refused or could not do a write or read.
 - `ModelError`: a model provider failed.
+- `StepFailed`: a tool's step failed (recorded, and raised again on a re-run).
 Lower libraries' exceptions (sqlite3, psycopg, SDKs) are translated into
 these at the boundary and never escape raw.
+
+Every error pickles with its message and attributes (a worker process can
+hand one to another), whatever its `__init__` takes: see `DuragentError.__reduce__`.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+
+def _restore(cls: type[DuragentError], args: tuple[Any, ...]) -> DuragentError:
+    # BaseException.__new__ sets .args without calling __init__, whose
+    # signature differs per class; the attributes come back through __dict__.
+    return cls.__new__(cls, *args)
+
 
 class DuragentError(Exception):
     """Base of every duragent error."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The default (cls(*self.args)) calls __init__ with the formatted
+        # message, which breaks every class whose __init__ takes other arguments.
+        return (_restore, (type(self), self.args), self.__dict__)
 
 
 # --- the caller's mistakes --------------------------------------------------
@@ -21,7 +43,34 @@ class UsageError(DuragentError):
     """The call cannot be done as asked; the message says what to do instead."""
 
 
+class InvalidOption(UsageError, ValueError):
+    """An argument, option or setting has a value duragent does not accept; the
+    message says which values it does."""
+
+
+def invalid_option(what: str, exc: ValidationError) -> InvalidOption:
+    """A pydantic ValidationError of something the user built (a Queue, a Schedule) as
+    the `InvalidOption` duragent raises for every other bad option."""
+    reasons = []
+    for error in exc.errors():
+        msg = str(error["msg"]).removeprefix("Value error, ")
+        where = ".".join(str(part) for part in error["loc"])
+        reasons.append(f"{where}: {msg}" if where else msg)
+    return InvalidOption(f"invalid {what}: " + "; ".join(reasons))
+
+
+class InvalidStoreURL(InvalidOption):
+    """`open_store` cannot read the URL (no scheme, an unknown scheme, no path)."""
+
+
+class InvalidType(UsageError, TypeError):
+    """Something of a kind duragent cannot use here (a tool taking *args, a step
+    returning a value that is not JSON)."""
+
+
 class InvalidTransition(UsageError):
+    """A task status change the lifecycle does not allow (e.g. out of `completed`)."""
+
     def __init__(self, old: str, new: str, detail: str | None = None) -> None:
         self.old = old
         self.new = new
@@ -30,12 +79,16 @@ class InvalidTransition(UsageError):
 
 
 class TaskNotFound(UsageError):
+    """No task with this id (or none the caller may see)."""
+
     def __init__(self, task_id: str) -> None:
         self.task_id = task_id
         super().__init__(f"no task with id {task_id!r}")
 
 
 class UnknownAgent(UsageError):
+    """A task names an agent this runtime does not have."""
+
     def __init__(self, name: str, known: list[str]) -> None:
         self.name = name
         if known:
@@ -87,11 +140,15 @@ class TaskBusy(UsageError):
 
 
 class MissingExtra(UsageError):
+    """A feature needs an optional dependency that is not installed."""
+
     def __init__(self, what: str, extra: str) -> None:
         super().__init__(f"{what} needs an optional extra: pip install 'duragent[{extra}]'")
 
 
 class MissingCredential(UsageError):
+    """A model provider needs an API key that was not given."""
+
     def __init__(self, provider: str, env_var: str) -> None:
         self.env_var = env_var
         super().__init__(
@@ -125,6 +182,8 @@ class Conflict(StoreError):
 
 
 class StoreVersionError(StoreError):
+    """The store was written by a newer duragent; this one will not touch it."""
+
     def __init__(self, where: str, found: int, supported: int) -> None:
         self.found = found
         self.supported = supported
@@ -164,9 +223,6 @@ class StoreFull(StoreUnavailable):
             "Free some space (or raise the file-size limit) and try again; nothing was lost"
         )
 
-    def __reduce__(self) -> tuple[type[StoreFull], tuple[str, int | None, str]]:
-        return (type(self), (self.path, self.free_bytes, self.detail))
-
 
 class StoreNotFound(StoreError):
     """The store's directory does not exist (duragent creates a store, not its parents)."""
@@ -175,9 +231,6 @@ class StoreNotFound(StoreError):
         self.directory = directory
         self.hint = hint
         super().__init__(f"directory does not exist: {directory}" + (f"; {hint}" if hint else ""))
-
-    def __reduce__(self) -> tuple[type[StoreNotFound], tuple[str, str]]:
-        return (type(self), (self.directory, self.hint))
 
 
 class CommitOutcomeUnknown(StoreUnavailable):
@@ -199,6 +252,8 @@ class ModelError(DuragentError):
 
 
 class RetryableModelError(ModelError):
+    """A provider failure worth asking again (rate limit, overload, a dropped connection)."""
+
     retryable = True
 
 
@@ -207,3 +262,16 @@ class MalformedModelOutput(ModelError):
     such corruption is usually transient (a proxy, a dropped byte)."""
 
     retryable = True
+
+
+# --- tool steps -------------------------------------------------------------
+
+
+class StepFailed(DuragentError):
+    """A step raised (its failure is recorded); on a re-run the recorded failure is
+    raised again instead of running the step again."""
+
+    def __init__(self, step: str, error: str) -> None:
+        super().__init__(f"step {step!r} failed: {error}")
+        self.step = step
+        self.error = error

@@ -31,8 +31,10 @@ class WorkerProc:
         concurrency: int = 50,
         poll: float = 0.1,
         args: tuple[str, ...] = (),
+        unset: tuple[str, ...] = (),
         **env: str,
     ) -> None:
+        """Start the worker; `env` is added to this process's environment, minus `unset`."""
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -55,7 +57,7 @@ class WorkerProc:
             stderr=subprocess.PIPE,
             text=True,
             env={
-                **os.environ,
+                **{k: v for k, v in os.environ.items() if k not in unset},
                 "PYTHONPATH": f"{HERE}:{os.environ.get('PYTHONPATH', '')}",
                 "PYTHONUNBUFFERED": "1",
                 **env,

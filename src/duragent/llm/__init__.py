@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from duragent.errors import InvalidOption
 from duragent.llm.base import (
     ChatModel,
     Finish,
@@ -42,7 +43,7 @@ def resolve_model(spec: str | ChatModel, **options: Any) -> ChatModel:
         return spec
     provider, sep, name = spec.partition(":")
     if not sep or not name:
-        raise ValueError(
+        raise InvalidOption(
             f"model {spec!r} should be 'provider:model', e.g. 'openai:gpt-4o-mini', "
             "'anthropic:claude-sonnet-4-5' or 'scripted:demo'"
         )
@@ -56,6 +57,6 @@ def resolve_model(spec: str | ChatModel, **options: Any) -> ChatModel:
         from duragent.llm.anthropic import AnthropicChat
 
         return AnthropicChat(name, **options)
-    raise ValueError(
+    raise InvalidOption(
         f"unknown model provider {provider!r} in {spec!r}; use openai, anthropic or scripted"
     )

@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from duragent.errors import Conflict
+from duragent.errors import Conflict, InvalidOption
 from duragent.llm.base import ChatModel, ModelRequest, StreamEvent, UsageDelta
 from duragent.store.base import Commit, DocumentWrite, Store
 
@@ -38,10 +38,10 @@ class RateLimited:
         **model_options: Any,
     ) -> None:
         if requests_per_minute is None and tokens_per_minute is None:
-            raise ValueError("give requests_per_minute, tokens_per_minute or both")
+            raise InvalidOption("give requests_per_minute, tokens_per_minute or both")
         for value in (requests_per_minute, tokens_per_minute):
             if value is not None and value <= 0:
-                raise ValueError("rate limits must be positive")
+                raise InvalidOption("rate limits must be positive")
         if isinstance(model, str):
             from duragent.llm import resolve_model
 

@@ -3,7 +3,6 @@
 from duragent.runtime.agent import Agent
 from duragent.runtime.approvals import Decision
 from duragent.runtime.context import ToolContext
-from duragent.runtime.engine import Control, TaskRunner
 from duragent.runtime.runtime import Runtime, Submission, TaskTree
 from duragent.runtime.steering import Edit, History, RoundRecord
 from duragent.runtime.tools import Tool, tool
@@ -11,14 +10,12 @@ from duragent.runtime.worker import Worker
 
 __all__ = [
     "Agent",
-    "Control",
     "Decision",
     "Edit",
     "History",
     "RoundRecord",
     "Runtime",
     "Submission",
-    "TaskRunner",
     "TaskTree",
     "Tool",
     "ToolContext",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from duragent.errors import InvalidOption
 from duragent.llm import ChatModel, resolve_model
 from duragent.runtime.builtin import ask_user, update_plan
 from duragent.runtime.deadlines import deadline_at
@@ -58,7 +59,7 @@ class Agent:
             if isinstance(self.deadline, bool) or not isinstance(
                 self.deadline, int | float | timedelta
             ):
-                raise ValueError("Agent.deadline is a delay: seconds or a timedelta")
+                raise InvalidOption("Agent.deadline is a delay: seconds or a timedelta")
             deadline_at(self.deadline)  # a delay no task could have fails here
 
         # An item may be a list of tools (a toolset such as mcp_tools(...)).
@@ -73,7 +74,7 @@ class Agent:
         names = [t.name for t in tools]
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:
-            raise ValueError(f"agent {self.name!r} has two tools named {sorted(dupes)}")
+            raise InvalidOption(f"agent {self.name!r} has two tools named {sorted(dupes)}")
         self.tool_map: dict[str, Tool] = {t.name: t for t in tools}
         self._model: ChatModel | None = None
 

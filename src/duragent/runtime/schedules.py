@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from duragent.errors import Conflict, TaskNotFound, UsageError
+from duragent.errors import Conflict, InvalidOption, TaskNotFound, UsageError, invalid_option
 from duragent.runtime.agent import Agent
 from duragent.runtime.submit import new_task
 from duragent.store.base import Commit, DocumentWrite, Store
@@ -66,7 +66,7 @@ class Schedule(BaseModel):
     @model_validator(mode="after")
     def _one_clock(self) -> Schedule:
         if (self.cron is None) == (self.every is None):
-            raise ValueError("a schedule needs exactly one of cron= or every=")
+            raise InvalidOption("a schedule needs exactly one of cron= or every=")
         if self.cron is not None:
             _croniter(self.cron, self.next_at)  # a bad expression fails here, not at a tick
         return self
@@ -101,11 +101,13 @@ def _croniter(expr: str, start: datetime) -> Any:
             "cron schedules need croniter: pip install 'duragent[schedules]' (or use every=)"
         ) from exc
     if len(expr.split()) != 5:
-        raise ValueError(f"cron expression {expr!r} must have 5 fields (minute hour dom month dow)")
+        raise InvalidOption(
+            f"cron expression {expr!r} must have 5 fields (minute hour dom month dow)"
+        )
     try:
         return croniter(expr, start)
     except (ValueError, KeyError) as exc:
-        raise ValueError(f"invalid cron expression {expr!r}: {exc}") from exc
+        raise InvalidOption(f"invalid cron expression {expr!r}: {exc}") from exc
 
 
 def schedule_key(owner: str | None, name: str) -> str:
@@ -131,24 +133,27 @@ def new_schedule(
         every = every.total_seconds()
     now = utcnow()
     if start_at is not None and start_at.tzinfo is None:
-        raise ValueError("start_at must be timezone-aware (e.g. datetime.now(UTC))")
+        raise InvalidOption("start_at must be timezone-aware (e.g. datetime.now(UTC))")
     if start_at is None and every is not None:
         start_at = now + timedelta(seconds=every)
     if start_at is None and cron is not None:
         start_at = _croniter(cron, now).get_next(datetime)
-    return Schedule(
-        name=name,
-        agent=agent,
-        input=input,
-        owner=owner,
-        cron=cron,
-        every=every,
-        overlap=overlap,
-        queue=queue,
-        priority=priority,
-        metadata=dict(metadata or {}),
-        next_at=start_at or now,
-    )
+    try:
+        return Schedule(
+            name=name,
+            agent=agent,
+            input=input,
+            owner=owner,
+            cron=cron,
+            every=every,
+            overlap=overlap,
+            queue=queue,
+            priority=priority,
+            metadata=dict(metadata or {}),
+            next_at=start_at or now,
+        )
+    except ValidationError as exc:
+        raise invalid_option("schedule", exc) from None
 
 
 async def put_schedule(store: Store, schedule: Schedule) -> Schedule:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from duragent.errors import InvalidOption, InvalidType, StepFailed
 from duragent.runtime.host import StepHost
 from duragent.runtime.log import step_entry, step_started_entry
 
@@ -27,16 +28,6 @@ class StepRecord:
 
     done: dict[str, dict[str, Any]] = field(default_factory=dict)
     started: set[str] = field(default_factory=set)
-
-
-class StepFailed(Exception):
-    """A step raised (its failure is recorded); on a re-run the recorded failure is
-    raised again instead of running the step again."""
-
-    def __init__(self, step: str, error: str) -> None:
-        super().__init__(f"step {step!r} failed: {error}")
-        self.step = step
-        self.error = error
 
 
 class StepInterrupted(BaseException):
@@ -68,7 +59,7 @@ def as_json(step: str, value: Any) -> Any:
     try:
         return json.loads(json.dumps(value, ensure_ascii=False))
     except (TypeError, ValueError) as exc:
-        raise TypeError(
+        raise InvalidType(
             f"step {step!r} returned a {type(value).__name__}, which cannot be stored as JSON; "
             "return JSON data (dict, list, str, number, bool or None) or a pydantic model"
         ) from exc
@@ -96,9 +87,9 @@ class CallSteps:
     ) -> Any:
         host, record = self.host, self.record
         if not isinstance(name, str) or not name:
-            raise ValueError("a step needs a non-empty name")
+            raise InvalidOption("a step needs a non-empty name")
         if name in self.names:
-            raise ValueError(
+            raise InvalidOption(
                 f"step {name!r} ran twice in call {self.call_id}; steps are keyed by call and "
                 "name, so give each step of a call its own name (e.g. f'charge-{i}')"
             )

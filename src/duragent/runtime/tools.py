@@ -11,6 +11,7 @@ from typing import Any, Literal, get_args, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
+from duragent.errors import InvalidOption, InvalidType
 from duragent.llm.base import ToolSpec
 from duragent.runtime.context import ToolContext
 
@@ -87,7 +88,7 @@ def timeout_seconds(value: float | timedelta | None) -> float | None:
         return None
     seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
     if not seconds > 0:
-        raise ValueError(f"approval_timeout must be positive, not {value!r}")
+        raise InvalidOption(f"approval_timeout must be positive, not {value!r}")
     return seconds
 
 
@@ -123,7 +124,7 @@ def make_tool(
     approval_timeout: float | timedelta | None = None,
 ) -> Tool:
     if replay not in ("never", "safe", "resume"):
-        raise ValueError(f"replay must be 'never', 'safe' or 'resume', not {replay!r}")
+        raise InvalidOption(f"replay must be 'never', 'safe' or 'resume', not {replay!r}")
     hints = get_type_hints(fn)
     summary, param_docs = _describe(fn)
     fields: dict[str, Any] = {}
@@ -134,7 +135,7 @@ def make_tool(
             context_param = pname
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise TypeError(f"tool {fn.__name__}: *args/**kwargs cannot be described to a model")
+            raise InvalidType(f"tool {fn.__name__}: *args/**kwargs cannot be described to a model")
         default = ... if param.default is inspect.Parameter.empty else param.default
         from pydantic import Field
 

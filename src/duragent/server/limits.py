@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 
+from duragent.errors import InvalidOption
 from duragent.storable import MAX_JSON_DEPTH
 
 KB = 1024
@@ -44,7 +45,7 @@ class ServerLimits:
             "auth_failures_per_minute",
         ):
             if getattr(self, name) < 1:
-                raise ValueError(f"ServerLimits.{name} must be at least 1")
+                raise InvalidOption(f"ServerLimits.{name} must be at least 1")
 
 
 def human_bytes(n: int) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qsl
 
-from duragent.errors import MissingExtra
+from duragent.errors import InvalidStoreURL, MissingExtra
 from duragent.store.base import (
     SCHEMA_VERSION,
     Commit,
@@ -50,7 +50,7 @@ def open_store(url: str | None = None, **options: Any) -> Store:
     url = url or DEFAULT_URL
     scheme, sep, rest = url.partition("://")
     if not sep:
-        raise ValueError(
+        raise InvalidStoreURL(
             f"store URL {url!r} has no scheme; use memory://, sqlite:///file.db, "
             "jsonl:///dir or postgresql://..."
         )
@@ -67,7 +67,7 @@ def open_store(url: str | None = None, **options: Any) -> Store:
 
         path = url_path(url)
         if not path:
-            raise ValueError(f"no file in store URL {url!r}; use sqlite:///path/to/file.db")
+            raise InvalidStoreURL(f"no file in store URL {url!r}; use sqlite:///path/to/file.db")
         if "poll_interval" in opts:
             opts["poll_interval"] = float(opts["poll_interval"])
         return SQLiteStore(path, **opts)
@@ -84,7 +84,7 @@ def open_store(url: str | None = None, **options: Any) -> Store:
                 raise
             raise MissingExtra(f"the {scheme}:// store", "postgres") from None
         return PostgresStore(url, **options)
-    raise ValueError(
+    raise InvalidStoreURL(
         f"unknown store scheme {scheme!r} in {url!r}; use memory://, sqlite:///file.db, "
         "jsonl:///dir or postgresql://..."
     )

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import pydantic_core
 
-from duragent.errors import Conflict, StaleLease, StoreCorrupt
+from duragent.errors import Conflict, InvalidOption, StaleLease, StoreCorrupt
 from duragent.types import (
     API_KINDS,
     API_MESSAGES,
@@ -147,7 +147,7 @@ class TaskQuery:
     def null_filters(self) -> list[str]:
         """The fields a task must have unset."""
         if self.no_owner and self.owner is not None:
-            raise ValueError("a TaskQuery with no_owner=True cannot name an owner")
+            raise InvalidOption("a TaskQuery with no_owner=True cannot name an owner")
         return ["owner"] if self.no_owner else []
 
     def range_filters(self) -> list[tuple[str, str, datetime]]:
@@ -194,21 +194,52 @@ class TaskPage:
 
 @runtime_checkable
 class Store(Protocol):
-    """Everything duragent persists goes through one of these."""
+    """Everything duragent persists goes through one of these.
+
+    `open_store(url)` returns one; `docs/architecture.md` §5 groups the methods
+    (writing, reading, ownership, waiting). Every backend passes the same
+    conformance suite (`tests/test_store_conformance.py`). A missing task is
+    `TaskNotFound`; a store that cannot be reached is `StoreUnavailable`.
+    """
 
     url: str
 
-    async def open(self) -> None: ...
-    async def close(self) -> None: ...
+    async def open(self) -> None:
+        """Open (creating or migrating the schema if needed); call before anything else."""
+        ...
 
-    async def commit(self, commit: Commit) -> CommitResult: ...
-    async def create_task(
-        self, task: Task, entries: Sequence[NewEntry] = ()
-    ) -> tuple[Task, bool]: ...
+    async def close(self) -> None:
+        """Flush and release files, connections and locks; the store is unusable after."""
+        ...
 
-    async def get_task(self, task_id: str) -> Task: ...
-    async def list_tasks(self, query: TaskQuery | None = None) -> TaskPage: ...
-    async def count_tasks(self, query: TaskQuery | None = None) -> dict[tuple[str, str], int]: ...
+    async def commit(self, commit: Commit) -> CommitResult:
+        """Apply a `Commit` atomically: entries, task patches, documents and new tasks.
+
+        Fenced: a commit whose lease epoch is not current raises `StaleLease`
+        and writes nothing; a patch whose expectation fails raises `Conflict`.
+        """
+        ...
+
+    async def create_task(self, task: Task, entries: Sequence[NewEntry] = ()) -> tuple[Task, bool]:
+        """Insert a pending task with its first entries; `(task, created)`.
+
+        A task with the `(owner, request_id)` of an existing one is not created:
+        the existing one is returned with `False` (the caller compares inputs).
+        """
+        ...
+
+    async def get_task(self, task_id: str) -> Task:
+        """The task row as stored now; `TaskNotFound` if there is none."""
+        ...
+
+    async def list_tasks(self, query: TaskQuery | None = None) -> TaskPage:
+        """Tasks matching `query`, newest first, one cursor-paged `TaskPage` at a time."""
+        ...
+
+    async def count_tasks(self, query: TaskQuery | None = None) -> dict[tuple[str, str], int]:
+        """How many tasks match `query`, keyed by `(queue or agent, status)`."""
+        ...
+
     async def entries(
         self,
         task_id: str,
@@ -216,16 +247,40 @@ class Store(Protocol):
         after_seq: int = 0,
         kinds: Iterable[EntryKind] | None = None,
         limit: int | None = None,
-    ) -> list[Entry]: ...
-    async def entry_heads(self, task_id: str, *, kinds: Iterable[EntryKind]) -> list[EntryHead]: ...
+    ) -> list[Entry]:
+        """A task's log entries after `after_seq`, in seq order, of `kinds` if given."""
+        ...
+
+    async def entry_heads(self, task_id: str, *, kinds: Iterable[EntryKind]) -> list[EntryHead]:
+        """Seq, kind, round and role of a task's entries of `kinds`, without payloads."""
+        ...
+
     async def create_fork(
         self, task: Task, log: Sequence[NewEntry | CopyEntries]
-    ) -> tuple[Task, bool]: ...
-    async def model_view(self, task_id: str) -> list[ApiMessage]: ...
-    async def model_view_data(self, task_id: str) -> list[dict[str, Any]]: ...
-    async def ui_messages(self, task_id: str) -> list[UiMessage]: ...
-    async def get_document(self, scope: str, key: str) -> Document | None: ...
-    async def list_documents(self, scope: str) -> list[Document]: ...
+    ) -> tuple[Task, bool]:
+        """Like `create_task`, with `CopyEntries` runs copied from another task inside
+        the store; a source that changed since the plan refuses the write (`Conflict`)."""
+        ...
+
+    async def model_view(self, task_id: str) -> list[ApiMessage]:
+        """The messages a model sees for this task (voided rounds left out), typed."""
+        ...
+
+    async def model_view_data(self, task_id: str) -> list[dict[str, Any]]:
+        """`model_view` as plain dicts in their wire form, decoded but not validated."""
+        ...
+
+    async def ui_messages(self, task_id: str) -> list[UiMessage]:
+        """The task's conversation as the page and the API show it (voided rounds kept)."""
+        ...
+
+    async def get_document(self, scope: str, key: str) -> Document | None:
+        """The document at `(scope, key)`, or None."""
+        ...
+
+    async def list_documents(self, scope: str) -> list[Document]:
+        """Every document in `scope`, ordered by key."""
+        ...
 
     async def claim_task(
         self,
@@ -235,7 +290,11 @@ class Store(Protocol):
         ttl: float = 30.0,
         task_id: str | None = None,
         queues: Iterable[str] | None = None,
-    ) -> Task | None: ...
+    ) -> Task | None:
+        """Take the lease of one runnable task (of `agents`/`queues`, or exactly
+        `task_id`) for `ttl` seconds; None if there is none. See `claim_tasks`."""
+        ...
+
     async def claim_tasks(
         self,
         worker_id: str,
@@ -245,21 +304,55 @@ class Store(Protocol):
         ttl: float = 30.0,
         task_id: str | None = None,
         queues: Iterable[str] | None = None,
-    ) -> list[Task]: ...
-    async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task: ...
+    ) -> list[Task]:
+        """Take the leases of up to `n` runnable tasks in claim order, within every
+        queue's limits. Each claim bumps the lease epoch, so the previous owner's
+        commits are refused from then on (recovery goes through this same claim)."""
+        ...
+
+    async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task:
+        """Extend a held lease by `ttl` seconds; `StaleLease` if `epoch` is no longer current."""
+        ...
+
     async def renew_leases(
         self, worker_id: str, leases: Mapping[str, int], ttl: float
-    ) -> LeaseRenewal: ...
-    async def release_lease(self, task_id: str, epoch: int) -> None: ...
+    ) -> LeaseRenewal:
+        """Renew many leases (task id to epoch) in one transaction; lost ones are
+        reported in the `LeaseRenewal`, not raised."""
+        ...
+
+    async def release_lease(self, task_id: str, epoch: int) -> None:
+        """Give a lease up so another worker may claim the task at once."""
+        ...
+
     async def next_wake_at(
         self, agents: Iterable[str] | None = None, queues: Iterable[str] | None = None
-    ) -> datetime | None: ...
+    ) -> datetime | None:
+        """The earliest time a task of `agents`/`queues` becomes claimable (a delayed
+        start, a timer or deadline, a lease expiring); None if nothing is scheduled."""
+        ...
 
-    async def delete_task(self, task_id: str) -> None: ...
-    async def purge_tasks(self, query: TaskQuery) -> int: ...
-    async def reclaim_space(self) -> None: ...
-    async def wait_for_change(self, timeout: float) -> None: ...
-    def watch_controls(self, callback: ControlCallback) -> Callable[[], None]: ...
+    async def delete_task(self, task_id: str) -> None:
+        """Delete a task and its sub-tasks, with their entries and task documents."""
+        ...
+
+    async def purge_tasks(self, query: TaskQuery) -> int:
+        """Delete up to `query.limit` matching tasks (and their sub-tasks); how many went."""
+        ...
+
+    async def reclaim_space(self) -> None:
+        """Give the space of deleted rows back (VACUUM, compaction); a no-op where none."""
+        ...
+
+    async def wait_for_change(self, timeout: float) -> None:
+        """Return when a commit that may matter happened (in any process, for shared
+        backends), or after `timeout` seconds."""
+        ...
+
+    def watch_controls(self, callback: ControlCallback) -> Callable[[], None]:
+        """Call `callback(task_id)` when a commit sets a control request on a task
+        (None: some task, re-read them all); returns the function that stops it."""
+        ...
 
 
 # --- rules every backend applies --------------------------------------------
@@ -283,7 +376,7 @@ def apply_patch(task: Task, patch: TaskPatch, now: datetime) -> tuple[Task, NewE
         )
     unknown = set(patch.set) - PATCHABLE
     if unknown:
-        raise ValueError(f"these task fields cannot be patched: {sorted(unknown)}")
+        raise InvalidOption(f"these task fields cannot be patched: {sorted(unknown)}")
     changes = dict(patch.set)
     status_entry = None
     if "status" in changes:
@@ -431,7 +524,7 @@ def released(task: Task, epoch: int, now: datetime) -> tuple[Task, NewEntry | No
 
 def check_new_child(task: Task) -> None:
     if task.status is not TaskStatus.PENDING:
-        raise ValueError(f"new task {task.id!r} must start pending, not {task.status.value}")
+        raise InvalidOption(f"new task {task.id!r} must start pending, not {task.status.value}")
 
 
 # --- the model's view: one place decides what the model sees -----------------
@@ -571,7 +664,7 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
         ts, task_id = cursor.split("|", 1)
         return float(ts), task_id
     except ValueError as exc:
-        raise ValueError(f"invalid cursor {cursor!r}") from exc
+        raise InvalidOption(f"invalid cursor {cursor!r}") from exc
 
 
 class ChangeSignal:

@@ -16,7 +16,7 @@ import errno
 import os
 import warnings
 
-from duragent.errors import StoreFull, StoreNotFound
+from duragent.errors import InvalidStoreURL, StoreFull, StoreNotFound
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -40,7 +40,7 @@ def jsonl_directory(url: str) -> str:
     """
     path = url_path(url)
     if not path:
-        raise ValueError(f"no directory in store URL {url!r}; use jsonl:///path/to/dir")
+        raise InvalidStoreURL(f"no directory in store URL {url!r}; use jsonl:///path/to/dir")
     relative = os.path.abspath(path)
     if os.path.isabs(path) or os.path.isdir(os.path.dirname(relative)):
         return relative

@@ -31,6 +31,7 @@ from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qsl
 
 from duragent.errors import (
+    InvalidOption,
     StoreCorrupt,
     StoreError,
     StoreLocked,
@@ -180,7 +181,7 @@ class JSONLStore(MemoryStore):
 
     def __init__(self, directory: str, *, durability: Durability = "normal") -> None:
         if durability not in ("normal", "full"):
-            raise ValueError(f"durability must be 'normal' or 'full', not {durability!r}")
+            raise InvalidOption(f"durability must be 'normal' or 'full', not {durability!r}")
         directory = os.path.abspath(os.path.expanduser(directory))
         super().__init__(f"jsonl://{directory}")
         self.directory = directory
@@ -472,17 +473,10 @@ class JSONLStore(MemoryStore):
             self._signal.notify()
         return result
 
-    def _delete_trees(self, roots: list[str]) -> int:
+    def _record_delete(self, task_ids: list[str]) -> None:
         """A delete record on disk first, then the tasks leave memory."""
         self._check_open()
-        doomed: list[str] = []
-        for root in roots:
-            if root not in doomed:
-                doomed += [t for t in self._subtree(root) if t not in doomed]
-        self._append([_dumps({"t": "delete", "ids": doomed})])
-        self._forget(doomed)
-        self._signal.notify()
-        return len(doomed)
+        self._append([_dumps({"t": "delete", "ids": task_ids})])
 
     async def reclaim_space(self) -> None:
         """Rewrite the log without the deleted tasks (compaction)."""

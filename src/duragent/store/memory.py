@@ -330,25 +330,31 @@ class MemoryStore(TxWrites):
             raise TaskNotFound(task_id)
         self._delete_trees([task_id])
 
-    def _subtree(self, task_id: str) -> list[str]:
+    def _subtrees(self, roots: Iterable[str]) -> list[str]:
+        """The roots and every task under them, each once, parents before children."""
         children: dict[str, list[str]] = {}
         for tid, raw in self._tasks.items():
             parent = Task.model_validate_json(raw).parent_id
             if parent is not None:
                 children.setdefault(parent, []).append(tid)
-        doomed = [task_id]
+        doomed = list(dict.fromkeys(roots))
+        seen = set(doomed)
         for tid in doomed:  # grows while we walk it: breadth-first
-            doomed += children.get(tid, [])
+            for child in children.get(tid, ()):
+                if child not in seen:
+                    seen.add(child)
+                    doomed.append(child)
         return doomed
 
     def _delete_trees(self, roots: list[str]) -> int:
-        doomed: list[str] = []
-        for root in roots:
-            if root not in doomed:
-                doomed += [t for t in self._subtree(root) if t not in doomed]
+        doomed = self._subtrees(roots)
+        self._record_delete(doomed)
         self._forget(doomed)
         self._signal.notify()
         return len(doomed)
+
+    def _record_delete(self, task_ids: list[str]) -> None:
+        """Make a delete durable before the tasks leave memory (nothing to do here)."""
 
     def _forget(self, task_ids: Iterable[str]) -> None:
         for tid in task_ids:

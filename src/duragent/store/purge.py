@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from duragent.errors import InvalidOption
 from duragent.store.base import Store, TaskQuery
 from duragent.store.queues import list_queues
 from duragent.types import TERMINAL, TaskStatus, utcnow
@@ -49,7 +50,7 @@ async def purge(
     statuses = _statuses(status)
     unfinished = [s.value for s in statuses if not s.terminal]
     if unfinished:
-        raise ValueError(
+        raise InvalidOption(
             f"purge deletes finished tasks only, not {', '.join(unfinished)}; abort them first"
         )
     return await _purge(store, statuses, before, owner, agent, queue, batch, reclaim)
@@ -62,7 +63,7 @@ async def erase_owner(store: Store, owner: str, *, batch: int = 100) -> PurgeRes
     worker still running one finds it gone at its next commit.
     """
     if not owner:
-        raise ValueError("erase_owner needs an owner")
+        raise InvalidOption("erase_owner needs an owner")
     return await _purge(store, None, None, owner, None, None, batch, True)
 
 
@@ -89,7 +90,7 @@ async def _purge(
     reclaim: bool,
 ) -> PurgeResult:
     if batch < 1:
-        raise ValueError("batch must be at least 1")
+        raise InvalidOption("batch must be at least 1")
     if isinstance(before, timedelta):
         before = utcnow() - before
     query = TaskQuery(

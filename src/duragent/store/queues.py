@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from duragent.errors import TaskNotFound, UsageError
+from duragent.errors import InvalidOption, TaskNotFound, UsageError, invalid_option
 from duragent.store.base import Commit, DocumentWrite, Store
 from duragent.types import Task, TaskStatus
 
@@ -59,13 +59,16 @@ class Queue(BaseModel):
     def __init__(self, name: str | None = None, /, **data: Any) -> None:
         if name is not None:
             data["name"] = name
-        super().__init__(**data)
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise invalid_option("queue", exc) from None
 
     @field_validator("rate")
     @classmethod
     def _rate(cls, value: tuple[int, float] | None) -> tuple[int, float] | None:
         if value is not None and (value[0] < 1 or value[1] <= 0):
-            raise ValueError("rate is (tasks, seconds) with tasks >= 1 and seconds > 0")
+            raise InvalidOption("rate is (tasks, seconds) with tasks >= 1 and seconds > 0")
         return value
 
     @property

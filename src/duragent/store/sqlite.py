@@ -23,6 +23,8 @@ from datetime import datetime
 from typing import Any
 
 from duragent.errors import (
+    InvalidOption,
+    InvalidStoreURL,
     StoreCorrupt,
     StoreError,
     StoreUnavailable,
@@ -99,7 +101,7 @@ class SQLiteStore(TxWrites):
         max_batch: int = 1024,
     ) -> None:
         if durability not in ("normal", "full"):
-            raise ValueError(f"durability must be 'normal' or 'full', not {durability!r}")
+            raise InvalidOption(f"durability must be 'normal' or 'full', not {durability!r}")
         self.path = path
         self.url = f"sqlite:///{path}"
         self.durability: Durability = durability
@@ -695,5 +697,5 @@ def sqlite_path_from_url(url: str) -> str:
     path = rest[1:] if rest.startswith("/") else rest
     path = path.split("?", 1)[0]
     if not path:
-        raise ValueError(f"no file in store URL {url!r}; use sqlite:///path/to/file.db")
+        raise InvalidStoreURL(f"no file in store URL {url!r}; use sqlite:///path/to/file.db")
     return os.path.expanduser(path)
