@@ -225,9 +225,9 @@ def schema_bytes(schema: str, url: str = PG_URL) -> int:
         ).fetchall()
         total = 0
         for (name,) in rows:
-            total += conn.execute(
-                "SELECT pg_total_relation_size(%s::regclass)", (name,)
-            ).fetchone()[0]
+            size = conn.execute("SELECT pg_total_relation_size(%s::regclass)", (name,)).fetchone()
+            assert size is not None
+            total += size[0]
         return int(total)
 
 

@@ -137,12 +137,12 @@ def check(
     # Nothing committed before a kill is missing or changed after it.
     now = final.snapshot()
     for i, snap in enumerate(snapshots):
-        for key, value in snap.snapshot().items():
-            if key not in now:
-                v.append(f"entry {key} committed before kill {i + 1} is missing at the end")
-            elif now[key] != value:
+        for entry, value in snap.snapshot().items():
+            if entry not in now:
+                v.append(f"entry {entry} committed before kill {i + 1} is missing at the end")
+            elif now[entry] != value:
                 v.append(
-                    f"entry {key} committed before kill {i + 1} changed: {value} -> {now[key]}"
+                    f"entry {entry} committed before kill {i + 1} changed: {value} -> {now[entry]}"
                 )
 
     # Every call in the model view has exactly one result; every intent one stored result.
@@ -341,8 +341,10 @@ def run_trial(
             violations.append(f"the store cannot be read at the end: {exc}")
             counts.violations = len(violations)
             return violations, counts
-        with open(ledger_path) if os.path.exists(ledger_path) else contextlib.nullcontext([]) as f:
-            ledger = [line.strip() for line in f if line.strip()]
+        ledger: list[str] = []
+        if os.path.exists(ledger_path):
+            with open(ledger_path) as f:
+                ledger = [line.strip() for line in f if line.strip()]
         expected = {task_input(i): task_output(i) for i in range(tasks)}
         found, checked = check(final, snapshots, ledger, expected)
         violations += found

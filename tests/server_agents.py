@@ -99,7 +99,7 @@ async def hold(gate: str) -> str:
     return f"gate {gate} opened"
 
 
-def hold_at_the_gate(messages: list[object]) -> object:
+def hold_at_the_gate(messages: list[object]) -> str | Turn:
     gate = next(str(m.content) for m in messages if getattr(m, "role", "") == "user")  # type: ignore[attr-defined]
     if not any(getattr(m, "role", "") == "assistant" for m in messages):
         return Turn(
@@ -111,7 +111,7 @@ def hold_at_the_gate(messages: list[object]) -> object:
 _FAILED_ONCE: set[str] = set()
 
 
-def fail_once(messages: list[object]) -> object:
+def fail_once(messages: list[object]) -> str | list[ToolCall]:
     """Fails the task the first time its input (which must start "fail") is seen, with
     an error the model gives up on; the retry of the same task then completes."""
     first = next(str(m.content) for m in messages if getattr(m, "role", "") == "user")  # type: ignore[attr-defined]

@@ -57,7 +57,12 @@ async def order(item: str, ctx: ToolContext) -> str:
     ledger(f"tool attempt={ctx.attempt}")
     r = await ctx.step("reserve", reserve, item)
     c = await ctx.step("charge", charge, 42, safe=True if CHARGE_SAFE else None)
-    s = await ctx.step("ship", lambda: ledger("ship") or "shipped")
+
+    def ship() -> str:
+        ledger("ship")
+        return "shipped"
+
+    s = await ctx.step("ship", ship)
     return f"{r['reservation']} {c} {s}"
 
 

@@ -8,7 +8,6 @@ import pytest
 
 from server_agents import SECOND
 from support.browser import (
-    LiveServer,
     Page,
     expect,
     gates,
@@ -21,7 +20,7 @@ from support.browser import (
     streamed_length,
     wait_stream_past,
 )
-from support.server_live import TOKENS
+from support.server_live import TOKENS, LiveServer
 
 pytestmark = pytest.mark.browser
 __all__ = ["gates", "page", "server"]  # the fixtures this module uses from support.browser

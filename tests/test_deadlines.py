@@ -231,9 +231,8 @@ async def test_a_tool_finishing_within_the_grace_keeps_its_result(store: Store) 
     async with Runtime(store, agents=[agent]) as rt:
         sub = await rt.submit("slowpoke", "go", deadline=0.3)
         # Released only once the runner heard the deadline: the tool ends in the grace.
-        while (runner := rt.worker and rt.worker.runner(sub.task_id)) is None or (
-            runner.control is None
-        ):
+        assert rt.worker is not None
+        while (runner := rt.worker.runner(sub.task_id)) is None or (runner.control is None):
             await asyncio.sleep(0.01)
         release.set()
         task = await ended(rt, sub.task_id)
@@ -364,7 +363,7 @@ async def test_an_agent_default_deadline_and_refused_values() -> None:
         assert given.deadline == at  # submit's deadline overrides the agent's
         for bad in (datetime(2030, 1, 1), -1, 0, timedelta(0), True, float("nan"), 1e300):
             with pytest.raises(UsageError):
-                await rt.submit("bounded", "c", deadline=bad)  # type: ignore[arg-type]
+                await rt.submit("bounded", "c", deadline=bad)
     with pytest.raises(UsageError, match="must be positive"):
         Agent(name="x", model="scripted:none", deadline=-5)
 

@@ -8,6 +8,7 @@ tasks while two of them are SIGKILLed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import signal
 import sys
@@ -51,8 +52,9 @@ class PgWorker(WorkerProc):
         **env: str,
     ) -> None:
         # PGAPPNAME would override the store's application_name, which `app` relies on.
+        extra: dict[str, Any] = dict(env)  # environment variables, never WorkerProc's options
         super().__init__(
-            url, ttl=ttl, concurrency=concurrency, poll=poll_interval, unset=("PGAPPNAME",), **env
+            url, ttl=ttl, concurrency=concurrency, poll=poll_interval, unset=("PGAPPNAME",), **extra
         )
 
     @property
@@ -184,7 +186,7 @@ async def test_subtasks_and_timers_run_on_workers_with_a_long_poll_interval(
     for _ in range(2):  # long leases too: no lease expiry wakes them up by chance
         workers.append(PgWorker(rt.store.url, poll_interval=600, ttl=600, TIMER_SECONDS="1"))
     for w in workers:
-        await until(lambda w=w: listening(w.app), 30, "the worker LISTENs")
+        await until(functools.partial(listening, w.app), 30, "the worker LISTENs")
     parent = await rt.submit("parent", "ask the researcher")
     timer = await rt.submit("timer", "wake me in a second")
     done = await rt.wait(parent.task_id, timeout=60)
@@ -261,7 +263,7 @@ CREATE TRIGGER audit_lease AFTER UPDATE ON {s}.tasks
 
 def install_lease_audit(schema: str) -> None:
     with admin() as conn:
-        conn.execute(sql.SQL(AUDIT).format(s=sql.Identifier(schema)))  # type: ignore[arg-type]
+        conn.execute(sql.SQL(AUDIT).format(s=sql.Identifier(schema)))
 
 
 def lease_audit(schema: str) -> list[dict[str, Any]]:

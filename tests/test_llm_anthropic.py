@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from email.utils import formatdate
 from typing import Any
 
@@ -57,6 +57,10 @@ ANTHROPIC_ENV = (
 )
 
 
+Serve = Callable[..., ScriptedAnthropicServer]
+Chat = Callable[..., AnthropicChat]
+
+
 @pytest.fixture(autouse=True)
 def _no_anthropic_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ANTHROPIC_ENV:
@@ -64,7 +68,7 @@ def _no_anthropic_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def serve() -> Iterator[Callable[..., ScriptedAnthropicServer]]:
+def serve() -> Iterator[Serve]:
     servers: list[ScriptedAnthropicServer] = []
 
     def start(turns: Any = (), **options: Any) -> ScriptedAnthropicServer:
@@ -79,7 +83,7 @@ def serve() -> Iterator[Callable[..., ScriptedAnthropicServer]]:
 
 
 @pytest.fixture
-async def chat() -> AsyncIterator[Callable[..., AnthropicChat]]:
+async def chat() -> AsyncIterator[Chat]:
     models: list[AnthropicChat] = []
 
     def make(server: ScriptedAnthropicServer, **options: Any) -> AnthropicChat:
@@ -144,7 +148,7 @@ MESSAGE_START = sse(
 # --- streaming ---------------------------------------------------------------------------
 
 
-async def test_text_streams_in_pieces_and_assembles_exactly(serve, chat) -> None:
+async def test_text_streams_in_pieces_and_assembles_exactly(serve: Serve, chat: Chat) -> None:
     text = "Héllo, wörld! 🌍 Streaming works."
     # 5-byte writes cut events, lines and multi-byte characters apart.
     server = serve([Answer(text, input_tokens=31, output_tokens=17)], text_chunk=4, write_size=5)
@@ -159,7 +163,7 @@ async def test_text_streams_in_pieces_and_assembles_exactly(serve, chat) -> None
     assert (response.usage.input_tokens, response.usage.output_tokens) == (31, 17)
 
 
-async def test_parallel_tool_calls_with_split_arguments_assemble(serve, chat) -> None:
+async def test_parallel_tool_calls_with_split_arguments_assemble(serve: Serve, chat: Chat) -> None:
     calls = [ToolCall("get_weather", {"city": "Paris", "unit": "C"}), ToolCall("get_time", {})]
     server = serve([Answer("Let me check.", calls)], args_chunk=3, write_size=7)
     events = await collect(chat(server))
@@ -188,12 +192,12 @@ async def test_parallel_tool_calls_with_split_arguments_assemble(serve, chat) ->
         ("refusal", "content_filter"),
     ],
 )
-async def test_stop_reasons_map(serve, chat, native: str, finish: str) -> None:
+async def test_stop_reasons_map(serve: Serve, chat: Chat, native: str, finish: str) -> None:
     events = await collect(chat(serve([Answer("cut", finish=native)])))
     assert events[-1] == Finish(finish)  # type: ignore[arg-type]
 
 
-async def test_cached_prompt_tokens_count_as_input(serve, chat) -> None:
+async def test_cached_prompt_tokens_count_as_input(serve: Serve, chat: Chat) -> None:
     start = sse(
         {
             "type": "message_start",
@@ -239,7 +243,7 @@ async def test_cached_prompt_tokens_count_as_input(serve, chat) -> None:
     assert (response.usage.input_tokens, response.usage.output_tokens) == (2103, 9)
 
 
-async def test_thinking_blocks_are_not_text(serve, chat) -> None:
+async def test_thinking_blocks_are_not_text(serve: Serve, chat: Chat) -> None:
     def delta(index: int, piece: dict[str, Any]) -> bytes:
         data = {"type": "content_block_delta", "index": index, "delta": piece}
         return sse(data, "content_block_delta")
@@ -274,7 +278,9 @@ async def test_thinking_blocks_are_not_text(serve, chat) -> None:
 # --- the request -------------------------------------------------------------------------
 
 
-async def test_request_translates_system_tools_and_merged_tool_results(serve, chat) -> None:
+async def test_request_translates_system_tools_and_merged_tool_results(
+    serve: Serve, chat: Chat
+) -> None:
     server = serve(["ok"])
     model = chat(server, max_tokens=1000, temperature=0.5)
     calls = [
@@ -356,7 +362,7 @@ def test_empty_assistant_text_is_left_out() -> None:
     ]
 
 
-async def test_settings_may_not_replace_what_the_adapter_sends(serve, chat) -> None:
+async def test_settings_may_not_replace_what_the_adapter_sends(serve: Serve, chat: Chat) -> None:
     model = chat(serve(["ok"]))
     with pytest.raises(UsageError, match="system"):
         await collect(model, ModelRequest(model="", messages=[], settings={"system": "x"}))
@@ -375,7 +381,7 @@ async def test_settings_may_not_replace_what_the_adapter_sends(serve, chat) -> N
     ],
 )
 async def test_overload_and_rate_limit_are_retryable(
-    serve, chat, status: int, headers: dict[str, str], expected: float | None
+    serve: Serve, chat: Chat, status: int, headers: dict[str, str], expected: float | None
 ) -> None:
     server = serve(["after the wait"])
     server.fail_next(1, status, "Overloaded", headers=headers)
@@ -392,12 +398,13 @@ async def test_overload_and_rate_limit_are_retryable(
     assert assemble(await collect(model)).text == "after the wait"
 
 
-async def test_retry_after_as_an_http_date(serve, chat) -> None:
+async def test_retry_after_as_an_http_date(serve: Serve, chat: Chat) -> None:
     server = serve()
     server.fail_next(1, 529, "Overloaded", headers={"retry-after": formatdate(time.time() + 30)})
     _, error = await fails(chat(server))
     assert isinstance(error, RetryableModelError)
     assert str(error).startswith("Anthropic is overloaded (529): Overloaded")
+    assert error.retry_after is not None
     assert 25 <= error.retry_after <= 31
 
 
@@ -411,7 +418,9 @@ async def test_retry_after_as_an_http_date(serve, chat) -> None:
         (422, "Anthropic rejected the request (422)"),
     ],
 )
-async def test_request_errors_are_final(serve, chat, status: int, wording: str) -> None:
+async def test_request_errors_are_final(
+    serve: Serve, chat: Chat, status: int, wording: str
+) -> None:
     server = serve()
     server.fail_next(1, status, "nope")
     _, error = await fails(chat(server))
@@ -419,7 +428,9 @@ async def test_request_errors_are_final(serve, chat, status: int, wording: str) 
     assert str(error).startswith(f"{wording}: nope")
 
 
-async def test_rejected_key_names_the_variable_and_never_shows_the_key(serve, chat) -> None:
+async def test_rejected_key_names_the_variable_and_never_shows_the_key(
+    serve: Serve, chat: Chat
+) -> None:
     server = serve()
     server.fail_next(1, 401, f"invalid x-api-key {KEY}")
     _, error = await fails(chat(server))
@@ -433,7 +444,9 @@ async def test_rejected_key_names_the_variable_and_never_shows_the_key(serve, ch
     ("kind", "retryable"),
     [("overloaded_error", True), ("api_error", True), ("invalid_request_error", False)],
 )
-async def test_error_event_inside_the_stream(serve, chat, kind: str, retryable: bool) -> None:
+async def test_error_event_inside_the_stream(
+    serve: Serve, chat: Chat, kind: str, retryable: bool
+) -> None:
     error_event = sse({"type": "error", "error": {"type": kind, "message": "Overloaded"}}, "error")
     reply = stream_of(MESSAGE_START, error_event)
     events, error = await fails(chat(serve([reply])))
@@ -442,7 +455,7 @@ async def test_error_event_inside_the_stream(serve, chat, kind: str, retryable: 
     assert f"Anthropic failed mid-answer ({kind}): Overloaded" in str(error)
 
 
-async def test_connection_dropped_mid_stream_is_retryable(serve, chat) -> None:
+async def test_connection_dropped_mid_stream_is_retryable(serve: Serve, chat: Chat) -> None:
     server = serve(["a long answer that will not arrive in full"], text_chunk=4)
     server.drop_next(after=6)  # message_start, ping, block start, three deltas
     model = chat(server)
@@ -454,7 +467,7 @@ async def test_connection_dropped_mid_stream_is_retryable(serve, chat) -> None:
     assert assemble(await collect(model)).text == "a long answer that will not arrive in full"
 
 
-async def test_stream_ending_without_a_stop_reason_is_retryable(serve, chat) -> None:
+async def test_stream_ending_without_a_stop_reason_is_retryable(serve: Serve, chat: Chat) -> None:
     events = ScriptedAnthropicServer().render(Answer("never finished"), 0, {})
     # The body ends cleanly, but before message_delta and message_stop.
     reply = Reply(headers={"content-type": "text/event-stream"}, chunks=events[:5])
@@ -463,7 +476,7 @@ async def test_stream_ending_without_a_stop_reason_is_retryable(serve, chat) -> 
     assert "ended before the model finished" in str(error)
 
 
-async def test_unparseable_event_is_malformed_output(serve, chat) -> None:
+async def test_unparseable_event_is_malformed_output(serve: Serve, chat: Chat) -> None:
     cut = b'event: content_block_delta\ndata: {"type": "content_block_delta", "ind\n\n'
     events, error = await fails(chat(serve([stream_of(MESSAGE_START, cut)])))
     assert type(error) is MalformedModelOutput
@@ -485,7 +498,7 @@ async def test_unreachable_server_is_retryable() -> None:
 
 
 @pytest.mark.slow
-async def test_silent_server_times_out_as_retryable(serve, chat) -> None:
+async def test_silent_server_times_out_as_retryable(serve: Serve, chat: Chat) -> None:
     server = serve(["slow"])
     server.stall_next(after=1)  # headers and one event, then nothing until released
     try:
@@ -496,11 +509,12 @@ async def test_silent_server_times_out_as_retryable(serve, chat) -> None:
     assert "timeout" in str(error)
 
 
-async def test_leaving_the_stream_early_closes_the_response(serve, chat) -> None:
+async def test_leaving_the_stream_early_closes_the_response(serve: Serve, chat: Chat) -> None:
     server = serve(["one two three four five six"], text_chunk=4)
     server.stall_next(after=4)
     model = chat(server)
     stream = model.stream(HELLO)
+    assert isinstance(stream, AsyncGenerator)  # so it has aclose()
     gc.disable()  # the connection must close because the adapter closes it, not the GC
     try:
         first = await anext(stream)
@@ -523,7 +537,9 @@ def test_missing_key_names_the_environment_variable() -> None:
     assert "set the ANTHROPIC_API_KEY environment variable" in str(caught.value)
 
 
-async def test_key_from_the_environment_is_used(serve, monkeypatch) -> None:
+async def test_key_from_the_environment_is_used(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
     server = serve(["ok"])
     model = AnthropicChat("claude-sonnet-5", base_url=server.base_url)
@@ -534,7 +550,7 @@ async def test_key_from_the_environment_is_used(serve, monkeypatch) -> None:
     assert server.requests[0].raw().count(KEY.encode()) == 1
 
 
-async def test_gateway_base_url_needs_no_key(serve) -> None:
+async def test_gateway_base_url_needs_no_key(serve: Serve) -> None:
     server = serve(["via the gateway"])
     model = AnthropicChat("claude-sonnet-5", base_url=server.base_url)
     try:
@@ -551,7 +567,9 @@ def test_repr_and_name_never_show_the_key() -> None:
     assert KEY not in repr(model) + str(model)
 
 
-async def test_no_log_line_shows_the_key(serve, chat, caplog) -> None:
+async def test_no_log_line_shows_the_key(
+    serve: Serve, chat: Chat, caplog: pytest.LogCaptureFixture
+) -> None:
     for name in ("", "anthropic", "httpx", "httpx2", "httpcore", "httpcore2"):
         caplog.set_level(logging.DEBUG, logger=name)
     server = serve(["ok"])
@@ -579,7 +597,7 @@ def test_missing_sdk_says_which_extra_to_install() -> None:
     assert "pip install 'duragent[anthropic]'" in out.stdout
 
 
-async def test_resolve_model_builds_a_working_adapter(serve) -> None:
+async def test_resolve_model_builds_a_working_adapter(serve: Serve) -> None:
     server = serve([Answer("resolved", input_tokens=2, output_tokens=3)])
     model = resolve_model("anthropic:claude-sonnet-5", base_url=server.base_url, api_key=KEY)
     assert isinstance(model, AnthropicChat)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from email.utils import formatdate
 from typing import Any
 
@@ -52,6 +52,10 @@ KEY = "sk-test-5ecret-0123456789abcdef"
 HELLO = ModelRequest(model="", messages=[UserMessage(content="Hi")])
 
 
+Serve = Callable[..., ScriptedOpenAIServer]
+Chat = Callable[..., OpenAIChat]
+
+
 @pytest.fixture(autouse=True)
 def _no_openai_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_ORG_ID", "OPENAI_PROJECT_ID"):
@@ -59,7 +63,7 @@ def _no_openai_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def serve() -> Iterator[Callable[..., ScriptedOpenAIServer]]:
+def serve() -> Iterator[Serve]:
     servers: list[ScriptedOpenAIServer] = []
 
     def start(turns: Any = (), **options: Any) -> ScriptedOpenAIServer:
@@ -74,7 +78,7 @@ def serve() -> Iterator[Callable[..., ScriptedOpenAIServer]]:
 
 
 @pytest.fixture
-async def chat() -> AsyncIterator[Callable[..., OpenAIChat]]:
+async def chat() -> AsyncIterator[Chat]:
     models: list[OpenAIChat] = []
 
     def make(server: ScriptedOpenAIServer, **options: Any) -> OpenAIChat:
@@ -116,7 +120,7 @@ def leaks(error: BaseException) -> bool:
 # --- streaming ---------------------------------------------------------------------------
 
 
-async def test_text_streams_in_pieces_and_assembles_exactly(serve, chat) -> None:
+async def test_text_streams_in_pieces_and_assembles_exactly(serve: Serve, chat: Chat) -> None:
     text = "Héllo, wörld! 🌍 Streaming works."
     # 5-byte writes cut events, lines and multi-byte characters apart.
     server = serve([Answer(text, input_tokens=31, output_tokens=17)], text_chunk=4, write_size=5)
@@ -130,7 +134,7 @@ async def test_text_streams_in_pieces_and_assembles_exactly(serve, chat) -> None
     assert (response.usage.input_tokens, response.usage.output_tokens) == (31, 17)
 
 
-async def test_parallel_tool_calls_with_split_arguments_assemble(serve, chat) -> None:
+async def test_parallel_tool_calls_with_split_arguments_assemble(serve: Serve, chat: Chat) -> None:
     calls = [ToolCall("get_weather", {"city": "Paris", "unit": "C"}), ToolCall("get_time", {})]
     server = serve([Answer("Let me check.", calls)], args_chunk=3, write_size=7)
     events = await collect(chat(server))
@@ -149,7 +153,9 @@ async def test_parallel_tool_calls_with_split_arguments_assemble(serve, chat) ->
     assert response.finish == "tool_calls"
 
 
-async def test_interleaved_tool_call_fragments_are_joined_by_index(serve, chat) -> None:
+async def test_interleaved_tool_call_fragments_are_joined_by_index(
+    serve: Serve, chat: Chat
+) -> None:
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "finish_reason": finish}
         return sse({"id": "c", "object": "chat.completion.chunk", "choices": [choice]})
@@ -178,7 +184,7 @@ async def test_interleaved_tool_call_fragments_are_joined_by_index(serve, chat) 
     assert (response.usage.input_tokens, response.usage.output_tokens) == (3, 4)
 
 
-async def test_stop_after_tool_calls_counts_as_tool_calls(serve, chat) -> None:
+async def test_stop_after_tool_calls_counts_as_tool_calls(serve: Serve, chat: Chat) -> None:
     # Some OpenAI-compatible servers (older Ollama, vLLM) finish tool calls with "stop".
     call = {"index": 0, "id": "call_x", "function": {"name": "f", "arguments": "{}"}}
     reply = Reply(
@@ -193,7 +199,7 @@ async def test_stop_after_tool_calls_counts_as_tool_calls(serve, chat) -> None:
     assert events[-1] == Finish("tool_calls")
 
 
-async def test_running_usage_totals_are_not_double_counted(serve, chat) -> None:
+async def test_running_usage_totals_are_not_double_counted(serve: Serve, chat: Chat) -> None:
     # Some OpenAI-compatible servers put the running usage in every chunk.
     def chunk(delta: dict[str, Any], completion: int, finish: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "finish_reason": finish}
@@ -213,7 +219,7 @@ async def test_running_usage_totals_are_not_double_counted(serve, chat) -> None:
 @pytest.mark.parametrize(
     ("native", "finish"), [("length", "length"), ("content_filter", "content_filter")]
 )
-async def test_finish_reasons_map(serve, chat, native: str, finish: str) -> None:
+async def test_finish_reasons_map(serve: Serve, chat: Chat, native: str, finish: str) -> None:
     events = await collect(chat(serve([Answer("cut", finish=native)])))
     assert events[-1] == Finish(finish)  # type: ignore[arg-type]
 
@@ -221,7 +227,7 @@ async def test_finish_reasons_map(serve, chat, native: str, finish: str) -> None
 # --- the request -------------------------------------------------------------------------
 
 
-async def test_request_carries_messages_tools_and_settings(serve, chat) -> None:
+async def test_request_carries_messages_tools_and_settings(serve: Serve, chat: Chat) -> None:
     server = serve(["ok"])
     model = chat(server, temperature=0.5, top_p=0.9)
     call = ToolCallData(id="call_1", function=FunctionCall(name="add", arguments='{"a": 1}'))
@@ -279,7 +285,7 @@ async def test_request_carries_messages_tools_and_settings(serve, chat) -> None:
     assert sent.raw().count(KEY.encode()) == 1  # the key travels in that header only
 
 
-async def test_settings_may_not_replace_what_the_adapter_sends(serve, chat) -> None:
+async def test_settings_may_not_replace_what_the_adapter_sends(serve: Serve, chat: Chat) -> None:
     model = chat(serve(["ok"]))
     with pytest.raises(UsageError, match="stream"):
         await collect(model, ModelRequest(model="", messages=[], settings={"stream": False}))
@@ -296,7 +302,9 @@ async def test_settings_may_not_replace_what_the_adapter_sends(serve, chat) -> N
         ({}, None),
     ],
 )
-async def test_rate_limit_is_retryable_and_says_when(serve, chat, headers, expected) -> None:
+async def test_rate_limit_is_retryable_and_says_when(
+    serve: Serve, chat: Chat, headers: dict[str, str], expected: float | None
+) -> None:
     server = serve(["after the wait"])
     server.fail_next(1, 429, "Rate limit reached for requests", headers=headers)
     model = chat(server)
@@ -311,7 +319,7 @@ async def test_rate_limit_is_retryable_and_says_when(serve, chat, headers, expec
     assert assemble(await collect(model)).text == "after the wait"
 
 
-async def test_exhausted_quota_is_final(serve, chat) -> None:
+async def test_exhausted_quota_is_final(serve: Serve, chat: Chat) -> None:
     server = serve()
     server.fail_next(1, 429, "You exceeded your current quota.", code="insufficient_quota")
     _, error = await fails(chat(server))
@@ -319,11 +327,12 @@ async def test_exhausted_quota_is_final(serve, chat) -> None:
     assert "(429): You exceeded your current quota." in str(error)
 
 
-async def test_retry_after_as_an_http_date(serve, chat) -> None:
+async def test_retry_after_as_an_http_date(serve: Serve, chat: Chat) -> None:
     server = serve()
     server.fail_next(1, 503, "busy", headers={"retry-after": formatdate(time.time() + 30)})
     _, error = await fails(chat(server))
     assert isinstance(error, RetryableModelError)
+    assert error.retry_after is not None
     assert 25 <= error.retry_after <= 31
 
 
@@ -337,7 +346,7 @@ def test_retry_after_parsing() -> None:
 
 
 @pytest.mark.parametrize("status", [408, 409, 500, 502, 503, 504])
-async def test_transient_statuses_are_retryable(serve, chat, status: int) -> None:
+async def test_transient_statuses_are_retryable(serve: Serve, chat: Chat, status: int) -> None:
     server = serve()
     server.fail_next(1, status, "flaky", headers={"retry-after": "2"})
     _, error = await fails(chat(server))
@@ -355,7 +364,9 @@ async def test_transient_statuses_are_retryable(serve, chat, status: int) -> Non
         (422, "OpenAI rejected the request (422)"),
     ],
 )
-async def test_request_errors_are_final(serve, chat, status: int, wording: str) -> None:
+async def test_request_errors_are_final(
+    serve: Serve, chat: Chat, status: int, wording: str
+) -> None:
     server = serve()
     server.fail_next(1, status, "nope")
     _, error = await fails(chat(server))
@@ -363,7 +374,9 @@ async def test_request_errors_are_final(serve, chat, status: int, wording: str) 
     assert str(error).startswith(f"{wording}: nope")
 
 
-async def test_rejected_key_names_the_variable_and_never_shows_the_key(serve, chat) -> None:
+async def test_rejected_key_names_the_variable_and_never_shows_the_key(
+    serve: Serve, chat: Chat
+) -> None:
     server = serve()
     # The server echoes the key, as a careless proxy might.
     server.fail_next(1, 401, f"Incorrect API key provided: {KEY}.")
@@ -374,7 +387,7 @@ async def test_rejected_key_names_the_variable_and_never_shows_the_key(serve, ch
     assert not leaks(error)
 
 
-async def test_connection_dropped_mid_stream_is_retryable(serve, chat) -> None:
+async def test_connection_dropped_mid_stream_is_retryable(serve: Serve, chat: Chat) -> None:
     server = serve(["a long answer that will not arrive in full"], text_chunk=4)
     server.drop_next(after=3)
     model = chat(server)
@@ -386,7 +399,7 @@ async def test_connection_dropped_mid_stream_is_retryable(serve, chat) -> None:
     assert assemble(await collect(model)).text == "a long answer that will not arrive in full"
 
 
-async def test_stream_ending_without_a_finish_is_retryable(serve, chat) -> None:
+async def test_stream_ending_without_a_finish_is_retryable(serve: Serve, chat: Chat) -> None:
     events = ScriptedOpenAIServer().render(Answer("never finished"), 0, {})
     # The body ends cleanly, but before the finish_reason and [DONE].
     reply = Reply(headers={"content-type": "text/event-stream"}, chunks=events[:3], framing="close")
@@ -395,7 +408,7 @@ async def test_stream_ending_without_a_finish_is_retryable(serve, chat) -> None:
     assert "ended before the model finished" in str(error)
 
 
-async def test_unparseable_event_is_malformed_output(serve, chat) -> None:
+async def test_unparseable_event_is_malformed_output(serve: Serve, chat: Chat) -> None:
     good = sse({"id": "c", "choices": [{"index": 0, "delta": {"content": "Hi"}}]})
     reply = Reply(
         headers={"content-type": "text/event-stream"},
@@ -407,7 +420,7 @@ async def test_unparseable_event_is_malformed_output(serve, chat) -> None:
     assert events == [TextDelta("Hi")]
 
 
-async def test_error_event_inside_the_stream_is_retryable(serve, chat) -> None:
+async def test_error_event_inside_the_stream_is_retryable(serve: Serve, chat: Chat) -> None:
     error_event = {"error": {"message": "The server had an error.", "type": "server_error"}}
     reply = Reply(headers={"content-type": "text/event-stream"}, chunks=[sse(error_event)])
     _, error = await fails(chat(serve([reply])))
@@ -429,7 +442,7 @@ async def test_unreachable_server_is_retryable() -> None:
 
 
 @pytest.mark.slow
-async def test_silent_server_times_out_as_retryable(serve, chat) -> None:
+async def test_silent_server_times_out_as_retryable(serve: Serve, chat: Chat) -> None:
     server = serve(["slow"])
     server.stall_next(after=1)  # headers and one event, then nothing until released
     try:
@@ -440,11 +453,12 @@ async def test_silent_server_times_out_as_retryable(serve, chat) -> None:
     assert "timeout" in str(error)
 
 
-async def test_leaving_the_stream_early_closes_the_response(serve, chat) -> None:
+async def test_leaving_the_stream_early_closes_the_response(serve: Serve, chat: Chat) -> None:
     server = serve(["one two three four five six"], text_chunk=4)
     server.stall_next(after=3)
     model = chat(server)
     stream = model.stream(HELLO)
+    assert isinstance(stream, AsyncGenerator)  # so it has aclose()
     gc.disable()  # the connection must close because the adapter closes it, not the GC
     try:
         first = await anext(stream)
@@ -457,7 +471,7 @@ async def test_leaving_the_stream_early_closes_the_response(serve, chat) -> None
     assert assemble(await collect(model)).text == "one two three four five six"
 
 
-async def test_server_answers_resends_alike_by_history(serve, chat) -> None:
+async def test_server_answers_resends_alike_by_history(serve: Serve, chat: Chat) -> None:
     # What a crash-recovery test needs: a resend of the same history gets the same turn.
     server = serve(["first", "second"], answer_by="history")
     model = chat(server)
@@ -479,7 +493,9 @@ def test_missing_key_names_the_environment_variable() -> None:
     assert "set the OPENAI_API_KEY environment variable" in str(caught.value)
 
 
-async def test_key_from_the_environment_is_used(serve, monkeypatch) -> None:
+async def test_key_from_the_environment_is_used(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     server = serve(["ok"])
     model = OpenAIChat("gpt-4o-mini", base_url=server.base_url)
@@ -490,7 +506,7 @@ async def test_key_from_the_environment_is_used(serve, monkeypatch) -> None:
     assert server.requests[0].headers["authorization"] == f"Bearer {KEY}"
 
 
-async def test_local_server_needs_no_key(serve) -> None:
+async def test_local_server_needs_no_key(serve: Serve) -> None:
     server = serve(["local answer"])
     model = OpenAIChat("llama3.1:8b", base_url=server.base_url)
     try:
@@ -508,7 +524,9 @@ def test_repr_and_name_never_show_the_key() -> None:
     assert KEY not in repr(model) + str(model)
 
 
-async def test_no_log_line_shows_the_key(serve, chat, caplog) -> None:
+async def test_no_log_line_shows_the_key(
+    serve: Serve, chat: Chat, caplog: pytest.LogCaptureFixture
+) -> None:
     for name in ("", "openai", "httpx", "httpx2", "httpcore", "httpcore2"):
         caplog.set_level(logging.DEBUG, logger=name)
     server = serve(["ok"])
@@ -536,7 +554,7 @@ def test_missing_sdk_says_which_extra_to_install() -> None:
     assert "pip install 'duragent[openai]'" in out.stdout
 
 
-async def test_resolve_model_builds_a_working_adapter(serve) -> None:
+async def test_resolve_model_builds_a_working_adapter(serve: Serve) -> None:
     server = serve([Answer("resolved", input_tokens=2, output_tokens=1)])
     model = resolve_model("openai:gpt-4o-mini", base_url=server.base_url, api_key=KEY)
     assert isinstance(model, OpenAIChat)

@@ -68,7 +68,9 @@ async def test_a_task_run_has_round_model_and_tool_spans(tmp_path: Path) -> None
     first = chats[0].attributes or {}
     assert chats[0].name == f"chat {agent.model_name}"
     assert first["gen_ai.request.model"] == agent.model_name
-    assert first["gen_ai.usage.input_tokens"] > 0 and first["gen_ai.usage.output_tokens"] > 0
+    tokens_in, tokens_out = first["gen_ai.usage.input_tokens"], first["gen_ai.usage.output_tokens"]
+    assert isinstance(tokens_in, int) and isinstance(tokens_out, int)
+    assert tokens_in > 0 and tokens_out > 0
     assert first["gen_ai.response.finish_reasons"] == ("tool_calls",)
     assert (chats[1].attributes or {})["gen_ai.response.finish_reasons"] == ("stop",)
     attrs: dict[str, Any] = dict(call.attributes or {})

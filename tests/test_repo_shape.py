@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import itertools
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,21 @@ def test_no_test_file_imports_another() -> None:
                 if n.split(".")[-1].startswith("test_")
             ]
     assert offenders == []
+
+
+@pytest.mark.slow
+def test_the_library_and_the_tests_type_check() -> None:
+    """`mypy` as a developer runs it: pyproject.toml's `[tool.mypy]` checks src/
+    and tests/ (and the bench modules the tests import), strict."""
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy"],
+        cwd=TESTS.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Success: no issues found" in done.stdout
 
 
 # --- import cycles in src/duragent ------------------------------------------

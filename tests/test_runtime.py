@@ -24,7 +24,7 @@ from duragent import (
 from duragent.errors import MalformedModelOutput, ModelError, RetryableModelError, UnknownAgent
 from duragent.llm.base import Finish, ModelRequest, StreamEvent, TextDelta, UsageDelta
 from duragent.store.base import Store
-from duragent.types import AssistantMessage, EntryKind, ToolMessage, UIToolCard
+from duragent.types import AssistantMessage, EntryKind, ToolMessage, UINotice, UIToolCard
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -399,7 +399,7 @@ async def test_retryable_model_errors_are_retried_and_visible(url: str) -> None:
     async with Runtime(url, agents=[Agent(name="a", model=FlakyModel(2))]) as rt:
         task = await (await rt.submit("a", "x")).wait(30)
         assert task.status is TaskStatus.COMPLETED and task.output == "recovered"
-        notices = [m.message for m in await rt.ui_messages(task.id) if m.type == "notice"]  # type: ignore[union-attr]
+        notices = [m.message for m in await rt.ui_messages(task.id) if m.type == "notice"]
         assert len(notices) == 2 and "retry 1 of 4" in notices[0] and "overloaded" in notices[0]
 
 
@@ -582,7 +582,7 @@ async def test_rollback_keeps_completed_never_replay_results_and_voids_the_rest(
     cards = {m.name: m for m in ui if isinstance(m, UIToolCard)}
     assert cards["write_note"].state == "ok" and cards["fetch"].state == "rolled_back"
     assert not any(getattr(m, "voided", False) for m in ui)  # nothing of the round vanished
-    notices = [m.message for m in ui if type(m).__name__ == "UINotice"]
+    notices = [m.message for m in ui if isinstance(m, UINotice)]
     assert any("Kept, as they are never replayed, the results of: write_note" in n for n in notices)
 
 

@@ -9,7 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from duragent import Agent, Queue, Runtime, ScriptedModel, TaskStatus, ToolContext, tool
+from duragent import (
+    Agent,
+    Queue,
+    Runtime,
+    ScriptedModel,
+    TaskStatus,
+    ToolCall,
+    ToolContext,
+    tool,
+)
 from duragent.errors import TaskNotFound, UsageError
 from duragent.store import Commit, DocumentWrite
 from duragent.types import session_scope
@@ -29,8 +38,7 @@ async def work(ctx: ToolContext) -> str:
     return "ok"
 
 
-def script(messages: list[object]) -> object:
-    from duragent import ToolCall
+def script(messages: list[object]) -> str | list[ToolCall]:
     from duragent.types import AssistantMessage
 
     if not any(isinstance(m, AssistantMessage) for m in messages):

@@ -13,7 +13,13 @@ import pytest
 
 from duragent import Agent, Runtime, ScriptedModel
 from duragent.errors import TaskNotFound
-from duragent.runtime.schedules import fire_due, get_schedule, new_schedule, put_schedule
+from duragent.runtime.schedules import (
+    Overlap,
+    fire_due,
+    get_schedule,
+    new_schedule,
+    put_schedule,
+)
 from duragent.store import Store, TaskQuery, open_store
 from support.workerlib import WorkerProc
 
@@ -65,7 +71,8 @@ async def test_racing_workers_fire_a_tick_once(store: Store) -> None:
 
 async def test_overlap_skip_and_queue_wait_for_the_previous_run(store: Store) -> None:
     t0 = datetime(2030, 1, 1, tzinfo=UTC)
-    for name, overlap in (("skip", "skip"), ("queue", "queue")):
+    overlaps: tuple[tuple[str, Overlap], ...] = (("skip", "skip"), ("queue", "queue"))
+    for name, overlap in overlaps:
         await put_schedule(
             store, new_schedule(name, "chat", "x", every=60, start_at=t0, overlap=overlap)
         )

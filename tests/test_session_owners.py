@@ -202,7 +202,7 @@ async def test_a_version_1_postgres_schema_gets_per_owner_session_scopes() -> No
             conn.execute("CREATE TABLE duragent_meta (key text PRIMARY KEY, value text NOT NULL)")
             for ddl in PG_MIGRATIONS[1]:
                 assert isinstance(ddl, str)
-                conn.execute(ddl)  # type: ignore[arg-type]
+                conn.execute(ddl)
             conn.execute("INSERT INTO duragent_meta VALUES ('schema_version', '1')")
             for t in tasks:
                 conn.execute(

@@ -28,7 +28,7 @@ from duragent import (
     UsageError,
     tool,
 )
-from duragent.store import open_store
+from duragent.store import Store, open_store
 from duragent.store.base import Commit, TaskPatch, is_voided, voided_ranges
 from duragent.store.memory import MemoryStore
 from duragent.types import (
@@ -50,7 +50,7 @@ edit_ = st.builds(
 )
 
 
-async def build(store: Any, rounds: list[tuple[list[int], int]]) -> Task:
+async def build(store: Store, rounds: list[tuple[list[int], int]]) -> Task:
     task, _ = await store.create_task(Task(agent="p"))
     tid = task.id
 

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from duragent.errors import Conflict, InvalidTransition, StaleLease, TaskNotFound
 from duragent.store import Commit, DocumentWrite, Store, TaskPatch, TaskQuery, iter_entries
@@ -26,10 +27,10 @@ from duragent.types import (
 )
 
 
-def api(task_id: str, message: object, rnd: int = 0) -> NewEntry:
+def api(task_id: str, message: BaseModel, rnd: int = 0) -> NewEntry:
     return NewEntry(
         task_id=task_id, kind=EntryKind.API_MESSAGE, round=rnd, payload=dump_message(message)
-    )  # type: ignore[arg-type]
+    )
 
 
 def ui(task_id: str, text: str) -> NewEntry:
@@ -286,12 +287,12 @@ async def test_model_view_skips_rolled_back_rounds_but_ui_stays(store: Store) ->
     await store.commit(Commit(entries=[api(task.id, AssistantMessage(content="final"), 1)]))
     view = await store.model_view(task.id)
     assert [type(m).__name__ for m in view] == ["UserMessage", "AssistantMessage"]
-    assert view[1].content == "final"  # type: ignore[union-attr]
+    assert view[1].content == "final"
     assert await store.model_view_data(task.id) == [dump_message(m) for m in view]
-    assert [m.text for m in await store.ui_messages(task.id)] == [
+    assert [getattr(m, "text", None) for m in await store.ui_messages(task.id)] == [
         "you: q",
         "assistant is calling f",
-    ]  # type: ignore[union-attr]
+    ]
 
 
 async def test_model_view_keeps_tool_messages(store: Store) -> None:
@@ -316,7 +317,8 @@ async def test_model_view_keeps_tool_messages(store: Store) -> None:
     )
     view = await store.model_view(task.id)
     assert isinstance(view[1], ToolMessage) and view[1].content == "42"
-    assert view[0].tool_calls[0].function.name == "f"  # type: ignore[union-attr]
+    calls = view[0].tool_calls if isinstance(view[0], AssistantMessage) else None
+    assert calls is not None and calls[0].function.name == "f"
     # The plain view is the wire form: the result's `outcome` is the log's, not the model's.
     data = await store.model_view_data(task.id)
     assert data == [dump_message(m) for m in view]
@@ -562,7 +564,8 @@ async def test_renew_leases_renews_all_in_one_call_and_reports_the_lost(store: S
     for t in mine:
         row = await store.get_task(t.id)
         assert row.lease.owner == "w1" and row.lease.epoch == held[t.id]
-        assert row.lease.expires_at is not None and row.lease.expires_at > before[t.id]
+        was = before[t.id]
+        assert was is not None and row.lease.expires_at is not None and row.lease.expires_at > was
         assert row.lease.expires_at == renewal.kept[t.id].lease.expires_at
     assert (await store.get_task(gone.id)).lease.owner == "w2"
     # A renewal by a worker that does not own the task loses it, and changes nothing.

@@ -6,6 +6,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from pydantic import BaseModel
 
 from duragent.errors import Conflict, TaskNotFound
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
@@ -28,10 +29,10 @@ from duragent.types import (
 COPIED = (EntryKind.API_MESSAGE, EntryKind.TOOL_RESULT)
 
 
-def api(task_id: str, message: object, rnd: int) -> NewEntry:
+def api(task_id: str, message: BaseModel, rnd: int) -> NewEntry:
     return NewEntry(
         task_id=task_id, kind=EntryKind.API_MESSAGE, round=rnd, payload=dump_message(message)
-    )  # type: ignore[arg-type]
+    )
 
 
 async def source(store: Store, owner: str | None = None) -> Task:
@@ -81,7 +82,7 @@ async def test_fork_copies_runs_in_log_order_with_their_payloads(store: Store) -
     marker = NewEntry(task_id=fork.id, kind=EntryKind.CHECKPOINT, payload={"type": "fork"})
     between = api(fork.id, UserMessage(content="between"), 1)
     after = api(fork.id, UserMessage(content="after"), 3)
-    log = [
+    log: list[NewEntry | CopyEntries] = [
         marker,
         CopyEntries(src.id, 1, 4, COPIED, max_round=9, count=3),  # skips the UI entry at seq 2
         between,

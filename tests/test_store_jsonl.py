@@ -403,9 +403,9 @@ async def test_sigkill_at_random_moments_keeps_exactly_the_marked_commits(
                 os.kill(pid, signal.SIGKILL)  # during start-up, replay or truncation
             else:
                 while not ready:
-                    got = zygote.stdout.readline().strip()
-                    assert got != "reaped", f"trial {trial}: the writer died before it was ready"
-                    ready = got == "ready"
+                    said = zygote.stdout.readline().strip()
+                    assert said != "reaped", f"trial {trial}: the writer died before it was ready"
+                    ready = said == "ready"
                 # Most kills come after a few acknowledged commits (whatever the
                 # machine's load), some while the first one is being made.
                 need = rng.choice((0, 1, 1, 2, 3))

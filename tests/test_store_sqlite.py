@@ -12,7 +12,7 @@ from duragent.errors import StoreCorrupt, StoreVersionError
 from duragent.store import Commit, open_store
 from duragent.store.sqlite import SQLiteStore
 from duragent.store.sqlite_schema import MIGRATIONS, SQLITE_SCHEMA_VERSION
-from duragent.types import NewEntry, Task
+from duragent.types import EntryKind, NewEntry, Task
 
 
 async def test_newer_schema_version_is_refused_naming_both_versions(tmp_path: Path) -> None:
@@ -75,6 +75,7 @@ async def test_a_version_1_store_with_data_is_migrated_losing_nothing(tmp_path: 
     conn = sqlite3.connect(path)
     conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
     for ddl in MIGRATIONS[1]:
+        assert isinstance(ddl, str)
         conn.execute(ddl)
     conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
     conn.commit()
@@ -115,7 +116,7 @@ async def test_a_version_1_store_with_data_is_migrated_losing_nothing(tmp_path: 
         assert loaded.input == f"in {i}" and loaded.last_seq == 2
         entries = await store.entries(t.id)
         assert [(e.seq, e.kind.value) for e in entries] == [(1, "api_message"), (2, "ui_message")]
-        assert [m.content for m in await store.model_view(t.id)] == [f"hello {i}"]  # type: ignore[union-attr]
+        assert [m.content for m in await store.model_view(t.id)] == [f"hello {i}"]
     again, created = await store.create_task(Task(agent="a", owner="o", request_id="r1"))
     assert not created and again.id == tasks[1].id  # the request-id index survived
     fresh, _ = await store.create_task(Task(agent="a"))
@@ -123,7 +124,9 @@ async def test_a_version_1_store_with_data_is_migrated_losing_nothing(tmp_path: 
         Commit(
             entries=[
                 NewEntry(
-                    task_id=fresh.id, kind="ui_message", payload={"type": "notice", "message": "x"}
+                    task_id=fresh.id,
+                    kind=EntryKind.UI_MESSAGE,
+                    payload={"type": "notice", "message": "x"},
                 )
             ]
         )

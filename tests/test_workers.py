@@ -6,7 +6,7 @@ import asyncio
 import signal
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,9 +31,9 @@ async def rt(tmp_path: Path) -> AsyncIterator[Runtime]:
 
 
 @pytest.fixture
-def workers() -> AsyncIterator[list[WorkerProc]]:
+def workers() -> Iterator[list[WorkerProc]]:
     procs: list[WorkerProc] = []
-    yield procs  # type: ignore[misc]
+    yield procs
     for p in procs:
         p.stop()
 
@@ -142,14 +142,15 @@ async def test_restart_limit_blocks_then_resume_clears_it(
     rt: Runtime, workers: list[WorkerProc]
 ) -> None:
     sub = await rt.submit("sleeper", "crashy")
-    env = {"HOLD": "nap_safe", "HOLD_EVERY": "1", "MAX_RESTARTS": "1"}
     for _ in range(2):
-        w = WorkerProc(url_of(rt), ttl=1.0, **env)
+        w = WorkerProc(url_of(rt), ttl=1.0, HOLD="nap_safe", HOLD_EVERY="1", MAX_RESTARTS="1")
         workers.append(w)
         await w.wait_output("AT nap_safe")
         w.signal(signal.SIGKILL)
         w.proc.wait(10)
-    workers.append(WorkerProc(url_of(rt), ttl=1.0, **env))
+    workers.append(
+        WorkerProc(url_of(rt), ttl=1.0, HOLD="nap_safe", HOLD_EVERY="1", MAX_RESTARTS="1")
+    )
     task = await until(rt, sub.task_id, lambda t: t.status is TaskStatus.BLOCKED)
     assert task.status_reason == "restart_limit" and task.restarts == 2
     assert task.error is not None and "max_restarts=1" in task.error
@@ -295,7 +296,7 @@ async def test_chat_continuation_is_not_resumption(tmp_path: Path) -> None:
             "UserMessage",
             "AssistantMessage",
         ]
-        assert view[1].content == first.output  # type: ignore[union-attr]
+        assert view[1].content == first.output
         fresh = await (await rt.submit("chat", "new topic", session_id="s1", owner="u")).wait(30)
         assert fresh.output == "I have heard 1 messages: new topic"
         # The first task's own log is untouched by the continuation.

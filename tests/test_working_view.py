@@ -122,10 +122,10 @@ async def _damage(store: Store, task_id: str, seq: int, payload: str) -> None:
 
         from conftest import PG_URL
 
-        with psycopg.connect(PG_URL, autocommit=True) as conn:
+        with psycopg.connect(PG_URL, autocommit=True) as pg:
             schema = store.schema  # type: ignore[attr-defined]
-            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-            conn.execute(
+            pg.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            pg.execute(
                 "UPDATE entries SET payload = %s WHERE task_id = %s AND seq = %s",
                 (payload, task_id, seq),
             )

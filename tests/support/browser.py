@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -24,9 +25,14 @@ ARGS = [
 TIMEOUT = 30_000  # ms, for every wait on a condition
 
 sync_api = pytest.importorskip("playwright.sync_api")
-Page = sync_api.Page
-Locator = sync_api.Locator
-expect = sync_api.expect
+if TYPE_CHECKING:  # the same names, typed; re-exported for the browser tests
+    from playwright.sync_api import Locator as Locator
+    from playwright.sync_api import Page as Page
+    from playwright.sync_api import expect as expect
+else:
+    Page = sync_api.Page
+    Locator = sync_api.Locator
+    expect = sync_api.expect
 
 
 @pytest.fixture(scope="module")

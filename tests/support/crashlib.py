@@ -29,7 +29,7 @@ def spawn(script: str, *args: str) -> subprocess.Popen[str]:
 def read_until(stream: IO[str], marker: str, timeout: float) -> str:
     """Read lines until one starts with `marker`; fail on EOF or timeout."""
     deadline = time.monotonic() + timeout
-    seen = []
+    seen: list[str] = []
     while time.monotonic() < deadline:
         line = stream.readline()
         if not line:

@@ -578,7 +578,7 @@ class ScriptedAnthropicServer(ScriptedServer):
 
     def render(self, answer: Answer, turn: int, request: Any) -> list[bytes]:
         model = request.get("model", "claude-test") if isinstance(request, dict) else "claude-test"
-        message = {
+        message: dict[str, Any] = {
             "id": f"msg_{turn}",
             "type": "message",
             "role": "assistant",

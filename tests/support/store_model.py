@@ -103,8 +103,8 @@ async def run(store: Store, ops: list[tuple[Any, ...]]) -> None:
             raise AssertionError("a stale epoch was accepted")
     for i, tid in enumerate(ids):
         task = await store.get_task(tid)
-        got = [e.payload["text"] for e in await store.entries(tid, kinds=[EntryKind.UI_MESSAGE])]
-        assert got == m.entries[i]
+        texts = [e.payload["text"] for e in await store.entries(tid, kinds=[EntryKind.UI_MESSAGE])]
+        assert texts == m.entries[i]
         assert task.context == m.context[i]
         assert task.lease.epoch == m.epoch[i]
         seqs = [e.seq for e in await store.entries(tid)]
