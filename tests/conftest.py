@@ -113,6 +113,17 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         await s.close()
 
 
+@pytest.fixture(params=["jsonl", "sqlite", "sqlite-full"])
+async def file_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """The stores kept in files, which a test can close and open again."""
+    s = await STORE_FACTORIES[request.param](tmp_path)
+    await s.open()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
 @pytest.fixture(params=["sqlite", "sqlite-full", "postgres"])
 def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """One store (a SQLite file, or a PostgreSQL schema) that several processes open."""
