@@ -21,6 +21,7 @@ from typing import Any, Literal
 from duragent.errors import Conflict, StaleLease
 from duragent.llm.base import ResponseAssembler
 from duragent.llm.messages import WorkingView
+from duragent.payloads import rollback_marker
 from duragent.runtime.agent import Agent
 from duragent.runtime.calls import render
 from duragent.runtime.log import notice, read_round, result_entries, rollback, ui_entry
@@ -244,12 +245,9 @@ class ControlledRunner:
             await self.trace(point, task_id=self.task.id, round=self.task.iterations + 1, **info)
 
     def _void_progress(self, r: int, reason: str) -> NewEntry:
-        marker = {
-            "scope": "progress",
-            "from_seq": self._round_progress[0],
-            "to_seq": self._round_progress[-1],
-            "reason": reason,
-        }
+        marker = rollback_marker(
+            "progress", self._round_progress[0], self._round_progress[-1], reason
+        )
         self._round_progress = []
         return NewEntry(task_id=self.task.id, kind=EntryKind.ROLLBACK, round=r, payload=marker)
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from duragent.payloads import is_voided, rollback_marker, voided_ranges
 from duragent.types import (
     API_MESSAGE,
     AssistantMessage,
@@ -73,14 +74,9 @@ class RoundState:
 
 def read_round(entries: Iterable[Entry], rnd: int) -> RoundState:
     entries = list(entries)
-    voided: list[tuple[str, int, int]] = []
-    for e in entries:
-        if e.kind is EntryKind.ROLLBACK:
-            p = e.payload
-            voided.append((p.get("scope", "api"), p["from_seq"], p["to_seq"]))
-
-    def void(scope: str, seq: int) -> bool:
-        return any(s == scope and lo <= seq <= hi for s, lo, hi in voided)
+    markers = [e.payload for e in entries if e.kind is EntryKind.ROLLBACK]
+    api_voided = voided_ranges(markers, "api")
+    progress_voided = voided_ranges(markers, "progress")
 
     st = RoundState(rnd)
     for e in entries:
@@ -90,10 +86,10 @@ def read_round(entries: Iterable[Entry], rnd: int) -> RoundState:
         if e.kind is EntryKind.PROGRESS:
             if "call_id" in p:
                 st.tool_partial.setdefault(p["call_id"], []).append(p.get("text", ""))
-            elif not void("progress", e.seq):
+            elif not is_voided(e.seq, progress_voided):
                 st.progress_seqs.append(e.seq)
             continue
-        if void("api", e.seq):
+        if is_voided(e.seq, api_voided):
             continue
         if e.kind is EntryKind.API_MESSAGE and p.get("role") == "assistant":
             msg = API_MESSAGE.validate_python(p)
@@ -267,5 +263,5 @@ def rollback(
 
 
 def _void(task_id: str, rnd: int, from_seq: int, to_seq: int, reason: str) -> NewEntry:
-    payload = {"scope": "api", "from_seq": from_seq, "to_seq": to_seq, "reason": reason}
+    payload = rollback_marker("api", from_seq, to_seq, reason)
     return NewEntry(task_id=task_id, kind=EntryKind.ROLLBACK, round=rnd, payload=payload)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from duragent.llm.messages import WorkingView
+from duragent.payloads import rollback_marker
 from duragent.runtime.log import RoundState, notice, read_round
 from duragent.runtime.round import RoundRunner
 from duragent.types import BlockReason, Entry, EntryKind, NewEntry, TaskStatus
@@ -51,12 +52,9 @@ class RecoveringRunner(RoundRunner):
         tid, r = self.task.id, rs.round
         if rs.assistant is None:
             if rs.progress_seqs:  # a partial stream: void it and ask again
-                marker = {
-                    "scope": "progress",
-                    "from_seq": rs.progress_seqs[0],
-                    "to_seq": rs.progress_seqs[-1],
-                    "reason": "interrupted stream",
-                }
+                marker = rollback_marker(
+                    "progress", rs.progress_seqs[0], rs.progress_seqs[-1], "interrupted stream"
+                )
                 await self.commit(
                     [
                         NewEntry(task_id=tid, kind=EntryKind.ROLLBACK, round=r, payload=marker),

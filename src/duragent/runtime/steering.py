@@ -20,14 +20,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from duragent.errors import UsageError
+from duragent.payloads import is_voided, rollback_marker, voided_ranges
 from duragent.runtime.log import notice, read_round
 from duragent.store.base import (
     CopyEntries,
     EntryHead,
     Store,
-    is_voided,
     iter_entries,
-    voided_ranges,
 )
 from duragent.types import (
     API_KINDS,
@@ -349,7 +348,7 @@ async def _edited_copy(
             task_id=fork_id,
             kind=EntryKind.ROLLBACK,
             round=at_round,
-            payload={"scope": "api", "from_seq": seq_of[lo], "to_seq": seq_of[hi], "reason": why},
+            payload=rollback_marker("api", seq_of[lo], seq_of[hi], why),
         )
         for lo, hi, why in voids
     ]

@@ -7,6 +7,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from duragent.payloads import is_voided, voided_ranges
 from duragent.runtime.builtin import PLAN_KEY
 from duragent.runtime.log import read_round
 from duragent.store.base import Store, iter_entries
@@ -46,14 +47,10 @@ def ui_view(entries: list[Entry]) -> list[UiMessage]:
     Rolled-back rounds stay visible, marked `voided`: UI is never voided. A
     stream still in progress shows as assistant text until its message is committed.
     """
-    voided = [
-        (e.payload["from_seq"], e.payload["to_seq"])
-        for e in entries
-        if e.kind is EntryKind.ROLLBACK and e.payload.get("scope", "api") == "api"
-    ]
+    voided = voided_ranges(e.payload for e in entries if e.kind is EntryKind.ROLLBACK)
 
     def void(seq: int) -> bool:
-        return any(lo <= seq <= hi for lo, hi in voided)
+        return is_voided(seq, voided)
 
     out: list[UiMessage] = []
     cards: dict[str, UIToolCard] = {}

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import pydantic_core
 
 from duragent.errors import Conflict, InvalidOption, StaleLease, StoreCorrupt
+from duragent.payloads import is_voided, voided_ranges
 from duragent.types import (
     API_KINDS,
     API_MESSAGES,
@@ -556,18 +557,6 @@ def view_text(rows: Iterable[tuple[int, str, str]]) -> str:
     return "[" + ",".join(parts) + "]"
 
 
-def voided_ranges(markers: Iterable[Mapping[str, Any]]) -> list[tuple[int, int]]:
-    """The seq ranges the model no longer sees: those of every api-scope rollback marker.
-
-    The one void rule of the model's view; a fork copies what it leaves visible.
-    """
-    return [(m["from_seq"], m["to_seq"]) for m in markers if m.get("scope", "api") == "api"]
-
-
-def is_voided(seq: int, voided: Sequence[tuple[int, int]]) -> bool:
-    return any(lo <= seq <= hi for lo, hi in voided)
-
-
 def parse_messages(text: str) -> list[ApiMessage]:
     """A JSON array of API messages as typed messages, in one validation call.
 
@@ -617,17 +606,12 @@ def view_data(text: str) -> list[dict[str, Any]]:
 
 def build_ui_view(rows: Iterable[tuple[int, str]]) -> list[UiMessage]:
     """UI messages in seq order; only a `scope: "ui"` rollback (a deleted message) hides them."""
-    rows = list(rows)
-    hidden: list[tuple[int, int]] = []
-    out: list[tuple[int, str]] = []
-    for seq, payload in rows:
-        data = json.loads(payload)
-        if data.get("scope") == "ui" and "from_seq" in data:
-            hidden.append((data["from_seq"], data["to_seq"]))
-        else:
-            out.append((seq, payload))
+    data = [(seq, payload, json.loads(payload)) for seq, payload in rows]
+    hidden = voided_ranges((d for _s, _p, d in data), "ui")
     return [
-        UI_MESSAGE.validate_json(p) for s, p in out if not any(lo <= s <= hi for lo, hi in hidden)
+        UI_MESSAGE.validate_json(p)
+        for s, p, d in data
+        if "from_seq" not in d and not is_voided(s, hidden)
     ]
 
 

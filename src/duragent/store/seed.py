@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from duragent.errors import TaskNotFound
+from duragent.payloads import VoidScope, rollback_marker
 from duragent.store.base import Commit, Store, TaskPatch, TaskQuery
 from duragent.types import (
     API_MESSAGE,
@@ -29,9 +30,9 @@ def _api_entry(task_id: str, message: ApiMessage) -> NewEntry:
     return NewEntry(task_id=task_id, kind=EntryKind.API_MESSAGE, payload=dump_message(message))
 
 
-def _void(task_id: str, last_seq: int, scope: str) -> NewEntry:
+def _void(task_id: str, last_seq: int, scope: VoidScope) -> NewEntry:
     kind = EntryKind.ROLLBACK if scope == "api" else EntryKind.UI_MESSAGE
-    payload = {"scope": scope, "from_seq": 1, "to_seq": last_seq, "reason": "replaced"}
+    payload = rollback_marker(scope, 1, last_seq, "replaced")
     return NewEntry(task_id=task_id, kind=kind, payload=payload)
 
 
