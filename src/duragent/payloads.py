@@ -1,4 +1,12 @@
-"""Entry payloads: the void rule of rollback markers.
+"""Entry payloads: the shape of each `EntryKind`'s payload, and the void rule.
+
+Each kind's payload is a TypedDict, checkpoints a union tagged by `type`. They
+describe the stored JSON as it is (no migration: an old log reads the same)
+and cost nothing at run time: a reader takes `entry.payload` through a typed
+accessor (`intent_of`, `result_of`, `checkpoint_of`, ...) and mypy checks
+every key it reads. Validation is there for who wants it, off the hot paths
+(`validate_checkpoint`); the model view and the commit path never
+validate per entry.
 
 A rollback marker hides a range of seqs in one scope and never deletes them:
 `api` takes entries out of the model's view (a rolled-back round, an edited
@@ -8,10 +16,196 @@ message. Every reader that asks "is this entry hidden?" asks here.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired, cast
+
+from pydantic import Field, TypeAdapter
+from typing_extensions import TypedDict  # pydantic validates only this one on 3.11
+
+if TYPE_CHECKING:
+    from duragent.types import Entry, NewEntry
 
 VoidScope = Literal["api", "progress", "ui"]
+WaitKind = Literal["timer", "input", "approval", "subtask"]
+
+
+class IntentPayload(TypedDict):
+    """`tool_intent`: the model asked for this call (written before it runs)."""
+
+    call_id: str
+    name: str
+    replay: NotRequired[str]  # "safe" | "never" | ...: whether recovery may run it again
+
+
+class ResultPayload(TypedDict):
+    """`tool_result`: the tool message the model sees plus how the call ended."""
+
+    role: Literal["tool"]
+    tool_call_id: str
+    content: str
+    outcome: NotRequired[str]  # "ok", "error", "interrupted", "rolled_back", ...
+
+
+class ProgressPayload(TypedDict, total=False):
+    """`progress`: streamed text of the model (no call id) or of a tool call."""
+
+    text: str
+    call_id: str
+
+
+class RollbackPayload(TypedDict):
+    """`rollback` (and a `ui_message` with `scope: "ui"`): hides seqs in a scope."""
+
+    scope: NotRequired[VoidScope]  # absent in old logs: "api"
+    from_seq: int
+    to_seq: int
+    reason: NotRequired[str]
+
+
+StatusPayload = TypedDict(
+    "StatusPayload",
+    {
+        "from": str,
+        "to": str,
+        "reason": NotRequired[str],
+        "error": NotRequired[str],
+        "epoch": NotRequired[int],
+        "released": NotRequired[bool],
+    },
+)
+StatusPayload.__doc__ = "`status`: a change of the task's status."
+
+
+class WaitCheckpoint(TypedDict):
+    """A call suspended: on a timer, a person (input, approval) or a sub-task."""
+
+    type: Literal["wait"]
+    call_id: str
+    wait: WaitKind
+    wake_at: NotRequired[str]  # timer: ISO time
+    question: NotRequired[str]  # input, approval
+    tool: NotRequired[str]  # approval of a tool call
+    arguments: NotRequired[dict[str, Any]]
+    timeout: NotRequired[float | None]
+    expires_at: NotRequired[str]  # approval with a time limit: ISO time
+    child_id: NotRequired[str]  # subtask
+    agent: NotRequired[str]
+
+
+class DecisionCheckpoint(TypedDict):
+    """A person's decision on an approval; `arguments` when they edited the call's."""
+
+    type: Literal["decision"]
+    call_id: str
+    approved: bool
+    reason: str | None
+    arguments: NotRequired[dict[str, Any]]
+
+
+class StartedCheckpoint(TypedDict):
+    type: Literal["started"]
+    call_id: str
+
+
+class StepCheckpoint(TypedDict):
+    """A durable step inside a tool finished: its `value` or its `error`."""
+
+    type: Literal["step"]
+    call_id: str
+    step: str
+    value: NotRequired[Any]
+    error: NotRequired[Any]
+
+
+class StepStartedCheckpoint(TypedDict):
+    type: Literal["step_started"]
+    call_id: str
+    step: str
+
+
+class ForkCheckpoint(TypedDict):
+    """The first entry of a fork: its source, round and edit."""
+
+    type: Literal["fork"]
+    task_id: str
+    round: int
+    edit: dict[str, Any] | None
+
+
+class MessageCheckpoint(TypedDict):
+    """A message sent to a running task, queued until it is delivered."""
+
+    type: Literal["message"]
+    id: str
+    text: str
+    strategy: str
+    request_id: NotRequired[str]
+
+
+class DeliveredCheckpoint(TypedDict):
+    type: Literal["delivered"]
+    message_id: str
+
+
+Checkpoint = Annotated[
+    WaitCheckpoint
+    | DecisionCheckpoint
+    | StartedCheckpoint
+    | StepCheckpoint
+    | StepStartedCheckpoint
+    | ForkCheckpoint
+    | MessageCheckpoint
+    | DeliveredCheckpoint,
+    Field(discriminator="type"),
+]
+
+
+@functools.cache
+def _checkpoint_adapter() -> TypeAdapter[Checkpoint]:
+    return TypeAdapter(Checkpoint)
+
+
+def validate_checkpoint(payload: Any) -> Checkpoint:
+    """A checkpoint payload checked against its tag's shape (`ValidationError` if not).
+
+    For tests and tools, off the hot paths: the runtime reads through the
+    accessors below and never validates per entry.
+    """
+    return _checkpoint_adapter().validate_python(payload)
+
+
+# --- typed accessors: no copy, no validation -----------------------------------
+
+
+def intent_of(entry: Entry | NewEntry) -> IntentPayload:
+    return cast(IntentPayload, entry.payload)
+
+
+def result_of(entry: Entry | NewEntry) -> ResultPayload:
+    return cast(ResultPayload, entry.payload)
+
+
+def progress_of(entry: Entry | NewEntry) -> ProgressPayload:
+    return cast(ProgressPayload, entry.payload)
+
+
+def rollback_of(entry: Entry | NewEntry) -> RollbackPayload:
+    return cast(RollbackPayload, entry.payload)
+
+
+def status_of(entry: Entry | NewEntry) -> StatusPayload:
+    return cast(StatusPayload, entry.payload)
+
+
+def wait_of(entry: Entry | NewEntry) -> WaitCheckpoint:
+    """A checkpoint the caller knows is a wait (it just built it, or read its tag)."""
+    return cast(WaitCheckpoint, entry.payload)
+
+
+def checkpoint_of(entry: Entry | NewEntry) -> Checkpoint:
+    """A checkpoint's payload; narrow it on `["type"]` (mypy follows the tag)."""
+    return cast(Checkpoint, entry.payload)
 
 
 def rollback_marker(scope: VoidScope, from_seq: int, to_seq: int, reason: str) -> dict[str, Any]:

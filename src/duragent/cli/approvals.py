@@ -13,6 +13,7 @@ from rich.table import Table
 from duragent.cli._common import STORE, fail, make_console, run_async
 from duragent.cli._format import clip, status_markup
 from duragent.errors import UsageError
+from duragent.payloads import WaitCheckpoint
 from duragent.runtime.approvals import Decision
 from duragent.runtime.runtime import Runtime
 from duragent.runtime.waits import open_waits
@@ -36,7 +37,7 @@ def _agents(spec: str | None) -> list[Any]:
     return load_agents(spec)
 
 
-async def _open_approvals(rt: Runtime, task: Task) -> dict[str, dict[str, Any]]:
+async def _open_approvals(rt: Runtime, task: Task) -> dict[str, WaitCheckpoint]:
     waits = await open_waits(rt.store, task)
     return {c: w for c, w in waits.items() if w["wait"] == "approval"}
 
@@ -81,7 +82,7 @@ def approvals(
 ) -> None:
     """List a task's open approvals: the call, its tool and arguments, when it expires."""
 
-    async def go() -> dict[str, dict[str, Any]]:
+    async def go() -> dict[str, WaitCheckpoint]:
         async with Runtime(store, run_worker=False) as rt:
             return await _open_approvals(rt, await rt.get(task_id))
 

@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from duragent.errors import Conflict, InvalidArguments, UsageError
+from duragent.payloads import WaitCheckpoint
 from duragent.runtime.tools import Tool, ToolArgumentError
 from duragent.types import JSON, utcnow
 
@@ -53,13 +54,13 @@ def say_duration(seconds: float) -> str:
     return f"{seconds:g} second{'s' if seconds != 1 else ''}"
 
 
-def expired(wait: dict[str, Any], now: datetime | None = None) -> bool:
+def expired(wait: WaitCheckpoint, now: datetime | None = None) -> bool:
     """An approval whose time limit has passed."""
     at = wait.get("expires_at")
     return at is not None and datetime.fromisoformat(at) <= (now or utcnow())
 
 
-def expired_text(wait: dict[str, Any]) -> str:
+def expired_text(wait: WaitCheckpoint) -> str:
     limit = wait.get("timeout")
     within = f" within {say_duration(float(limit))}" if limit else " in time"
     return f"The call was denied: no decision{within} (the approval expired)."
@@ -72,17 +73,17 @@ def edited_note(arguments: dict[str, Any]) -> str:
     )
 
 
-def wake_times(waits: Iterable[dict[str, Any]]) -> list[datetime]:
+def wake_times(waits: Iterable[WaitCheckpoint]) -> list[datetime]:
     """When a worker must claim a task parked on these waits: its timers and expiries
     (`deadlines.wake_time` adds the task's deadline and takes the first)."""
-    times = [w["wake_at"] for w in waits if w["wait"] == "timer"]
-    times += [w["expires_at"] for w in waits if w["wait"] == "approval" and w.get("expires_at")]
-    return [datetime.fromisoformat(t) for t in times]
+    times = [w.get("wake_at") for w in waits if w["wait"] == "timer"]
+    times += [w.get("expires_at") for w in waits if w["wait"] == "approval"]
+    return [datetime.fromisoformat(t) for t in times if t]
 
 
 def decision_payload(
     call_id: str,
-    wait: dict[str, Any],
+    wait: WaitCheckpoint,
     decision: Decision,
     *,
     tool: Tool | None,

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from duragent.llm.base import parse_arguments
+from duragent.payloads import WaitCheckpoint
 from duragent.runtime.agent import Agent
 from duragent.runtime.approvals import edited_note, expired, expired_text
 from duragent.runtime.context import SleepUntil, SpawnSubtask, Suspend, ToolContext, WaitForInput
@@ -54,7 +55,8 @@ async def run_call(host: CallHost, r: int, call: ToolCallData, rs: RoundState | 
     A call a person approved with edited arguments runs with those, on its
     first run and on any re-run; its result tells the model so.
     """
-    edited = (rs.decisions.get(call.id) or {}).get("arguments") if rs is not None else None
+    decided = rs.decisions.get(call.id) if rs is not None else None
+    edited = decided.get("arguments") if decided is not None else None
     out = await _run_call(host, r, call, rs, edited)
     if edited is not None and out.content is not None:
         out.content = edited_note(edited) + out.content
@@ -151,7 +153,7 @@ async def _run_call(
     return Outcome(cid, render(value), "ok", documents=ctx.staged_documents())
 
 
-def resumed_wait(cid: str, wait: dict[str, Any], rs: RoundState) -> Outcome | None:
+def resumed_wait(cid: str, wait: WaitCheckpoint, rs: RoundState) -> Outcome | None:
     """A parked call seen again on claim: its outcome, or None to run it now."""
     kind = wait["wait"]
     if kind == "timer":
@@ -194,7 +196,7 @@ def parse_dt(text: str) -> datetime:
     return datetime.fromisoformat(text)
 
 
-def reconstruct(wait: dict[str, Any]) -> Suspend:
+def reconstruct(wait: WaitCheckpoint) -> Suspend:
     if wait["wait"] == "subtask":
         return SpawnSubtask(wait.get("agent", ""), None)
     return WaitForInput(wait.get("question", ""))

@@ -6,11 +6,25 @@ write them the same way.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from duragent.payloads import is_voided, rollback_marker, voided_ranges
+from duragent.payloads import (
+    Checkpoint,
+    DecisionCheckpoint,
+    IntentPayload,
+    ResultPayload,
+    StepCheckpoint,
+    WaitCheckpoint,
+    checkpoint_of,
+    intent_of,
+    is_voided,
+    progress_of,
+    result_of,
+    rollback_marker,
+    voided_ranges,
+)
 from duragent.types import (
     API_MESSAGE,
     AssistantMessage,
@@ -45,16 +59,16 @@ class RoundState:
     round: int
     assistant: AssistantMessage | None = None
     api_seqs: list[int] = field(default_factory=list)
-    intents: dict[str, dict[str, Any]] = field(default_factory=dict)
-    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    intents: dict[str, IntentPayload] = field(default_factory=dict)
+    results: dict[str, ResultPayload] = field(default_factory=dict)
     result_seqs: dict[str, int] = field(default_factory=dict)
-    waits: dict[str, dict[str, Any]] = field(default_factory=dict)
-    decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    waits: dict[str, WaitCheckpoint] = field(default_factory=dict)
+    decisions: dict[str, DecisionCheckpoint] = field(default_factory=dict)
     progress_seqs: list[int] = field(default_factory=list)
     tool_partial: dict[str, list[str]] = field(default_factory=dict)
     started: set[str] = field(default_factory=set)
     # Durable steps inside tools (ctx.step): call id -> step name -> record.
-    steps: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    steps: dict[str, dict[str, StepCheckpoint]] = field(default_factory=dict)
     steps_started: dict[str, set[str]] = field(default_factory=dict)
 
     @property
@@ -63,7 +77,7 @@ class RoundState:
         return [cid for cid in self.intents if cid not in self.results]
 
     @property
-    def open_waits(self) -> dict[str, dict[str, Any]]:
+    def open_waits(self) -> dict[str, WaitCheckpoint]:
         """Waits nobody has answered yet (an approved call is no longer waiting)."""
         return {
             cid: w
@@ -82,37 +96,44 @@ def read_round(entries: Iterable[Entry], rnd: int) -> RoundState:
     for e in entries:
         if e.round != rnd:
             continue
-        p = e.payload
         if e.kind is EntryKind.PROGRESS:
-            if "call_id" in p:
-                st.tool_partial.setdefault(p["call_id"], []).append(p.get("text", ""))
+            pr = progress_of(e)
+            if "call_id" in pr:
+                st.tool_partial.setdefault(pr["call_id"], []).append(pr.get("text", ""))
             elif not is_voided(e.seq, progress_voided):
                 st.progress_seqs.append(e.seq)
             continue
         if is_voided(e.seq, api_voided):
             continue
-        if e.kind is EntryKind.API_MESSAGE and p.get("role") == "assistant":
-            msg = API_MESSAGE.validate_python(p)
+        if e.kind is EntryKind.API_MESSAGE and e.payload.get("role") == "assistant":
+            msg = API_MESSAGE.validate_python(e.payload)
             assert isinstance(msg, AssistantMessage)
             st.assistant = msg
             st.api_seqs.append(e.seq)
         elif e.kind is EntryKind.TOOL_INTENT:
-            st.intents[p["call_id"]] = p
+            intent = intent_of(e)
+            st.intents[intent["call_id"]] = intent
         elif e.kind is EntryKind.TOOL_RESULT:
-            st.results[p["tool_call_id"]] = p
-            st.result_seqs[p["tool_call_id"]] = e.seq
+            result = result_of(e)
+            st.results[result["tool_call_id"]] = result
+            st.result_seqs[result["tool_call_id"]] = e.seq
             st.api_seqs.append(e.seq)
-        elif e.kind is EntryKind.CHECKPOINT and p.get("type") == "wait":
-            st.waits[p["call_id"]] = p
-        elif e.kind is EntryKind.CHECKPOINT and p.get("type") == "decision":
-            st.decisions[p["call_id"]] = p
-        elif e.kind is EntryKind.CHECKPOINT and p.get("type") == "started":
-            st.started.add(p["call_id"])
-        elif e.kind is EntryKind.CHECKPOINT and p.get("type") == "step":
-            st.steps.setdefault(p["call_id"], {})[p["step"]] = p
-        elif e.kind is EntryKind.CHECKPOINT and p.get("type") == "step_started":
-            st.steps_started.setdefault(p["call_id"], set()).add(p["step"])
+        elif e.kind is EntryKind.CHECKPOINT:
+            _read_checkpoint(st, checkpoint_of(e))
     return st
+
+
+def _read_checkpoint(st: RoundState, c: Checkpoint) -> None:
+    if c["type"] == "wait":
+        st.waits[c["call_id"]] = c
+    elif c["type"] == "decision":
+        st.decisions[c["call_id"]] = c
+    elif c["type"] == "started":
+        st.started.add(c["call_id"])
+    elif c["type"] == "step":
+        st.steps.setdefault(c["call_id"], {})[c["step"]] = c
+    elif c["type"] == "step_started":
+        st.steps_started.setdefault(c["call_id"], set()).add(c["step"])
 
 
 # --- entry builders ----------------------------------------------------------
@@ -194,7 +215,7 @@ def decision_entry(
     return NewEntry(task_id=task_id, kind=EntryKind.CHECKPOINT, round=rnd, payload=payload)
 
 
-def wait_reason(waits: dict[str, dict[str, Any]]) -> str:
+def wait_reason(waits: Mapping[str, WaitCheckpoint]) -> str:
     """The status reason for a set of open waits: input first (a person must act)."""
     kinds = {w["wait"] for w in waits.values()}
     for kind, reason in (("input", "input"), ("approval", "input"), ("subtask", "subtask")):
@@ -236,7 +257,7 @@ def rollback(
     result_seqs = dict(rs.result_seqs)
     for i, e in enumerate(pending):
         if e.kind is EntryKind.TOOL_RESULT and e.round == r:
-            result_seqs[e.payload["tool_call_id"]] = last_seq + 1 + i
+            result_seqs[result_of(e)["tool_call_id"]] = last_seq + 1 + i
     calls = (
         [c for c in (rs.assistant.tool_calls or []) if c.id in rs.intents]
         if (rs.assistant is not None)

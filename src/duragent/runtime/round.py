@@ -18,6 +18,7 @@ from typing import Any
 
 from duragent.errors import Conflict, ModelError
 from duragent.llm.base import ModelRequest, ResponseAssembler, TextDelta
+from duragent.payloads import WaitCheckpoint, wait_of
 from duragent.runtime.approvals import wake_times
 from duragent.runtime.calls import Outcome, run_call
 from duragent.runtime.context import SleepUntil, SpawnSubtask, WaitForInput
@@ -345,7 +346,7 @@ class RoundRunner(ControlledRunner):
         entries: list[NewEntry] = []
         new_tasks: list[Task] = []
         documents: list[DocumentWrite] = []
-        waits: dict[str, dict[str, Any]] = {}
+        waits: dict[str, WaitCheckpoint] = {}
         recorded = rs.open_waits if rs else {}
         for cid, out in suspended.items():
             documents += out.documents
@@ -367,7 +368,7 @@ class RoundRunner(ControlledRunner):
                 raise TypeError(f"unknown suspension {s!r}")
             entry = wait_entry(tid, r, cid, kind, **details)
             entries.append(entry)
-            waits[cid] = entry.payload
+            waits[cid] = wait_of(entry)
         patch = {
             "status": TaskStatus.WAITING,
             "status_reason": wait_reason(waits),

@@ -150,7 +150,9 @@ async def task_history(store: Store, task: Task) -> History:
                         call_id=call.id,
                         name=call.function.name,
                         arguments=call.function.arguments,
-                        edited_arguments=rs.decisions.get(call.id, {}).get("arguments"),
+                        edited_arguments=decided.get("arguments")
+                        if (decided := rs.decisions.get(call.id))
+                        else None,
                         result=None if res is None else res.get("content"),
                         outcome=None if res is None else res.get("outcome", "ok"),
                     )

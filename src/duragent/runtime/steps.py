@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from duragent.errors import InvalidOption, InvalidType, StepFailed
+from duragent.payloads import StepCheckpoint
 from duragent.runtime.host import StepHost
 from duragent.runtime.log import step_entry, step_started_entry
 
@@ -26,7 +27,7 @@ from duragent.runtime.log import step_entry, step_started_entry
 class StepRecord:
     """What the log says about the steps of one call before this run of it."""
 
-    done: dict[str, dict[str, Any]] = field(default_factory=dict)
+    done: dict[str, StepCheckpoint] = field(default_factory=dict)
     started: set[str] = field(default_factory=set)
 
 

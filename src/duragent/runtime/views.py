@@ -139,13 +139,13 @@ async def build_steps(store: Store, task: Task) -> Steps:
             continue
         step = Step(r, rs.assistant.content)
         for call in rs.assistant.tool_calls or ():
-            result = rs.results.get(call.id, {})
+            result = rs.results.get(call.id)
             step.actions.append(
                 {
                     "tool": call.function.name,
                     "arguments": _arguments(call.function.arguments),
-                    "observation": result.get("content"),
-                    "outcome": result.get("outcome"),
+                    "observation": None if result is None else result["content"],
+                    "outcome": None if result is None else result.get("outcome"),
                 }
             )
         completed.append(step)

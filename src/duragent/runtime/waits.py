@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from duragent.errors import Conflict, UsageError
 from duragent.llm.base import parse_arguments
+from duragent.payloads import WaitCheckpoint
 from duragent.runtime.agent import Agent
 from duragent.runtime.approvals import Decision, decision_payload, wake_times
 from duragent.runtime.deadlines import wake_time
@@ -29,7 +30,7 @@ from duragent.store.base import Store, TaskPatch
 from duragent.types import NewEntry, Task, TaskStatus
 
 
-async def open_waits(store: Store, task: Task) -> dict[str, dict[str, Any]]:
+async def open_waits(store: Store, task: Task) -> dict[str, WaitCheckpoint]:
     rs = read_round(await store.entries(task.id, after_seq=task.round_seq), task.iterations + 1)
     return rs.open_waits
 

@@ -53,13 +53,17 @@ async def task_out(runtime: RuntimeDep, task: Task) -> TaskOut:
                     wait=w["wait"],
                     question=w.get("question"),
                     child_id=w.get("child_id"),
-                    wake_at=w.get("wake_at"),
+                    wake_at=_at(w.get("wake_at")),
                     tool=w.get("tool"),
                     arguments=w.get("arguments"),
-                    expires_at=w.get("expires_at"),
+                    expires_at=_at(w.get("expires_at")),
                 )
             )
     return TaskOut.full(task, waits)
+
+
+def _at(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
 
 
 @router.post(
