@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, cast
 
 from duragent.errors import Conflict, MissingExtra, StaleLease
+from duragent.payloads import status_of
 from duragent.store.base import Commit, CommitResult, LeaseRenewal, Store, TaskQuery
 from duragent.types import EntryKind, Task, TaskStatus
 
@@ -198,7 +199,9 @@ class Metrics:
         if task.restarts == 0:
             return False
         last = await self._inner.entries(task.id, after_seq=max(0, task.last_seq - 1))
-        return bool(last and last[-1].kind is EntryKind.STATUS and last[-1].payload.get("takeover"))
+        return bool(
+            last and last[-1].kind is EntryKind.STATUS and status_of(last[-1]).get("takeover")
+        )
 
     # --- serving ---
 

@@ -71,6 +71,8 @@ StatusPayload = TypedDict(
         "reason": NotRequired[str],
         "error": NotRequired[str],
         "epoch": NotRequired[int],
+        "worker": NotRequired[str],  # a claim: who took the task
+        "takeover": NotRequired[bool],  # a claim of a task whose owner's lease ran out
         "released": NotRequired[bool],
     },
 )

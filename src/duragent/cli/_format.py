@@ -15,6 +15,14 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from duragent.payloads import (
+    checkpoint_of,
+    intent_of,
+    progress_of,
+    result_of,
+    rollback_of,
+    status_of,
+)
 from duragent.terminal import clean, safe
 from duragent.types import Entry, EntryKind, Task, utcnow
 
@@ -76,34 +84,39 @@ def describe(e: Entry) -> str:
             return f"assistant: {said}" + (f"  → calls {calls}" if calls else "")
         return f"{p.get('role')}: {clip(p.get('content'), 70)}"
     if e.kind is EntryKind.TOOL_INTENT:
-        return f"intent {p.get('name')} ({p.get('call_id')}, replay={p.get('replay')})"
+        i = intent_of(e)
+        return f"intent {i['name']} ({i['call_id']}, replay={i.get('replay')})"
     if e.kind is EntryKind.TOOL_RESULT:
-        return f"result {p.get('tool_call_id')} [{p.get('outcome')}]: {clip(p.get('content'))}"
+        r = result_of(e)
+        return f"result {r['tool_call_id']} [{r.get('outcome')}]: {clip(r['content'])}"
     if e.kind is EntryKind.PROGRESS:
-        who = f"tool {p['call_id']} " if "call_id" in p else ""
-        return f"{who}streamed '{clip(p.get('text', ''), 70)}'"
+        pr = progress_of(e)
+        who = f"tool {pr['call_id']} " if "call_id" in pr else ""
+        return f"{who}streamed '{clip(pr.get('text', ''), 70)}'"
     if e.kind is EntryKind.STATUS:
-        line = f"status {p.get('from')} → {p.get('to')}"
-        if p.get("reason"):
-            line += f" ({p['reason']})"
-        if p.get("takeover"):
+        st = status_of(e)
+        line = f"status {st['from']} → {st['to']}"
+        if st.get("reason"):
+            line += f" ({st.get('reason')})"
+        if st.get("takeover"):
             line += " (took over from a dead worker)"
-        if p.get("error"):
-            line += f": {clip(p['error'])}"
+        if st.get("error"):
+            line += f": {clip(st.get('error'))}"
         return line
     if e.kind is EntryKind.ROLLBACK:
-        return f"rollback ({p.get('scope', 'api')}) of seqs {p.get('from_seq')}–{p.get('to_seq')}"
+        rb = rollback_of(e)
+        return f"rollback ({rb.get('scope', 'api')}) of seqs {rb['from_seq']}–{rb['to_seq']}"
     if e.kind is EntryKind.CHECKPOINT:
-        kind = p.get("type")
-        if kind == "wait":
-            what = p.get("question") or p.get("child_id") or p.get("wake_at") or ""
-            return f"waits for {p.get('wait')} ({p.get('call_id')}): {clip(what)}"
-        if kind == "decision":
-            verdict = f"{'approved' if p.get('approved') else 'denied'} {p.get('call_id')}"
-            if p.get("arguments") is not None:
-                verdict += f" with edited arguments {clip(p['arguments'], 50)}"
-            return verdict + (f": {p['reason']}" if p.get("reason") else "")
-        return f"{kind} {p.get('call_id', '')}".strip()
+        c = checkpoint_of(e)
+        if c["type"] == "wait":
+            what = c.get("question") or c.get("child_id") or c.get("wake_at") or ""
+            return f"waits for {c['wait']} ({c['call_id']}): {clip(what)}"
+        if c["type"] == "decision":
+            verdict = f"{'approved' if c['approved'] else 'denied'} {c['call_id']}"
+            if c.get("arguments") is not None:
+                verdict += f" with edited arguments {clip(c.get('arguments'), 50)}"
+            return verdict + (f": {c['reason']}" if c["reason"] else "")
+        return f"{c['type']} {p.get('call_id', '')}".strip()
     if e.kind is EntryKind.UI_MESSAGE:
         text = p.get("message") or p.get("text") or ""
         return f"{p.get('type', 'ui')}: {clip(text, 70)}" + (

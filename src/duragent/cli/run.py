@@ -33,6 +33,7 @@ from duragent.cli._format import lease_left
 from duragent.errors import DuragentError, UsageError
 from duragent.fetch import NetworkPolicy
 from duragent.llm import ChatModel, resolve_model
+from duragent.payloads import progress_of, result_of, rollback_of, status_of
 from duragent.runtime.agent import Agent
 from duragent.runtime.runtime import Runtime
 from duragent.runtime.waits import open_waits
@@ -184,11 +185,12 @@ class Transcript:
     def show(self, e: Entry) -> None:
         p = e.payload
         if e.kind is EntryKind.PROGRESS and "call_id" not in p:
+            text = progress_of(e).get("text", "")
             if e.round not in self.streamed:
                 self.end_line()
-            self.streamed[e.round] = self.streamed.get(e.round, "") + p.get("text", "")
-            self._text(p.get("text", ""))
-        elif e.kind is EntryKind.ROLLBACK and p.get("scope") == "progress":
+            self.streamed[e.round] = self.streamed.get(e.round, "") + text
+            self._text(text)
+        elif e.kind is EntryKind.ROLLBACK and rollback_of(e).get("scope") == "progress":
             if self.streamed.pop(e.round, None) is not None:
                 self.end_line()
                 self.console.print("[dim](the interrupted answer above is discarded)[/]")
@@ -208,16 +210,17 @@ class Transcript:
                 self.console.print(f"[cyan]⚙ {safe(name)}[/]({safe(args)})")
         elif e.kind is EntryKind.TOOL_RESULT:
             self.end_line()
-            name = self.tools.get(p["tool_call_id"], "tool")
-            outcome = p.get("outcome", "ok")
+            result = result_of(e)
+            name = self.tools.get(result["tool_call_id"], "tool")
+            outcome = result.get("outcome", "ok")
             mark, style = {
                 "ok": ("✓", "green"),
                 "interrupted": ("⚠", "yellow"),
                 "denied": ("✗", "yellow"),
             }.get(outcome, ("✗", "red"))
-            said = safe(_first_line(p.get("content", "")))
+            said = safe(_first_line(result["content"]))
             self.console.print(f"  [{style}]{mark} {safe(name)} {outcome}[/]: {said}")
-        elif e.kind is EntryKind.STATUS and p.get("takeover"):
+        elif e.kind is EntryKind.STATUS and status_of(e).get("takeover"):
             self.end_line()
             self.console.print("[yellow]• took the task over from its previous owner[/]")
         elif e.kind is EntryKind.UI_MESSAGE:

@@ -33,6 +33,7 @@ from duragent.cli._format import (
     timeline,
     when,
 )
+from duragent.payloads import progress_of
 from duragent.runtime.runtime import Runtime
 from duragent.runtime.worker import lease_alive
 from duragent.store import SCHEMA_VERSION, Store, TaskQuery, open_store
@@ -183,7 +184,7 @@ async def _follow(rt: Runtime, task_id: str, after: int, console: Console) -> No
             if not streaming:
                 console.print(f"[dim]{e.seq:>5} r{e.round}[/] ", end="")
                 streaming = True
-            console.print(safe(e.payload.get("text", "")), end="", soft_wrap=True)
+            console.print(safe(progress_of(e).get("text", "")), end="", soft_wrap=True)
             continue
         if streaming:
             console.print()

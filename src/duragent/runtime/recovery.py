@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from duragent.llm.messages import WorkingView
-from duragent.payloads import rollback_marker
+from duragent.payloads import rollback_marker, status_of
 from duragent.runtime.log import RoundState, notice, read_round
 from duragent.runtime.round import RoundRunner
 from duragent.types import BlockReason, Entry, EntryKind, NewEntry, TaskStatus
@@ -40,8 +40,8 @@ class RecoveringRunner(RoundRunner):
         if self.on_status is None or self.detached:
             return
         for e in reversed(entries):
-            if e.kind is EntryKind.STATUS and e.payload.get("epoch") == self.epoch:
-                old = TaskStatus(e.payload["from"])
+            if e.kind is EntryKind.STATUS and status_of(e).get("epoch") == self.epoch:
+                old = TaskStatus(status_of(e)["from"])
                 if old is not TaskStatus.RUNNING:  # a takeover is no change of status
                     self.on_status(self.task, old, TaskStatus.RUNNING)
                 return

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic_core import to_jsonable_python
 
 from duragent.errors import Conflict, DuplicateRequest, InvalidTransition, TaskBusy, UsageError
+from duragent.payloads import checkpoint_of
 from duragent.runtime.engine import Control
 from duragent.runtime.inbox import (
     BUSY,
@@ -142,9 +143,9 @@ class SendsMessages:
                 task_id, after_seq=after, kinds=[EntryKind.CHECKPOINT], limit=500
             )
             for e in page:
-                p = e.payload
-                if p.get("type") == "message" and p.get("request_id") == request_id:
-                    return dict(p)
+                c = checkpoint_of(e)
+                if c["type"] == "message" and c.get("request_id") == request_id:
+                    return dict(c)
             if len(page) < 500:
                 return None
             after = page[-1].seq

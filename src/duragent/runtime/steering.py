@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from duragent.errors import UsageError
-from duragent.payloads import is_voided, rollback_marker, voided_ranges
+from duragent.payloads import is_voided, rollback_marker, rollback_of, voided_ranges
 from duragent.runtime.log import notice, read_round
 from duragent.store.base import (
     CopyEntries,
@@ -122,7 +122,7 @@ def forked_from(task: Task) -> ForkedFrom | None:
 async def task_history(store: Store, task: Task) -> History:
     entries = [e async for e in iter_entries(store, task.id)]
     markers = [e for e in entries if e.kind is EntryKind.ROLLBACK]
-    voided = voided_ranges(m.payload for m in markers)
+    voided = voided_ranges(rollback_of(m) for m in markers)
     by_round: dict[int, list[Entry]] = defaultdict(list)
     for e in entries:
         by_round[e.round].append(e)
@@ -228,7 +228,7 @@ async def fork_log(
     that voids copied messages, its entry heads (seq, kind, round, role).
     """
     markers = await store.entries(source.id, kinds=(EntryKind.ROLLBACK,))
-    voided = voided_ranges(e.payload for e in markers)
+    voided = voided_ranges(rollback_of(e) for e in markers)
     record = {
         "type": "fork",
         "task_id": source.id,

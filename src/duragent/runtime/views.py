@@ -7,7 +7,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from duragent.payloads import is_voided, voided_ranges
+from duragent.payloads import (
+    checkpoint_of,
+    is_voided,
+    progress_of,
+    result_of,
+    rollback_of,
+    voided_ranges,
+)
 from duragent.runtime.builtin import PLAN_KEY
 from duragent.runtime.log import read_round
 from duragent.store.base import Store, iter_entries
@@ -47,7 +54,7 @@ def ui_view(entries: list[Entry]) -> list[UiMessage]:
     Rolled-back rounds stay visible, marked `voided`: UI is never voided. A
     stream still in progress shows as assistant text until its message is committed.
     """
-    voided = voided_ranges(e.payload for e in entries if e.kind is EntryKind.ROLLBACK)
+    voided = voided_ranges(rollback_of(e) for e in entries if e.kind is EntryKind.ROLLBACK)
 
     def void(seq: int) -> bool:
         return is_voided(seq, voided)
@@ -82,27 +89,30 @@ def ui_view(entries: list[Entry]) -> list[UiMessage]:
                     cards[card.call_id] = card
                     out.append(card)
         elif e.kind is EntryKind.TOOL_RESULT:
-            done = cards.get(p["tool_call_id"])
+            result = result_of(e)
+            done = cards.get(result["tool_call_id"])
             # A voided result of a kept call is answered anew (rolled back): show that one.
             if done is not None and (done.voided or not void(e.seq)):
-                done.state = _CARD_STATE.get(p.get("outcome", "ok"), "error")  # type: ignore[assignment]
-                done.result = p.get("content", "")[:4000]
-        elif e.kind is EntryKind.CHECKPOINT and p.get("type") == "decision":
-            decided = cards.get(p["call_id"])
-            if decided is not None and p.get("arguments") is not None:
-                decided.original_arguments = decided.arguments
-                decided.arguments = p["arguments"]
-        elif e.kind is EntryKind.CHECKPOINT and p.get("type") == "wait":
-            parked = cards.get(p["call_id"])
-            if parked is not None:
-                parked.state = "waiting"
+                done.state = _CARD_STATE.get(result.get("outcome", "ok"), "error")  # type: ignore[assignment]
+                done.result = result.get("content", "")[:4000]
+        elif e.kind is EntryKind.CHECKPOINT:
+            c = checkpoint_of(e)
+            if c["type"] == "decision":
+                decided = cards.get(c["call_id"])
+                if decided is not None and c.get("arguments") is not None:
+                    decided.original_arguments = decided.arguments
+                    decided.arguments = c["arguments"]
+            elif c["type"] == "wait":
+                parked = cards.get(c["call_id"])
+                if parked is not None:
+                    parked.state = "waiting"
         elif e.kind is EntryKind.PROGRESS and "call_id" not in p and e.round not in answered:
             text = streaming.get(e.round)
             if text is None:
                 text = streaming[e.round] = UIText(role="assistant", text="")
                 out.append(text)
-            text.text += p.get("text", "")
-        elif e.kind is EntryKind.ROLLBACK and p.get("scope") == "progress":
+            text.text += progress_of(e).get("text", "")
+        elif e.kind is EntryKind.ROLLBACK and rollback_of(e).get("scope") == "progress":
             partial = streaming.pop(e.round, None)
             if partial is not None and partial in out:
                 out.remove(partial)
