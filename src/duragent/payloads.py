@@ -180,6 +180,11 @@ def validate_checkpoint(payload: Any) -> Checkpoint:
 # --- typed accessors: no copy, no validation -----------------------------------
 
 
+def stored(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """A typed payload as an entry's `payload` (the same dict: a TypedDict is one)."""
+    return cast(dict[str, Any], payload)
+
+
 def intent_of(entry: Entry | NewEntry) -> IntentPayload:
     return cast(IntentPayload, entry.payload)
 

@@ -15,14 +15,18 @@ from duragent.payloads import (
     DecisionCheckpoint,
     IntentPayload,
     ResultPayload,
+    StartedCheckpoint,
     StepCheckpoint,
+    StepStartedCheckpoint,
     WaitCheckpoint,
+    WaitKind,
     checkpoint_of,
     intent_of,
     is_voided,
     progress_of,
     result_of,
     rollback_marker,
+    stored,
     voided_ranges,
 )
 from duragent.types import (
@@ -174,14 +178,14 @@ def result_entries(
     ]
 
 
-def wait_entry(task_id: str, rnd: int, call_id: str, wait: str, **details: Any) -> NewEntry:
+def wait_entry(task_id: str, rnd: int, call_id: str, wait: WaitKind, **details: Any) -> NewEntry:
     payload = {"type": "wait", "call_id": call_id, "wait": wait, **details}
     return NewEntry(task_id=task_id, kind=EntryKind.CHECKPOINT, round=rnd, payload=payload)
 
 
 def started_entry(task_id: str, rnd: int, call_id: str) -> NewEntry:
-    payload = {"type": "started", "call_id": call_id}
-    return NewEntry(task_id=task_id, kind=EntryKind.CHECKPOINT, round=rnd, payload=payload)
+    payload: StartedCheckpoint = {"type": "started", "call_id": call_id}
+    return NewEntry(task_id=task_id, kind=EntryKind.CHECKPOINT, round=rnd, payload=stored(payload))
 
 
 def step_entry(task_id: str, rnd: int, call_id: str, step: str, **record: Any) -> NewEntry:
@@ -191,8 +195,8 @@ def step_entry(task_id: str, rnd: int, call_id: str, step: str, **record: Any) -
 
 
 def step_started_entry(task_id: str, rnd: int, call_id: str, step: str) -> NewEntry:
-    payload = {"type": "step_started", "call_id": call_id, "step": step}
-    return NewEntry(task_id=task_id, kind=EntryKind.CHECKPOINT, round=rnd, payload=payload)
+    payload: StepStartedCheckpoint = {"type": "step_started", "call_id": call_id, "step": step}
+    return NewEntry(task_id=task_id, kind=EntryKind.CHECKPOINT, round=rnd, payload=stored(payload))
 
 
 def decision_entry(
@@ -204,7 +208,7 @@ def decision_entry(
     arguments: dict[str, Any] | None = None,
 ) -> NewEntry:
     """A person's decision on an approval; `arguments` when they edited the call's."""
-    payload: dict[str, Any] = {
+    payload: DecisionCheckpoint = {
         "type": "decision",
         "call_id": call_id,
         "approved": approved,
@@ -212,7 +216,7 @@ def decision_entry(
     }
     if arguments is not None:
         payload["arguments"] = arguments
-    return NewEntry(task_id=task_id, kind=EntryKind.CHECKPOINT, round=rnd, payload=payload)
+    return NewEntry(task_id=task_id, kind=EntryKind.CHECKPOINT, round=rnd, payload=stored(payload))
 
 
 def wait_reason(waits: Mapping[str, WaitCheckpoint]) -> str:

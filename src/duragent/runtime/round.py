@@ -18,7 +18,7 @@ from typing import Any
 
 from duragent.errors import Conflict, ModelError
 from duragent.llm.base import ModelRequest, ResponseAssembler, TextDelta
-from duragent.payloads import WaitCheckpoint, wait_of
+from duragent.payloads import IntentPayload, WaitCheckpoint, WaitKind, stored, wait_of
 from duragent.runtime.approvals import wake_times
 from duragent.runtime.calls import Outcome, run_call
 from duragent.runtime.context import SleepUntil, SpawnSubtask, WaitForInput
@@ -115,11 +115,11 @@ class RoundRunner(ControlledRunner):
                 task_id=tid,
                 kind=EntryKind.TOOL_INTENT,
                 round=r,
-                payload={
-                    "call_id": c.id,
-                    "name": c.function.name,
-                    "replay": self._replay(c.function.name),
-                },
+                payload=stored(
+                    IntentPayload(
+                        call_id=c.id, name=c.function.name, replay=self._replay(c.function.name)
+                    )
+                ),
             )
             for c in response.tool_calls
         ]
@@ -356,7 +356,7 @@ class RoundRunner(ControlledRunner):
             s = out.suspend
             if isinstance(s, SleepUntil):
                 details: dict[str, Any] = {"wake_at": s.wake_at.isoformat()}
-                kind = "timer"
+                kind: WaitKind = "timer"
             elif isinstance(s, WaitForInput):
                 details, kind = s.details(), ("approval" if s.kind == "approval" else "input")
             elif isinstance(s, SpawnSubtask):
