@@ -47,6 +47,30 @@ class ResultPayload(TypedDict):
     outcome: NotRequired[str]  # "ok", "error", "interrupted", "rolled_back", ...
 
 
+class FunctionPayload(TypedDict):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCallPayload(TypedDict):
+    id: str
+    type: NotRequired[str]
+    function: FunctionPayload
+
+
+class ApiPayload(TypedDict):
+    """`api_message`: an API message in its wire form (`types.ApiMessage` dumped).
+
+    The model view reads these as plain data on resume (`Store.model_view_data`);
+    this describes the keys the UI and the CLI read from them.
+    """
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: NotRequired[str | None]  # absent on an assistant message that only calls
+    tool_calls: NotRequired[list[ToolCallPayload]]
+    tool_call_id: NotRequired[str]
+
+
 class ProgressPayload(TypedDict, total=False):
     """`progress`: streamed text of the model (no call id) or of a tool call."""
 
@@ -183,6 +207,10 @@ def validate_checkpoint(payload: Any) -> Checkpoint:
 def stored(payload: Mapping[str, Any]) -> dict[str, Any]:
     """A typed payload as an entry's `payload` (the same dict: a TypedDict is one)."""
     return cast(dict[str, Any], payload)
+
+
+def api_of(entry: Entry | NewEntry) -> ApiPayload:
+    return cast(ApiPayload, entry.payload)
 
 
 def intent_of(entry: Entry | NewEntry) -> IntentPayload:

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from duragent.payloads import (
+    api_of,
     checkpoint_of,
     intent_of,
     progress_of,
@@ -78,11 +79,12 @@ def describe(e: Entry) -> str:
     """One line saying what an entry records (not yet cleaned for the terminal)."""
     p = e.payload
     if e.kind is EntryKind.API_MESSAGE:
-        if p.get("role") == "assistant":
-            calls = ", ".join(c["function"]["name"] for c in p.get("tool_calls") or ())
-            said = clip(p.get("content") or "", 70)
+        m = api_of(e)
+        if m["role"] == "assistant":
+            calls = ", ".join(c["function"]["name"] for c in m.get("tool_calls") or ())
+            said = clip(m.get("content") or "", 70)
             return f"assistant: {said}" + (f"  → calls {calls}" if calls else "")
-        return f"{p.get('role')}: {clip(p.get('content'), 70)}"
+        return f"{m['role']}: {clip(m.get('content'), 70)}"
     if e.kind is EntryKind.TOOL_INTENT:
         i = intent_of(e)
         return f"intent {i['name']} ({i['call_id']}, replay={i.get('replay')})"

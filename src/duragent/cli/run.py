@@ -33,7 +33,7 @@ from duragent.cli._format import lease_left
 from duragent.errors import DuragentError, UsageError
 from duragent.fetch import NetworkPolicy
 from duragent.llm import ChatModel, resolve_model
-from duragent.payloads import progress_of, result_of, rollback_of, status_of
+from duragent.payloads import api_of, progress_of, result_of, rollback_of, status_of
 from duragent.runtime.agent import Agent
 from duragent.runtime.runtime import Runtime
 from duragent.runtime.waits import open_waits
@@ -194,16 +194,16 @@ class Transcript:
             if self.streamed.pop(e.round, None) is not None:
                 self.end_line()
                 self.console.print("[dim](the interrupted answer above is discarded)[/]")
-        elif e.kind is EntryKind.API_MESSAGE and p.get("role") == "assistant":
+        elif e.kind is EntryKind.API_MESSAGE and (m := api_of(e))["role"] == "assistant":
             shown = self.streamed.pop(e.round, "")
-            content = p.get("content") or ""
+            content = m.get("content") or ""
             if shown and content.startswith(shown):
                 self._text(content[len(shown) :])
             else:
                 self.end_line()
                 self._text(content)
             self.end_line()
-            for call in p.get("tool_calls") or ():
+            for call in m.get("tool_calls") or ():
                 name = call["function"]["name"]
                 self.tools[call["id"]] = name
                 args = _args(call["function"]["arguments"])

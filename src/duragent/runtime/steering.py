@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from duragent.errors import UsageError
-from duragent.payloads import is_voided, rollback_marker, rollback_of, voided_ranges
+from duragent.payloads import api_of, is_voided, rollback_marker, rollback_of, voided_ranges
 from duragent.runtime.log import notice, read_round
 from duragent.store.base import (
     CopyEntries,
@@ -158,9 +158,9 @@ async def task_history(store: Store, task: Task) -> History:
                     )
                 )
         users = [
-            e.payload.get("content", "")
+            m.get("content") or ""
             for e in api
-            if e.payload.get("role") == "user" and not is_voided(e.seq, voided)
+            if (m := api_of(e))["role"] == "user" and not is_voided(e.seq, voided)
         ]
         rounds.append(
             RoundRecord(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from duragent.payloads import (
+    api_of,
     checkpoint_of,
     is_voided,
     progress_of,
@@ -69,17 +70,17 @@ def ui_view(entries: list[Entry]) -> list[UiMessage]:
             if "from_seq" not in p:
                 out.append(UI_MESSAGE.validate_python(p))
         elif e.kind is EntryKind.API_MESSAGE:
-            role = p.get("role")
-            if role == "user":
-                out.append(UIText(role="user", text=p.get("content", ""), voided=void(e.seq)))
-            elif role == "assistant":
+            m = api_of(e)
+            if m["role"] == "user":
+                out.append(UIText(role="user", text=m.get("content") or "", voided=void(e.seq)))
+            elif m["role"] == "assistant":
                 answered.add(e.round)
                 partial = streaming.pop(e.round, None)
                 if partial is not None and partial in out:
                     out.remove(partial)
-                if p.get("content"):
-                    out.append(UIText(role="assistant", text=p["content"], voided=void(e.seq)))
-                for call in p.get("tool_calls") or ():
+                if said := m.get("content"):
+                    out.append(UIText(role="assistant", text=said, voided=void(e.seq)))
+                for call in m.get("tool_calls") or ():
                     card = UIToolCard(
                         call_id=call["id"],
                         name=call["function"]["name"],
