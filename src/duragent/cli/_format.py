@@ -118,7 +118,7 @@ def describe(e: Entry) -> str:
             if c.get("arguments") is not None:
                 verdict += f" with edited arguments {clip(c.get('arguments'), 50)}"
             return verdict + (f": {c['reason']}" if c["reason"] else "")
-        return f"{c['type']} {p.get('call_id', '')}".strip()
+        return f"{c['type']} {p.get('call_id', '')}".strip()  # started, step, fork, message, ...
     if e.kind is EntryKind.UI_MESSAGE:
         text = p.get("message") or p.get("text") or ""
         return f"{p.get('type', 'ui')}: {clip(text, 70)}" + (
@@ -152,10 +152,14 @@ def timeline(
         if streamed and last_stream == (e.round, phase) and rows:
             row = rows[-1]
             row[0] = f"{row[0].split('–')[0]}–{e.seq}"
-            row[-1] = row[-1][:-1] + clean(p.get("text", "")) + "'"
+            row[-1] = row[-1][:-1] + clean(progress_of(e).get("text", "")) + "'"
             continue
         last_stream = (e.round, phase) if streamed else None
-        what = f"streamed '{clean(p.get('text', ''))}'" if streamed else clean(describe(e))
+        what = (
+            f"streamed '{clean(progress_of(e).get('text', ''))}'"
+            if streamed
+            else clean(describe(e))
+        )
         at = e.created_at.strftime("%H:%M:%S.%f")[:-3]
         row = [str(e.seq), str(e.round or "-"), e.kind.value, at]
         rows.append([*row, phase, what] if restarted_after is not None else [*row, what])

@@ -20,6 +20,7 @@ from duragent.payloads import (
     StepStartedCheckpoint,
     WaitCheckpoint,
     WaitKind,
+    api_of,
     checkpoint_of,
     intent_of,
     is_voided,
@@ -109,7 +110,7 @@ def read_round(entries: Iterable[Entry], rnd: int) -> RoundState:
             continue
         if is_voided(e.seq, api_voided):
             continue
-        if e.kind is EntryKind.API_MESSAGE and e.payload.get("role") == "assistant":
+        if e.kind is EntryKind.API_MESSAGE and api_of(e)["role"] == "assistant":
             msg = API_MESSAGE.validate_python(e.payload)
             assert isinstance(msg, AssistantMessage)
             st.assistant = msg
