@@ -27,6 +27,7 @@ from duragent import (
     UsageError,
     tool,
 )
+from duragent.payloads import WaitCheckpoint
 from duragent.runtime.waits import open_waits
 from duragent.types import AssistantMessage, EntryKind, UIToolCard, utcnow
 
@@ -341,7 +342,7 @@ async def test_approval_timeout_must_be_positive() -> None:
             """F."""
 
 
-async def _open_approvals(store: Store, task: Task) -> dict[str, dict[str, Any]]:
+async def _open_approvals(store: Store, task: Task) -> dict[str, WaitCheckpoint]:
     task = await store.get_task(task.id)
     return {c: w for c, w in (await open_waits(store, task)).items() if w["wait"] == "approval"}
 

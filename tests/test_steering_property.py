@@ -28,8 +28,9 @@ from duragent import (
     UsageError,
     tool,
 )
+from duragent.payloads import is_voided, voided_ranges
 from duragent.store import Store, open_store
-from duragent.store.base import Commit, TaskPatch, is_voided, voided_ranges
+from duragent.store.base import Commit, TaskPatch
 from duragent.store.memory import MemoryStore
 from duragent.types import (
     AssistantMessage,

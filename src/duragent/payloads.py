@@ -248,6 +248,11 @@ def rollback_marker(scope: VoidScope, from_seq: int, to_seq: int, reason: str) -
     return {"scope": scope, "from_seq": from_seq, "to_seq": to_seq, "reason": reason}
 
 
+def is_marker(payload: Mapping[str, Any]) -> bool:
+    """A rollback marker, not a message: what a `ui_message` entry that deletes one is."""
+    return "from_seq" in payload
+
+
 def voided_ranges(
     markers: Iterable[Mapping[str, Any]], scope: VoidScope = "api"
 ) -> list[tuple[int, int]]:
@@ -259,7 +264,7 @@ def voided_ranges(
     return [
         (m["from_seq"], m["to_seq"])
         for m in markers
-        if "from_seq" in m and m.get("scope", "api") == scope
+        if is_marker(m) and m.get("scope", "api") == scope
     ]
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from duragent.payloads import (
     api_of,
     checkpoint_of,
+    is_marker,
     is_voided,
     progress_of,
     result_of,
@@ -67,7 +68,7 @@ def ui_view(entries: list[Entry]) -> list[UiMessage]:
     for e in entries:
         p = e.payload
         if e.kind is EntryKind.UI_MESSAGE:
-            if "from_seq" not in p:
+            if not is_marker(p):
                 out.append(UI_MESSAGE.validate_python(p))
         elif e.kind is EntryKind.API_MESSAGE:
             m = api_of(e)

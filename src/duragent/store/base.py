@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import pydantic_core
 
 from duragent.errors import Conflict, InvalidOption, StaleLease, StoreCorrupt
-from duragent.payloads import is_voided, voided_ranges
+from duragent.payloads import is_marker, is_voided, voided_ranges
 from duragent.types import (
     API_KINDS,
     API_MESSAGES,
@@ -611,7 +611,7 @@ def build_ui_view(rows: Iterable[tuple[int, str]]) -> list[UiMessage]:
     return [
         UI_MESSAGE.validate_json(p)
         for s, p, d in data
-        if "from_seq" not in d and not is_voided(s, hidden)
+        if not is_marker(d) and not is_voided(s, hidden)
     ]
 
 
