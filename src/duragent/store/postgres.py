@@ -306,18 +306,32 @@ class PostgresStore(TxWrites):
         if self._leases is None:
             self._leases = ThreadPoolExecutor(1, thread_name_prefix="duragent-leases")
 
-        def renew(tx: PgTx) -> LeaseRenewal:
-            kept, lost = tx.renew_leases(worker_id, held, utcnow() + timedelta(seconds=ttl))
-            return LeaseRenewal(kept=kept, lost=lost)
-
+        kept: dict[str, Task] = {}
+        lost: set[str] = set()
         loop = asyncio.get_running_loop()
-        result, tx = await loop.run_in_executor(
-            self._leases, self._execute, renew, True, self._lease_connection
-        )
-        self._writer.renewed(result.kept)
-        if tx is not None and tx.changed:
-            self._local_signals().fire(work=tx.work)
-        return result
+        # Rows a task commit holds are skipped, not waited for (see PgTx.renew_leases),
+        # and tried again a moment later: a commit holds its rows for milliseconds.
+        # Whatever is still busy after a third of the lease waits for the next beat.
+        give_up = loop.time() + ttl / 3
+        while held:
+            at = utcnow() + timedelta(seconds=ttl)
+
+            def renew(tx: PgTx, held: dict[str, int] = held, at: datetime = at) -> Any:
+                return tx.renew_leases(worker_id, held, at)
+
+            (renewed, gone, busy), tx = await loop.run_in_executor(
+                self._leases, self._execute, renew, True, self._lease_connection
+            )
+            kept.update(renewed)
+            lost |= gone
+            if tx is not None and tx.changed:
+                self._local_signals().fire(work=tx.work)
+            held = {task_id: held[task_id] for task_id in busy}
+            if not held or loop.time() >= give_up:
+                break
+            await asyncio.sleep(0.005)
+        self._writer.renewed(kept)
+        return LeaseRenewal(kept=kept, lost=lost)
 
     @contextlib.contextmanager
     def _lease_connection(self) -> Iterator[Conn]:

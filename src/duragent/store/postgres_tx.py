@@ -181,34 +181,63 @@ class PgTx:
 
     def renew_leases(
         self, worker_id: str, held: dict[str, int], expires: datetime
-    ) -> tuple[dict[str, Task], set[str]]:
-        """Renew every lease in `held` (task id -> epoch) in one statement.
+    ) -> tuple[dict[str, Task], set[str], set[str]]:
+        """Renew every lease in `held` (task id -> epoch) whose row is free now.
 
         The same rule as base.renewed (the lease is still ours: same owner,
         same epoch), applied by the server to all rows at once: a busy worker's
         thirty leases cost one round trip, not sixty, so the renewal does not
         drift past the lease when the database is slow to answer.
+
+        Rows another transaction holds (a task commit in flight on the
+        writer's connection) are skipped, never waited for: a renewal waiting
+        for rows while the writer waits for rows the renewal holds is a
+        deadlock, which PostgreSQL resolves after a second by failing one of
+        them, and two failed renewals in a row let a 2 s lease lapse. Returns
+        (renewed, lost, busy): `busy` are the skipped ones, to try again.
         """
+        ids = list(held)
+        free = {
+            row["id"]
+            for row in self.conn.execute(
+                "SELECT id FROM tasks WHERE id = ANY(%(ids)s) FOR UPDATE SKIP LOCKED",
+                {"ids": ids},
+            ).fetchall()
+        }
         stamp = expires.astimezone(UTC).isoformat().replace("+00:00", "Z")
-        rows = self.conn.execute(
-            "UPDATE tasks SET lease_expires = %(expires)s,"
-            " data = jsonb_set(data::jsonb, '{lease,expires_at}', to_jsonb(%(stamp)s::text))::text"
-            " FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS held(id, epoch)"
-            " WHERE tasks.id = held.id AND tasks.lease_epoch = held.epoch"
-            " AND tasks.lease_owner = %(worker)s"
-            " RETURNING tasks.data, tasks.input",
-            {
-                "expires": expires,
-                "stamp": stamp,
-                "ids": list(held),
-                "epochs": list(held.values()),
-                "worker": worker_id,
-            },
-        ).fetchall()
+        mine = [i for i in ids if i in free]
+        rows = (
+            self.conn.execute(
+                "UPDATE tasks SET lease_expires = %(expires)s,"
+                " data = jsonb_set(data::jsonb, '{lease,expires_at}', to_jsonb(%(stamp)s::text))"
+                "::text"
+                " FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS held(id, epoch)"
+                " WHERE tasks.id = held.id AND tasks.lease_epoch = held.epoch"
+                " AND tasks.lease_owner = %(worker)s"
+                " RETURNING tasks.data, tasks.input",
+                {
+                    "expires": expires,
+                    "stamp": stamp,
+                    "ids": mine,
+                    "epochs": [held[i] for i in mine],
+                    "worker": worker_id,
+                },
+            ).fetchall()
+            if mine
+            else []
+        )
         kept = {t.id: t for t in map(row_task, rows)}
         if kept:
             self.changed = True
-        return kept, set(held) - set(kept)
+        busy = set(ids) - free
+        # A row that is free and not renewed is no longer ours; one that is not
+        # there at all (deleted) is not ours either: neither is busy.
+        gone = {
+            i
+            for i in busy
+            if not self.conn.execute("SELECT 1 FROM tasks WHERE id = %s", (i,)).fetchone()
+        }
+        return kept, (free - set(kept)) | gone, busy - gone
 
     def find_claimable(
         self,
