@@ -4,6 +4,7 @@ import functools
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -103,25 +104,28 @@ STORE_FACTORIES: dict[str, StoreFactory] = {
 }
 
 
-@pytest.fixture(params=sorted(STORE_FACTORIES))
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    s = await STORE_FACTORIES[request.param](tmp_path)
+@asynccontextmanager
+async def opened_store(kind: str, tmp_path: Path) -> AsyncIterator[Store]:
+    """A store of `kind` (a key of STORE_FACTORIES), opened, and closed on the way out."""
+    s = await STORE_FACTORIES[kind](tmp_path)
     await s.open()
     try:
         yield s
     finally:
         await s.close()
+
+
+@pytest.fixture(params=sorted(STORE_FACTORIES))
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    async with opened_store(request.param, tmp_path) as s:
+        yield s
 
 
 @pytest.fixture(params=["jsonl", "sqlite", "sqlite-full"])
 async def file_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
     """The stores kept in files, which a test can close and open again."""
-    s = await STORE_FACTORIES[request.param](tmp_path)
-    await s.open()
-    try:
+    async with opened_store(request.param, tmp_path) as s:
         yield s
-    finally:
-        await s.close()
 
 
 @pytest.fixture(params=["sqlite", "sqlite-full", "postgres"])

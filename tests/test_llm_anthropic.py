@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable
 from email.utils import formatdate
 from typing import Any
 
@@ -45,7 +45,15 @@ from duragent.types import (
     ToolMessage,
     UserMessage,
 )
-from support.llm_servers import Answer, Reply, ScriptedAnthropicServer, ToolCall, sse
+from support.llm_servers import (
+    Answer,
+    Reply,
+    ScriptedAnthropicServer,
+    ScriptedServer,
+    ToolCall,
+    sse,
+)
+from support.providers import provider_fixtures
 
 KEY = "sk-ant-test-5ecret-0123456789abcdef"
 HELLO = ModelRequest(model="", messages=[UserMessage(content="Hi")])
@@ -61,40 +69,17 @@ Serve = Callable[..., ScriptedAnthropicServer]
 Chat = Callable[..., AnthropicChat]
 
 
-@pytest.fixture(autouse=True)
-def _no_anthropic_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ANTHROPIC_ENV:
-        monkeypatch.delenv(var, raising=False)
+class Anthropic:
+    name = "anthropic"
+    server_type = ScriptedAnthropicServer
+    env = ANTHROPIC_ENV
 
-
-@pytest.fixture
-def serve() -> Iterator[Serve]:
-    servers: list[ScriptedAnthropicServer] = []
-
-    def start(turns: Any = (), **options: Any) -> ScriptedAnthropicServer:
-        server = ScriptedAnthropicServer(turns, **options)
-        servers.append(server)
-        server.start()
-        return server
-
-    yield start
-    for server in servers:
-        server.close()
-
-
-@pytest.fixture
-async def chat() -> AsyncIterator[Chat]:
-    models: list[AnthropicChat] = []
-
-    def make(server: ScriptedAnthropicServer, **options: Any) -> AnthropicChat:
+    def model(self, server: ScriptedServer, **options: Any) -> AnthropicChat:
         options.setdefault("api_key", KEY)
-        model = AnthropicChat("claude-sonnet-5", base_url=server.base_url, **options)
-        models.append(model)
-        return model
+        return AnthropicChat("claude-sonnet-5", base_url=server.base_url, **options)
 
-    yield make
-    for model in models:
-        await model.aclose()
+
+provider, serve, chat, _no_provider_env = provider_fixtures(Anthropic())
 
 
 async def collect(model: AnthropicChat, request: ModelRequest = HELLO) -> list[StreamEvent]:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable
 from email.utils import formatdate
 from typing import Any
 
@@ -46,7 +46,8 @@ from duragent.types import (
     ToolMessage,
     UserMessage,
 )
-from support.llm_servers import Answer, Reply, ScriptedOpenAIServer, ToolCall, sse
+from support.llm_servers import Answer, Reply, ScriptedOpenAIServer, ScriptedServer, ToolCall, sse
+from support.providers import provider_fixtures
 
 KEY = "sk-test-5ecret-0123456789abcdef"
 HELLO = ModelRequest(model="", messages=[UserMessage(content="Hi")])
@@ -56,40 +57,17 @@ Serve = Callable[..., ScriptedOpenAIServer]
 Chat = Callable[..., OpenAIChat]
 
 
-@pytest.fixture(autouse=True)
-def _no_openai_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_ORG_ID", "OPENAI_PROJECT_ID"):
-        monkeypatch.delenv(var, raising=False)
+class OpenAI:
+    name = "openai"
+    server_type = ScriptedOpenAIServer
+    env = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_ORG_ID", "OPENAI_PROJECT_ID")
 
-
-@pytest.fixture
-def serve() -> Iterator[Serve]:
-    servers: list[ScriptedOpenAIServer] = []
-
-    def start(turns: Any = (), **options: Any) -> ScriptedOpenAIServer:
-        server = ScriptedOpenAIServer(turns, **options)
-        servers.append(server)
-        server.start()
-        return server
-
-    yield start
-    for server in servers:
-        server.close()
-
-
-@pytest.fixture
-async def chat() -> AsyncIterator[Chat]:
-    models: list[OpenAIChat] = []
-
-    def make(server: ScriptedOpenAIServer, **options: Any) -> OpenAIChat:
+    def model(self, server: ScriptedServer, **options: Any) -> OpenAIChat:
         options.setdefault("api_key", KEY)
-        model = OpenAIChat("gpt-4o-mini", base_url=server.base_url, **options)
-        models.append(model)
-        return model
+        return OpenAIChat("gpt-4o-mini", base_url=server.base_url, **options)
 
-    yield make
-    for model in models:
-        await model.aclose()
+
+provider, serve, chat, _no_provider_env = provider_fixtures(OpenAI())
 
 
 async def collect(model: OpenAIChat, request: ModelRequest = HELLO) -> list[StreamEvent]:

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from support.llm_servers import (
     ScriptedServer,
     ToolCall,
 )
+from support.providers import provider_fixtures
 
 SECRET = "sk-test-SECRET-123"
 HERE = Path(__file__).parent
@@ -54,10 +55,14 @@ class Provider:
     call_prefix: str  # how the server names tool calls: <prefix>_<turn>_<index>
 
     @property
+    def env(self) -> tuple[str, ...]:
+        return (self.env_key, self.env_base_url)
+
+    @property
     def spec(self) -> str:
         return f"{self.name}:{self.model_name}"
 
-    def model(self, server: ScriptedServer, **options: Any) -> ChatModel:
+    def model(self, server: ScriptedServer, **options: Any) -> OpenAIChat | AnthropicChat:
         options.setdefault("api_key", SECRET)
         if self.name == "openai":
             return OpenAIChat(self.model_name, base_url=server.base_url, **options)
@@ -110,45 +115,7 @@ def assistant_count(request: RecordedRequest) -> int:
     return sum(1 for m in request.json["messages"] if m["role"] == "assistant")
 
 
-@pytest.fixture(params=PROVIDERS, ids=lambda p: p.name)
-def provider(request: pytest.FixtureRequest) -> Provider:
-    return request.param  # type: ignore[no-any-return]
-
-
-@pytest.fixture(autouse=True)
-def _no_provider_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for p in PROVIDERS:
-        monkeypatch.delenv(p.env_key, raising=False)
-        monkeypatch.delenv(p.env_base_url, raising=False)
-
-
-@pytest.fixture
-def serve(provider: Provider) -> Iterator[Callable[..., ScriptedServer]]:
-    servers: list[ScriptedServer] = []
-
-    def start(turns: Any = (), **options: Any) -> ScriptedServer:
-        server = provider.server_type(turns, **options)
-        servers.append(server)
-        server.start()
-        return server
-
-    yield start
-    for server in servers:
-        server.close()
-
-
-@pytest.fixture
-async def chat(provider: Provider) -> AsyncIterator[Callable[..., ChatModel]]:
-    models: list[ChatModel] = []
-
-    def make(server: ScriptedServer, **options: Any) -> ChatModel:
-        model = provider.model(server, **options)
-        models.append(model)
-        return model
-
-    yield make
-    for model in models:
-        await model.aclose()  # type: ignore[attr-defined]
+provider, serve, chat, _no_provider_env = provider_fixtures(*PROVIDERS)
 
 
 async def run_task(tmp_path: Path, agent: Agent, text: str, timeout: float = 30) -> Task:
