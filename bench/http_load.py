@@ -259,8 +259,7 @@ async def run(url: str, pid: int, args: argparse.Namespace) -> Result:
             for user in range(USERS):
                 r = await api.get(
                     f"{url}/v1/tasks",
-                    params=[("status", s) for s in ("pending", "running", "waiting")]
-                    + [("limit", "1")],
+                    params={"status": ["pending", "running", "waiting"], "limit": 1},
                     headers=auth(user),
                 )
                 active += len(r.json()["tasks"])

@@ -71,12 +71,14 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def _hogs(n: int) -> Iterator[None]:
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    procs: list[subprocess.Popen[bytes]] = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)
+    ]
     try:
         yield
     finally:
         for p in procs:
-            _stop(p)  # type: ignore[arg-type]
+            _stop(p)
 
 
 async def _until(store: Store, task_id: str, cond: object, timeout: float = 60) -> Task:

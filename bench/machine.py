@@ -9,7 +9,10 @@ import subprocess
 import sys
 import time
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import psycopg
 
 PACKAGES = (
     "duragent",
@@ -59,14 +62,20 @@ def _filesystem(path: str) -> str:
         return "unknown"
 
 
+def _show(conn: psycopg.Connection[tuple[Any, ...]], name: str) -> str:
+    row = conn.execute(f"SHOW {name}").fetchone()
+    assert row is not None, name
+    return str(row[0])
+
+
 def _postgres(url: str) -> str:
     try:
         import psycopg
 
         with psycopg.connect(url, connect_timeout=3) as conn:
-            version = conn.execute("SHOW server_version").fetchone()[0]
-            sync = conn.execute("SHOW synchronous_commit").fetchone()[0]
-            fsync = conn.execute("SHOW fsync").fetchone()[0]
+            version, sync, fsync = (
+                _show(conn, name) for name in ("server_version", "synchronous_commit", "fsync")
+            )
             return f"PostgreSQL {version} (local, fsync={fsync}, synchronous_commit={sync})"
     except Exception as exc:
         return f"unreachable ({type(exc).__name__})"

@@ -310,9 +310,9 @@ def targets(res: Results) -> list[str]:
             )
     raw = res.storage.get("raw", {})
     for key, goal in GOAL_STORAGE_RATIO.items():
-        got = res.storage.get(key)
-        if got:
-            ratios = [got[n] / raw[n] for n in got if n in raw]
+        stored = res.storage.get(key)
+        if stored:
+            ratios = [stored[n] / raw[n] for n in stored if n in raw]
             last = ratios[-1]
             out.append(
                 f"- Storage, {BY_KEY[key].store}: {', '.join(f'{r:.2f}×' for r in ratios)} raw "

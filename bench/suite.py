@@ -33,7 +33,7 @@ class System:
     compare: str | None = None  # the duragent row it is compared with
 
 
-ROUND_SYSTEMS = (
+ROUND_SYSTEMS: tuple[System, ...] = (
     System(
         "duragent/none",
         "duragent",
@@ -356,7 +356,7 @@ def raw_json_size_after(rounds: int) -> int:
     return raw_json_size(rounds) - len(_json.dumps(openai_messages(rounds)[-1]))
 
 
-RESUME_KEYS = (
+RESUME_KEYS: tuple[str, ...] = (
     "duragent/sqlite-normal",
     "duragent/postgres",
     "langgraph/sqlite",

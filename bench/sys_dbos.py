@@ -4,6 +4,7 @@ call and one step per tool call (each step's output is committed before the next
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -95,6 +96,12 @@ def _size(config: str, workdir: str, schema: str | None) -> int:
     return schema_bytes(schema)
 
 
+def _measure(
+    measured: dict[str, int], n: int, config: str, workdir: str, schema: str | None
+) -> None:
+    measured[str(n)] = _size(config, workdir, schema)
+
+
 async def rounds(
     config: str, workdir: str, rounds: int, sizes: list[int] | None = None, repeats: int = 1
 ) -> Any:
@@ -108,9 +115,7 @@ async def rounds(
             _clock = RoundClock()
             measured: dict[str, int] = {}
             for n in sizes or ():
-                _clock.hooks[n] = lambda n=n, m=measured: m.__setitem__(
-                    str(n), _size(config, workdir, schema)
-                )
+                _clock.hooks[n] = functools.partial(_measure, measured, n, config, workdir, schema)
             t0 = time.perf_counter()
             handle = await DBOS.start_workflow_async(agent_loop, USER_TEXT)
             messages = await handle.get_result()

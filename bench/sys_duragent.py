@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import statistics
 import time
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, runtime_checkable
 
 from bench.common import (
     PG_URL,
@@ -35,6 +37,7 @@ from duragent.types import (
     AssistantMessage,
     EntryKind,
     NewEntry,
+    Task,
     TaskStatus,
     ToolMessage,
     UserMessage,
@@ -109,6 +112,30 @@ def _store_size(store: Any, url: str, schema: str | None) -> int:
     return sqlite_bytes(store.path)
 
 
+def _measure(measured: dict[str, int], n: int, store: Any, url: str, schema: str | None) -> None:
+    measured[str(n)] = _store_size(store, url, schema)
+
+
+def _set_when_ended(ended: asyncio.Event) -> Callable[[Task, TaskStatus, TaskStatus], None]:
+    """A status hook that sets `ended` once the task reaches a terminal status."""
+
+    def hook(task: Task, old: TaskStatus, new: TaskStatus) -> None:
+        if new.terminal:
+            ended.set()
+
+    return hook
+
+
+@runtime_checkable
+class Batching(Protocol):
+    """The SQLite and PostgreSQL stores' writer counters."""
+
+    @property
+    def jobs_done(self) -> int: ...
+    @property
+    def batches(self) -> int: ...
+
+
 async def bare_loop(rounds: int) -> Any:
     """The round loop with nothing durable: ask the model, run the tool, append, repeat."""
     clock = RoundClock()
@@ -148,12 +175,10 @@ async def rounds(config: str, workdir: str, rounds: int, sizes: list[int] | None
         url,
         agents=[bench_agent(rounds, clock)],
         poll_interval=0.05,
-        on_status_change=lambda task, old, new: new.terminal and ended.set(),
+        on_status_change=_set_when_ended(ended),
     )
     for n in sizes or ():
-        clock.hooks[n] = lambda n=n: measured.__setitem__(
-            str(n), _store_size(rt.store, url, schema)
-        )
+        clock.hooks[n] = functools.partial(_measure, measured, n, rt.store, url, schema)
     try:
         async with rt:
             t0 = time.perf_counter()
@@ -170,7 +195,7 @@ async def rounds(config: str, workdir: str, rounds: int, sizes: list[int] | None
                 "sizes": measured,
                 "cpu_ms_per_round": cpu / rounds * 1e3,
             }
-            if hasattr(rt.store, "jobs_done"):
+            if isinstance(rt.store, Batching):
                 out["commits"] = rt.store.jobs_done
                 out["transactions"] = rt.store.batches
         return out
@@ -379,7 +404,7 @@ async def streaming(config: str, workdir: str, rounds: int) -> Any:
         url,
         agents=[agent],
         poll_interval=0.05,
-        on_status_change=lambda task, old, new: new.terminal and ended.set(),
+        on_status_change=_set_when_ended(ended),
     )
     try:
         async with rt:
@@ -394,12 +419,13 @@ async def streaming(config: str, workdir: str, rounds: int) -> Any:
 
 
 def run(workload: str, params: dict[str, Any]) -> Any:
-    fn = {
+    workloads: dict[str, Callable[..., Coroutine[Any, Any, Any]]] = {
         "rounds": rounds,
         "resume": resume,
         "concurrent": concurrent,
         "streaming": streaming,
-    }[workload]
+    }
+    fn = workloads[workload]
     # `repeats` of a rounds run = tasks in this process; resume has its own repeats.
     repeats = params.pop("repeats", 1) if workload == "rounds" else 1
     workdir = params.pop("workdir")

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import statistics
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Annotated, Any, TypedDict
 
 from langchain_core.language_models.chat_models import BaseChatModel
@@ -179,6 +180,12 @@ def _size(config: str, workdir: str, schema: str | None) -> int:
     return schema_bytes(schema)
 
 
+def _measure(
+    measured: dict[str, int], n: int, config: str, workdir: str, schema: str | None
+) -> None:
+    measured[str(n)] = _size(config, workdir, schema)
+
+
 def _thread(tid: str) -> dict[str, Any]:
     return {"configurable": {"thread_id": tid}, "recursion_limit": 1_000_000}
 
@@ -190,7 +197,7 @@ async def rounds(config: str, workdir: str, rounds: int, sizes: list[int] | None
     clock = RoundClock()
     measured: dict[str, int] = {}
     for n in sizes or () if config != "none" and config != "memory" else ():
-        clock.hooks[n] = lambda n=n: measured.__setitem__(str(n), _size(config, workdir, schema))
+        clock.hooks[n] = functools.partial(_measure, measured, n, config, workdir, schema)
     try:
         async with saver(config, workdir, schema) as cp:
             graph = react_graph(
@@ -286,7 +293,12 @@ async def concurrent(config: str, workdir: str, tasks: int, rounds: int) -> Any:
 
 
 def run(workload: str, params: dict[str, Any]) -> Any:
-    fn = {"rounds": rounds, "resume": resume, "concurrent": concurrent}[workload]
+    workloads: dict[str, Callable[..., Coroutine[Any, Any, Any]]] = {
+        "rounds": rounds,
+        "resume": resume,
+        "concurrent": concurrent,
+    }
+    fn = workloads[workload]
     # `repeats` of a rounds run = tasks in this process; resume has its own repeats.
     repeats = params.pop("repeats", 1) if workload == "rounds" else 1
     workdir = params.pop("workdir")
