@@ -53,6 +53,7 @@ def test_a_crashed_workers_lease_is_counted_down_then_said_to_have_ended(
     expect(lease).to_contain_text("waiting for another worker to take it over")
 
 
+@pytest.mark.slow
 def test_a_task_that_is_not_running_shows_no_lease(page: Page, server: LiveServer) -> None:
     body = {"agent": "approver", "input": "Email Bob."}
     r = httpx.post(f"{server.url}/v1/tasks", json=body, headers=server.headers(), timeout=30)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from duragent import Runtime
@@ -35,6 +36,7 @@ async def _finish(url: str, tid: str) -> str:
         return str(task.output)
 
 
+@pytest.mark.slow
 def test_list_edit_approve_and_deny_from_the_terminal(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/cli.db"
     tid, (bob, ann) = asyncio.run(_parked(url))
@@ -74,6 +76,7 @@ def test_list_edit_approve_and_deny_from_the_terminal(tmp_path: Path) -> None:
     assert "The user denied this call: not ann" in output
 
 
+@pytest.mark.slow
 def test_approve_all_decides_every_open_approval_at_once(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/cli.db"
     tid, (bob, ann) = asyncio.run(_parked(url))

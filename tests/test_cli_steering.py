@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from duragent import Runtime
@@ -27,6 +28,7 @@ async def _run_to_end(url: str, agent: str, text: str = "go") -> str:
         return task.id
 
 
+@pytest.mark.slow
 def test_history_then_fork_with_an_edit(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/cli.db"
     tid = asyncio.run(_run_to_end(url, "parent"))

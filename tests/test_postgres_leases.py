@@ -45,6 +45,7 @@ async def test_renewals_succeed_while_every_pooled_connection_is_busy() -> None:
         drop_schema(schema)
 
 
+@pytest.mark.slow
 async def test_a_renewal_skips_a_row_a_commit_holds_instead_of_waiting_for_it() -> None:
     """A renewal waiting for a row the writer holds, while the writer waits for a
     row the renewal holds, was a deadlock: PostgreSQL failed one of them after a

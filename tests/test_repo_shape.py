@@ -199,6 +199,7 @@ def test_no_import_cycle_at_import_time() -> None:
     assert [_say(graph, c) for c in _cycles(graph)] == []
 
 
+@pytest.mark.slow
 def test_no_import_cycle_counting_type_checking_and_lazy_imports() -> None:
     """A cycle of the design, even if no import runs it: a module that needs a
     narrow view of another (as tools need of their task's runner) says so with a

@@ -145,6 +145,7 @@ async def test_request_id_returns_the_same_task(url: str) -> None:
         assert len((await rt.list(owner="u")).tasks) == 1
 
 
+@pytest.mark.slow
 async def test_cancelling_a_wait_never_cancels_the_task(url: str) -> None:
     gate = asyncio.Event()
 

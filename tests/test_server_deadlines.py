@@ -56,6 +56,7 @@ async def test_a_deadline_as_a_time_is_kept_in_utc(client: httpx.AsyncClient) ->
     ] is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "bad",
     [

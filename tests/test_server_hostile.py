@@ -385,6 +385,7 @@ def nested_json(depth: int) -> str:
     return "[" * depth + '"leaf"' + "]" * depth
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("depth", [65, 300, 980, 5000])
 def test_deep_nesting_is_422_and_nothing_is_stored(server: LiveServer, depth: int) -> None:
     session = f"deep-{depth}"
@@ -528,6 +529,7 @@ def test_docs_load_nothing_from_a_cdn_and_openapi_stays(server: LiveServer) -> N
     assert httpx.get(f"{server.url}/openapi.json", timeout=30).status_code == 200
 
 
+@pytest.mark.slow
 def test_openapi_names_agents_only_to_a_signed_in_caller(server: LiveServer) -> None:
     public = httpx.get(f"{server.url}/openapi.json", timeout=30)
     assert public.status_code == 200

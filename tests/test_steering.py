@@ -68,6 +68,7 @@ async def finished_source(store: Store, counter: Counter) -> str:
     return task.id
 
 
+@pytest.mark.slow
 async def test_history_lists_rounds_with_calls_results_and_outcomes(store: Store) -> None:
     counter = Counter()
     tid = await finished_source(store, counter)
@@ -87,6 +88,7 @@ async def test_history_lists_rounds_with_calls_results_and_outcomes(store: Store
         await rt.history(tid, owner="someone else")
 
 
+@pytest.mark.slow
 async def test_fork_copies_the_view_through_round_n_and_never_reruns_its_tools(
     store: Store,
 ) -> None:
@@ -116,6 +118,7 @@ async def test_fork_copies_the_view_through_round_n_and_never_reruns_its_tools(
     assert first.kind is EntryKind.CHECKPOINT and first.payload["type"] == "fork"
 
 
+@pytest.mark.slow
 async def test_fork_edits_are_entries_in_the_forks_log(store: Store) -> None:
     counter = Counter()
     tid = await finished_source(store, counter)
@@ -173,6 +176,7 @@ async def test_fork_refuses_a_round_whose_calls_are_not_all_answered(store: Stor
         assert len((await rt.list(owner="u")).tasks) == 1
 
 
+@pytest.mark.slow
 async def test_fork_is_owner_scoped_and_idempotent_by_request_id(store: Store) -> None:
     counter = Counter()
     tid = await finished_source(store, counter)
@@ -246,6 +250,7 @@ def test_the_readme_steering_example_runs(tmp_path: Any) -> None:
     assert "Answered: now explain it {'task_id': 't_" in out and "'round': 1}" in out
 
 
+@pytest.mark.slow
 async def test_a_rolled_back_round_is_shown_voided_and_never_copied(store: Store) -> None:
     release = asyncio.Event()
 

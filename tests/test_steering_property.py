@@ -13,6 +13,7 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -239,6 +240,7 @@ async def voided_labels(store: Any, task_id: str) -> set[str]:
     }
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(OPS, st.integers(0, 50)), max_size=12))
 def test_random_send_pause_rollback_resume_fork_keep_every_view_sound(

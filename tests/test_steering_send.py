@@ -145,6 +145,7 @@ async def test_a_finished_task_takes_no_message_and_others_ids_are_not_found(
         assert (await rt.get(task.id)).last_seq == task.last_seq  # nothing written
 
 
+@pytest.mark.slow
 async def test_continue_session_while_a_turn_runs_follows_the_strategy(store: Store) -> None:
     gate = Gate()
     async with Runtime(store, agents=[agent(gate)]) as rt:
@@ -176,6 +177,7 @@ async def test_continue_session_while_a_turn_runs_follows_the_strategy(store: St
     assert roles(view)[-2:] == ["user:next", "assistant:re 'next' having said 3"]
 
 
+@pytest.mark.slow
 async def test_a_waiting_task_takes_an_interrupting_message_when_its_wait_ends(
     store: Store,
 ) -> None:

@@ -342,6 +342,7 @@ async def test_documents_upsert_with_versions(store: Store) -> None:
     assert await store.get_document(scope, "other") is None
 
 
+@pytest.mark.slow
 async def test_every_session_scope_is_per_owner(store: Store) -> None:
     """Bob (and an ownerless caller) naming Alice's session id see nothing of hers
     and change nothing of hers: not her session documents, not her history, not
@@ -625,6 +626,7 @@ async def test_watch_controls_is_told_the_task_a_control_request_was_set_on(
         stop()
 
 
+@pytest.mark.slow
 async def test_model_view_keeps_commit_order_across_many_interleaved_commits(store: Store) -> None:
     a, b = await make(store), await make(store)
     expected = []

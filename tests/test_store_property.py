@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from support.store_model import SETTINGS, _with_store, op
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.lists(op, max_size=25))
 def test_memory_store_matches_model(ops: list[tuple[Any, ...]]) -> None:

@@ -281,6 +281,7 @@ async def test_https_dials_the_checked_address_and_still_verifies_the_name(
         await get(f"https://other.test:{port}/", policy)  # same address, wrong name
 
 
+@pytest.mark.slow
 async def test_a_redirect_to_another_name_on_the_same_address_is_verified_again(
     tls_site: tuple[int, ssl.SSLContext],
 ) -> None:

@@ -107,6 +107,7 @@ async def test_a_limit_set_while_a_worker_runs_holds_at_its_next_claim(
         assert done.status is TaskStatus.COMPLETED
 
 
+@pytest.mark.slow
 async def test_worker_object_keeps_to_its_queues_on_every_store(store: Store) -> None:
     mine = await submit_at_once(
         store, [Task(agent="chat", input=f"a{i}", queue="a") for i in range(3)]
