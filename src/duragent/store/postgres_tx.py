@@ -232,11 +232,17 @@ class PgTx:
         busy = set(ids) - free
         # A row that is free and not renewed is no longer ours; one that is not
         # there at all (deleted) is not ours either: neither is busy.
-        gone = {
-            i
-            for i in busy
-            if not self.conn.execute("SELECT 1 FROM tasks WHERE id = %s", (i,)).fetchone()
-        }
+        there = (
+            {
+                row["id"]
+                for row in self.conn.execute(
+                    "SELECT id FROM tasks WHERE id = ANY(%(ids)s)", {"ids": list(busy)}
+                ).fetchall()
+            }
+            if busy
+            else set()
+        )
+        gone = busy - there
         return kept, (free - set(kept)) | gone, busy - gone
 
     def find_claimable(
