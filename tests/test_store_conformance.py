@@ -644,3 +644,26 @@ async def test_model_view_keeps_commit_order_across_many_interleaved_commits(sto
     assert await store.model_view((await make(store)).id) == []
     assert [m["content"] for m in await store.model_view_data(a.id)] == expected
     assert await store.model_view_data((await make(store)).id) == []
+
+
+async def test_among_many_running_tasks_the_expired_lease_is_found_and_the_earliest_end_woken_for(
+    store: Store,
+) -> None:
+    """A claim takes the one lapsed lease among many running tasks, and next_wake_at is
+    the earliest lease end (both now read the lease index; test_store_sqlite counts it)."""
+    tasks = [await make(store) for _ in range(30)]
+    for t in tasks[:-2]:
+        assert await store.claim_task("w", task_id=t.id, ttl=3600) is not None
+    soon, expired = tasks[-2], tasks[-1]
+    assert await store.claim_task("w", task_id=soon.id, ttl=60) is not None
+    lapsed = await store.claim_task("w", task_id=expired.id, ttl=-1)  # its lease already over
+    assert lapsed is not None
+    nxt = await store.next_wake_at()
+    assert nxt is not None and nxt <= datetime.now(UTC)  # the lapsed lease: now
+    taken = await store.claim_task("w2", ttl=3600)
+    assert taken is not None and taken.id == expired.id
+    assert taken.lease.epoch == lapsed.lease.epoch + 1 and taken.lease.owner == "w2"
+    assert await store.claim_task("w2") is None  # every other lease still runs
+    nxt = await store.next_wake_at()
+    assert nxt is not None
+    assert timedelta(seconds=50) < nxt - datetime.now(UTC) < timedelta(seconds=61)

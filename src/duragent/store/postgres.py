@@ -525,11 +525,15 @@ class PostgresStore(TxWrites):
         )
 
         def read(conn: Conn) -> datetime | None:
+            # Each part is a min() the planner reads off its index (tasks_due,
+            # tasks_leases), not a scan of every waiting or running row. A running
+            # task without a lease end counts as expired (the epoch), as in the claim.
             row = conn.execute(
                 "SELECT min(t) AS t FROM ("
-                " SELECT wake_at AS t FROM tasks WHERE status = 'waiting'"
+                " SELECT min(wake_at) AS t FROM tasks WHERE status = 'waiting'"
                 f" AND wake_at IS NOT NULL {mine}"
-                f" UNION ALL SELECT lease_expires FROM tasks WHERE status = 'running' {mine}"
+                " UNION ALL SELECT min(coalesce(lease_expires, 'epoch'::timestamptz))"
+                f" FROM tasks WHERE status = 'running' {mine}"
                 " UNION ALL SELECT min(wake_at) FROM tasks WHERE status = 'pending'"
                 f" AND wake_at IS NOT NULL {mine}) AS wakes",
                 {

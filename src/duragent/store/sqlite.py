@@ -128,6 +128,7 @@ class SQLiteStore(TxWrites):
         self._controls = ControlWatchers()
         self._wake = WakeUps(path)
         self._closed = False
+        self._claims_were_full = False  # the last claim got all it asked for
 
     # --- lifecycle ---
 
@@ -458,10 +459,14 @@ class SQLiteStore(TxWrites):
     async def next_wake_at(
         self, agents: Iterable[str] | None = None, queues: Iterable[str] | None = None
     ) -> datetime | None:
+        # Each part is a min() over its index (tasks_due, tasks_leases): one seek,
+        # not a read of every waiting or running row. A running task without a
+        # lease end counts as expired (0), as in the claim.
         sql = (
-            "SELECT min(t) FROM (SELECT wake_at AS t FROM tasks WHERE status='waiting'"
-            " AND wake_at IS NOT NULL {a} UNION ALL SELECT lease_expires FROM tasks"
-            " WHERE status='running' {a} UNION ALL SELECT min(wake_at) FROM tasks"
+            "SELECT min(t) FROM (SELECT min(wake_at) AS t FROM tasks WHERE status='waiting'"
+            " AND wake_at IS NOT NULL {a} UNION ALL SELECT min(coalesce(lease_expires, 0))"
+            " FROM tasks INDEXED BY tasks_leases WHERE status='running' {a}"
+            " UNION ALL SELECT min(wake_at) FROM tasks"
             " WHERE status='pending' AND wake_at IS NOT NULL {a})"
         )
         params: list[Any] = []
@@ -487,18 +492,25 @@ class SQLiteStore(TxWrites):
     ) -> list[Task]:
         """Look first without the write lock: an idle worker polling for work then
         never holds the file's one write lock (which would stall every other
-        process's commits, for as long as a stopped or slow poller holds it)."""
+        process's commits, for as long as a stopped or slow poller holds it).
+        Right after a claim that got all it asked for, the look is skipped: there
+        is likely more, and the claim reads the same candidates again anyway."""
         names = None if agents is None else list(agents)
         only = None if queues is None else sorted(set(queues))
-        if n < 1 or not await self._read(
+        if n < 1:
+            return []
+        # After a claim that got all it asked for there is likely more: skip the look.
+        if not self._claims_were_full and not await self._read(
             lambda conn: bool(
                 SqliteTx(conn).find_claimable(utcnow(), names, task_id, 1, set(), only)
             )
         ):
             return []
-        return await super().claim_tasks(
+        claimed = await super().claim_tasks(
             worker_id, n, agents=names, ttl=ttl, task_id=task_id, queues=only
         )
+        self._claims_were_full = task_id is None and len(claimed) == n
+        return claimed
 
     async def delete_task(self, task_id: str) -> None:
         def delete(tx: SqliteTx) -> None:

@@ -222,8 +222,10 @@ class SqliteTx:
             sql = f"{cols} WHERE id=:id AND ({_RUNNABLE}){agent_clause}"
             return [Candidate.from_row(r, self._task) for r in self.conn.execute(sql, params)]
         rows = self.conn.execute(
-            f"{cols} WHERE status='running' AND coalesce(lease_expires, 0) <= :now"
-            f"{agent_clause} LIMIT :limit",
+            # INDEXED BY: the planner prefers tasks_runnable(status), which reads
+            # every running row (measured: 2.2 ms with 1,500 running, 92 µs here).
+            f"{cols} INDEXED BY tasks_leases WHERE status='running'"
+            f" AND coalesce(lease_expires, 0) <= :now{agent_clause} LIMIT :limit",
             params,
         ).fetchall()
         rows += self.conn.execute(

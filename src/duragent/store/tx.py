@@ -317,7 +317,9 @@ def apply_claim(
         budget.count(tx.running_counts(sorted(budget.queues)))
     picked: list[Task] = []
     seen: set[str] = set()
-    limit = n + 8
+    # Without limits nothing is refused, so n candidates are enough; with them,
+    # a few more, and a larger page when too many were refused.
+    limit = n + 8 if budget.queues else n
     for _ in range(4):
         refused = 0
         for found in tx.find_claimable(now, agents, task_id, limit, budget.closed(), queues):
