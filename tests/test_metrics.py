@@ -71,23 +71,26 @@ async def test_worker_metrics_are_scraped_from_a_real_process(tmp_path: Path) ->
         await asyncio.to_thread(wait_listening, port, proc, log)
         async with Runtime(url, agents=AGENTS, run_worker=False) as rt:
             subs = [await rt.submit("researcher", f"q{i}") for i in range(2)]
+            subs.append(await rt.submit("researcher", "q2", queue="reports"))
             for sub in subs:
                 assert (await sub.wait(30)).output == "42"
         samples = await asyncio.to_thread(scrape, port)
     finally:
         stop(proc)
-    assert value(samples, "duragent_tasks", status="completed", agent="researcher") == 2
+    # By status and queue (the default queue is the agent's name), counted in the store.
+    assert value(samples, "duragent_tasks", status="completed", queue="researcher") == 2
+    assert value(samples, "duragent_tasks", status="completed", queue="reports") == 1
     assert value(samples, "duragent_tasks", status="running") == 0
-    assert value(samples, "duragent_task_runs_total", agent="researcher") == 2
-    assert value(samples, "duragent_rounds_total", agent="researcher") == 4  # tool round + answer
-    assert value(samples, "duragent_commits_total", outcome="ok") >= 6
+    assert value(samples, "duragent_task_runs_total", agent="researcher") == 3
+    assert value(samples, "duragent_rounds_total", agent="researcher") == 6  # tool round + answer
+    assert value(samples, "duragent_commits_total", outcome="ok") >= 9
     assert value(samples, "duragent_commit_seconds_count") == value(
         samples, "duragent_commits_total"
     )
-    assert value(samples, "duragent_model_call_seconds_count", agent="researcher") == 4
+    assert value(samples, "duragent_model_call_seconds_count", agent="researcher") == 6
     assert value(samples, "duragent_model_tokens_total", kind="output") > 0
-    assert value(samples, "duragent_tool_call_seconds_count", tool="nap", outcome="ok") == 2
-    assert value(samples, "duragent_tool_call_seconds_sum", tool="nap") >= 0.4  # two 0.2 s naps
+    assert value(samples, "duragent_tool_call_seconds_count", tool="nap", outcome="ok") == 3
+    assert value(samples, "duragent_tool_call_seconds_sum", tool="nap") >= 0.6  # three 0.2 s naps
     for name in ("duragent_takeovers_total", "duragent_model_retries_total"):
         assert value(samples, name) == 0
     assert ("duragent_lease_renew_lag_seconds_count", ()) in samples
@@ -129,7 +132,7 @@ async def test_serve_metrics_are_on_their_own_port(tmp_path: Path) -> None:
         samples = await asyncio.to_thread(scrape, metrics_port)
     finally:
         stop(proc)
-    assert value(samples, "duragent_tasks", status="completed", agent="quick") == 1
+    assert value(samples, "duragent_tasks", status="completed", queue="quick") == 1
     assert value(samples, "duragent_rounds_total", agent="quick") == 1
     assert value(samples, "duragent_commits_total") >= 1
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from support.readme import README, run, runnable_blocks
+from support.readme import README, run, runnable_blocks, stated_outputs
 
 
 def test_the_first_examples_are_marked_runnable() -> None:
@@ -25,6 +25,15 @@ def test_a_readme_example_runs_as_written(heading: str, tmp_path: Path) -> None:
     done = run(runnable_blocks()[heading], tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
+    if heading in stated_outputs():  # "It prints `…`." right after the block
+        assert done.stdout.splitlines()[-1:] == [stated_outputs()[heading]], done.stdout
+
+
+def test_the_fitting_your_stack_examples_are_runnable_and_say_what_they_print() -> None:
+    parts = {"Durable steps inside a tool", "Webhooks", "MCP tool servers"}
+    parts |= {"OpenTelemetry traces", "Prometheus metrics"}
+    assert parts <= set(runnable_blocks())
+    assert parts - {"Durable steps inside a tool"} <= set(stated_outputs())
 
 
 @pytest.mark.slow

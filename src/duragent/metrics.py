@@ -21,8 +21,8 @@ from typing import Any, cast
 
 from duragent.errors import Conflict, MissingExtra, StaleLease
 from duragent.payloads import status_of
-from duragent.store.base import Commit, CommitResult, LeaseRenewal, Store, TaskQuery
-from duragent.types import EntryKind, Task, TaskStatus
+from duragent.store.base import Commit, CommitResult, LeaseRenewal, Store
+from duragent.types import EntryKind, Task
 
 log = logging.getLogger("duragent.metrics")
 
@@ -216,7 +216,7 @@ class Metrics:
 
 
 class _TaskCounts:
-    """duragent_tasks{status, agent}: counted from the store at scrape time."""
+    """duragent_tasks{status, queue}: counted in the store (one grouped query) at scrape time."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
@@ -226,7 +226,7 @@ class _TaskCounts:
 
     def collect(self) -> Iterator[Any]:
         family = GaugeMetricFamily(
-            "duragent_tasks", "Tasks in the store.", labels=["status", "agent"]
+            "duragent_tasks", "Tasks in the store.", labels=["status", "queue"]
         )
         loop = self.metrics._loop
         if loop is None or loop.is_closed():
@@ -241,8 +241,8 @@ class _TaskCounts:
         except Exception as exc:  # a scrape must answer even when the store does not
             log.warning("counting tasks for /metrics failed: %s", exc)
             counts = Tally()
-        for (status, agent), n in sorted(counts.items()):
-            family.add_metric([status, agent], n)
+        for (status, queue), n in sorted(counts.items()):
+            family.add_metric([status, queue], n)
         yield family
 
 
@@ -254,17 +254,10 @@ def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
 
 
 async def count_tasks(store: Store) -> Tally[tuple[str, str]]:
-    """(status, agent) -> number of tasks, paging through the store."""
+    """(status, queue) -> number of tasks, from the store's grouped count."""
     counts: Tally[tuple[str, str]] = Tally()
-    for status in TaskStatus:
-        cursor = None
-        while True:
-            page = await store.list_tasks(TaskQuery(status=status, limit=500, cursor=cursor))
-            for t in page.tasks:
-                counts[(status.value, t.agent)] += 1
-            cursor = page.next_cursor
-            if not cursor:
-                break
+    for (queue, status), n in (await store.count_tasks()).items():
+        counts[(status, queue)] += n
     return counts
 
 

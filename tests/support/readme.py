@@ -11,6 +11,7 @@ from support.server_live import child_env
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 RUNNABLE = re.compile(r"^<!-- runnable\b[^\n]*-->\n```python\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+PRINTS = re.compile(r"\s*It prints `([^`]+)`\.")
 
 
 def heading_before(text: str) -> str:
@@ -32,6 +33,17 @@ def runnable_blocks() -> dict[str, str]:
         assert heading not in blocks, f"two runnable blocks under {heading!r}"
         blocks[heading] = found.group(1)
     return blocks
+
+
+def stated_outputs() -> dict[str, str]:
+    """What the prose right after a runnable block says it prints ("It prints `…`."), by heading."""
+    text = README.read_text()
+    stated = {}
+    for found in RUNNABLE.finditer(text):
+        said = PRINTS.match(text, found.end() + 1)
+        if said:
+            stated[heading_before(text[: found.start()])] = said.group(1)
+    return stated
 
 
 def run(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
