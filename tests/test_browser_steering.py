@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Request, Route
 
 from support.browser import Page, expect, gates, page, server, shot, sign_in, start_task, status
 from support.server_live import LiveServer
@@ -81,3 +82,43 @@ def test_message_box_on_a_live_task_enqueue_and_interrupt(
     expect(page.locator(".notice", has_text="Interrupted by a new message.")).to_have_count(1)
     expect(page.locator(".bubble.user .text").last).to_have_text("Stop waiting.")
     expect(card.last).to_have_attribute("data-state", "interrupted")
+
+
+@pytest.mark.slow
+def test_a_message_sent_again_after_a_lost_answer_is_taken_once(
+    page: Page, server: LiveServer, gates: Path
+) -> None:
+    sign_in(page, server)
+    start_task(page, "holder", "gate-resend")
+    card = page.locator('.tool-card:has(.tool-name:text("hold"))')
+    expect(card).to_have_attribute("data-state", "running")
+    ids: list[str | None] = []
+
+    def note(request: Request) -> None:
+        if request.method == "POST" and request.url.endswith("/messages"):
+            body = request.post_data_json
+            assert body is not None
+            ids.append(body.get("request_id"))
+
+    page.on("request", note)
+
+    def lose_the_answer(route: Route) -> None:
+        if route.request.method != "POST":
+            route.fallback()
+            return
+        assert route.fetch().status == 202  # the server takes the message...
+        route.abort("connectionreset")  # ...and the page never hears of it
+
+    page.route("**/messages", lose_the_answer, times=1)
+    page.fill("#send-text", "Only once.")
+    page.click("#send")
+    expect(page.locator(".toast.error")).to_have_count(1)
+    expect(page.locator("#send-text")).to_have_value("Only once.")  # kept for a new try
+    page.click("#send")
+    expect(page.locator("#send-text")).to_have_value("")
+    (gates / "gate-resend").write_text("open")
+    expect(status(page)).to_have_attribute("data-status", "completed")
+    # Both attempts carried one request id, so the task took the message once.
+    assert len(ids) == 2 and ids[0] == ids[1], ids
+    expect(page.locator(".bubble.user .text")).to_have_text(["gate-resend", "Only once."])
+    expect(page.locator(".notice", has_text="New message")).to_have_count(1)

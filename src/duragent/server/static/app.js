@@ -4,7 +4,7 @@
 
 import { follow, HttpError } from "./sse.js";
 import { h, Timeline } from "./timeline.js";
-import { sendMessage, showRounds } from "./steering.js";
+import { newRequestId, sendMessage, showRounds } from "./steering.js";
 
 const TOKEN_KEY = "duragent.token";
 const AGENT_KEY = "duragent.agent";
@@ -381,16 +381,27 @@ function showLease(task) {
   state.leaseTimer = setInterval(tick, 1000);
 }
 
+// The message being sent: sending the same text to the same task again after
+// an unanswered attempt (the connection dropped, the server failed) reuses its
+// request id, so the task takes the message once even if the first one landed.
+let unsent = null;  // { taskId, text, requestId }
+
 async function sendToTask(ev) {
   ev.preventDefault();
   const text = $("#send-text").value;
   if (!text.trim()) return;
+  if (!unsent || unsent.taskId !== state.taskId || unsent.text !== text) {
+    unsent = { taskId: state.taskId, text, requestId: newRequestId() };
+  }
   $("#send").disabled = true;
   try {
-    const task = await sendMessage(api, state.taskId, text, $("#send-strategy").value);
+    const task = await sendMessage(api, state.taskId, text, $("#send-strategy").value, unsent.requestId);
+    unsent = null;
     $("#send-text").value = "";
     if (state.taskId === task.id) renderTask(task);
   } catch (err) {
+    // A refusal (4xx) means nothing was taken: a new try is a new message.
+    if (err instanceof HttpError && err.status < 500) unsent = null;
     toast(problemText(err));
   } finally {
     $("#send").disabled = false;

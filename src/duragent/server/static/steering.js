@@ -40,8 +40,15 @@ export async function showRounds(api, taskId, list, fork) {
 }
 
 // Send `text` into the task (POST /messages); `strategy` "" means the task's own.
-export async function sendMessage(api, taskId, text, strategy) {
-  const body = { text };
+// `requestId` makes a repeat harmless: the server takes one message per id.
+export async function sendMessage(api, taskId, text, strategy, requestId) {
+  const body = { text, request_id: requestId };
   if (strategy) body.multitask_strategy = strategy;
   return api("POST", `/v1/tasks/${encodeURIComponent(taskId)}/messages`, body);
+}
+
+// A random request id (crypto.randomUUID needs a secure context; this does not).
+export function newRequestId() {
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  return "page-" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
 }
