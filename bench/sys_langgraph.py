@@ -84,10 +84,14 @@ class ScriptedChatModel(BaseChatModel):
             )
         return AIMessage(content=f"All {self.rounds} steps are done.")
 
-    def _generate(self, messages: list[Any], stop: Any = None, **kw: Any) -> ChatResult:
+    def _generate(
+        self, messages: list[Any], stop: Any = None, run_manager: Any = None, **kw: Any
+    ) -> ChatResult:
         return ChatResult(generations=[ChatGeneration(message=self._answer(messages))])
 
-    async def _agenerate(self, messages: list[Any], stop: Any = None, **kw: Any) -> ChatResult:
+    async def _agenerate(
+        self, messages: list[Any], stop: Any = None, run_manager: Any = None, **kw: Any
+    ) -> ChatResult:
         return self._generate(messages, stop)
 
 
@@ -150,9 +154,9 @@ async def saver(config: str, workdir: str, schema: str | None) -> AsyncIterator[
         from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
         assert schema is not None
-        async with AsyncPostgresSaver.from_conn_string(with_search_path(PG_URL, schema)) as s:
-            await s.setup()
-            yield s
+        async with AsyncPostgresSaver.from_conn_string(with_search_path(PG_URL, schema)) as pg:
+            await pg.setup()
+            yield pg
     elif config == "postgres-pool":
         from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
         from psycopg.rows import dict_row
@@ -166,9 +170,9 @@ async def saver(config: str, workdir: str, schema: str | None) -> AsyncIterator[
             kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
             open=False,
         ) as pool:
-            s = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
-            await s.setup()
-            yield s
+            pooled = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
+            await pooled.setup()
+            yield pooled
     else:
         raise ValueError(f"unknown langgraph config {config!r}")
 
