@@ -247,13 +247,13 @@ async def test_a_version_1_jsonl_log_gets_per_owner_session_scopes(tmp_path: Pat
     lines.append({"t": "commit", "records": len(records)})
     (directory / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
 
-    store = open_store(f"jsonl://{directory}")
+    store = open_store(f"jsonl:///{directory}")
     assert isinstance(store, JSONLStore) and store.migrated_from == 1
     await check_migrated(store, tasks)
     await store.close()
     header = json.loads((directory / "log.jsonl").read_text().split("\n", 1)[0])
     assert header["schema_version"] == SCHEMA_VERSION  # rewritten once, not on every open
-    again = open_store(f"jsonl://{directory}")
+    again = open_store(f"jsonl:///{directory}")
     assert isinstance(again, JSONLStore) and again.migrated_from == SCHEMA_VERSION
     await check_migrated(again, tasks)
     await again.close()
