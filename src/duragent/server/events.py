@@ -55,10 +55,13 @@ async def entry_events(
     yield f"retry: {RETRY_MS}\n\n"
     quiet_since = time.monotonic()
     while True:
+        # The task row first: a change elsewhere in the store wakes every stream,
+        # and most have nothing new, which its last_seq tells in one read.
         try:
-            batch = await store.entries(task_id, after_seq=after_seq, limit=page)
-            if not batch:
-                task = await store.get_task(task_id)
+            task = await store.get_task(task_id)
+            batch = []
+            if task.last_seq > after_seq:
+                batch = await store.entries(task_id, after_seq=after_seq, limit=page)
         except TaskNotFound:  # deleted while watched
             yield _end(None, after_seq)
             return
