@@ -62,7 +62,7 @@ from duragent.store.postgres_notify import (
     control_payload,
 )
 from duragent.store.postgres_schema import MIGRATIONS, Conn, lock_key, migrate
-from duragent.store.postgres_tx import PgTx, row_document, row_task
+from duragent.store.postgres_tx import PgTx, Statement, row_document, row_task
 from duragent.store.postgres_writer import PgWriter
 from duragent.store.tx import TxWrites
 from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UiMessage, utcnow
@@ -229,15 +229,15 @@ class PostgresStore(TxWrites):
                     tx = PgTx(conn, self.namespace)
                     with conn.transaction():
                         result = job(tx)
+                        notify = "SELECT pg_notify(%s, %s)"
                         if tx.changed:
                             # Delivered by the server only if and when this commits.
                             channel = WORK_CHANNEL if tx.work else CHANNEL
-                            conn.execute("SELECT pg_notify(%s, %s)", (channel, self.namespace))
+                            tx.pending.append(Statement(notify, (channel, self.namespace), False))
                         for task_id in tx.notes.controlled:
-                            conn.execute(
-                                "SELECT pg_notify(%s, %s)",
-                                (CONTROL_CHANNEL, control_payload(self.namespace, task_id)),
-                            )
+                            payload = control_payload(self.namespace, task_id)
+                            tx.pending.append(Statement(notify, (CONTROL_CHANNEL, payload), False))
+                        tx.flush()  # the job's writes and the notifications: one message
                         committing = True
                     return result, tx
             except psycopg_pool.PoolTimeout as exc:

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
+from psycopg.errors import error_from_result
+from psycopg.generators import execute
+from psycopg.pq import ExecStatus
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
@@ -40,6 +44,17 @@ def row_document(row: DictRow) -> Document:
     )
 
 
+@dataclass(slots=True)
+class Statement:
+    query: str
+    params: Any
+    guard: bool  # an UPDATE that must match exactly one row
+
+
+class StaleRow(Exception):
+    """A guarded UPDATE matched no row: the cached row was changed by someone else."""
+
+
 def _same(value: Any) -> Any:
     """psycopg sends datetimes as timestamptz: no conversion."""
     return value
@@ -57,6 +72,7 @@ class PgTx:
     """
 
     def __init__(self, conn: Conn, namespace: str) -> None:
+        self.pending: list[Statement] = []  # writes not sent yet: see `conn`
         self.conn = conn
         self.namespace = namespace
         self.inputs: dict[str, Any] = {}
@@ -70,6 +86,31 @@ class PgTx:
     @property
     def work(self) -> bool:
         return self.notes.work
+
+    @property
+    def conn(self) -> Conn:
+        """The connection, once the writes queued so far are sent: a read sees them.
+
+        Writes wait in `pending` until a read or `flush`, so a job's writes (a
+        claim's row updates and status entries, say) go in one message.
+        """
+        self.flush()
+        return self._conn
+
+    @conn.setter
+    def conn(self, value: Conn) -> None:
+        self._conn = value
+
+    def flush(self) -> None:
+        """Send the queued writes (one round trip)."""
+        if self.pending:
+            statements, self.pending = self.pending, []
+            send(self._conn, statements)
+
+    def take_pending(self) -> list[Statement]:
+        """The queued writes, for the caller to send with its own statements."""
+        statements, self.pending = self.pending, []
+        return statements
 
     def _task(self, row: DictRow | None) -> Task | None:
         if row is None:
@@ -98,10 +139,10 @@ class PgTx:
         ).fetchone()
         return self._task(row)
 
-    # --- writes: run at once here; BufferedPgTx queues them for one message ---
+    # --- writes: queued until the next read here; BufferedPgTx sends none itself ---
 
     def _run(self, query: str, params: Any, *, guard: bool = False) -> None:
-        self.conn.execute(query, params)
+        self.pending.append(Statement(query, params, guard))
 
     def insert_task(self, task: Task) -> None:
         cols = task_columns(task, _same, created=True)
@@ -337,13 +378,6 @@ class NeedsServer(Exception):
     """A buffered job asked for something only the server knows (a read)."""
 
 
-@dataclass(slots=True)
-class Statement:
-    query: str
-    params: Any
-    guard: bool  # an UPDATE that must match exactly one row
-
-
 class BufferedPgTx(PgTx):
     """A job's writes queued, not sent: the writer sends the writes of a whole
     batch in one message. Task rows come from the rows this process last
@@ -437,3 +471,67 @@ def _update_sql(cols: tuple[str, ...], guarded: bool) -> str:
             " AND lease_expires IS NOT DISTINCT FROM %(_expires)s"
         )
     return text
+
+
+def send(conn: Conn, statements: list[Statement]) -> None:
+    """Send the statements as one message (one round trip, parameters bound on
+    this side); a guarded UPDATE must have matched exactly one row."""
+    if not statements:
+        return
+    # Literals are written here only where the server reads '...' as plain text.
+    plain = conn.pgconn.parameter_status(b"standard_conforming_strings") == b"on"
+    text = ";".join(_bind(conn, st, plain) for st in statements)
+    # Straight to libpq: psycopg's cursor machinery costs more than the commit.
+    with conn.lock:
+        conn.pgconn.send_query(text.encode())
+        results = conn.wait(execute(conn.pgconn))
+    counts = []
+    for res in results:
+        if res.status == ExecStatus.FATAL_ERROR:
+            raise error_from_result(res, encoding=conn.info.encoding)
+        counts.append(res.command_tuples)
+    if any(st.guard and n != 1 for st, n in zip(statements, counts, strict=False)):
+        raise StaleRow
+
+
+def _bind(conn: Conn, st: Statement, plain: bool) -> str:
+    """The statement with its parameters as SQL literals.
+
+    The writer's statements carry only str, int, bool, None and aware
+    datetimes, written here directly (psycopg's general adaptation costs more
+    than the rest of a commit); anything else goes through psycopg.
+    """
+    params = st.params
+    if params is None:
+        return st.query
+    if not plain:
+        return str(psycopg.ClientCursor(conn).mogrify(st.query, params))
+    try:
+        if isinstance(params, dict):
+            return st.query % {k: _literal(v) for k, v in params.items()}
+        return st.query % tuple(_literal(v) for v in params)
+    except _NotPlain:
+        return str(psycopg.ClientCursor(conn).mogrify(st.query, params))
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _literal(value: Any) -> str:
+    kind = type(value)
+    if kind is str:
+        if "\x00" in value:
+            raise _NotPlain  # let psycopg refuse it with its own error
+        # standard_conforming_strings is on (the default since PostgreSQL 9.1):
+        # inside '...' only the quote itself is special.
+        return "'" + str(value).replace("'", "''") + "'"
+    if value is None:
+        return "NULL"
+    if kind is int:
+        return str(value)
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is datetime and value.tzinfo is not None:
+        return "'" + str(value.isoformat()) + "'::timestamptz"
+    raise _NotPlain

@@ -20,19 +20,22 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import psycopg
 import psycopg_pool
-from psycopg.errors import error_from_result
-from psycopg.generators import execute
-from psycopg.pq import ExecStatus
 
 from duragent.errors import CommitOutcomeUnknown, StoreUnavailable
 from duragent.store.postgres_notify import CHANNEL, CONTROL_CHANNEL, WORK_CHANNEL, control_payload
 from duragent.store.postgres_schema import Conn
-from duragent.store.postgres_tx import BufferedPgTx, NeedsServer, PgTx, Statement
+from duragent.store.postgres_tx import (
+    BufferedPgTx,
+    NeedsServer,
+    PgTx,
+    StaleRow,
+    Statement,
+    send,
+)
 from duragent.types import Task
 
 Outcome = tuple[bool, Any]  # (ok, result or exception)
@@ -43,10 +46,6 @@ class _Job:
     fn: Callable[[PgTx], Any]
     future: asyncio.Future[Any]
     loop: asyncio.AbstractEventLoop
-
-
-class _StaleRow(Exception):
-    """A guarded UPDATE matched no row: the cached row was changed by someone else."""
 
 
 class _Retry(Exception):
@@ -173,7 +172,7 @@ class PgWriter:
                         outcomes, txs = self._attempt(conn, batch, cached)
                         changed = any(tx.changed for tx in txs)
                         committing = True
-                        _send(conn, _COMMIT)
+                        send(conn, _COMMIT)
                     except BaseException:
                         if not committing and not conn.closed:
                             with contextlib.suppress(psycopg.Error):
@@ -185,7 +184,7 @@ class PgWriter:
                     f"{self.where}: no connection available: {exc}"
                 )
                 return [(False, busy)] * len(batch), False, False
-            except _StaleRow:
+            except StaleRow:
                 self.rereads += 1
                 self.rows.clear()
                 cached = False  # again, reading every row under its lock
@@ -251,13 +250,15 @@ class PgWriter:
                     outcomes.append((True, value))
                     txs.append(btx)
                     continue
-            _send(conn, queued)
+            if not alone:
+                queued.append(Statement("SAVEPOINT job", None, False))
+            send(conn, queued)
             queued = []
             tx = PgTx(conn, self.namespace)
-            if not alone:
-                conn.execute("SAVEPOINT job")
             try:
                 value = job.fn(tx)
+                if not alone:
+                    tx.flush()  # under its savepoint: a failing write is this job's alone
             except psycopg.Error as exc:
                 if alone or self.lost(exc) or exc.sqlstate in ("40001", "40P01"):
                     raise  # the whole batch is retried or fails
@@ -272,8 +273,10 @@ class PgWriter:
                     conn.execute("ROLLBACK TO SAVEPOINT job")
                 outcomes.append((False, exc))
             else:
-                if not alone:
-                    conn.execute("RELEASE SAVEPOINT job")
+                if alone:
+                    queued = tx.take_pending()  # sent with the notifications, below
+                else:
+                    queued.append(Statement("RELEASE SAVEPOINT job", None, False))
                 written.update(tx.written)
                 outcomes.append((True, value))
                 txs.append(tx)
@@ -289,75 +292,11 @@ class PgWriter:
                 queued.append(
                     Statement("SELECT pg_notify(%s, %s)", (CONTROL_CHANNEL, payload), False)
                 )
-        _send(conn, queued)
+        send(conn, queued)
         return outcomes, txs
 
 
 _COMMIT = [Statement("COMMIT", None, False)]
-
-
-def _send(conn: Conn, statements: list[Statement]) -> None:
-    """Send the statements as one message (one round trip, parameters bound on
-    this side); a guarded UPDATE must have matched exactly one row."""
-    if not statements:
-        return
-    # Literals are written here only where the server reads '...' as plain text.
-    plain = conn.pgconn.parameter_status(b"standard_conforming_strings") == b"on"
-    text = ";".join(_bind(conn, st, plain) for st in statements)
-    # Straight to libpq: psycopg's cursor machinery costs more than the commit.
-    with conn.lock:
-        conn.pgconn.send_query(text.encode())
-        results = conn.wait(execute(conn.pgconn))
-    counts = []
-    for res in results:
-        if res.status == ExecStatus.FATAL_ERROR:
-            raise error_from_result(res, encoding=conn.info.encoding)
-        counts.append(res.command_tuples)
-    if any(st.guard and n != 1 for st, n in zip(statements, counts, strict=False)):
-        raise _StaleRow
-
-
-def _bind(conn: Conn, st: Statement, plain: bool) -> str:
-    """The statement with its parameters as SQL literals.
-
-    The writer's statements carry only str, int, bool, None and aware
-    datetimes, written here directly (psycopg's general adaptation costs more
-    than the rest of a commit); anything else goes through psycopg.
-    """
-    params = st.params
-    if params is None:
-        return st.query
-    if not plain:
-        return str(psycopg.ClientCursor(conn).mogrify(st.query, params))
-    try:
-        if isinstance(params, dict):
-            return st.query % {k: _literal(v) for k, v in params.items()}
-        return st.query % tuple(_literal(v) for v in params)
-    except _NotPlain:
-        return str(psycopg.ClientCursor(conn).mogrify(st.query, params))
-
-
-class _NotPlain(Exception):
-    pass
-
-
-def _literal(value: Any) -> str:
-    kind = type(value)
-    if kind is str:
-        if "\x00" in value:
-            raise _NotPlain  # let psycopg refuse it with its own error
-        # standard_conforming_strings is on (the default since PostgreSQL 9.1):
-        # inside '...' only the quote itself is special.
-        return "'" + str(value).replace("'", "''") + "'"
-    if value is None:
-        return "NULL"
-    if kind is int:
-        return str(value)
-    if kind is bool:
-        return "true" if value else "false"
-    if kind is datetime and value.tzinfo is not None:
-        return "'" + str(value.isoformat()) + "'::timestamptz"
-    raise _NotPlain
 
 
 def _same_but_expiry(mine: Task, fresh: Task) -> bool:
