@@ -15,6 +15,7 @@ from support.browser import (
     server,
     shot,
     sign_in,
+    start_held_task,
     start_task,
     status,
     streamed_length,
@@ -167,9 +168,7 @@ def test_a_rolled_back_round_stays_visible_marked_as_voided(
     page: Page, server: LiveServer, gates: Path
 ) -> None:
     sign_in(page, server)
-    start_task(page, "holder", "gate-rollback")
-    card = page.locator('.tool-card:has(.tool-name:text("hold"))')
-    expect(card).to_have_attribute("data-state", "running")
+    card = start_held_task(page, "gate-rollback")
     page.click("#rollback")  # the held tool is cancelled after the agent's grace period
     expect(status(page)).to_have_attribute("data-status", "paused")
     # The round is out of the model's view, not off the page: marked, still there.

@@ -8,7 +8,18 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Request, Route
 
-from support.browser import Page, expect, gates, page, server, shot, sign_in, start_task, status
+from support.browser import (
+    Page,
+    expect,
+    gates,
+    page,
+    server,
+    shot,
+    sign_in,
+    start_held_task,
+    start_task,
+    status,
+)
 from support.server_live import LiveServer
 
 pytestmark = pytest.mark.browser
@@ -52,9 +63,7 @@ def test_message_box_on_a_live_task_enqueue_and_interrupt(
     page: Page, server: LiveServer, gates: Path
 ) -> None:
     sign_in(page, server)
-    start_task(page, "holder", "gate-send")
-    card = page.locator('.tool-card:has(.tool-name:text("hold"))')
-    expect(card).to_have_attribute("data-state", "running")
+    card = start_held_task(page, "gate-send")
     expect(page.locator("#send-form")).to_be_visible()
     page.fill("#send-text", "Also <i>say</i> hi.")
     page.click("#send")
@@ -89,9 +98,7 @@ def test_a_message_sent_again_after_a_lost_answer_is_taken_once(
     page: Page, server: LiveServer, gates: Path
 ) -> None:
     sign_in(page, server)
-    start_task(page, "holder", "gate-resend")
-    card = page.locator('.tool-card:has(.tool-name:text("hold"))')
-    expect(card).to_have_attribute("data-state", "running")
+    start_held_task(page, "gate-resend")
     ids: list[str | None] = []
 
     def note(request: Request) -> None:

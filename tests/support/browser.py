@@ -88,6 +88,15 @@ def start_task(page: Page, agent: str, text: str) -> None:
     expect(page.locator("#task")).to_be_visible()
 
 
+def start_held_task(page: Page, gate: str) -> Locator:
+    """Start a "holder" task whose `hold` tool waits for the file `gate`; its tool
+    card, once the call runs."""
+    start_task(page, "holder", gate)
+    card = page.locator('.tool-card:has(.tool-name:text("hold"))')
+    expect(card).to_have_attribute("data-state", "running")
+    return card
+
+
 def streamed_length(page: Page) -> int:
     return len(page.locator(".bubble.streaming .text").inner_text())
 
