@@ -611,3 +611,41 @@ def test_a_removed_token_stops_working_without_a_restart(tmp_path: Path) -> None
         assert_problem(httpx.get(me, headers=server.headers(), timeout=30), 401)
         assert "every token is refused" in server.log_text()
         assert "carol-live-token-3" not in server.log_text()
+
+
+@pytest.mark.slow
+def test_a_store_failure_is_a_5xx_that_names_no_file_and_loses_nothing(tmp_path: Path) -> None:
+    """While every write of the server's SQLite file fails (its file-size limit is
+    one byte, as on a full disk, which stops its log too), a request gets a 5xx
+    problem that points to the server log, without the store's path or its
+    library's words; once writes work again nothing is missing."""
+    with live_server(tmp_path, workers=0) as server:
+
+        def submit(text: str) -> httpx.Response:
+            body = {"agent": "quick", "input": text}
+            return httpx.post(
+                f"{server.url}/v1/tasks", json=body, headers=server.headers(), timeout=60
+            )
+
+        assert submit("before").status_code == 201
+        pid = server.proc.pid
+        soft, hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (1, hard))
+        try:
+            failed = submit("during")
+        finally:
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (soft, hard))
+        assert 500 <= failed.status_code < 600, failed.text
+        body = assert_problem(failed, failed.status_code)
+        assert "log" in body["detail"]
+        for detail in (str(tmp_path), "live.db", "sqlite", "Traceback", "disk I/O"):
+            assert detail.lower() not in failed.text.lower(), failed.text
+        assert submit("after").status_code == 201
+        listed = httpx.get(f"{server.url}/v1/tasks", headers=server.headers(), timeout=30).json()
+        inputs = [
+            httpx.get(
+                f"{server.url}/v1/tasks/{t['id']}", headers=server.headers(), timeout=30
+            ).json()["input"]
+            for t in listed["tasks"]
+        ]
+        assert sorted(inputs) == ["after", "before"]
