@@ -499,7 +499,6 @@ class SQLiteStore(TxWrites):
         only = None if queues is None else sorted(set(queues))
         if n < 1:
             return []
-        # After a claim that got all it asked for there is likely more: skip the look.
         if not self._claims_were_full and not await self._read(
             lambda conn: bool(
                 SqliteTx(conn).find_claimable(utcnow(), names, task_id, 1, set(), only)

@@ -223,7 +223,7 @@ class SqliteTx:
             return [Candidate.from_row(r, self._task) for r in self.conn.execute(sql, params)]
         rows = self.conn.execute(
             # INDEXED BY: the planner prefers tasks_runnable(status), which reads
-            # every running row (measured: 2.2 ms with 1,500 running, 92 µs here).
+            # every running row (measured: 2.2 ms per claim with 1,500 running).
             f"{cols} INDEXED BY tasks_leases WHERE status='running'"
             f" AND coalesce(lease_expires, 0) <= :now{agent_clause} LIMIT :limit",
             params,
