@@ -9,7 +9,9 @@ end through `Runtime.fork`, with its two parts also timed apart: the plan
 voids a copied message; build the fork's log)
 and the commit (`Store.create_fork`: the new task, its own entries, and the
 copy of the source's entries made inside the store, payloads never read into
-Python). Prints median and min-max of the runs.
+Python). Prints median and min-max of the runs, and the payload bytes the
+fork's rows hold against its source's (a copied entry references its source's
+payload: near 0%).
 """
 
 from __future__ import annotations
@@ -18,9 +20,14 @@ import argparse
 import asyncio
 import json
 import os
+import sqlite3
 import statistics
 import tempfile
 import time
+from contextlib import closing
+
+import psycopg
+from psycopg import sql
 
 from bench.common import (
     PG_URL,
@@ -68,7 +75,30 @@ def source(entries: int) -> tuple[Task, list[NewEntry]]:
     return task, out
 
 
-async def once(url: str, entries: int, edit: Edit | None) -> tuple[float, float, float, int]:
+def payload_bytes(url: str, task_id: str) -> int:
+    """The payload bytes a task's rows hold, read with SQL (references count 0)."""
+    if url.startswith("sqlite"):
+        with closing(sqlite3.connect(url.split("///", 1)[1].split("?")[0])) as conn:
+            row = conn.execute(
+                "SELECT coalesce(sum(length(payload)), 0) FROM entries"
+                " WHERE task_num = (SELECT num FROM tasks WHERE id = ?)",
+                (task_id,),
+            ).fetchone()
+    else:
+        schema = url.split("schema=", 1)[1]
+        with psycopg.connect(PG_URL) as conn:
+            query = sql.SQL(
+                "SELECT coalesce(sum(octet_length(payload)), 0) FROM {}.entries WHERE task_id = %s"
+            ).format(sql.Identifier(schema))
+            row = conn.execute(query, (task_id,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+Result = tuple[float, float, float, int, float]
+
+
+async def once(url: str, entries: int, edit: Edit | None) -> Result:
     store = open_store(url)
     await store.open()
     try:
@@ -90,15 +120,19 @@ async def once(url: str, entries: int, edit: Edit | None) -> tuple[float, float,
         assert (await store.get_task(sub.task_id)).last_seq == probe.last_seq
         copied = sum(p.count or 0 for p in log if isinstance(p, CopyEntries))
         copied = copied or probe.last_seq - sum(1 for p in log if not isinstance(p, CopyEntries))
-        return total * 1e3, read * 1e3, write * 1e3, copied
+        share = payload_bytes(url, sub.task_id) / payload_bytes(url, task.id)
+        return total * 1e3, read * 1e3, write * 1e3, copied, share
     finally:
         await store.close()
 
 
 async def main(entries: int, runs: int, postgres: bool) -> None:
     print(f"fork of a {entries:,}-entry task at its last round (ms: median, min–max of {runs})")
-    print("| store | copied entries | fork total | plan | commit (copy in store) |")
-    print("| --- | ---: | --- | --- | --- |")
+    print(
+        "| store | copied entries | fork total | plan | commit (copy in store)"
+        " | fork's payload bytes / source's |"
+    )
+    print("| --- | ---: | --- | --- | --- | ---: |")
     # An edit that voids a copied message plans from the source's entry heads.
     edit = Edit(replace_last_user="start over")
     rows: list[tuple[str, str, Edit | None]] = [
@@ -125,7 +159,8 @@ async def main(entries: int, runs: int, postgres: bool) -> None:
         for i in range(3):
             vals = [r[i] for r in results]
             cols.append(f"{statistics.median(vals):.1f} ({min(vals):.1f}–{max(vals):.1f})")
-        print(f"| {label} | {results[0][3]:,} | " + " | ".join(cols) + " |")
+        share = f"{max(r[4] for r in results):.2%}"
+        print(f"| {label} | {results[0][3]:,} | " + " | ".join(cols) + f" | {share} |")
     print(f"load average: {os.getloadavg()[0]:.1f} (1 min), cpus: {os.cpu_count()}")
 
 

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import closing
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
 from pydantic import BaseModel
 
+from conftest import opened_store, require_postgres
 from duragent.errors import Conflict, TaskNotFound
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
 from duragent.store.base import CopyEntries, EntryHead
 from duragent.store.jsonl import JSONLStore
+from duragent.store.postgres import PostgresStore
 from duragent.store.purge import purge
 from duragent.store.sqlite import SQLiteStore
 from duragent.types import (
@@ -232,3 +241,93 @@ async def test_fork_survives_reopening_a_file_store(file_store: Store) -> None:
     finally:
         await again.close()
         await store.open()
+
+
+def _stored_payloads(store: Store, task_id: str) -> tuple[int, int, set[str]]:
+    """Of a task's stored rows, read with SQL: payload bytes, rows holding a
+    reference, and the tasks they reference."""
+    if isinstance(store, SQLiteStore):
+        with closing(sqlite3.connect(store.path)) as conn:
+            rows = conn.execute(
+                "SELECT length(e.payload), s.id FROM entries e"
+                " LEFT JOIN tasks s ON s.num = e.src_num"
+                " WHERE e.task_num = (SELECT num FROM tasks WHERE id = ?)",
+                (task_id,),
+            ).fetchall()
+    else:
+        assert isinstance(store, PostgresStore)
+        with psycopg.connect(require_postgres()) as conn:
+            rows = conn.execute(
+                sql.SQL(
+                    "SELECT octet_length(payload), src_task FROM {}.entries WHERE task_id = %s"
+                ).format(sql.Identifier(store.namespace)),
+                (task_id,),
+            ).fetchall()
+    return (
+        sum(n for n, _ in rows),
+        sum(1 for _, s in rows if s is not None),
+        {s for _, s in rows if s is not None},
+    )
+
+
+@pytest.fixture(params=["sqlite", "sqlite-full", "postgres"])
+async def sql_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """The stores that can reference a payload instead of copying it."""
+    async with opened_store(request.param, tmp_path) as s:
+        yield s
+
+
+async def test_a_fork_references_its_source_payloads_instead_of_copying_them(
+    sql_store: Store,
+) -> None:
+    store = sql_store
+    src = await source(store)
+    fork = Task(agent="a")
+    own = api(fork.id, UserMessage(content="after"), 3)
+    await store.create_fork(fork, [CopyEntries(src.id, 1, 6, COPIED, 9, count=5), own])
+    size, refs, targets = _stored_payloads(store, fork.id)
+    assert refs == 5 and targets == {src.id}
+    assert size == len(json.dumps(own.payload, separators=(",", ":")))  # its own entry only
+    # A fork of the fork references the entry that holds each payload: the
+    # first source's for the copied ones, the fork's for its own; never a reference.
+    again = Task(agent="a")
+    await store.create_fork(again, [CopyEntries(fork.id, 1, 6, COPIED, 9, count=6)])
+    assert _stored_payloads(store, again.id) == (0, 6, {src.id, fork.id})
+    # Every reader resolves the references.
+    originals = {e.seq: e.payload for e in await store.entries(src.id)}
+    assert [e.payload for e in await store.entries(fork.id)] == [
+        originals[s] for s in (1, 3, 4, 5, 6)
+    ] + [own.payload]
+    assert [m.content for m in await store.model_view(again.id)] == [
+        "question",
+        "thinking",
+        "42",
+        "answer",
+        "more",
+        "after",
+    ]
+    assert [h.role for h in await store.entry_heads(again.id, kinds=COPIED)] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "user",
+        "user",
+    ]
+
+
+async def test_purging_a_source_gives_every_fork_its_payloads_back(sql_store: Store) -> None:
+    store = sql_store
+    src = await source(store)
+    fork, again = Task(agent="a"), Task(agent="a")
+    await store.create_fork(fork, [CopyEntries(src.id, 1, 6, COPIED, 9, count=5)])
+    await store.create_fork(again, [CopyEntries(fork.id, 1, 5, COPIED, 9, count=5)])
+    views = {t.id: await store.model_view(t.id) for t in (fork, again)}
+    await store.delete_task(src.id)
+    for t in (fork, again):
+        size, refs, _ = _stored_payloads(store, t.id)
+        assert refs == 0 and size > 0
+        assert await store.model_view(t.id) == views[t.id]
+    # Deleting a fork leaves its own fork whole too (it holds its payloads now).
+    await store.delete_task(fork.id)
+    assert await store.model_view(again.id) == views[again.id]

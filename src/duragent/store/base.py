@@ -38,7 +38,9 @@ from duragent.types import (
 
 # Version 2: session documents are scoped per owner (`session:<owner>:<id>`).
 # Version 3: queues, priorities and metadata on tasks (QUEUES_MIGRATION).
-SCHEMA_VERSION = 3
+# Version 4: a fork's copied entries reference their source's payloads (PostgreSQL;
+# a JSONL log is unchanged but for its header, rewritten once).
+SCHEMA_VERSION = 4
 
 
 @dataclass(slots=True)

@@ -446,7 +446,7 @@ class PostgresStore(TxWrites):
         kinds: Iterable[EntryKind] | None = None,
         limit: int | None = None,
     ) -> list[Entry]:
-        text = "SELECT * FROM entries WHERE task_id = %s AND seq > %s"
+        text = "SELECT * FROM entry_rows WHERE task_id = %s AND seq > %s"
         params: list[Any] = [task_id, after_seq]
         if kinds is not None:
             text += " AND kind = ANY(%s)"
@@ -474,7 +474,7 @@ class PostgresStore(TxWrites):
     async def entry_heads(self, task_id: str, *, kinds: Iterable[EntryKind]) -> list[EntryHead]:
         def read(conn: Conn) -> list[EntryHead]:
             rows = conn.execute(
-                "SELECT seq, kind, round, payload::json ->> 'role' AS role FROM entries"
+                "SELECT seq, kind, round, payload::json ->> 'role' AS role FROM entry_rows"
                 " WHERE task_id = %s AND kind = ANY(%s) ORDER BY seq",
                 (task_id, [EntryKind(k).value for k in kinds]),
             )
@@ -491,7 +491,7 @@ class PostgresStore(TxWrites):
     async def ui_messages(self, task_id: str) -> list[UiMessage]:
         def read(conn: Conn) -> list[UiMessage]:
             rows = conn.execute(
-                "SELECT seq, payload FROM entries WHERE task_id = %s AND kind = %s ORDER BY seq",
+                "SELECT seq, payload FROM entry_rows WHERE task_id = %s AND kind = %s ORDER BY seq",
                 (task_id, EntryKind.UI_MESSAGE.value),
             )
             return build_ui_view((r["seq"], r["payload"]) for r in rows)
@@ -630,7 +630,7 @@ def _view_text(conn: Conn, task_id: str) -> str:
     """The payloads of the task's model view as one JSON array text."""
     with conn.cursor(row_factory=tuple_row) as cur:  # 10,000 rows: no dict per row
         cur.execute(
-            "SELECT seq, kind, payload FROM entries WHERE task_id = %s AND kind = ANY(%s)"
+            "SELECT seq, kind, payload FROM entry_rows WHERE task_id = %s AND kind = ANY(%s)"
             " ORDER BY seq",
             (task_id, list(VIEW_KINDS)),
         )
@@ -647,6 +647,13 @@ def _delete_trees(tx: PgTx, roots: list[str]) -> int:
     ).fetchall()
     doomed = [r["id"] for r in rows]
     if doomed:
+        # Forks that reference these tasks' payloads get them back first.
+        tx.conn.execute(
+            "UPDATE entries e SET payload = s.payload, src_task = NULL, src_seq = NULL"
+            " FROM entries s WHERE e.src_task = ANY(%s)"
+            " AND s.task_id = e.src_task AND s.seq = e.src_seq",
+            (doomed,),
+        )
         tx.conn.execute("DELETE FROM entries WHERE task_id = ANY(%s)", (doomed,))
         scopes = [f"task:{tid}" for tid in doomed]
         tx.conn.execute("DELETE FROM documents WHERE scope = ANY(%s)", (scopes,))

@@ -98,6 +98,23 @@ QUEUES_MIGRATION: list[Step] = [
     "CREATE INDEX tasks_metadata ON tasks USING gin (metadata jsonb_path_ops)",
 ]
 MIGRATIONS[3] = QUEUES_MIGRATION
+
+# Version 4: a fork's copied entries reference their source's payload instead
+# of holding a copy (`src_task`, `src_seq`, the payload left empty). A reference
+# always names an entry that holds its payload (a fork of a fork names the
+# first source), and a task is purged only after its referrers got their
+# payloads back (`_delete_trees`). Readers take entries through `entry_rows`,
+# which resolves references; only writers touch `entries`.
+FORK_REFERENCES: list[Step] = [
+    'ALTER TABLE entries ADD COLUMN src_task text COLLATE "C"',
+    "ALTER TABLE entries ADD COLUMN src_seq bigint",
+    "CREATE INDEX entries_src ON entries (src_task) WHERE src_task IS NOT NULL",
+    """CREATE VIEW entry_rows AS SELECT e.task_id, e.seq, e.kind, e.round, e.created_at,
+        CASE WHEN e.src_task IS NULL THEN e.payload ELSE (SELECT s.payload FROM entries s
+            WHERE s.task_id = e.src_task AND s.seq = e.src_seq) END AS payload
+        FROM entries e""",
+]
+MIGRATIONS[4] = FORK_REFERENCES
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -175,11 +175,14 @@ class PgTx:
         self.changed = True
 
     def copy_entries(self, copy: CopyEntries, task_id: str, after_seq: int, now: datetime) -> int:
-        # One statement: the payloads never leave the server. On the connection,
-        # not buffered: the number copied is checked before the commit.
+        # One statement, and no payload is copied: each new entry references the
+        # entry that holds its payload (a fork of a fork, the first source). On
+        # the connection, not buffered: the number copied is checked before the commit.
         cur = self.conn.execute(
-            "INSERT INTO entries (task_id, seq, kind, round, payload, created_at)"
-            " SELECT %s, %s + row_number() OVER (ORDER BY seq), kind, round, payload, %s"
+            "INSERT INTO entries"
+            " (task_id, seq, kind, round, payload, created_at, src_task, src_seq)"
+            " SELECT %s, %s + row_number() OVER (ORDER BY seq), kind, round, '', %s,"
+            " coalesce(src_task, task_id), coalesce(src_seq, seq)"
             " FROM entries WHERE task_id = %s AND seq BETWEEN %s AND %s AND round <= %s"
             " AND kind = ANY(%s)",
             (

@@ -385,7 +385,7 @@ class SQLiteStore(TxWrites):
         kinds: Iterable[EntryKind] | None = None,
         limit: int | None = None,
     ) -> list[Entry]:
-        sql = f"SELECT * FROM entries WHERE task_num={_NUM} AND seq>?"
+        sql = f"SELECT * FROM entry_rows WHERE task_num={_NUM} AND seq>?"
         params: list[Any] = [task_id, after_seq]
         if kinds is not None:
             codes = [KIND_CODES[EntryKind(k)] for k in kinds]
@@ -414,7 +414,7 @@ class SQLiteStore(TxWrites):
     async def entry_heads(self, task_id: str, *, kinds: Iterable[EntryKind]) -> list[EntryHead]:
         codes = [KIND_CODES[EntryKind(k)] for k in kinds]
         sql = (
-            "SELECT seq, kind, round, json_extract(payload, '$.role') FROM entries"
+            "SELECT seq, kind, round, json_extract(payload, '$.role') FROM entry_rows"
             f" WHERE task_num={_NUM} AND kind IN ({', '.join('?' * len(codes))}) ORDER BY seq"
         )
         return await self._read(  # type: ignore[no-any-return]
@@ -431,7 +431,7 @@ class SQLiteStore(TxWrites):
         return view_data(await self._read(lambda conn: _view_text(conn, task_id)))
 
     async def ui_messages(self, task_id: str) -> list[UiMessage]:
-        sql = f"SELECT seq, payload FROM entries WHERE task_num={_NUM} AND kind=? ORDER BY seq"
+        sql = f"SELECT seq, payload FROM entry_rows WHERE task_num={_NUM} AND kind=? ORDER BY seq"
         code = KIND_CODES[EntryKind.UI_MESSAGE]
         return await self._read(  # type: ignore[no-any-return]
             lambda conn: build_ui_view((r[0], r[1]) for r in conn.execute(sql, (task_id, code)))
@@ -529,6 +529,13 @@ class SQLiteStore(TxWrites):
             roots,
         ).fetchall()
         for num, tid in doomed:
+            # Forks that reference this task's payloads get them back first.
+            conn.execute(
+                "UPDATE entries SET payload=(SELECT s.payload FROM entries s"
+                " WHERE s.task_num=entries.src_num AND s.seq=entries.src_seq),"
+                " src_num=NULL, src_seq=NULL WHERE src_num=?",
+                (num,),
+            )
             conn.execute("DELETE FROM entries WHERE task_num=?", (num,))
             conn.execute("DELETE FROM task_labels WHERE task_num=?", (num,))
             conn.execute("DELETE FROM documents WHERE scope=?", (f"task:{tid}",))
@@ -628,12 +635,12 @@ _NUM = "(SELECT num FROM tasks WHERE id=?)"
 if sqlite3.sqlite_version_info >= (3, 44):
     _JOINED_VIEW = (
         "SELECT '[' || coalesce(group_concat(payload, ',' ORDER BY seq), '') || ']'"
-        " FROM entries WHERE task_num=(SELECT num FROM tasks WHERE id=?) AND kind IN ({marks})"
+        " FROM entry_rows WHERE task_num=(SELECT num FROM tasks WHERE id=?) AND kind IN ({marks})"
     )
 else:
     _JOINED_VIEW = (
         "SELECT '[' || coalesce(group_concat(payload, ','), '') || ']' FROM"
-        " (SELECT payload FROM entries WHERE task_num=(SELECT num FROM tasks WHERE id=?)"
+        " (SELECT payload FROM entry_rows WHERE task_num=(SELECT num FROM tasks WHERE id=?)"
         " AND kind IN ({marks}) ORDER BY seq)"
     )
 
@@ -673,7 +680,7 @@ def _view_text(conn: sqlite3.Connection, task_id: str) -> str:
         row = conn.execute(_JOINED_VIEW.format(marks=marks), (task_id, *codes)).fetchone()
         return str(row[0])
     sql = (
-        f"SELECT seq, kind, payload FROM entries WHERE task_num={_NUM}"
+        f"SELECT seq, kind, payload FROM entry_rows WHERE task_num={_NUM}"
         f" AND kind IN ({marks}) ORDER BY seq"
     )
     rows = conn.execute(sql, (task_id, *codes))

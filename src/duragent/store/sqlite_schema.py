@@ -157,6 +157,23 @@ QUEUES_MIGRATION: list[Step] = [
     "CREATE INDEX task_labels_task ON task_labels(task_num)",
 ]
 MIGRATIONS[4] = QUEUES_MIGRATION
+
+# Version 5: a fork's copied entries reference their source's payload instead
+# of holding a copy (`src_num`, `src_seq`, the payload left empty). A reference
+# always names an entry that holds its payload (a fork of a fork names the
+# first source), and a task is purged only after its referrers got their
+# payloads back (`SQLiteStore._delete_trees`). Readers take entries through
+# `entry_rows`, which resolves references; only writers touch `entries`.
+FORK_REFERENCES: list[Step] = [
+    "ALTER TABLE entries ADD COLUMN src_num INTEGER",
+    "ALTER TABLE entries ADD COLUMN src_seq INTEGER",
+    "CREATE INDEX entries_src ON entries(src_num) WHERE src_num IS NOT NULL",
+    """CREATE VIEW entry_rows AS SELECT e.task_num, e.seq, e.kind, e.round, e.created_at,
+        CASE WHEN e.src_num IS NULL THEN e.payload ELSE (SELECT s.payload FROM entries s
+            WHERE s.task_num = e.src_num AND s.seq = e.src_seq) END AS payload
+        FROM entries e""",
+]
+MIGRATIONS[5] = FORK_REFERENCES
 SQLITE_SCHEMA_VERSION = max(MIGRATIONS)
 
 

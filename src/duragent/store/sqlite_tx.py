@@ -146,14 +146,17 @@ class SqliteTx:
         )
 
     def copy_entries(self, copy: CopyEntries, task_id: str, after_seq: int, now: datetime) -> int:
-        # One statement: the payloads never leave SQLite.
+        # One statement, and no payload is copied: each new entry references the
+        # entry that holds its payload (a fork of a fork, the first source).
         row = self.conn.execute("SELECT num FROM tasks WHERE id=?", (copy.source_id,)).fetchone()
         if row is None:
             return 0
         codes = [KIND_CODES[k] for k in copy.kinds]
         cur = self.conn.execute(
-            "INSERT INTO entries (task_num, seq, kind, round, payload, created_at)"
-            " SELECT ?, ? + row_number() OVER (ORDER BY seq), kind, round, payload, ?"
+            "INSERT INTO entries"
+            " (task_num, seq, kind, round, payload, created_at, src_num, src_seq)"
+            " SELECT ?, ? + row_number() OVER (ORDER BY seq), kind, round, '', ?,"
+            " coalesce(src_num, task_num), coalesce(src_seq, seq)"
             " FROM entries WHERE task_num=? AND seq BETWEEN ? AND ? AND round <= ?"
             f" AND kind IN ({', '.join('?' * len(codes))})",
             (
