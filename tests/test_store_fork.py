@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import closing
 from datetime import UTC, datetime, timedelta
@@ -15,7 +17,7 @@ import pytest
 from psycopg import sql
 from pydantic import BaseModel
 
-from conftest import opened_store, require_postgres
+from conftest import drop_schema, opened_store, require_postgres
 from duragent.errors import Conflict, TaskNotFound
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
 from duragent.store.base import CopyEntries, EntryHead
@@ -331,3 +333,63 @@ async def test_purging_a_source_gives_every_fork_its_payloads_back(sql_store: St
     # Deleting a fork leaves its own fork whole too (it holds its payloads now).
     await store.delete_task(fork.id)
     assert await store.model_view(again.id) == views[again.id]
+
+
+async def _backends_waiting_on_locks(n: int) -> None:
+    """Until `n` of this process's store connections wait on a lock (30 s at most)."""
+    with psycopg.connect(require_postgres(), autocommit=True) as conn:
+        for _ in range(3000):
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE application_name = %s AND wait_event_type = 'Lock'",
+                (f"duragent-{os.getpid()}",),
+            ).fetchone()
+            if row is not None and row[0] >= n:
+                return
+            await asyncio.sleep(0.01)
+    pytest.fail(f"{n} store connections never waited on a lock")
+
+
+async def test_a_purge_racing_a_fork_of_its_task_on_postgres_leaves_no_reference_behind() -> None:
+    """Two processes' stores: one forks a task while the other purges it. The
+    fork holds the source's row until it commits; the purge waits for it and
+    then gives the fork its payloads back, instead of deleting them under it."""
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    url = f"{require_postgres()}?schema={schema}"
+    forker, purger = open_store(url), open_store(url)
+    await forker.open()
+    await purger.open()
+    try:
+        src = await source(forker)
+        with psycopg.connect(require_postgres()) as holder:  # a fork that came first
+            holder.execute(
+                sql.SQL("SELECT 1 FROM {}.tasks WHERE id = %s FOR UPDATE").format(
+                    sql.Identifier(schema)
+                ),
+                (src.id,),
+            )
+            fork = Task(agent="a")
+            forking = asyncio.create_task(
+                forker.create_fork(fork, [CopyEntries(src.id, 1, 6, COPIED, 9, count=5)])
+            )
+            await _backends_waiting_on_locks(1)
+            purging = asyncio.create_task(purger.delete_task(src.id))
+            await _backends_waiting_on_locks(2)
+            holder.rollback()
+        await forking
+        await purging
+        with pytest.raises(TaskNotFound):
+            await purger.get_task(src.id)
+        size, refs, _ = _stored_payloads(forker, fork.id)
+        assert refs == 0 and size > 0
+        assert [m.content for m in await forker.model_view(fork.id)] == [
+            "question",
+            "thinking",
+            "42",
+            "answer",
+            "more",
+        ]
+    finally:
+        await forker.close()
+        await purger.close()
+        drop_schema(schema)

@@ -647,7 +647,10 @@ def _delete_trees(tx: PgTx, roots: list[str]) -> int:
     ).fetchall()
     doomed = [r["id"] for r in rows]
     if doomed:
-        # Forks that reference these tasks' payloads get them back first.
+        # Forks that reference these tasks' payloads get them back first. The
+        # rows are locked before: a fork of one of them holds its row (FOR UPDATE
+        # in `apply_fork`) until it commits, so its references are seen here.
+        tx.conn.execute("SELECT 1 FROM tasks WHERE id = ANY(%s) ORDER BY id FOR UPDATE", (doomed,))
         tx.conn.execute(
             "UPDATE entries e SET payload = s.payload, src_task = NULL, src_seq = NULL"
             " FROM entries s WHERE e.src_task = ANY(%s)"
