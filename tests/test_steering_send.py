@@ -21,10 +21,11 @@ from duragent import (
     TaskNotFound,
     TaskStatus,
     ToolCall,
+    ToolContext,
     UsageError,
     tool,
 )
-from duragent.types import EntryKind, ToolMessage, UserMessage
+from duragent.types import EntryKind, Task, ToolMessage, UserMessage
 from support.sending import Gate, roles, script
 
 
@@ -178,31 +179,44 @@ async def test_continue_session_while_a_turn_runs_follows_the_strategy(store: St
 
 
 @pytest.mark.slow
-async def test_a_waiting_task_takes_an_interrupting_message_when_its_wait_ends(
+async def test_a_task_waiting_for_a_subtask_takes_an_interrupting_message_when_it_ends(
     store: Store,
 ) -> None:
-    @tool(requires_approval=True)
-    def deploy() -> str:
-        """Deploy."""
-        return "deployed"
+    """A sub-task runs on after an interrupt (cutting the wait would orphan it): the
+    parent keeps waiting and takes the message after the sub-task's result."""
 
-    def deploy_script(messages: list[Any]) -> Any:
+    @tool
+    def delegate(ctx: ToolContext) -> Any:
+        """Hand the question to a helper."""
+        return ctx.spawn("helper", "ask")
+
+    def boss(messages: list[Any]) -> Any:
         last = messages[-1]
         if isinstance(last, UserMessage) and last.content == "ship":
-            return [ToolCall("deploy")]
+            return [ToolCall("delegate")]
         return f"saw {getattr(last, 'content', '')!r}"
 
-    a = Agent(name="w", model=ScriptedModel(deploy_script), tools=[deploy], plan_tool=False)
-    async with Runtime(store, agents=[a]) as rt:
+    def helper(messages: list[Any]) -> Any:
+        if isinstance(messages[-1], UserMessage):
+            return [ToolCall("ask_user", {"question": "Which city?"})]
+        return f"helper heard {messages[-1].content}"
+
+    a = Agent(name="w", model=ScriptedModel(boss), tools=[delegate], plan_tool=False)
+    h = Agent(name="helper", model=ScriptedModel(helper), plan_tool=False, ask_user_tool=True)
+    async with Runtime(store, agents=[a, h]) as rt:
         sub = await rt.submit("w", "ship", owner="u", multitask_strategy="interrupt")
-        await rt.wait(sub.task_id, timeout=20, until=lambda t: t.status is TaskStatus.WAITING)
+        await rt.wait(sub.task_id, timeout=20, until=waiting)
+        tree = await rt.tree(sub.task_id)
+        (child,) = tree.children
+        await rt.wait(child.task.id, timeout=20, until=waiting)
         sent = await rt.send(sub.task_id, "quickly please", owner="u")
         assert sent.status is TaskStatus.WAITING and sent.control is None
-        await rt.respond(sub.task_id, approve=True)
+        assert sent.status_reason == "subtask"
+        await rt.respond(child.task.id, answer="Lisbon")
         task = await sub.wait(20)
         view = await rt.model_view(task.id)
     assert roles(view)[2:] == [
-        "tool:deployed",
+        "tool:helper heard Lisbon",
         "user:quickly please",
         "assistant:saw 'quickly please'",
     ]
@@ -257,4 +271,149 @@ async def test_a_pause_asked_during_an_interrupt_wins_and_the_message_waits(
         "tool:slow done",
         "user:stop that",
         "assistant:re 'stop that' having said 1",
+    ]
+
+
+def waiting_agent() -> tuple[Agent, list[str]]:
+    """'nap' sleeps an hour, 'mail' waits for approval, 'ask' asks the user; a result
+    or another message is answered with what the model has seen last."""
+    ran: list[str] = []
+
+    @tool
+    def nap(ctx: ToolContext) -> Any:
+        """Sleep an hour."""
+        return ctx.sleep(3600)
+
+    @tool(requires_approval=True)
+    def mail() -> str:
+        """Send a mail."""
+        ran.append("mail")
+        return "sent"
+
+    def say(messages: list[Any]) -> Any:
+        last = messages[-1]
+        if isinstance(last, UserMessage) and last.content in ("nap", "mail"):
+            return [ToolCall(last.content)]
+        if isinstance(last, UserMessage) and last.content == "ask":
+            return [ToolCall("ask_user", {"question": "Which city?"})]
+        return f"re {last.content!r}"
+
+    a = Agent(
+        name="a", model=ScriptedModel(say), tools=[nap, mail], plan_tool=False, ask_user_tool=True
+    )
+    return a, ran
+
+
+def waiting(t: Task) -> bool:
+    return t.status is TaskStatus.WAITING
+
+
+@pytest.mark.parametrize(
+    ("start", "cut"),
+    [
+        ("nap", "Interrupted by a new message before the timer ended."),
+        ("ask", "Interrupted by a new message instead of an answer."),
+        ("mail", "Not run: a new message interrupted the wait for its approval."),
+    ],
+)
+async def test_interrupt_cuts_a_wait_short_and_the_task_goes_on_with_the_message(
+    store: Store, start: str, cut: str
+) -> None:
+    a, ran = waiting_agent()
+    async with Runtime(store, agents=[a]) as rt:
+        sub = await rt.submit("a", start, owner="u", multitask_strategy="interrupt")
+        await rt.wait(sub.task_id, timeout=20, until=waiting)
+        await rt.send(sub.task_id, "forget it", owner="u")
+        task = await sub.wait(20)  # an hour's sleep, or nobody answering: cut short
+        view = await rt.model_view(task.id)
+    assert task.status is TaskStatus.COMPLETED and task.output == "re 'forget it'"
+    assert roles(view)[-3:] == [f"tool:{cut}", "user:forget it", "assistant:re 'forget it'"]
+    assert ran == []  # the call waiting for its approval never ran
+    (result,) = [e for e in await store.entries(task.id) if e.kind is EntryKind.TOOL_RESULT]
+    assert result.payload["outcome"] == "interrupted"
+
+
+@pytest.mark.parametrize(
+    ("start", "kept"),
+    [
+        # The call never ran: the round leaves the model's view.
+        ("mail", []),
+        # ask_user ran (it asked): as with any call that ran and may not be
+        # replayed, the call and its result stay; nothing else of the round does.
+        ("ask", ["assistant", "tool:Interrupted by a new message instead of an answer."]),
+    ],
+)
+async def test_rollback_cuts_a_wait_and_takes_the_round_out_of_the_view(
+    store: Store, start: str, kept: list[str]
+) -> None:
+    a, ran = waiting_agent()
+    async with Runtime(store, agents=[a]) as rt:
+        sub = await rt.submit("a", start, owner="u", multitask_strategy="rollback")
+        await rt.wait(sub.task_id, timeout=20, until=waiting)
+        await rt.send(sub.task_id, "never mind", owner="u")
+        task = await sub.wait(20)
+        view = await rt.model_view(task.id)
+        hist = await rt.history(task.id)
+    assert task.status is TaskStatus.COMPLETED and ran == []
+    assert roles(view) == [
+        f"user:{start}",
+        *kept,
+        "user:never mind",
+        "assistant:re 'never mind'",
+    ]
+    assert hist.rounds[0].voided == (not kept)  # a round with a kept call is closed, not voided
+
+
+async def test_enqueue_leaves_a_wait_alone(store: Store) -> None:
+    a, _ = waiting_agent()
+    async with Runtime(store, agents=[a]) as rt:
+        sub = await rt.submit("a", "ask", owner="u")
+        await rt.wait(sub.task_id, timeout=20, until=waiting)
+        sent = await rt.send(sub.task_id, "also this", owner="u")
+        assert sent.status is TaskStatus.WAITING and sent.status_reason == "input"
+        await rt.respond(sub.task_id, answer="Lisbon")
+        task = await sub.wait(20)
+        view = await rt.model_view(task.id)
+    assert roles(view)[-4:] == [
+        "tool:Lisbon",
+        "assistant:re 'Lisbon'",
+        "user:also this",
+        "assistant:re 'also this'",
+    ]
+
+
+async def test_a_call_that_asks_to_wait_after_an_interrupt_came_in_never_parks(
+    store: Store,
+) -> None:
+    """The message came while the tool ran; the tool then asked to sleep an hour
+    within its grace period: the task does not park, and the call's result says
+    that its wait never began (it used to read as a crash's lost result)."""
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    @tool
+    async def nap_later(ctx: ToolContext) -> Any:
+        """Work a moment, then sleep an hour."""
+        entered.set()
+        await release.wait()
+        return ctx.sleep(3600)
+
+    def say(messages: list[Any]) -> Any:
+        last = messages[-1]
+        if isinstance(last, UserMessage) and last.content == "start":
+            return [ToolCall("nap_later")]
+        return f"re {last.content!r}"
+
+    a = Agent(name="a", model=ScriptedModel(say), tools=[nap_later], plan_tool=False)
+    async with Runtime(store, agents=[a]) as rt:
+        sub = await rt.submit("a", "start", owner="u", multitask_strategy="interrupt")
+        await entered.wait()
+        sent = await rt.send(sub.task_id, "wake up", owner="u")
+        assert sent.control is not None  # asked to stop at the next safe point
+        release.set()
+        task = await sub.wait(20)
+        view = await rt.model_view(task.id)
+    assert roles(view)[-3:] == [
+        "tool:Tool call cancelled: the task was paused before its wait began.",
+        "user:wake up",
+        "assistant:re 'wake up'",
     ]

@@ -24,6 +24,7 @@ from duragent.llm.messages import WorkingView
 from duragent.payloads import rollback_marker
 from duragent.runtime.agent import Agent
 from duragent.runtime.calls import render
+from duragent.runtime.inbox import cut_plan
 from duragent.runtime.log import notice, read_round, result_entries, rollback, ui_entry
 from duragent.runtime.state import Clock, DebouncedState
 from duragent.runtime.waits import child_resolution
@@ -286,8 +287,9 @@ class ControlledRunner:
             await self._finish(TaskStatus.FAILED, entries=entries, error=error, extra=extra)
             return
         if control.resume and self.task.status is not TaskStatus.RUNNING:
-            # Parked just as asked: the messages are taken when the wait ends.
-            await self.commit([], {"control": None})
+            # Parked just as asked: the wait is cut short as a message sent to a
+            # waiting task cuts it (runtime/inbox.py), unless it is for a sub-task.
+            await self._cut_parked_wait(control)
             self._resumed(control)
             return
         if control.rollback and self._round_progress:
@@ -326,6 +328,28 @@ class ControlledRunner:
                 # again (the void range too), from the row as it is now.
         if control.resume:
             self._resumed(control)
+
+    async def _cut_parked_wait(self, control: Control) -> None:
+        for _ in range(5):
+            entries: list[NewEntry] = []
+            row = self.task.control
+            mine = row is None or row.get("token") == control.token  # else asked since: kept
+            patch: dict[str, Any] = {"control": None} if mine else {}
+            version = None
+            if self.task.status is TaskStatus.WAITING:
+                r = self.task.iterations + 1
+                got = await self.store.entries(self.task.id, after_seq=self.task.round_seq)
+                cut = cut_plan(self.task, read_round(got, r), control.rollback, [])
+                if cut is not None:
+                    entries, changes = cut
+                    patch.update(changes)
+                    version = self.task.version  # a rollback's void range ends at last_seq
+            try:
+                await self.commit(entries, patch, expect_version=version)
+                return
+            except Conflict:
+                self.task = await self.store.get_task(self.task.id)  # a message came in
+        raise Conflict(f"task {self.task.id!r} kept changing while its wait was cut short")
 
     async def _commit_stop(
         self,

@@ -21,8 +21,12 @@ waiting) is the session's strategy, named as in LangGraph (`multitask_strategy`)
 - `rollback`: the same, with the round in progress rolled back as by
   `pause(rollback=True)`.
 
-A waiting task has no safe point before its wait ends: `interrupt` and
-`rollback` take the message once it does. A paused or blocked task runs no
+A waiting task stops waiting under `interrupt` and `rollback` (`cut_waits`):
+in the commit that sends the message, every open timer, question and approval
+of its round is answered "interrupted" (an approval's call never runs), with
+`rollback` the round is also rolled back, and the task goes back to the queue
+to take the message. A task waiting for a sub-task keeps waiting (the sub-task
+runs on): the message is taken when it ends. A paused or blocked task runs no
 turn: the message waits in its inbox until the task is resumed. A finished task
 takes no messages (continue its conversation with `continue_session` or `fork`).
 
@@ -37,7 +41,7 @@ from __future__ import annotations
 from typing import Any, Literal, get_args
 
 from duragent.errors import UsageError
-from duragent.runtime.log import api_entry, notice
+from duragent.runtime.log import RoundState, api_entry, notice, result_entries, rollback
 from duragent.store.base import Commit, TaskPatch
 from duragent.types import EntryKind, NewEntry, Task, TaskStatus, UserMessage, new_id
 
@@ -117,6 +121,60 @@ def send_commit(
     ]
     patch = TaskPatch(task.id, changes, expect_status=[task.status], expect_version=task.version)
     return Commit(entries=entries, patches=[patch]), message_id
+
+
+# What the model sees for a wait a new message cut short.
+CUT_TEXT = {
+    "timer": "Interrupted by a new message before the timer ended.",
+    "input": "Interrupted by a new message instead of an answer.",
+    "approval": "Not run: a new message interrupted the wait for its approval.",
+}
+
+
+def cut_waits(task: Task, rs: RoundState, commit: Commit, strategy: MultitaskStrategy) -> bool:
+    """Under `interrupt` / `rollback`, make the send `commit` of a waiting task end
+    its wait (`cut_plan`); False, and nothing changed, if it does not. The commit
+    stays guarded by the row's status and version."""
+    if strategy not in ("interrupt", "rollback") or task.status is not TaskStatus.WAITING:
+        return False
+    cut = cut_plan(task, rs, strategy == "rollback", commit.entries)
+    if cut is None:
+        return False
+    entries, changes = cut
+    commit.entries += entries
+    commit.patches[0].set.update(changes)
+    return True
+
+
+def cut_plan(
+    task: Task, rs: RoundState, roll_back: bool, pending: list[NewEntry]
+) -> tuple[list[NewEntry], dict[str, Any]] | None:
+    """What ends a waiting task's wait for a new message: each open timer, question
+    and approval of round `rs` answered "interrupted", with `roll_back` the round
+    rolled back (`log.rollback`: a never-replay call that ran, a sleep or a question
+    included, keeps its result; a call that waited for its approval never ran), and
+    the task pending again. The entries go after `pending` (committed with them);
+    None if it waits for a sub-task (which runs on) or for nothing."""
+    waits = rs.open_waits
+    if not waits or any(w["wait"] == "subtask" for w in waits.values()):
+        return None
+    r, tid = rs.round, task.id
+    added = [notice(tid, r, "The wait was cut short by a new message.")]
+    for cid, w in waits.items():
+        added += result_entries(tid, r, cid, CUT_TEXT[w["wait"]], "interrupted")
+    changes: dict[str, Any] = {"status": TaskStatus.PENDING, "wake_at": None}
+    if roll_back and rs.api_seqs:
+        unapproved = {cid for cid, w in waits.items() if w["wait"] == "approval"}
+        first = min(rs.api_seqs)
+        plan = rollback(
+            tid, rs, first, task.last_seq, [*pending, *added], "a new message", unapproved
+        )
+        added += plan.entries
+        if plan.closes_round:
+            changes["iterations"] = r
+    elif all(cid in waits for cid in rs.missing):
+        changes["iterations"] = r  # those were the round's last results
+    return added, changes
 
 
 def sent_before(task: Task, request_id: str) -> dict[str, Any] | None:

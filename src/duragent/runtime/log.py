@@ -6,7 +6,7 @@ write them the same way.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -246,6 +246,7 @@ def rollback(
     last_seq: int,
     pending: list[NewEntry],
     reason: str,
+    not_run: Collection[str] = (),
 ) -> RollbackPlan:
     """What takes round `rs.round` out of the model's view; UI entries are never voided.
 
@@ -257,6 +258,7 @@ def rollback(
     the round closes once all are answered. If there is none, the round's API
     entries from `first_seq` on are voided and the model is asked the round again.
     `pending` are entries about to be committed after `last_seq`, in order.
+    Calls in `not_run` (an approval never given) were never run: never kept.
     """
     r, tid = rs.round, task_id
     result_seqs = dict(rs.result_seqs)
@@ -272,7 +274,9 @@ def rollback(
     kept = [
         c
         for c in calls
-        if rs.intents[c.id].get("replay") != "safe" and (c.id in result_seqs or c.id in children)
+        if rs.intents[c.id].get("replay") != "safe"
+        and (c.id in result_seqs or c.id in children)
+        and c.id not in not_run
     ]
     if not kept:
         return RollbackPlan([_void(tid, r, first_seq, last_seq + len(pending), reason)], [], False)

@@ -322,7 +322,7 @@ class RoundRunner(ControlledRunner):
                 for job in done - {stopper}:
                     job.result()  # surface Abandoned / store errors
                 if stopper in done and pending_jobs:
-                    await self._stop_tools(r, pending_jobs, jobs, committing)
+                    await self._stop_tools(r, pending_jobs, jobs, committing, suspended)
                     return
         except BaseException:
             # The runner ends (lost lease, store error): no tool of it may go on
@@ -403,6 +403,7 @@ class RoundRunner(ControlledRunner):
         pending_jobs: set[asyncio.Task[None]],
         jobs: Mapping[asyncio.Task[None], str],
         committing: Mapping[str, asyncio.Future[None]],
+        suspended: Mapping[str, Outcome],
     ) -> None:
         control = self.control or Control("pause")
         if control.action in ("pause", "release", "deadline"):
@@ -437,5 +438,14 @@ class RoundRunner(ControlledRunner):
                 await committing[cid]  # its result was already on its way: let it land
                 continue
             text = cancelled(control, "while it ran")
+            entries += result_entries(self.task.id, r, cid, text, "interrupted")
+        # A call that asked to wait (a sleep, a question, a sub-task) during the
+        # grace period is not parked: the task stops instead. Its wait never began
+        # (no sub-task was created); it gets a result that says so. A call that
+        # asked for its approval never ran: it stays open and asks again.
+        for cid, out in suspended.items():
+            if isinstance(out.suspend, WaitForInput) and out.suspend.kind == "approval":
+                continue
+            text = cancelled(control, "before its wait began")
             entries += result_entries(self.task.id, r, cid, text, "interrupted")
         await self._stop(control, entries)

@@ -14,10 +14,12 @@ from duragent.runtime.inbox import (
     MAX_MESSAGE_CHARS,
     MultitaskStrategy,
     check_strategy,
+    cut_waits,
     send_commit,
     sent_before,
     strategy_of,
 )
+from duragent.runtime.log import read_round
 from duragent.runtime.submit import input_text
 from duragent.storable import check_storable
 from duragent.types import EntryKind, Task, TaskStatus
@@ -61,8 +63,12 @@ class SendsMessages:
         task's `multitask_strategy` (or this call's) decides when: `enqueue` after
         the turn's answer, `interrupt` / `rollback` at the next safe point after
         stopping as `pause` / `pause(rollback=True)` would, `reject` not at all
-        (`TaskBusy`). A paused or blocked task keeps the message until it is
-        resumed. A finished task takes none (`InvalidTransition`): continue its
+        (`TaskBusy`). Under `interrupt` / `rollback` a task waiting for a timer,
+        an answer or an approval stops waiting (the calls are answered
+        "interrupted"; an unapproved call never runs); one waiting for a sub-task
+        takes the message when the sub-task ends. A paused or blocked task keeps
+        the message until it is resumed. A finished task takes none
+        (`InvalidTransition`): continue its
         conversation with `submit(..., continue_session=True)` or `fork`.
         With `owner`, another owner's task is reported as not found.
 
@@ -121,6 +127,10 @@ class SendsMessages:
             if strategy == "reject" and task.status in BUSY:
                 raise TaskBusy(task.id, task.status.value)
             commit, _ = send_commit(task, text, strategy, request_id)
+            if strategy in ("interrupt", "rollback") and task.status is TaskStatus.WAITING:
+                r = task.iterations + 1
+                rs = read_round(await self.store.entries(task_id, after_seq=task.round_seq), r)
+                cut_waits(task, rs, commit, strategy)
             try:
                 res = await self.store.commit(commit)
             except Conflict:
