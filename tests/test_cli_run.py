@@ -238,7 +238,7 @@ async def test_writing_a_file_waits_for_the_users_yes(
     store = f"sqlite:///{tmp_path}/cli.db"
 
     cli = Cli(*run_args(server, store, workdir, "Write hello.txt"), stdin=subprocess.PIPE)
-    cli.wait_for("[y/N] ")
+    cli.wait_for("[y/N/e to edit the arguments] ")
     assert not (workdir / "out").exists()  # nothing written before the answer
     cli.send(answer + "\n")
     code, out, err = cli.finish()
@@ -254,6 +254,44 @@ async def test_writing_a_file_waits_for_the_users_yes(
     else:
         assert not (workdir / "out").exists()
         assert result["outcome"] == "denied"
+
+
+@pytest.mark.slow
+async def test_the_user_edits_the_arguments_before_approving(
+    serve: Serve, workdir: Path, tmp_path: Path
+) -> None:
+    call = ToolCall("write_file", {"path": "out/hello.txt", "content": "written by the agent"})
+    server = serve([Answer("I'll write it.", [call]), "Finished."])
+    store = f"sqlite:///{tmp_path}/cli.db"
+
+    cli = Cli(*run_args(server, store, workdir, "Write hello.txt"), stdin=subprocess.PIPE)
+    cli.wait_for("[y/N/e to edit the arguments] ")
+    cli.send("e\n")
+    cli.wait_for('arguments as JSON (now {"path": "out/hello.txt"')
+    cli.send("{oops\n")  # not JSON: said, and asked again
+    cli.wait_for("not JSON")
+    cli.send("e\n")
+    cli.send('{"path": 7}\n')  # refused by the tool's schema: said, and asked again
+    cli.wait_for("invalid arguments for write_file: path: Input should be a valid string")
+    cli.send("e\n")
+    cli.send('{"path": "out/edited.txt", "content": "edited at the terminal"}\n')
+    code, out, err = cli.finish()
+
+    assert code == 0, out + err
+    assert not (workdir / "out/hello.txt").exists()
+    assert (workdir / "out/edited.txt").read_text() == "edited at the terminal"
+    task, entries = await stored(store, task_id_in(out))
+    assert task.status is TaskStatus.COMPLETED
+    (result,) = [e.payload for e in entries if e.kind is EntryKind.TOOL_RESULT]
+    assert result["outcome"] == "ok"
+    decisions = [
+        e.payload
+        for e in entries
+        if e.kind is EntryKind.CHECKPOINT and e.payload["type"] == "decision"
+    ]
+    assert [d.get("arguments") for d in decisions] == [
+        {"path": "out/edited.txt", "content": "edited at the terminal"}
+    ]
 
 
 @pytest.mark.slow
@@ -273,7 +311,7 @@ async def test_with_no_one_to_answer_the_task_waits_for_continue(
     assert task.status is TaskStatus.WAITING and not (workdir / "later.txt").exists()
 
     cli = Cli(*continue_hint(out), stdin=subprocess.PIPE)
-    cli.wait_for("[y/N] ")
+    cli.wait_for("[y/N/e to edit the arguments] ")
     cli.send("yes\n")
     code, out, err = cli.finish()
 
@@ -309,7 +347,7 @@ async def test_continue_never_takes_its_directory_from_the_task(
 
     # Run from the task's own directory, no flag is needed.
     cli = Cli(*hint[:at], *hint[at + 2 :], stdin=subprocess.PIPE, cwd=workdir)
-    cli.wait_for("[y/N] ")
+    cli.wait_for("[y/N/e to edit the arguments] ")
     cli.send("yes\n")
     code, out, err = cli.finish()
     assert code == 0, out + err
@@ -348,7 +386,7 @@ async def test_reading_a_file_asks_first_unless_the_run_allows_it(
     store = f"sqlite:///{tmp_path}/cli.db"
 
     cli = Cli(*run_args(server, store, workdir, "Read my notes", allow=""), stdin=subprocess.PIPE)
-    cli.wait_for("[y/N] ")
+    cli.wait_for("[y/N/e to edit the arguments] ")
     cli.send("n\n")
     code, out, err = cli.finish()
 

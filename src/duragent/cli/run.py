@@ -341,20 +341,55 @@ class Session:
         for call_id, wait in waits.items():
             approval = wait["wait"] == "approval"
             question = wait.get("question", "")
-            prompt = f"{question} [y/N] " if approval else f"{question}\n> "
-            self.transcript.end_line()
-            self.console.print(f"[bold magenta]? {safe(prompt)}[/]", end="")
-            line = await self._read_line()
-            if line is None or not sys.stdin.isatty():
-                self.console.print()  # the terminal echoed the Enter; a pipe did not
-            if line is None:
-                return False
-            if approval:
-                yes = line.strip().lower() in ("y", "yes")
-                reason = None if yes else "the user said no at the terminal"
-                await self.rt.respond(self.task_id, approve=yes, reason=reason, call_id=call_id)
-            else:
+            if not approval:
+                line = await self._ask(f"{question}\n> ")
+                if line is None:
+                    return False
                 await self.rt.respond(self.task_id, answer=line.rstrip("\n"), call_id=call_id)
+                continue
+            while True:
+                line = await self._ask(f"{question} [y/N/e to edit the arguments] ")
+                if line is None:
+                    return False
+                word = line.strip().lower()
+                if word not in ("e", "edit"):
+                    yes = word in ("y", "yes")
+                    reason = None if yes else "the user said no at the terminal"
+                    await self.rt.respond(self.task_id, approve=yes, reason=reason, call_id=call_id)
+                    break
+                if await self._approve_edited(call_id, wait.get("arguments")):
+                    break
+        return True
+
+    async def _ask(self, prompt: str) -> str | None:
+        """Print `prompt` and read a line; None if there is no one to answer."""
+        self.transcript.end_line()
+        self.console.print(f"[bold magenta]? {safe(prompt)}[/]", end="")
+        line = await self._read_line()
+        if line is None or not sys.stdin.isatty():
+            self.console.print()  # the terminal echoed the Enter; a pipe did not
+        return line
+
+    async def _approve_edited(self, call_id: str, arguments: Any) -> bool:
+        """Approve the call with arguments typed as JSON; False to ask again (a
+        line that is not a JSON object, or one the tool's schema refuses)."""
+        current = json.dumps(arguments if isinstance(arguments, dict) else {})
+        line = await self._ask(f"arguments as JSON (now {current})\n> ")
+        if line is None or not line.strip():
+            return False
+        try:
+            edited = json.loads(line)
+        except ValueError as exc:
+            self.console.print(f"[red]not JSON: {safe(str(exc))}[/]")
+            return False
+        if not isinstance(edited, dict):
+            self.console.print("[red]the arguments are a JSON object: {...}[/]")
+            return False
+        try:
+            await self.rt.respond(self.task_id, approve=True, arguments=edited, call_id=call_id)
+        except UsageError as exc:
+            self.console.print(f"[red]{safe(str(exc))}[/]")
+            return False
         return True
 
     async def _read_line(self) -> str | None:
