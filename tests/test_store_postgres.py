@@ -20,9 +20,10 @@ from psycopg.rows import dict_row
 
 from conftest import drop_schema, require_postgres
 from duragent.errors import CommitOutcomeUnknown, StaleLease, StoreVersionError
-from duragent.store import SCHEMA_VERSION, Commit, TaskPatch, open_store
+from duragent.store import SCHEMA_VERSION, Commit, DocumentWrite, TaskPatch, open_store
 from duragent.store.postgres import PostgresStore, split_url
 from duragent.types import EntryKind, NewEntry, Task, UIText, dump_message
+from support.pgproxy import commit_answer_loser
 from support.store_model import SETTINGS, op, run
 
 pytestmark = pytest.mark.postgres
@@ -262,16 +263,78 @@ async def test_commit_cut_off_before_commit_is_retried_once(pg_url: str, schema:
         await s.close()
 
 
-async def test_connection_lost_during_commit_reports_the_outcome_unknown(
+async def test_a_transaction_cut_off_with_its_commit_in_flight_is_found_not_landed(
     pg_url: str, schema: str
 ) -> None:
-    """The backend dies while COMMIT is in flight (a deferred trigger holds the
-    COMMIT open): the commit may or may not have landed, so it is not run again
-    and the caller gets CommitOutcomeUnknown."""
+    """A round's commit goes as one message, COMMIT included. The backend dies in
+    that COMMIT (a deferred trigger holds it open the first time): the store ends
+    the backend, finds the task row as the commit found it, so it did not land,
+    and runs it again: it lands exactly once."""
     app = f"duragent-test-{uuid.uuid4().hex[:8]}"
     s = PostgresStore(f"{pg_url}?application_name={app}", schema=schema, max_size=2)
     try:
         task, _ = await s.create_task(Task(agent="a"))
+        with admin(pg_url) as setup:
+            setup.execute(
+                psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema))
+            )
+            setup.execute("CREATE SEQUENCE slow_once")  # not rolled back: slow once only
+            setup.execute(
+                "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS"
+                " $$ BEGIN IF nextval('slow_once') = 1 THEN PERFORM pg_sleep(30); END IF;"
+                " RETURN NULL; END $$"
+            )
+            setup.execute(
+                "CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON tasks"
+                " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()"
+            )
+        pending = asyncio.create_task(s.commit(Commit(entries=[ui(task.id, "once")])))
+        await _until_in_commit(pg_url, app)
+        assert _terminate(pg_url, app) >= 1
+        result = await asyncio.wait_for(pending, 30)
+        assert result.entries[0].seq == 1
+        assert [e.payload["text"] for e in await s.entries(task.id)] == ["once"]
+    finally:
+        await s.close()
+
+
+async def test_a_commit_whose_answer_was_lost_is_found_landed_and_not_run_again(
+    pg_url: str, schema: str
+) -> None:
+    """The network loses the answer to a transaction that committed (a proxy that
+    forwards the COMMIT and drops what the server says): the store finds the row
+    as the commit wrote it and reports the commit done, without running it again."""
+    s0 = PostgresStore(pg_url, schema=schema)
+    await s0.open()
+    await s0.close()  # the schema exists before the proxy is in the way
+    with commit_answer_loser("127.0.0.1", 5432) as proxy:
+        url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+        s = PostgresStore(f"{url}?sslmode=disable", schema=schema, max_size=2)
+        try:
+            task, _ = await s.create_task(Task(agent="a"))
+            await s.commit(Commit(entries=[ui(task.id, "first")]))
+            proxy.cut.set()
+            result = await asyncio.wait_for(s.commit(Commit(entries=[ui(task.id, "lost")])), 30)
+            assert proxy.answers_lost == 1  # the fault happened
+            assert result.entries[0].seq == 2 and result.tasks[task.id].last_seq == 2
+            texts = [e.payload["text"] for e in await s.entries(task.id)]
+            assert texts == ["first", "lost"]  # landed once
+            third = await s.commit(Commit(entries=[ui(task.id, "after")]))
+            assert third.entries[0].seq == 3
+        finally:
+            await s.close()
+
+
+async def test_connection_lost_during_a_documents_commit_reports_the_outcome_unknown(
+    pg_url: str, schema: str
+) -> None:
+    """A commit that writes no task row cannot be looked up afterwards: the backend
+    dies while its COMMIT is in flight (a deferred trigger holds it open), so it
+    is not run again and the caller gets CommitOutcomeUnknown."""
+    app = f"duragent-test-{uuid.uuid4().hex[:8]}"
+    s = PostgresStore(f"{pg_url}?application_name={app}", schema=schema, max_size=2)
+    try:
+        await s.create_task(Task(agent="a"))  # the schema exists
         with admin(pg_url) as setup:
             setup.execute(
                 psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema))
@@ -281,27 +344,32 @@ async def test_connection_lost_during_commit_reports_the_outcome_unknown(
                 " $$ BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$"
             )
             setup.execute(
-                "CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON tasks"
+                "CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON documents"
                 " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()"
             )
-        pending = asyncio.create_task(s.commit(Commit(entries=[ui(task.id, "maybe")])))
-        with admin(pg_url) as watch:
-            for _ in range(6000):  # until the COMMIT itself is running (in the trigger)
-                row = watch.execute(
-                    "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = %s"
-                    " AND state = 'active' AND query = 'COMMIT'",
-                    (app,),
-                ).fetchone()
-                if row is not None and row["n"] == 1:
-                    break
-                await asyncio.sleep(0.01)
-            else:
-                raise AssertionError("the commit never reached COMMIT")
+        doc = DocumentWrite("notes", "k", {"v": 1})
+        pending = asyncio.create_task(s.commit(Commit(documents=[doc])))
+        await _until_in_commit(pg_url, app)
         assert _terminate(pg_url, app) >= 1
         with pytest.raises(CommitOutcomeUnknown, match="may or may not have been applied"):
             await asyncio.wait_for(pending, 30)
     finally:
         await s.close()
+
+
+async def _until_in_commit(pg_url: str, app: str) -> None:
+    """Until a connection of `app` sleeps in the deferred trigger: inside its COMMIT."""
+    with admin(pg_url) as watch:
+        for _ in range(6000):
+            row = watch.execute(
+                "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = %s"
+                " AND state = 'active' AND wait_event = 'PgSleep'",
+                (app,),
+            ).fetchone()
+            if row is not None and row["n"] == 1:
+                return
+            await asyncio.sleep(0.01)
+    raise AssertionError("the commit never reached COMMIT")
 
 
 @pytest.mark.slow

@@ -497,6 +497,36 @@ def send(conn: Conn, statements: list[Statement]) -> None:
         raise StaleRow
 
 
+def send_and_commit(conn: Conn, statements: list[Statement]) -> None:
+    """Send a whole transaction, `BEGIN` to `COMMIT`, as one message.
+
+    A guarded UPDATE is checked on the server: wrapped so that matching no row
+    divides by zero, which aborts the transaction, so the server skips the rest
+    of the message and the `COMMIT` with it (`StaleRow` here; the caller rolls
+    back). Any other failing statement raises its error the same way.
+    """
+    plain = conn.pgconn.parameter_status(b"standard_conforming_strings") == b"on"
+    parts = []
+    for st in statements:
+        text = _bind(conn, st, plain)
+        if st.guard:
+            text = f"WITH g AS ({text} RETURNING 1) SELECT 1 / count(*)::int FROM g"
+        parts.append(text)
+    parts.append("COMMIT")
+    with conn.lock:
+        conn.pgconn.send_query(";".join(parts).encode())
+        results = conn.wait(execute(conn.pgconn))
+    for st, res in zip(statements, results, strict=False):
+        if res.status == ExecStatus.FATAL_ERROR:
+            exc = error_from_result(res, encoding=conn.info.encoding)
+            if st.guard and exc.sqlstate == "22012":  # division_by_zero: no row matched
+                raise StaleRow
+            raise exc
+    last = results[-1] if len(results) == len(parts) else None
+    if last is None or last.status == ExecStatus.FATAL_ERROR:
+        raise error_from_result(results[-1], encoding=conn.info.encoding)
+
+
 def _bind(conn: Conn, st: Statement, plain: bool) -> str:
     """The statement with its parameters as SQL literals.
 

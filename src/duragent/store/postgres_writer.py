@@ -34,7 +34,9 @@ from duragent.store.postgres_tx import (
     PgTx,
     StaleRow,
     Statement,
+    row_stamp,
     send,
+    send_and_commit,
 )
 from duragent.types import Task
 
@@ -169,10 +171,11 @@ class PgWriter:
             try:
                 with self.pool.connection() as conn:
                     try:
-                        outcomes, txs = self._attempt(conn, batch, cached)
+                        outcomes, txs, committed = self._attempt(conn, batch, cached)
                         changed = any(tx.changed for tx in txs)
-                        committing = True
-                        send(conn, _COMMIT)
+                        if not committed:
+                            committing = True
+                            send(conn, _COMMIT)
                     except BaseException:
                         if not committing and not conn.closed:
                             with contextlib.suppress(psycopg.Error):
@@ -184,6 +187,24 @@ class PgWriter:
                     f"{self.where}: no connection available: {exc}"
                 )
                 return [(False, busy)] * len(batch), False, False
+            except _LostInFlight as flight:
+                # The whole transaction went as one message, COMMIT included, and
+                # the connection broke before its answer: look whether it landed.
+                self.rows.clear()
+                landed = self._landed(flight.txs, flight.backend_pid)
+                if landed:
+                    outcomes, txs = flight.outcomes, flight.txs
+                    changed = any(tx.changed for tx in txs)
+                elif landed is False and attempt <= self.retries:
+                    with contextlib.suppress(Exception):
+                        self.pool.check()  # the pool may hold more dropped connections
+                    continue
+                else:
+                    err = CommitOutcomeUnknown(
+                        f"{self.where}: the connection was lost while committing; the commit "
+                        "may or may not have been applied, re-read the task to find out"
+                    )
+                    return [(False, err)] * len(batch), False, False
             except StaleRow:
                 self.rereads += 1
                 self.rows.clear()
@@ -220,9 +241,11 @@ class PgWriter:
 
     def _attempt(
         self, conn: Conn, batch: list[_Job], cached: bool
-    ) -> tuple[list[Outcome], list[PgTx]]:
-        """Run the jobs in one open transaction (not yet committed)."""
+    ) -> tuple[list[Outcome], list[PgTx], bool]:
+        """Run the jobs in one transaction; whether it is committed already (every
+        job ran on cached rows: the whole transaction went as one message)."""
         queued: list[Statement] = [Statement("BEGIN", None, False)]
+        sent = False
         outcomes: list[Outcome] = []
         txs: list[PgTx] = []
         alone = len(batch) == 1
@@ -253,7 +276,7 @@ class PgWriter:
             if not alone:
                 queued.append(Statement("SAVEPOINT job", None, False))
             send(conn, queued)
-            queued = []
+            queued, sent = [], True
             tx = PgTx(conn, self.namespace)
             try:
                 value = job.fn(tx)
@@ -292,8 +315,88 @@ class PgWriter:
                 queued.append(
                     Statement("SELECT pg_notify(%s, %s)", (CONTROL_CHANNEL, payload), False)
                 )
+        if not sent:
+            pid = conn.info.backend_pid
+            try:
+                send_and_commit(conn, queued)
+            except psycopg.Error as exc:
+                if self.lost(exc):
+                    raise _LostInFlight(outcomes, txs, pid) from exc
+                raise
+            return outcomes, txs, True
         send(conn, queued)
-        return outcomes, txs
+        return outcomes, txs, False
+
+    def _landed(self, txs: list[PgTx], backend_pid: int) -> bool | None:
+        """Whether a transaction whose connection broke with its COMMIT in flight
+        committed: True, False, or None when that cannot be told.
+
+        Its backend is ended first and waited for, so it cannot commit after the
+        look (a broken connection may leave it running). Then the task rows the
+        transaction wrote tell: each as it wrote them (landed), or each as it
+        found them, absent if it inserted them (not landed). A transaction that
+        changed anything else only, or rows another process moved meanwhile,
+        cannot be told apart: None, reported as `CommitOutcomeUnknown`.
+        """
+        before: dict[str, Task | None] = {}
+        after: dict[str, Task] = {}
+        for tx in txs:
+            if tx.changed and not tx.written:
+                return None
+            for task_id, task in tx.written.items():
+                before.setdefault(task_id, tx.based_on.get(task_id))
+                after[task_id] = task
+        if not after:
+            return True  # it changed nothing: landed or not, nothing is lost
+        with contextlib.suppress(Exception):
+            self.pool.check()  # what broke that connection may have broken the others
+        try:
+            with self.pool.connection() as conn:
+                conn.execute("SELECT pg_terminate_backend(%s)", (backend_pid,))
+                for _ in range(500):
+                    row = conn.execute(
+                        "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend_pid,)
+                    ).fetchone()
+                    if row is None:
+                        break
+                    time.sleep(0.01)
+                else:
+                    return None  # still there after 5 s
+                rows = conn.execute(
+                    "SELECT id, version, last_seq, lease_epoch, lease_owner, lease_expires"
+                    " FROM tasks WHERE id = ANY(%s)",
+                    (list(after),),
+                ).fetchall()
+        except psycopg.Error:
+            return None
+        stored = {
+            r["id"]: (
+                r["version"],
+                r["last_seq"],
+                r["lease_epoch"],
+                r["lease_owner"],
+                r["lease_expires"],
+            )
+            for r in rows
+        }
+        if all(stored.get(i) == row_stamp(t) for i, t in after.items()):
+            return True
+        if all(
+            (i not in stored) if t is None else stored.get(i) == row_stamp(t)
+            for i, t in before.items()
+        ):
+            return False
+        return None
+
+
+class _LostInFlight(Exception):
+    """The connection broke while a whole transaction, COMMIT included, was in flight."""
+
+    def __init__(self, outcomes: list[Outcome], txs: list[PgTx], backend_pid: int) -> None:
+        super().__init__("connection lost with a commit in flight")
+        self.outcomes = outcomes
+        self.txs = txs
+        self.backend_pid = backend_pid
 
 
 _COMMIT = [Statement("COMMIT", None, False)]

@@ -1,0 +1,78 @@
+"""A TCP proxy in front of PostgreSQL that can lose a transaction's answer.
+
+Bytes pass both ways unchanged until a client message ending a transaction
+(`;COMMIT`) goes through while `cut` is set: the proxy forwards it, reads the
+server's answer up to its ReadyForQuery (the server has committed by then),
+and closes the client's side without passing the answer on. The client sees
+its connection lost with the COMMIT in flight, although the commit landed.
+Real sockets and a real server: a fault as a network failure makes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+
+READY_FOR_QUERY = b"Z\x00\x00\x00\x05"
+
+
+class CommitAnswerLoser:
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.cut = threading.Event()
+        self.answers_lost = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._closing = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closing:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            threading.Thread(target=self._up, args=(client, server), daemon=True).start()
+
+    def _up(self, client: socket.socket, server: socket.socket) -> None:
+        """Client to server; starts the server-to-client pump."""
+        lose = threading.Event()
+        threading.Thread(target=self._down, args=(client, server, lose), daemon=True).start()
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                if self.cut.is_set() and b";COMMIT\x00" in data:
+                    self.cut.clear()
+                    lose.set()
+                server.sendall(data)
+
+    def _down(self, client: socket.socket, server: socket.socket, lose: threading.Event) -> None:
+        answer = b""
+        with contextlib.suppress(OSError):
+            while data := server.recv(65536):
+                if not lose.is_set():
+                    client.sendall(data)
+                    continue
+                answer += data
+                if answer.endswith(READY_FOR_QUERY + b"I") or READY_FOR_QUERY in answer:
+                    self.answers_lost += 1
+                    break  # committed; the answer goes nowhere
+        for s in (client, server):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def close(self) -> None:
+        self._closing = True
+        self._listener.close()
+
+
+@contextlib.contextmanager
+def commit_answer_loser(host: str, port: int) -> Iterator[CommitAnswerLoser]:
+    proxy = CommitAnswerLoser(host, port)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
