@@ -393,3 +393,29 @@ async def test_a_purge_racing_a_fork_of_its_task_on_postgres_leaves_no_reference
         await forker.close()
         await purger.close()
         drop_schema(schema)
+
+
+async def test_postgres_resolves_a_reference_through_the_primary_key() -> None:
+    """The view's lookup of a referenced payload is an index lookup, not a scan of
+    every entry per reference (a reference column of another collation than
+    `task_id` left only `seq` to the primary key: each reference read that seq
+    of every task)."""
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    store = open_store(f"{require_postgres()}?schema={schema}")
+    await store.open()
+    try:
+        src = await source(store)
+        fork = Task(agent="a")
+        await store.create_fork(fork, [CopyEntries(src.id, 1, 6, COPIED, 9, count=5)])
+        with psycopg.connect(require_postgres()) as conn:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            conn.execute("SET enable_seqscan = off")  # only a usable index avoids a scan
+            plan = conn.execute(
+                "EXPLAIN SELECT payload FROM entry_rows WHERE task_id = %s", (fork.id,)
+            ).fetchall()
+        text = "\n".join(r[0] for r in plan)
+        # Both key columns in the index condition: one entry read per reference.
+        assert "Index Cond: ((task_id = e.src_task) AND (seq = e.src_seq))" in text, text
+    finally:
+        await store.close()
+        drop_schema(schema)

@@ -106,7 +106,7 @@ MIGRATIONS[3] = QUEUES_MIGRATION
 # payloads back (`_delete_trees`). Readers take entries through `entry_rows`,
 # which resolves references; only writers touch `entries`.
 FORK_REFERENCES: list[Step] = [
-    'ALTER TABLE entries ADD COLUMN src_task text COLLATE "C"',
+    "ALTER TABLE entries ADD COLUMN src_task text",  # task_id's collation: its index serves it
     "ALTER TABLE entries ADD COLUMN src_seq bigint",
     "CREATE INDEX entries_src ON entries (src_task) WHERE src_task IS NOT NULL",
     """CREATE VIEW entry_rows AS SELECT e.task_id, e.seq, e.kind, e.round, e.created_at,
