@@ -13,6 +13,7 @@ import pytest
 
 from duragent import (
     Agent,
+    History,
     InvalidTransition,
     Runtime,
     ScriptedModel,
@@ -25,6 +26,7 @@ from duragent import (
     UsageError,
     tool,
 )
+from duragent.runtime.inbox import MultitaskStrategy
 from duragent.types import EntryKind, Task, ToolMessage, UserMessage
 from support.sending import Gate, roles, script
 
@@ -308,6 +310,21 @@ def waiting(t: Task) -> bool:
     return t.status is TaskStatus.WAITING
 
 
+async def message_a_waiting_task(
+    store: Store, start: str, strategy: MultitaskStrategy, text: str
+) -> tuple[Task, list[Any], History, list[str]]:
+    """Start `start` (see waiting_agent), send `text` once it waits; the task as it
+    ends (an hour's sleep or nobody answering would keep it waiting), its view,
+    its history, and the calls that ran."""
+    a, ran = waiting_agent()
+    async with Runtime(store, agents=[a]) as rt:
+        sub = await rt.submit("a", start, owner="u", multitask_strategy=strategy)
+        await rt.wait(sub.task_id, timeout=20, until=waiting)
+        await rt.send(sub.task_id, text, owner="u")
+        task = await sub.wait(20)
+        return task, await rt.model_view(task.id), await rt.history(task.id), ran
+
+
 @pytest.mark.parametrize(
     ("start", "cut"),
     [
@@ -319,13 +336,7 @@ def waiting(t: Task) -> bool:
 async def test_interrupt_cuts_a_wait_short_and_the_task_goes_on_with_the_message(
     store: Store, start: str, cut: str
 ) -> None:
-    a, ran = waiting_agent()
-    async with Runtime(store, agents=[a]) as rt:
-        sub = await rt.submit("a", start, owner="u", multitask_strategy="interrupt")
-        await rt.wait(sub.task_id, timeout=20, until=waiting)
-        await rt.send(sub.task_id, "forget it", owner="u")
-        task = await sub.wait(20)  # an hour's sleep, or nobody answering: cut short
-        view = await rt.model_view(task.id)
+    task, view, _, ran = await message_a_waiting_task(store, start, "interrupt", "forget it")
     assert task.status is TaskStatus.COMPLETED and task.output == "re 'forget it'"
     assert roles(view)[-3:] == [f"tool:{cut}", "user:forget it", "assistant:re 'forget it'"]
     assert ran == []  # the call waiting for its approval never ran
@@ -346,14 +357,7 @@ async def test_interrupt_cuts_a_wait_short_and_the_task_goes_on_with_the_message
 async def test_rollback_cuts_a_wait_and_takes_the_round_out_of_the_view(
     store: Store, start: str, kept: list[str]
 ) -> None:
-    a, ran = waiting_agent()
-    async with Runtime(store, agents=[a]) as rt:
-        sub = await rt.submit("a", start, owner="u", multitask_strategy="rollback")
-        await rt.wait(sub.task_id, timeout=20, until=waiting)
-        await rt.send(sub.task_id, "never mind", owner="u")
-        task = await sub.wait(20)
-        view = await rt.model_view(task.id)
-        hist = await rt.history(task.id)
+    task, view, hist, ran = await message_a_waiting_task(store, start, "rollback", "never mind")
     assert task.status is TaskStatus.COMPLETED and ran == []
     assert roles(view) == [
         f"user:{start}",

@@ -274,20 +274,7 @@ async def test_a_transaction_cut_off_with_its_commit_in_flight_is_found_not_land
     s = PostgresStore(f"{pg_url}?application_name={app}", schema=schema, max_size=2)
     try:
         task, _ = await s.create_task(Task(agent="a"))
-        with admin(pg_url) as setup:
-            setup.execute(
-                psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema))
-            )
-            setup.execute("CREATE SEQUENCE slow_once")  # not rolled back: slow once only
-            setup.execute(
-                "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS"
-                " $$ BEGIN IF nextval('slow_once') = 1 THEN PERFORM pg_sleep(30); END IF;"
-                " RETURN NULL; END $$"
-            )
-            setup.execute(
-                "CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON tasks"
-                " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()"
-            )
+        _slow_commit(pg_url, schema, "UPDATE ON tasks", once=True)
         pending = asyncio.create_task(s.commit(Commit(entries=[ui(task.id, "once")])))
         await _until_in_commit(pg_url, app)
         assert _terminate(pg_url, app) >= 1
@@ -335,18 +322,7 @@ async def test_connection_lost_during_a_documents_commit_reports_the_outcome_unk
     s = PostgresStore(f"{pg_url}?application_name={app}", schema=schema, max_size=2)
     try:
         await s.create_task(Task(agent="a"))  # the schema exists
-        with admin(pg_url) as setup:
-            setup.execute(
-                psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema))
-            )
-            setup.execute(
-                "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS"
-                " $$ BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$"
-            )
-            setup.execute(
-                "CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON documents"
-                " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()"
-            )
+        _slow_commit(pg_url, schema, "INSERT ON documents", once=False)
         doc = DocumentWrite("notes", "k", {"v": 1})
         pending = asyncio.create_task(s.commit(Commit(documents=[doc])))
         await _until_in_commit(pg_url, app)
@@ -355,6 +331,27 @@ async def test_connection_lost_during_a_documents_commit_reports_the_outcome_unk
             await asyncio.wait_for(pending, 30)
     finally:
         await s.close()
+
+
+def _slow_commit(pg_url: str, schema: str, event: str, *, once: bool) -> None:
+    """A deferred trigger on `event` ("UPDATE ON tasks") that holds the COMMIT of a
+    transaction that did it open for 30 s (`once`: only the first such COMMIT)."""
+    sleep = "PERFORM pg_sleep(30);"
+    if once:  # a sequence is not rolled back: the first caller only sleeps
+        sleep = f"IF nextval('slow_once') = 1 THEN {sleep} END IF;"
+    with admin(pg_url) as setup:
+        setup.execute(
+            psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema))
+        )
+        setup.execute("CREATE SEQUENCE slow_once")
+        setup.execute(
+            "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS"
+            f" $$ BEGIN {sleep} RETURN NULL; END $$"
+        )
+        setup.execute(
+            f"CREATE CONSTRAINT TRIGGER slow_commit AFTER {event}"
+            " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()"
+        )
 
 
 async def _until_in_commit(pg_url: str, app: str) -> None:
