@@ -68,8 +68,8 @@ class SendsMessages:
         "interrupted"; an unapproved call never runs); one waiting for a sub-task
         takes the message when the sub-task ends. A paused or blocked task keeps
         the message until it is resumed. A finished task takes none
-        (`InvalidTransition`): continue its
-        conversation with `submit(..., continue_session=True)` or `fork`.
+        (`InvalidTransition`): continue its conversation with
+        `submit(..., continue_session=True)` or `fork`.
         With `owner`, another owner's task is reported as not found.
 
         The same `request_id` sent to the same task again (a retried request) sends
