@@ -158,7 +158,7 @@ def concurrent_table(res: Results) -> str:
             tps = [r.get("transactions_per_s", 0.0) for r in runs]
             fsyncs = fmt(tps, 0)
             raws = [r["fsync"]["sqlite_wal_full_tx"] for r in runs]
-            share = fmt([t / w for t, w in zip(tps, raws, strict=True)], 2)
+            share = fmt([100 * t / w for t, w in zip(tps, raws, strict=True)], 2, "%")
         else:
             commits, per_fsync, fsyncs, share = "—", "1 (one per checkpoint)", "—", "—"
         lines.append(
