@@ -632,15 +632,18 @@ _NUM = "(SELECT num FROM tasks WHERE id=?)"
 # guarantees the order with `group_concat(... ORDER BY ...)` from 3.44; before
 # that, an ORDER BY subquery feeding an aggregate is never flattened, so its
 # rows reach group_concat in order.
+# With it, whether any of them is a rollback marker: one pass over the rows
+# (a separate look for markers read every row of the task a second time).
 if sqlite3.sqlite_version_info >= (3, 44):
     _JOINED_VIEW = (
-        "SELECT '[' || coalesce(group_concat(payload, ',' ORDER BY seq), '') || ']'"
-        " FROM entry_rows WHERE task_num=(SELECT num FROM tasks WHERE id=?) AND kind IN ({marks})"
+        "SELECT '[' || coalesce(group_concat(payload, ',' ORDER BY seq), '') || ']',"
+        " max(kind = ?) FROM entry_rows"
+        " WHERE task_num=(SELECT num FROM tasks WHERE id=?) AND kind IN ({marks})"
     )
 else:
     _JOINED_VIEW = (
-        "SELECT '[' || coalesce(group_concat(payload, ','), '') || ']' FROM"
-        " (SELECT payload FROM entry_rows WHERE task_num=(SELECT num FROM tasks WHERE id=?)"
+        "SELECT '[' || coalesce(group_concat(payload, ','), '') || ']', max(kind = ?) FROM"
+        " (SELECT payload, kind FROM entry_rows WHERE task_num=(SELECT num FROM tasks WHERE id=?)"
         " AND kind IN ({marks}) ORDER BY seq)"
     )
 
@@ -670,14 +673,11 @@ def _view_text(conn: sqlite3.Connection, task_id: str) -> str:
     """The payloads of the task's model view as one JSON array text."""
     marks = ", ".join("?" * len(VIEW_KINDS))
     codes = [KIND_CODES[EntryKind(k)] for k in VIEW_KINDS]
-    voids = conn.execute(
-        f"SELECT 1 FROM entries WHERE task_num={_NUM} AND kind=? LIMIT 1",
-        (task_id, KIND_CODES[EntryKind.ROLLBACK]),
-    ).fetchone()
-    if voids is None:
-        # Nothing voided: let SQLite join the payloads into one JSON array,
-        # parsed in one call (the common case; resume stays fast).
-        row = conn.execute(_JOINED_VIEW.format(marks=marks), (task_id, *codes)).fetchone()
+    # Let SQLite join the payloads into one JSON array, parsed in one call: with
+    # nothing voided (the common case; resume stays fast), that is the view.
+    rollback = KIND_CODES[EntryKind.ROLLBACK]
+    row = conn.execute(_JOINED_VIEW.format(marks=marks), (rollback, task_id, *codes)).fetchone()
+    if not row[1]:
         return str(row[0])
     sql = (
         f"SELECT seq, kind, payload FROM entry_rows WHERE task_num={_NUM}"
