@@ -587,7 +587,9 @@ def view_data(text: str) -> list[dict[str, Any]]:
     enabled = gc.isenabled()
     gc.disable()  # thousands of new objects, none of them garbage (see parse_messages)
     try:
-        data = pydantic_core.from_json(text)
+        # Keys only: every message repeats a few keys, while their texts are
+        # mostly unique (caching those too costs more than it saves).
+        data = pydantic_core.from_json(text, cache_strings="keys")
     except ValueError:
         try:  # what only Python's decoder takes (an escaped lone surrogate)
             data = json.loads(text)
