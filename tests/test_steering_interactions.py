@@ -9,7 +9,16 @@ from typing import Any
 
 import pytest
 
-from duragent import Agent, Runtime, ScriptedModel, Store, TaskStatus, ToolCall, tool
+from duragent import (
+    Agent,
+    Runtime,
+    ScriptedModel,
+    Store,
+    TaskStatus,
+    ToolCall,
+    ToolContext,
+    tool,
+)
 from duragent.runtime.waits import open_waits
 from duragent.store import Commit, TaskPatch
 from duragent.types import AssistantMessage, ToolMessage
@@ -154,3 +163,50 @@ async def test_pausing_a_delayed_start_keeps_its_start_time(store: Store) -> Non
         resumed = await rt.resume(task.id)
         assert resumed is not None
         assert resumed.status is TaskStatus.PENDING and resumed.wake_at == task.wake_at
+
+
+async def test_an_interrupt_leaves_a_recorded_wait_open(store: Store) -> None:
+    """A resumed round asks its recorded timer again while an approved call runs;
+    an interrupt then stops the round. The timer's wait stays open, as the log
+    holds it: it is never answered "cancelled before its wait began"."""
+    started, go = asyncio.Event(), asyncio.Event()
+
+    @tool
+    def nap(ctx: ToolContext) -> Any:
+        """Sleep an hour."""
+        return ctx.sleep(3600)
+
+    @tool(requires_approval=True)
+    async def deploy() -> str:
+        """Deploy (a person approves)."""
+        started.set()
+        await go.wait()
+        return "deployed"
+
+    def boss(messages: list[Any]) -> Any:
+        if not any(isinstance(m, AssistantMessage) for m in messages):
+            return [ToolCall("nap"), ToolCall("deploy")]
+        return "done"
+
+    a = Agent(name="a", model=ScriptedModel(boss), tools=[nap, deploy], plan_tool=False)
+    async with Runtime(store, agents=[a]) as rt:
+        sub = await rt.submit("a", "go", owner="u", multitask_strategy="interrupt")
+        parked = await rt.wait(sub.task_id, timeout=30, until=lambda t: t.status.value == "waiting")
+        waits = await open_waits(store, parked)
+        assert sorted(w["wait"] for w in waits.values()) == ["approval", "timer"]
+        await rt.pause(sub.task_id)
+        await rt.respond(sub.task_id, approve=True)  # recorded; the task stays paused
+        await rt.resume(sub.task_id)
+        await asyncio.wait_for(started.wait(), 30)  # deploy runs, nap's timer asked again
+        await rt.send(sub.task_id, "also this", owner="u")
+        await control_held(rt, sub.task_id, interrupt=True)
+        go.set()
+        task = await rt.wait(
+            sub.task_id,
+            timeout=30,
+            until=lambda t: t.status.value == "waiting" and t.control is None,
+        )
+        waits = await open_waits(store, task)
+        results = [m.content for m in await rt.model_view(task.id) if isinstance(m, ToolMessage)]
+    assert [w["wait"] for w in waits.values()] == ["timer"]  # still the hour's sleep
+    assert results == ["deployed"]  # and nothing for nap

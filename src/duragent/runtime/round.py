@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from duragent.errors import Conflict, ModelError
@@ -322,7 +322,8 @@ class RoundRunner(ControlledRunner):
                 for job in done - {stopper}:
                     job.result()  # surface Abandoned / store errors
                 if stopper in done and pending_jobs:
-                    await self._stop_tools(r, pending_jobs, jobs, committing, suspended)
+                    recorded = set(rs.waits) if rs else set()
+                    await self._stop_tools(r, pending_jobs, jobs, committing, suspended, recorded)
                     return
         except BaseException:
             # The runner ends (lost lease, store error): no tool of it may go on
@@ -404,6 +405,7 @@ class RoundRunner(ControlledRunner):
         jobs: Mapping[asyncio.Task[None], str],
         committing: Mapping[str, asyncio.Future[None]],
         suspended: Mapping[str, Outcome],
+        recorded: Collection[str],
     ) -> None:
         control = self.control or Control("pause")
         if control.action in ("pause", "release", "deadline"):
@@ -441,10 +443,17 @@ class RoundRunner(ControlledRunner):
             entries += result_entries(self.task.id, r, cid, text, "interrupted")
         # A call that asked to wait (a sleep, a question, a sub-task) during the
         # grace period is not parked: the task stops instead. Its wait never began
-        # (no sub-task was created); it gets a result that says so. A call that
-        # asked for its approval never ran: it stays open and asks again.
+        # (no sub-task was created); it gets a result that says so, unless:
+        # - the log holds its wait (recovery asked it again): it stays open;
+        # - the worker only hands the task back: the next one runs the call again;
+        # - it asked for its approval and the task is paused: it never ran, and
+        #   asks again when resumed (a task aborted or past its deadline ends
+        #   with every call answered).
         for cid, out in suspended.items():
-            if isinstance(out.suspend, WaitForInput) and out.suspend.kind == "approval":
+            if cid in recorded or control.action == "release":
+                continue
+            approval = isinstance(out.suspend, WaitForInput) and out.suspend.kind == "approval"
+            if approval and control.action == "pause":
                 continue
             text = cancelled(control, "before its wait began")
             entries += result_entries(self.task.id, r, cid, text, "interrupted")
