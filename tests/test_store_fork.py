@@ -335,18 +335,23 @@ async def test_purging_a_source_gives_every_fork_its_payloads_back(sql_store: St
     assert await store.model_view(again.id) == views[again.id]
 
 
+async def _waiting_on_locks() -> int:
+    """How many of this process's store connections wait on a lock."""
+    with psycopg.connect(require_postgres(), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = %s AND wait_event_type = 'Lock'",
+            (f"duragent-{os.getpid()}",),
+        ).fetchone()
+    return 0 if row is None else int(row[0])
+
+
 async def _backends_waiting_on_locks(n: int) -> None:
     """Until `n` of this process's store connections wait on a lock (30 s at most)."""
-    with psycopg.connect(require_postgres(), autocommit=True) as conn:
-        for _ in range(3000):
-            row = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE application_name = %s AND wait_event_type = 'Lock'",
-                (f"duragent-{os.getpid()}",),
-            ).fetchone()
-            if row is not None and row[0] >= n:
-                return
-            await asyncio.sleep(0.01)
+    for _ in range(3000):
+        if await _waiting_on_locks() >= n:
+            return
+        await asyncio.sleep(0.01)
     pytest.fail(f"{n} store connections never waited on a lock")
 
 
@@ -418,4 +423,61 @@ async def test_postgres_resolves_a_reference_through_the_primary_key() -> None:
         assert "Index Cond: ((task_id = e.src_task) AND (seq = e.src_seq))" in text, text
     finally:
         await store.close()
+        drop_schema(schema)
+
+
+async def test_a_purge_of_the_first_source_waits_for_a_fork_of_its_fork_on_postgres() -> None:
+    """A fork of a fork references the first source, which its transaction must
+    hold too: the fork of F1 is held at its COMMIT (a deferred trigger waits on an
+    advisory lock) while another store purges S, F1's source. The purge waits for
+    it and gives the new fork its payloads back; it used to go first and leave
+    the fork referencing deleted entries."""
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    url = f"{require_postgres()}?schema={schema}"
+    forker, purger = open_store(url), open_store(url)
+    await forker.open()
+    await purger.open()
+    try:
+        src = await source(forker)
+        first, second = Task(agent="a"), Task(agent="a")
+        await forker.create_fork(first, [CopyEntries(src.id, 1, 6, COPIED, 9, count=5)])
+        with psycopg.connect(require_postgres(), autocommit=True) as setup:
+            setup.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+            setup.execute(
+                "CREATE FUNCTION held_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                f" IF NEW.id = '{second.id}' THEN PERFORM pg_advisory_xact_lock(4242); END IF;"
+                " RETURN NULL; END $$"
+            )
+            setup.execute(
+                "CREATE CONSTRAINT TRIGGER held_commit AFTER INSERT ON tasks"
+                " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION held_commit()"
+            )
+        with psycopg.connect(require_postgres(), autocommit=True) as holder:
+            holder.execute("SELECT pg_advisory_lock(4242)")
+            forking = asyncio.create_task(
+                forker.create_fork(second, [CopyEntries(first.id, 1, 5, COPIED, 9, count=5)])
+            )
+            await _backends_waiting_on_locks(1)  # the fork, at its COMMIT
+            purging = asyncio.create_task(purger.delete_task(src.id))
+            # The purge either waits for the fork (2 waiting) or, without the
+            # fork holding S, is done before the fork commits.
+            for _ in range(3000):
+                if purging.done() or await _waiting_on_locks() >= 2:
+                    break
+                await asyncio.sleep(0.01)
+            holder.execute("SELECT pg_advisory_unlock(4242)")
+        await forking
+        await purging
+        size, refs, targets = _stored_payloads(forker, second.id)
+        assert src.id not in targets and size > 0, (size, refs, targets)
+        assert [m.content for m in await forker.model_view(second.id)] == [
+            "question",
+            "thinking",
+            "42",
+            "answer",
+            "more",
+        ]
+    finally:
+        await forker.close()
+        await purger.close()
         drop_schema(schema)

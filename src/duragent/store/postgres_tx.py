@@ -175,6 +175,17 @@ class PgTx:
         self.changed = True
 
     def copy_entries(self, copy: CopyEntries, task_id: str, after_seq: int, now: datetime) -> int:
+        # The tasks whose entries the copy will reference, when they are not the
+        # source itself (a fork of a fork): held, like the source, until this
+        # commits, so a purge of one of them waits and gives these entries back
+        # their payloads (PostgresStore._delete_trees). After a purge that went
+        # first, they are found holding their payloads: the copy references them.
+        self.conn.execute(
+            "SELECT 1 FROM tasks WHERE id IN (SELECT DISTINCT src_task FROM entries"
+            " WHERE task_id = %s AND seq BETWEEN %s AND %s AND src_task IS NOT NULL)"
+            " ORDER BY id FOR SHARE",
+            (copy.source_id, copy.first_seq, copy.last_seq),
+        )
         # One statement, and no payload is copied: each new entry references the
         # entry that holds its payload (a fork of a fork, the first source). On
         # the connection, not buffered: the number copied is checked before the commit.
@@ -523,9 +534,9 @@ def send_and_commit(conn: Conn, statements: list[Statement]) -> None:
                 raise StaleRow
             raise exc
     if len(results) != len(parts) or results[-1].command_status != b"COMMIT":
-        # Not what PostgreSQL answers to such a message: take nothing for granted
-        # (a psycopg error: the writer runs the jobs again one by one).
-        raise psycopg.InternalError("unexpected answer to a transaction sent in one message")
+        # Not what PostgreSQL answers to such a message: it may or may not have
+        # committed, as if the answer were lost (the writer looks at the rows).
+        raise psycopg.OperationalError("unexpected answer to a transaction sent in one message")
 
 
 def _bind(conn: Conn, st: Statement, plain: bool) -> str:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -38,6 +39,7 @@ from duragent.store.postgres_tx import (
     send,
     send_and_commit,
 )
+from duragent.store.tx import task_columns
 from duragent.types import Task
 
 Outcome = tuple[bool, Any]  # (ok, result or exception)
@@ -191,7 +193,7 @@ class PgWriter:
                 # The whole transaction went as one message, COMMIT included, and
                 # the connection broke before its answer: look whether it landed.
                 self.rows.clear()
-                landed = self._landed(flight.txs, flight.backend_pid)
+                landed = self._landed(flight.txs, flight.backend_pid, flight.sent_at)
                 if landed:
                     outcomes, txs = flight.outcomes, flight.txs
                     changed = any(tx.changed for tx in txs)
@@ -316,27 +318,31 @@ class PgWriter:
                     Statement("SELECT pg_notify(%s, %s)", (CONTROL_CHANNEL, payload), False)
                 )
         if not sent:
-            pid = conn.info.backend_pid
+            pid, sent_at = conn.info.backend_pid, datetime.now(UTC)
             try:
                 send_and_commit(conn, queued)
             except psycopg.Error as exc:
                 if self.lost(exc):
-                    raise _LostInFlight(outcomes, txs, pid) from exc
+                    raise _LostInFlight(outcomes, txs, pid, sent_at) from exc
                 raise
             return outcomes, txs, True
         send(conn, queued)
         return outcomes, txs, False
 
-    def _landed(self, txs: list[PgTx], backend_pid: int) -> bool | None:
+    def _landed(self, txs: list[PgTx], backend_pid: int, sent_at: datetime) -> bool | None:
         """Whether a transaction whose connection broke with its COMMIT in flight
         committed: True, False, or None when that cannot be told.
 
         Its backend is ended first and waited for, so it cannot commit after the
-        look (a broken connection may leave it running). Then the task rows the
-        transaction wrote tell: each as it wrote them (landed), or each as it
-        found them, absent if it inserted them (not landed). A transaction that
-        changed anything else only, or rows another process moved meanwhile,
-        cannot be told apart: None, reported as `CommitOutcomeUnknown`.
+        look (a broken connection may leave it running); only a backend that
+        started before the message was sent is ours (after a server restart the
+        pid may be another session's). Then the task rows the transaction wrote
+        tell, by their stamp and their whole `data` (which holds the time of the
+        write): each as it wrote them (landed), or each as it found them, absent
+        if it inserted them (not landed). A transaction that changed anything
+        else only, or rows another process moved meanwhile (a message sent to
+        the task as soon as the row was free, say), cannot be told apart: None,
+        reported as `CommitOutcomeUnknown`.
         """
         before: dict[str, Task | None] = {}
         after: dict[str, Task] = {}
@@ -352,10 +358,15 @@ class PgWriter:
             self.pool.check()  # what broke that connection may have broken the others
         try:
             with self.pool.connection() as conn:
-                conn.execute("SELECT pg_terminate_backend(%s)", (backend_pid,))
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE pid = %s AND backend_start <= %s",
+                    (backend_pid, sent_at),
+                )
                 for _ in range(500):
                     row = conn.execute(
-                        "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend_pid,)
+                        "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND backend_start <= %s",
+                        (backend_pid, sent_at),
                     ).fetchone()
                     if row is None:
                         break
@@ -363,7 +374,7 @@ class PgWriter:
                 else:
                     return None  # still there after 5 s
                 rows = conn.execute(
-                    "SELECT id, version, last_seq, lease_epoch, lease_owner, lease_expires"
+                    "SELECT id, version, last_seq, lease_epoch, lease_owner, lease_expires, data"
                     " FROM tasks WHERE id = ANY(%s)",
                     (list(after),),
                 ).fetchall()
@@ -376,13 +387,18 @@ class PgWriter:
                 r["lease_epoch"],
                 r["lease_owner"],
                 r["lease_expires"],
+                r["data"],
             )
             for r in rows
         }
-        if all(stored.get(i) == row_stamp(t) for i, t in after.items()):
+
+        def as_stored(t: Task) -> tuple[Any, ...]:
+            return (*row_stamp(t), task_columns(t, lambda when: when)["data"])
+
+        if all(stored.get(i) == as_stored(t) for i, t in after.items()):
             return True
         if all(
-            (i not in stored) if t is None else stored.get(i) == row_stamp(t)
+            (i not in stored) if t is None else stored.get(i) == as_stored(t)
             for i, t in before.items()
         ):
             return False
@@ -392,11 +408,14 @@ class PgWriter:
 class _LostInFlight(Exception):
     """The connection broke while a whole transaction, COMMIT included, was in flight."""
 
-    def __init__(self, outcomes: list[Outcome], txs: list[PgTx], backend_pid: int) -> None:
+    def __init__(
+        self, outcomes: list[Outcome], txs: list[PgTx], backend_pid: int, sent_at: datetime
+    ) -> None:
         super().__init__("connection lost with a commit in flight")
         self.outcomes = outcomes
         self.txs = txs
         self.backend_pid = backend_pid
+        self.sent_at = sent_at
 
 
 _COMMIT = [Statement("COMMIT", None, False)]
