@@ -8,7 +8,7 @@ import os
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import closing
+from contextlib import asynccontextmanager, closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -355,16 +355,32 @@ async def _backends_waiting_on_locks(n: int) -> None:
     pytest.fail(f"{n} store connections never waited on a lock")
 
 
-async def test_a_purge_racing_a_fork_of_its_task_on_postgres_leaves_no_reference_behind() -> None:
-    """Two processes' stores: one forks a task while the other purges it. The
-    fork holds the source's row until it commits; the purge waits for it and
-    then gives the fork its payloads back, instead of deleting them under it."""
+# The model view of `source`'s copied entries (seqs 1-6 less the UI entry).
+SOURCE_VIEW = ["question", "thinking", "42", "answer", "more"]
+
+
+@asynccontextmanager
+async def two_stores() -> AsyncIterator[tuple[Store, Store, str]]:
+    """Two PostgreSQL stores on one new schema, as two processes would have: a
+    forker and a purger (and the schema's name)."""
     schema = f"test_{uuid.uuid4().hex[:12]}"
     url = f"{require_postgres()}?schema={schema}"
     forker, purger = open_store(url), open_store(url)
     await forker.open()
     await purger.open()
     try:
+        yield forker, purger, schema
+    finally:
+        await forker.close()
+        await purger.close()
+        drop_schema(schema)
+
+
+async def test_a_purge_racing_a_fork_of_its_task_on_postgres_leaves_no_reference_behind() -> None:
+    """Two processes' stores: one forks a task while the other purges it. The
+    fork holds the source's row until it commits; the purge waits for it and
+    then gives the fork its payloads back, instead of deleting them under it."""
+    async with two_stores() as (forker, purger, schema):
         src = await source(forker)
         with psycopg.connect(require_postgres()) as holder:  # a fork that came first
             holder.execute(
@@ -387,17 +403,7 @@ async def test_a_purge_racing_a_fork_of_its_task_on_postgres_leaves_no_reference
             await purger.get_task(src.id)
         size, refs, _ = _stored_payloads(forker, fork.id)
         assert refs == 0 and size > 0
-        assert [m.content for m in await forker.model_view(fork.id)] == [
-            "question",
-            "thinking",
-            "42",
-            "answer",
-            "more",
-        ]
-    finally:
-        await forker.close()
-        await purger.close()
-        drop_schema(schema)
+        assert [m.content for m in await forker.model_view(fork.id)] == SOURCE_VIEW
 
 
 async def test_postgres_resolves_a_reference_through_the_primary_key() -> None:
@@ -432,12 +438,7 @@ async def test_a_purge_of_the_first_source_waits_for_a_fork_of_its_fork_on_postg
     advisory lock) while another store purges S, F1's source. The purge waits for
     it and gives the new fork its payloads back; it used to go first and leave
     the fork referencing deleted entries."""
-    schema = f"test_{uuid.uuid4().hex[:12]}"
-    url = f"{require_postgres()}?schema={schema}"
-    forker, purger = open_store(url), open_store(url)
-    await forker.open()
-    await purger.open()
-    try:
+    async with two_stores() as (forker, purger, schema):
         src = await source(forker)
         first, second = Task(agent="a"), Task(agent="a")
         await forker.create_fork(first, [CopyEntries(src.id, 1, 6, COPIED, 9, count=5)])
@@ -470,14 +471,4 @@ async def test_a_purge_of_the_first_source_waits_for_a_fork_of_its_fork_on_postg
         await purging
         size, refs, targets = _stored_payloads(forker, second.id)
         assert src.id not in targets and size > 0, (size, refs, targets)
-        assert [m.content for m in await forker.model_view(second.id)] == [
-            "question",
-            "thinking",
-            "42",
-            "answer",
-            "more",
-        ]
-    finally:
-        await forker.close()
-        await purger.close()
-        drop_schema(schema)
+        assert [m.content for m in await forker.model_view(second.id)] == SOURCE_VIEW
