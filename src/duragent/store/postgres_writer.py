@@ -364,9 +364,11 @@ class PgWriter:
                     (backend_pid, sent_at),
                 )
                 for _ in range(500):
+                    # Any backend with that pid, whenever it started: with the
+                    # clocks apart, ours may look younger than the message (not
+                    # ended above); a stranger's only makes the answer None.
                     row = conn.execute(
-                        "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND backend_start <= %s",
-                        (backend_pid, sent_at),
+                        "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend_pid,)
                     ).fetchone()
                     if row is None:
                         break
