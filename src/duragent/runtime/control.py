@@ -27,7 +27,7 @@ from duragent.runtime.calls import render
 from duragent.runtime.inbox import cut_plan
 from duragent.runtime.log import notice, read_round, result_entries, rollback, ui_entry
 from duragent.runtime.state import Clock, DebouncedState
-from duragent.runtime.waits import child_resolution
+from duragent.runtime.waits import child_resolution, open_round
 from duragent.store.base import Commit, CommitResult, DocumentWrite, Store, TaskPatch
 from duragent.types import BlockReason, EntryKind, NewEntry, Task, TaskStatus, UIError
 from duragent.webhooks import outbox_events
@@ -257,7 +257,7 @@ class ControlledRunner:
     async def stop_now(self, control: Control) -> Task:
         """Pause or abort a task nobody is running, from what its log says."""
         t = self.task
-        rs = read_round(await self.store.entries(t.id, after_seq=t.round_seq), t.iterations + 1)
+        rs = await open_round(self.store, t)
         self._round_no, self._round_progress = rs.round, list(rs.progress_seqs)
         self._round_api_seqs = list(rs.api_seqs)
         entries: list[NewEntry] = []
@@ -337,9 +337,8 @@ class ControlledRunner:
             patch: dict[str, Any] = {"control": None} if mine else {}
             version = None
             if self.task.status is TaskStatus.WAITING:
-                r = self.task.iterations + 1
-                got = await self.store.entries(self.task.id, after_seq=self.task.round_seq)
-                cut = cut_plan(self.task, read_round(got, r), control.rollback, [])
+                rs = await open_round(self.store, self.task)
+                cut = cut_plan(self.task, rs, control.rollback, [])
                 if cut is not None:
                     entries, changes = cut
                     patch.update(changes)

@@ -21,7 +21,7 @@ waiting) is the session's strategy, named as in LangGraph (`multitask_strategy`)
 - `rollback`: the same, with the round in progress rolled back as by
   `pause(rollback=True)`.
 
-A waiting task stops waiting under `interrupt` and `rollback` (`cut_waits`):
+A waiting task stops waiting under `interrupt` and `rollback` (`cut_plan`):
 in the commit that sends the message, every open timer, question and approval
 of its round is answered "interrupted" (an approval's call never runs), with
 `rollback` the round is also rolled back, and the task goes back to the queue
@@ -129,21 +129,6 @@ CUT_TEXT = {
     "input": "Interrupted by a new message instead of an answer.",
     "approval": "Not run: a new message interrupted the wait for its approval.",
 }
-
-
-def cut_waits(task: Task, rs: RoundState, commit: Commit, strategy: MultitaskStrategy) -> bool:
-    """Under `interrupt` / `rollback`, make the send `commit` of a waiting task end
-    its wait (`cut_plan`); False, and nothing changed, if it does not. The commit
-    stays guarded by the row's status and version."""
-    if strategy not in ("interrupt", "rollback") or task.status is not TaskStatus.WAITING:
-        return False
-    cut = cut_plan(task, rs, strategy == "rollback", commit.entries)
-    if cut is None:
-        return False
-    entries, changes = cut
-    commit.entries += entries
-    commit.patches[0].set.update(changes)
-    return True
 
 
 def cut_plan(

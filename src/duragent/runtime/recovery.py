@@ -14,6 +14,7 @@ from duragent.llm.messages import WorkingView
 from duragent.payloads import rollback_marker, status_of
 from duragent.runtime.log import RoundState, notice, read_round
 from duragent.runtime.round import RoundRunner
+from duragent.runtime.waits import open_round
 from duragent.types import BlockReason, Entry, EntryKind, NewEntry, TaskStatus
 
 
@@ -79,6 +80,4 @@ class RecoveringRunner(RoundRunner):
         """After an interrupt: the model's view and the open round as the log has them."""
         t = self.task
         self.view = WorkingView(await self.store.model_view_data(t.id))
-        await self._recover(
-            read_round(await self.store.entries(t.id, after_seq=t.round_seq), t.iterations + 1)
-        )
+        await self._recover(await open_round(self.store, t))

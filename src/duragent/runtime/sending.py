@@ -14,13 +14,13 @@ from duragent.runtime.inbox import (
     MAX_MESSAGE_CHARS,
     MultitaskStrategy,
     check_strategy,
-    cut_waits,
+    cut_plan,
     send_commit,
     sent_before,
     strategy_of,
 )
-from duragent.runtime.log import read_round
 from duragent.runtime.submit import input_text
+from duragent.runtime.waits import open_round
 from duragent.storable import check_storable
 from duragent.types import EntryKind, Task, TaskStatus
 
@@ -128,9 +128,12 @@ class SendsMessages:
                 raise TaskBusy(task.id, task.status.value)
             commit, _ = send_commit(task, text, strategy, request_id)
             if strategy in ("interrupt", "rollback") and task.status is TaskStatus.WAITING:
-                r = task.iterations + 1
-                rs = read_round(await self.store.entries(task_id, after_seq=task.round_seq), r)
-                cut_waits(task, rs, commit, strategy)
+                # The message ends the wait, in the same commit (runtime/inbox.py).
+                rs = await open_round(self.store, task)
+                cut = cut_plan(task, rs, strategy == "rollback", commit.entries)
+                if cut is not None:
+                    commit.entries += cut[0]
+                    commit.patches[0].set.update(cut[1])
             try:
                 res = await self.store.commit(commit)
             except Conflict:

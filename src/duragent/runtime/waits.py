@@ -30,9 +30,13 @@ from duragent.store.base import Store, TaskPatch
 from duragent.types import NewEntry, Task, TaskStatus
 
 
+async def open_round(store: Store, task: Task) -> RoundState:
+    """The task's round in progress (the one after its last closed one), as its log has it."""
+    return read_round(await store.entries(task.id, after_seq=task.round_seq), task.iterations + 1)
+
+
 async def open_waits(store: Store, task: Task) -> dict[str, WaitCheckpoint]:
-    rs = read_round(await store.entries(task.id, after_seq=task.round_seq), task.iterations + 1)
-    return rs.open_waits
+    return (await open_round(store, task)).open_waits
 
 
 @dataclass
@@ -64,8 +68,8 @@ async def resolve(
     """The entries and task patch that answer several open waits of `task`, in one commit."""
     if task.status not in (TaskStatus.WAITING, TaskStatus.PAUSED):
         raise Conflict(f"task {task.id!r} is {task.status.value}, not waiting for an answer")
-    r = task.iterations + 1
-    rs = read_round(await store.entries(task.id, after_seq=task.round_seq), r)
+    rs = await open_round(store, task)
+    r = rs.round
     entries: list[NewEntry] = []
     for call_id, answer in answers.items():
         if call_id not in rs.open_waits:
@@ -112,7 +116,7 @@ async def person_answers(
     without a decision, edited arguments the tool's schema refuses, an expired
     approval each raise, and nothing is committed.
     """
-    rs = read_round(await store.entries(task.id, after_seq=task.round_seq), task.iterations + 1)
+    rs = await open_round(store, task)
     waits = {c: w for c, w in rs.open_waits.items() if w["wait"] in ("input", "approval")}
     if decisions is not None:
         if any(v is not None for v in (approve, reason, answer, call_id, arguments)):
