@@ -35,7 +35,6 @@ from duragent.store.postgres_tx import (
     PgTx,
     StaleRow,
     Statement,
-    row_stamp,
     send,
     send_and_commit,
 )
@@ -337,8 +336,8 @@ class PgWriter:
         look (a broken connection may leave it running); only a backend that
         started before the message was sent is ours (after a server restart the
         pid may be another session's). Then the task rows the transaction wrote
-        tell, by their stamp and their whole `data` (which holds the time of the
-        write): each as it wrote them (landed), or each as it found them, absent
+        tell, by their whole `data` (the stamp and the time of the write among
+        it): each as it wrote them (landed), or each as it found them, absent
         if it inserted them (not landed). A transaction that changed anything
         else only, or rows another process moved meanwhile (a message sent to
         the task as soon as the row was free, say), cannot be told apart: None,
@@ -376,26 +375,15 @@ class PgWriter:
                 else:
                     return None  # still there after 5 s
                 rows = conn.execute(
-                    "SELECT id, version, last_seq, lease_epoch, lease_owner, lease_expires, data"
-                    " FROM tasks WHERE id = ANY(%s)",
-                    (list(after),),
+                    "SELECT id, data FROM tasks WHERE id = ANY(%s)", (list(after),)
                 ).fetchall()
         except psycopg.Error:
             return None
-        stored = {
-            r["id"]: (
-                r["version"],
-                r["last_seq"],
-                r["lease_epoch"],
-                r["lease_owner"],
-                r["lease_expires"],
-                r["data"],
-            )
-            for r in rows
-        }
+        # `data` holds the whole row (its stamp too) as the last write left it.
+        stored = {r["id"]: r["data"] for r in rows}
 
-        def as_stored(t: Task) -> tuple[Any, ...]:
-            return (*row_stamp(t), task_columns(t, lambda when: when)["data"])
+        def as_stored(t: Task) -> str:
+            return str(task_columns(t, lambda when: when)["data"])
 
         if all(stored.get(i) == as_stored(t) for i, t in after.items()):
             return True
