@@ -76,6 +76,47 @@ async def test_a_refused_commit_leaves_its_batch_mates_untouched(store: Store) -
     assert (await store.get_task(bad.id)).iterations == 0
 
 
+async def test_a_commit_queued_soon_lands_before_the_commits_asked_for_after_it(
+    store: Store,
+) -> None:
+    task = await claimed(store)
+    pending = store.commit_soon(Commit(entries=[progress(task.id, "first")], fence={task.id: 1}))
+    later = await store.commit(
+        Commit(entries=[progress(task.id, "second")], fence={task.id: 1}, after=pending)
+    )
+    first = await pending
+    assert first.entries[0].seq < later.entries[0].seq
+    assert pending.failed is None
+    texts = [e.payload["text"] for e in await store.entries(task.id, kinds=[EntryKind.PROGRESS])]
+    assert texts == ["first", "second"]
+
+
+@pytest.mark.parametrize("together", [True, False], ids=["same-batch", "later-batch"])
+async def test_a_commit_after_a_refused_one_is_refused_with_its_error(
+    store: Store, together: bool
+) -> None:
+    task, other = await claimed(store, "w1"), await claimed(store, "w2")
+    refused = store.commit_soon(Commit(entries=[progress(task.id, "lost")], fence={task.id: 7}))
+    if not together:  # its batch is over before the next commit is asked for
+        with pytest.raises(StaleLease):
+            await refused
+    # Nothing about this commit is wrong but the one it follows: it writes nothing.
+    follower = store.commit(
+        Commit(entries=[progress(other.id, "never")], fence={other.id: 1}, after=refused)
+    )
+    unrelated = store.commit(Commit(entries=[progress(other.id, "kept")], fence={other.id: 1}))
+    outcomes = await asyncio.gather(follower, unrelated, return_exceptions=True)
+    assert isinstance(outcomes[0], StaleLease)
+    assert not isinstance(outcomes[1], BaseException)
+    assert isinstance(refused.failed, StaleLease)
+    if together:
+        with pytest.raises(StaleLease):
+            await refused
+    assert await store.entries(task.id, kinds=[EntryKind.PROGRESS]) == []
+    kept = await store.entries(other.id, kinds=[EntryKind.PROGRESS])
+    assert [e.payload["text"] for e in kept] == ["kept"]
+
+
 async def test_text_with_quotes_backslashes_and_unicode_round_trips(store: Store) -> None:
     task = await claimed(store)
     tricky = "it's a \\'quote\\' \\\\ back\\slash; DROP TABLE tasks; --"

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 from duragent.errors import Conflict, MissingExtra, StaleLease
 from duragent.payloads import status_of
-from duragent.store.base import Commit, CommitResult, LeaseRenewal, Store
+from duragent.store.base import Commit, CommitResult, LeaseRenewal, PendingCommit, Store
 from duragent.types import EntryKind, Task
 
 log = logging.getLogger("duragent.metrics")
@@ -48,21 +48,34 @@ class MeteredStore:
 
     async def commit(self, commit: Commit) -> CommitResult:
         start = time.perf_counter()
-        outcome = "ok"
+        error: BaseException | None = None
         try:
             return await self._store.commit(commit)
-        except StaleLease:
-            outcome = "stale_lease"
-            raise
-        except Conflict:
-            outcome = "conflict"
-            raise
-        except Exception:
-            outcome = "error"
+        except Exception as exc:
+            error = exc
             raise
         finally:
-            self._metrics.commits.labels(outcome).inc()
-            self._metrics.commit_seconds.observe(time.perf_counter() - start)
+            self._count(start, error)
+
+    def commit_soon(self, commit: Commit) -> PendingCommit:
+        start = time.perf_counter()
+        pending = self._store.commit_soon(commit)
+        assert pending.future is not None
+        pending.future.add_done_callback(
+            lambda f: self._count(start, None if f.cancelled() else f.exception())
+        )
+        return pending
+
+    def _count(self, start: float, error: BaseException | None) -> None:
+        outcome = "ok"
+        if isinstance(error, StaleLease):
+            outcome = "stale_lease"
+        elif isinstance(error, Conflict):
+            outcome = "conflict"
+        elif error is not None:
+            outcome = "error"
+        self._metrics.commits.labels(outcome).inc()
+        self._metrics.commit_seconds.observe(time.perf_counter() - start)
 
     async def claim_task(self, worker_id: str, **kw: Any) -> Task | None:
         task = await self._store.claim_task(worker_id, **kw)

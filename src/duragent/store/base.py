@@ -75,6 +75,44 @@ class Commit:
     documents: list[DocumentWrite] = field(default_factory=list)
     new_tasks: list[Task] = field(default_factory=list)
     fence: dict[str, int] = field(default_factory=dict)
+    # A commit queued by `Store.commit_soon` that this one must follow: if that
+    # one failed, this one fails with its error and writes nothing.
+    after: PendingCommit | None = None
+
+
+class PendingCommit:
+    """A commit `Store.commit_soon` queued; `await pending` gives its result.
+
+    It lands before any commit this store is asked for after it. A commit made
+    with `after=pending` never lands without it: the store sets `failed` the
+    moment the commit's fate is known as a failure, before it runs the next
+    job, and refuses every commit that names it with that error.
+    """
+
+    __slots__ = ("failed", "future")
+
+    def __init__(self) -> None:
+        self.failed: BaseException | None = None
+        self.future: asyncio.Future[CommitResult] | None = None
+
+    def __await__(self) -> Any:
+        assert self.future is not None
+        return self.future.__await__()
+
+
+def follows(commit: Commit) -> None:
+    """Refuse `commit` if the commit it follows failed (see PendingCommit)."""
+    if commit.after is not None and commit.after.failed is not None:
+        raise commit.after.failed
+
+
+def mark_failed(
+    links: Iterable[PendingCommit | None], outcomes: Iterable[tuple[bool, Any]]
+) -> None:
+    """Note, on their PendingCommit, the queued commits whose batch failed."""
+    for link, (ok, value) in zip(links, outcomes, strict=True):
+        if link is not None and not ok:
+            link.failed = value
 
 
 @dataclass(slots=True)
@@ -220,6 +258,16 @@ class Store(Protocol):
 
         Fenced: a commit whose lease epoch is not current raises `StaleLease`
         and writes nothing; a patch whose expectation fails raises `Conflict`.
+        """
+        ...
+
+    def commit_soon(self, commit: Commit) -> PendingCommit:
+        """Queue `commit` without waiting for it to be durable; `await` the result.
+
+        It lands before any commit asked for after it. A runner uses it for the
+        commit that closes a round, so the next model call starts while it
+        syncs; its next commit names it (`Commit.after`) and so never lands
+        without it. Call it from the event loop the store is used on.
         """
         ...
 

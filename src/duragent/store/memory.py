@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -16,6 +17,7 @@ from duragent.store.base import (
     ControlWatchers,
     CopyEntries,
     EntryHead,
+    PendingCommit,
     TaskPage,
     TaskQuery,
     build_model_view,
@@ -215,6 +217,16 @@ class MemoryStore(TxWrites):
 
     async def _write(self, job: Callable[[Any], _T]) -> _T:
         return self._run(job)
+
+    def _enqueue(self, job: Callable[[Any], _T], link: PendingCommit) -> asyncio.Future[_T]:
+        # Nothing to queue behind: the job runs now, durable when _run returns.
+        future: asyncio.Future[_T] = asyncio.get_running_loop().create_future()
+        try:
+            future.set_result(self._run(job))
+        except Exception as exc:
+            link.failed = exc
+            future.set_exception(exc)
+        return future
 
     async def get_task(self, task_id: str) -> Task:
         raw = self._tasks.get(task_id)

@@ -44,6 +44,7 @@ from duragent.store.base import (
     ControlWatchers,
     EntryHead,
     LeaseRenewal,
+    PendingCommit,
     TaskPage,
     TaskQuery,
     build_ui_view,
@@ -267,7 +268,11 @@ class PostgresStore(TxWrites):
     async def _write(self, job: Callable[[PgTx], _T]) -> _T:
         """Run `job` in the next group transaction (see postgres_writer.py)."""
         self._check_open()
-        return await self._writer.submit(job)  # type: ignore[no-any-return]
+        return await self._writer.submit(job, None)  # type: ignore[no-any-return]
+
+    def _enqueue(self, job: Callable[[PgTx], _T], link: PendingCommit) -> asyncio.Future[_T]:
+        self._check_open()
+        return self._writer.submit(job, link)
 
     def _committed(self, loop: asyncio.AbstractEventLoop, work: bool) -> None:
         # Local waiters need not wait for the round trip through the server.

@@ -27,6 +27,7 @@ import psycopg
 import psycopg_pool
 
 from duragent.errors import CommitOutcomeUnknown, StoreUnavailable
+from duragent.store.base import PendingCommit, mark_failed
 from duragent.store.postgres_notify import CHANNEL, CONTROL_CHANNEL, WORK_CHANNEL, control_payload
 from duragent.store.postgres_schema import Conn
 from duragent.store.postgres_tx import (
@@ -49,6 +50,7 @@ class _Job:
     fn: Callable[[PgTx], Any]
     future: asyncio.Future[Any]
     loop: asyncio.AbstractEventLoop
+    link: PendingCommit | None = None  # a commit_soon's, told of its failure at once
 
 
 class _Retry(Exception):
@@ -87,18 +89,19 @@ class PgWriter:
         self._busy = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="duragent-pg-writer")
 
-    async def submit(self, fn: Callable[[PgTx], Any]) -> Any:
+    def submit(self, fn: Callable[[PgTx], Any], link: PendingCommit | None) -> asyncio.Future[Any]:
+        """Queue `fn` for the next transaction; the future answers once it committed."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         with self._lock:
-            self._pending.append(_Job(fn, future, loop))
+            self._pending.append(_Job(fn, future, loop, link))
             start = not self._busy
             self._busy = True
         if start:
             # call_soon, not now: every coroutine already runnable in this tick
             # gets to add its commit to the same transaction.
             loop.call_soon(self._executor.submit, self._drain)
-        return await future
+        return future
 
     def renewed(self, rows: Mapping[str, Task]) -> None:
         """Take in rows as lease renewals left them: renewals run beside the writer
@@ -136,6 +139,7 @@ class PgWriter:
                 outcomes, changed, work = self._run(batch)
             except BaseException as exc:  # never leave a caller waiting
                 outcomes, changed, work = [(False, exc)] * len(batch), False, False
+            mark_failed([job.link for job in batch], outcomes)  # before the next batch runs
             self.batches += 1
             self.jobs_done += len(batch)
             by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, Outcome]]] = {}
@@ -255,7 +259,12 @@ class PgWriter:
         def row(task_id: str) -> Task | None:
             return written.get(task_id) or self.rows.get(task_id)
 
+        for job in batch:  # an earlier attempt's verdicts do not stand
+            if job.link is not None:
+                job.link.failed = None
         for job in batch:
+            if outcomes:  # a job that follows a refused one is refused before it runs
+                mark_failed([batch[len(outcomes) - 1].link], outcomes[-1:])
             if cached:
                 btx = BufferedPgTx(self.namespace, row)
                 try:

@@ -36,12 +36,14 @@ from duragent.store.base import (
     ControlCallback,
     ControlWatchers,
     EntryHead,
+    PendingCommit,
     TaskPage,
     TaskQuery,
     build_ui_view,
     decode_cursor,
     encode_cursor,
     from_ts,
+    mark_failed,
     parse_messages,
     ts_to_dt,
     view_data,
@@ -74,6 +76,7 @@ class _Job:
     fn: Callable[[SqliteTx], Any]
     future: asyncio.Future[Any]
     loop: asyncio.AbstractEventLoop
+    link: PendingCommit | None = None  # a commit_soon's, told of its failure at once
 
 
 @dataclass(slots=True)
@@ -165,19 +168,24 @@ class SQLiteStore(TxWrites):
         return self._work_signal
 
     async def _write(self, fn: Callable[[SqliteTx], Any]) -> Any:
+        return await self._enqueue(fn, None)
+
+    def _enqueue(
+        self, fn: Callable[[SqliteTx], Any], link: PendingCommit | None
+    ) -> asyncio.Future[Any]:
         if self._closed:
             raise StoreError(f"store {self.url} is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         with self._lock:
-            self._pending.append(_Job(fn, future, loop))
+            self._pending.append(_Job(fn, future, loop, link))
             start = not self._flushing
             self._flushing = True
         if start:
             # call_soon, not now: every coroutine already runnable in this tick
             # gets to add its commit to the same transaction.
             loop.call_soon(self._kick)
-        return await future
+        return future
 
     def _kick(self) -> None:
         """Run the next batch inline or on the writer thread.
@@ -241,6 +249,7 @@ class SQLiteStore(TxWrites):
                 outcomes, notes = self._run_batch_blocking(batch)
             except BaseException as exc:  # never leave a caller waiting
                 outcomes = [(False, exc)] * len(batch)
+                mark_failed([job.link for job in batch], outcomes)
             by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, tuple[bool, Any]]]] = {}
             for job, outcome in zip(batch, outcomes, strict=True):
                 by_loop.setdefault(job.loop, []).append((job, outcome))
@@ -259,7 +268,9 @@ class SQLiteStore(TxWrites):
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            return [(False, _translate(exc))] * len(batch), None
+            outcomes = [(False, _translate(exc))] * len(batch)
+            mark_failed([job.link for job in batch], outcomes)
+            return outcomes, None
         return self._run_batch(conn, batch)
 
     def _run_batch(
@@ -289,6 +300,7 @@ class SQLiteStore(TxWrites):
                     for task_id in tx.written:  # its rows never reached the file
                         self._rows.rows.pop(task_id, None)
                     outcomes.append((False, _translate(exc)))
+                    mark_failed([job.link], outcomes[-1:])  # before a job that follows it runs
                     if alone:
                         break
                 else:
@@ -309,6 +321,7 @@ class SQLiteStore(TxWrites):
             self._rows.rows.clear()
             self._nums.clear()
             outcomes = [(False, _translate(exc))] * len(batch)
+            mark_failed([job.link for job in batch], outcomes)
         self.batches += 1
         self.jobs_done += len(batch)
         return outcomes, notes if any(ok for ok, _ in outcomes) else None

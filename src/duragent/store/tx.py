@@ -7,6 +7,7 @@ here and nowhere else.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
@@ -17,10 +18,12 @@ from duragent.store.base import (
     CommitResult,
     CopyEntries,
     LeaseRenewal,
+    PendingCommit,
     apply_patch,
     check_fence,
     check_new_child,
     claim,
+    follows,
     released,
     renewed,
 )
@@ -184,6 +187,7 @@ class _Touched:
 
 
 def apply_commit(tx: Tx, commit: Commit, now: datetime) -> CommitResult:
+    follows(commit)
     rows = _Touched(tx)
     for task in commit.new_tasks:
         check_new_child(task)
@@ -415,8 +419,19 @@ class TxWrites:
     async def _write(self, job: Callable[[Any], _T]) -> _T:
         raise NotImplementedError
 
+    def _enqueue(self, job: Callable[[Any], _T], link: PendingCommit) -> asyncio.Future[_T]:
+        """Queue `job` behind every job asked for before it; the future answers once
+        it is durable. The backend sets `link.failed` as soon as the job's failure
+        is known, before it runs any later job (see PendingCommit)."""
+        raise NotImplementedError
+
     async def commit(self, commit: Commit) -> CommitResult:
         return await self._write(lambda tx: apply_commit(tx, commit, utcnow()))
+
+    def commit_soon(self, commit: Commit) -> PendingCommit:
+        pending = PendingCommit()
+        pending.future = self._enqueue(lambda tx: apply_commit(tx, commit, utcnow()), pending)
+        return pending
 
     async def create_task(self, task: Task, entries: Sequence[NewEntry] = ()) -> tuple[Task, bool]:
         return await self._write(lambda tx: apply_create(tx, task, entries, utcnow()))
