@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from typing import Any
 
 from duragent import Agent, Runtime, ScriptedModel, ToolCall, ToolContext, Turn, tool
 
@@ -35,9 +36,11 @@ async def hold(point: str) -> None:
         await asyncio.sleep(3600)
 
 
-async def trace(point: str, **info: object) -> None:
+async def trace(point: str, **info: Any) -> None:
     if point == "tool_start" and info.get("attempt", 1) != 1:
         return
+    if point == POINT and "landed" in info:
+        await info["landed"]  # a kill at "result" comes once the result is durable
     await hold(point)
 
 

@@ -186,7 +186,9 @@ class OTelTracer:
             },
         )
 
-    def _on_result(self, task_id: str, round: int, call_id: str, outcome: str) -> None:
+    def _on_result(
+        self, task_id: str, round: int, call_id: str, outcome: str, landed: Any = None
+    ) -> None:
         run = self.runs.get(task_id)
         if run is None:
             return

@@ -28,8 +28,16 @@ from duragent.runtime.inbox import cut_plan
 from duragent.runtime.log import notice, read_round, result_entries, rollback, ui_entry
 from duragent.runtime.state import Clock, DebouncedState
 from duragent.runtime.waits import child_resolution, open_round
-from duragent.store.base import Commit, CommitResult, DocumentWrite, Store, TaskPatch
-from duragent.types import BlockReason, EntryKind, NewEntry, Task, TaskStatus, UIError
+from duragent.store.base import (
+    Commit,
+    CommitResult,
+    DocumentWrite,
+    PendingCommit,
+    Store,
+    TaskPatch,
+    apply_patch,
+)
+from duragent.types import BlockReason, EntryKind, NewEntry, Task, TaskStatus, UIError, utcnow
 from duragent.webhooks import outbox_events
 
 log = logging.getLogger("duragent.engine")
@@ -38,8 +46,11 @@ StatusHook = Callable[[Task, TaskStatus, TaskStatus], None]
 # Called at named points of a round ("progress", "intents", "tool_start",
 # "result", "final", "step"), after what precedes them is committed, and around
 # a run ("task_start", "task_end"), a round ("round_start") and a model call
-# ("model_start", "model_end"). For tests, demos, tracing (duragent.otel) and
-# metrics (duragent.metrics); a hook that never returns holds the task there.
+# ("model_start", "model_end"). One exception: the result that closes a round
+# may still be syncing (ControlledRunner.commit_behind); its "result" point
+# carries `landed`, an awaitable done once it is durable. For tests, demos,
+# tracing (duragent.otel) and metrics (duragent.metrics); a hook that never
+# returns holds the task there.
 TraceHook = Callable[..., Awaitable[None]]
 
 
@@ -122,6 +133,7 @@ class ControlledRunner:
         self._reread = False  # an interrupt changed the log: rebuild the round from it
         self._interrupting = False
         self._commit_lock = asyncio.Lock()
+        self._behind: PendingCommit | None = None  # a round's closing commit, still syncing
         self._attempt: ResponseAssembler | None = None  # the model call in progress
         self._round_no = 0  # the round _round_api_seqs belongs to
         self._round_api_seqs: list[int] = []
@@ -183,6 +195,8 @@ class ControlledRunner:
         expect_version: int | None = None,
     ) -> CommitResult:
         async with self._commit_lock:  # one task's commits land in the order it made them
+            if self._behind is not None and (expect_version is not None or self.detached):
+                await self._caught_up()  # the version to expect is the row after it
             changes = dict(patch or {})
             state = self.state.take()  # the debounced state rides along with every commit
             if state is not None:
@@ -200,6 +214,7 @@ class ControlledRunner:
                 patches=own + list(patches),
                 documents=list(documents),
                 new_tasks=list(new_tasks),
+                after=self._behind,  # never lands without the commit queued before it
             )
             try:
                 result = await self.store.commit(commit)
@@ -209,8 +224,81 @@ class ControlledRunner:
                 if state is not None:
                     self.state.mark_dirty()
                 raise
+            self._behind = None  # landed before this one
+        self._took(result.tasks[self.task.id])
+        return result
+
+    def commit_behind(
+        self, entries: Iterable[NewEntry], patch: dict[str, Any]
+    ) -> PendingCommit | None:
+        """Queue a commit without waiting for it to be durable, and go on.
+
+        For the commit that closes a round: the next model call starts while it
+        syncs, and when the model answers at once its commit joins the same
+        transaction. Nothing is lost or observed early: the runner's next commit
+        names this one (`Commit.after`), so the store lands it only after this
+        one and refuses it if this one failed; a tool, which runs only after
+        that next commit, never runs on a round whose result is not stored. The
+        row is taken as this commit will leave it; its version decides nothing
+        until the commit lands (a commit that expects a version waits for it).
+
+        None, and nothing queued, when the store cannot queue commits or a
+        commit is in flight (its answer would land over the row taken here).
+        """
+        commit_soon = getattr(self.store, "commit_soon", None)
+        if commit_soon is None or self.detached or self._commit_lock.locked():
+            return None
+        changes = dict(patch)
+        state = self.state.take()
+        if state is not None:
+            changes.setdefault("context", state["context"])
+        own = TaskPatch(self.task.id, changes)
+        commit = Commit(
+            fence={self.task.id: self.epoch},
+            entries=list(entries),
+            patches=[own],
+            documents=list(outbox_events(self.task, changes)),
+            after=self._behind,
+        )
+        pending: PendingCommit = commit_soon(commit)
+        self._behind = pending
+        row, status_entry = apply_patch(self.task, own, utcnow())
+        added = len(commit.entries) + (status_entry is not None)
+        self.task = row.model_copy(update={"last_seq": row.last_seq + added})
+        assert pending.future is not None
+        pending.future.add_done_callback(lambda f: self._behind_landed(pending, f, state))
+        return pending
+
+    def _behind_landed(
+        self, pending: PendingCommit, future: asyncio.Future[CommitResult], state: Any
+    ) -> None:
+        if future.cancelled() or future.exception() is not None:
+            # The commit that follows it fails with the same error, and says so.
+            if state is not None:
+                self.state.mark_dirty()
+            return
+        if self._behind is pending:
+            self._behind = None
+        row = future.result().tasks[self.task.id]
+        if row.version >= self.task.version:  # not older than a later commit's answer
+            self._took(row)
+
+    async def _caught_up(self) -> None:
+        """Wait for the commit queued behind; its failure is this runner's failure."""
+        pending = self._behind
+        if pending is None:
+            return
+        try:
+            await pending
+        except StaleLease as exc:
+            raise Abandoned(str(exc)) from exc
+        if self._behind is pending:
+            self._behind = None
+
+    def _took(self, row: Task) -> None:
+        """Take the row a commit left: a control request or a status change on it."""
         old = self.task.status
-        self.task = result.tasks[self.task.id]
+        self.task = row
         control = self.task.control
         if control and (
             self.control is None
@@ -222,7 +310,6 @@ class ControlledRunner:
             self.request(Control.from_row(control))
         if self.task.status != old and self.on_status is not None:
             self.on_status(self.task, old, self.task.status)
-        return result
 
     async def _save_state(self, snapshot: dict[str, Any]) -> None:
         try:

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Generator, Mapping, Sequence
 from typing import Any
 
 from duragent.errors import Conflict, ModelError
@@ -46,6 +46,17 @@ from duragent.types import (
     ToolMessage,
     UserMessage,
 )
+
+
+class _Durable:
+    """A trace point's `landed` when the result's commit was awaited already."""
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield
+
+
+_LANDED = _Durable()
 
 
 class RoundRunner(ControlledRunner):
@@ -262,6 +273,7 @@ class RoundRunner(ControlledRunner):
         # from results known to be stored: a failed commit must never let a
         # sibling's commit close the round with this call unanswered.
         one_at_a_time = asyncio.Lock()
+        closing: list[Outcome] = []  # the last result, committed below by this task
 
         async def finish(out: Outcome) -> None:
             if out.suspend is not None:
@@ -272,6 +284,12 @@ class RoundRunner(ControlledRunner):
                 # unless a pause with rollback is waiting to undo this very round.
                 rolling_back = self.control is not None and self.control.rollback
                 last = remaining <= {out.call_id}
+                if last and self.control is None and not out.documents:
+                    # Left to the runner's own task (_close_round), which goes on
+                    # to the next model call at once: no wake-up in between.
+                    closing.append(out)
+                    remaining.discard(out.call_id)
+                    return
                 patch = {"iterations": r} if last and not rolling_back else None
                 entries = result_entries(
                     self.task.id, r, out.call_id, out.content or "", out.outcome
@@ -315,13 +333,14 @@ class RoundRunner(ControlledRunner):
         pending_jobs = set(jobs)
         try:
             while pending_jobs:
-                done, _ = await asyncio.wait(
-                    pending_jobs | {stopper}, return_when=asyncio.FIRST_COMPLETED
-                )
+                # Once the last result is in, the jobs left are only returning:
+                # a stop now is for _close_round and the loop to see.
+                watch = pending_jobs if closing else pending_jobs | {stopper}
+                done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
                 pending_jobs -= done
                 for job in done - {stopper}:
                     job.result()  # surface Abandoned / store errors
-                if stopper in done and pending_jobs:
+                if stopper in done and pending_jobs and not closing:
                     recorded = set(rs.waits) if rs else set()
                     await self._stop_tools(r, pending_jobs, jobs, committing, suspended, recorded)
                     return
@@ -340,6 +359,23 @@ class RoundRunner(ControlledRunner):
                 job.cancel()
         if suspended:
             await self._park(r, suspended, rs)
+        elif closing:
+            await self._close_round(r, closing[0])
+
+    async def _close_round(self, r: int, out: Outcome) -> None:
+        """Commit the last result of round r, closing it: queued behind the next
+        model call where the store can (ControlledRunner.commit_behind)."""
+        entries = result_entries(self.task.id, r, out.call_id, out.content or "", out.outcome)
+        rolling_back = self.control is not None and self.control.rollback
+        pending = None if rolling_back else self.commit_behind(entries, {"iterations": r})
+        if pending is None:
+            res = await self.commit(entries, None if rolling_back else {"iterations": r})
+            self._round_api_seqs.append(res.entries[0].seq)
+        self.view.append(ToolMessage(tool_call_id=out.call_id, content=out.content or ""))
+        # `landed` completes once the result is durable: a hook that must not act
+        # before (a crash test's kill point) awaits it.
+        landed = pending if pending is not None else _LANDED
+        await self.trace_point("result", call_id=out.call_id, outcome=out.outcome, landed=landed)
 
     async def _park(self, r: int, suspended: Mapping[str, Outcome], rs: RoundState | None) -> None:
         """Commit the waits of this round and the task's waiting status, together."""

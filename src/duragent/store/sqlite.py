@@ -192,12 +192,14 @@ class SQLiteStore(TxWrites):
 
         Inline when nothing else could run meanwhile: without fsyncs (NORMAL)
         a batch is a fraction of a millisecond of CPU, less than a hand-off to
-        a thread, and at FULL a lone commit with no other callback ready has
-        nobody to overlap its fsync with. Otherwise the writer thread runs it,
-        the GIL released during the fsync, so other tasks run meanwhile.
+        a thread, and at FULL a batch with no other callback ready has nobody
+        to overlap its fsync with (its callers wait for it; a round's closing
+        commit and the next model call's share one). Otherwise the writer
+        thread runs it, the GIL released during the fsync, so other tasks run
+        meanwhile.
         """
         loop = asyncio.get_running_loop()
-        idle = len(self._pending) == 1 and not getattr(loop, "_ready", True)
+        idle = not getattr(loop, "_ready", True)
         if not self._full or idle:
             self._flush()
         else:

@@ -1,0 +1,112 @@
+"""The commit that closes a round is queued behind the next model call (issue 15).
+
+The last tool result of a round is handed to the store without waiting for it
+to be durable; the next model call starts at once, and its commit names the
+queued one (`Commit.after`). These tests hold what that must keep: the two
+land in order, in one transaction when the model answers at once, and a next
+round never lands, nor runs its tools, without the result that closed the last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from duragent import Agent, Runtime, ScriptedModel, ToolCall, tool
+from duragent.store.sqlite import SQLiteStore
+from duragent.types import EntryKind, TaskStatus
+
+ROUNDS = 12
+
+
+def counting_agent(calls: list[int], ran: list[str]) -> Agent:
+    @tool
+    async def first() -> str:
+        """The first step."""
+        ran.append("first")
+        return "poison"
+
+    @tool
+    async def second() -> str:
+        """The second step."""
+        ran.append("second")
+        return "fine"
+
+    def script(messages: list[Any]) -> Any:
+        calls.append(len(messages))
+        n = len(calls)
+        if n == 1:
+            return [ToolCall("first", {})]
+        return [ToolCall("second", {})] if n == 2 else "done"
+
+    return Agent(name="a", model=ScriptedModel(script), tools=[first, second], plan_tool=False)
+
+
+@pytest.mark.parametrize("durability", ["normal", "full"])
+async def test_a_round_closed_behind_the_next_model_call_shares_its_transaction(
+    tmp_path: Path, durability: str
+) -> None:
+    @tool
+    async def step(n: int) -> str:
+        """One step."""
+        return f"step {n} done"
+
+    def script(messages: list[Any]) -> Any:
+        done = sum(1 for m in messages if getattr(m, "role", "") == "tool")
+        return [ToolCall("step", {"n": done + 1})] if done < ROUNDS else "finished"
+
+    store = SQLiteStore(str(tmp_path / "s.db"), durability=durability)  # type: ignore[arg-type]
+    agent = Agent(name="a", model=ScriptedModel(script), tools=[step], plan_tool=False)
+    async with Runtime(store, agents=[agent]) as rt:
+        sub = await rt.submit("a", "go")
+        task = await sub.wait(30)
+        assert task.status is TaskStatus.COMPLETED and task.iterations == ROUNDS + 1
+        results = await store.entries(task.id, kinds=[EntryKind.TOOL_RESULT])
+        assert [e.payload["content"] for e in results] == [
+            f"step {n} done" for n in range(1, ROUNDS + 1)
+        ]
+        # Each round's result and the next round's answer went in one transaction:
+        # the model was asked again before the result was durable.
+        assert store.jobs_done - store.batches >= ROUNDS
+
+
+@pytest.mark.parametrize("durability", ["normal", "full"])
+async def test_a_next_round_never_lands_without_the_result_that_closed_the_last(
+    tmp_path: Path, durability: str
+) -> None:
+    path = tmp_path / "s.db"
+    store = SQLiteStore(str(path), durability=durability)  # type: ignore[arg-type]
+    await store.open()
+    # The store refuses the first round's result (as a full disk or a damaged
+    # file would refuse a write): only that commit is at fault.
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "CREATE TRIGGER refuse_poison BEFORE INSERT ON entries"
+            " WHEN NEW.kind = 4 AND instr(NEW.payload, 'poison') > 0"
+            " BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+        )
+    calls: list[int] = []
+    ran: list[str] = []
+    ended = asyncio.Event()
+
+    async def trace(point: str, **info: Any) -> None:
+        if point == "task_end":
+            ended.set()
+
+    try:
+        async with Runtime(store, agents=[counting_agent(calls, ran)], trace=trace) as rt:
+            sub = await rt.submit("a", "go")
+            await asyncio.wait_for(ended.wait(), 30)
+            entries = await store.entries(sub.task_id)
+            assert len(calls) == 2  # the second round's answer was made, and refused
+            assert ran == ["first"]  # its tool never ran
+            assert [e.kind for e in entries if e.round == 2] == []
+            assert [e.kind for e in entries if e.kind is EntryKind.TOOL_RESULT] == []
+            task = await rt.get(sub.task_id)
+            assert task.iterations == 0  # the first round is still open, for recovery
+    finally:
+        await store.close()
