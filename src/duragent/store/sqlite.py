@@ -294,7 +294,7 @@ class SQLiteStore(TxWrites):
             for job in batch:
                 if not alone:
                     conn.execute("SAVEPOINT job")
-                tx = SqliteTx(conn, self._rows, self._nums)
+                tx = SqliteTx(conn, self._rows, self._nums, written)
                 try:
                     outcomes.append((True, job.fn(tx)))
                 except Exception as exc:  # the job's own failure: undo only this job

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -50,15 +51,25 @@ def _stamp(task: Task) -> _Stamp:
     return (task.version, task.last_seq, task.lease.epoch, to_ts(task.lease.expires_at))
 
 
+@functools.lru_cache(maxsize=8)
+def _update_sql(columns: tuple[str, ...]) -> str:
+    sets = ", ".join(f"{k}=:{k}" for k in columns if k != "id")
+    return f"UPDATE tasks SET {sets} WHERE id=:id"
+
+
 class SqliteTx:
     def __init__(
         self,
         conn: sqlite3.Connection,
         cache: RowCache | None = None,
         nums: dict[str, int] | None = None,
+        batch_rows: Mapping[str, Task] | None = None,
     ) -> None:
         self.conn = conn
         self.cache = cache
+        # Rows as earlier jobs of this transaction left them: what the file holds
+        # now, since no other process writes while it is open.
+        self.batch_rows = batch_rows if batch_rows is not None else {}
         self.nums = nums if nums is not None else {}  # task id -> its number, committed
         self.new_nums: dict[str, int] = {}  # numbers given in this transaction
         self.inputs: dict[str, Any] = {}
@@ -81,6 +92,11 @@ class SqliteTx:
         return task
 
     def load_task(self, task_id: str) -> Task | None:
+        mine = self.batch_rows.get(task_id)
+        if mine is not None:
+            self.inputs[task_id] = mine.input
+            self.notes.read(mine)
+            return mine
         if self.cache is not None:
             stamp = self.conn.execute(
                 "SELECT version, last_seq, lease_epoch, lease_expires FROM tasks WHERE id=?",
@@ -123,8 +139,7 @@ class SqliteTx:
         cols = task_columns(task, to_ts)
         if task.id not in self.inputs or self.inputs[task.id] != task.input:
             cols["input"] = dumps(task.input)
-        sets = ", ".join(f"{k}=:{k}" for k in cols if k != "id")
-        self.conn.execute(f"UPDATE tasks SET {sets} WHERE id=:id", cols)
+        self.conn.execute(_update_sql(tuple(cols)), cols)
         self.written[task.id] = task
         self.notes.wrote(task)
 

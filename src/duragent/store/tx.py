@@ -139,7 +139,7 @@ class _Touched:
     def __init__(self, tx: Tx) -> None:
         self.tx = tx
         self.rows: dict[str, Task] = {}
-        self.dirty: set[str] = set()
+        self.dirty: set[str] = set()  # rows made here, copies nobody else holds yet
         self.created: set[str] = set()
 
     def get(self, task_id: str) -> Task:
@@ -174,7 +174,12 @@ class _Touched:
                 )
             )
         for task_id, seq in last.items():
-            self.put(self.get(task_id).model_copy(update={"last_seq": seq}))
+            if task_id in self.dirty:  # this transaction's own copy: set it in place
+                row = self.rows[task_id]
+                row.__dict__["last_seq"] = seq
+                row.__pydantic_fields_set__.add("last_seq")
+            else:
+                self.put(self.get(task_id).model_copy(update={"last_seq": seq}))
         return out
 
     def flush(self) -> None:
