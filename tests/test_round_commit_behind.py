@@ -16,7 +16,10 @@ from typing import Any
 
 import pytest
 
+from conftest import PG_URL, opened_store
 from duragent import Agent, Runtime, ScriptedModel, ToolCall, tool
+from duragent.store.base import Store
+from duragent.store.postgres import PostgresStore
 from duragent.store.sqlite import SQLiteStore
 from duragent.types import EntryKind, TaskStatus
 
@@ -74,21 +77,39 @@ async def test_a_round_closed_behind_the_next_model_call_shares_its_transaction(
         assert store.jobs_done - store.batches >= ROUNDS
 
 
-@pytest.mark.parametrize("durability", ["normal", "full"])
-async def test_a_next_round_never_lands_without_the_result_that_closed_the_last(
-    tmp_path: Path, durability: str
-) -> None:
-    path = tmp_path / "s.db"
-    store = SQLiteStore(str(path), durability=durability)  # type: ignore[arg-type]
-    await store.open()
-    # The store refuses the first round's result (as a full disk or a damaged
-    # file would refuse a write): only that commit is at fault.
-    with sqlite3.connect(path) as conn:
+def refuse_poison(store: Store, kind: str) -> None:
+    """Make the store refuse a tool result that says "poison" (as a full disk or a
+    damaged file would refuse a write): only that commit is at fault."""
+    if kind == "postgres":
+        import psycopg
+        from psycopg import sql
+
+        assert isinstance(store, PostgresStore) and store.schema is not None
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(store.schema)))
+            conn.execute(
+                "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$"
+                " BEGIN IF NEW.kind = 'tool_result' AND position('poison' IN NEW.payload) > 0"
+                " THEN RAISE EXCEPTION 'refused by the test'; END IF; RETURN NEW; END $$"
+            )
+            conn.execute(
+                "CREATE TRIGGER refuse_poison BEFORE INSERT ON entries"
+                " FOR EACH ROW EXECUTE FUNCTION refuse_poison()"
+            )
+        return
+    assert isinstance(store, SQLiteStore)
+    with sqlite3.connect(store.path) as conn:
         conn.execute(
             "CREATE TRIGGER refuse_poison BEFORE INSERT ON entries"
             " WHEN NEW.kind = 4 AND instr(NEW.payload, 'poison') > 0"
             " BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
         )
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "sqlite-full", "postgres"])
+async def test_a_next_round_never_lands_without_the_result_that_closed_the_last(
+    tmp_path: Path, kind: str
+) -> None:
     calls: list[int] = []
     ran: list[str] = []
     ended = asyncio.Event()
@@ -97,7 +118,8 @@ async def test_a_next_round_never_lands_without_the_result_that_closed_the_last(
         if point == "task_end":
             ended.set()
 
-    try:
+    async with opened_store(kind, tmp_path) as store:
+        refuse_poison(store, kind)
         async with Runtime(store, agents=[counting_agent(calls, ran)], trace=trace) as rt:
             sub = await rt.submit("a", "go")
             await asyncio.wait_for(ended.wait(), 30)
@@ -108,5 +130,3 @@ async def test_a_next_round_never_lands_without_the_result_that_closed_the_last(
             assert [e.kind for e in entries if e.kind is EntryKind.TOOL_RESULT] == []
             task = await rt.get(sub.task_id)
             assert task.iterations == 0  # the first round is still open, for recovery
-    finally:
-        await store.close()

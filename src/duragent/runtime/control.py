@@ -277,10 +277,11 @@ class ControlledRunner:
             if state is not None:
                 self.state.mark_dirty()
             return
-        if self._behind is pending:
-            self._behind = None
+        if self._behind is not pending:
+            return  # a later commit was queued or made since: its row is the one to take
+        self._behind = None
         row = future.result().tasks[self.task.id]
-        if row.version >= self.task.version:  # not older than a later commit's answer
+        if row.version >= self.task.version:  # a message may have moved it further
             self._took(row)
 
     async def _caught_up(self) -> None:
