@@ -18,7 +18,9 @@ import pytest
 
 from conftest import PG_URL, opened_store
 from duragent import Agent, Runtime, ScriptedModel, ToolCall, tool
-from duragent.store.base import Store
+from duragent.store import Commit
+from duragent.store.base import PendingCommit, Store
+from duragent.store.memory import MemoryStore
 from duragent.store.postgres import PostgresStore
 from duragent.store.sqlite import SQLiteStore
 from duragent.types import EntryKind, TaskStatus
@@ -130,3 +132,37 @@ async def test_a_next_round_never_lands_without_the_result_that_closed_the_last(
             assert [e.kind for e in entries if e.kind is EntryKind.TOOL_RESULT] == []
             task = await rt.get(sub.task_id)
             assert task.iterations == 0  # the first round is still open, for recovery
+
+
+async def test_once_a_queued_commit_failed_the_runner_can_still_end_the_task() -> None:
+    class RefusesTheFirstQueuedCommit(MemoryStore):
+        """Its first queued commit fails with an error that is no store error (a
+        bug, say): the runner learns of it from the commit that follows."""
+
+        refused = False
+
+        def commit_soon(self, commit: Commit) -> PendingCommit:
+            if self.refused:
+                return super().commit_soon(commit)
+            self.refused = True
+            pending = PendingCommit()
+            pending.failed = ValueError("refused by the test")
+            pending.future = asyncio.get_running_loop().create_future()
+            pending.future.set_exception(pending.failed)
+            return pending
+
+    calls: list[int] = []
+    ran: list[str] = []
+    store = RefusesTheFirstQueuedCommit()
+    async with Runtime(store, agents=[counting_agent(calls, ran)]) as rt:
+        task = await (await rt.submit("a", "go")).wait(30)
+        # The failure ends the task as failed: that commit does not follow the
+        # refused one, whose error reached the runner already.
+        assert task.status is TaskStatus.FAILED
+        assert task.error is not None and "refused by the test" in task.error
+        assert ran == ["first"] and len(calls) == 2
+        assert task.iterations == 0  # the first round stays open, as stored
+        entries = await store.entries(task.id)
+        assert [e.kind for e in entries if e.kind is EntryKind.TOOL_RESULT] == []
+        # Nothing of the second round landed; the failure is told in round 1.
+        assert max(e.round for e in entries) == 1

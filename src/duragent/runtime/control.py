@@ -134,6 +134,7 @@ class ControlledRunner:
         self._interrupting = False
         self._commit_lock = asyncio.Lock()
         self._behind: PendingCommit | None = None  # a round's closing commit, still syncing
+        self._unless_behind = (task, task)  # the row before it, and as taken after it
         self._attempt: ResponseAssembler | None = None  # the model call in progress
         self._round_no = 0  # the round _round_api_seqs belongs to
         self._round_api_seqs: list[int] = []
@@ -224,7 +225,8 @@ class ControlledRunner:
                 if state is not None:
                     self.state.mark_dirty()
                 raise
-            self._behind = None  # landed before this one
+            finally:
+                self._settled_behind(commit.after)
         self._took(result.tasks[self.task.id])
         return result
 
@@ -264,7 +266,9 @@ class ControlledRunner:
         self._behind = pending
         row, status_entry = apply_patch(self.task, own, utcnow())
         added = len(commit.entries) + (status_entry is not None)
-        self.task = row.model_copy(update={"last_seq": row.last_seq + added})
+        predicted = row.model_copy(update={"last_seq": row.last_seq + added})
+        self._unless_behind = (self.task, predicted)
+        self.task = predicted
         assert pending.future is not None
         pending.future.add_done_callback(lambda f: self._behind_landed(pending, f, state))
         return pending
@@ -276,6 +280,7 @@ class ControlledRunner:
             # The commit that follows it fails with the same error, and says so.
             if state is not None:
                 self.state.mark_dirty()
+            self._unpredict()
             return
         if self._behind is not pending:
             return  # a later commit was queued or made since: its row is the one to take
@@ -293,8 +298,26 @@ class ControlledRunner:
             await pending
         except StaleLease as exc:
             raise Abandoned(str(exc)) from exc
-        if self._behind is pending:
-            self._behind = None
+        finally:
+            self._settled_behind(pending)
+
+    def _settled_behind(self, pending: PendingCommit | None) -> None:
+        """Once the commit queued behind has landed, or its failure reached the runner
+        (through a commit that followed it), later commits need not follow it: they
+        are the runner's answer to that failure (ending the task as failed, say)."""
+        if pending is not None and self._behind is pending:
+            assert pending.future is not None
+            if pending.future.done():
+                self._behind = None
+                if pending.future.cancelled() or pending.future.exception() is not None:
+                    self._unpredict()
+
+    def _unpredict(self) -> None:
+        """A queued commit failed: the row is again the one before it, as stored
+        (unless a commit since brought a newer one)."""
+        base, predicted = self._unless_behind
+        if self.task is predicted:
+            self.task = base
 
     def _took(self, row: Task) -> None:
         """Take the row a commit left: a control request or a status change on it."""
