@@ -674,17 +674,9 @@ _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def dumps(value: Any) -> str:
-    """Compact JSON text: the one encoder every store writes with.
-
-    pydantic-core's encoder, several times faster than json's on a message;
-    json's (one encoder, kept: json.dumps with options builds one per call)
-    for what only it writes, a lone surrogate. Values reach a store checked
-    by `check_storable`, so both see plain JSON data.
-    """
-    try:
-        return pydantic_core.to_json(value).decode()
-    except pydantic_core.PydanticSerializationError:
-        return _ENCODE(value)
+    """Compact JSON text: the one encoder every store writes with (json.dumps with
+    options builds a new encoder per call)."""
+    return _ENCODE(value)
 
 
 def to_ts(dt: datetime | None) -> float | None:
