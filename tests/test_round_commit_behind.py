@@ -10,6 +10,7 @@ round never lands, nor runs its tools, without the result that closed the last.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -17,13 +18,14 @@ from typing import Any
 import pytest
 
 from conftest import PG_URL, opened_store
-from duragent import Agent, Runtime, ScriptedModel, ToolCall, tool
-from duragent.store import Commit
+from duragent import Agent, Runtime, ScriptedModel, ToolCall, ToolContext, tool
+from duragent.errors import TaskNotFound
+from duragent.store import Commit, TaskPatch
 from duragent.store.base import PendingCommit, Store
 from duragent.store.memory import MemoryStore
 from duragent.store.postgres import PostgresStore
 from duragent.store.sqlite import SQLiteStore
-from duragent.types import EntryKind, TaskStatus
+from duragent.types import EntryKind, NewEntry, Task, TaskStatus
 
 ROUNDS = 12
 
@@ -166,3 +168,93 @@ async def test_once_a_queued_commit_failed_the_runner_can_still_end_the_task() -
         assert [e.kind for e in entries if e.kind is EntryKind.TOOL_RESULT] == []
         # Nothing of the second round landed; the failure is told in round 1.
         assert max(e.round for e in entries) == 1
+
+
+async def test_a_runner_cancelled_right_after_its_last_tool_still_stores_the_result(
+    tmp_path: Path,
+) -> None:
+    box: dict[str, Any] = {}
+
+    @tool
+    async def charge(ctx: ToolContext) -> str:
+        """Charge once (never run twice)."""
+        # The worker stops at once (stop(graceful=False)) as the tool returns.
+        job = box["rt"].worker._jobs[ctx.task_id]
+        asyncio.get_running_loop().call_soon(job.cancel)
+        box["job"] = job
+        return "charged"
+
+    def script(messages: list[Any]) -> Any:
+        return [ToolCall("charge", {})] if len(messages) == 1 else "done"
+
+    store = SQLiteStore(str(tmp_path / "s.db"))
+    agent = Agent(name="a", model=ScriptedModel(script), tools=[charge], plan_tool=False)
+    async with Runtime(store, agents=[agent]) as rt:
+        box["rt"] = rt
+        sub = await rt.submit("a", "go")
+        while "job" not in box:
+            await rt.store.wait_for_change(1)
+        with contextlib.suppress(asyncio.CancelledError):
+            await box["job"]
+        results = await store.entries(sub.task_id, kinds=[EntryKind.TOOL_RESULT])
+        assert [e.payload["content"] for e in results] == ["charged"]
+        assert (await store.get_task(sub.task_id)).iterations == 1
+
+
+async def test_a_hook_that_stops_waiting_for_landed_changes_nothing(tmp_path: Path) -> None:
+    @tool
+    async def step(n: int) -> str:
+        """One step."""
+        return f"step {n} done"
+
+    def script(messages: list[Any]) -> Any:
+        done = sum(1 for m in messages if getattr(m, "role", "") == "tool")
+        return [ToolCall("step", {"n": done + 1})] if done < 3 else "finished"
+
+    async def trace(point: str, **info: Any) -> None:
+        if point == "result" and "landed" in info:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(info["landed"], 1e-9)  # gives up at once
+
+    store = SQLiteStore(str(tmp_path / "s.db"), durability="full")
+    agent = Agent(name="a", model=ScriptedModel(script), tools=[step], plan_tool=False)
+    async with Runtime(store, agents=[agent], trace=trace) as rt:
+        task = await (await rt.submit("a", "go")).wait(30)
+        assert task.status is TaskStatus.COMPLETED and task.iterations == 4
+        answers = await store.entries(task.id, kinds=[EntryKind.API_MESSAGE])
+        rounds = [e.round for e in answers]
+        assert rounds == [1, 1, 2, 3, 4]  # the input, then one answer per round
+
+
+async def test_a_task_deleted_earlier_in_a_batch_is_not_found_by_the_jobs_after_it(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(str(tmp_path / "s.db"), durability="full")  # one batch for all
+    await store.open()
+    try:
+        await store.create_task(Task(agent="a"))
+        task = await store.claim_task("w")
+        assert task is not None
+        first = store.commit_soon(
+            Commit(patches=[TaskPatch(task.id, {"iterations": 1})], fence={task.id: 1})
+        )
+        batches = store.batches
+        outcomes = await asyncio.gather(
+            store.delete_task(task.id),
+            store.commit(
+                Commit(patches=[TaskPatch(task.id, {"iterations": 2})], fence={task.id: 1})
+            ),
+            store.commit(
+                Commit(
+                    entries=[NewEntry(task_id=task.id, kind=EntryKind.PROGRESS, payload={})],
+                    fence={task.id: 1},
+                )
+            ),
+            return_exceptions=True,
+        )
+        await first
+        assert store.batches == batches + 1  # what this test is about: one transaction
+        assert outcomes[0] is None
+        assert isinstance(outcomes[1], TaskNotFound) and isinstance(outcomes[2], TaskNotFound)
+    finally:
+        await store.close()

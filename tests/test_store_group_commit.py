@@ -101,10 +101,11 @@ async def test_a_commit_after_a_refused_one_is_refused_with_its_error(
         with pytest.raises(StaleLease):
             await refused
     # Nothing about this commit is wrong but the one it follows: it writes nothing.
-    follower = store.commit(
+    # Queued in the same tick, all three share a transaction where stores batch.
+    follower = store.commit_soon(
         Commit(entries=[progress(other.id, "never")], fence={other.id: 1}, after=refused)
     )
-    unrelated = store.commit(Commit(entries=[progress(other.id, "kept")], fence={other.id: 1}))
+    unrelated = store.commit_soon(Commit(entries=[progress(other.id, "kept")], fence={other.id: 1}))
     outcomes = await asyncio.gather(follower, unrelated, return_exceptions=True)
     assert isinstance(outcomes[0], StaleLease)
     assert not isinstance(outcomes[1], BaseException)

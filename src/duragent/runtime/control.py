@@ -276,7 +276,9 @@ class ControlledRunner:
     def _behind_landed(
         self, pending: PendingCommit, future: asyncio.Future[CommitResult], state: Any
     ) -> None:
-        if future.cancelled() or future.exception() is not None:
+        if future.cancelled():
+            return  # not the store's doing: it runs the commit all the same
+        if future.exception() is not None:
             # The commit that follows it fails with the same error, and says so.
             if state is not None:
                 self.state.mark_dirty()
@@ -307,9 +309,9 @@ class ControlledRunner:
         are the runner's answer to that failure (ending the task as failed, say)."""
         if pending is not None and self._behind is pending:
             assert pending.future is not None
-            if pending.future.done():
+            if pending.future.done() and not pending.future.cancelled():
                 self._behind = None
-                if pending.future.cancelled() or pending.future.exception() is not None:
+                if pending.future.exception() is not None:
                     self._unpredict()
 
     def _unpredict(self) -> None:

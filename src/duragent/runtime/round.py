@@ -350,6 +350,15 @@ class RoundRunner(ControlledRunner):
             for job in pending_jobs:
                 job.cancel()
             await asyncio.gather(*jobs, *committing.values(), return_exceptions=True)
+            if closing:
+                # The last tool is done, its result not yet handed to the store: a
+                # result commit that started is never cut short (see `one`), nor is this.
+                out = closing.pop()
+                entries = result_entries(
+                    self.task.id, r, out.call_id, out.content or "", out.outcome
+                )
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.commit(entries, {"iterations": r}))
             raise
         finally:
             stopper.cancel()

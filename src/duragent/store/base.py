@@ -96,8 +96,9 @@ class PendingCommit:
         self.future: asyncio.Future[CommitResult] | None = None
 
     def __await__(self) -> Any:
+        # Shielded: a caller that stops waiting (a timeout) leaves the commit queued.
         assert self.future is not None
-        return self.future.__await__()
+        return asyncio.shield(self.future).__await__()
 
 
 def follows(commit: Commit) -> None:

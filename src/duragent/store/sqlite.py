@@ -557,6 +557,7 @@ class SQLiteStore(TxWrites):
             conn.execute("DELETE FROM tasks WHERE num=?", (num,))
             self._nums.pop(tid, None)
             self._rows.rows.pop(tid, None)
+            tx.batch_rows.pop(tid, None)  # later jobs of this batch find it gone
         return len(doomed)
 
     async def purge_tasks(self, query: TaskQuery) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -63,7 +63,7 @@ class SqliteTx:
         conn: sqlite3.Connection,
         cache: RowCache | None = None,
         nums: dict[str, int] | None = None,
-        batch_rows: Mapping[str, Task] | None = None,
+        batch_rows: dict[str, Task] | None = None,
     ) -> None:
         self.conn = conn
         self.cache = cache
