@@ -264,9 +264,9 @@ class ControlledRunner:
         )
         pending: PendingCommit = commit_soon(commit)
         self._behind = pending
-        row, status_entry = apply_patch(self.task, own, utcnow())
+        predicted, status_entry = apply_patch(self.task, own, utcnow())  # a copy of its own
         added = len(commit.entries) + (status_entry is not None)
-        predicted = row.model_copy(update={"last_seq": row.last_seq + added})
+        predicted.__dict__["last_seq"] = predicted.last_seq + added
         self._unless_behind = (self.task, predicted)
         self.task = predicted
         assert pending.future is not None
