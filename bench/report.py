@@ -417,7 +417,10 @@ def render(res: Results, command: str, started: str, elapsed: float, only: list[
             f"{st.repeats} tasks)",
             "",
             "A round = one assistant message with one tool call + one tool result, each "
-            "durable before the next step (duragent: 2 commits per round; LangGraph: a "
+            "durable before anything depends on it (duragent: 2 commits per round; the "
+            "tool result's commit may still be syncing while the next model call starts, "
+            "and the answer's commit follows it, in the same transaction when the model "
+            "answers at once; no tool runs before both are durable. LangGraph: a "
             'checkpoint after the agent node and after the tool node, `durability="sync"`; '
             "DBOS: one step per model call and per tool call). Persistence overhead = the "
             "same loop minus its in-memory run (same system, same run). A run is one fresh "
