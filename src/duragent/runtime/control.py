@@ -198,24 +198,8 @@ class ControlledRunner:
         async with self._commit_lock:  # one task's commits land in the order it made them
             if self._behind is not None and (expect_version is not None or self.detached):
                 await self._caught_up()  # the version to expect is the row after it
-            changes = dict(patch or {})
-            state = self.state.take()  # the debounced state rides along with every commit
-            if state is not None:
-                changes.setdefault("context", state["context"])
-            # A status change worth announcing writes its webhook event in this commit.
-            documents = [*documents, *outbox_events(self.task, changes)]
-            own = [TaskPatch(self.task.id, changes, expect_version=expect_version)]
-            if not changes and expect_version is None:
-                own = []
-            if self.detached:
-                own = [TaskPatch(self.task.id, changes, expect_version=self.task.version)]
-            commit = Commit(
-                fence={} if self.detached else {self.task.id: self.epoch},
-                entries=list(entries),
-                patches=own + list(patches),
-                documents=list(documents),
-                new_tasks=list(new_tasks),
-                after=self._behind,  # never lands without the commit queued before it
+            commit, state = self._make_commit(
+                entries, patch, documents, new_tasks, patches, expect_version
             )
             try:
                 result = await self.store.commit(commit)
@@ -229,6 +213,37 @@ class ControlledRunner:
                 self._settled_behind(commit.after)
         self._took(result.tasks[self.task.id])
         return result
+
+    def _make_commit(
+        self,
+        entries: Iterable[NewEntry],
+        patch: dict[str, Any] | None,
+        documents: Iterable[DocumentWrite] = (),
+        new_tasks: Iterable[Task] = (),
+        patches: Iterable[TaskPatch] = (),
+        expect_version: int | None = None,
+    ) -> tuple[Commit, Any]:
+        """The Commit of this runner's task, and the debounced state taken into it."""
+        changes = dict(patch or {})
+        state = self.state.take()  # the debounced state rides along with every commit
+        if state is not None:
+            changes.setdefault("context", state["context"])
+        # A status change worth announcing writes its webhook event in this commit.
+        documents = [*documents, *outbox_events(self.task, changes)]
+        own = [TaskPatch(self.task.id, changes, expect_version=expect_version)]
+        if not changes and expect_version is None:
+            own = []
+        if self.detached:
+            own = [TaskPatch(self.task.id, changes, expect_version=self.task.version)]
+        commit = Commit(
+            fence={} if self.detached else {self.task.id: self.epoch},
+            entries=list(entries),
+            patches=own + list(patches),
+            documents=documents,
+            new_tasks=list(new_tasks),
+            after=self._behind,  # never lands without the commit queued before it
+        )
+        return commit, state
 
     def commit_behind(
         self, entries: Iterable[NewEntry], patch: dict[str, Any]
@@ -250,20 +265,10 @@ class ControlledRunner:
         commit_soon = getattr(self.store, "commit_soon", None)
         if commit_soon is None or self.detached or self._commit_lock.locked():
             return None
-        changes = dict(patch)
-        state = self.state.take()
-        if state is not None:
-            changes.setdefault("context", state["context"])
-        own = TaskPatch(self.task.id, changes)
-        commit = Commit(
-            fence={self.task.id: self.epoch},
-            entries=list(entries),
-            patches=[own],
-            documents=list(outbox_events(self.task, changes)),
-            after=self._behind,
-        )
+        commit, state = self._make_commit(entries, patch)
         pending: PendingCommit = commit_soon(commit)
         self._behind = pending
+        [own] = commit.patches
         predicted, status_entry = apply_patch(self.task, own, utcnow())  # a copy of its own
         added = len(commit.entries) + (status_entry is not None)
         predicted.__dict__["last_seq"] = predicted.last_seq + added

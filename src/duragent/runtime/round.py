@@ -291,9 +291,7 @@ class RoundRunner(ControlledRunner):
                     remaining.discard(out.call_id)
                     return
                 patch = {"iterations": r} if last and not rolling_back else None
-                entries = result_entries(
-                    self.task.id, r, out.call_id, out.content or "", out.outcome
-                )
+                entries = self._outcome_entries(r, out)
                 res = await self.commit(entries, patch, documents=out.documents)
                 remaining.discard(out.call_id)
             self._round_api_seqs.append(res.entries[0].seq)
@@ -353,10 +351,7 @@ class RoundRunner(ControlledRunner):
             if closing:
                 # The last tool is done, its result not yet handed to the store: a
                 # result commit that started is never cut short (see `one`), nor is this.
-                out = closing.pop()
-                entries = result_entries(
-                    self.task.id, r, out.call_id, out.content or "", out.outcome
-                )
+                entries = self._outcome_entries(r, closing.pop())
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self.commit(entries, {"iterations": r}))
             raise
@@ -371,10 +366,14 @@ class RoundRunner(ControlledRunner):
         elif closing:
             await self._close_round(r, closing[0])
 
+    def _outcome_entries(self, r: int, out: Outcome) -> list[NewEntry]:
+        """The entries of a call's result in round r."""
+        return result_entries(self.task.id, r, out.call_id, out.content or "", out.outcome)
+
     async def _close_round(self, r: int, out: Outcome) -> None:
         """Commit the last result of round r, closing it: queued behind the next
         model call where the store can (ControlledRunner.commit_behind)."""
-        entries = result_entries(self.task.id, r, out.call_id, out.content or "", out.outcome)
+        entries = self._outcome_entries(r, out)
         rolling_back = self.control is not None and self.control.rollback
         pending = None if rolling_back else self.commit_behind(entries, {"iterations": r})
         if pending is None:

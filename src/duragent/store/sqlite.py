@@ -251,7 +251,7 @@ class SQLiteStore(TxWrites):
                 outcomes, notes = self._run_batch_blocking(batch)
             except BaseException as exc:  # never leave a caller waiting
                 outcomes = [(False, exc)] * len(batch)
-                mark_failed([job.link for job in batch], outcomes)
+            mark_failed([job.link for job in batch], outcomes)  # before the next batch runs
             by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, tuple[bool, Any]]]] = {}
             for job, outcome in zip(batch, outcomes, strict=True):
                 by_loop.setdefault(job.loop, []).append((job, outcome))
@@ -270,9 +270,7 @@ class SQLiteStore(TxWrites):
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            outcomes = [(False, _translate(exc))] * len(batch)
-            mark_failed([job.link for job in batch], outcomes)
-            return outcomes, None
+            return [(False, _translate(exc))] * len(batch), None
         return self._run_batch(conn, batch)
 
     def _run_batch(
@@ -323,7 +321,7 @@ class SQLiteStore(TxWrites):
             self._rows.rows.clear()
             self._nums.clear()
             outcomes = [(False, _translate(exc))] * len(batch)
-            mark_failed([job.link for job in batch], outcomes)
+        mark_failed([job.link for job in batch], outcomes)  # also on the inline path
         self.batches += 1
         self.jobs_done += len(batch)
         return outcomes, notes if any(ok for ok, _ in outcomes) else None
