@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from duragent.errors import StoreCorrupt, StoreVersionError
-from duragent.store import Commit, open_store
+from duragent.store import Commit, TaskPatch, TaskQuery, open_store
 from duragent.store.sqlite import SQLiteStore
 from duragent.store.sqlite_schema import MIGRATIONS, SQLITE_SCHEMA_VERSION
-from duragent.types import EntryKind, NewEntry, Task
+from duragent.types import EntryKind, NewEntry, Task, TaskStatus
 
 
 async def test_newer_schema_version_is_refused_naming_both_versions(tmp_path: Path) -> None:
@@ -170,3 +170,52 @@ async def test_claims_and_wake_ups_do_not_read_every_running_task(
     await store.close()
     # A read of every running row costs about 10 steps of 1,000 per 1,000 rows: 20+ here.
     assert claim <= 3 and wake <= 3, (running, claim, wake)
+
+
+def _pages_written(conn: sqlite3.Connection, wal: Path, since: int) -> set[str]:
+    """The b-trees whose pages the WAL holds after byte `since` (frames: 24-byte
+    header, first field the page number, then the page)."""
+    page = conn.execute("PRAGMA page_size").fetchone()[0]
+    owners = dict(conn.execute("SELECT pageno, name FROM dbstat").fetchall())
+    data = wal.read_bytes()[since:]
+    return {
+        owners.get(int.from_bytes(data[at : at + 4], "big"), "header or free-list")
+        for at in range(0, len(data) - 24, 24 + page)
+    }
+
+
+async def test_a_commit_that_keeps_a_tasks_status_and_lease_writes_no_index_page(
+    tmp_path: Path,
+) -> None:
+    """SQLite rewrites an index entry whenever its column is SET, even to the value
+    it had: a round's commit (same status, same lease) must leave the status,
+    queue and lease indexes alone; one that changes the status must update them."""
+    path = tmp_path / "i.db"
+    store = open_store(f"sqlite:///{path}")
+    assert isinstance(store, SQLiteStore)
+    await store.create_task(Task(agent="a"))
+    task = await store.claim_task("w", ttl=3600)
+    assert task is not None
+    conn = store._writer_conn
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    wal = Path(f"{path}-wal")
+    indexes = {"tasks_runnable", "tasks_queue", "tasks_leases", "tasks_due", "tasks_ready"}
+
+    entry = NewEntry(task_id=task.id, kind=EntryKind.CHECKPOINT, payload={"round": 1})
+    patch = TaskPatch(task.id, {"iterations": 1})
+    fence = {task.id: task.lease.epoch}
+    await store.commit(Commit(entries=[entry], patches=[patch], fence=fence))
+    written = _pages_written(conn, wal, 32)
+    assert "tasks" in written and "entries" in written
+    assert not written & indexes, written
+
+    since = wal.stat().st_size
+    done = TaskPatch(task.id, {"status": TaskStatus.COMPLETED})
+    await store.commit(Commit(patches=[done], fence=fence))
+    assert {"tasks_runnable", "tasks_queue", "tasks_leases"} <= _pages_written(conn, wal, since)
+    # The index and the row agree: a query served by the status index finds it.
+    page = await store.list_tasks(TaskQuery(status=TaskStatus.COMPLETED))
+    assert [t.id for t in page.tasks] == [task.id]
+    assert not (await store.list_tasks(TaskQuery(status=TaskStatus.RUNNING))).tasks
+    await store.close()
