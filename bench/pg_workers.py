@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import platform
 import signal
@@ -68,6 +69,7 @@ class Run:
     rounds: int
     seconds: float
     cpu_seconds: float = 0.0  # user + system time of the worker processes while they ran
+    server_cpu_seconds: float = 0.0  # the same of every PostgreSQL server process
 
     @property
     def rounds_per_s(self) -> float:
@@ -77,17 +79,54 @@ class Run:
     def rounds_per_cpu_s(self) -> float:
         return self.rounds / self.cpu_seconds if self.cpu_seconds else 0.0
 
+    @property
+    def cpu_ms_per_round(self) -> float:
+        """Workers' and server's CPU per round: what bounds rounds/s when the
+        cores, not the latency, are the limit."""
+        return (self.cpu_seconds + self.server_cpu_seconds) / self.rounds * 1e3
+
+    @property
+    def ceiling(self) -> float:
+        """The rounds/s this machine's cores allow at this CPU per round."""
+        ms = self.cpu_ms_per_round
+        return (os.cpu_count() or 1) * 1e3 / ms if ms else 0.0
+
 
 def _cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> float:
     """User + system CPU time of the processes so far (Linux /proc)."""
     total = 0
     for p in procs:
-        try:
-            with open(f"/proc/{p.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        except (OSError, IndexError, ValueError):
+        ticks = _ticks(p.pid)
+        if ticks is None:
             return 0.0
+        total += ticks[1]
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _ticks(pid: int | str) -> tuple[str, int] | None:
+    """A process's command name and its user + system CPU time in clock ticks."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+        name, rest = text.split("(", 1)[1].rsplit(")", 1)
+        fields = rest.split()
+        return name, int(fields[11]) + int(fields[12])  # utime, stime
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _server_cpu_seconds() -> float:
+    """User + system CPU time so far of every PostgreSQL server process on this
+    machine (backends and background writers alike); 0 where /proc is not there.
+    A backend that ends between two readings takes its ticks with it: the
+    workers' connections live through a run, so that is only this script's."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                ticks = _ticks(pid)
+                if ticks is not None and ticks[0] == "postgres":
+                    total += ticks[1]
     return total / os.sysconf("SC_CLK_TCK")
 
 
@@ -181,6 +220,7 @@ def run_once(workers: int, tasks: int, rounds: int, concurrency: int, timeout: f
                 raise RuntimeError("the workers did not start listening")
             time.sleep(0.05)
         cpu0 = _cpu_seconds(procs)  # start-up (imports, connecting) is not counted
+        server0 = _server_cpu_seconds()
         asyncio.run(_submit_all(url, tasks))
         deadline = time.monotonic() + timeout
         while True:
@@ -193,9 +233,10 @@ def run_once(workers: int, tasks: int, rounds: int, concurrency: int, timeout: f
                 raise RuntimeError(f"only {state['done']}/{tasks} tasks done in {timeout}s")
             time.sleep(0.1)
         cpu = _cpu_seconds(procs) - cpu0
+        server = _server_cpu_seconds() - server0
         seconds = (state["last"] - state["first"]).total_seconds()
         assert state["rounds"] == tasks * (rounds + 1), state  # each task's rounds, counted
-        return Run(workers, tasks, state["rounds"], seconds, cpu)
+        return Run(workers, tasks, state["rounds"], seconds, cpu, server)
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -247,14 +288,19 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True,
             )
     print()
-    print("| worker processes | rounds/s (median) | min–max | tasks/s (median) |")
-    print("| ---: | ---: | ---: | ---: |")
+    print(
+        "| worker processes | rounds/s (median) | min–max | tasks/s (median) "
+        "| CPU per round, workers + server, ms | the cores' ceiling, rounds/s |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for n, runs in results.items():
         rates = [r.rounds_per_s for r in runs]
         tasks = statistics.median(r.tasks / r.seconds for r in runs)
+        cpu = statistics.median(r.cpu_ms_per_round for r in runs)
+        ceiling = statistics.median(r.ceiling for r in runs)
         print(
             f"| {n} | {statistics.median(rates):,.0f} | {min(rates):,.0f}–{max(rates):,.0f} "
-            f"| {tasks:,.1f} |"
+            f"| {tasks:,.1f} | {cpu:.3f} | {ceiling:,.0f} |"
         )
 
 

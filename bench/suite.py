@@ -471,12 +471,17 @@ def run_pg_workers(res: Results, workdir: str, log: Log) -> None:
                 "rounds_per_s": r.rounds_per_s,
                 "rounds_per_cpu_s": r.rounds_per_cpu_s,
                 "cpu_s": r.cpu_seconds,
+                "server_cpu_s": r.server_cpu_seconds,
+                "cpu_ms_per_round": r.cpu_ms_per_round,
+                "ceiling": r.ceiling,
                 "load": load,
             }
             res.pg_workers.setdefault(n, []).append(out)
             log(
                 f"  run {run + 1}/{st.pg_worker_runs} {n} worker(s): {r.rounds_per_s:.0f} "
-                f"rounds/s, {r.rounds_per_cpu_s:.0f} rounds per worker CPU-second"
+                f"rounds/s, {r.rounds_per_cpu_s:.0f} rounds per worker CPU-second, "
+                f"{r.cpu_ms_per_round:.3f} ms CPU per round with the server's "
+                f"(the cores allow {r.ceiling:.0f} rounds/s)"
             )
 
 
