@@ -142,15 +142,20 @@ def concurrent_table(res: Results) -> str:
     st = res.settings
     lines = [
         "| system | store | tasks × rounds | commits/s | rounds/s | commits per fsync "
-        "| fsyncs/s | raw SQLite FULL tx/s (same run) | share of the disk's FULL rate |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| fsyncs/s | raw SQLite FULL tx/s (same run) | share of the disk's FULL rate "
+        "| process CPU per round, ms | one core's ceiling, rounds/s | in the garbage collector |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for key in CONCURRENT_KEYS:
         s = BY_KEY[key]
         runs = res.concurrent.get(key, [])
         if not runs:
-            lines.append(f"| {s.label} | {s.store} | | failed | | | | | |")
+            lines.append(f"| {s.label} | {s.store} | | failed | | | | | | | | |")
             continue
+        timed = [r for r in runs if "cpu_ms_per_round" in r]  # duragent, this revision
+        cpu = fmt([r["cpu_ms_per_round"] for r in timed], 3) if timed else "—"
+        ceiling = fmt([1e3 / r["cpu_ms_per_round"] for r in timed], 0) if timed else "—"
+        in_gc = fmt([100 * r["gc_share"] for r in timed], 0, "%") if timed else "—"
         raw = [r["fsync"]["sqlite_wal_full_tx"] for r in runs]
         rounds = runs[0].get("rounds", st.concurrent_rounds // 2)
         if "commits_per_s" in runs[0]:  # duragent (either revision)
@@ -165,7 +170,7 @@ def concurrent_table(res: Results) -> str:
         lines.append(
             f"| {s.label} | {s.store} | {st.concurrent_tasks} × {rounds} | {commits} "
             f"| {fmt([r['rounds_per_s'] for r in runs], 0)} | {per_fsync} | {fsyncs} "
-            f"| {fmt(raw, 0)} | {share} |"
+            f"| {fmt(raw, 0)} | {share} | {cpu} | {ceiling} | {in_gc} |"
         )
     return "\n".join(lines)
 
@@ -316,7 +321,16 @@ def targets(res: Results) -> list[str]:
             f"- {res.settings.concurrent_tasks} concurrent tasks at FULL: {fmt(rps, 0)} rounds/s "
             f"(goal ≥ {GOAL_CONCURRENT_ROUNDS:.0f}) — "
             f"{_verdict(statistics.median(rps) >= GOAL_CONCURRENT_ROUNDS)}; "
-            f"{fmt([r['commits_per_tx'] for r in runs], 1)} commits per fsync."
+            f"{fmt([r['commits_per_tx'] for r in runs], 1)} commits per fsync"
+            + (
+                f"; CPU-bound: {fmt([r['cpu_ms_per_round'] for r in runs], 3)} ms of process "
+                f"CPU per round, so one core allows "
+                f"{fmt([1e3 / r['cpu_ms_per_round'] for r in runs], 0)} rounds/s; "
+                f"{fmt([100 * r['gc_share'] for r in runs], 0, '%')} of the time in the "
+                "garbage collector."
+                if all("cpu_ms_per_round" in r for r in runs)
+                else "."
+            )
         )
     for key, goal in GOAL_RESUME_MS.items():
         got = res.resume.get(key)
@@ -479,7 +493,11 @@ def render(res: Results, command: str, started: str, elapsed: float, only: list[
             "disk's FULL rate = fsyncs/s ÷ the single-row SQLite WAL FULL transaction rate "
             "measured right after each run (how much of the disk's sync capacity was used). "
             "LangGraph: the same number of threads `ainvoke`d together on one AsyncSqliteSaver "
-            "(half the rounds per thread).",
+            "(half the rounds per thread). Process CPU per round: user + system time of the "
+            "process (event loop and writer thread) ÷ rounds; Python runs on one core at a "
+            "time, so one core's ceiling = 1,000 ÷ that is the most rounds/s this process "
+            "could give. In the garbage collector: the share of the wall time spent in "
+            "Python's cyclic collections (timed with `gc.callbacks`).",
             "",
             concurrent_table(res),
             "",
