@@ -258,3 +258,89 @@ async def test_a_task_deleted_earlier_in_a_batch_is_not_found_by_the_jobs_after_
         assert isinstance(outcomes[1], TaskNotFound) and isinstance(outcomes[2], TaskNotFound)
     finally:
         await store.close()
+
+
+class SettlesQueuedCommitsLate(SQLiteStore):
+    """A store that tells of a queued commit's success late: only when the next
+    commit is queued (a failure, at once). The order in which a store answers
+    is not part of its contract: a runner must not take a late answer to an
+    earlier queued commit for one to the commit it queued since."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self._queued: list[tuple[PendingCommit, PendingCommit]] = []  # (told, real)
+        self._real: dict[int, PendingCommit] = {}
+
+    def _as_real(self, commit: Commit) -> Commit:
+        if commit.after is not None:
+            commit.after = self._real.get(id(commit.after), commit.after)
+        return commit
+
+    def commit_soon(self, commit: Commit) -> PendingCommit:
+        for told, real in self._queued:
+            assert told.future is not None and real.future is not None
+            if real.future.done() and real.future.exception() is None:
+                told.future.set_result(real.future.result())
+        self._queued = [(t, r) for t, r in self._queued if t.future and not t.future.done()]
+        real = super().commit_soon(self._as_real(commit))
+        told = PendingCommit()
+        told.future = asyncio.get_running_loop().create_future()
+        self._real[id(told)] = real
+        self._queued.append((told, real))
+
+        def failed(f: asyncio.Future[Any]) -> None:
+            assert told.future is not None
+            if not f.cancelled() and f.exception() is not None and not told.future.done():
+                told.failed = f.exception()
+                told.future.set_exception(told.failed)  # type: ignore[arg-type]
+
+        assert real.future is not None
+        real.future.add_done_callback(failed)
+        return told
+
+    async def commit(self, commit: Commit) -> Any:
+        return await super().commit(self._as_real(commit))
+
+
+async def test_a_late_answer_to_an_earlier_queued_commit_never_unlinks_the_next_round(
+    tmp_path: Path,
+) -> None:
+    ran: list[int] = []
+    ended = asyncio.Event()
+
+    @tool
+    async def step(n: int) -> str:
+        """One step."""
+        ran.append(n)
+        if n == 3:
+            ended.set()  # what must not happen: the test fails at once
+        return "poison" if n == 2 else f"step {n} done"
+
+    def script(messages: list[Any]) -> Any:
+        done = sum(1 for m in messages if getattr(m, "role", "") == "tool")
+        return [ToolCall("step", {"n": done + 1})] if done < 3 else "finished"
+
+    class Answering(ScriptedModel):
+        async def stream(self, request: Any) -> Any:
+            await asyncio.sleep(0)  # a real model answers in a later turn of the loop
+            async for event in super().stream(request):
+                yield event
+
+    async def trace(point: str, **info: Any) -> None:
+        if point == "task_end":
+            ended.set()
+
+    store = SettlesQueuedCommitsLate(str(tmp_path / "s.db"))
+    refuse_poison(store, "sqlite")
+    agent = Agent(name="a", model=Answering(script), tools=[step], plan_tool=False)
+    async with Runtime(store, agents=[agent], trace=trace) as rt:
+        sub = await rt.submit("a", "go")
+        await asyncio.wait_for(ended.wait(), 30)
+        # Round 1's success is told only as round 2's result is queued, and
+        # that result is refused: round 3's answer must follow it, and so be
+        # refused too, whatever the late answer about round 1 said.
+        assert ran == [1, 2]
+        entries = await store.entries(sub.task_id)
+        assert [e.kind for e in entries if e.round == 3] == []
+        results = [e.payload["content"] for e in entries if e.kind is EntryKind.TOOL_RESULT]
+        assert results == ["step 1 done"]
