@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -219,3 +220,37 @@ async def test_a_commit_that_keeps_a_tasks_status_and_lease_writes_no_index_page
     assert [t.id for t in page.tasks] == [task.id]
     assert not (await store.list_tasks(TaskQuery(status=TaskStatus.RUNNING))).tasks
     await store.close()
+
+
+async def test_opening_an_up_to_date_store_never_waits_for_another_writer(
+    tmp_path: Path,
+) -> None:
+    """Opening reads the schema version and takes no write lock: a store opens at
+    once while another process is in the middle of a write transaction."""
+    path = tmp_path / "o.db"
+    await SQLiteStore(str(path)).close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    opened: list[SQLiteStore] = []
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        holder.execute("INSERT INTO meta(key, value) VALUES ('held', 'by another process')")
+        # Waiting for the lock would take the busy timeout (30 s): a thread, so
+        # the test can tell and release it.
+        opener = threading.Thread(target=lambda: opened.append(SQLiteStore(str(path))))
+        opener.start()
+        opener.join(10)
+        assert opened, "opening waited for another connection's write transaction"
+        assert opened[0].migrated_from == SQLITE_SCHEMA_VERSION
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    for store in opened:
+        await store.close()
+
+
+async def test_a_new_store_file_gives_freed_pages_back_incrementally(tmp_path: Path) -> None:
+    path = tmp_path / "n.db"
+    await SQLiteStore(str(path)).close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # INCREMENTAL
+    conn.close()

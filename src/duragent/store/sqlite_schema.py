@@ -198,8 +198,11 @@ def connect(path: str, durability: Durability) -> sqlite3.Connection:
         conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
         conn.row_factory = sqlite3.Row
         # Before anything else touches a new file: pages freed by a purge can be
-        # given back (store.reclaim_space); an existing file keeps its mode.
-        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        # given back (store.reclaim_space); an existing file keeps its mode. Only
+        # on a new one: on a file with tables, the pragma costs a write lock and
+        # more than the rest of opening put together.
+        if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
+            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
         conn.execute("PRAGMA busy_timeout=30000")
@@ -245,8 +248,24 @@ def open_error(path: str, exc: sqlite3.DatabaseError) -> StoreError:
     return StoreUnavailable(f"cannot open the SQLite store {path}: {exc}")
 
 
+def _current_version(conn: sqlite3.Connection) -> int | None:
+    """The file's schema version, read without a lock; None when that read fails
+    (a new file; a damaged one, which `migrate` then reports)."""
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return int(row["value"]) if row else None
+    except (sqlite3.DatabaseError, ValueError):
+        return None
+
+
 def migrate(conn: sqlite3.Connection, path: str) -> int:
-    """Bring the file to SQLITE_SCHEMA_VERSION; refuse a file written by a newer duragent."""
+    """Bring the file to SQLITE_SCHEMA_VERSION; refuse a file written by a newer duragent.
+
+    A file already at this version is only read: opening it takes no write
+    lock, so it never waits for another process's write transaction.
+    """
+    if _current_version(conn) == SQLITE_SCHEMA_VERSION:
+        return SQLITE_SCHEMA_VERSION
     try:
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
