@@ -235,23 +235,30 @@ async def test_a_task_deleted_earlier_in_a_batch_is_not_found_by_the_jobs_after_
         await store.create_task(Task(agent="a"))
         task = await store.claim_task("w")
         assert task is not None
+        later = [
+            asyncio.ensure_future(job)
+            for job in (
+                store.delete_task(task.id),
+                store.commit(
+                    Commit(patches=[TaskPatch(task.id, {"iterations": 2})], fence={task.id: 1})
+                ),
+                store.commit(
+                    Commit(
+                        entries=[NewEntry(task_id=task.id, kind=EntryKind.PROGRESS, payload={})],
+                        fence={task.id: 1},
+                    )
+                ),
+            )
+        ]
+        # Queued now, ahead of the three above: they queue theirs in their first
+        # step, which the loop runs before the writer's turn this queueing asks
+        # for (both wait in the loop's queue, theirs first). So the writer finds
+        # all four waiting, whoever runs it and however loaded the machine is.
         first = store.commit_soon(
             Commit(patches=[TaskPatch(task.id, {"iterations": 1})], fence={task.id: 1})
         )
         batches = store.batches
-        outcomes = await asyncio.gather(
-            store.delete_task(task.id),
-            store.commit(
-                Commit(patches=[TaskPatch(task.id, {"iterations": 2})], fence={task.id: 1})
-            ),
-            store.commit(
-                Commit(
-                    entries=[NewEntry(task_id=task.id, kind=EntryKind.PROGRESS, payload={})],
-                    fence={task.id: 1},
-                )
-            ),
-            return_exceptions=True,
-        )
+        outcomes = await asyncio.gather(*later, return_exceptions=True)
         await first
         assert store.batches == batches + 1  # what this test is about: one transaction
         assert outcomes[0] is None
