@@ -56,10 +56,9 @@ def _stamp(task: Task) -> _Stamp:
 # out the ones that did not change spares a round's commit three index pages
 # (status, and the lease expiry, usually stay as they were).
 _INDEXED = ("status", "wake_at", "lease_expires")
-_Indexed = tuple[Any, ...]
 
 
-def _indexed(task: Task) -> _Indexed:
+def _indexed(task: Task) -> tuple[Any, ...]:
     return (task.status.value, to_ts(task.wake_at), to_ts(task.lease.expires_at))
 
 
@@ -84,10 +83,9 @@ class SqliteTx:
         self.batch_rows = batch_rows if batch_rows is not None else {}
         self.nums = nums if nums is not None else {}  # task id -> its number, committed
         self.new_nums: dict[str, int] = {}  # numbers given in this transaction
-        # Of each row this transaction read or wrote, as the file now holds it:
-        # its input, and the values of its indexed columns.
-        self.inputs: dict[str, Any] = {}
-        self.indexed: dict[str, _Indexed] = {}
+        # Each row this transaction read or wrote, as the file now holds it: an
+        # update writes only the input and indexed columns that differ from it.
+        self.stored: dict[str, Task] = {}
         self.written: dict[str, Task] = {}  # handed to the cache once the batch commits
         self.notes = Notes()  # what other processes' waiters must hear of (sqlite_wake.py)
 
@@ -106,8 +104,7 @@ class SqliteTx:
         return task
 
     def _seen(self, task: Task) -> None:
-        self.inputs[task.id] = task.input
-        self.indexed[task.id] = _indexed(task)
+        self.stored[task.id] = task
         self.notes.read(task)
 
     def load_task(self, task_id: str) -> Task | None:
@@ -154,16 +151,14 @@ class SqliteTx:
 
     def update_task(self, task: Task) -> None:
         cols = task_columns(task, to_ts)
-        if task.id not in self.inputs or self.inputs[task.id] != task.input:
+        before = self.stored.get(task.id)
+        if before is None or before.input != task.input:
             cols["input"] = dumps(task.input)
-            self.inputs[task.id] = task.input
-        indexed = _indexed(task)
-        before = self.indexed.get(task.id)
         if before is not None:
-            for name, old, new in zip(_INDEXED, before, indexed, strict=True):
+            for name, old, new in zip(_INDEXED, _indexed(before), _indexed(task), strict=True):
                 if old == new:
                     del cols[name]
-        self.indexed[task.id] = indexed
+        self.stored[task.id] = task
         self.conn.execute(_update_sql(tuple(cols)), cols)
         self.written[task.id] = task
         self.notes.wrote(task)
