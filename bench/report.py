@@ -152,7 +152,7 @@ def concurrent_table(res: Results) -> str:
         if not runs:
             lines.append(f"| {s.label} | {s.store} | | failed | | | | | | | | |")
             continue
-        timed = [r for r in runs if "cpu_ms_per_round" in r]  # duragent, this revision
+        timed = [r for r in runs if "cpu_ms_per_round" in r]  # duragent's: LangGraph's have none
         cpu = fmt([r["cpu_ms_per_round"] for r in timed], 3) if timed else "—"
         ceiling = fmt([1e3 / r["cpu_ms_per_round"] for r in timed], 0) if timed else "—"
         in_gc = fmt([100 * r["gc_share"] for r in timed], 0, "%") if timed else "—"
@@ -200,8 +200,8 @@ def pg_workers_table(res: Results) -> str:
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for n, runs in sorted(res.pg_workers.items()):
-        # Runs recorded before the server's CPU was measured have none of it.
-        full = [r for r in runs if "ceiling" in r]
+        # A ceiling of 0: no CPU time could be read (/proc), so none to show.
+        full = [r for r in runs if r["ceiling"]]
         lines.append(
             f"| {n} | {fmt([r['rounds_per_s'] for r in runs], 0)} "
             f"| {fmt([r['rounds_per_cpu_s'] for r in runs], 0)} "
@@ -281,10 +281,12 @@ def targets(res: Results) -> list[str]:
             f"- PostgreSQL, 4 worker processes vs 1: {ratio:.2f}× the rounds/s (goal ≥ "
             f"{GOAL_PG_WORKERS_SCALE:.0f}×) — {_verdict(ratio >= GOAL_PG_WORKERS_SCALE)}."
         )
-        ceilings = [r["ceiling"] for r in four if "ceiling" in r]
-        if ceilings:
-            most = statistics.median(ceilings) / statistics.median(r["rounds_per_s"] for r in one)
-            reached = statistics.median(100 * r["rounds_per_s"] / r["ceiling"] for r in four)
+        measured = [r for r in four if r["ceiling"]]  # see pg_workers_table
+        if measured:
+            most = statistics.median(r["ceiling"] for r in measured) / statistics.median(
+                r["rounds_per_s"] for r in one
+            )
+            reached = statistics.median(100 * r["rounds_per_s"] / r["ceiling"] for r in measured)
             line += (
                 f" At the CPU per round measured (workers and server together), this "
                 f"machine's {os.cpu_count()} cores allow at most {most:.2f}× one worker's "
@@ -321,16 +323,12 @@ def targets(res: Results) -> list[str]:
             f"- {res.settings.concurrent_tasks} concurrent tasks at FULL: {fmt(rps, 0)} rounds/s "
             f"(goal ≥ {GOAL_CONCURRENT_ROUNDS:.0f}) — "
             f"{_verdict(statistics.median(rps) >= GOAL_CONCURRENT_ROUNDS)}; "
-            f"{fmt([r['commits_per_tx'] for r in runs], 1)} commits per fsync"
-            + (
-                f"; CPU-bound: {fmt([r['cpu_ms_per_round'] for r in runs], 3)} ms of process "
-                f"CPU per round, so one core allows "
-                f"{fmt([1e3 / r['cpu_ms_per_round'] for r in runs], 0)} rounds/s; "
-                f"{fmt([100 * r['gc_share'] for r in runs], 0, '%')} of the time in the "
-                "garbage collector."
-                if all("cpu_ms_per_round" in r for r in runs)
-                else "."
-            )
+            f"{fmt([r['commits_per_tx'] for r in runs], 1)} commits per fsync; "
+            f"CPU-bound: {fmt([r['cpu_ms_per_round'] for r in runs], 3)} ms of process "
+            f"CPU per round, so one core allows "
+            f"{fmt([1e3 / r['cpu_ms_per_round'] for r in runs], 0)} rounds/s; "
+            f"{fmt([100 * r['gc_share'] for r in runs], 0, '%')} of the time in the "
+            "garbage collector."
         )
     for key, goal in GOAL_RESUME_MS.items():
         got = res.resume.get(key)
