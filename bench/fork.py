@@ -81,7 +81,7 @@ def payload_bytes(url: str, task_id: str) -> int:
         with closing(sqlite3.connect(url.split("///", 1)[1].split("?")[0])) as conn:
             row = conn.execute(
                 "SELECT coalesce(sum(length(payload)), 0) FROM entries"
-                " WHERE task_num = (SELECT num FROM tasks WHERE id = ?)",
+                " WHERE eid >> 32 = (SELECT num FROM tasks WHERE id = ?)",
                 (task_id,),
             ).fetchone()
     else:

@@ -125,7 +125,7 @@ async def test_sqlite_purge_leaves_no_orphans_and_the_file_shrinks(tmp_path: Pat
     result = await purge(store, before=timedelta(seconds=-1), batch=7)
     assert result.tasks == 120 and result.batches >= 9
     orphans = {
-        "entries": "SELECT count(*) FROM entries WHERE task_num NOT IN (SELECT num FROM tasks)",
+        "entries": "SELECT count(*) FROM entries WHERE eid >> 32 NOT IN (SELECT num FROM tasks)",
         "labels": "SELECT count(*) FROM task_labels WHERE task_num NOT IN (SELECT num FROM tasks)",
         "documents": "SELECT count(*) FROM documents WHERE scope LIKE 'task:%'"
         " AND substr(scope, 6) NOT IN (SELECT id FROM tasks)",

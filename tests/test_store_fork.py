@@ -252,8 +252,8 @@ def _stored_payloads(store: Store, task_id: str) -> tuple[int, int, set[str]]:
         with closing(sqlite3.connect(store.path)) as conn:
             rows = conn.execute(
                 "SELECT length(e.payload), s.id FROM entries e"
-                " LEFT JOIN tasks s ON s.num = e.src_num"
-                " WHERE e.task_num = (SELECT num FROM tasks WHERE id = ?)",
+                " LEFT JOIN tasks s ON s.num = e.src >> 32"
+                " WHERE e.eid >> 32 = (SELECT num FROM tasks WHERE id = ?)",
                 (task_id,),
             ).fetchall()
     else:

@@ -11,6 +11,7 @@ import pytest
 
 from duragent.errors import StoreCorrupt, StoreVersionError
 from duragent.store import Commit, TaskPatch, TaskQuery, open_store
+from duragent.store.base import CopyEntries
 from duragent.store.sqlite import SQLiteStore
 from duragent.store.sqlite_schema import MIGRATIONS, SQLITE_SCHEMA_VERSION
 from duragent.types import EntryKind, NewEntry, Task, TaskStatus
@@ -254,3 +255,124 @@ async def test_a_new_store_file_gives_freed_pages_back_incrementally(tmp_path: P
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # INCREMENTAL
     conn.close()
+
+
+def _downgrade_entries_to_version_5(path: Path) -> None:
+    """Rewrite a store's entries table as version 5 kept it: keyed by (task_num,
+    seq) WITHOUT ROWID, a fork's reference in two columns."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN")
+    for ddl in [
+        "DROP VIEW entry_rows",
+        "DROP INDEX entries_src",
+        """CREATE TABLE entries_v5 (
+            task_num INTEGER NOT NULL, seq INTEGER NOT NULL, kind INTEGER NOT NULL,
+            round INTEGER NOT NULL, payload TEXT NOT NULL, created_at REAL NOT NULL,
+            src_num INTEGER, src_seq INTEGER, PRIMARY KEY (task_num, seq)
+        ) WITHOUT ROWID""",
+        "INSERT INTO entries_v5 SELECT eid >> 32, eid & 4294967295, kind, round, payload,"
+        " created_at, src >> 32, src & 4294967295 FROM entries",
+        "DROP TABLE entries",
+        "ALTER TABLE entries_v5 RENAME TO entries",
+        *[s for s in MIGRATIONS[5] if isinstance(s, str) and s.startswith("CREATE")],
+        "UPDATE meta SET value='5' WHERE key='schema_version'",
+    ]:
+        conn.execute(ddl)
+    conn.execute("COMMIT")
+    conn.close()
+
+
+async def test_a_version_5_store_keeps_every_entry_and_fork_reference_through_version_6(
+    tmp_path: Path,
+) -> None:
+    """Version 6 keys entries by one integer: the migration keeps every entry of
+    every task in order, a fork's entries still read their source's payloads
+    (and get them back when the source is purged), and new entries follow."""
+    path = tmp_path / "v5.db"
+    store = open_store(f"sqlite:///{path}")
+    assert isinstance(store, SQLiteStore)
+    tasks = [Task(agent="a") for _ in range(3)]
+    for n, task in enumerate(tasks):
+        entries = [
+            NewEntry(task_id=task.id, kind=EntryKind.API_MESSAGE, round=r, payload=payload)
+            for r, payload in enumerate(
+                [{"role": "user", "content": f"q{n}"}, {"role": "assistant", "content": f"a{n}"}],
+                start=1,
+            )
+        ]
+        await store.create_task(task, entries)
+    fork = Task(agent="a")
+    copy = CopyEntries(tasks[1].id, 1, 2, (EntryKind.API_MESSAGE,), max_round=9, count=2)
+    await store.create_fork(fork, [copy])
+    before = {t.id: await store.entries(t.id) for t in [*tasks, fork]}
+    views = {t.id: await store.model_view_data(t.id) for t in [*tasks, fork]}
+    await store.close()
+
+    _downgrade_entries_to_version_5(path)
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT count(*) FROM entries WHERE src_num IS NOT NULL").fetchone()[0] == 2
+    conn.close()
+
+    again = open_store(f"sqlite:///{path}")
+    assert isinstance(again, SQLiteStore) and again.migrated_from == 5
+    assert {t: await again.entries(t) for t in before} == before
+    assert {t: await again.model_view_data(t) for t in views} == views
+    assert views[fork.id] == views[tasks[1].id]
+    # The next entry of a task follows its last, and reads back in order.
+    more = NewEntry(task_id=tasks[0].id, kind=EntryKind.CHECKPOINT, payload={"type": "more"})
+    await again.commit(Commit(entries=[more]))
+    assert [e.seq for e in await again.entries(tasks[0].id)] == [1, 2, 3]
+    assert [e.seq for e in await again.entries(tasks[0].id, after_seq=2)] == [3]
+    # Purging the source gives the fork its payloads back.
+    await again.delete_task(tasks[1].id)
+    assert await again.model_view_data(fork.id) == views[fork.id]
+    await again.close()
+
+
+async def test_a_long_tasks_entries_are_appended_to_full_pages(tmp_path: Path) -> None:
+    """A task's entries go to the end of the entries table: a commit of one
+    entry writes one page of it (two when the last is full), and the pages
+    that fill stay full. Keyed WITHOUT ROWID, a full last page was rebalanced
+    with its two left siblings: four pages written every few commits, and
+    pages left a quarter empty."""
+    path = tmp_path / "a.db"
+    store = open_store(f"sqlite:///{path}")
+    assert isinstance(store, SQLiteStore)
+    other = Task(agent="a")  # the task before it in the table
+    await store.create_task(
+        other, [NewEntry(task_id=other.id, kind=EntryKind.CHECKPOINT, payload={})]
+    )
+    task = Task(agent="a")
+    await store.create_task(task)
+    conn = store._writer_conn
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    wal = Path(f"{path}-wal")
+    written = 0
+    commits = 600
+    for n in range(commits):
+        since = wal.stat().st_size if wal.exists() else 0
+        entry = NewEntry(task_id=task.id, kind=EntryKind.CHECKPOINT, payload={"n": f"{n:090}"})
+        await store.commit(Commit(entries=[entry]))
+        written += _frames_of(conn, wal, since, "entries")
+    # Leaves in key order (dbstat's path); the last is still filling.
+    unused = [
+        r[0]
+        for r in conn.execute(
+            "SELECT unused FROM dbstat WHERE name='entries' AND pagetype='leaf' ORDER BY path"
+        )
+    ]
+    await store.close()
+    assert written <= commits * 1.2, written / commits
+    assert len(unused) > 10 and max(unused[:-1]) < 150, unused  # less than one more entry
+
+
+def _frames_of(conn: sqlite3.Connection, wal: Path, since: int, tree: str) -> int:
+    """How many WAL frames after byte `since` hold pages of b-tree `tree`."""
+    page = conn.execute("PRAGMA page_size").fetchone()[0]
+    pages = {r[0] for r in conn.execute("SELECT pageno FROM dbstat WHERE name=?", (tree,))}
+    data = wal.read_bytes()[max(since, 32) :]
+    return sum(
+        int.from_bytes(data[at : at + 4], "big") in pages
+        for at in range(0, len(data) - 24, 24 + page)
+    )

@@ -108,9 +108,9 @@ async def _damage(store: Store, task_id: str, seq: int, payload: str) -> None:
         conn = sqlite3.connect(store.path)
         with conn:
             conn.execute(
-                "UPDATE entries SET payload=? WHERE seq=?"
-                " AND task_num=(SELECT num FROM tasks WHERE id=?)",
-                (payload, seq, task_id),
+                "UPDATE entries SET payload=?"
+                " WHERE eid=(SELECT num << 32 FROM tasks WHERE id=?) + ?",
+                (payload, task_id, seq),
             )
         conn.close()
     elif isinstance(store, MemoryStore):  # and the JSONL store, which reads from memory

@@ -50,11 +50,15 @@ from duragent.store.base import (
     view_text,
 )
 from duragent.store.sqlite_schema import (
+    ENTRY_RANGE,
     KIND_CODES,
     KINDS_BY_CODE,
+    MAX_SEQ,
     SQLITE_SCHEMA_VERSION,
     Durability,
     connect,
+    entry_key,
+    entry_range,
     migrate,
 )
 from duragent.store.sqlite_tx import RowCache, SqliteTx, label_value, row_document, row_task
@@ -398,13 +402,14 @@ class SQLiteStore(TxWrites):
         kinds: Iterable[EntryKind] | None = None,
         limit: int | None = None,
     ) -> list[Entry]:
-        sql = f"SELECT * FROM entry_rows WHERE task_num={_NUM} AND seq>?"
-        params: list[Any] = [task_id, after_seq]
+        sql = f"SELECT * FROM entry_rows WHERE {ENTRY_RANGE}"
+        # No seq is above MAX_SEQ: a larger cursor gives the empty range past it.
+        params: list[Any] = list(entry_range(task_id, min(after_seq, MAX_SEQ) + 1))
         if kinds is not None:
             codes = [KIND_CODES[EntryKind(k)] for k in kinds]
             sql += " AND kind IN (" + ", ".join("?" * len(codes)) + ")"
             params.extend(codes)
-        sql += " ORDER BY seq"
+        sql += " ORDER BY eid"
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
@@ -428,12 +433,12 @@ class SQLiteStore(TxWrites):
         codes = [KIND_CODES[EntryKind(k)] for k in kinds]
         sql = (
             "SELECT seq, kind, round, json_extract(payload, '$.role') FROM entry_rows"
-            f" WHERE task_num={_NUM} AND kind IN ({', '.join('?' * len(codes))}) ORDER BY seq"
+            f" WHERE {ENTRY_RANGE} AND kind IN ({', '.join('?' * len(codes))}) ORDER BY eid"
         )
         return await self._read(  # type: ignore[no-any-return]
             lambda conn: [
                 EntryHead(r[0], KINDS_BY_CODE[r[1]], r[2], r[3])
-                for r in conn.execute(sql, (task_id, *codes))
+                for r in conn.execute(sql, (*entry_range(task_id), *codes))
             ]
         )
 
@@ -444,10 +449,10 @@ class SQLiteStore(TxWrites):
         return view_data(await self._read(lambda conn: _view_text(conn, task_id)))
 
     async def ui_messages(self, task_id: str) -> list[UiMessage]:
-        sql = f"SELECT seq, payload FROM entry_rows WHERE task_num={_NUM} AND kind=? ORDER BY seq"
-        code = KIND_CODES[EntryKind.UI_MESSAGE]
+        sql = f"SELECT seq, payload FROM entry_rows WHERE {ENTRY_RANGE} AND kind=? ORDER BY eid"
+        params = (*entry_range(task_id), KIND_CODES[EntryKind.UI_MESSAGE])
         return await self._read(  # type: ignore[no-any-return]
-            lambda conn: build_ui_view((r[0], r[1]) for r in conn.execute(sql, (task_id, code)))
+            lambda conn: build_ui_view((r[0], r[1]) for r in conn.execute(sql, params))
         )
 
     async def get_document(self, scope: str, key: str) -> Document | None:
@@ -543,13 +548,13 @@ class SQLiteStore(TxWrites):
         ).fetchall()
         for num, tid in doomed:
             # Forks that reference this task's payloads get them back first.
+            keys = (entry_key(num, 0), entry_key(num, MAX_SEQ))
             conn.execute(
                 "UPDATE entries SET payload=(SELECT s.payload FROM entries s"
-                " WHERE s.task_num=entries.src_num AND s.seq=entries.src_seq),"
-                " src_num=NULL, src_seq=NULL WHERE src_num=?",
-                (num,),
+                " WHERE s.eid=entries.src), src=NULL WHERE src BETWEEN ? AND ?",
+                keys,
             )
-            conn.execute("DELETE FROM entries WHERE task_num=?", (num,))
+            conn.execute("DELETE FROM entries WHERE eid BETWEEN ? AND ?", keys)
             conn.execute("DELETE FROM task_labels WHERE task_num=?", (num,))
             conn.execute("DELETE FROM documents WHERE scope=?", (f"task:{tid}",))
             conn.execute("DELETE FROM tasks WHERE num=?", (num,))
@@ -639,9 +644,6 @@ class SQLiteStore(TxWrites):
         return remove
 
 
-# A task's number from its id, inside a query.
-_NUM = "(SELECT num FROM tasks WHERE id=?)"
-
 # The payloads of a task's view as one JSON array text, in seq order. SQLite
 # guarantees the order with `group_concat(... ORDER BY ...)` from 3.44; before
 # that, an ORDER BY subquery feeding an aggregate is never flattened, so its
@@ -650,15 +652,14 @@ _NUM = "(SELECT num FROM tasks WHERE id=?)"
 # (a separate look for markers read every row of the task a second time).
 if sqlite3.sqlite_version_info >= (3, 44):
     _JOINED_VIEW = (
-        "SELECT '[' || coalesce(group_concat(payload, ',' ORDER BY seq), '') || ']',"
-        " max(kind = ?) FROM entry_rows"
-        " WHERE task_num=(SELECT num FROM tasks WHERE id=?) AND kind IN ({marks})"
+        "SELECT '[' || coalesce(group_concat(payload, ',' ORDER BY eid), '') || ']',"
+        f" max(kind = ?) FROM entry_rows WHERE {ENTRY_RANGE} AND kind IN ({{marks}})"
     )
 else:
     _JOINED_VIEW = (
         "SELECT '[' || coalesce(group_concat(payload, ','), '') || ']', max(kind = ?) FROM"
-        " (SELECT payload, kind FROM entry_rows WHERE task_num=(SELECT num FROM tasks WHERE id=?)"
-        " AND kind IN ({marks}) ORDER BY seq)"
+        f" (SELECT payload, kind FROM entry_rows WHERE {ENTRY_RANGE}"
+        " AND kind IN ({marks}) ORDER BY eid)"
     )
 
 
@@ -690,14 +691,15 @@ def _view_text(conn: sqlite3.Connection, task_id: str) -> str:
     # Let SQLite join the payloads into one JSON array, parsed in one call: with
     # nothing voided (the common case; resume stays fast), that is the view.
     rollback = KIND_CODES[EntryKind.ROLLBACK]
-    row = conn.execute(_JOINED_VIEW.format(marks=marks), (rollback, task_id, *codes)).fetchone()
+    bounds = entry_range(task_id)
+    row = conn.execute(_JOINED_VIEW.format(marks=marks), (rollback, *bounds, *codes)).fetchone()
     if not row[1]:
         return str(row[0])
     sql = (
-        f"SELECT seq, kind, payload FROM entry_rows WHERE task_num={_NUM}"
-        f" AND kind IN ({marks}) ORDER BY seq"
+        f"SELECT seq, kind, payload FROM entry_rows WHERE {ENTRY_RANGE}"
+        f" AND kind IN ({marks}) ORDER BY eid"
     )
-    rows = conn.execute(sql, (task_id, *codes))
+    rows = conn.execute(sql, (*bounds, *codes))
     return view_text((r[0], KINDS_BY_CODE[r[1]], r[2]) for r in rows)
 
 

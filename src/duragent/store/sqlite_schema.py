@@ -174,7 +174,60 @@ FORK_REFERENCES: list[Step] = [
         FROM entries e""",
 ]
 MIGRATIONS[5] = FORK_REFERENCES
+
+# Version 6: entries keyed by one integer, `eid` = task number << 32 | seq, in
+# a rowid table. Keyed by (task_num, seq) WITHOUT ROWID, each interior page held
+# whole rows (17 children a page), and a full last leaf was rebalanced with its
+# two left siblings, leaving leaves 12% empty and writing four pages every few
+# rounds; a rowid table appends a task's entries to the last leaf, and a new
+# leaf when it is full. A fork's reference is one `src` key too. The view still
+# gives `task_num` and `seq`; readers select a task's entries by an `eid` range
+# (`entry_range`), which SQLite serves from the table's own key.
+ENTRY_KEYS: list[Step] = [
+    "DROP VIEW entry_rows",
+    "DROP INDEX entries_src",
+    """CREATE TABLE entries_v6 (
+        eid INTEGER PRIMARY KEY,
+        kind INTEGER NOT NULL, round INTEGER NOT NULL, payload TEXT NOT NULL,
+        created_at REAL NOT NULL, src INTEGER
+    )""",
+    "INSERT INTO entries_v6 (eid, kind, round, payload, created_at, src)"
+    " SELECT (task_num << 32) | seq, kind, round, payload, created_at,"
+    " CASE WHEN src_num IS NULL THEN NULL ELSE (src_num << 32) | src_seq END"
+    " FROM entries ORDER BY task_num, seq",
+    "DROP TABLE entries",
+    "ALTER TABLE entries_v6 RENAME TO entries",
+    "CREATE INDEX entries_src ON entries(src) WHERE src IS NOT NULL",
+    """CREATE VIEW entry_rows AS SELECT e.eid, e.eid >> 32 AS task_num,
+        e.eid & 4294967295 AS seq, e.kind, e.round, e.created_at,
+        CASE WHEN e.src IS NULL THEN e.payload
+            ELSE (SELECT s.payload FROM entries s WHERE s.eid = e.src) END AS payload
+        FROM entries e""",
+]
+MIGRATIONS[6] = ENTRY_KEYS
 SQLITE_SCHEMA_VERSION = max(MIGRATIONS)
+
+# A task's seqs fit in an entry key's low 32 bits.
+SEQ_BITS = 32
+MAX_SEQ = (1 << SEQ_BITS) - 1
+
+
+def entry_key(task_num: int, seq: int) -> int:
+    """An entry's `eid`: its task's number and its seq in one integer."""
+    return (task_num << SEQ_BITS) | seq
+
+
+# A task's entries with seqs in a range, by `eid`: served by the table's key.
+# Its parameters come from `entry_range(task_id, first, last)`.
+ENTRY_RANGE = (
+    f"eid BETWEEN (SELECT num << {SEQ_BITS} FROM tasks WHERE id=?) + ?"
+    f" AND (SELECT num << {SEQ_BITS} FROM tasks WHERE id=?) + ?"
+)
+
+
+def entry_range(task_id: str, first: int = 0, last: int = MAX_SEQ) -> tuple[str, int, str, int]:
+    """ENTRY_RANGE's parameters: the entries of `task_id` with first <= seq <= last."""
+    return (task_id, first, task_id, last)
 
 
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode

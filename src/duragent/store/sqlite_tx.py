@@ -9,9 +9,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from duragent.errors import StoreError
 from duragent.store.base import CopyEntries, to_ts, ts_to_dt
 from duragent.store.queues import QUEUES_SCOPE, Candidate
-from duragent.store.sqlite_schema import KIND_CODES, dumps
+from duragent.store.sqlite_schema import KIND_CODES, MAX_SEQ, dumps, entry_key
 from duragent.store.tx import Notes, task_columns
 from duragent.types import Document, Entry, Task
 
@@ -164,13 +165,13 @@ class SqliteTx:
         self.notes.wrote(task)
 
     def append(self, entries: list[Entry]) -> None:
+        if max(e.seq for e in entries) > MAX_SEQ:
+            raise StoreError(f"a task of this SQLite store holds at most {MAX_SEQ:,} entries")
         self.conn.executemany(
-            "INSERT INTO entries (task_num, seq, kind, round, payload, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO entries (eid, kind, round, payload, created_at) VALUES (?, ?, ?, ?, ?)",
             [
                 (
-                    self.task_num(e.task_id),
-                    e.seq,
+                    entry_key(self.task_num(e.task_id), e.seq),
                     KIND_CODES[e.kind],
                     e.round,
                     dumps(e.payload),
@@ -188,19 +189,15 @@ class SqliteTx:
             return 0
         codes = [KIND_CODES[k] for k in copy.kinds]
         cur = self.conn.execute(
-            "INSERT INTO entries"
-            " (task_num, seq, kind, round, payload, created_at, src_num, src_seq)"
-            " SELECT ?, ? + row_number() OVER (ORDER BY seq), kind, round, '', ?,"
-            " coalesce(src_num, task_num), coalesce(src_seq, seq)"
-            " FROM entries WHERE task_num=? AND seq BETWEEN ? AND ? AND round <= ?"
+            "INSERT INTO entries (eid, kind, round, payload, created_at, src)"
+            " SELECT ? + row_number() OVER (ORDER BY eid), kind, round, '', ?, coalesce(src, eid)"
+            " FROM entries WHERE eid BETWEEN ? AND ? AND round <= ?"
             f" AND kind IN ({', '.join('?' * len(codes))})",
             (
-                self.task_num(task_id),
-                after_seq,
+                entry_key(self.task_num(task_id), after_seq),
                 to_ts(now),
-                row[0],
-                copy.first_seq,
-                copy.last_seq,
+                entry_key(row[0], copy.first_seq),
+                entry_key(row[0], copy.last_seq),
                 copy.max_round,
                 *codes,
             ),
