@@ -215,9 +215,29 @@ def pg_workers_table(res: Results) -> str:
     return "\n".join(lines)
 
 
-def _cpu_per_commit(res: Results, key: str) -> list[float]:
-    """Process CPU per round over memory://'s (same run), per commit (2 per round), in ms."""
-    return _paired(res, key, "duragent/memory", "cpu_ms_per_round", lambda x, y: (x - y) / 2)
+COMMIT_CPU_STORES = {
+    "sqlite-normal": "SQLite WAL, synchronous=NORMAL",
+    "sqlite-full": "SQLite WAL, synchronous=FULL",
+    "postgres": "PostgreSQL (the server's CPU is in other processes)",
+}
+
+
+def commit_cpu_table(res: Results) -> str:
+    lines = [
+        "| store | process CPU, µs | inside SQLite's calls, µs "
+        "| duragent's Python (the rest), µs |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for config, label in COMMIT_CPU_STORES.items():
+        runs = res.commit_cpu.get(config)
+        if not runs:
+            continue
+        cols = [
+            fmt([r[k] for r in runs], 0) if k in runs[0] else "—"
+            for k in ("cpu_us", "sqlite_us", "python_us")
+        ]
+        lines.append(f"| {label} | " + " | ".join(cols) + " |")
+    return "\n".join(lines)
 
 
 def failover_table(res: Results) -> str:
@@ -264,13 +284,13 @@ def targets(res: Results) -> list[str]:
             f"- PostgreSQL persistence overhead per round: {fmt(pg)} ms "
             f"(goal ≤ {GOAL_PG_OVERHEAD_MS} ms) — {_verdict(med <= GOAL_PG_OVERHEAD_MS)}."
         )
-    cpu = _cpu_per_commit(res, "duragent/postgres")
+    cpu = [r["cpu_us"] / 1e3 for r in res.commit_cpu.get("postgres", [])]
     if cpu:
         med = statistics.median(cpu)
         out.append(
-            f"- PostgreSQL client CPU per commit (process CPU per round over memory://'s, ÷ 2"
-            f" commits): {fmt(cpu, 3)} ms (goal ≤ {GOAL_PG_CPU_PER_COMMIT_MS} ms) — "
-            f"{_verdict(med <= GOAL_PG_CPU_PER_COMMIT_MS)}."
+            f"- PostgreSQL client CPU per commit (duragent's process, one commit after "
+            f"another; see 'CPU per commit'): {fmt(cpu, 3)} ms (goal ≤ "
+            f"{GOAL_PG_CPU_PER_COMMIT_MS} ms) — {_verdict(med <= GOAL_PG_CPU_PER_COMMIT_MS)}."
         )
     one, four = res.pg_workers.get(1), res.pg_workers.get(4)
     if one and four:
@@ -307,14 +327,13 @@ def targets(res: Results) -> list[str]:
                 f"- Flat as history grows (FULL): rounds 1–50 {fmt(first)} ms, last 50 rounds "
                 f"{fmt(last)} ms."
             )
-    py = [x * 1e3 for x in _cpu_per_commit(res, "duragent/sqlite-normal")]
+    py = [r["python_us"] for r in res.commit_cpu.get("sqlite-normal", [])]
     if py:
         med = statistics.median(py)
         out.append(
-            f"- Store CPU per commit, SQLite NORMAL (process CPU per round over memory://'s, "
-            f"÷ 2 commits; SQLite's own C code included): {fmt(py, 0)} µs (goal for the "
-            f"Python part ≤ {GOAL_PY_PER_COMMIT_US:.0f} µs) — "
-            f"{_verdict(med <= GOAL_PY_PER_COMMIT_US)}."
+            f"- Python per commit, SQLite NORMAL (process CPU per commit minus the CPU "
+            f"inside SQLite's calls; see 'CPU per commit'): {fmt(py, 0)} µs (goal ≤ "
+            f"{GOAL_PY_PER_COMMIT_US:.0f} µs) — {_verdict(med <= GOAL_PY_PER_COMMIT_US)}."
         )
     runs = res.concurrent.get("duragent/sqlite-full")
     if runs:
@@ -525,6 +544,22 @@ def render(res: Results, command: str, started: str, elapsed: float, only: list[
             "could give if nothing but CPU limited them.",
             "",
             pg_workers_table(res),
+            "",
+        ]
+    if res.commit_cpu:
+        out += [
+            f"## CPU per commit ({st.commit_cpu_runs} runs × {st.commit_cpu_commits:,} commits)",
+            "",
+            "bench/commit_cpu.py: a claimed task takes one commit after another, each one "
+            "entry and a task patch, fenced by its lease (what a round's model-message commit "
+            "writes). Process CPU = user + system time of the process per commit. On SQLite "
+            "the CPU inside the writer connection's `execute`/`executemany` calls is measured "
+            "too (SQLite's C code and the kernel's work for its writes; a wait for the disk "
+            "is not CPU); the rest is duragent's Python, an upper bound (the event loop and "
+            "the two clock reads per SQLite call count in it). On PostgreSQL the server runs "
+            "in other processes: the process CPU is the client's alone.",
+            "",
+            commit_cpu_table(res),
             "",
         ]
     if res.failover:

@@ -174,6 +174,8 @@ class Settings:
     streaming_runs: int = 3
     pg_workers: tuple[int, ...] = (1, 4)
     pg_worker_runs: int = 3
+    commit_cpu_runs: int = 5
+    commit_cpu_commits: int = 3000
 
     @classmethod
     def make(cls, quick: bool, runs: int | None) -> Settings:
@@ -194,6 +196,8 @@ class Settings:
                 streaming_rounds=5,
                 streaming_runs=1,
                 pg_worker_runs=1,
+                commit_cpu_runs=runs or 1,
+                commit_cpu_commits=500,
             )
         return cls(
             runs=runs or 5,
@@ -223,6 +227,7 @@ class Results:
     concurrent: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     streaming: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     pg_workers: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    commit_cpu: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # config -> runs
     failover: dict[str, list[float]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
@@ -485,6 +490,34 @@ def run_pg_workers(res: Results, workdir: str, log: Log) -> None:
             )
 
 
+COMMIT_CPU_CONFIGS = ("sqlite-normal", "sqlite-full", "postgres")
+
+
+def run_commit_cpu(res: Results, workdir: str, log: Log) -> None:
+    st = res.settings
+    for run in range(st.commit_cpu_runs):
+        for config in COMMIT_CPU_CONFIGS:
+            if f"duragent/{config}" in res.unavailable:
+                continue
+            params = {
+                "config": config,
+                "workdir": os.path.join(workdir, f"commit-cpu-{run}-{config}"),
+                "commits": st.commit_cpu_commits,
+            }
+            try:
+                out = measure("duragent", "commit_cpu", params)
+            except Exception as exc:
+                res.errors.append(f"commit_cpu {config} run {run + 1}: {exc}")
+                log(f"  ! {config}: {exc}")
+                continue
+            res.commit_cpu.setdefault(config, []).append(out)
+            log(
+                f"  run {run + 1}/{st.commit_cpu_runs} {config:14} {out['cpu_us']:.0f} µs CPU"
+                + (f", {out['python_us']:.0f} µs Python" if "python_us" in out else "")
+                + " per commit"
+            )
+
+
 def run_failover(res: Results, workdir: str, log: Log) -> None:
     for ttl, trials in res.settings.failover.items():
         for i in range(trials):
@@ -505,6 +538,7 @@ WORKLOADS: dict[str, Callable[[Results, str, Log], None]] = {
     "concurrent": run_concurrent,
     "streaming": run_streaming,
     "pg_workers": run_pg_workers,
+    "commit_cpu": run_commit_cpu,
     "failover": run_failover,
 }
 

@@ -448,9 +448,17 @@ async def streaming(config: str, workdir: str, rounds: int) -> Any:
             drop_schema(schema)
 
 
+async def commit_cpu(config: str, workdir: str, commits: int) -> Any:
+    """CPU per commit of a claimed task's one-entry commits (bench/commit_cpu.py)."""
+    from bench.commit_cpu import once
+
+    return await once(config, commits, workdir)
+
+
 def run(workload: str, params: dict[str, Any]) -> Any:
     workloads: dict[str, Callable[..., Coroutine[Any, Any, Any]]] = {
         "rounds": rounds,
+        "commit_cpu": commit_cpu,
         "resume": resume,
         "concurrent": concurrent,
         "streaming": streaming,
