@@ -10,8 +10,11 @@ one after another. For each commit the process CPU time is measured.
   `executemany` calls is measured too (SQLite's C code and the kernel's work
   for its writes; waiting for an fsync is not CPU). What is left is duragent's
   Python: building the transaction, encoding, the hand-off, the asyncio
-  future. An upper bound: the event loop's own CPU, and the timing calls
-  (two clock reads per SQLite call), count in it too.
+  future. An upper bound: the event loop's own CPU counts in it too. The
+  process CPU comes from a pass with nothing timed inside, the CPU inside
+  SQLite from a second pass of as many commits (its clock reads cost CPU of
+  their own, which would otherwise count as duragent's; what an empty timed
+  interval measures is taken off each call's).
 - PostgreSQL: the server runs in other processes, so the process CPU per
   commit is the client's (duragent, psycopg, the writer thread) and nothing
   needs subtracting.
@@ -44,8 +47,10 @@ class TimedConnection:
     def __init__(self, conn: Any) -> None:
         self._conn = conn
         self.inside = 0.0
+        self.calls = 0
 
     def execute(self, *args: Any) -> Any:
+        self.calls += 1
         t0 = time.thread_time()
         try:
             return self._conn.execute(*args)
@@ -53,6 +58,7 @@ class TimedConnection:
             self.inside += time.thread_time() - t0
 
     def executemany(self, *args: Any) -> Any:
+        self.calls += 1
         t0 = time.thread_time()
         try:
             return self._conn.executemany(*args)
@@ -61,6 +67,19 @@ class TimedConnection:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)
+
+
+def empty_interval() -> float:
+    """What one timed interval with nothing in it measures, in seconds: part of
+    the clock reads' own cost (a system call here), to take off each call's."""
+    samples = []
+    for _ in range(5):
+        total = 0.0
+        for _ in range(2000):
+            t0 = time.thread_time()
+            total += time.thread_time() - t0
+        samples.append(total / 2000)
+    return statistics.median(samples)
 
 
 async def once(config: str, commits: int, workdir: str | None = None) -> dict[str, float]:
@@ -80,10 +99,6 @@ async def once(config: str, commits: int, workdir: str | None = None) -> dict[st
             claimed = await store.claim_task("bench", task_id=task.id, ttl=600)
             assert claimed is not None
             fence = {task.id: claimed.lease.epoch}
-            timed = None
-            if schema is None:
-                timed = TimedConnection(store._writer_conn)  # type: ignore[attr-defined]
-                store._writer_conn = timed  # type: ignore[attr-defined]
 
             async def commit(i: int) -> None:
                 entry = NewEntry(
@@ -94,15 +109,21 @@ async def once(config: str, commits: int, workdir: str | None = None) -> dict[st
 
             for i in range(200):  # warm up: caches, the writer thread, the WAL
                 await commit(i)
-            if timed is not None:
-                timed.inside = 0.0
+            # The process CPU from commits as the engine makes them, untimed inside.
             cpu0 = time.process_time()
             for i in range(commits):
                 await commit(200 + i)
             cpu = (time.process_time() - cpu0) / commits * 1e6
-            if timed is None:
+            if schema is not None:
                 return {"cpu_us": cpu}
-            inside = timed.inside / commits * 1e6
+            # Then as many more with each SQLite call timed: the clock reads cost
+            # CPU of their own, so this pass gives only the share inside SQLite
+            # (less what an empty interval measures, once per call).
+            timed = TimedConnection(store._writer_conn)  # type: ignore[attr-defined]
+            store._writer_conn = timed  # type: ignore[attr-defined]
+            for i in range(commits):
+                await commit(200 + commits + i)
+            inside = (timed.inside - timed.calls * empty_interval()) / commits * 1e6
             return {"cpu_us": cpu, "sqlite_us": inside, "python_us": cpu - inside}
         finally:
             await store.close()

@@ -555,8 +555,10 @@ def render(res: Results, command: str, started: str, elapsed: float, only: list[
             "writes). Process CPU = user + system time of the process per commit. On SQLite "
             "the CPU inside the writer connection's `execute`/`executemany` calls is measured "
             "too (SQLite's C code and the kernel's work for its writes; a wait for the disk "
-            "is not CPU); the rest is duragent's Python, an upper bound (the event loop and "
-            "the two clock reads per SQLite call count in it). On PostgreSQL the server runs "
+            "is not CPU), in a second pass of as many commits, since the clock reads around "
+            "each call cost CPU of their own (what an empty timed interval measures is taken "
+            "off each call's); the rest is duragent's Python, an upper bound "
+            "(the event loop counts in it). On PostgreSQL the server runs "
             "in other processes: the process CPU is the client's alone.",
             "",
             commit_cpu_table(res),
