@@ -42,6 +42,22 @@ from duragent.types import (
 # a JSONL log is unchanged but for its header, rewritten once).
 SCHEMA_VERSION = 4
 
+# The SQL stores key an entry by one integer, its `eid`: its task's number in
+# the high bits, its seq in the low SEQ_BITS (so a task holds at most MAX_SEQ).
+SEQ_BITS = 32
+MAX_SEQ = (1 << SEQ_BITS) - 1
+
+
+def entry_key(task_num: int, seq: int) -> int:
+    """An entry's `eid`: its task's number and its seq in one integer."""
+    return (task_num << SEQ_BITS) | seq
+
+
+def entry_range(task_id: str, first: int = 0, last: int = MAX_SEQ) -> tuple[str, int, str, int]:
+    """The parameters of a store's ENTRY_RANGE: the entries of `task_id` with
+    first <= seq <= last (a task's number is looked up by its id in the query)."""
+    return (task_id, first, task_id, last)
+
 
 @dataclass(slots=True)
 class TaskPatch:

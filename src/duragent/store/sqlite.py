@@ -31,6 +31,7 @@ from duragent.errors import (
     TaskNotFound,
 )
 from duragent.store.base import (
+    MAX_SEQ,
     VIEW_KINDS,
     ChangeSignal,
     ControlCallback,
@@ -42,6 +43,8 @@ from duragent.store.base import (
     build_ui_view,
     decode_cursor,
     encode_cursor,
+    entry_key,
+    entry_range,
     from_ts,
     mark_failed,
     parse_messages,
@@ -53,12 +56,9 @@ from duragent.store.sqlite_schema import (
     ENTRY_RANGE,
     KIND_CODES,
     KINDS_BY_CODE,
-    MAX_SEQ,
     SQLITE_SCHEMA_VERSION,
     Durability,
     connect,
-    entry_key,
-    entry_range,
     migrate,
 )
 from duragent.store.sqlite_tx import RowCache, SqliteTx, label_value, row_document, row_task

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from duragent.errors import StoreCorrupt, StoreError, StoreUnavailable, StoreVersionError
+from duragent.store.base import SEQ_BITS
 from duragent.store.files import (
     absolute_hint,
     create_private_file,
@@ -207,27 +208,12 @@ ENTRY_KEYS: list[Step] = [
 MIGRATIONS[6] = ENTRY_KEYS
 SQLITE_SCHEMA_VERSION = max(MIGRATIONS)
 
-# A task's seqs fit in an entry key's low 32 bits.
-SEQ_BITS = 32
-MAX_SEQ = (1 << SEQ_BITS) - 1
-
-
-def entry_key(task_num: int, seq: int) -> int:
-    """An entry's `eid`: its task's number and its seq in one integer."""
-    return (task_num << SEQ_BITS) | seq
-
-
 # A task's entries with seqs in a range, by `eid`: served by the table's key.
 # Its parameters come from `entry_range(task_id, first, last)`.
 ENTRY_RANGE = (
     f"eid BETWEEN (SELECT num << {SEQ_BITS} FROM tasks WHERE id=?) + ?"
     f" AND (SELECT num << {SEQ_BITS} FROM tasks WHERE id=?) + ?"
 )
-
-
-def entry_range(task_id: str, first: int = 0, last: int = MAX_SEQ) -> tuple[str, int, str, int]:
-    """ENTRY_RANGE's parameters: the entries of `task_id` with first <= seq <= last."""
-    return (task_id, first, task_id, last)
 
 
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
