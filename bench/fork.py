@@ -88,7 +88,8 @@ def payload_bytes(url: str, task_id: str) -> int:
         schema = url.split("schema=", 1)[1]
         with psycopg.connect(PG_URL) as conn:
             query = sql.SQL(
-                "SELECT coalesce(sum(octet_length(payload)), 0) FROM {}.entries WHERE task_id = %s"
+                "SELECT coalesce(sum(octet_length(payload)), 0) FROM {0}.entries"
+                " WHERE eid >> 32 = (SELECT num FROM {0}.tasks WHERE id = %s)"
             ).format(sql.Identifier(schema))
             row = conn.execute(query, (task_id,)).fetchone()
     assert row is not None

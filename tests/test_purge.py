@@ -159,7 +159,7 @@ async def test_postgres_purge_leaves_no_orphans() -> None:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f"SET search_path TO {schema}")
             for sql in (
-                "SELECT count(*) FROM entries WHERE task_id NOT IN (SELECT id FROM tasks)",
+                "SELECT count(*) FROM entries WHERE eid >> 32 NOT IN (SELECT num FROM tasks)",
                 "SELECT count(*) FROM documents WHERE scope LIKE 'task:%'"
                 " AND substr(scope, 6) NOT IN (SELECT id FROM tasks)",
                 "SELECT count(*) FROM tasks WHERE parent_id IS NOT NULL"

@@ -261,7 +261,9 @@ def _stored_payloads(store: Store, task_id: str) -> tuple[int, int, set[str]]:
         with psycopg.connect(require_postgres()) as conn:
             rows = conn.execute(
                 sql.SQL(
-                    "SELECT octet_length(payload), src_task FROM {}.entries WHERE task_id = %s"
+                    "SELECT octet_length(e.payload), s.id FROM {0}.entries e"
+                    " LEFT JOIN {0}.tasks s ON s.num = e.src >> 32"
+                    " WHERE e.eid >> 32 = (SELECT num FROM {0}.tasks WHERE id = %s)"
                 ).format(sql.Identifier(store.namespace)),
                 (task_id,),
             ).fetchall()
@@ -422,11 +424,14 @@ async def test_postgres_resolves_a_reference_through_the_primary_key() -> None:
             conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
             conn.execute("SET enable_seqscan = off")  # only a usable index avoids a scan
             plan = conn.execute(
-                "EXPLAIN SELECT payload FROM entry_rows WHERE task_id = %s", (fork.id,)
+                "EXPLAIN SELECT payload FROM entry_rows"
+                " WHERE eid BETWEEN (SELECT num << 32 FROM tasks WHERE id = %s)"
+                " AND (SELECT num << 32 FROM tasks WHERE id = %s) + 4294967295",
+                (fork.id, fork.id),
             ).fetchall()
         text = "\n".join(r[0] for r in plan)
-        # Both key columns in the index condition: one entry read per reference.
-        assert "Index Cond: ((task_id = e.src_task) AND (seq = e.src_seq))" in text, text
+        # The key in the index condition: one entry read per reference.
+        assert "Index Cond: (eid = e.src)" in text, text
     finally:
         await store.close()
         drop_schema(schema)

@@ -21,7 +21,9 @@ from psycopg.rows import dict_row
 from conftest import drop_schema, require_postgres
 from duragent.errors import CommitOutcomeUnknown, StaleLease, StoreVersionError
 from duragent.store import SCHEMA_VERSION, Commit, DocumentWrite, TaskPatch, open_store
+from duragent.store.base import CopyEntries
 from duragent.store.postgres import PostgresStore, split_url
+from duragent.store.postgres_schema import MIGRATIONS as PG_MIGRATIONS
 from duragent.types import EntryKind, NewEntry, Task, UIText, dump_message
 from support.pgproxy import commit_answer_loser
 from support.store_model import SETTINGS, op, run
@@ -595,3 +597,85 @@ def test_postgres_store_matches_model(ops: list[tuple[Any, ...]]) -> None:
         asyncio.run(check())
     finally:
         drop_schema(name)
+
+
+def _downgrade_entries_to_version_4(pg_url: str, schema: str) -> None:
+    """Rewrite a store's entries as version 4 kept them: keyed by (task_id, seq),
+    a fork's reference in two columns, and tasks without numbers."""
+    with admin(pg_url) as conn, conn.transaction():
+        conn.execute(
+            psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema))
+        )
+        for ddl in [
+            "DROP VIEW entry_rows",
+            """CREATE TABLE entries_v4 (
+                task_id text NOT NULL, seq bigint NOT NULL, kind text NOT NULL,
+                round integer NOT NULL, payload text NOT NULL, created_at timestamptz NOT NULL,
+                src_task text, src_seq bigint, PRIMARY KEY (task_id, seq)
+            )""",
+            "INSERT INTO entries_v4 SELECT t.id, e.eid & 4294967295, e.kind, e.round, e.payload,"
+            " e.created_at, s.id, e.src & 4294967295 FROM entries e"
+            " JOIN tasks t ON t.num = e.eid >> 32 LEFT JOIN tasks s ON s.num = e.src >> 32",
+            "DROP TABLE entries",
+            "ALTER TABLE entries_v4 RENAME TO entries",
+            *[s for s in PG_MIGRATIONS[4] if isinstance(s, str) and s.startswith("CREATE")],
+            "DROP INDEX tasks_num",
+            "ALTER TABLE tasks DROP COLUMN num",
+            "UPDATE duragent_meta SET value = '4' WHERE key = 'schema_version'",
+        ]:
+            conn.execute(ddl)
+
+
+async def test_a_version_4_store_keeps_every_entry_and_fork_reference_through_version_5(
+    pg_url: str, schema: str
+) -> None:
+    """Version 5 keys entries by one integer: the migration keeps every entry of
+    every task in order, a fork's entries still read their source's payloads
+    (and get them back when the source is purged), and new entries follow."""
+    store = PostgresStore(pg_url, schema=schema)
+    tasks = [Task(agent="a") for _ in range(3)]
+    for n, task in enumerate(tasks):
+        await store.create_task(task, [ui(task.id, f"u{n}")])
+        user = NewEntry(
+            task_id=task.id,
+            kind=EntryKind.API_MESSAGE,
+            round=1,
+            payload={"role": "user", "content": f"q{n}"},
+        )
+        await store.commit(Commit(entries=[user]))
+    fork = Task(agent="a")
+    await store.create_fork(fork, [CopyEntries(tasks[1].id, 1, 2, (EntryKind.API_MESSAGE,), 9)])
+    before = {t.id: await store.entries(t.id) for t in [*tasks, fork]}
+    views = {t.id: await store.model_view_data(t.id) for t in [*tasks, fork]}
+    await store.close()
+
+    _downgrade_entries_to_version_4(pg_url, schema)
+    with admin(pg_url) as conn:
+        row = conn.execute(
+            psycopg.sql.SQL("SELECT count(*) AS n FROM {}.entries WHERE src_task = %s").format(
+                psycopg.sql.Identifier(schema)
+            ),
+            (tasks[1].id,),
+        ).fetchone()
+    assert row is not None and row["n"] == 1
+
+    again = PostgresStore(pg_url, schema=schema)
+    try:
+        assert again.migrated_from == 4
+        assert {t: await again.entries(t) for t in before} == before
+        assert {t: await again.model_view_data(t) for t in views} == views
+        assert views[fork.id] == views[tasks[1].id] != []
+        more = NewEntry(task_id=tasks[0].id, kind=EntryKind.CHECKPOINT, payload={"type": "m"})
+        await again.commit(Commit(entries=[more]))
+        assert [e.seq for e in await again.entries(tasks[0].id)] == [1, 2, 3]
+        assert [e.seq for e in await again.entries(tasks[0].id, after_seq=2)] == [3]
+        await again.delete_task(tasks[1].id)  # the fork gets its payloads back
+        assert await again.model_view_data(fork.id) == views[fork.id]
+        # A task made after the migration gets a number of its own.
+        late = Task(agent="a")
+        await again.create_task(late, [ui(late.id, "late")])
+        assert [e.payload for e in await again.entries(late.id)] == [
+            dump_message(UIText(text="late"))
+        ]
+    finally:
+        await again.close()

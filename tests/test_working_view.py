@@ -126,7 +126,8 @@ async def _damage(store: Store, task_id: str, seq: int, payload: str) -> None:
             schema = store.schema  # type: ignore[attr-defined]
             pg.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
             pg.execute(
-                "UPDATE entries SET payload = %s WHERE task_id = %s AND seq = %s",
+                "UPDATE entries SET payload = %s"
+                " WHERE eid = ((SELECT num FROM tasks WHERE id = %s) << 32) + %s",
                 (payload, task_id, seq),
             )
 

@@ -40,7 +40,9 @@ from duragent.types import (
 # Version 3: queues, priorities and metadata on tasks (QUEUES_MIGRATION).
 # Version 4: a fork's copied entries reference their source's payloads (PostgreSQL;
 # a JSONL log is unchanged but for its header, rewritten once).
-SCHEMA_VERSION = 4
+# Version 5: entries keyed by one integer, `entry_key` (PostgreSQL; a JSONL log
+# is unchanged but for its header, rewritten once).
+SCHEMA_VERSION = 5
 
 # The SQL stores key an entry by one integer, its `eid`: its task's number in
 # the high bits, its seq in the low SEQ_BITS (so a task holds at most MAX_SEQ).

@@ -39,6 +39,8 @@ from duragent.errors import (
     TaskNotFound,
 )
 from duragent.store.base import (
+    MAX_SEQ,
+    SEQ_BITS,
     VIEW_KINDS,
     ControlCallback,
     ControlWatchers,
@@ -50,6 +52,7 @@ from duragent.store.base import (
     build_ui_view,
     decode_cursor,
     encode_cursor,
+    entry_range,
     parse_messages,
     view_data,
     view_text,
@@ -62,7 +65,7 @@ from duragent.store.postgres_notify import (
     Signals,
     control_payload,
 )
-from duragent.store.postgres_schema import MIGRATIONS, Conn, lock_key, migrate
+from duragent.store.postgres_schema import ENTRY_RANGE, MIGRATIONS, Conn, lock_key, migrate
 from duragent.store.postgres_tx import PgTx, Statement, row_document, row_task
 from duragent.store.postgres_writer import PgWriter
 from duragent.store.tx import TxWrites
@@ -451,12 +454,13 @@ class PostgresStore(TxWrites):
         kinds: Iterable[EntryKind] | None = None,
         limit: int | None = None,
     ) -> list[Entry]:
-        text = "SELECT * FROM entry_rows WHERE task_id = %s AND seq > %s"
-        params: list[Any] = [task_id, after_seq]
+        text = f"SELECT * FROM entry_rows WHERE {ENTRY_RANGE}"
+        # No seq is above MAX_SEQ: a larger cursor gives the empty range past it.
+        params: list[Any] = list(entry_range(task_id, min(after_seq, MAX_SEQ) + 1))
         if kinds is not None:
             text += " AND kind = ANY(%s)"
             params.append([EntryKind(k).value for k in kinds])
-        text += " ORDER BY seq"
+        text += " ORDER BY eid"
         if limit is not None:
             text += " LIMIT %s"
             params.append(limit)
@@ -464,7 +468,7 @@ class PostgresStore(TxWrites):
         def read(conn: Conn) -> list[Entry]:
             return [
                 Entry(
-                    task_id=r["task_id"],
+                    task_id=task_id,
                     seq=r["seq"],
                     kind=EntryKind(r["kind"]),
                     round=r["round"],
@@ -480,8 +484,8 @@ class PostgresStore(TxWrites):
         def read(conn: Conn) -> list[EntryHead]:
             rows = conn.execute(
                 "SELECT seq, kind, round, payload::json ->> 'role' AS role FROM entry_rows"
-                " WHERE task_id = %s AND kind = ANY(%s) ORDER BY seq",
-                (task_id, [EntryKind(k).value for k in kinds]),
+                f" WHERE {ENTRY_RANGE} AND kind = ANY(%s) ORDER BY eid",
+                (*entry_range(task_id), [EntryKind(k).value for k in kinds]),
             )
             return [EntryHead(r["seq"], EntryKind(r["kind"]), r["round"], r["role"]) for r in rows]
 
@@ -496,8 +500,9 @@ class PostgresStore(TxWrites):
     async def ui_messages(self, task_id: str) -> list[UiMessage]:
         def read(conn: Conn) -> list[UiMessage]:
             rows = conn.execute(
-                "SELECT seq, payload FROM entry_rows WHERE task_id = %s AND kind = %s ORDER BY seq",
-                (task_id, EntryKind.UI_MESSAGE.value),
+                f"SELECT seq, payload FROM entry_rows WHERE {ENTRY_RANGE} AND kind = %s"
+                " ORDER BY eid",
+                (*entry_range(task_id), EntryKind.UI_MESSAGE.value),
             )
             return build_ui_view((r["seq"], r["payload"]) for r in rows)
 
@@ -635,9 +640,9 @@ def _view_text(conn: Conn, task_id: str) -> str:
     """The payloads of the task's model view as one JSON array text."""
     with conn.cursor(row_factory=tuple_row) as cur:  # 10,000 rows: no dict per row
         cur.execute(
-            "SELECT seq, kind, payload FROM entry_rows WHERE task_id = %s AND kind = ANY(%s)"
-            " ORDER BY seq",
-            (task_id, list(VIEW_KINDS)),
+            f"SELECT seq, kind, payload FROM entry_rows WHERE {ENTRY_RANGE} AND kind = ANY(%s)"
+            " ORDER BY eid",
+            (*entry_range(task_id), list(VIEW_KINDS)),
         )
         return view_text(cur.fetchall())
 
@@ -656,13 +661,17 @@ def _delete_trees(tx: PgTx, roots: list[str]) -> int:
         # rows are locked before: a fork of one of them holds its row (FOR UPDATE
         # in `apply_fork`) until it commits, so its references are seen here.
         tx.conn.execute("SELECT 1 FROM tasks WHERE id = ANY(%s) ORDER BY id FOR UPDATE", (doomed,))
+        # A doomed task's entries: the keys from its number << 32 on.
+        span = f"BETWEEN d.num << {SEQ_BITS} AND (d.num << {SEQ_BITS}) + {MAX_SEQ}"
         tx.conn.execute(
-            "UPDATE entries e SET payload = s.payload, src_task = NULL, src_seq = NULL"
-            " FROM entries s WHERE e.src_task = ANY(%s)"
-            " AND s.task_id = e.src_task AND s.seq = e.src_seq",
+            "UPDATE entries e SET payload = s.payload, src = NULL FROM entries s, tasks d"
+            f" WHERE d.id = ANY(%s) AND e.src {span} AND s.eid = e.src",
             (doomed,),
         )
-        tx.conn.execute("DELETE FROM entries WHERE task_id = ANY(%s)", (doomed,))
+        tx.conn.execute(
+            f"DELETE FROM entries e USING tasks d WHERE d.id = ANY(%s) AND e.eid {span}",
+            (doomed,),
+        )
         scopes = [f"task:{tid}" for tid in doomed]
         tx.conn.execute("DELETE FROM documents WHERE scope = ANY(%s)", (scopes,))
         tx.conn.execute("DELETE FROM tasks WHERE id = ANY(%s)", (doomed,))

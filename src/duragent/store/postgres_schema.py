@@ -14,7 +14,7 @@ from psycopg import sql
 from psycopg.rows import DictRow
 
 from duragent.errors import StoreVersionError
-from duragent.store.base import SCHEMA_VERSION
+from duragent.store.base import SCHEMA_VERSION, SEQ_BITS
 from duragent.store.session_scopes import LEGACY_PREFIX, UNCLAIMED_PREFIX, migrated_scope
 
 Conn = psycopg.Connection[DictRow]
@@ -115,7 +115,45 @@ FORK_REFERENCES: list[Step] = [
         FROM entries e""",
 ]
 MIGRATIONS[4] = FORK_REFERENCES
+
+# Version 5: entries keyed by one integer, `eid` = the task's number << 32 |
+# seq (store/base.py `entry_key`), as on SQLite: the 34-character task id was
+# in every entry's row and in its key, 40% of the entries' bytes beside the
+# payloads. Tasks get a number; a fork's reference is one key (`src`). The
+# view still gives `task_num` and `seq`; readers select a task's entries by an
+# `eid` range (ENTRY_RANGE), which the primary key serves.
+ENTRY_KEYS: list[Step] = [
+    "ALTER TABLE tasks ADD COLUMN num bigint GENERATED ALWAYS AS IDENTITY",
+    "CREATE UNIQUE INDEX tasks_num ON tasks (num)",
+    "DROP VIEW entry_rows",
+    # Fixed-width columns first: no padding between them.
+    """CREATE TABLE entries_v5 (
+        eid bigint NOT NULL, created_at timestamptz NOT NULL, src bigint,
+        round integer NOT NULL, kind text NOT NULL, payload text NOT NULL
+    )""",
+    "INSERT INTO entries_v5 (eid, created_at, src, round, kind, payload)"
+    " SELECT (t.num << 32) + e.seq, e.created_at, (s.num << 32) + e.src_seq, e.round,"
+    " e.kind, e.payload FROM entries e JOIN tasks t ON t.id = e.task_id"
+    " LEFT JOIN tasks s ON s.id = e.src_task ORDER BY t.num, e.seq",
+    "DROP TABLE entries",
+    "ALTER TABLE entries_v5 RENAME TO entries",
+    "ALTER TABLE entries ADD CONSTRAINT entries_pkey PRIMARY KEY (eid)",
+    "CREATE INDEX entries_src ON entries (src) WHERE src IS NOT NULL",
+    """CREATE VIEW entry_rows AS SELECT e.eid, e.eid >> 32 AS task_num,
+        e.eid & 4294967295 AS seq, e.kind, e.round, e.created_at,
+        CASE WHEN e.src IS NULL THEN e.payload
+            ELSE (SELECT s.payload FROM entries s WHERE s.eid = e.src) END AS payload
+        FROM entries e""",
+]
+MIGRATIONS[5] = ENTRY_KEYS
 assert max(MIGRATIONS) == SCHEMA_VERSION
+
+# A task's entries with seqs in a range, by `eid`: served by the primary key.
+# Its parameters come from `entry_range(task_id, first, last)` (store/base.py).
+ENTRY_RANGE = (
+    f"eid BETWEEN ((SELECT num FROM tasks WHERE id = %s) << {SEQ_BITS}) + %s"
+    f" AND ((SELECT num FROM tasks WHERE id = %s) << {SEQ_BITS}) + %s"
+)
 
 
 def lock_key(*parts: str) -> int:

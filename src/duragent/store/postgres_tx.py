@@ -21,8 +21,9 @@ from psycopg.pq import ExecStatus
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
-from duragent.store.base import CopyEntries, dumps
-from duragent.store.postgres_schema import Conn, lock_key
+from duragent.errors import StoreError
+from duragent.store.base import MAX_SEQ, SEQ_BITS, CopyEntries, dumps, entry_range
+from duragent.store.postgres_schema import ENTRY_RANGE, Conn, lock_key
 from duragent.store.queues import QUEUES_SCOPE, Candidate
 from duragent.store.tx import Notes, task_columns
 from duragent.types import Document, Entry, Task
@@ -168,9 +169,11 @@ class PgTx:
         self.notes.wrote(task)
 
     def append(self, entries: list[Entry]) -> None:
+        if max(e.seq for e in entries) > MAX_SEQ:
+            raise StoreError(f"a task of this PostgreSQL store holds at most {MAX_SEQ:,} entries")
         params: list[Any] = []
         for e in entries:
-            params += (e.task_id, e.seq, e.kind.value, e.round, dumps(e.payload), e.created_at)
+            params += (e.task_id, e.seq, e.created_at, e.round, e.kind.value, dumps(e.payload))
         self._run(_append_sql(len(entries)), params)
         self.changed = True
 
@@ -180,29 +183,25 @@ class PgTx:
         # commits, so a purge of one of them waits and gives these entries back
         # their payloads (PostgresStore._delete_trees). After a purge that went
         # first, they are found holding their payloads: the copy references them.
+        source = entry_range(copy.source_id, copy.first_seq, copy.last_seq)
         self.conn.execute(
-            "SELECT 1 FROM tasks WHERE id IN (SELECT DISTINCT src_task FROM entries"
-            " WHERE task_id = %s AND seq BETWEEN %s AND %s AND src_task IS NOT NULL)"
-            " ORDER BY id FOR SHARE",
-            (copy.source_id, copy.first_seq, copy.last_seq),
+            f"SELECT 1 FROM tasks WHERE num IN (SELECT DISTINCT src >> {SEQ_BITS} FROM entries"
+            f" WHERE {ENTRY_RANGE} AND src IS NOT NULL) ORDER BY id FOR SHARE",
+            source,
         )
         # One statement, and no payload is copied: each new entry references the
         # entry that holds its payload (a fork of a fork, the first source). On
         # the connection, not buffered: the number copied is checked before the commit.
         cur = self.conn.execute(
-            "INSERT INTO entries"
-            " (task_id, seq, kind, round, payload, created_at, src_task, src_seq)"
-            " SELECT %s, %s + row_number() OVER (ORDER BY seq), kind, round, '', %s,"
-            " coalesce(src_task, task_id), coalesce(src_seq, seq)"
-            " FROM entries WHERE task_id = %s AND seq BETWEEN %s AND %s AND round <= %s"
-            " AND kind = ANY(%s)",
+            "INSERT INTO entries (eid, created_at, src, round, kind, payload)"
+            f" SELECT ((SELECT num FROM tasks WHERE id = %s) << {SEQ_BITS}) + %s"
+            " + row_number() OVER (ORDER BY eid), %s, coalesce(src, eid), round, kind, ''"
+            f" FROM entries WHERE {ENTRY_RANGE} AND round <= %s AND kind = ANY(%s)",
             (
                 task_id,
                 after_seq,
                 now,
-                copy.source_id,
-                copy.first_seq,
-                copy.last_seq,
+                *source,
                 copy.max_round,
                 [k.value for k in copy.kinds],
             ),
@@ -462,10 +461,15 @@ def row_stamp(task: Task) -> tuple[Any, ...]:
 _GUARD_PARAMS = ("_version", "_last_seq", "_epoch", "_owner", "_expires")
 
 
+# An entry's key from its task's id (the task's number, looked up by the server)
+# and its seq.
+_KEY = f"((SELECT num FROM tasks WHERE id = %s) << {SEQ_BITS}) + %s"
+
+
 @functools.lru_cache(maxsize=64)
 def _append_sql(rows: int) -> str:
-    return "INSERT INTO entries (task_id, seq, kind, round, payload, created_at) VALUES " + (
-        ", ".join(["(%s, %s, %s, %s, %s, %s)"] * rows)
+    return "INSERT INTO entries (eid, created_at, round, kind, payload) VALUES " + (
+        ", ".join([f"({_KEY}, %s, %s, %s, %s)"] * rows)
     )
 
 
