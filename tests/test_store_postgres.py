@@ -68,6 +68,14 @@ def test_own_options_are_taken_out_of_the_url() -> None:
     assert conninfo == "postgresql://u:pw@h:5/db?application_name=x&sslmode=disable"
 
 
+def test_libpq_options_keep_their_spaces() -> None:
+    """libpq decodes %20 in a URL, not '+': an option's value with a space (a
+    server setting given in `options`) reaches the server as written."""
+    conninfo, own = split_url("postgresql://h/db?options=-c%20statement_timeout%3D5s&schema=s")
+    assert own == {"schema": "s"}
+    assert psycopg.conninfo.conninfo_to_dict(conninfo)["options"] == "-c statement_timeout=5s"
+
+
 async def test_open_store_reads_schema_from_the_url(pg_url: str, schema: str) -> None:
     s = open_store(f"{pg_url}?schema={schema}")
     assert isinstance(s, PostgresStore) and s.namespace == schema

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 import psycopg_pool
@@ -725,7 +725,9 @@ def split_url(url: str) -> tuple[str, dict[str, str]]:
     own = {k: v for k, v in query if k in _OWN_OPTIONS}
     rest = [(k, v) for k, v in query if k not in _OWN_OPTIONS]
     scheme = "postgresql" if parts.scheme in ("postgres", "postgresql") else parts.scheme
-    return urlunsplit((scheme, parts.netloc, parts.path, urlencode(rest), parts.fragment)), own
+    # quote, not urlencode's default quote_plus: libpq decodes %20, not '+'.
+    query_text = urlencode(rest, quote_via=quote)
+    return urlunsplit((scheme, parts.netloc, parts.path, query_text, parts.fragment)), own
 
 
 def _with_application_name(conninfo: str) -> tuple[str, str]:
