@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from operator import itemgetter
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
@@ -484,10 +485,13 @@ class PostgresStore(TxWrites):
         def read(conn: Conn) -> list[EntryHead]:
             rows = conn.execute(
                 "SELECT seq, kind, round, payload::json ->> 'role' AS role FROM entry_rows"
-                f" WHERE {ENTRY_RANGE} AND kind = ANY(%s) ORDER BY eid",
+                f" WHERE {ENTRY_RANGE} AND kind = ANY(%s)",
                 (*entry_range(task_id), [EntryKind(k).value for k in kinds]),
-            )
-            return [EntryHead(r["seq"], EntryKind(r["kind"]), r["round"], r["role"]) for r in rows]
+            ).fetchall()
+            return [
+                EntryHead(r["seq"], EntryKind(r["kind"]), r["round"], r["role"])
+                for r in sorted(rows, key=itemgetter("seq"))
+            ]
 
         return await self._read(read)
 
@@ -636,15 +640,27 @@ class PostgresStore(TxWrites):
         await signal.wait(timeout)
 
 
+def in_seq_order(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Rows whose first column is the seq, sorted by it.
+
+    A task's entries are read without ORDER BY and sorted here: the range's
+    bounds come from a subquery, so the planner cannot size it, and on a table
+    without fresh statistics it chose a bitmap scan and a sort on the server
+    (6.8 ms for 10,000 rows, against 3.6 for the index in order). The rows come
+    in the table's order, nearly sorted already: a few comparisons each here.
+    """
+    rows.sort(key=itemgetter(0))
+    return rows
+
+
 def _view_text(conn: Conn, task_id: str) -> str:
     """The payloads of the task's model view as one JSON array text."""
     with conn.cursor(row_factory=tuple_row) as cur:  # 10,000 rows: no dict per row
         cur.execute(
-            f"SELECT seq, kind, payload FROM entry_rows WHERE {ENTRY_RANGE} AND kind = ANY(%s)"
-            " ORDER BY eid",
+            f"SELECT seq, kind, payload FROM entry_rows WHERE {ENTRY_RANGE} AND kind = ANY(%s)",
             (*entry_range(task_id), list(VIEW_KINDS)),
         )
-        return view_text(cur.fetchall())
+        return view_text(in_seq_order(cur.fetchall()))
 
 
 def _delete_trees(tx: PgTx, roots: list[str]) -> int:
