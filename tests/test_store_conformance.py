@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+from contextlib import closing
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
 from pydantic import BaseModel
 
-from duragent.errors import Conflict, InvalidTransition, StaleLease, TaskNotFound
+from conftest import opened_store, require_postgres
+from duragent.errors import Conflict, InvalidTransition, StaleLease, StoreError, TaskNotFound
 from duragent.store import Commit, DocumentWrite, Store, TaskPatch, TaskQuery, iter_entries
+from duragent.store.base import MAX_SEQ
+from duragent.store.postgres import PostgresStore
+from duragent.store.sqlite import SQLiteStore
 from duragent.types import (
     AssistantMessage,
     EntryKind,
@@ -667,3 +676,44 @@ async def test_among_many_running_tasks_the_expired_lease_is_found_and_the_earli
     nxt = await store.next_wake_at()
     assert nxt is not None
     assert timedelta(seconds=50) < nxt - datetime.now(UTC) < timedelta(seconds=61)
+
+
+def _set_last_seq(store: Store, task_id: str, seq: int) -> None:
+    """Set a task's last seq behind the store's back, in its column and its data."""
+    if isinstance(store, SQLiteStore):
+        with closing(sqlite3.connect(store.path)) as conn, conn:
+            conn.execute(
+                "UPDATE tasks SET last_seq=?, data=json_set(data, '$.last_seq', ?) WHERE id=?",
+                (seq, seq, task_id),
+            )
+        return
+    assert isinstance(store, PostgresStore) and store.schema is not None
+    with psycopg.connect(require_postgres(), autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "UPDATE {}.tasks SET last_seq = %s,"
+                " data = jsonb_set(data::jsonb, '{{last_seq}}', to_jsonb(%s::bigint))::text"
+                " WHERE id = %s"
+            ).format(sql.Identifier(store.schema)),
+            (seq, seq, task_id),
+        )
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "sqlite-full", "postgres"])
+async def test_a_task_past_the_last_seq_an_entry_key_holds_is_refused_and_nothing_written(
+    kind: str, tmp_path: Path
+) -> None:
+    """The SQL stores keep a task's seqs in the low 32 bits of its entries' keys:
+    the entry with seq MAX_SEQ is stored, the one after it is refused with a
+    clear error and writes nothing (no key of the next task's is taken)."""
+    async with opened_store(kind, tmp_path) as store:
+        task, _ = await store.create_task(Task(agent="a"))
+        _set_last_seq(store, task.id, MAX_SEQ - 1)
+        last = NewEntry(task_id=task.id, kind=EntryKind.CHECKPOINT, payload={"n": "last"})
+        await store.commit(Commit(entries=[last]))
+        assert [e.seq for e in await store.entries(task.id)] == [MAX_SEQ]
+        beyond = NewEntry(task_id=task.id, kind=EntryKind.CHECKPOINT, payload={"n": "beyond"})
+        with pytest.raises(StoreError, match="at most 4,294,967,295 entries"):
+            await store.commit(Commit(entries=[beyond]))
+        assert [e.payload for e in await store.entries(task.id)] == [{"n": "last"}]
+        assert (await store.get_task(task.id)).last_seq == MAX_SEQ

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from psycopg.rows import dict_row
 
 from conftest import drop_schema, require_postgres
-from duragent.errors import CommitOutcomeUnknown, StaleLease, StoreError, StoreVersionError
+from duragent.errors import CommitOutcomeUnknown, StaleLease, StoreVersionError
 from duragent.store import SCHEMA_VERSION, Commit, DocumentWrite, TaskPatch, open_store
-from duragent.store.base import MAX_SEQ, CopyEntries
+from duragent.store.base import CopyEntries
 from duragent.store.postgres import PostgresStore, split_url
 from duragent.store.postgres_schema import MIGRATIONS as PG_MIGRATIONS
 from duragent.types import EntryKind, NewEntry, Task, UIText, dump_message
@@ -724,34 +724,5 @@ async def test_a_tasks_entries_are_read_in_seq_order_whatever_the_tables_order(
         assert await store.model_view_data(task.id) == said
         heads = await store.entry_heads(task.id, kinds=[EntryKind.API_MESSAGE])
         assert [h.seq for h in heads] == [1, 2, 3]
-    finally:
-        await store.close()
-
-
-async def test_a_task_past_the_last_seq_an_entry_key_holds_is_refused_and_nothing_written(
-    pg_url: str, schema: str
-) -> None:
-    """As on SQLite: the entry with seq MAX_SEQ is stored, the one after it is
-    refused with a clear error and writes nothing."""
-    store = PostgresStore(pg_url, schema=schema)
-    try:
-        task, _ = await store.create_task(Task(agent="a"))
-        with admin(pg_url) as conn:
-            conn.execute(
-                psycopg.sql.SQL(
-                    "UPDATE {}.tasks SET last_seq = %s,"
-                    " data = jsonb_set(data::jsonb, '{{last_seq}}', to_jsonb(%s::bigint))::text"
-                    " WHERE id = %s"
-                ).format(psycopg.sql.Identifier(schema)),
-                (MAX_SEQ - 1, MAX_SEQ - 1, task.id),
-            )
-        last = NewEntry(task_id=task.id, kind=EntryKind.CHECKPOINT, payload={"n": "last"})
-        await store.commit(Commit(entries=[last]))
-        assert [e.seq for e in await store.entries(task.id)] == [MAX_SEQ]
-        beyond = NewEntry(task_id=task.id, kind=EntryKind.CHECKPOINT, payload={"n": "beyond"})
-        with pytest.raises(StoreError, match="at most 4,294,967,295 entries"):
-            await store.commit(Commit(entries=[beyond]))
-        assert [e.payload for e in await store.entries(task.id)] == [{"n": "last"}]
-        assert (await store.get_task(task.id)).last_seq == MAX_SEQ
     finally:
         await store.close()

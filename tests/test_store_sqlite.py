@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from duragent.errors import StoreCorrupt, StoreError, StoreVersionError
+from duragent.errors import StoreCorrupt, StoreVersionError
 from duragent.store import Commit, TaskPatch, TaskQuery, open_store
-from duragent.store.base import MAX_SEQ, CopyEntries
+from duragent.store.base import CopyEntries
 from duragent.store.sqlite import SQLiteStore
 from duragent.store.sqlite_schema import MIGRATIONS, SQLITE_SCHEMA_VERSION
 from duragent.types import EntryKind, NewEntry, Task, TaskStatus
@@ -376,32 +376,3 @@ def _frames_of(conn: sqlite3.Connection, wal: Path, since: int, tree: str) -> in
         int.from_bytes(data[at : at + 4], "big") in pages
         for at in range(0, len(data) - 24, 24 + page)
     )
-
-
-async def test_a_task_past_the_last_seq_an_entry_key_holds_is_refused_and_nothing_written(
-    tmp_path: Path,
-) -> None:
-    """A task's seqs live in the low 32 bits of its entries' keys: the entry
-    with seq MAX_SEQ is stored, the one after it is refused with a clear error
-    and writes nothing (no key of the next task's is taken)."""
-    path = tmp_path / "m.db"
-    store = open_store(f"sqlite:///{path}")
-    task, _ = await store.create_task(Task(agent="a"))
-    await store.close()
-    conn = sqlite3.connect(path)
-    with conn:
-        conn.execute(
-            "UPDATE tasks SET last_seq=?, data=json_set(data, '$.last_seq', ?) WHERE id=?",
-            (MAX_SEQ - 1, MAX_SEQ - 1, task.id),
-        )
-    conn.close()
-    store = open_store(f"sqlite:///{path}")
-    last = NewEntry(task_id=task.id, kind=EntryKind.CHECKPOINT, payload={"n": "last"})
-    await store.commit(Commit(entries=[last]))
-    assert [e.seq for e in await store.entries(task.id)] == [MAX_SEQ]
-    beyond = NewEntry(task_id=task.id, kind=EntryKind.CHECKPOINT, payload={"n": "beyond"})
-    with pytest.raises(StoreError, match="at most 4,294,967,295 entries"):
-        await store.commit(Commit(entries=[beyond]))
-    assert [e.payload for e in await store.entries(task.id)] == [{"n": "last"}]
-    assert (await store.get_task(task.id)).last_seq == MAX_SEQ
-    await store.close()
