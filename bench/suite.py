@@ -257,6 +257,26 @@ def measure(system: str, workload: str, params: dict[str, Any], timeout: float =
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _measured(
+    res: Results,
+    log: Log,
+    error: str,
+    shown: str,
+    system: str,
+    workload: str,
+    params: dict[str, Any],
+    timeout: float = 900,
+) -> Any:
+    """`measure`'s result, or None when it failed: the failure is then noted in
+    the report's errors (as `error: ...`) and in the log (as `shown: ...`)."""
+    try:
+        return measure(system, workload, params, timeout)
+    except Exception as exc:
+        res.errors.append(f"{error}: {exc}")
+        log(f"  ! {shown}: {exc}")
+        return None
+
+
 def check_availability(res: Results, log: Log) -> None:
     problem = postgres_unreachable(PG_URL)
     if problem is None:
@@ -306,11 +326,10 @@ def run_rounds(res: Results, workdir: str, log: Log) -> None:
                 "rounds": st.rounds,
                 "repeats": st.repeats,
             }
-            try:
-                out = measure(s.system, "rounds", params)
-            except Exception as exc:
-                res.errors.append(f"rounds {s.key} run {run + 1}: {exc}")
-                log(f"  ! {s.key}: {exc}")
+            out = _measured(
+                res, log, f"rounds {s.key} run {run + 1}", s.key, s.system, "rounds", params
+            )
+            if out is None:
                 continue
             out["run"] = run
             res.rounds.setdefault(s.key, []).append(out)
@@ -342,11 +361,8 @@ def run_storage(res: Results, workdir: str, log: Log) -> None:
             "rounds": max(sizes),
             "sizes": sizes,
         }
-        try:
-            out = measure(s.system, "rounds", params, timeout=1800)
-        except Exception as exc:
-            res.errors.append(f"storage {key}: {exc}")
-            log(f"  ! {key}: {exc}")
+        out = _measured(res, log, f"storage {key}", key, s.system, "rounds", params, 1800)
+        if out is None:
             continue
         res.storage[key] = out["sizes"]
         log(f"  {key:24} " + ", ".join(f"{n}: {v:,} B" for n, v in out["sizes"].items()))
@@ -384,11 +400,8 @@ def run_resume(res: Results, workdir: str, log: Log) -> None:
                 "entries": st.resume_entries,
                 "repeats": st.resume_repeats,
             }
-            try:
-                out = measure(s.system, "resume", params)
-            except Exception as exc:
-                res.errors.append(f"resume {key}: {exc}")
-                log(f"  ! {key}: {exc}")
+            out = _measured(res, log, f"resume {key}", key, s.system, "resume", params)
+            if out is None:
                 continue
             res.resume.setdefault(key, []).append(out)
             log(f"  run {run + 1}/{st.resume_runs} {key:24} {out['resume_ms']:.1f} ms")
@@ -413,11 +426,8 @@ def run_concurrent(res: Results, workdir: str, log: Log) -> None:
                 "tasks": st.concurrent_tasks,
                 "rounds": rounds,
             }
-            try:
-                out = measure(s.system, "concurrent", params)
-            except Exception as exc:
-                res.errors.append(f"concurrent {key}: {exc}")
-                log(f"  ! {key}: {exc}")
+            out = _measured(res, log, f"concurrent {key}", key, s.system, "concurrent", params)
+            if out is None:
                 continue
             out["fsync"] = machine.fsync_rates(
                 os.path.join(workdir, "fsync"), res.settings.fsync_seconds
@@ -445,11 +455,8 @@ def run_streaming(res: Results, workdir: str, log: Log) -> None:
                 "workdir": os.path.join(workdir, f"streaming-{run}-{key.replace('/', '-')}"),
                 "rounds": st.streaming_rounds,
             }
-            try:
-                out = measure(s.system, "streaming", params)
-            except Exception as exc:
-                res.errors.append(f"streaming {key}: {exc}")
-                log(f"  ! {key}: {exc}")
+            out = _measured(res, log, f"streaming {key}", key, s.system, "streaming", params)
+            if out is None:
                 continue
             out["run"] = run
             res.streaming.setdefault(key, []).append(out)
@@ -504,11 +511,9 @@ def run_commit_cpu(res: Results, workdir: str, log: Log) -> None:
                 "workdir": os.path.join(workdir, f"commit-cpu-{run}-{config}"),
                 "commits": st.commit_cpu_commits,
             }
-            try:
-                out = measure("duragent", "commit_cpu", params)
-            except Exception as exc:
-                res.errors.append(f"commit_cpu {config} run {run + 1}: {exc}")
-                log(f"  ! {config}: {exc}")
+            error = f"commit_cpu {config} run {run + 1}"
+            out = _measured(res, log, error, config, "duragent", "commit_cpu", params)
+            if out is None:
                 continue
             res.commit_cpu.setdefault(config, []).append(out)
             log(
