@@ -174,16 +174,21 @@ async def test_claims_and_wake_ups_do_not_read_every_running_task(
     assert claim <= 3 and wake <= 3, (running, claim, wake)
 
 
-def _pages_written(conn: sqlite3.Connection, wal: Path, since: int) -> set[str]:
-    """The b-trees whose pages the WAL holds after byte `since` (frames: 24-byte
-    header, first field the page number, then the page)."""
+def _wal_frames(conn: sqlite3.Connection, wal: Path, since: int) -> list[str]:
+    """The b-tree of each page the WAL holds after byte `since` (past its 32-byte
+    header; frames: a 24-byte header, first field the page number, then the page)."""
     page = conn.execute("PRAGMA page_size").fetchone()[0]
     owners = dict(conn.execute("SELECT pageno, name FROM dbstat").fetchall())
-    data = wal.read_bytes()[since:]
-    return {
+    data = wal.read_bytes()[max(since, 32) :]
+    return [
         owners.get(int.from_bytes(data[at : at + 4], "big"), "header or free-list")
         for at in range(0, len(data) - 24, 24 + page)
-    }
+    ]
+
+
+def _pages_written(conn: sqlite3.Connection, wal: Path, since: int) -> set[str]:
+    """The b-trees whose pages the WAL holds after byte `since`."""
+    return set(_wal_frames(conn, wal, since))
 
 
 async def test_a_commit_that_keeps_a_tasks_status_and_lease_writes_no_index_page(
@@ -354,7 +359,7 @@ async def test_a_long_tasks_entries_are_appended_to_full_pages(tmp_path: Path) -
         since = wal.stat().st_size if wal.exists() else 0
         entry = NewEntry(task_id=task.id, kind=EntryKind.CHECKPOINT, payload={"n": f"{n:090}"})
         await store.commit(Commit(entries=[entry]))
-        written += _frames_of(conn, wal, since, "entries")
+        written += _wal_frames(conn, wal, since).count("entries")
     # Leaves in key order (dbstat's path); the last is still filling.
     unused = [
         r[0]
@@ -365,14 +370,3 @@ async def test_a_long_tasks_entries_are_appended_to_full_pages(tmp_path: Path) -
     await store.close()
     assert written <= commits * 1.2, written / commits
     assert len(unused) > 10 and max(unused[:-1]) < 150, unused  # less than one more entry
-
-
-def _frames_of(conn: sqlite3.Connection, wal: Path, since: int, tree: str) -> int:
-    """How many WAL frames after byte `since` hold pages of b-tree `tree`."""
-    page = conn.execute("PRAGMA page_size").fetchone()[0]
-    pages = {r[0] for r in conn.execute("SELECT pageno FROM dbstat WHERE name=?", (tree,))}
-    data = wal.read_bytes()[max(since, 32) :]
-    return sum(
-        int.from_bytes(data[at : at + 4], "big") in pages
-        for at in range(0, len(data) - 24, 24 + page)
-    )
