@@ -695,7 +695,7 @@ async def test_a_tasks_entries_are_read_in_seq_order_whatever_the_tables_order(
     """Entries are read by a key range, and the view's reads sort them by seq
     themselves: with index scans off (the server takes a bitmap scan, in the
     table's order) and the first entry's row moved to the end of the table,
-    the model view and the entry heads are still in seq order."""
+    the model view, the entry heads and the UI messages are still in seq order."""
     sep = "&" if "?" in pg_url else "?"
     store = PostgresStore(f"{pg_url}{sep}options=-c%20enable_indexscan%3Doff", schema=schema)
     try:
@@ -704,25 +704,33 @@ async def test_a_tasks_entries_are_read_in_seq_order_whatever_the_tables_order(
         await store.create_task(
             task,
             [
-                NewEntry(task_id=task.id, kind=EntryKind.API_MESSAGE, round=1, payload=m)
-                for m in said
+                *(
+                    NewEntry(task_id=task.id, kind=EntryKind.API_MESSAGE, round=1, payload=m)
+                    for m in said
+                ),
+                ui(task.id, "u0"),
+                ui(task.id, "u1"),
             ],
         )
         with admin(pg_url) as conn:
-            moved = conn.execute(
-                psycopg.sql.SQL(  # a new row and index entry: not an update in place
-                    "WITH d AS (DELETE FROM {0}.entries WHERE eid & 4294967295 = 1 RETURNING *)"
-                    " INSERT INTO {0}.entries SELECT * FROM d RETURNING ctid"
-                ).format(psycopg.sql.Identifier(schema))
-            ).fetchone()
-            last = conn.execute(
-                psycopg.sql.SQL("SELECT max(ctid) AS c FROM {}.entries").format(
-                    psycopg.sql.Identifier(schema)
-                )
-            ).fetchone()
-        assert moved is not None and last is not None and moved["ctid"] == last["c"]
+            for seq in (1, 4):  # the first API message, then the first UI message
+                moved = conn.execute(
+                    psycopg.sql.SQL(  # a new row and index entry: not an update in place
+                        "WITH d AS (DELETE FROM {0}.entries WHERE eid & 4294967295 = %s"
+                        " RETURNING *) INSERT INTO {0}.entries SELECT * FROM d RETURNING ctid"
+                    ).format(psycopg.sql.Identifier(schema)),
+                    (seq,),
+                ).fetchone()
+                last = conn.execute(
+                    psycopg.sql.SQL("SELECT max(ctid) AS c FROM {}.entries").format(
+                        psycopg.sql.Identifier(schema)
+                    )
+                ).fetchone()
+                assert moved is not None and last is not None and moved["ctid"] == last["c"]
         assert await store.model_view_data(task.id) == said
         heads = await store.entry_heads(task.id, kinds=[EntryKind.API_MESSAGE])
         assert [h.seq for h in heads] == [1, 2, 3]
+        shown = await store.ui_messages(task.id)
+        assert shown == [UIText(text="u0"), UIText(text="u1")]
     finally:
         await store.close()

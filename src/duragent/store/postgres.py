@@ -482,18 +482,14 @@ class PostgresStore(TxWrites):
         return await self._read(read)
 
     async def entry_heads(self, task_id: str, *, kinds: Iterable[EntryKind]) -> list[EntryHead]:
-        def read(conn: Conn) -> list[EntryHead]:
-            rows = conn.execute(
-                "SELECT seq, kind, round, payload::json ->> 'role' AS role FROM entry_rows"
-                f" WHERE {ENTRY_RANGE} AND kind = ANY(%s)",
-                (*entry_range(task_id), [EntryKind(k).value for k in kinds]),
-            ).fetchall()
-            return [
-                EntryHead(r["seq"], EntryKind(r["kind"]), r["round"], r["role"])
-                for r in sorted(rows, key=itemgetter("seq"))
+        columns = "seq, kind, round, payload::json ->> 'role'"
+        codes = [EntryKind(k).value for k in kinds]
+        return await self._read(
+            lambda conn: [
+                EntryHead(seq, EntryKind(kind), rnd, role)
+                for seq, kind, rnd, role in _task_rows(conn, task_id, columns, codes)
             ]
-
-        return await self._read(read)
+        )
 
     async def model_view(self, task_id: str) -> list[ApiMessage]:
         return parse_messages(await self._read(lambda conn: _view_text(conn, task_id)))
@@ -502,15 +498,10 @@ class PostgresStore(TxWrites):
         return view_data(await self._read(lambda conn: _view_text(conn, task_id)))
 
     async def ui_messages(self, task_id: str) -> list[UiMessage]:
-        def read(conn: Conn) -> list[UiMessage]:
-            rows = conn.execute(
-                f"SELECT seq, payload FROM entry_rows WHERE {ENTRY_RANGE} AND kind = %s"
-                " ORDER BY eid",
-                (*entry_range(task_id), EntryKind.UI_MESSAGE.value),
-            )
-            return build_ui_view((r["seq"], r["payload"]) for r in rows)
-
-        return await self._read(read)
+        code = [EntryKind.UI_MESSAGE.value]
+        return await self._read(
+            lambda conn: build_ui_view(_task_rows(conn, task_id, "seq, payload", code))
+        )
 
     async def get_document(self, scope: str, key: str) -> Document | None:
         def read(conn: Conn) -> Document | None:
@@ -640,27 +631,29 @@ class PostgresStore(TxWrites):
         await signal.wait(timeout)
 
 
-def in_seq_order(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """Rows whose first column is the seq, sorted by it.
+def _task_rows(conn: Conn, task_id: str, columns: str, kinds: list[str]) -> list[Any]:
+    """A task's entries of `kinds` as tuples of `columns` (the seq first), in seq order.
 
-    A task's entries are read without ORDER BY and sorted here: the range's
-    bounds come from a subquery, so the planner cannot size it, and on a table
-    without fresh statistics it chose a bitmap scan and a sort on the server
-    (6.8 ms for 10,000 rows, against 3.6 for the index in order). The rows come
-    in the table's order, nearly sorted already: a few comparisons each here.
+    Read without ORDER BY and sorted here: the range's bounds come from a
+    subquery, so the planner cannot size it, and on a table without fresh
+    statistics it chose a bitmap scan and a sort on the server (6.8 ms for
+    10,000 rows, against 3.6 for the index in order). The rows come in the
+    table's order, nearly sorted already: a few comparisons each here. Tuples,
+    not dicts: a long task's view is 10,000 rows.
     """
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(
+            f"SELECT {columns} FROM entry_rows WHERE {ENTRY_RANGE} AND kind = ANY(%s)",
+            (*entry_range(task_id), kinds),
+        )
+        rows = cur.fetchall()
     rows.sort(key=itemgetter(0))
     return rows
 
 
 def _view_text(conn: Conn, task_id: str) -> str:
     """The payloads of the task's model view as one JSON array text."""
-    with conn.cursor(row_factory=tuple_row) as cur:  # 10,000 rows: no dict per row
-        cur.execute(
-            f"SELECT seq, kind, payload FROM entry_rows WHERE {ENTRY_RANGE} AND kind = ANY(%s)",
-            (*entry_range(task_id), list(VIEW_KINDS)),
-        )
-        return view_text(in_seq_order(cur.fetchall()))
+    return view_text(_task_rows(conn, task_id, "seq, kind, payload", list(VIEW_KINDS)))
 
 
 def _delete_trees(tx: PgTx, roots: list[str]) -> int:
