@@ -681,15 +681,15 @@ async def test_among_many_running_tasks_the_expired_lease_is_found_and_the_earli
 def _set_last_seq(store: Store, task_id: str, seq: int) -> None:
     """Set a task's last seq behind the store's back, in its column and its data."""
     if isinstance(store, SQLiteStore):
-        with closing(sqlite3.connect(store.path)) as conn, conn:
-            conn.execute(
+        with closing(sqlite3.connect(store.path)) as db, db:
+            db.execute(
                 "UPDATE tasks SET last_seq=?, data=json_set(data, '$.last_seq', ?) WHERE id=?",
                 (seq, seq, task_id),
             )
         return
     assert isinstance(store, PostgresStore) and store.schema is not None
-    with psycopg.connect(require_postgres(), autocommit=True) as conn:
-        conn.execute(
+    with psycopg.connect(require_postgres(), autocommit=True) as pg:
+        pg.execute(
             sql.SQL(
                 "UPDATE {}.tasks SET last_seq = %s,"
                 " data = jsonb_set(data::jsonb, '{{last_seq}}', to_jsonb(%s::bigint))::text"
