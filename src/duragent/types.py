@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -243,6 +243,54 @@ class NewEntry:
             self.kind = EntryKind(self.kind)
         if not isinstance(self.payload, dict):
             raise TypeError(f"an entry's payload must be a dict, not {type(self.payload).__name__}")
+
+
+# --- the commit path's copies, without pydantic's generic machinery ------------
+#
+# A round copies its task several times (each patch, the seq it reached, the
+# runner's prediction) and builds an Entry per appended entry. `model_copy` and
+# `model_construct` are general (extra fields, private attributes, defaults)
+# and cost two to three times what these few dict operations do.
+
+_new = object.__new__
+_setattr = object.__setattr__
+_M = TypeVar("_M", bound=BaseModel)
+_ENTRY_FIELDS = frozenset(("task_id", "seq", "kind", "round", "payload", "created_at"))
+
+
+def updated(model: _M, update: dict[str, Any]) -> _M:
+    """`model.model_copy(update=update)`: a shallow copy, values taken as given."""
+    if model.__pydantic_extra__ is not None or model.__pydantic_private__ is not None:
+        return model.model_copy(update=update)
+    copy = _new(type(model))
+    _setattr(copy, "__dict__", {**model.__dict__, **update})
+    _setattr(copy, "__pydantic_fields_set__", model.__pydantic_fields_set__ | update.keys())
+    _setattr(copy, "__pydantic_extra__", None)
+    _setattr(copy, "__pydantic_private__", None)
+    return copy
+
+
+def stored_entry(
+    task_id: str, seq: int, kind: EntryKind, round: int, payload: dict[str, JSON], at: datetime
+) -> Entry:
+    """`Entry.model_construct(...)` of an entry a store assigned `seq` and `at` to."""
+    entry = _new(Entry)
+    _setattr(
+        entry,
+        "__dict__",
+        {
+            "task_id": task_id,
+            "seq": seq,
+            "kind": kind,
+            "round": round,
+            "payload": payload,
+            "created_at": at,
+        },
+    )
+    _setattr(entry, "__pydantic_fields_set__", set(_ENTRY_FIELDS))
+    _setattr(entry, "__pydantic_extra__", None)
+    _setattr(entry, "__pydantic_private__", None)
+    return entry
 
 
 # --- API messages: the OpenAI chat shape -----------------------------------

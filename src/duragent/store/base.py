@@ -34,6 +34,7 @@ from duragent.types import (
     TaskStatus,
     UiMessage,
     check_transition,
+    updated,
 )
 
 # Version 2: session documents are scoped per owner (`session:<owner>:<id>`).
@@ -468,7 +469,7 @@ def apply_patch(task: Task, patch: TaskPatch, now: datetime) -> tuple[Task, NewE
     # so a patch of "waiting" or a usage dict is stored as TaskStatus / Usage,
     # exactly like a fresh task.
     plain = {k: v for k, v in changes.items() if _is_typed(k, v)}
-    patched = task.model_copy(update=plain)
+    patched = updated(task, plain)
     for name, value in changes.items():
         if name not in plain:
             Task.__pydantic_validator__.validate_assignment(patched, name, value)
@@ -544,12 +545,13 @@ def claim(task: Task, worker_id: str, ttl: float, now: datetime) -> tuple[Task, 
     """The task as a new owner holds it, and the status entry recording the claim."""
     takeover = task.status is TaskStatus.RUNNING
     restarts = task.restarts + (1 if takeover else 0)
-    lease = task.lease.model_copy(
-        update={
+    lease = updated(
+        task.lease,
+        {
             "owner": worker_id,
             "expires_at": now + timedelta(seconds=ttl),
             "epoch": task.lease.epoch + 1,
-        }
+        },
     )
     entry = status_change_entry(
         task,
@@ -559,8 +561,9 @@ def claim(task: Task, worker_id: str, ttl: float, now: datetime) -> tuple[Task, 
         epoch=lease.epoch,
         takeover=takeover,
     )
-    claimed = task.model_copy(
-        update={
+    claimed = updated(
+        task,
+        {
             "status": TaskStatus.RUNNING,
             "status_reason": None,
             "wake_at": None,
@@ -568,7 +571,7 @@ def claim(task: Task, worker_id: str, ttl: float, now: datetime) -> tuple[Task, 
             "lease": lease,
             "updated_at": now,
             "version": task.version + 1,
-        }
+        },
     )
     return claimed, entry
 
@@ -577,19 +580,19 @@ def renewed(task: Task, worker_id: str, epoch: int, ttl: float, now: datetime) -
     check_fence(task, epoch)
     if task.lease.owner != worker_id:
         raise StaleLease(task.id, epoch, task.lease.epoch)
-    lease = task.lease.model_copy(update={"expires_at": now + timedelta(seconds=ttl)})
-    return task.model_copy(update={"lease": lease})
+    lease = updated(task.lease, {"expires_at": now + timedelta(seconds=ttl)})
+    return updated(task, {"lease": lease})
 
 
 def released(task: Task, epoch: int, now: datetime) -> tuple[Task, NewEntry | None]:
     """Drop the lease; a task still `running` goes back to `pending` for the next worker."""
     check_fence(task, epoch)
-    update: dict[str, Any] = {"lease": task.lease.model_copy(update={"owner": None})}
+    update: dict[str, Any] = {"lease": updated(task.lease, {"owner": None})}
     entry = None
     if task.status is TaskStatus.RUNNING:
         entry = status_change_entry(task, TaskStatus.PENDING, None, released=True)
         update.update(status=TaskStatus.PENDING, updated_at=now, version=task.version + 1)
-    return task.model_copy(update=update), entry
+    return updated(task, update), entry
 
 
 def check_new_child(task: Task) -> None:

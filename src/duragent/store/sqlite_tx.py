@@ -60,7 +60,8 @@ _INDEXED = ("status", "wake_at", "lease_expires")
 
 
 def _indexed(task: Task) -> tuple[Any, ...]:
-    return (task.status.value, to_ts(task.wake_at), to_ts(task.lease.expires_at))
+    """What those columns are written from (equal values give equal columns)."""
+    return (task.status, task.wake_at, task.lease.expires_at)
 
 
 @functools.lru_cache(maxsize=64)

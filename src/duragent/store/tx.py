@@ -28,7 +28,16 @@ from duragent.store.base import (
     renewed,
 )
 from duragent.store.queues import QUEUES_SCOPE, Candidate, ClaimBudget, queue_from_value
-from duragent.types import Document, Entry, NewEntry, Task, TaskStatus, utcnow
+from duragent.types import (
+    Document,
+    Entry,
+    NewEntry,
+    Task,
+    TaskStatus,
+    stored_entry,
+    updated,
+    utcnow,
+)
 
 
 class Tx(Protocol):
@@ -163,23 +172,14 @@ class _Touched:
             if seq is None:
                 seq = self.get(e.task_id).last_seq
             seq = last[e.task_id] = seq + 1
-            out.append(
-                Entry.model_construct(
-                    task_id=e.task_id,
-                    seq=seq,
-                    kind=e.kind,
-                    round=e.round,
-                    payload=e.payload,
-                    created_at=now,
-                )
-            )
+            out.append(stored_entry(e.task_id, seq, e.kind, e.round, e.payload, now))
         for task_id, seq in last.items():
             if task_id in self.dirty:  # this transaction's own copy: set it in place
                 row = self.rows[task_id]
                 row.__dict__["last_seq"] = seq
                 row.__pydantic_fields_set__.add("last_seq")
             else:
-                self.put(self.get(task_id).model_copy(update={"last_seq": seq}))
+                self.put(updated(self.get(task_id), {"last_seq": seq}))
         return out
 
     def flush(self) -> None:
