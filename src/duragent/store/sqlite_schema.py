@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import sqlite3
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
 from duragent.errors import StoreCorrupt, StoreError, StoreUnavailable, StoreVersionError
 from duragent.store.base import SEQ_BITS
@@ -214,14 +213,6 @@ ENTRY_RANGE = (
     f"eid BETWEEN (SELECT num << {SEQ_BITS} FROM tasks WHERE id=?) + ?"
     f" AND (SELECT num << {SEQ_BITS} FROM tasks WHERE id=?) + ?"
 )
-
-
-_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-
-
-def dumps(value: Any) -> str:
-    """Compact JSON text (one shared encoder: json.dumps with options builds one per call)."""
-    return _ENCODE(value)
 
 
 def connect(path: str, durability: Durability) -> sqlite3.Connection:

@@ -10,9 +10,9 @@ from datetime import datetime
 from typing import Any
 
 from duragent.errors import StoreError
-from duragent.store.base import MAX_SEQ, CopyEntries, entry_key, to_ts, ts_to_dt
+from duragent.store.base import MAX_SEQ, CopyEntries, dumps, entry_key, to_ts, ts_to_dt
 from duragent.store.queues import QUEUES_SCOPE, Candidate
-from duragent.store.sqlite_schema import KIND_CODES, dumps
+from duragent.store.sqlite_schema import KIND_CODES
 from duragent.store.tx import Notes, task_columns
 from duragent.types import Document, Entry, Task
 
