@@ -235,6 +235,35 @@ async def test_store_reconnects_after_its_backends_are_terminated(pg_url: str, s
         await s.close()
 
 
+async def test_the_writer_keeps_one_pooled_connection_between_commits(
+    pg_url: str, schema: str
+) -> None:
+    s = PostgresStore(pg_url, schema=schema, min_size=1, max_size=4)
+    try:
+        task, _ = await s.create_task(Task(agent="a"))
+        before = s._pool.get_stats().get("requests_num", 0)
+        for i in range(20):
+            await s.commit(Commit(entries=[ui(task.id, f"m{i}")]))
+        assert s._pool.get_stats().get("requests_num", 0) - before <= 1
+        assert (await s.get_task(task.id)).last_seq == 20
+    finally:
+        await s.close()
+
+
+async def test_a_pool_of_one_connection_serves_reads_between_commits(
+    pg_url: str, schema: str
+) -> None:
+    """The writer keeps no connection the readers would wait for (a pool timeout)."""
+    s = PostgresStore(pg_url, schema=schema, min_size=1, max_size=1, connect_timeout=2)
+    try:
+        task, _ = await s.create_task(Task(agent="a"))
+        for i in range(5):
+            await s.commit(Commit(entries=[ui(task.id, f"m{i}")]))
+            assert (await s.get_task(task.id)).last_seq == i + 1
+    finally:
+        await s.close()
+
+
 async def test_commit_cut_off_before_commit_is_retried_once(pg_url: str, schema: str) -> None:
     """The backend dies mid-transaction (waiting on a row lock): nothing was committed,
     so the store runs the commit again on a new connection, and it lands exactly once."""

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,6 +25,7 @@ from typing import Any
 
 import psycopg
 import psycopg_pool
+from psycopg.pq import TransactionStatus
 
 from duragent.errors import CommitOutcomeUnknown, StoreUnavailable
 from duragent.store.base import PendingCommit, mark_failed
@@ -43,6 +44,8 @@ from duragent.store.tx import task_columns
 from duragent.types import Task
 
 Outcome = tuple[bool, Any]  # (ok, result or exception)
+
+HOLD_SECONDS = 60.0  # the longest the writer keeps a pooled connection
 
 
 @dataclass(slots=True)
@@ -88,6 +91,8 @@ class PgWriter:
         self._pending: list[_Job] = []
         self._busy = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="duragent-pg-writer")
+        self._held: Conn | None = None  # the writer thread's connection (see _connection)
+        self._held_since = 0.0
 
     def submit(self, fn: Callable[[PgTx], Any], link: PendingCommit | None) -> asyncio.Future[Any]:
         """Queue `fn` for the next transaction; the future answers once it committed."""
@@ -124,6 +129,37 @@ class PgWriter:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+        conn, self._held = self._held, None
+        if conn is not None:
+            self.pool.putconn(conn)
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[Conn]:
+        """A pooled connection, kept by the writer thread between batches.
+
+        A checkout and return cost a tenth of a commit's CPU. The connection
+        goes back to the pool after any failure (the pool replaces a broken
+        one), when it is not idle, after `HOLD_SECONDS` (so the pool's checks
+        and lifetimes apply to it) and when the store closes; with a pool of
+        one connection it goes back after every batch, for the readers.
+        """
+        conn, self._held = self._held, None
+        if conn is None:
+            conn = self.pool.getconn()
+            self._held_since = time.monotonic()
+        try:
+            yield conn
+        except BaseException:
+            self.pool.putconn(conn)
+            raise
+        if (
+            conn.info.transaction_status is TransactionStatus.IDLE
+            and self.pool.max_size > 1
+            and time.monotonic() - self._held_since < HOLD_SECONDS
+        ):
+            self._held = conn
+        else:
+            self.pool.putconn(conn)
 
     # --- the writer thread ---
 
@@ -174,7 +210,7 @@ class PgWriter:
             attempt += 1
             committing = False
             try:
-                with self.pool.connection() as conn:
+                with self._connection() as conn:
                     try:
                         outcomes, txs, committed = self._attempt(conn, batch, cached)
                         changed = any(tx.changed for tx in txs)
