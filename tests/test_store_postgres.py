@@ -9,6 +9,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +261,47 @@ async def test_a_pool_of_one_connection_serves_reads_between_commits(
         for i in range(5):
             await s.commit(Commit(entries=[ui(task.id, f"m{i}")]))
             assert (await s.get_task(task.id)).last_seq == i + 1
+    finally:
+        await s.close()
+
+
+async def test_columns_follow_each_commit_of_a_cached_row(pg_url: str, schema: str) -> None:
+    """A commit on a row this process wrote last sends only the columns it changes:
+    the row's columns still read what the task is after every commit."""
+    s = PostgresStore(pg_url, schema=schema)
+    try:
+        task, _ = await s.create_task(Task(agent="a"))
+        claimed = await s.claim_task("w", task_id=task.id, ttl=60)
+        assert claimed is not None
+        fence = {task.id: claimed.lease.epoch}
+        wake = datetime.now(UTC) + timedelta(seconds=30)
+        patches: list[dict[str, Any]] = [
+            {"iterations": 1},
+            {"status": "waiting", "status_reason": "timer", "wake_at": wake},
+            {"iterations": 2},
+            {"status": "running", "wake_at": None},
+            {"status": "paused"},
+        ]
+        for patch in patches:
+            r = await s.commit(Commit(fence=fence, patches=[TaskPatch(task.id, patch)]))
+            now = r.tasks[task.id]
+            with admin(pg_url) as conn:
+                row = conn.execute(
+                    psycopg.sql.SQL(
+                        "SELECT status, status_reason, wake_at, lease_owner, lease_epoch,"
+                        " version FROM {}.tasks WHERE id = %s"
+                    ).format(psycopg.sql.Identifier(schema)),
+                    (task.id,),
+                ).fetchone()
+            assert row == {
+                "status": now.status.value,
+                "status_reason": now.status_reason,
+                "wake_at": now.wake_at,
+                "lease_owner": "w",
+                "lease_epoch": claimed.lease.epoch,
+                "version": now.version,
+            }, patch
+        assert (await s.get_task(task.id)).status.value == "paused"
     finally:
         await s.close()
 
