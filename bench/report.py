@@ -76,25 +76,41 @@ def storage_table(res: Results) -> str:
     sizes = [str(n) for n in res.settings.storage_rounds]
     raw = res.storage.get("raw", {})
     head = " | ".join(f"after {int(n):,} rounds" for n in sizes)
-    lines = [f"| system | store | {head} |", "| --- | --- |" + " ---: |" * len(sizes)]
+    # What each further round costs, the tables' fixed pages left out: the
+    # growth between the last two sizes over the raw messages' growth.
+    grows = len(sizes) > 1
+    first, last = sizes[-2:] if grows else ("", "")
+    growth = f" growth from {int(first):,} to {int(last):,} rounds |" if grows else ""
+    width = len(sizes) + grows
+    lines = [f"| system | store | {head} |{growth}", "| --- | --- |" + " ---: |" * width]
+    raw_growth = f" {human_bytes(raw[last] - raw[first])} |" if grows and raw else ""
     lines.append(
         "| raw message JSON | Σ len(json.dumps(m)) | "
         + " | ".join(human_bytes(raw.get(n, 0)) for n in sizes)
         + " |"
+        + raw_growth
     )
     for key in STORAGE_KEYS:
         s = BY_KEY[key]
         if key in res.unavailable:
-            lines.append(f"| {s.label} | {s.store} |" + " n/a |" * len(sizes))
+            lines.append(f"| {s.label} | {s.store} |" + " n/a |" * width)
             continue
         got = res.storage.get(key)
         if not got:
-            lines.append(f"| {s.label} | {s.store} |" + " failed |" * len(sizes))
+            lines.append(f"| {s.label} | {s.store} |" + " failed |" * width)
             continue
         cells = []
         for n in sizes:
             b = got.get(n)
             cells.append(f"{human_bytes(b)} ({b / raw[n]:.1f}× raw)" if b else "—")
+        if grows:
+            a, b = got.get(first), got.get(last)
+            grew = b - a if a and b else None
+            cells.append(
+                f"{human_bytes(grew)} ({grew / (raw[last] - raw[first]):.2f}× raw)"
+                if grew is not None
+                else "—"
+            )
         store = s.store if s.system != "duragent" else "SQLite WAL" if "sqlite" in key else s.store
         lines.append(f"| {s.label} | {store} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -490,7 +506,10 @@ def render(res: Results, command: str, started: str, elapsed: float, only: list[
             "Bytes in the store after N rounds: SQLite db + WAL files after "
             "`wal_checkpoint(TRUNCATE)` (DBOS: db + rollback journal); PostgreSQL: "
             "`pg_total_relation_size` of every table of the store's schema (heap, TOAST, "
-            "indexes). Raw = Σ len(json.dumps(message)) of the OpenAI-format messages.",
+            "indexes). Raw = Σ len(json.dumps(message)) of the OpenAI-format messages. The "
+            "last column is what the later rounds added, over their messages' raw growth: the "
+            "cost of each further round, without the tables' and indexes' first pages (which "
+            "the figures after N rounds include; the target is on those).",
             "",
             storage_table(res),
             "",
