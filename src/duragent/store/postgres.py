@@ -651,9 +651,26 @@ def _task_rows(conn: Conn, task_id: str, columns: str, kinds: list[str]) -> list
     return rows
 
 
+# The view's payloads joined by the server, and whether a rollback marker is
+# among them. One value instead of a row per message: a 10,000-entry task's
+# view took 14 ms read as rows and joined here, 10.6 as this (the server's
+# part grows from 3.4 to 7.6 ms; this process's shrinks from 10.6 to 3).
+_JOINED_VIEW = (
+    "SELECT '[' || coalesce(string_agg(payload, ',' ORDER BY eid), '') || ']',"
+    f" coalesce(bool_or(kind = '{EntryKind.ROLLBACK.value}'), false)"
+    f" FROM entry_rows WHERE {ENTRY_RANGE} AND kind = ANY(%s)"
+)
+
+
 def _view_text(conn: Conn, task_id: str) -> str:
     """The payloads of the task's model view as one JSON array text."""
-    return view_text(_task_rows(conn, task_id, "seq, kind, payload", list(VIEW_KINDS)))
+    kinds = list(VIEW_KINDS)
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(_JOINED_VIEW, (*entry_range(task_id), kinds))
+        row = cur.fetchone()
+    if row is not None and not row[1]:
+        return str(row[0])  # nothing voided (the common case): that is the view
+    return view_text(_task_rows(conn, task_id, "seq, kind, payload", kinds))
 
 
 def _delete_trees(tx: PgTx, roots: list[str]) -> int:
