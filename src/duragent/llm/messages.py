@@ -10,7 +10,6 @@ form (`OpenAIChat`, through `wire_messages`) never does.
 
 from __future__ import annotations
 
-import gc
 import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
@@ -18,6 +17,7 @@ from typing import Any, overload
 from pydantic import BaseModel, ValidationError
 
 from duragent.errors import StoreCorrupt
+from duragent.heap import collector_paused
 from duragent.types import API_MESSAGES, dump_message
 
 
@@ -78,17 +78,13 @@ class WorkingView:
         return typed[start:stop]
 
     def _build(self, indexes: list[int]) -> None:
-        enabled = gc.isenabled()
-        gc.disable()  # thousands of new objects, none of them garbage
         try:
-            built = API_MESSAGES.validate_python([self._data[i] for i in indexes])
+            with collector_paused():  # thousands of new objects, none of them garbage
+                built = API_MESSAGES.validate_python([self._data[i] for i in indexes])
         except ValidationError as exc:
             raise StoreCorrupt(
                 f"a stored message of the model's view is not a valid API message: {exc}"
             ) from exc
-        finally:
-            if enabled:
-                gc.enable()
         for i, message in zip(indexes, built, strict=True):
             self._typed[i] = message
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import json
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import pydantic_core
 
 from duragent.errors import Conflict, InvalidOption, StaleLease, StoreCorrupt
+from duragent.heap import collector_paused
 from duragent.payloads import is_marker, is_voided, voided_ranges
 from duragent.types import (
     API_KINDS,
@@ -632,17 +632,11 @@ def view_text(rows: Iterable[tuple[int, str, str]]) -> str:
 def parse_messages(text: str) -> list[ApiMessage]:
     """A JSON array of API messages as typed messages, in one validation call.
 
-    A long history builds thousands of small objects, none of them garbage;
-    the cyclic collector would run again and again over them (up to tens of
-    milliseconds on resume), so it is held off for the duration.
+    A long history builds thousands of small objects, none of them garbage
+    (see `duragent.heap`).
     """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         return API_MESSAGES.validate_json(text)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def view_data(text: str) -> list[dict[str, Any]]:
@@ -654,20 +648,16 @@ def view_data(text: str) -> list[dict[str, Any]]:
     when a model call asks for them (`duragent.llm.messages`). Text that is not
     a JSON array of objects is a damaged store: `StoreCorrupt`.
     """
-    enabled = gc.isenabled()
-    gc.disable()  # thousands of new objects, none of them garbage (see parse_messages)
-    try:
-        # Keys only: every message repeats a few keys, while their texts are
-        # mostly unique (caching those too costs more than it saves).
-        data = pydantic_core.from_json(text, cache_strings="keys")
-    except ValueError:
-        try:  # what only Python's decoder takes (an escaped lone surrogate)
-            data = json.loads(text)
-        except ValueError as exc:
-            raise StoreCorrupt(f"the model's view of a task is not valid JSON: {exc}") from exc
-    finally:
-        if enabled:
-            gc.enable()
+    with collector_paused():
+        try:
+            # Keys only: every message repeats a few keys, while their texts are
+            # mostly unique (caching those too costs more than it saves).
+            data = pydantic_core.from_json(text, cache_strings="keys")
+        except ValueError:
+            try:  # what only Python's decoder takes (an escaped lone surrogate)
+                data = json.loads(text)
+            except ValueError as exc:
+                raise StoreCorrupt(f"the model's view of a task is not valid JSON: {exc}") from exc
     if type(data) is not list:
         raise StoreCorrupt("the model's view of a task is not a list of message objects")
     for m in data:
