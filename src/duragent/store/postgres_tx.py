@@ -25,7 +25,7 @@ from duragent.errors import StoreError
 from duragent.store.base import MAX_SEQ, SEQ_BITS, CopyEntries, dumps, entry_range
 from duragent.store.postgres_schema import ENTRY_RANGE, Conn, lock_key
 from duragent.store.queues import QUEUES_SCOPE, Candidate
-from duragent.store.tx import Notes, task_columns
+from duragent.store.tx import Notes, leave_unchanged, task_columns
 from duragent.types import Document, Entry, Task
 
 
@@ -162,11 +162,7 @@ class PgTx:
             cols["input"] = dumps(task.input)
         base = self.based_on.get(task.id)
         if base is not None:
-            # The guard proves the row is `base`: a column it already holds is
-            # not sent (a round's commits change none of these).
-            for name, old, new in zip(_STABLE, _stable(base), _stable(task), strict=True):
-                if old == new:
-                    del cols[name]
+            leave_unchanged(cols, base, task)  # the guard proves the row is `base`
             cols.update(zip(_GUARD_PARAMS, row_stamp(base), strict=True))
         self._run(_update_sql(tuple(cols), base is not None), cols, guard=base is not None)
         self.written[task.id] = task
@@ -464,22 +460,6 @@ def row_stamp(task: Task) -> tuple[Any, ...]:
 
 
 _GUARD_PARAMS = ("_version", "_last_seq", "_epoch", "_owner", "_expires")
-
-# Columns of a task row that most writes leave as they were.
-_STABLE = ("status", "status_reason", "wake_at", "lease_owner", "lease_expires", "lease_epoch")
-
-
-def _stable(task: Task) -> tuple[Any, ...]:
-    """What the _STABLE columns are written from (equal values give equal columns)."""
-    lease = task.lease
-    return (
-        task.status,
-        task.status_reason,
-        task.wake_at,
-        lease.owner,
-        lease.expires_at,
-        lease.epoch,
-    )
 
 
 # An entry's key from its task's id (the task's number, looked up by the server)

@@ -13,7 +13,7 @@ from duragent.errors import StoreError
 from duragent.store.base import MAX_SEQ, CopyEntries, dumps, entry_key, to_ts, ts_to_dt
 from duragent.store.queues import QUEUES_SCOPE, Candidate
 from duragent.store.sqlite_schema import KIND_CODES
-from duragent.store.tx import Notes, task_columns
+from duragent.store.tx import Notes, leave_unchanged, task_columns
 from duragent.types import Document, Entry, Task
 
 
@@ -52,19 +52,7 @@ def _stamp(task: Task) -> _Stamp:
     return (task.version, task.last_seq, task.lease.epoch, to_ts(task.lease.expires_at))
 
 
-# The columns of an update that indexes cover. SQLite rewrites an index entry
-# whenever its column is in the SET list, even with the value it had: leaving
-# out the ones that did not change spares a round's commit three index pages
-# (status, and the lease expiry, usually stay as they were).
-_INDEXED = ("status", "wake_at", "lease_expires")
-
-
-def _indexed(task: Task) -> tuple[Any, ...]:
-    """What those columns are written from (equal values give equal columns)."""
-    return (task.status, task.wake_at, task.lease.expires_at)
-
-
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=256)  # the columns left out vary (leave_unchanged)
 def _update_sql(columns: tuple[str, ...]) -> str:
     sets = ", ".join(f"{k}=:{k}" for k in columns if k != "id")
     return f"UPDATE tasks SET {sets} WHERE id=:id"
@@ -157,9 +145,7 @@ class SqliteTx:
         if before is None or before.input != task.input:
             cols["input"] = dumps(task.input)
         if before is not None:
-            for name, old, new in zip(_INDEXED, _indexed(before), _indexed(task), strict=True):
-                if old == new:
-                    del cols[name]
+            leave_unchanged(cols, before, task)
         self.stored[task.id] = task
         self.conn.execute(_update_sql(tuple(cols)), cols)
         self.written[task.id] = task

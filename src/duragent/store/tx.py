@@ -102,6 +102,42 @@ def task_columns(
     return cols
 
 
+# Columns of a task row that most writes leave as they were. An update leaves
+# out those the row already holds: SQLite rewrites an index entry whenever its
+# column is in the SET list, even with the value it had (status, wake_at and
+# the lease expiry are indexed: leaving them out spares a round's commit three
+# index pages), and PostgreSQL's writer need not send their literals.
+STABLE_COLUMNS = (
+    "status",
+    "status_reason",
+    "wake_at",
+    "lease_owner",
+    "lease_expires",
+    "lease_epoch",
+)
+
+
+def _stable(task: Task) -> tuple[Any, ...]:
+    """What the STABLE_COLUMNS are written from (equal values give equal columns)."""
+    lease = task.lease
+    return (
+        task.status,
+        task.status_reason,
+        task.wake_at,
+        lease.owner,
+        lease.expires_at,
+        lease.epoch,
+    )
+
+
+def leave_unchanged(cols: dict[str, Any], stored: Task, task: Task) -> None:
+    """Take out of `cols` (`task_columns` of `task`) the STABLE_COLUMNS whose values
+    `stored`, the row as the database holds it now, has already."""
+    for name, old, new in zip(STABLE_COLUMNS, _stable(stored), _stable(task), strict=True):
+        if old == new:
+            del cols[name]
+
+
 def schedule_key(task: Task) -> tuple[Any, ...]:
     """What decides whether, and from when, a worker may claim the task."""
     return (task.status, task.status_reason, task.wake_at, task.lease.owner, task.lease.epoch)
