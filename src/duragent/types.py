@@ -258,39 +258,37 @@ _M = TypeVar("_M", bound=BaseModel)
 _ENTRY_FIELDS = frozenset(("task_id", "seq", "kind", "round", "payload", "created_at"))
 
 
+def _bare(cls: type[_M], values: dict[str, Any], fields_set: set[str]) -> _M:
+    """An instance of `cls` holding `values`, with neither extras nor private attributes."""
+    model = _new(cls)
+    _setattr(model, "__dict__", values)
+    _setattr(model, "__pydantic_fields_set__", fields_set)
+    _setattr(model, "__pydantic_extra__", None)
+    _setattr(model, "__pydantic_private__", None)
+    return model
+
+
 def updated(model: _M, update: dict[str, Any]) -> _M:
     """`model.model_copy(update=update)`: a shallow copy, values taken as given."""
     if model.__pydantic_extra__ is not None or model.__pydantic_private__ is not None:
         return model.model_copy(update=update)
-    copy = _new(type(model))
-    _setattr(copy, "__dict__", {**model.__dict__, **update})
-    _setattr(copy, "__pydantic_fields_set__", model.__pydantic_fields_set__ | update.keys())
-    _setattr(copy, "__pydantic_extra__", None)
-    _setattr(copy, "__pydantic_private__", None)
-    return copy
+    fields_set = model.__pydantic_fields_set__ | update.keys()
+    return _bare(type(model), {**model.__dict__, **update}, fields_set)
 
 
 def stored_entry(
     task_id: str, seq: int, kind: EntryKind, round: int, payload: dict[str, JSON], at: datetime
 ) -> Entry:
     """`Entry.model_construct(...)` of an entry a store assigned `seq` and `at` to."""
-    entry = _new(Entry)
-    _setattr(
-        entry,
-        "__dict__",
-        {
-            "task_id": task_id,
-            "seq": seq,
-            "kind": kind,
-            "round": round,
-            "payload": payload,
-            "created_at": at,
-        },
-    )
-    _setattr(entry, "__pydantic_fields_set__", set(_ENTRY_FIELDS))
-    _setattr(entry, "__pydantic_extra__", None)
-    _setattr(entry, "__pydantic_private__", None)
-    return entry
+    values = {
+        "task_id": task_id,
+        "seq": seq,
+        "kind": kind,
+        "round": round,
+        "payload": payload,
+        "created_at": at,
+    }
+    return _bare(Entry, values, set(_ENTRY_FIELDS))
 
 
 # --- API messages: the OpenAI chat shape -----------------------------------
