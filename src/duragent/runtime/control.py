@@ -127,6 +127,7 @@ class ControlledRunner:
         )
         self.control: Control | None = None
         self._control_event = asyncio.Event()
+        self._control_listeners: list[Callable[[], None]] = []  # see _first_done
         self._abort_event = asyncio.Event()
         self._interrupt_target: asyncio.Task[Any] | None = None
         self._handled_tokens: set[str] = set()  # interrupts already acted on
@@ -154,6 +155,8 @@ class ControlledRunner:
         if self.control is None or control.action == "abort" or yields:
             self.control = control
             self._control_event.set()
+            for listener in list(self._control_listeners):
+                listener()
             if control.action == "abort":
                 self._abort_event.set()
             if self._interrupt_target is not None and not self._interrupting:
@@ -182,6 +185,36 @@ class ControlledRunner:
             raise
         finally:
             self._interrupt_target = None
+
+    async def _first_done(self, jobs: Iterable[asyncio.Future[Any]], *, or_control: bool) -> None:
+        """Wait until one of `jobs` is done or, with `or_control`, a control request
+        is here (one that came before counts, after the jobs' next step).
+
+        What asyncio.wait(FIRST_COMPLETED) with a task waiting on the control
+        event does, without the two tasks, the sets and the cancellation a round
+        would pay for it on every tool call.
+        """
+        loop = asyncio.get_running_loop()
+        wake: asyncio.Future[None] = loop.create_future()
+
+        def poke(_: object = None) -> None:
+            if not wake.done():
+                wake.set_result(None)
+
+        jobs = list(jobs)
+        for job in jobs:
+            job.add_done_callback(poke)
+        if or_control:
+            self._control_listeners.append(poke)
+            if self._control_event.is_set():
+                loop.call_soon(poke)
+        try:
+            await wake
+        finally:
+            for job in jobs:
+                job.remove_done_callback(poke)
+            if or_control:
+                self._control_listeners.remove(poke)
 
     # --- commits ---
 

@@ -275,21 +275,26 @@ class RoundRunner(ControlledRunner):
         one_at_a_time = asyncio.Lock()
         closing: list[Outcome] = []  # the last result, committed below by this task
 
+        def closes(out: Outcome) -> bool:
+            """The last result closes the round (a suspended call keeps it open):
+            left to the runner's own task (_close_round), which goes on to the next
+            model call at once, with no wake-up in between; not while a control
+            request waits (a pause with rollback may undo this very round)."""
+            if remaining <= {out.call_id} and self.control is None and not out.documents:
+                closing.append(out)
+                remaining.discard(out.call_id)
+                return True
+            return False
+
         async def finish(out: Outcome) -> None:
             if out.suspend is not None:
                 suspended[out.call_id] = out
                 return
             async with one_at_a_time:
-                # The last result closes the round (a suspended call keeps it open),
-                # unless a pause with rollback is waiting to undo this very round.
+                if closes(out):
+                    return
                 rolling_back = self.control is not None and self.control.rollback
                 last = remaining <= {out.call_id}
-                if last and self.control is None and not out.documents:
-                    # Left to the runner's own task (_close_round), which goes on
-                    # to the next model call at once: no wake-up in between.
-                    closing.append(out)
-                    remaining.discard(out.call_id)
-                    return
                 patch = {"iterations": r} if last and not rolling_back else None
                 entries = self._outcome_entries(r, out)
                 res = await self.commit(entries, patch, documents=out.documents)
@@ -300,6 +305,8 @@ class RoundRunner(ControlledRunner):
 
         async def one(call: ToolCallData) -> None:
             out = await run_call(self, r, call, rs)  # a stop may cancel the tool...
+            if out.suspend is None and not one_at_a_time.locked() and closes(out):
+                return  # the round's last result: _close_round commits it
             # ...but never a result commit once it started: that would leave the
             # call with a result written and an "interrupted" one added.
             committing[call.id] = asyncio.ensure_future(finish(out))
@@ -327,18 +334,19 @@ class RoundRunner(ControlledRunner):
             await self._stop(self.control, entries)
             return
         jobs = {asyncio.ensure_future(one(c)): c.id for c in todo}
-        stopper = asyncio.ensure_future(self._control_event.wait())
         pending_jobs = set(jobs)
         try:
             while pending_jobs:
                 # Once the last result is in, the jobs left are only returning:
                 # a stop now is for _close_round and the loop to see.
-                watch = pending_jobs if closing else pending_jobs | {stopper}
-                done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
+                watch_stop = not closing
+                await self._first_done(pending_jobs, or_control=watch_stop)
+                done = {job for job in pending_jobs if job.done()}
                 pending_jobs -= done
-                for job in done - {stopper}:
+                for job in done:
                     job.result()  # surface Abandoned / store errors
-                if stopper in done and pending_jobs and not closing:
+                stopped = watch_stop and self._control_event.is_set()
+                if stopped and pending_jobs and not closing:
                     recorded = set(rs.waits) if rs else set()
                     await self._stop_tools(r, pending_jobs, jobs, committing, suspended, recorded)
                     return
@@ -356,7 +364,6 @@ class RoundRunner(ControlledRunner):
                     await asyncio.shield(self.commit(entries, {"iterations": r}))
             raise
         finally:
-            stopper.cancel()
             # Leaving early (the runner was cancelled: its lease is lost; or a
             # result commit failed): its tools must not run on unowned.
             for job in pending_jobs:
