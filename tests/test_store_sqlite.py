@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -262,9 +263,35 @@ async def test_a_new_store_file_gives_freed_pages_back_incrementally(tmp_path: P
     conn.close()
 
 
+def _downgrade_entries_to_version_6(path: Path) -> None:
+    """Rewrite a store's entries table as version 6 kept it: times a REAL of seconds."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN")
+    for ddl in [
+        "DROP VIEW entry_rows",
+        "DROP INDEX entries_src",
+        "ALTER TABLE entries RENAME TO entries_v7",
+        *[s for s in MIGRATIONS[6] if isinstance(s, str) and s.startswith("CREATE TABLE")],
+        "INSERT INTO entries_v6 SELECT eid, kind, round, payload, created_at / 1000.0, src"
+        " FROM entries_v7",
+        "DROP TABLE entries_v7",
+        "ALTER TABLE entries_v6 RENAME TO entries",
+        *[
+            s
+            for s in MIGRATIONS[6]
+            if isinstance(s, str) and s.startswith("CREATE ") and "_v6" not in s
+        ],
+        "UPDATE meta SET value='6' WHERE key='schema_version'",
+    ]:
+        conn.execute(ddl)
+    conn.execute("COMMIT")
+    conn.close()
+
+
 def _downgrade_entries_to_version_5(path: Path) -> None:
     """Rewrite a store's entries table as version 5 kept it: keyed by (task_num,
     seq) WITHOUT ROWID, a fork's reference in two columns."""
+    _downgrade_entries_to_version_6(path)
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("BEGIN")
     for ddl in [
@@ -331,6 +358,59 @@ async def test_a_version_5_store_keeps_every_entry_and_fork_reference_through_ve
     # Purging the source gives the fork its payloads back.
     await again.delete_task(tasks[1].id)
     assert await again.model_view_data(fork.id) == views[fork.id]
+    await again.close()
+
+
+async def test_a_version_6_store_keeps_every_entry_through_version_7_to_the_millisecond(
+    tmp_path: Path,
+) -> None:
+    """Version 7 keeps an entry's time in whole milliseconds: the migration keeps
+    every entry and fork reference, and rounds a version-6 time (a REAL of
+    seconds) down to its millisecond, as a new entry's is."""
+    path = tmp_path / "v6.db"
+    store = open_store(f"sqlite:///{path}")
+    assert isinstance(store, SQLiteStore)
+    task, fork = Task(agent="a"), Task(agent="a")
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    await store.create_task(
+        task,
+        [NewEntry(task_id=task.id, kind=EntryKind.API_MESSAGE, payload=m) for m in messages],
+    )
+    copy = CopyEntries(task.id, 1, 2, (EntryKind.API_MESSAGE,), max_round=9, count=2)
+    await store.create_fork(fork, [copy])
+    before = {t.id: await store.entries(t.id) for t in (task, fork)}
+    await store.close()
+
+    _downgrade_entries_to_version_6(path)
+    on_a_ms = datetime(2026, 12, 3, 8, 15, 4, 157000, tzinfo=UTC)
+    between = datetime(2026, 12, 3, 8, 15, 4, 123999, tzinfo=UTC)
+    conn = sqlite3.connect(path)
+    assert {r[0] for r in conn.execute("SELECT typeof(created_at) FROM entries")} == {"real"}
+    eid = conn.execute("SELECT min(eid) FROM entries").fetchone()[0]
+    for n, at in enumerate((on_a_ms, between)):
+        conn.execute("UPDATE entries SET created_at=? WHERE eid=?", (at.timestamp(), eid + n))
+    conn.commit()
+    conn.close()
+
+    again = open_store(f"sqlite:///{path}")
+    assert isinstance(again, SQLiteStore) and again.migrated_from == 6
+    after = {t: await again.entries(t) for t in before}
+    assert [e.created_at for e in after[task.id]] == [on_a_ms, between.replace(microsecond=123000)]
+    assert after[fork.id] == before[fork.id]
+    assert [e.model_dump(exclude={"created_at"}) for e in after[task.id]] == [
+        e.model_dump(exclude={"created_at"}) for e in before[task.id]
+    ]
+    conn = sqlite3.connect(path)
+    assert {r[0] for r in conn.execute("SELECT typeof(created_at) FROM entries")} == {"integer"}
+    conn.close()
+    # A new entry's time reads back to its millisecond.
+    res = await again.commit(
+        Commit(entries=[NewEntry(task_id=task.id, kind=EntryKind.CHECKPOINT, payload={})])
+    )
+    (new,) = await again.entries(task.id, after_seq=2)
+    assert new.created_at == res.entries[0].created_at.replace(
+        microsecond=res.entries[0].created_at.microsecond // 1000 * 1000
+    )
     await again.close()
 
 

@@ -48,7 +48,6 @@ from duragent.store.base import (
     from_ts,
     mark_failed,
     parse_messages,
-    ts_to_dt,
     view_data,
     view_text,
 )
@@ -60,6 +59,7 @@ from duragent.store.sqlite_schema import (
     Durability,
     connect,
     migrate,
+    ms_to_dt,
 )
 from duragent.store.sqlite_tx import RowCache, SqliteTx, label_value, row_document, row_task
 from duragent.store.sqlite_wake import WakeUps
@@ -422,7 +422,7 @@ class SQLiteStore(TxWrites):
                     kind=KINDS_BY_CODE[r["kind"]],
                     round=r["round"],
                     payload=json.loads(r["payload"]),
-                    created_at=ts_to_dt(r["created_at"]),
+                    created_at=ms_to_dt(r["created_at"]),
                 )
                 for r in conn.execute(sql, params)
             ]

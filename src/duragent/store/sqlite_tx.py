@@ -12,7 +12,7 @@ from typing import Any
 from duragent.errors import StoreError
 from duragent.store.base import MAX_SEQ, CopyEntries, dumps, entry_key, to_ts, ts_to_dt
 from duragent.store.queues import QUEUES_SCOPE, Candidate
-from duragent.store.sqlite_schema import KIND_CODES
+from duragent.store.sqlite_schema import KIND_CODES, to_ms
 from duragent.store.tx import Notes, leave_unchanged, task_columns
 from duragent.types import Document, Entry, Task
 
@@ -162,7 +162,7 @@ class SqliteTx:
                     KIND_CODES[e.kind],
                     e.round,
                     dumps(e.payload),
-                    to_ts(e.created_at),
+                    to_ms(e.created_at),
                 )
                 for e in entries
             ],
@@ -182,7 +182,7 @@ class SqliteTx:
             f" AND kind IN ({', '.join('?' * len(codes))})",
             (
                 entry_key(self.task_num(task_id), after_seq),
-                to_ts(now),
+                to_ms(now),
                 entry_key(row[0], copy.first_seq),
                 entry_key(row[0], copy.last_seq),
                 copy.max_round,
