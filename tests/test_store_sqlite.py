@@ -263,6 +263,16 @@ async def test_a_new_store_file_gives_freed_pages_back_incrementally(tmp_path: P
     conn.close()
 
 
+async def test_a_new_store_files_meta_table_has_no_index_of_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "n.db"
+    await SQLiteStore(str(path)).close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT name FROM sqlite_master WHERE tbl_name='meta'").fetchall() == [
+        ("meta",)
+    ]
+    conn.close()
+
+
 def _downgrade_entries_to_version_6(path: Path) -> None:
     """Rewrite a store's entries table as version 6 kept it: times a REAL of seconds."""
     conn = sqlite3.connect(path, isolation_level=None)
