@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 from contextlib import closing
 from datetime import UTC, datetime, timedelta
@@ -717,3 +718,83 @@ async def test_a_task_past_the_last_seq_an_entry_key_holds_is_refused_and_nothin
             await store.commit(Commit(entries=[beyond]))
         assert [e.payload for e in await store.entries(task.id)] == [{"n": "last"}]
         assert (await store.get_task(task.id)).last_seq == MAX_SEQ
+
+
+def _stored_payloads(store: Store, task_id: str) -> list[dict[str, Any]]:
+    """A task's payloads as the file or the server holds them, in seq order."""
+    if isinstance(store, SQLiteStore):
+        with closing(sqlite3.connect(store.path)) as db:
+            rows = db.execute(
+                "SELECT e.payload FROM entry_rows e JOIN tasks t ON t.num = e.task_num"
+                " WHERE t.id = ? ORDER BY e.seq",
+                (task_id,),
+            ).fetchall()
+    else:
+        assert isinstance(store, PostgresStore) and store.schema is not None
+        with psycopg.connect(require_postgres(), autocommit=True) as pg:
+            rows = pg.execute(
+                sql.SQL(
+                    "SELECT e.payload FROM {0}.entries e JOIN {0}.tasks t"
+                    " ON e.eid >> 32 = t.num WHERE t.id = %s ORDER BY e.eid"
+                ).format(sql.Identifier(store.schema)),
+                (task_id,),
+            ).fetchall()
+    return [json.loads(r[0]) for r in rows]
+
+
+def _restore_payloads(store: Store, task_id: str, texts: list[str]) -> None:
+    """Write payload texts over a task's first entries behind the store's back."""
+    if isinstance(store, SQLiteStore):
+        with closing(sqlite3.connect(store.path)) as db, db:
+            (num,) = db.execute("SELECT num FROM tasks WHERE id = ?", (task_id,)).fetchone()
+            for seq, text in enumerate(texts, 1):
+                db.execute("UPDATE entries SET payload = ? WHERE eid = ?", (text, num << 32 | seq))
+        return
+    assert isinstance(store, PostgresStore) and store.schema is not None
+    with psycopg.connect(require_postgres(), autocommit=True) as pg:
+        for seq, text in enumerate(texts, 1):
+            pg.execute(
+                sql.SQL(
+                    "UPDATE {0}.entries SET payload = %s"
+                    " WHERE eid = ((SELECT num FROM {0}.tasks WHERE id = %s) << 32) + %s"
+                ).format(sql.Identifier(store.schema)),
+                (text, task_id, seq),
+            )
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "sqlite-full", "postgres"])
+async def test_a_payload_reads_back_as_written_though_its_defaults_are_not_stored(
+    kind: str, tmp_path: Path
+) -> None:
+    """The SQL stores leave an intent's replay "never" and a result's outcome "ok"
+    out of the stored payload (two of a round's three rows) and give them back on
+    reading; any other value is stored, and a row that has the field reads the same."""
+    written = [
+        (EntryKind.TOOL_INTENT, {"call_id": "c1", "name": "send", "replay": "never"}),
+        (EntryKind.TOOL_INTENT, {"call_id": "c2", "name": "look", "replay": "safe"}),
+        (EntryKind.TOOL_RESULT, {"role": "tool", "tool_call_id": "c1", "content": "sent"}),
+        (EntryKind.TOOL_RESULT, {"role": "tool", "tool_call_id": "c2", "content": "x"}),
+        (EntryKind.CHECKPOINT, {"type": "started", "call_id": "c1", "replay": "never"}),
+    ]
+    written[2][1]["outcome"] = "ok"
+    written[3][1]["outcome"] = "error"
+    async with opened_store(kind, tmp_path) as store:
+        task, _ = await store.create_task(Task(agent="a"))
+        res = await store.commit(
+            Commit(entries=[NewEntry(task_id=task.id, kind=k, payload=p) for k, p in written])
+        )
+        assert [e.payload for e in res.entries] == [p for _, p in written]
+        read = await store.entries(task.id)
+        assert [(e.kind, e.payload) for e in read] == written
+        assert read == res.entries  # times too: kept as the store keeps them
+        assert _stored_payloads(store, task.id) == [
+            {"call_id": "c1", "name": "send"},
+            written[1][1],
+            {"role": "tool", "tool_call_id": "c1", "content": "sent"},
+            written[3][1],
+            written[4][1],  # another kind keeps every field
+        ]
+        # Rows written in full, as before this encoding, read the same.
+        _restore_payloads(store, task.id, [json.dumps(p) for _, p in written])
+        assert _stored_payloads(store, task.id) == [p for _, p in written]
+        assert [(e.kind, e.payload) for e in await store.entries(task.id)] == written

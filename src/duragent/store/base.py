@@ -682,6 +682,37 @@ def build_ui_view(rows: Iterable[tuple[int, str]]) -> list[UiMessage]:
 VIEW_KINDS = tuple(k.value for k in (*API_KINDS, EntryKind.ROLLBACK))
 
 
+# --- payloads on disk ----------------------------------------------------------
+#
+# Two fields are left out of the stored payload when they hold their default: an
+# intent's `replay` ("never") and a result's `outcome` ("ok"), two of a round's
+# three rows at every round. Reading an entry gives them back, so above the SQL
+# stores a payload is exactly as it was written, and a row written before, which
+# has them, reads the same. Only `Store.entries` reads these kinds' payloads;
+# the model view drops a result's `outcome` anyway.
+STORED_DEFAULTS: dict[EntryKind, tuple[str, str]] = {
+    EntryKind.TOOL_INTENT: ("replay", "never"),
+    EntryKind.TOOL_RESULT: ("outcome", "ok"),
+}
+
+
+def packed(kind: EntryKind, payload: dict[str, Any]) -> dict[str, Any]:
+    """The payload as stored: without the field its kind leaves out at its default."""
+    default = STORED_DEFAULTS.get(kind)
+    if default is None or payload.get(default[0], default) != default[1]:
+        return payload
+    key = default[0]
+    return {k: v for k, v in payload.items() if k != key}
+
+
+def unpacked(kind: EntryKind, payload: dict[str, Any]) -> dict[str, Any]:
+    """A stored payload (a dict of its own, just parsed) as it was written."""
+    default = STORED_DEFAULTS.get(kind)
+    if default is not None:
+        payload.setdefault(*default)
+    return payload
+
+
 def dumps(value: Any) -> str:
     """Compact JSON text: the one encoder the SQL stores write with.
 

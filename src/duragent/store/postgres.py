@@ -55,6 +55,7 @@ from duragent.store.base import (
     encode_cursor,
     entry_range,
     parse_messages,
+    unpacked,
     view_data,
     view_text,
 )
@@ -471,9 +472,9 @@ class PostgresStore(TxWrites):
                 Entry(
                     task_id=task_id,
                     seq=r["seq"],
-                    kind=EntryKind(r["kind"]),
+                    kind=(kind := EntryKind(r["kind"])),
                     round=r["round"],
-                    payload=json.loads(r["payload"]),
+                    payload=unpacked(kind, json.loads(r["payload"])),
                     created_at=r["created_at"].astimezone(UTC),
                 )
                 for r in conn.execute(text, params)

@@ -22,7 +22,7 @@ from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from duragent.errors import StoreError
-from duragent.store.base import MAX_SEQ, SEQ_BITS, CopyEntries, dumps, entry_range
+from duragent.store.base import MAX_SEQ, SEQ_BITS, CopyEntries, dumps, entry_range, packed
 from duragent.store.postgres_schema import ENTRY_RANGE, Conn, lock_key
 from duragent.store.queues import QUEUES_SCOPE, Candidate
 from duragent.store.tx import Notes, leave_unchanged, task_columns
@@ -174,7 +174,14 @@ class PgTx:
             raise StoreError(f"a task of this PostgreSQL store holds at most {MAX_SEQ:,} entries")
         params: list[Any] = []
         for e in entries:
-            params += (e.task_id, e.seq, e.created_at, e.round, e.kind.value, dumps(e.payload))
+            params += (
+                e.task_id,
+                e.seq,
+                e.created_at,
+                e.round,
+                e.kind.value,
+                dumps(packed(e.kind, e.payload)),
+            )
         self._run(_append_sql(len(entries)), params)
         self.changed = True
 

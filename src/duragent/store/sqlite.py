@@ -48,6 +48,7 @@ from duragent.store.base import (
     from_ts,
     mark_failed,
     parse_messages,
+    unpacked,
     view_data,
     view_text,
 )
@@ -419,9 +420,9 @@ class SQLiteStore(TxWrites):
                 Entry(
                     task_id=task_id,
                     seq=r["seq"],
-                    kind=KINDS_BY_CODE[r["kind"]],
+                    kind=(kind := KINDS_BY_CODE[r["kind"]]),
                     round=r["round"],
-                    payload=json.loads(r["payload"]),
+                    payload=unpacked(kind, json.loads(r["payload"])),
                     created_at=ms_to_dt(r["created_at"]),
                 )
                 for r in conn.execute(sql, params)

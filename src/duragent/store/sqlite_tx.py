@@ -10,9 +10,9 @@ from datetime import datetime
 from typing import Any
 
 from duragent.errors import StoreError
-from duragent.store.base import MAX_SEQ, CopyEntries, dumps, entry_key, to_ts, ts_to_dt
+from duragent.store.base import MAX_SEQ, CopyEntries, dumps, entry_key, packed, to_ts, ts_to_dt
 from duragent.store.queues import QUEUES_SCOPE, Candidate
-from duragent.store.sqlite_schema import KIND_CODES, to_ms
+from duragent.store.sqlite_schema import KIND_CODES, ms_to_dt, to_ms
 from duragent.store.tx import Notes, leave_unchanged, task_columns
 from duragent.types import Document, Entry, Task
 
@@ -154,18 +154,21 @@ class SqliteTx:
     def append(self, entries: list[Entry]) -> None:
         if max(e.seq for e in entries) > MAX_SEQ:
             raise StoreError(f"a task of this SQLite store holds at most {MAX_SEQ:,} entries")
+        rows = []
+        at, ms = None, 0
+        for e in entries:
+            if e.created_at is not at:  # a commit's entries share one time
+                at, ms = e.created_at, to_ms(e.created_at)
+                kept = ms_to_dt(ms)
+            # The file keeps an entry's time to the millisecond; so does the entry
+            # the commit hands back (made for this transaction alone), so that
+            # it equals the entry read later.
+            e.__dict__["created_at"] = kept
+            row = (entry_key(self.task_num(e.task_id), e.seq), KIND_CODES[e.kind], e.round)
+            rows.append((*row, dumps(packed(e.kind, e.payload)), ms))
         self.conn.executemany(
             "INSERT INTO entries (eid, kind, round, payload, created_at) VALUES (?, ?, ?, ?, ?)",
-            [
-                (
-                    entry_key(self.task_num(e.task_id), e.seq),
-                    KIND_CODES[e.kind],
-                    e.round,
-                    dumps(e.payload),
-                    to_ms(e.created_at),
-                )
-                for e in entries
-            ],
+            rows,
         )
 
     def copy_entries(self, copy: CopyEntries, task_id: str, after_seq: int, now: datetime) -> int:
