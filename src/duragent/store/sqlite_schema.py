@@ -191,6 +191,17 @@ FORK_REFERENCES: list[Step] = [
 ]
 MIGRATIONS[5] = FORK_REFERENCES
 
+# What versions 6 and 7 build over a new entries table: the index a purge
+# finds a fork's references by, and the view readers select rows from.
+_ENTRY_ROWS: list[Step] = [
+    "CREATE INDEX entries_src ON entries(src) WHERE src IS NOT NULL",
+    """CREATE VIEW entry_rows AS SELECT e.eid, e.eid >> 32 AS task_num,
+        e.eid & 4294967295 AS seq, e.kind, e.round, e.created_at,
+        CASE WHEN e.src IS NULL THEN e.payload
+            ELSE (SELECT s.payload FROM entries s WHERE s.eid = e.src) END AS payload
+        FROM entries e""",
+]
+
 # Version 6: entries keyed by one integer, `eid` = task number << 32 | seq, in
 # a rowid table. Keyed by (task_num, seq) WITHOUT ROWID, each interior page held
 # whole rows (17 children a page), and a full last leaf was rebalanced with its
@@ -213,12 +224,7 @@ ENTRY_KEYS: list[Step] = [
     " FROM entries ORDER BY task_num, seq",
     "DROP TABLE entries",
     "ALTER TABLE entries_v6 RENAME TO entries",
-    "CREATE INDEX entries_src ON entries(src) WHERE src IS NOT NULL",
-    """CREATE VIEW entry_rows AS SELECT e.eid, e.eid >> 32 AS task_num,
-        e.eid & 4294967295 AS seq, e.kind, e.round, e.created_at,
-        CASE WHEN e.src IS NULL THEN e.payload
-            ELSE (SELECT s.payload FROM entries s WHERE s.eid = e.src) END AS payload
-        FROM entries e""",
+    *_ENTRY_ROWS,
 ]
 MIGRATIONS[6] = ENTRY_KEYS
 
@@ -240,12 +246,7 @@ ENTRY_MILLISECONDS: list[Step] = [
     " FROM entries ORDER BY eid",
     "DROP TABLE entries",
     "ALTER TABLE entries_v7 RENAME TO entries",
-    "CREATE INDEX entries_src ON entries(src) WHERE src IS NOT NULL",
-    """CREATE VIEW entry_rows AS SELECT e.eid, e.eid >> 32 AS task_num,
-        e.eid & 4294967295 AS seq, e.kind, e.round, e.created_at,
-        CASE WHEN e.src IS NULL THEN e.payload
-            ELSE (SELECT s.payload FROM entries s WHERE s.eid = e.src) END AS payload
-        FROM entries e""",
+    *_ENTRY_ROWS,
 ]
 MIGRATIONS[7] = ENTRY_MILLISECONDS
 SQLITE_SCHEMA_VERSION = max(MIGRATIONS)
