@@ -679,25 +679,30 @@ async def test_among_many_running_tasks_the_expired_lease_is_found_and_the_earli
     assert timedelta(seconds=50) < nxt - datetime.now(UTC) < timedelta(seconds=61)
 
 
-def _set_last_seq(store: Store, task_id: str, seq: int) -> None:
-    """Set a task's last seq behind the store's back, in its column and its data."""
+def _behind_the_store(store: Store, sqlite_sql: str, pg_sql: str, *params: Any) -> list[Any]:
+    """Run one statement on the store's file or schema behind its back (PostgreSQL's
+    names its schema `{0}`); its rows."""
     if isinstance(store, SQLiteStore):
         with closing(sqlite3.connect(store.path)) as db, db:
-            db.execute(
-                "UPDATE tasks SET last_seq=?, data=json_set(data, '$.last_seq', ?) WHERE id=?",
-                (seq, seq, task_id),
-            )
-        return
+            return db.execute(sqlite_sql, params).fetchall()
     assert isinstance(store, PostgresStore) and store.schema is not None
     with psycopg.connect(require_postgres(), autocommit=True) as pg:
-        pg.execute(
-            sql.SQL(
-                "UPDATE {}.tasks SET last_seq = %s,"
-                " data = jsonb_set(data::jsonb, '{{last_seq}}', to_jsonb(%s::bigint))::text"
-                " WHERE id = %s"
-            ).format(sql.Identifier(store.schema)),
-            (seq, seq, task_id),
-        )
+        cur = pg.execute(sql.SQL(pg_sql).format(sql.Identifier(store.schema)), params)
+        return cur.fetchall() if cur.description else []
+
+
+def _set_last_seq(store: Store, task_id: str, seq: int) -> None:
+    """Set a task's last seq behind the store's back, in its column and its data."""
+    _behind_the_store(
+        store,
+        "UPDATE tasks SET last_seq=?, data=json_set(data, '$.last_seq', ?) WHERE id=?",
+        "UPDATE {0}.tasks SET last_seq = %s,"
+        " data = jsonb_set(data::jsonb, '{{last_seq}}', to_jsonb(%s::bigint))::text"
+        " WHERE id = %s",
+        seq,
+        seq,
+        task_id,
+    )
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "sqlite-full", "postgres"])
@@ -722,44 +727,30 @@ async def test_a_task_past_the_last_seq_an_entry_key_holds_is_refused_and_nothin
 
 def _stored_payloads(store: Store, task_id: str) -> list[dict[str, Any]]:
     """A task's payloads as the file or the server holds them, in seq order."""
-    if isinstance(store, SQLiteStore):
-        with closing(sqlite3.connect(store.path)) as db:
-            rows = db.execute(
-                "SELECT e.payload FROM entry_rows e JOIN tasks t ON t.num = e.task_num"
-                " WHERE t.id = ? ORDER BY e.seq",
-                (task_id,),
-            ).fetchall()
-    else:
-        assert isinstance(store, PostgresStore) and store.schema is not None
-        with psycopg.connect(require_postgres(), autocommit=True) as pg:
-            rows = pg.execute(
-                sql.SQL(
-                    "SELECT e.payload FROM {0}.entries e JOIN {0}.tasks t"
-                    " ON e.eid >> 32 = t.num WHERE t.id = %s ORDER BY e.eid"
-                ).format(sql.Identifier(store.schema)),
-                (task_id,),
-            ).fetchall()
+    rows = _behind_the_store(
+        store,
+        "SELECT e.payload FROM entry_rows e JOIN tasks t ON t.num = e.task_num"
+        " WHERE t.id = ? ORDER BY e.seq",
+        "SELECT e.payload FROM {0}.entries e JOIN {0}.tasks t ON e.eid >> 32 = t.num"
+        " WHERE t.id = %s ORDER BY e.eid",
+        task_id,
+    )
     return [json.loads(r[0]) for r in rows]
 
 
 def _restore_payloads(store: Store, task_id: str, texts: list[str]) -> None:
     """Write payload texts over a task's first entries behind the store's back."""
-    if isinstance(store, SQLiteStore):
-        with closing(sqlite3.connect(store.path)) as db, db:
-            (num,) = db.execute("SELECT num FROM tasks WHERE id = ?", (task_id,)).fetchone()
-            for seq, text in enumerate(texts, 1):
-                db.execute("UPDATE entries SET payload = ? WHERE eid = ?", (text, num << 32 | seq))
-        return
-    assert isinstance(store, PostgresStore) and store.schema is not None
-    with psycopg.connect(require_postgres(), autocommit=True) as pg:
-        for seq, text in enumerate(texts, 1):
-            pg.execute(
-                sql.SQL(
-                    "UPDATE {0}.entries SET payload = %s"
-                    " WHERE eid = ((SELECT num FROM {0}.tasks WHERE id = %s) << 32) + %s"
-                ).format(sql.Identifier(store.schema)),
-                (text, task_id, seq),
-            )
+    for seq, text in enumerate(texts, 1):
+        _behind_the_store(
+            store,
+            "UPDATE entries SET payload = ?"
+            " WHERE eid = ((SELECT num FROM tasks WHERE id = ?) << 32) + ?",
+            "UPDATE {0}.entries SET payload = %s"
+            " WHERE eid = ((SELECT num FROM {0}.tasks WHERE id = %s) << 32) + %s",
+            text,
+            task_id,
+            seq,
+        )
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "sqlite-full", "postgres"])
