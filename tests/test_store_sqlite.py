@@ -282,7 +282,7 @@ def _downgrade_entries_to_version_6(path: Path) -> None:
         "DROP INDEX entries_src",
         "ALTER TABLE entries RENAME TO entries_v7",
         *[s for s in MIGRATIONS[6] if isinstance(s, str) and s.startswith("CREATE TABLE")],
-        "INSERT INTO entries_v6 SELECT eid, kind, round, payload, created_at / 1000.0, src"
+        "INSERT INTO entries_v6 SELECT eid, kind, round, payload, created_ms / 1000.0, src"
         " FROM entries_v7",
         "DROP TABLE entries_v7",
         "ALTER TABLE entries_v6 RENAME TO entries",
@@ -411,7 +411,16 @@ async def test_a_version_6_store_keeps_every_entry_through_version_7_to_the_mill
         e.model_dump(exclude={"created_at"}) for e in before[task.id]
     ]
     conn = sqlite3.connect(path)
-    assert {r[0] for r in conn.execute("SELECT typeof(created_at) FROM entries")} == {"integer"}
+    assert {r[0] for r in conn.execute("SELECT typeof(created_ms) FROM entries")} == {"integer"}
+    # A process of version 6 still running is refused on its next write (the
+    # column it writes seconds to is gone) and writes nothing.
+    rows = conn.execute("SELECT count(*) FROM entries").fetchone()
+    with pytest.raises(sqlite3.OperationalError, match="no column named created_at"):
+        conn.execute(
+            "INSERT INTO entries (eid, kind, round, payload, created_at) VALUES (?, ?, ?, ?, ?)",
+            (eid + 100, 8, 0, "{}", on_a_ms.timestamp()),
+        )
+    assert conn.execute("SELECT count(*) FROM entries").fetchone() == rows
     conn.close()
     # A new entry's time is kept to its millisecond: the commit gives it so, and
     # it reads back equal.

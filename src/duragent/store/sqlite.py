@@ -423,7 +423,7 @@ class SQLiteStore(TxWrites):
                     kind=(kind := KINDS_BY_CODE[r["kind"]]),
                     round=r["round"],
                     payload=unpacked(kind, json.loads(r["payload"])),
-                    created_at=ms_to_dt(r["created_at"]),
+                    created_at=ms_to_dt(r["created_ms"]),
                 )
                 for r in conn.execute(sql, params)
             ]

@@ -191,16 +191,20 @@ FORK_REFERENCES: list[Step] = [
 ]
 MIGRATIONS[5] = FORK_REFERENCES
 
-# What versions 6 and 7 build over a new entries table: the index a purge
-# finds a fork's references by, and the view readers select rows from.
-_ENTRY_ROWS: list[Step] = [
-    "CREATE INDEX entries_src ON entries(src) WHERE src IS NOT NULL",
-    """CREATE VIEW entry_rows AS SELECT e.eid, e.eid >> 32 AS task_num,
-        e.eid & 4294967295 AS seq, e.kind, e.round, e.created_at,
+
+def _entry_rows(created: str) -> list[Step]:
+    """What versions 6 and 7 build over a new entries table, whose time column is
+    `created`: the index a purge finds a fork's references by, and the view
+    readers select rows from."""
+    return [
+        "CREATE INDEX entries_src ON entries(src) WHERE src IS NOT NULL",
+        f"""CREATE VIEW entry_rows AS SELECT e.eid, e.eid >> 32 AS task_num,
+        e.eid & 4294967295 AS seq, e.kind, e.round, e.{created},
         CASE WHEN e.src IS NULL THEN e.payload
             ELSE (SELECT s.payload FROM entries s WHERE s.eid = e.src) END AS payload
         FROM entries e""",
-]
+    ]
+
 
 # Version 6: entries keyed by one integer, `eid` = task number << 32 | seq, in
 # a rowid table. Keyed by (task_num, seq) WITHOUT ROWID, each interior page held
@@ -224,7 +228,7 @@ ENTRY_KEYS: list[Step] = [
     " FROM entries ORDER BY task_num, seq",
     "DROP TABLE entries",
     "ALTER TABLE entries_v6 RENAME TO entries",
-    *_ENTRY_ROWS,
+    *_entry_rows("created_at"),
 ]
 MIGRATIONS[6] = ENTRY_KEYS
 
@@ -232,21 +236,24 @@ MIGRATIONS[6] = ENTRY_KEYS
 # disk, instead of a REAL of seconds, eight: two bytes on each of a round's
 # three rows. The microseconds of the datetime a REAL was made from are
 # recovered exactly (a float of today's seconds is finer than one), then
-# rounded down to the millisecond as `to_ms` rounds the datetime.
+# rounded down to the millisecond as `to_ms` rounds the datetime. The column
+# has a new name, `created_ms`, so that a process of an older version still
+# running is refused on its next write (no column `created_at`) instead of
+# writing seconds where milliseconds are read.
 ENTRY_MILLISECONDS: list[Step] = [
     "DROP VIEW entry_rows",
     "DROP INDEX entries_src",
     """CREATE TABLE entries_v7 (
         eid INTEGER PRIMARY KEY,
         kind INTEGER NOT NULL, round INTEGER NOT NULL, payload TEXT NOT NULL,
-        created_at INTEGER NOT NULL, src INTEGER
+        created_ms INTEGER NOT NULL, src INTEGER
     )""",
-    "INSERT INTO entries_v7 (eid, kind, round, payload, created_at, src)"
+    "INSERT INTO entries_v7 (eid, kind, round, payload, created_ms, src)"
     " SELECT eid, kind, round, payload, CAST(round(created_at * 1000000) AS INTEGER) / 1000, src"
     " FROM entries ORDER BY eid",
     "DROP TABLE entries",
     "ALTER TABLE entries_v7 RENAME TO entries",
-    *_ENTRY_ROWS,
+    *_entry_rows("created_ms"),
 ]
 MIGRATIONS[7] = ENTRY_MILLISECONDS
 SQLITE_SCHEMA_VERSION = max(MIGRATIONS)

@@ -167,7 +167,7 @@ class SqliteTx:
             row = (entry_key(self.task_num(e.task_id), e.seq), KIND_CODES[e.kind], e.round)
             rows.append((*row, dumps(packed(e.kind, e.payload)), ms))
         self.conn.executemany(
-            "INSERT INTO entries (eid, kind, round, payload, created_at) VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO entries (eid, kind, round, payload, created_ms) VALUES (?, ?, ?, ?, ?)",
             rows,
         )
 
@@ -179,7 +179,7 @@ class SqliteTx:
             return 0
         codes = [KIND_CODES[k] for k in copy.kinds]
         cur = self.conn.execute(
-            "INSERT INTO entries (eid, kind, round, payload, created_at, src)"
+            "INSERT INTO entries (eid, kind, round, payload, created_ms, src)"
             " SELECT ? + row_number() OVER (ORDER BY eid), kind, round, '', ?, coalesce(src, eid)"
             " FROM entries WHERE eid BETWEEN ? AND ? AND round <= ?"
             f" AND kind IN ({', '.join('?' * len(codes))})",
