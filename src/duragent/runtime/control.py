@@ -126,7 +126,6 @@ class ControlledRunner:
             clock=clock,
         )
         self.control: Control | None = None
-        self._control_event = asyncio.Event()
         self._control_listeners: list[Callable[[], None]] = []  # see _first_done
         self._abort_event = asyncio.Event()
         self._interrupt_target: asyncio.Task[Any] | None = None
@@ -154,7 +153,6 @@ class ControlledRunner:
         yields = self.control is not None and self.control.resume and not control.resume
         if self.control is None or control.action == "abort" or yields:
             self.control = control
-            self._control_event.set()
             for listener in list(self._control_listeners):
                 listener()
             if control.action == "abort":
@@ -206,7 +204,7 @@ class ControlledRunner:
             job.add_done_callback(poke)
         if or_control:
             self._control_listeners.append(poke)
-            if self._control_event.is_set():
+            if self.control is not None:
                 loop.call_soon(poke)
         try:
             await wake
@@ -528,7 +526,6 @@ class ControlledRunner:
             self._handled_tokens.add(control.token)
         if self.control is control:
             self.control = None
-            self._control_event.clear()
         self._reread = True
 
     async def _roll_back_round(

@@ -345,7 +345,7 @@ class RoundRunner(ControlledRunner):
                 pending_jobs -= done
                 for job in done:
                     job.result()  # surface Abandoned / store errors
-                stopped = watch_stop and self._control_event.is_set()
+                stopped = watch_stop and self.control is not None
                 if stopped and pending_jobs and not closing:
                     recorded = set(rs.waits) if rs else set()
                     await self._stop_tools(r, pending_jobs, jobs, committing, suspended, recorded)
