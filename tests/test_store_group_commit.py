@@ -72,8 +72,13 @@ async def test_a_refused_commit_leaves_its_batch_mates_untouched(store: Store) -
     assert isinstance(conflict, Conflict)
     kept = await store.entries(good.id, kinds=[EntryKind.PROGRESS])
     assert [e.payload["text"] for e in kept] == ["kept"]
+    assert kept == ok.entries  # the batch-mate landed once, as its caller was told
     assert await store.entries(bad.id, kinds=[EntryKind.PROGRESS]) == []
     assert (await store.get_task(bad.id)).iterations == 0
+    # The rows this process keeps of both tasks are what the store holds.
+    after = await store.commit(Commit(entries=[progress(good.id, "next")], fence={good.id: 1}))
+    assert after.entries[0].seq == ok.entries[0].seq + 1
+    assert (await store.get_task(good.id)).last_seq == after.entries[0].seq
 
 
 async def test_a_commit_queued_soon_lands_before_the_commits_asked_for_after_it(
