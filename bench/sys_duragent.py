@@ -301,7 +301,6 @@ async def _entries(url: str, task_id: str) -> list[Any]:
 async def concurrent(config: str, workdir: str, tasks: int, rounds: int) -> Any:
     """`tasks` tasks at once in one Runtime: commits per second and commits per transaction."""
     url, schema = store_url(config, workdir)
-    clock = RoundClock()
     done = asyncio.Event()
     finished: dict[str, TaskStatus] = {}
 
@@ -313,7 +312,7 @@ async def concurrent(config: str, workdir: str, tasks: int, rounds: int) -> Any:
 
     rt = Runtime(
         url,
-        agents=[_concurrent_agent(rounds, clock)],
+        agents=[_concurrent_agent(rounds)],
         concurrency=tasks,
         poll_interval=0.05,
         on_status_change=on_status,
@@ -375,13 +374,13 @@ class GcTime:
         gc.callbacks.remove(self._hook)
 
 
-def _concurrent_agent(rounds: int, clock: RoundClock) -> Agent:
-    def script(messages: list[Any]) -> Any:
-        done = sum(1 for m in messages if isinstance(m, AssistantMessage))
-        if done < rounds:
-            r = done + 1
-            return Turn(text=assistant_text(r), tool_calls=[ToolCall(TOOL_NAME, tool_args(r))])
-        return f"All {rounds} steps are done."
+def _concurrent_agent(rounds: int) -> Agent:
+    # Each task's i-th model call answers turn i, counted by the model from its
+    # task's assistant messages (carried over from its last call, not rescanned).
+    script = [
+        Turn(text=assistant_text(r), tool_calls=[ToolCall(TOOL_NAME, tool_args(r))])
+        for r in range(1, rounds + 1)
+    ]
 
     @tool(name=TOOL_NAME)
     async def work(n: int) -> str:
@@ -390,7 +389,7 @@ def _concurrent_agent(rounds: int, clock: RoundClock) -> Agent:
 
     return Agent(
         name="many",
-        model=ScriptedModel(script, chunk_size=10_000),
+        model=ScriptedModel(script, chunk_size=10_000, final=f"All {rounds} steps are done."),
         tools=[work],
         max_iterations=rounds + 10,
         plan_tool=False,
