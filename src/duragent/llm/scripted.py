@@ -16,7 +16,7 @@ from duragent.llm.base import (
     ToolCallDelta,
     UsageDelta,
 )
-from duragent.llm.messages import typed_list
+from duragent.llm.messages import Messages, typed_list
 from duragent.types import AssistantMessage
 
 
@@ -78,10 +78,14 @@ class ScriptedModel:
         self._counted: dict[int, tuple[Any, int, int, int]] = {}
 
     def turn_for(self, messages: Sequence[Any]) -> Turn:
+        return self._turn(messages, 0 if self._fn is not None else self._count(messages)[0])
+
+    def _turn(self, messages: Sequence[Any], assistants: int) -> Turn:
+        """The answer to `messages`, which hold `assistants` assistant messages."""
         if self._fn is not None:
             return _as_turn(self._fn(typed_list(messages)))
-        i = self._count(messages)[0]
-        return _as_turn(self._turns[i] if i < len(self._turns) else self.final)
+        turns = self._turns
+        return _as_turn(turns[assistants] if assistants < len(turns) else self.final)
 
     def _count(self, messages: Sequence[Any]) -> tuple[int, int]:
         """(assistant messages, characters of content) in `messages`.
@@ -91,6 +95,8 @@ class ScriptedModel:
         message object: a long task is not rescanned on every call, and this
         test model does not dominate what a long-task benchmark measures.
         """
+        if isinstance(messages, Messages):
+            messages = messages.typed_list()  # a list, copied in C: indexed without a call each
         start, assistants, chars = 0, 0, 0
         for j in range(len(messages) - 1, max(-1, len(messages) - 9), -1):
             hit = self._counted.get(id(messages[j]))
@@ -109,8 +115,8 @@ class ScriptedModel:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
         self.calls += 1
-        turn = self.turn_for(request.messages)
         i, prompt = self._count(request.messages)
+        turn = self._turn(request.messages, i)
         text = turn.text
         step = max(1, self.chunk_size)
         for start in range(0, len(text), step):
