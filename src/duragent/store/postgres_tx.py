@@ -25,7 +25,7 @@ from duragent.errors import StoreError
 from duragent.store.base import MAX_SEQ, SEQ_BITS, CopyEntries, dumps, entry_range, packed
 from duragent.store.postgres_schema import ENTRY_RANGE, Conn, lock_key
 from duragent.store.queues import QUEUES_SCOPE, Candidate
-from duragent.store.tx import Notes, leave_unchanged, task_columns
+from duragent.store.tx import Notes, task_columns
 from duragent.types import Document, Entry, Task
 
 
@@ -155,14 +155,13 @@ class PgTx:
         self.notes.wrote(task, created=True)
 
     def update_task(self, task: Task) -> None:
-        cols = task_columns(task, _same)
+        base = self.based_on.get(task.id)  # the guard proves the row is `base`
+        cols = task_columns(task, _same, stored=base)
         # The input is written once at creation; re-sending it on every step would
         # make each commit cost the size of the input.
         if task.id not in self.inputs or self.inputs[task.id] != task.input:
             cols["input"] = dumps(task.input)
-        base = self.based_on.get(task.id)
         if base is not None:
-            leave_unchanged(cols, base, task)  # the guard proves the row is `base`
             cols.update(zip(_GUARD_PARAMS, row_stamp(base), strict=True))
         self._run(_update_sql(tuple(cols), base is not None), cols, guard=base is not None)
         self.written[task.id] = task

@@ -13,7 +13,7 @@ from duragent.errors import StoreError
 from duragent.store.base import MAX_SEQ, CopyEntries, dumps, entry_key, packed, to_ts, ts_to_dt
 from duragent.store.queues import QUEUES_SCOPE, Candidate
 from duragent.store.sqlite_schema import KIND_CODES, ms_to_dt, to_ms
-from duragent.store.tx import Notes, leave_unchanged, task_columns
+from duragent.store.tx import Notes, task_columns
 from duragent.types import Document, Entry, Task
 
 
@@ -52,7 +52,7 @@ def _stamp(task: Task) -> _Stamp:
     return (task.version, task.last_seq, task.lease.epoch, to_ts(task.lease.expires_at))
 
 
-@functools.lru_cache(maxsize=256)  # the columns left out vary (leave_unchanged)
+@functools.lru_cache(maxsize=256)  # the columns left out vary (task_columns)
 def _update_sql(columns: tuple[str, ...]) -> str:
     sets = ", ".join(f"{k}=:{k}" for k in columns if k != "id")
     return f"UPDATE tasks SET {sets} WHERE id=:id"
@@ -140,12 +140,10 @@ class SqliteTx:
         self.notes.wrote(task, created=True)
 
     def update_task(self, task: Task) -> None:
-        cols = task_columns(task, to_ts)
         before = self.stored.get(task.id)
+        cols = task_columns(task, to_ts, stored=before)
         if before is None or before.input != task.input:
             cols["input"] = dumps(task.input)
-        if before is not None:
-            leave_unchanged(cols, before, task)
         self.stored[task.id] = task
         self.conn.execute(_update_sql(tuple(cols)), cols)
         self.written[task.id] = task

@@ -69,24 +69,44 @@ class Tx(Protocol):
 
 
 def task_columns(
-    task: Task, when: Callable[[datetime | None], Any], *, created: bool = False
+    task: Task,
+    when: Callable[[datetime | None], Any],
+    *,
+    created: bool = False,
+    stored: Task | None = None,
 ) -> dict[str, Any]:
     """A task row as SQL columns: the fields stores query on, and the rest as
     JSON in `data` (input apart, written only when it changes). `created` adds
-    the columns fixed at creation; `when` encodes times the backend's way."""
-    cols: dict[str, Any] = {
-        "id": task.id,
-        "status": task.status.value,
-        "status_reason": task.status_reason,
-        "updated_at": when(task.updated_at),
-        "wake_at": when(task.wake_at),
-        "lease_owner": task.lease.owner,
-        "lease_expires": when(task.lease.expires_at),
-        "lease_epoch": task.lease.epoch,
-        "last_seq": task.last_seq,
-        "version": task.version,
-        "data": task.model_dump_json(exclude={"input"}),
-    }
+    the columns fixed at creation; `when` encodes times the backend's way.
+
+    With `stored`, the row as the database holds it now, an update leaves out
+    the columns most writes leave as they were (status, its reason, the wake-up
+    time and the lease) when `stored` has their values already: SQLite rewrites
+    an index entry whenever its column is in the SET list, even with the value
+    it had (status, wake_at and the lease expiry are indexed: leaving them out
+    spares a round's commit three index pages), and PostgreSQL's writer need
+    not send their literals.
+    """
+    lease = task.lease
+    cols: dict[str, Any] = {"id": task.id}
+    if stored is None or task.status is not stored.status:
+        cols["status"] = task.status.value
+    if stored is None or task.status_reason != stored.status_reason:
+        cols["status_reason"] = task.status_reason
+    if stored is None or task.wake_at != stored.wake_at:
+        cols["wake_at"] = when(task.wake_at)
+    held = None if stored is None else stored.lease
+    if held is not lease:  # a patch that leaves the lease alone keeps its object
+        if held is None or lease.owner != held.owner:
+            cols["lease_owner"] = lease.owner
+        if held is None or lease.expires_at != held.expires_at:
+            cols["lease_expires"] = when(lease.expires_at)
+        if held is None or lease.epoch != held.epoch:
+            cols["lease_epoch"] = lease.epoch
+    cols["updated_at"] = when(task.updated_at)
+    cols["last_seq"] = task.last_seq
+    cols["version"] = task.version
+    cols["data"] = task.model_dump_json(exclude={"input"})
     if created:
         cols.update(
             owner=task.owner,
@@ -100,42 +120,6 @@ def task_columns(
             priority=task.priority,
         )
     return cols
-
-
-# Columns of a task row that most writes leave as they were. An update leaves
-# out those the row already holds: SQLite rewrites an index entry whenever its
-# column is in the SET list, even with the value it had (status, wake_at and
-# the lease expiry are indexed: leaving them out spares a round's commit three
-# index pages), and PostgreSQL's writer need not send their literals.
-STABLE_COLUMNS = (
-    "status",
-    "status_reason",
-    "wake_at",
-    "lease_owner",
-    "lease_expires",
-    "lease_epoch",
-)
-
-
-def _stable(task: Task) -> tuple[Any, ...]:
-    """What the STABLE_COLUMNS are written from (equal values give equal columns)."""
-    lease = task.lease
-    return (
-        task.status,
-        task.status_reason,
-        task.wake_at,
-        lease.owner,
-        lease.expires_at,
-        lease.epoch,
-    )
-
-
-def leave_unchanged(cols: dict[str, Any], stored: Task, task: Task) -> None:
-    """Take out of `cols` (`task_columns` of `task`) the STABLE_COLUMNS whose values
-    `stored`, the row as the database holds it now, has already."""
-    for name, old, new in zip(STABLE_COLUMNS, _stable(stored), _stable(task), strict=True):
-        if old == new:
-            del cols[name]
 
 
 def schedule_key(task: Task) -> tuple[Any, ...]:
