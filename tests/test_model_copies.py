@@ -85,3 +85,18 @@ def test_stored_entry_is_model_construct() -> None:
     assert _state(mine) == _state(theirs)
     assert mine == theirs
     assert Entry.model_validate_json(mine.model_dump_json()) == theirs
+
+
+def test_a_copy_shares_the_fields_set_only_when_it_holds_every_field() -> None:
+    partial = Task(agent="a")
+    assert updated(partial, {"iterations": 1}).__pydantic_fields_set__ is not (
+        partial.__pydantic_fields_set__
+    )
+    full = Task.model_validate_json(partial.model_dump_json())  # as a store reads a row
+    every = set(Task.model_fields)
+    assert full.__pydantic_fields_set__ == every
+    copy = updated(full, {"iterations": 3})
+    assert copy.__pydantic_fields_set__ is full.__pydantic_fields_set__
+    copy.output = "x"  # pydantic adds an assigned field to the set: it is there already
+    assert full.__pydantic_fields_set__ == every
+    assert full.output is None and full.iterations == 0

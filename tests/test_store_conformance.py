@@ -66,8 +66,11 @@ async def test_task_round_trips_with_exact_types(store: Store) -> None:
         config={"temperature": 0.1},
         wake_at=wake,
     )
-    await store.create_task(original)
+    created, _ = await store.create_task(original)
     loaded = await store.get_task(original.id)
+    # The row the store hands back is the row it reads back, down to the fields given.
+    assert created == loaded
+    assert created.model_fields_set == loaded.model_fields_set == set(Task.model_fields)
     assert loaded.status is TaskStatus.PENDING
     assert loaded.input == original.input
     assert loaded.context == original.context

@@ -251,11 +251,32 @@ class NewEntry:
 # runner's prediction) and builds an Entry per appended entry. `model_copy` and
 # `model_construct` are general (extra fields, private attributes, defaults)
 # and cost two to three times what these few dict operations do.
+#
+# A copy shares its original's fields set (pydantic's record of the fields
+# given) when that set holds every field, so nothing can be added to it: a set
+# per copy is one more object for the garbage collector to trace, and with many
+# tasks in flight most copies live long enough to be traced. Rows a store
+# wrote or read have every field given (see `given_in_full`).
 
 _new = object.__new__
 _setattr = object.__setattr__
 _M = TypeVar("_M", bound=BaseModel)
 _ENTRY_FIELDS = frozenset(("task_id", "seq", "kind", "round", "payload", "created_at"))
+_ENTRY_FIELDS_SET = set(_ENTRY_FIELDS)  # every field: the set no entry adds to
+_FIELD_COUNTS: dict[type, int] = {}
+
+
+def _field_count(cls: type[BaseModel]) -> int:
+    count = _FIELD_COUNTS.get(cls)
+    if count is None:
+        count = _FIELD_COUNTS[cls] = len(cls.model_fields)
+    return count
+
+
+def given_in_full(model: _M) -> _M:
+    """`model`, its fields set holding every field, as a row read back from JSON has."""
+    _setattr(model, "__pydantic_fields_set__", set(type(model).model_fields))
+    return model
 
 
 def _bare(cls: type[_M], values: dict[str, Any], fields_set: set[str]) -> _M:
@@ -272,7 +293,9 @@ def updated(model: _M, update: dict[str, Any]) -> _M:
     """`model.model_copy(update=update)`: a shallow copy, values taken as given."""
     if model.__pydantic_extra__ is not None or model.__pydantic_private__ is not None:
         return model.model_copy(update=update)
-    fields_set = model.__pydantic_fields_set__ | update.keys()
+    fields_set = model.__pydantic_fields_set__
+    if len(fields_set) != _field_count(type(model)):
+        fields_set = fields_set | update.keys()
     return _bare(type(model), {**model.__dict__, **update}, fields_set)
 
 
@@ -288,7 +311,7 @@ def stored_entry(
         "payload": payload,
         "created_at": at,
     }
-    return _bare(Entry, values, set(_ENTRY_FIELDS))
+    return _bare(Entry, values, _ENTRY_FIELDS_SET)
 
 
 # --- API messages: the OpenAI chat shape -----------------------------------

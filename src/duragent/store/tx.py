@@ -34,6 +34,7 @@ from duragent.types import (
     NewEntry,
     Task,
     TaskStatus,
+    given_in_full,
     stored_entry,
     updated,
     utcnow,
@@ -197,7 +198,7 @@ class _Touched:
             if task_id in self.dirty:  # this transaction's own copy: set it in place
                 row = self.rows[task_id]
                 row.__dict__["last_seq"] = seq
-                row.__pydantic_fields_set__.add("last_seq")
+                row.__pydantic_fields_set__.add("last_seq")  # a no-op on a shared set
             else:
                 self.put(updated(self.get(task_id), {"last_seq": seq}))
         return out
@@ -219,6 +220,7 @@ def apply_commit(tx: Tx, commit: Commit, now: datetime) -> CommitResult:
         if tx.load_task(task.id) is not None:
             raise Conflict(f"a task with id {task.id!r} already exists")
         task = task.model_copy(update={"created_at": now, "updated_at": now, "last_seq": 0})
+        given_in_full(task)  # as the row reads back
         rows.rows[task.id] = task
         rows.created.add(task.id)
         rows.dirty.add(task.id)
