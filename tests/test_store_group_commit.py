@@ -9,6 +9,8 @@ stamp. These tests hold the behaviour those shortcuts must keep.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,7 +20,7 @@ import pytest
 from conftest import drop_schema, require_postgres
 from duragent.errors import Conflict, StaleLease
 from duragent.store import Commit, TaskPatch
-from duragent.store.base import Store, apply_patch
+from duragent.store.base import SEQ_BITS, Store, apply_patch
 from duragent.store.postgres import PostgresStore
 from duragent.store.sqlite import SQLiteStore
 from duragent.types import EntryKind, NewEntry, Task, TaskStatus, Usage, utcnow
@@ -192,6 +194,45 @@ async def test_sqlite_full_groups_concurrent_commits_into_shared_transactions(
         batches, jobs = store.batches - before[0], store.jobs_done - before[1]
         assert jobs == 20
         assert batches < jobs  # made in one tick: they shared transactions (fsyncs)
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("durability", ["normal", "full"])
+async def test_sqlite_a_batch_writes_its_waiting_rows_before_a_statement_that_reads_them(
+    tmp_path: Path, durability: str
+) -> None:
+    """A batch's commits write their task rows and entries together at its end;
+    a job of the batch that reads or deletes rows sees what the commits before
+    it in the batch did."""
+    store = SQLiteStore(str(tmp_path / "s.db"), durability=durability)
+    try:
+        doomed, kept = await claimed(store, "w1"), await claimed(store, "w2")
+        before = store.batches
+        # One tick: both commits and the deletion share one transaction.
+        await asyncio.gather(
+            store.commit(Commit(entries=[progress(doomed.id, "gone")], fence={doomed.id: 1})),
+            store.commit(
+                Commit(
+                    entries=[progress(kept.id, "kept")],
+                    patches=[TaskPatch(kept.id, {"status": "paused"})],
+                    fence={kept.id: 1},
+                )
+            ),
+            store.delete_task(doomed.id),
+        )
+        assert store.batches == before + 1
+        with contextlib.closing(sqlite3.connect(tmp_path / "s.db")) as conn:
+            orphans = conn.execute(
+                "SELECT count(*) FROM entries WHERE eid >> ? NOT IN (SELECT num FROM tasks)",
+                (SEQ_BITS,),
+            ).fetchone()[0]
+        assert orphans == 0  # the deleted task's entry was written before it was deleted
+        assert (await store.get_task(kept.id)).status is TaskStatus.PAUSED
+        texts = [
+            e.payload["text"] for e in await store.entries(kept.id, kinds=[EntryKind.PROGRESS])
+        ]
+        assert texts == ["kept"]
     finally:
         await store.close()
 

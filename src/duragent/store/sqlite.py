@@ -62,7 +62,14 @@ from duragent.store.sqlite_schema import (
     migrate,
     ms_to_dt,
 )
-from duragent.store.sqlite_tx import RowCache, SqliteTx, label_value, row_document, row_task
+from duragent.store.sqlite_tx import (
+    Deferred,
+    RowCache,
+    SqliteTx,
+    label_value,
+    row_document,
+    row_task,
+)
 from duragent.store.sqlite_wake import WakeUps
 from duragent.store.tx import TxWrites
 from duragent.types import (
@@ -292,8 +299,12 @@ class SQLiteStore(TxWrites):
         rare, so several jobs first run one after another with nothing between
         them; only if one is refused is the batch undone to its start (one
         savepoint for all) and run again with each job in a savepoint of its
-        own, which spares two statements per job in the common case. A job
-        alone in its batch needs neither: its failure rolls the transaction back.
+        own, which spares two statements per job in the common case. Run
+        unguarded, the jobs' task-row updates and entries wait (sqlite_tx.py
+        `Deferred`) and are written together before the commit: a task two
+        commits of the batch change is written once, all entries in one
+        statement. A job alone in its batch needs neither savepoint: its failure
+        rolls the transaction back.
         """
         try:
             if len(batch) == 1:
@@ -333,20 +344,20 @@ class SQLiteStore(TxWrites):
         written: dict[str, Task] = {}
         numbered: dict[str, int] = {}
         notes = _BatchNotes()
+        # Unguarded, the rows and entries the jobs write wait to be written together.
+        deferred = Deferred() if guard is None else None
         for job in batch:
             if guard:
                 conn.execute("SAVEPOINT job")
-            tx = SqliteTx(conn, self._rows, self._nums, written)
+            tx = SqliteTx(conn, self._rows, self._nums, written, deferred)
             try:
                 outcomes.append((True, job.fn(tx)))
             except Exception as exc:  # the job's own failure: undo only this job
                 if guard is None:
-                    for task_id in [*written, *tx.written]:  # never reached the file
-                        self._rows.rows.pop(task_id, None)
+                    self._forget([*written, *tx.written])
                     raise _Refused from exc
                 conn.execute("ROLLBACK TO job" if guard else "ROLLBACK")
-                for task_id in tx.written:  # its rows never reached the file
-                    self._rows.rows.pop(task_id, None)
+                self._forget(tx.written)
                 outcomes.append((False, _translate(exc)))
                 mark_failed([job.link], outcomes[-1:])  # before a job that follows it runs
                 if not guard:
@@ -358,7 +369,18 @@ class SQLiteStore(TxWrites):
                 notes.controlled += tx.notes.controlled
             if guard:
                 conn.execute("RELEASE job")
+        if deferred is not None:
+            try:
+                deferred.write(conn)
+            except Exception as exc:  # whose write failed is for the guarded run to find
+                self._forget(written)
+                raise _Refused from exc
         return outcomes, written, numbered, notes
+
+    def _forget(self, task_ids: Iterable[str]) -> None:
+        """Drop from the row cache the rows of writes that never reached the file."""
+        for task_id in task_ids:
+            self._rows.rows.pop(task_id, None)
 
     def _settle_batch(
         self, settled: list[tuple[_Job, tuple[bool, Any]]], notes: _BatchNotes | None

@@ -58,6 +58,44 @@ def _update_sql(columns: tuple[str, ...]) -> str:
     return f"UPDATE tasks SET {sets} WHERE id=:id"
 
 
+_INSERT_ENTRIES = (
+    "INSERT INTO entries (eid, kind, round, payload, created_ms) VALUES (?, ?, ?, ?, ?)"
+)
+
+
+def _update_row(conn: sqlite3.Connection, before: Task | None, task: Task) -> None:
+    """Write `task` over its row, which holds `before` (None: not known)."""
+    cols = task_columns(task, to_ts, stored=before)
+    if before is None or before.input != task.input:
+        cols["input"] = dumps(task.input)
+    conn.execute(_update_sql(tuple(cols)), cols)
+
+
+class Deferred:
+    """The task-row updates and entry rows of a batch's commits, written together
+    at its end: a task that several commits of the batch change (a round's
+    result and the next answer) is written once, and the batch's entries go in
+    one statement. Any other statement of the batch writes them first
+    (`SqliteTx.conn`), so whatever it reads shows what the batch did before it.
+    """
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[Task | None, Task]] = {}  # id -> (as the file holds it, new)
+        self.entries: list[tuple[Any, ...]] = []
+
+    def update(self, before: Task | None, task: Task) -> None:
+        held = self.rows.get(task.id)
+        self.rows[task.id] = (before if held is None else held[0], task)
+
+    def write(self, conn: sqlite3.Connection) -> None:
+        for before, task in self.rows.values():
+            _update_row(conn, before, task)
+        self.rows.clear()
+        if self.entries:
+            conn.executemany(_INSERT_ENTRIES, self.entries)
+            self.entries = []
+
+
 class SqliteTx:
     def __init__(
         self,
@@ -65,8 +103,10 @@ class SqliteTx:
         cache: RowCache | None = None,
         nums: dict[str, int] | None = None,
         batch_rows: dict[str, Task] | None = None,
+        deferred: Deferred | None = None,
     ) -> None:
-        self.conn = conn
+        self._conn = conn
+        self.deferred = deferred  # where updates and entries wait for the batch's end
         self.cache = cache
         # Rows as earlier jobs of this transaction left them: what the file holds
         # now, since no other process writes while it is open.
@@ -79,10 +119,18 @@ class SqliteTx:
         self.written: dict[str, Task] = {}  # handed to the cache once the batch commits
         self.notes = Notes()  # what other processes' waiters must hear of (sqlite_wake.py)
 
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The connection, with what waits in `deferred` written: for any statement
+        but the few that know what waits there."""
+        if self.deferred is not None:
+            self.deferred.write(self._conn)
+        return self._conn
+
     def task_num(self, task_id: str) -> int:
         num = self.new_nums.get(task_id) or self.nums.get(task_id)
-        if num is None:
-            row = self.conn.execute("SELECT num FROM tasks WHERE id=?", (task_id,)).fetchone()
+        if num is None:  # a number never changes: what waits in `deferred` is no matter
+            row = self._conn.execute("SELECT num FROM tasks WHERE id=?", (task_id,)).fetchone()
             num = self.nums[task_id] = row[0]
         return num
 
@@ -103,7 +151,8 @@ class SqliteTx:
             self._seen(mine)
             return mine
         if self.cache is not None:
-            stamp = self.conn.execute(
+            # A row with an update waiting in `deferred` is in batch_rows, found above.
+            stamp = self._conn.execute(
                 "SELECT version, last_seq, lease_epoch, lease_expires FROM tasks WHERE id=?",
                 (task_id,),
             ).fetchone()
@@ -141,11 +190,11 @@ class SqliteTx:
 
     def update_task(self, task: Task) -> None:
         before = self.stored.get(task.id)
-        cols = task_columns(task, to_ts, stored=before)
-        if before is None or before.input != task.input:
-            cols["input"] = dumps(task.input)
+        if self.deferred is not None:
+            self.deferred.update(before, task)
+        else:
+            _update_row(self._conn, before, task)
         self.stored[task.id] = task
-        self.conn.execute(_update_sql(tuple(cols)), cols)
         self.written[task.id] = task
         self.notes.wrote(task)
 
@@ -164,10 +213,10 @@ class SqliteTx:
             e.__dict__["created_at"] = kept
             row = (entry_key(self.task_num(e.task_id), e.seq), KIND_CODES[e.kind], e.round)
             rows.append((*row, dumps(packed(e.kind, e.payload)), ms))
-        self.conn.executemany(
-            "INSERT INTO entries (eid, kind, round, payload, created_ms) VALUES (?, ?, ?, ?, ?)",
-            rows,
-        )
+        if self.deferred is not None:
+            self.deferred.entries += rows
+        else:
+            self._conn.executemany(_INSERT_ENTRIES, rows)
 
     def copy_entries(self, copy: CopyEntries, task_id: str, after_seq: int, now: datetime) -> int:
         # One statement, and no payload is copied: each new entry references the
@@ -192,14 +241,17 @@ class SqliteTx:
         )
         return cur.rowcount
 
+    # Documents are written at once, never deferred: their statements need not
+    # write what waits in `deferred` first.
+
     def load_document(self, scope: str, key: str) -> Document | None:
-        row = self.conn.execute(
+        row = self._conn.execute(
             "SELECT * FROM documents WHERE scope=? AND key=?", (scope, key)
         ).fetchone()
         return None if row is None else row_document(row)
 
     def put_document(self, doc: Document) -> None:
-        self.conn.execute(
+        self._conn.execute(
             "INSERT INTO documents (scope, key, value, version, updated_at) VALUES (?,?,?,?,?)"
             " ON CONFLICT(scope, key) DO UPDATE SET value=excluded.value,"
             " version=excluded.version, updated_at=excluded.updated_at",
@@ -207,7 +259,7 @@ class SqliteTx:
         )
 
     def delete_document(self, scope: str, key: str) -> None:
-        self.conn.execute("DELETE FROM documents WHERE scope=? AND key=?", (scope, key))
+        self._conn.execute("DELETE FROM documents WHERE scope=? AND key=?", (scope, key))
 
     def find_claimable(
         self,
