@@ -14,12 +14,13 @@ import sqlite3
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conftest import drop_schema, require_postgres
 from duragent.errors import Conflict, StaleLease
-from duragent.store import Commit, TaskPatch
+from duragent.store import Commit, DocumentWrite, TaskPatch, postgres_writer
 from duragent.store.base import SEQ_BITS, Store, apply_patch
 from duragent.store.postgres import PostgresStore
 from duragent.store.sqlite import SQLiteStore
@@ -352,3 +353,76 @@ async def test_postgres_checks_run_against_the_row_as_stored_not_this_process_co
     with pytest.raises(Conflict):
         await a.commit(Commit(patches=[TaskPatch(task.id, {"iterations": 7}, expect_version=0)]))
     assert (await b.get_task(task.id)).iterations == 6
+
+
+@pytest.mark.postgres
+async def test_postgres_a_batch_writes_a_task_row_once_and_its_entries_in_one_insert(
+    pg_pair: tuple[PostgresStore, PostgresStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Commits made together on cached rows send one guarded UPDATE per task and
+    one INSERT for all their entries; what lands is what each caller was told."""
+    store, other = pg_pair
+    tasks = [await claimed(store, f"w{i}") for i in range(3)]
+    for t in tasks:  # each row now cached as this process wrote it
+        await store.commit(Commit(entries=[progress(t.id, "0")], fence={t.id: 1}))
+    sent: list[list[str]] = []
+    real = postgres_writer.send_and_commit
+
+    def recorded(conn: Any, statements: list[Any]) -> None:
+        sent.append([st.query.split(" ", 1)[0] for st in statements])
+        real(conn, statements)
+
+    monkeypatch.setattr(postgres_writer, "send_and_commit", recorded)
+    results = await asyncio.gather(
+        *(
+            store.commit(
+                Commit(
+                    entries=[progress(t.id, f"{n}")],
+                    patches=[TaskPatch(t.id, {"iterations": n})],
+                    fence={t.id: 1},
+                )
+            )
+            for n in (1, 2)
+            for t in tasks
+        )
+    )
+    assert len(sent) == 1  # one transaction, sent as one message
+    assert sent[0].count("UPDATE") == 3 and sent[0].count("INSERT") == 1
+    for t in tasks:
+        row = await other.get_task(t.id)
+        assert row.iterations == 2 and row.last_seq == 4  # the claim, "0", "1", "2"
+        assert row == results[3 + tasks.index(t)].tasks[t.id]
+        texts = [e.payload["text"] for e in await other.entries(t.id, kinds=[EntryKind.PROGRESS])]
+        assert texts == ["0", "1", "2"]
+
+
+@pytest.mark.postgres
+async def test_postgres_a_job_that_reads_on_the_server_sees_the_batch_before_it(
+    pg_pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """Writes waiting to be sent with the batch go before a job that runs on the
+    connection, outside its savepoint: its refusal leaves them standing."""
+    store, other = pg_pair
+    task = await claimed(store)
+    await store.commit(Commit(entries=[progress(task.id, "0")], fence={task.id: 1}))
+    before, rereads = store.batches, store._writer.rereads
+    first, refused, last = await asyncio.gather(
+        store.commit(Commit(entries=[progress(task.id, "1")], fence={task.id: 1})),
+        # A document read runs on the server; its expected version is wrong.
+        store.commit(
+            Commit(
+                entries=[progress(task.id, "lost")],
+                documents=[DocumentWrite("s", "k", {"v": 1}, expect_version=5)],
+                fence={task.id: 1},
+            )
+        ),
+        store.commit(Commit(entries=[progress(task.id, "2")], fence={task.id: 1})),
+        return_exceptions=True,
+    )
+    assert store.batches == before + 1  # made in one tick: one transaction
+    assert store._writer.rereads == rereads  # no row was found changed behind the batch
+    assert isinstance(refused, Conflict)
+    assert not isinstance(first, BaseException) and not isinstance(last, BaseException)
+    texts = [e.payload["text"] for e in await other.entries(task.id, kinds=[EntryKind.PROGRESS])]
+    assert texts == ["0", "1", "2"]
+    assert (await other.get_task(task.id)).last_seq == 4

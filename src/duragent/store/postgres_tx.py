@@ -155,33 +155,17 @@ class PgTx:
         self.notes.wrote(task, created=True)
 
     def update_task(self, task: Task) -> None:
-        base = self.based_on.get(task.id)  # the guard proves the row is `base`
-        cols = task_columns(task, _same, stored=base)
         # The input is written once at creation; re-sending it on every step would
         # make each commit cost the size of the input.
-        if task.id not in self.inputs or self.inputs[task.id] != task.input:
-            cols["input"] = dumps(task.input)
-        if base is not None:
-            cols.update(zip(_GUARD_PARAMS, row_stamp(base), strict=True))
-        self._run(_update_sql(tuple(cols), base is not None), cols, guard=base is not None)
+        same_input = task.id in self.inputs and self.inputs[task.id] == task.input
+        st = update_statement(self.based_on.get(task.id), task, same_input)
+        self._run(st.query, st.params, guard=st.guard)
         self.written[task.id] = task
         self.changed = True
         self.notes.wrote(task)
 
     def append(self, entries: list[Entry]) -> None:
-        if max(e.seq for e in entries) > MAX_SEQ:
-            raise StoreError(f"a task of this PostgreSQL store holds at most {MAX_SEQ:,} entries")
-        params: list[Any] = []
-        for e in entries:
-            params += (
-                e.task_id,
-                e.seq,
-                e.created_at,
-                e.round,
-                e.kind.value,
-                dumps(packed(e.kind, e.payload)),
-            )
-        self._run(_append_sql(len(entries)), params)
+        self._run(_append_sql(len(entries)), entry_params(entries))
         self.changed = True
 
     def copy_entries(self, copy: CopyEntries, task_id: str, after_seq: int, now: datetime) -> int:
@@ -398,19 +382,92 @@ class NeedsServer(Exception):
     """A buffered job asked for something only the server knows (a read)."""
 
 
+def update_statement(base: Task | None, task: Task, same_input: bool) -> Statement:
+    """The UPDATE that writes `task` over its row; with `base`, the row as this
+    process knows it, guarded by its stamp and leaving out what it holds."""
+    cols = task_columns(task, _same, stored=base)
+    if not same_input:
+        cols["input"] = dumps(task.input)
+    if base is not None:  # the guard proves the row is `base`
+        cols.update(zip(_GUARD_PARAMS, row_stamp(base), strict=True))
+    return Statement(_update_sql(tuple(cols), base is not None), cols, base is not None)
+
+
+def entry_params(entries: list[Entry]) -> list[Any]:
+    """The parameters of `entries` for `_append_sql`, six per entry."""
+    if max(e.seq for e in entries) > MAX_SEQ:
+        raise StoreError(f"a task of this PostgreSQL store holds at most {MAX_SEQ:,} entries")
+    params: list[Any] = []
+    for e in entries:
+        params += (
+            e.task_id,
+            e.seq,
+            e.created_at,
+            e.round,
+            e.kind.value,
+            dumps(packed(e.kind, e.payload)),
+        )
+    return params
+
+
+class Deferred:
+    """The task-row updates and entries of a batch's jobs run on cached rows,
+    sent together where the batch's statements go next: a task that several
+    commits of the batch change (a round's result and the next answer) gets
+    one UPDATE, guarded by the row as it was before the batch, and the batch's
+    entries one INSERT. A job whose writes are taken in adds them to those
+    before it, in job order."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[Task | None, Task]] = {}  # id -> (as stored, new)
+        self.params: list[Any] = []
+
+    def take_in(self, tx: BufferedPgTx) -> None:
+        for task_id, (base, task) in tx.updates.items():
+            held = self.rows.get(task_id)
+            self.rows[task_id] = (base if held is None else held[0], task)
+        self.params += tx.entry_params
+
+    def statements(self) -> list[Statement]:
+        """Its writes as statements, to send now; it is left empty."""
+        out = [
+            update_statement(base, task, base is not None and base.input == task.input)
+            for base, task in self.rows.values()
+        ]
+        if self.params:
+            out.append(Statement(_append_sql(len(self.params) // 6), self.params, False))
+        self.rows, self.params = {}, []
+        return out
+
+
 class BufferedPgTx(PgTx):
     """A job's writes queued, not sent: the writer sends the writes of a whole
     batch in one message. Task rows come from the rows this process last
     committed; each UPDATE is guarded by the row's stamp, so a row another
     process changed meanwhile matches nothing and the batch is run again with
     reads under row locks. A job that needs any other read raises NeedsServer
-    and runs on the connection instead.
+    and runs on the connection instead. Its task-row updates and entries wait
+    in `updates` and `entry_params` for the batch's Deferred.
     """
 
     def __init__(self, namespace: str, rows: Callable[[str], Task | None]) -> None:
         super().__init__(None, namespace)  # type: ignore[arg-type]
         self.rows = rows
         self.statements: list[Statement] = []
+        self.updates: dict[str, tuple[Task | None, Task]] = {}  # id -> (based on, new)
+        self.entry_params: list[Any] = []
+
+    def update_task(self, task: Task) -> None:
+        held = self.updates.get(task.id)
+        base = self.based_on.get(task.id) if held is None else held[0]
+        self.updates[task.id] = (base, task)
+        self.written[task.id] = task
+        self.changed = True
+        self.notes.wrote(task)
+
+    def append(self, entries: list[Entry]) -> None:
+        self.entry_params += entry_params(entries)
+        self.changed = True
 
     @property
     def conn(self) -> Conn:

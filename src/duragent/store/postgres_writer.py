@@ -3,7 +3,9 @@
 Every commit asked for while a transaction is in flight (or in the same
 event-loop tick) joins the next one, so one fsync and two round trips carry
 many commits: the writes of the whole batch go in one message (BEGIN, the
-statements, pg_notify), then COMMIT. A commit whose task row this process
+statements, pg_notify), then COMMIT, with one UPDATE per task row however
+many of the batch's commits changed it and one INSERT for all their entries
+(postgres_tx.py `Deferred`). A commit whose task row this process
 wrote last needs no read: its UPDATE is guarded by the row's stamp, and a row
 someone else changed meanwhile makes the batch run again with row locks (the
 way every commit ran before). A job needing a read (a claim, a document, a
@@ -33,6 +35,7 @@ from duragent.store.postgres_notify import CHANNEL, CONTROL_CHANNEL, WORK_CHANNE
 from duragent.store.postgres_schema import Conn
 from duragent.store.postgres_tx import (
     BufferedPgTx,
+    Deferred,
     NeedsServer,
     PgTx,
     StaleRow,
@@ -298,6 +301,7 @@ class PgWriter:
         for job in batch:  # an earlier attempt's verdicts do not stand
             if job.link is not None:
                 job.link.failed = None
+        deferred = Deferred()  # the row updates and entries of jobs run on cached rows
         for job in batch:
             if outcomes:  # a job that follows a refused one is refused before it runs
                 mark_failed([batch[len(outcomes) - 1].link], outcomes[-1:])
@@ -315,10 +319,12 @@ class PgWriter:
                     # process may have changed since: ask the row as stored.
                 else:
                     queued += btx.statements
+                    deferred.take_in(btx)
                     written.update(btx.written)
                     outcomes.append((True, value))
                     txs.append(btx)
                     continue
+            queued += deferred.statements()  # the jobs before this one: not under its savepoint
             if not alone:
                 queued.append(Statement("SAVEPOINT job", None, False))
             send(conn, queued)
@@ -349,6 +355,7 @@ class PgWriter:
                 written.update(tx.written)
                 outcomes.append((True, value))
                 txs.append(tx)
+        queued += deferred.statements()
         if any(tx.changed for tx in txs):
             # Delivered by the server only if and when this commits.
             channel = WORK_CHANNEL if any(tx.work for tx in txs) else CHANNEL
