@@ -20,10 +20,11 @@ import pytest
 
 from conftest import drop_schema, require_postgres
 from duragent.errors import Conflict, StaleLease
-from duragent.store import Commit, DocumentWrite, TaskPatch, postgres_writer
+from duragent.store import Commit, DocumentWrite, TaskPatch, postgres_tx, postgres_writer
 from duragent.store.base import SEQ_BITS, Store, apply_patch
 from duragent.store.postgres import PostgresStore
 from duragent.store.sqlite import SQLiteStore
+from duragent.store.sqlite_schema import Durability
 from duragent.types import EntryKind, NewEntry, Task, TaskStatus, Usage, utcnow
 
 
@@ -201,7 +202,7 @@ async def test_sqlite_full_groups_concurrent_commits_into_shared_transactions(
 
 @pytest.mark.parametrize("durability", ["normal", "full"])
 async def test_sqlite_a_batch_writes_its_waiting_rows_before_a_statement_that_reads_them(
-    tmp_path: Path, durability: str
+    tmp_path: Path, durability: Durability
 ) -> None:
     """A batch's commits write their task rows and entries together at its end;
     a job of the batch that reads or deletes rows sees what the commits before
@@ -366,7 +367,7 @@ async def test_postgres_a_batch_writes_a_task_row_once_and_its_entries_in_one_in
     for t in tasks:  # each row now cached as this process wrote it
         await store.commit(Commit(entries=[progress(t.id, "0")], fence={t.id: 1}))
     sent: list[list[str]] = []
-    real = postgres_writer.send_and_commit
+    real = postgres_tx.send_and_commit  # the writer's own name for it is patched below
 
     def recorded(conn: Any, statements: list[Any]) -> None:
         sent.append([st.query.split(" ", 1)[0] for st in statements])
