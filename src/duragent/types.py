@@ -261,8 +261,8 @@ class NewEntry:
 _new = object.__new__
 _setattr = object.__setattr__
 _M = TypeVar("_M", bound=BaseModel)
-_ENTRY_FIELDS = frozenset(("task_id", "seq", "kind", "round", "payload", "created_at"))
-_ENTRY_FIELDS_SET = set(_ENTRY_FIELDS)  # every field: the set no entry adds to
+# Every field of an entry: the fields set all stored entries share, which none adds to.
+_ENTRY_FIELDS = {"task_id", "seq", "kind", "round", "payload", "created_at"}
 _FIELD_COUNTS: dict[type, int] = {}
 
 
@@ -311,7 +311,7 @@ def stored_entry(
         "payload": payload,
         "created_at": at,
     }
-    return _bare(Entry, values, _ENTRY_FIELDS_SET)
+    return _bare(Entry, values, _ENTRY_FIELDS)
 
 
 # --- API messages: the OpenAI chat shape -----------------------------------

@@ -25,7 +25,7 @@ from duragent.errors import StoreError
 from duragent.store.base import MAX_SEQ, SEQ_BITS, CopyEntries, dumps, entry_range, packed
 from duragent.store.postgres_schema import ENTRY_RANGE, Conn, lock_key
 from duragent.store.queues import QUEUES_SCOPE, Candidate
-from duragent.store.tx import Notes, task_columns
+from duragent.store.tx import HeldRows, Notes, hold_row, task_columns
 from duragent.types import Document, Entry, Task
 
 
@@ -419,13 +419,12 @@ class Deferred:
     before it, in job order."""
 
     def __init__(self) -> None:
-        self.rows: dict[str, tuple[Task | None, Task]] = {}  # id -> (as stored, new)
+        self.rows: HeldRows = {}
         self.params: list[Any] = []
 
     def take_in(self, tx: BufferedPgTx) -> None:
-        for task_id, (base, task) in tx.updates.items():
-            held = self.rows.get(task_id)
-            self.rows[task_id] = (base if held is None else held[0], task)
+        for base, task in tx.updates.values():
+            hold_row(self.rows, base, task)
         self.params += tx.entry_params
 
     def statements(self) -> list[Statement]:
@@ -454,13 +453,11 @@ class BufferedPgTx(PgTx):
         super().__init__(None, namespace)  # type: ignore[arg-type]
         self.rows = rows
         self.statements: list[Statement] = []
-        self.updates: dict[str, tuple[Task | None, Task]] = {}  # id -> (based on, new)
+        self.updates: HeldRows = {}
         self.entry_params: list[Any] = []
 
     def update_task(self, task: Task) -> None:
-        held = self.updates.get(task.id)
-        base = self.based_on.get(task.id) if held is None else held[0]
-        self.updates[task.id] = (base, task)
+        hold_row(self.updates, self.based_on.get(task.id), task)
         self.written[task.id] = task
         self.changed = True
         self.notes.wrote(task)

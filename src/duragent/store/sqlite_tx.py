@@ -13,7 +13,7 @@ from duragent.errors import StoreError
 from duragent.store.base import MAX_SEQ, CopyEntries, dumps, entry_key, packed, to_ts, ts_to_dt
 from duragent.store.queues import QUEUES_SCOPE, Candidate
 from duragent.store.sqlite_schema import KIND_CODES, ms_to_dt, to_ms
-from duragent.store.tx import Notes, task_columns
+from duragent.store.tx import HeldRows, Notes, hold_row, task_columns
 from duragent.types import Document, Entry, Task
 
 
@@ -80,12 +80,8 @@ class Deferred:
     """
 
     def __init__(self) -> None:
-        self.rows: dict[str, tuple[Task | None, Task]] = {}  # id -> (as the file holds it, new)
+        self.rows: HeldRows = {}
         self.entries: list[tuple[Any, ...]] = []
-
-    def update(self, before: Task | None, task: Task) -> None:
-        held = self.rows.get(task.id)
-        self.rows[task.id] = (before if held is None else held[0], task)
 
     def write(self, conn: sqlite3.Connection) -> None:
         for before, task in self.rows.values():
@@ -191,7 +187,7 @@ class SqliteTx:
     def update_task(self, task: Task) -> None:
         before = self.stored.get(task.id)
         if self.deferred is not None:
-            self.deferred.update(before, task)
+            hold_row(self.deferred.rows, before, task)
         else:
             _update_row(self._conn, before, task)
         self.stored[task.id] = task

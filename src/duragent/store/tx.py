@@ -123,6 +123,18 @@ def task_columns(
     return cols
 
 
+# Row writes a batch holds back to write at its end: task id -> (the row as
+# stored before the batch, the row to write).
+HeldRows = dict[str, tuple[Task | None, Task]]
+
+
+def hold_row(rows: HeldRows, before: Task | None, task: Task) -> None:
+    """Hold `task` to be written over its row, which holds `before` unless an
+    earlier write held here says what the row held first."""
+    held = rows.get(task.id)
+    rows[task.id] = (before if held is None else held[0], task)
+
+
 def schedule_key(task: Task) -> tuple[Any, ...]:
     """What decides whether, and from when, a worker may claim the task."""
     return (task.status, task.status_reason, task.wake_at, task.lease.owner, task.lease.epoch)
