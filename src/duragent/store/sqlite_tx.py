@@ -146,8 +146,9 @@ class SqliteTx:
         if mine is not None:
             self._seen(mine)
             return mine
+        # A row with an update waiting in `deferred` is in batch_rows, found above
+        # (no job reads a row again after writing it): the file's row is current.
         if self.cache is not None:
-            # A row with an update waiting in `deferred` is in batch_rows, found above.
             stamp = self._conn.execute(
                 "SELECT version, last_seq, lease_epoch, lease_expires FROM tasks WHERE id=?",
                 (task_id,),
@@ -158,7 +159,7 @@ class SqliteTx:
             if cached is not None:
                 self._seen(cached)
                 return cached
-        row = self.conn.execute("SELECT data, input FROM tasks WHERE id=?", (task_id,)).fetchone()
+        row = self._conn.execute("SELECT data, input FROM tasks WHERE id=?", (task_id,)).fetchone()
         return self._task(row)
 
     def find_by_request(self, owner: str | None, request_id: str) -> Task | None:
