@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import sqlite3
 import threading
 from datetime import UTC, datetime
@@ -14,7 +15,7 @@ from duragent.errors import StoreCorrupt, StoreVersionError
 from duragent.store import Commit, TaskPatch, TaskQuery, open_store
 from duragent.store.base import CopyEntries
 from duragent.store.sqlite import SQLiteStore
-from duragent.store.sqlite_schema import MIGRATIONS, SQLITE_SCHEMA_VERSION
+from duragent.store.sqlite_schema import FULL_WAL_PAGES, MIGRATIONS, SQLITE_SCHEMA_VERSION
 from duragent.types import EntryKind, NewEntry, Task, TaskStatus
 
 
@@ -60,6 +61,30 @@ async def test_durability_sets_synchronous(tmp_path: Path, url_suffix: str, expe
     assert store._writer_conn.execute("PRAGMA synchronous").fetchone()[0] == expected
     assert store._writer_conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     await store.close()
+
+
+async def test_a_full_store_writes_over_its_wal_instead_of_growing_it(tmp_path: Path) -> None:
+    """At FULL every commit syncs the WAL, and while the WAL grows each sync
+    also journals the file's new size. Checkpointed every FULL_WAL_PAGES pages,
+    the WAL restarts from its start: hundreds of commits of two or three pages
+    each leave it that long, where SQLite's default lets it reach 1,000 pages."""
+    path = tmp_path / "f.db"
+    store = open_store(f"sqlite:///{path}?durability=full")
+    assert isinstance(store, SQLiteStore)
+    task = Task(agent="a")
+    await store.create_task(task)
+    wal = Path(f"{path}-wal")
+    longest = 0
+    for _ in range(600):
+        payload = {"n": random.randbytes(2500).hex()}  # more than a page: no compressing it
+        entry = NewEntry(task_id=task.id, kind=EntryKind.CHECKPOINT, payload=payload)
+        await store.commit(Commit(entries=[entry]))
+        longest = max(longest, wal.stat().st_size)
+    page = store._writer_conn.execute("PRAGMA page_size").fetchone()[0]
+    pages = store._writer_conn.execute("PRAGMA page_count").fetchone()[0]
+    await store.close()
+    assert pages > 2 * FULL_WAL_PAGES  # the commits wrote more than the WAL holds
+    assert longest // (page + 24) <= FULL_WAL_PAGES + 5
 
 
 def test_unknown_durability_is_refused(tmp_path: Path) -> None:

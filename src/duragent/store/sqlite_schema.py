@@ -266,6 +266,17 @@ ENTRY_RANGE = (
 )
 
 
+# At FULL every commit syncs the WAL. While the WAL grows, each sync also
+# makes the file system journal the file's new size (the bench's disk table:
+# an fsync after an append against one after a rewrite in place); on the test
+# machine's ext4 a commit of two pages took 0.33 ms on a growing WAL against
+# 0.26 on one written over in place. A checkpoint every FULL_WAL_PAGES pages
+# instead of SQLite's 1,000 restarts the WAL from its start sooner after the
+# store opens, and keeps the file under 1 MB. At NORMAL commits do not sync,
+# and a longer WAL spares the checkpoints' syncs.
+FULL_WAL_PAGES = 200
+
+
 def connect(path: str, durability: Durability) -> sqlite3.Connection:
     if path != ":memory:" and not path.startswith("file:"):
         require_parent(path, absolute_hint("sqlite", path))
@@ -286,6 +297,8 @@ def connect(path: str, durability: Durability) -> sqlite3.Connection:
             conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
+        if durability == "full":
+            conn.execute(f"PRAGMA wal_autocheckpoint={FULL_WAL_PAGES}")
         conn.execute("PRAGMA busy_timeout=30000")
         conn.execute("PRAGMA foreign_keys=OFF")
     except sqlite3.DatabaseError as exc:
