@@ -356,6 +356,70 @@ async def test_postgres_checks_run_against_the_row_as_stored_not_this_process_co
     assert (await b.get_task(task.id)).iterations == 6
 
 
+def _prepared_runs(store: PostgresStore) -> list[tuple[str, int]]:
+    """The statements prepared on the writer's connection, with how often each ran."""
+    conn = store._writer._held  # kept by the writer between batches; idle now
+    assert conn is not None
+    rows = conn.execute(
+        "SELECT statement, generic_plans + custom_plans AS runs FROM pg_prepared_statements"
+    ).fetchall()
+    return [(r["statement"], r["runs"]) for r in rows]
+
+
+@pytest.mark.postgres
+async def test_postgres_the_writer_prepares_each_statement_shape_once_per_connection(
+    pg_pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """A round's UPDATE and INSERT come in a few shapes: each is prepared once on
+    the writer's connection and executed from then on, instead of every commit's
+    text being parsed and planned again. What lands is unchanged."""
+    store, other = pg_pair
+    task = await claimed(store)
+    for n in range(50):
+        await store.commit(
+            Commit(
+                entries=[progress(task.id, f"{n}")],
+                patches=[TaskPatch(task.id, {"iterations": n})],
+                fence={task.id: 1},
+            )
+        )
+    runs = _prepared_runs(store)
+    updates = [n for text, n in runs if "UPDATE tasks SET" in text]
+    inserts = [n for text, n in runs if "INSERT INTO entries" in text]
+    assert len(runs) <= 4, runs  # a handful of shapes, not one per commit
+    assert updates and max(updates) >= 48 and inserts and max(inserts) >= 48, runs
+    row = await other.get_task(task.id)
+    assert row.iterations == 49 and row.last_seq == 51  # the claim and 50 entries
+    texts = [e.payload["text"] for e in await other.entries(task.id, kinds=[EntryKind.PROGRESS])]
+    assert texts == [f"{n}" for n in range(50)]
+
+
+@pytest.mark.postgres
+async def test_postgres_statements_deallocated_behind_the_writer_are_prepared_again(
+    pg_pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """Whoever drops the writer's prepared statements (`DEALLOCATE ALL`, a
+    pooler's reset) costs a commit one more try, not its failure."""
+    store, other = pg_pair
+    task = await claimed(store)
+    await store.commit(Commit(entries=[progress(task.id, "1")], fence={task.id: 1}))
+    conn = store._writer._held
+    assert conn is not None and _prepared_runs(store)
+    conn.execute("DEALLOCATE ALL")
+    result = await store.commit(
+        Commit(
+            entries=[progress(task.id, "2")],
+            patches=[TaskPatch(task.id, {"iterations": 2})],
+            fence={task.id: 1},
+        )
+    )
+    assert result.tasks[task.id].iterations == 2
+    assert _prepared_runs(store)  # prepared again
+    texts = [e.payload["text"] for e in await other.entries(task.id, kinds=[EntryKind.PROGRESS])]
+    assert texts == ["1", "2"]
+    assert (await other.get_task(task.id)).iterations == 2
+
+
 @pytest.mark.postgres
 async def test_postgres_a_batch_writes_a_task_row_once_and_its_entries_in_one_insert(
     pg_pair: tuple[PostgresStore, PostgresStore], monkeypatch: pytest.MonkeyPatch

@@ -34,6 +34,7 @@ from duragent.store.base import PendingCommit, mark_failed
 from duragent.store.postgres_notify import CHANNEL, CONTROL_CHANNEL, WORK_CHANNEL, control_payload
 from duragent.store.postgres_schema import Conn
 from duragent.store.postgres_tx import (
+    PREPARED_GONE,
     BufferedPgTx,
     Deferred,
     NeedsServer,
@@ -263,11 +264,11 @@ class PgWriter:
                         "may or may not have been applied, re-read the task to find out"
                     )
                     return [(False, err)] * len(batch), False, False
-                if cached and not lost and exc.sqlstate not in ("40001", "40P01"):
+                if cached and not lost and exc.sqlstate not in _AGAIN:
                     # A statement of the batch failed: find whose, job by job.
                     cached = False
                     continue
-                if not (lost or exc.sqlstate in ("40001", "40P01")) or attempt > self.retries:
+                if not (lost or exc.sqlstate in _AGAIN) or attempt > self.retries:
                     failed = self.translate(exc)
                     return [(False, failed)] * len(batch), False, False
                 if lost:
@@ -461,6 +462,9 @@ class _LostInFlight(Exception):
 
 
 _COMMIT = [Statement("COMMIT", None, False)]
+# Failures that leave nothing behind and pass when the batch runs again: a
+# serialization failure, a deadlock, a prepared statement gone (postgres_tx.py).
+_AGAIN = ("40001", "40P01", PREPARED_GONE)
 
 
 def _same_but_expiry(mine: Task, fresh: Task) -> bool:
