@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import tempfile
 import time
 from typing import Any
 
+from bench.common import fmt
 from duragent.store import Commit, TaskPatch, open_store
 from duragent.store.sqlite import SQLiteStore
 from duragent.store.sqlite_schema import FULL_WAL_PAGES
@@ -50,10 +50,6 @@ async def once(pages: int, commits: int) -> dict[str, float]:
         return {"ms": elapsed / commits * 1e3, "wal_kb": longest / 1024}
 
 
-def cell(values: list[float], fmt: str) -> str:
-    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}–{max(values):{fmt}})"
-
-
 async def main(runs: int, commits: int) -> None:
     print(f"{commits} commits at FULL on a new store, {runs} runs alternating the settings")
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
@@ -67,8 +63,8 @@ async def main(runs: int, commits: int) -> None:
     for pages in settings:
         rs = results[pages]
         label = f"{pages} pages" + (" (the store's)" if pages == FULL_WAL_PAGES else " (SQLite's)")
-        ms = cell([r["ms"] for r in rs], ".3f")
-        wal = cell([r["wal_kb"] for r in rs], ".0f")
+        ms = fmt([r["ms"] for r in rs], 3)
+        wal = fmt([r["wal_kb"] for r in rs], 0)
         print(f"| {label} | {ms} | {wal} |")
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
