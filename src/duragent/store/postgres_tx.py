@@ -629,9 +629,13 @@ def _numbered(query: str, keys: tuple[str, ...] | None, select_guard: bool) -> s
     else:
         index = {k: i for i, k in enumerate(keys, 1)}
         text = _PLACEHOLDER.sub(lambda m: f"${index[m.group(1)]}", query)
-    if select_guard:
-        text = f"WITH g AS ({text} RETURNING 1) SELECT 1 / count(*)::int FROM g"
-    return text
+    return _select_guard(text) if select_guard else text
+
+
+def _select_guard(update: str) -> str:
+    """A guarded UPDATE as a statement that fails when it matches no row
+    (dividing by zero, which aborts the transaction: see send_and_commit)."""
+    return f"WITH g AS ({update} RETURNING 1) SELECT 1 / count(*)::int FROM g"
 
 
 class _Message:
@@ -654,7 +658,7 @@ class _Message:
             if text is None:
                 text = _bind(conn, st, plain)
                 if guard:
-                    text = f"WITH g AS ({text} RETURNING 1) SELECT 1 / count(*)::int FROM g"
+                    text = _select_guard(text)
             self.parts.append(text)
 
     def _execute(self, st: Statement, guard: bool) -> str | None:
