@@ -562,11 +562,7 @@ def send(conn: Conn, statements: list[Statement]) -> None:
     if not statements:
         return
     message = _Message(conn, statements, select_guards=False)
-    # Straight to libpq: psycopg's cursor machinery costs more than the commit.
-    with conn.lock:
-        conn.pgconn.send_query(message.text())
-        results = conn.wait(execute(conn.pgconn))
-    results = message.answered(results)
+    results = message.exchange(conn)
     counts = []
     for res in results:
         if res.status == ExecStatus.FATAL_ERROR:
@@ -585,10 +581,7 @@ def send_and_commit(conn: Conn, statements: list[Statement]) -> None:
     back). Any other failing statement raises its error the same way.
     """
     message = _Message(conn, [*statements, Statement("COMMIT", None, False)], select_guards=True)
-    with conn.lock:
-        conn.pgconn.send_query(message.text())
-        results = conn.wait(execute(conn.pgconn))
-    results = message.answered(results)
+    results = message.exchange(conn)
     for st, res in zip(statements, results, strict=False):
         if res.status == ExecStatus.FATAL_ERROR:
             exc = message.error(res)
@@ -640,7 +633,7 @@ def _select_guard(update: str) -> str:
 
 class _Message:
     """Statements as the text of one simple-query message, the PREPAREs it
-    needs first; `answered` takes their answers off the results."""
+    needs first; `exchange` sends it and takes their answers off the results."""
 
     def __init__(self, conn: Conn, statements: list[Statement], *, select_guards: bool) -> None:
         # Literals are written here only where the server reads '...' as plain text.
@@ -677,12 +670,14 @@ class _Message:
             name = self.new[shape] = f"duragent_{next(_names)}"
         return f"EXECUTE {name}({args})"
 
-    def text(self) -> bytes:
+    def exchange(self, conn: Conn) -> list[Any]:
+        """Send the message and return the statements' results; the PREPAREs
+        that answered are known from now on, one that failed raises its error."""
         prepares = [f"PREPARE {name} AS {shape}" for shape, name in self.new.items()]
-        return ";".join(prepares + self.parts).encode()
-
-    def answered(self, results: list[Any]) -> list[Any]:
-        """The statements' results; the PREPAREs that answered are known from now on."""
+        # Straight to libpq: psycopg's cursor machinery costs more than the commit.
+        with conn.lock:
+            conn.pgconn.send_query(";".join(prepares + self.parts).encode())
+            results: list[Any] = conn.wait(execute(conn.pgconn))
         done = results[: len(self.new)]
         for (shape, name), res in zip(self.new.items(), done, strict=False):
             if res.status == ExecStatus.COMMAND_OK:
