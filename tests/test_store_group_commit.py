@@ -395,17 +395,20 @@ async def test_postgres_the_writer_prepares_each_statement_shape_once_per_connec
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("on_loop", [True, False], ids=["from-loop", "from-thread"])
 async def test_postgres_statements_deallocated_behind_the_writer_are_prepared_again(
-    pg_pair: tuple[PostgresStore, PostgresStore],
+    pg_pair: tuple[PostgresStore, PostgresStore], on_loop: bool
 ) -> None:
     """Whoever drops the writer's prepared statements (`DEALLOCATE ALL`, a
     pooler's reset) costs a commit one more try, not its failure."""
     store, other = pg_pair
+    store._writer.on_loop = on_loop
     task = await claimed(store)
     await store.commit(Commit(entries=[progress(task.id, "1")], fence={task.id: 1}))
     conn = store._writer._held
     assert conn is not None and _prepared_runs(store)
     conn.execute("DEALLOCATE ALL")
+    flights = store._writer.flights
     result = await store.commit(
         Commit(
             entries=[progress(task.id, "2")],
@@ -414,6 +417,7 @@ async def test_postgres_statements_deallocated_behind_the_writer_are_prepared_ag
         )
     )
     assert result.tasks[task.id].iterations == 2
+    assert (store._writer.flights == flights + 1) is on_loop  # its first try's side
     assert _prepared_runs(store)  # prepared again
     texts = [e.payload["text"] for e in await other.entries(task.id, kinds=[EntryKind.PROGRESS])]
     assert texts == ["1", "2"]
@@ -431,13 +435,14 @@ async def test_postgres_a_batch_writes_a_task_row_once_and_its_entries_in_one_in
     for t in tasks:  # each row now cached as this process wrote it
         await store.commit(Commit(entries=[progress(t.id, "0")], fence={t.id: 1}))
     sent: list[list[str]] = []
-    real = postgres_tx.send_and_commit  # the writer's own name for it is patched below
+    real = postgres_tx.commit_message
 
-    def recorded(conn: Any, statements: list[Any]) -> None:
+    def recorded(conn: Any, statements: list[Any]) -> Any:
         sent.append([st.query.split(" ", 1)[0] for st in statements])
-        real(conn, statements)
+        return real(conn, statements)
 
-    monkeypatch.setattr(postgres_writer, "send_and_commit", recorded)
+    monkeypatch.setattr(postgres_tx, "commit_message", recorded)  # the thread's send_and_commit
+    monkeypatch.setattr(postgres_writer, "commit_message", recorded)  # a batch sent from the loop
     results = await asyncio.gather(
         *(
             store.commit(
@@ -491,3 +496,39 @@ async def test_postgres_a_job_that_reads_on_the_server_sees_the_batch_before_it(
     texts = [e.payload["text"] for e in await other.entries(task.id, kinds=[EntryKind.PROGRESS])]
     assert texts == ["0", "1", "2"]
     assert (await other.get_task(task.id)).last_seq == 4
+
+
+@pytest.mark.postgres
+async def test_postgres_a_batch_on_cached_rows_is_sent_and_answered_on_its_event_loop(
+    pg_pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """No thread between a round's commit and its answer: a batch that runs on
+    this process's rows goes from the loop its commits came from. A job that
+    reads on the server (a document's version) has its batch run by the writer
+    thread, and the batches after it go from the loop again."""
+    store, other = pg_pair
+    task = await claimed(store)
+    await store.commit(Commit(entries=[progress(task.id, "0")], fence={task.id: 1}))
+    writer = store._writer
+    flights, batches = writer.flights, writer.batches
+    for i in range(1, 6):
+        await store.commit(Commit(entries=[progress(task.id, f"{i}")], fence={task.id: 1}))
+    assert (writer.flights - flights, writer.batches - batches) == (5, 5)
+    await store.commit(
+        Commit(
+            entries=[progress(task.id, "6")],
+            documents=[DocumentWrite("s", "k", {"v": 1})],
+            fence={task.id: 1},
+        )
+    )
+    assert (writer.flights - flights, writer.batches - batches) == (5, 6)
+    await asyncio.gather(
+        *(
+            store.commit(Commit(entries=[progress(task.id, f"{i}")], fence={task.id: 1}))
+            for i in (7, 8)
+        )
+    )
+    assert (writer.flights - flights, writer.batches - batches) == (6, 7)
+    texts = [e.payload["text"] for e in await other.entries(task.id, kinds=[EntryKind.PROGRESS])]
+    assert texts == [f"{i}" for i in range(9)]
+    assert (await other.get_document("s", "k")) is not None

@@ -57,6 +57,22 @@ async def store(pg_url: str, schema: str) -> AsyncIterator[PostgresStore]:
     await s.close()
 
 
+@pytest.fixture(params=["loop", "thread"])
+def side(request: pytest.FixtureRequest) -> str:
+    """Where the writer sends a batch on cached rows from: its event loop, or its thread."""
+    return str(request.param)
+
+
+def sends_from(s: PostgresStore, side: str) -> PostgresStore:
+    s._writer.on_loop = side == "loop"
+    return s
+
+
+def sent_from(s: PostgresStore, flights_before: int) -> str:
+    """Where the batches since `flights_before` flights were first sent from."""
+    return "loop" if s._writer.flights > flights_before else "thread"
+
+
 def admin(pg_url: str) -> psycopg.Connection[Any]:
     return psycopg.connect(pg_url, autocommit=True, row_factory=dict_row)
 
@@ -220,16 +236,21 @@ def _terminate(pg_url: str, application_name: str) -> int:
     return sum(1 for r in rows if r["ok"])
 
 
-async def test_store_reconnects_after_its_backends_are_terminated(pg_url: str, schema: str) -> None:
+async def test_store_reconnects_after_its_backends_are_terminated(
+    pg_url: str, schema: str, side: str
+) -> None:
     app = f"duragent-test-{uuid.uuid4().hex[:8]}"
-    s = PostgresStore(f"{pg_url}?application_name={app}", schema=schema, min_size=2, max_size=4)
+    url = f"{pg_url}?application_name={app}"
+    s = sends_from(PostgresStore(url, schema=schema, min_size=2, max_size=4), side)
     try:
         task, _ = await s.create_task(Task(agent="a"))
         await s.commit(Commit(entries=[ui(task.id, "before")]))
         assert _terminate(pg_url, app) >= 1
         assert (await s.get_task(task.id)).last_seq == 1  # a read after the drop
         assert _terminate(pg_url, app) >= 1
+        flights = s._writer.flights
         r = await s.commit(Commit(entries=[ui(task.id, "after")]))  # a write after the drop
+        assert sent_from(s, flights) == side
         assert r.entries[0].seq == 2
         assert [e.payload["text"] for e in await s.entries(task.id)] == ["before", "after"]
     finally:
@@ -306,13 +327,18 @@ async def test_columns_follow_each_commit_of_a_cached_row(pg_url: str, schema: s
         await s.close()
 
 
-async def test_commit_cut_off_before_commit_is_retried_once(pg_url: str, schema: str) -> None:
+async def test_commit_cut_off_before_commit_is_retried_once(
+    pg_url: str, schema: str, side: str
+) -> None:
     """The backend dies mid-transaction (waiting on a row lock): nothing was committed,
     so the store runs the commit again on a new connection, and it lands exactly once."""
     app = f"duragent-test-{uuid.uuid4().hex[:8]}"
-    s = PostgresStore(f"{pg_url}?application_name={app}", schema=schema, max_size=2)
+    s = sends_from(
+        PostgresStore(f"{pg_url}?application_name={app}", schema=schema, max_size=2), side
+    )
     try:
         task, _ = await s.create_task(Task(agent="a"))
+        flights = s._writer.flights
         blocker = admin(pg_url)
         try:
             blocker.execute(
@@ -338,6 +364,7 @@ async def test_commit_cut_off_before_commit_is_retried_once(pg_url: str, schema:
         finally:
             blocker.close()
         result = await asyncio.wait_for(pending, 30)
+        assert sent_from(s, flights) == side
         assert result.entries[0].seq == 1
         assert [e.payload["text"] for e in await s.entries(task.id)] == ["once"]
     finally:
@@ -345,21 +372,25 @@ async def test_commit_cut_off_before_commit_is_retried_once(pg_url: str, schema:
 
 
 async def test_a_transaction_cut_off_with_its_commit_in_flight_is_found_not_landed(
-    pg_url: str, schema: str
+    pg_url: str, schema: str, side: str
 ) -> None:
     """A round's commit goes as one message, COMMIT included. The backend dies in
     that COMMIT (a deferred trigger holds it open the first time): the store ends
     the backend, finds the task row as the commit found it, so it did not land,
     and runs it again: it lands exactly once."""
     app = f"duragent-test-{uuid.uuid4().hex[:8]}"
-    s = PostgresStore(f"{pg_url}?application_name={app}", schema=schema, max_size=2)
+    s = sends_from(
+        PostgresStore(f"{pg_url}?application_name={app}", schema=schema, max_size=2), side
+    )
     try:
         task, _ = await s.create_task(Task(agent="a"))
         _slow_commit(pg_url, schema, "UPDATE ON tasks", once=True)
+        flights = s._writer.flights
         pending = asyncio.create_task(s.commit(Commit(entries=[ui(task.id, "once")])))
         await _until_in_commit(pg_url, app)
         assert _terminate(pg_url, app) >= 1
         result = await asyncio.wait_for(pending, 30)
+        assert sent_from(s, flights) == side
         assert result.entries[0].seq == 1
         assert [e.payload["text"] for e in await s.entries(task.id)] == ["once"]
     finally:
@@ -367,7 +398,7 @@ async def test_a_transaction_cut_off_with_its_commit_in_flight_is_found_not_land
 
 
 async def test_a_commit_whose_answer_was_lost_is_found_landed_and_not_run_again(
-    pg_url: str, schema: str
+    pg_url: str, schema: str, side: str
 ) -> None:
     """The network loses the answer to a transaction that committed (a proxy that
     forwards the COMMIT and drops what the server says): the store finds the row
@@ -377,12 +408,14 @@ async def test_a_commit_whose_answer_was_lost_is_found_landed_and_not_run_again(
     await s0.close()  # the schema exists before the proxy is in the way
     with commit_answer_loser("127.0.0.1", 5432) as proxy:
         url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
-        s = PostgresStore(f"{url}?sslmode=disable", schema=schema, max_size=2)
+        s = sends_from(PostgresStore(f"{url}?sslmode=disable", schema=schema, max_size=2), side)
         try:
             task, _ = await s.create_task(Task(agent="a"))
             await s.commit(Commit(entries=[ui(task.id, "first")]))
             proxy.cut.set()
+            flights = s._writer.flights
             result = await asyncio.wait_for(s.commit(Commit(entries=[ui(task.id, "lost")])), 30)
+            assert sent_from(s, flights) == side
             assert proxy.answers_lost == 1  # the fault happened
             assert result.entries[0].seq == 2 and result.tasks[task.id].last_seq == 2
             texts = [e.payload["text"] for e in await s.entries(task.id)]

@@ -580,8 +580,17 @@ def send_and_commit(conn: Conn, statements: list[Statement]) -> None:
     of the message and the `COMMIT` with it (`StaleRow` here; the caller rolls
     back). Any other failing statement raises its error the same way.
     """
-    message = _Message(conn, [*statements, Statement("COMMIT", None, False)], select_guards=True)
-    results = message.exchange(conn)
+    message = commit_message(conn, statements)
+    check_commit(message, statements, message.exchange(conn))
+
+
+def commit_message(conn: Conn, statements: list[Statement]) -> _Message:
+    """The message of a whole transaction: `statements`, then `COMMIT` (see send_and_commit)."""
+    return _Message(conn, [*statements, Statement("COMMIT", None, False)], select_guards=True)
+
+
+def check_commit(message: _Message, statements: list[Statement], results: list[Any]) -> None:
+    """Raise what the answer to a commit message says went wrong, if anything."""
     for st, res in zip(statements, results, strict=False):
         if res.status == ExecStatus.FATAL_ERROR:
             exc = message.error(res)
@@ -671,13 +680,21 @@ class _Message:
         return f"EXECUTE {name}({args})"
 
     def exchange(self, conn: Conn) -> list[Any]:
-        """Send the message and return the statements' results; the PREPAREs
-        that answered are known from now on, one that failed raises its error."""
-        prepares = [f"PREPARE {name} AS {shape}" for shape, name in self.new.items()]
+        """Send the message and return the statements' results (see `answered`)."""
         # Straight to libpq: psycopg's cursor machinery costs more than the commit.
         with conn.lock:
-            conn.pgconn.send_query(";".join(prepares + self.parts).encode())
-            results: list[Any] = conn.wait(execute(conn.pgconn))
+            self.send(conn)
+            return self.answered(conn.wait(execute(conn.pgconn)))
+
+    def send(self, conn: Conn) -> None:
+        """Queue the message, its PREPAREs first, on the connection (holding its
+        lock); libpq writes it out as its answer is waited for."""
+        prepares = [f"PREPARE {name} AS {shape}" for shape, name in self.new.items()]
+        conn.pgconn.send_query(";".join(prepares + self.parts).encode())
+
+    def answered(self, results: list[Any]) -> list[Any]:
+        """The statements' results, the PREPAREs' taken off: those that answered
+        are known from now on, one that failed raises its error."""
         done = results[: len(self.new)]
         for (shape, name), res in zip(self.new.items(), done, strict=False):
             if res.status == ExecStatus.COMMAND_OK:

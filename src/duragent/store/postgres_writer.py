@@ -31,6 +31,7 @@ from psycopg.pq import TransactionStatus
 
 from duragent.errors import CommitOutcomeUnknown, StoreUnavailable
 from duragent.store.base import PendingCommit, mark_failed
+from duragent.store.postgres_flight import Flight
 from duragent.store.postgres_notify import CHANNEL, CONTROL_CHANNEL, WORK_CHANNEL, control_payload
 from duragent.store.postgres_schema import Conn
 from duragent.store.postgres_tx import (
@@ -41,6 +42,8 @@ from duragent.store.postgres_tx import (
     PgTx,
     StaleRow,
     Statement,
+    check_commit,
+    commit_message,
     send,
     send_and_commit,
 )
@@ -90,6 +93,7 @@ class PgWriter:
         self.batches = 0  # transactions committed or attempted: jobs_done / batches = group size
         self.jobs_done = 0
         self.rereads = 0  # batches run again, reading their rows, because a copy was stale
+        self.flights = 0  # batches sent from their event loop, answered or not (`_fly`)
         self.rows: dict[str, Task] = {}  # task rows as this process last committed them
         self._lock = threading.Lock()
         self._pending: list[_Job] = []
@@ -97,6 +101,9 @@ class PgWriter:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="duragent-pg-writer")
         self._held: Conn | None = None  # the writer thread's connection (see _connection)
         self._held_since = 0.0
+        # Whether a batch on cached rows is sent from its event loop (`_fly`);
+        # off, every batch runs on the writer thread.
+        self.on_loop = True
 
     def submit(self, fn: Callable[[PgTx], Any], link: PendingCommit | None) -> asyncio.Future[Any]:
         """Queue `fn` for the next transaction; the future answers once it committed."""
@@ -109,8 +116,13 @@ class PgWriter:
         if start:
             # call_soon, not now: every coroutine already runnable in this tick
             # gets to add its commit to the same transaction.
-            loop.call_soon(self._executor.submit, self._drain)
+            loop.call_soon(self._next, loop)
         return future
+
+    def _next(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run the next batch: on this loop if it can (`_fly`), else on the thread."""
+        if not self._fly(loop):
+            self._executor.submit(self._drain)
 
     def renewed(self, rows: Mapping[str, Task]) -> None:
         """Take in rows as lease renewals left them: renewals run beside the writer
@@ -156,6 +168,10 @@ class PgWriter:
         except BaseException:
             self.pool.putconn(conn)
             raise
+        self._release(conn)
+
+    def _release(self, conn: Conn) -> None:
+        """Keep the connection for the next batch, or give it back (see `_connection`)."""
         if (
             conn.info.transaction_status is TransactionStatus.IDLE
             and self.pool.max_size > 1
@@ -165,18 +181,140 @@ class PgWriter:
         else:
             self.pool.putconn(conn)
 
+    # --- on the event loop: a batch on cached rows, sent from where its commits came ---
+
+    def _fly(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Send the next batch from `loop` (postgres_flight.py) if it can go
+        from here: its jobs are all this loop's and all run on cached rows, and
+        the writer holds an idle connection. False: the thread must run it.
+        Its answer is read on the loop; if it reports a failure, the thread
+        takes the batch over (`_run`), with the failure as its first attempt's."""
+        conn = self._held
+        if (
+            not self.on_loop
+            or conn is None
+            or conn.info.transaction_status is not TransactionStatus.IDLE
+            or time.monotonic() - self._held_since >= HOLD_SECONDS
+        ):
+            return False
+        with self._lock:
+            batch = self._pending[: self.max_batch]
+            if not batch:
+                self._busy = False
+                return True
+            if any(job.loop is not loop for job in batch):
+                return False
+            del self._pending[: len(batch)]
+        plan = self._plan(batch)
+        if plan is None or not conn.lock.acquire(blocking=False):
+            with self._lock:
+                self._pending[:0] = batch
+            return False
+        statements, outcomes, txs = plan
+        self._held = None
+        pid, sent_at = conn.info.backend_pid, datetime.now(UTC)
+
+        def answered(results: list[Any] | None, error: Exception | None) -> None:
+            conn.lock.release()
+            if error is None:
+                assert results is not None
+                try:
+                    check_commit(message, statements, message.answered(results))
+                except Exception as exc:
+                    error = exc
+            if error is None:
+                self._release(conn)
+                self._landed_here(loop, batch, outcomes, txs)
+                return
+            if isinstance(error, psycopg.Error) and self.lost(error):
+                lost = _LostInFlight(outcomes, txs, pid, sent_at)
+                lost.__cause__ = error
+                error = lost
+            self._held = conn  # for the thread's attempt, which hands it back to the pool
+            self._executor.submit(self._drain, (batch, error))
+
+        try:
+            message = commit_message(conn, statements)
+            message.send(conn)
+        except Exception as exc:  # nothing went out: the thread runs the batch again
+            conn.lock.release()
+            self._held = conn
+            self._executor.submit(self._drain, (batch, exc))
+            return True
+        self.flights += 1
+        Flight(loop, conn.pgconn, answered).start()
+        return True
+
+    def _plan(self, batch: list[_Job]) -> tuple[list[Statement], list[Outcome], list[PgTx]] | None:
+        """The batch's transaction, `BEGIN` to the notifications, when every job runs
+        on this process's copies of its rows; None when one must run on the server."""
+        statements: list[Statement] = [Statement("BEGIN", None, False)]
+        outcomes: list[Outcome] = []
+        txs: list[PgTx] = []
+        written: dict[str, Task] = {}
+
+        def row(task_id: str) -> Task | None:
+            return written.get(task_id) or self.rows.get(task_id)
+
+        for job in batch:
+            if job.link is not None:
+                job.link.failed = None
+        deferred = Deferred()
+        for job in batch:
+            if outcomes:  # a job that follows a refused one is refused before it runs
+                mark_failed([batch[len(outcomes) - 1].link], outcomes[-1:])
+            ran = self._on_cached_rows(job, row)
+            if ran is None:
+                return None
+            btx, outcome = ran
+            outcomes.append(outcome)
+            if outcome[0]:
+                statements += btx.statements
+                deferred.take_in(btx)
+                written.update(btx.written)
+                txs.append(btx)
+        statements += deferred.statements() + _notifications(self.namespace, txs)
+        return statements, outcomes, txs
+
+    def _landed_here(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        batch: list[_Job],
+        outcomes: list[Outcome],
+        txs: list[PgTx],
+    ) -> None:
+        """A batch sent from `loop` committed: answer its callers, then run the next."""
+        self._keep_rows(txs)
+        mark_failed([job.link for job in batch], outcomes)
+        self.batches += 1
+        self.jobs_done += len(batch)
+        changed = any(tx.changed for tx in txs)
+        work = any(tx.work for tx in txs)
+        try:
+            self._settle(loop, list(zip(batch, outcomes, strict=True)), changed, work)
+        finally:
+            # After the callers just answered, which may add their next commits.
+            loop.call_soon(self._next, loop)
+
     # --- the writer thread ---
 
-    def _drain(self) -> None:
+    def _drain(self, handed: tuple[list[_Job], BaseException] | None = None) -> None:
+        """Run batches until none is left, the first the one `handed` over by the
+        loop with its failure (`_fly`); give the rest back to their loop when
+        they all come from one (it sends them from there, if it can)."""
         while True:
-            with self._lock:
-                batch = self._pending[: self.max_batch]
-                del self._pending[: self.max_batch]
-                if not batch:
-                    self._busy = False
-                    return
+            failed: BaseException | None = None
+            if handed is not None:
+                (batch, failed), handed = handed, None
+            else:
+                with self._lock:
+                    batch = self._pending[: self.max_batch]
+                    del self._pending[: self.max_batch]
+                    if not batch:
+                        self._busy = False
+                        return
             try:
-                outcomes, changed, work = self._run(batch)
+                outcomes, changed, work = self._run(batch, failed)
             except BaseException as exc:  # never leave a caller waiting
                 outcomes, changed, work = [(False, exc)] * len(batch), False, False
             mark_failed([job.link for job in batch], outcomes)  # before the next batch runs
@@ -187,7 +325,17 @@ class PgWriter:
                 by_loop.setdefault(job.loop, []).append((job, outcome))
             for loop, settled in by_loop.items():
                 # One wake-up per loop: each call_soon_threadsafe writes to its self-pipe.
-                loop.call_soon_threadsafe(self._settle, loop, settled, changed, work)
+                with contextlib.suppress(RuntimeError):  # closed: nobody waits there now
+                    loop.call_soon_threadsafe(self._settle, loop, settled, changed, work)
+            with self._lock:
+                if not self._pending:
+                    self._busy = False
+                    return
+                first = self._pending[0].loop
+                if self.on_loop and all(job.loop is first for job in self._pending):
+                    with contextlib.suppress(RuntimeError):  # closed: run them here
+                        first.call_soon_threadsafe(self._next, first)
+                        return
 
     def _settle(
         self,
@@ -201,12 +349,15 @@ class PgWriter:
         if changed:
             self.on_commit(loop, work)
 
-    def _run(self, batch: list[_Job]) -> tuple[list[Outcome], bool, bool]:
+    def _run(
+        self, batch: list[_Job], failed: BaseException | None = None
+    ) -> tuple[list[Outcome], bool, bool]:
         """The batch's outcomes, whether it changed anything and whether it made work.
 
         Retried like any write: whatever failed before COMMIT was sent (a lost
         connection, a deadlock) left nothing behind. A connection lost while
         COMMIT was in flight may or may not have committed, and is reported so.
+        `failed`: how the first attempt, made on the event loop (`_fly`), failed.
         """
         attempt = 0
         cached = True
@@ -216,6 +367,9 @@ class PgWriter:
             try:
                 with self._connection() as conn:
                     try:
+                        if failed is not None:
+                            exc, failed = failed, None
+                            raise exc
                         outcomes, txs, committed = self._attempt(conn, batch, cached)
                         changed = any(tx.changed for tx in txs)
                         if not committed:
@@ -278,11 +432,15 @@ class PgWriter:
                 if attempt > 1:
                     time.sleep(min(0.05 * 2**attempt, 1.0))
                 continue
-            for tx in txs:
-                self.rows.update(tx.written)
-            if len(self.rows) > 10_000:
-                self.rows.clear()
+            self._keep_rows(txs)
             return outcomes, changed, any(tx.work for tx in txs)
+
+    def _keep_rows(self, txs: list[PgTx]) -> None:
+        """Keep the rows a committed batch wrote, as the next batch's copies."""
+        for tx in txs:
+            self.rows.update(tx.written)
+        if len(self.rows) > 10_000:
+            self.rows.clear()
 
     def _attempt(
         self, conn: Conn, batch: list[_Job], cached: bool
@@ -306,25 +464,16 @@ class PgWriter:
         for job in batch:
             if outcomes:  # a job that follows a refused one is refused before it runs
                 mark_failed([batch[len(outcomes) - 1].link], outcomes[-1:])
-            if cached:
-                btx = BufferedPgTx(self.namespace, row)
-                try:
-                    value = job.fn(btx)
-                except NeedsServer:
-                    pass  # run it on the connection, below
-                except Exception as exc:  # refused before writing anything...
-                    if not btx.based_on:
-                        outcomes.append((False, exc))
-                        continue
-                    # ...but judged on this process's copy of a row, which another
-                    # process may have changed since: ask the row as stored.
-                else:
+            ran = self._on_cached_rows(job, row) if cached else None
+            if ran is not None:
+                btx, outcome = ran
+                outcomes.append(outcome)
+                if outcome[0]:
                     queued += btx.statements
                     deferred.take_in(btx)
                     written.update(btx.written)
-                    outcomes.append((True, value))
                     txs.append(btx)
-                    continue
+                continue
             queued += deferred.statements()  # the jobs before this one: not under its savepoint
             if not alone:
                 queued.append(Statement("SAVEPOINT job", None, False))
@@ -356,19 +505,7 @@ class PgWriter:
                 written.update(tx.written)
                 outcomes.append((True, value))
                 txs.append(tx)
-        queued += deferred.statements()
-        if any(tx.changed for tx in txs):
-            # Delivered by the server only if and when this commits.
-            channel = WORK_CHANNEL if any(tx.work for tx in txs) else CHANNEL
-            queued.append(Statement("SELECT pg_notify(%s, %s)", (channel, self.namespace), False))
-        for tx in txs:
-            # One per control request, delivered only if and when this commits,
-            # in commit order, to the listener of the task's owning worker.
-            for task_id in tx.notes.controlled:
-                payload = control_payload(self.namespace, task_id)
-                queued.append(
-                    Statement("SELECT pg_notify(%s, %s)", (CONTROL_CHANNEL, payload), False)
-                )
+        queued += deferred.statements() + _notifications(self.namespace, txs)
         if not sent:
             pid, sent_at = conn.info.backend_pid, datetime.now(UTC)
             try:
@@ -380,6 +517,21 @@ class PgWriter:
             return outcomes, txs, True
         send(conn, queued)
         return outcomes, txs, False
+
+    def _on_cached_rows(
+        self, job: _Job, row: Callable[[str], Task | None]
+    ) -> tuple[BufferedPgTx, Outcome] | None:
+        """Run `job` on this process's copies of its rows: its writes and outcome,
+        or None when it must run on the connection (it reads there)."""
+        btx = BufferedPgTx(self.namespace, row)
+        try:
+            return btx, (True, job.fn(btx))
+        except NeedsServer:
+            return None
+        except Exception as exc:  # refused before writing anything...
+            # ...but if judged on this process's copy of a row, which another
+            # process may have changed since: ask the row as stored.
+            return None if btx.based_on else (btx, (False, exc))
 
     def _landed(self, txs: list[PgTx], backend_pid: int, sent_at: datetime) -> bool | None:
         """Whether a transaction whose connection broke with its COMMIT in flight
@@ -459,6 +611,21 @@ class _LostInFlight(Exception):
         self.txs = txs
         self.backend_pid = backend_pid
         self.sent_at = sent_at
+
+
+def _notifications(namespace: str, txs: list[PgTx]) -> list[Statement]:
+    """The NOTIFYs a batch sends, delivered by the server only if and when it commits."""
+    out = []
+    if any(tx.changed for tx in txs):
+        channel = WORK_CHANNEL if any(tx.work for tx in txs) else CHANNEL
+        out.append(Statement("SELECT pg_notify(%s, %s)", (channel, namespace), False))
+    for tx in txs:
+        # One per control request, in commit order, to the listener of the
+        # task's owning worker.
+        for task_id in tx.notes.controlled:
+            payload = control_payload(namespace, task_id)
+            out.append(Statement("SELECT pg_notify(%s, %s)", (CONTROL_CHANNEL, payload), False))
+    return out
 
 
 _COMMIT = [Statement("COMMIT", None, False)]
