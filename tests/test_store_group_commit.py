@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -532,3 +533,48 @@ async def test_postgres_a_batch_on_cached_rows_is_sent_and_answered_on_its_event
     texts = [e.payload["text"] for e in await other.entries(task.id, kinds=[EntryKind.PROGRESS])]
     assert texts == [f"{i}" for i in range(9)]
     assert (await other.get_document("s", "k")) is not None
+
+
+@pytest.mark.postgres
+def test_postgres_commits_from_two_event_loops_at_once_all_land_in_order() -> None:
+    """One store, two threads each running its own event loop and committing as
+    fast as it can. A batch of one loop's commits goes from that loop, one that
+    mixes both through the writer thread (which of the two happens is up to
+    the threads' timing): every commit lands once, in order."""
+    url = require_postgres()
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    store = PostgresStore(url, schema=schema)
+    ids = [asyncio.run(claimed(store, f"w{i}")).id for i in range(2)]
+    errors: list[BaseException] = []
+
+    def commit_many(task_id: str) -> None:
+        async def go() -> None:
+            for n in range(150):
+                commits = [
+                    store.commit(
+                        Commit(entries=[progress(task_id, f"{n}.{k}")], fence={task_id: 1})
+                    )
+                    for k in range(n % 3 + 1)
+                ]
+                await asyncio.gather(*commits)
+
+        try:
+            asyncio.run(go())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=commit_many, args=(i,), daemon=True) for i in ids]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors and not any(t.is_alive() for t in threads)
+        assert store._writer.flights > 0  # some went from their loop
+        for task_id in ids:
+            entries = asyncio.run(store.entries(task_id, kinds=[EntryKind.PROGRESS]))
+            texts = [e.payload["text"] for e in entries]
+            assert texts == [f"{n}.{k}" for n in range(150) for k in range(n % 3 + 1)]
+    finally:
+        asyncio.run(asyncio.wait_for(store.close(), 30))
+        drop_schema(schema)
