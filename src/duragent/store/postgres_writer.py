@@ -205,7 +205,10 @@ class PgWriter:
             if any(job.loop is not loop for job in batch):
                 return False
             del self._pending[: len(batch)]
-        plan = self._plan(batch)
+        try:
+            plan = self._plan(batch)
+        except Exception:  # the thread runs it again and tells its callers
+            plan = None
         if plan is None or not conn.lock.acquire(blocking=False):
             with self._lock:
                 self._pending[:0] = batch
