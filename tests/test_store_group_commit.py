@@ -578,3 +578,28 @@ def test_postgres_commits_from_two_event_loops_at_once_all_land_in_order() -> No
     finally:
         asyncio.run(asyncio.wait_for(store.close(), 30))
         drop_schema(schema)
+
+
+@pytest.mark.postgres
+async def test_postgres_a_batch_that_fails_to_build_on_the_loop_fails_its_callers(
+    pg_pair: tuple[PostgresStore, PostgresStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug met while building a batch on the event loop reaches the batch's
+    callers as their error (the writer thread runs it again and reports it);
+    it does not leave them waiting. The next batch lands."""
+    store, other = pg_pair
+    task = await claimed(store)
+    await store.commit(Commit(entries=[progress(task.id, "0")], fence={task.id: 1}))
+
+    def broken(namespace: str, txs: list[Any]) -> list[Any]:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(postgres_writer, "_notifications", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        await asyncio.wait_for(
+            store.commit(Commit(entries=[progress(task.id, "lost")], fence={task.id: 1})), 10
+        )
+    monkeypatch.undo()
+    await store.commit(Commit(entries=[progress(task.id, "1")], fence={task.id: 1}))
+    texts = [e.payload["text"] for e in await other.entries(task.id, kinds=[EntryKind.PROGRESS])]
+    assert texts == ["0", "1"]
