@@ -63,6 +63,43 @@ class _Job:
     link: PendingCommit | None = None  # a commit_soon's, told of its failure at once
 
 
+class _Run:
+    """One attempt at a batch as its jobs run: the statements still to send, the
+    jobs' outcomes and transactions, the rows as the jobs so far left them."""
+
+    __slots__ = ("batch", "deferred", "outcomes", "queued", "rows", "txs", "written")
+
+    def __init__(self, batch: list[_Job], rows: Mapping[str, Task]) -> None:
+        self.batch = batch
+        self.rows = rows  # this process's copies, as the last batch left them
+        self.queued: list[Statement] = [Statement("BEGIN", None, False)]
+        self.outcomes: list[Outcome] = []
+        self.txs: list[PgTx] = []
+        self.written: dict[str, Task] = {}
+        self.deferred = Deferred()  # the row updates and entries of jobs run on cached rows
+        for job in batch:  # an earlier attempt's verdicts do not stand
+            if job.link is not None:
+                job.link.failed = None
+
+    def row(self, task_id: str) -> Task | None:
+        return self.written.get(task_id) or self.rows.get(task_id)
+
+    def next_job(self) -> None:
+        """Before the next job runs: tell the last one's link if it was refused
+        (a job that follows a refused one is refused before it runs)."""
+        if self.outcomes:
+            mark_failed([self.batch[len(self.outcomes) - 1].link], self.outcomes[-1:])
+
+    def took(self, btx: BufferedPgTx, outcome: Outcome) -> None:
+        """A job that ran on cached rows: its writes wait to go with the batch's."""
+        self.outcomes.append(outcome)
+        if outcome[0]:
+            self.queued += btx.statements
+            self.deferred.take_in(btx)
+            self.written.update(btx.written)
+            self.txs.append(btx)
+
+
 class _Retry(Exception):
     """The batch's transaction was lost before COMMIT was sent: run it again."""
 
@@ -251,33 +288,15 @@ class PgWriter:
     def _plan(self, batch: list[_Job]) -> tuple[list[Statement], list[Outcome], list[PgTx]] | None:
         """The batch's transaction, `BEGIN` to the notifications, when every job runs
         on this process's copies of its rows; None when one must run on the server."""
-        statements: list[Statement] = [Statement("BEGIN", None, False)]
-        outcomes: list[Outcome] = []
-        txs: list[PgTx] = []
-        written: dict[str, Task] = {}
-
-        def row(task_id: str) -> Task | None:
-            return written.get(task_id) or self.rows.get(task_id)
-
+        run = _Run(batch, self.rows)
         for job in batch:
-            if job.link is not None:
-                job.link.failed = None
-        deferred = Deferred()
-        for job in batch:
-            if outcomes:  # a job that follows a refused one is refused before it runs
-                mark_failed([batch[len(outcomes) - 1].link], outcomes[-1:])
-            ran = self._on_cached_rows(job, row)
+            run.next_job()
+            ran = self._on_cached_rows(job, run.row)
             if ran is None:
                 return None
-            btx, outcome = ran
-            outcomes.append(outcome)
-            if outcome[0]:
-                statements += btx.statements
-                deferred.take_in(btx)
-                written.update(btx.written)
-                txs.append(btx)
-        statements += deferred.statements() + _notifications(self.namespace, txs)
-        return statements, outcomes, txs
+            run.took(*ran)
+        run.queued += run.deferred.statements() + _notifications(self.namespace, run.txs)
+        return run.queued, run.outcomes, run.txs
 
     def _landed_here(
         self,
@@ -450,38 +469,21 @@ class PgWriter:
     ) -> tuple[list[Outcome], list[PgTx], bool]:
         """Run the jobs in one transaction; whether it is committed already (every
         job ran on cached rows: the whole transaction went as one message)."""
-        queued: list[Statement] = [Statement("BEGIN", None, False)]
+        run = _Run(batch, self.rows)
         sent = False
-        outcomes: list[Outcome] = []
-        txs: list[PgTx] = []
         alone = len(batch) == 1
-        written: dict[str, Task] = {}  # rows as earlier jobs of this batch left them
-
-        def row(task_id: str) -> Task | None:
-            return written.get(task_id) or self.rows.get(task_id)
-
-        for job in batch:  # an earlier attempt's verdicts do not stand
-            if job.link is not None:
-                job.link.failed = None
-        deferred = Deferred()  # the row updates and entries of jobs run on cached rows
         for job in batch:
-            if outcomes:  # a job that follows a refused one is refused before it runs
-                mark_failed([batch[len(outcomes) - 1].link], outcomes[-1:])
-            ran = self._on_cached_rows(job, row) if cached else None
+            run.next_job()
+            ran = self._on_cached_rows(job, run.row) if cached else None
             if ran is not None:
-                btx, outcome = ran
-                outcomes.append(outcome)
-                if outcome[0]:
-                    queued += btx.statements
-                    deferred.take_in(btx)
-                    written.update(btx.written)
-                    txs.append(btx)
+                run.took(*ran)
                 continue
-            queued += deferred.statements()  # the jobs before this one: not under its savepoint
+            # The jobs before this one: not under its savepoint.
+            run.queued += run.deferred.statements()
             if not alone:
-                queued.append(Statement("SAVEPOINT job", None, False))
-            send(conn, queued)
-            queued, sent = [], True
+                run.queued.append(Statement("SAVEPOINT job", None, False))
+            send(conn, run.queued)
+            run.queued, sent = [], True
             tx = PgTx(conn, self.namespace)
             try:
                 value = job.fn(tx)
@@ -491,7 +493,7 @@ class PgWriter:
                 if alone or self.lost(exc) or exc.sqlstate in ("40001", "40P01"):
                     raise  # the whole batch is retried or fails
                 conn.execute("ROLLBACK TO SAVEPOINT job")
-                outcomes.append((False, self.translate(exc)))
+                run.outcomes.append((False, self.translate(exc)))
             except Exception as exc:
                 if alone:
                     # Nothing else to keep: report the refusal, write nothing.
@@ -499,16 +501,17 @@ class PgWriter:
                     conn.execute("BEGIN")
                 else:
                     conn.execute("ROLLBACK TO SAVEPOINT job")
-                outcomes.append((False, exc))
+                run.outcomes.append((False, exc))
             else:
                 if alone:
-                    queued = tx.take_pending()  # sent with the notifications, below
+                    run.queued = tx.take_pending()  # sent with the notifications, below
                 else:
-                    queued.append(Statement("RELEASE SAVEPOINT job", None, False))
-                written.update(tx.written)
-                outcomes.append((True, value))
-                txs.append(tx)
-        queued += deferred.statements() + _notifications(self.namespace, txs)
+                    run.queued.append(Statement("RELEASE SAVEPOINT job", None, False))
+                run.written.update(tx.written)
+                run.outcomes.append((True, value))
+                run.txs.append(tx)
+        outcomes, txs = run.outcomes, run.txs
+        queued = run.queued + run.deferred.statements() + _notifications(self.namespace, txs)
         if not sent:
             pid, sent_at = conn.info.backend_pid, datetime.now(UTC)
             try:
