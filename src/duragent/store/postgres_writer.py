@@ -307,9 +307,7 @@ class PgWriter:
     ) -> None:
         """A batch sent from `loop` committed: answer its callers, then run the next."""
         self._keep_rows(txs)
-        mark_failed([job.link for job in batch], outcomes)
-        self.batches += 1
-        self.jobs_done += len(batch)
+        self._ended(batch, outcomes)
         changed = any(tx.changed for tx in txs)
         work = any(tx.work for tx in txs)
         try:
@@ -339,9 +337,7 @@ class PgWriter:
                 outcomes, changed, work = self._run(batch, failed)
             except BaseException as exc:  # never leave a caller waiting
                 outcomes, changed, work = [(False, exc)] * len(batch), False, False
-            mark_failed([job.link for job in batch], outcomes)  # before the next batch runs
-            self.batches += 1
-            self.jobs_done += len(batch)
+            self._ended(batch, outcomes)
             by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, Outcome]]] = {}
             for job, outcome in zip(batch, outcomes, strict=True):
                 by_loop.setdefault(job.loop, []).append((job, outcome))
@@ -358,6 +354,13 @@ class PgWriter:
                     with contextlib.suppress(RuntimeError):  # closed: run them here
                         first.call_soon_threadsafe(self._next, first)
                         return
+
+    def _ended(self, batch: list[_Job], outcomes: list[Outcome]) -> None:
+        """A batch's outcomes are known: tell its commits' links (before the next
+        batch runs) and count it."""
+        mark_failed([job.link for job in batch], outcomes)
+        self.batches += 1
+        self.jobs_done += len(batch)
 
     def _settle(
         self,
