@@ -23,7 +23,7 @@ HISTORY = json.dumps(
                 {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
             ],
         }
-        for i in range(2_000)
+        for i in range(4_000)
     ]
 )
 
@@ -63,6 +63,14 @@ def test_a_parsed_view_goes_to_the_oldest_generation_untraversed() -> None:
 
 
 @pytest.mark.usefixtures("collector_on")
+def test_a_short_view_is_left_to_the_young_collections() -> None:
+    gc.collect()  # every generation empty: the few objects below cannot trigger one
+    data = view_data(json.dumps(json.loads(HISTORY)[:20]))
+    assert not in_generation(data, 2)
+    assert gc.get_count()[0] > 0
+
+
+@pytest.mark.usefixtures("collector_on")
 def test_the_objects_a_process_froze_stay_frozen() -> None:
     gc.freeze()
     try:
@@ -90,7 +98,7 @@ def test_a_collector_the_process_turned_off_stays_off() -> None:
 def test_a_block_that_fails_turns_the_collector_back_on_and_promotes_nothing() -> None:
     made: list[object] = []
     with pytest.raises(ValueError), collector_paused():
-        made.append([[] for _ in range(10)])
+        made.append([[] for _ in range(10_000)])
         raise ValueError("broken")
     assert gc.isenabled()
     assert not in_generation(made[0], 2)

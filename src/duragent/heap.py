@@ -15,6 +15,12 @@ moment goes along: any garbage among it is freed by the next full collection
 instead of a young one. Not done when the process has frozen objects of its
 own (`gc.freeze()` before forking workers; unfreezing would undo that) nor on
 a free-threaded build, where freezing walks the whole heap.
+
+Only a block that built more objects than the young generations hold between
+two collections of the middle one (700 x 10 by default) does this: a model
+call builds its round's few messages every time, and sweeping the young
+generations that often would leave cyclic garbage to the rare full
+collections.
 """
 
 from __future__ import annotations
@@ -30,12 +36,14 @@ _FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 @contextmanager
 def collector_paused() -> Iterator[None]:
     """The cyclic collector held off while the block runs, then as it was; what
-    the block built, when it ends without an error, in the oldest generation."""
+    a block that built many objects built, when it ends without an error, in
+    the oldest generation."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
-        if enabled:
+        young, middle, _ = gc.get_threshold()
+        if enabled and gc.get_count()[0] >= young * middle:
             to_oldest_generation()
     finally:
         if enabled:
