@@ -132,6 +132,35 @@ async def test_connections_are_named_after_the_process_unless_the_url_names_them
         await named.close()
 
 
+@pytest.mark.parametrize("min_size", [0, 1, 2])
+async def test_the_connection_a_store_opens_with_is_its_pools_first(
+    pg_url: str, schema: str, min_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening a store starts one server backend where its pool keeps one: the
+    connection that checked the schema serves the pool, no second one is made."""
+    made: list[psycopg.Connection[Any]] = []
+    init = psycopg.Connection.__init__
+
+    def counted(conn: psycopg.Connection[Any], *args: Any, **kwargs: Any) -> None:
+        init(conn, *args, **kwargs)
+        made.append(conn)
+
+    monkeypatch.setattr(psycopg.Connection, "__init__", counted)
+    s = PostgresStore(pg_url, schema=schema, min_size=min_size, max_size=4)
+    try:
+        assert len(made) == max(min_size, 1)
+        if min_size == 0:
+            assert made[0].closed  # a pool that keeps none did not take it
+        else:
+            with s._pool.connection() as conn:
+                assert conn is made[0]
+        task, _ = await s.create_task(Task(agent="a"))
+        assert (await s.get_task(task.id)).id == task.id
+    finally:
+        await s.close()
+    assert all(conn.closed for conn in made)
+
+
 async def test_newer_schema_version_is_refused_naming_both_versions(
     pg_url: str, schema: str
 ) -> None:

@@ -90,6 +90,21 @@ _T = TypeVar("_T")
 _OWN_OPTIONS = ("schema", "min_size", "max_size", "retries")
 
 
+class _Connection(psycopg.Connection[DictRow]):
+    """The pool's connections. Its first is the one the store opened with (given
+    as `handed`): opening a store starts one server backend, not two (a
+    backend's start-up is most of what opening a store costs, 4-6 ms here;
+    two at once on a 2-core host took 9-11)."""
+
+    @classmethod
+    def connect(  # type: ignore[override]
+        cls, conninfo: str = "", *, handed: list[_Connection] | None = None, **kwargs: Any
+    ) -> _Connection:
+        if handed:
+            return handed.pop()
+        return super().connect(conninfo, **kwargs)
+
+
 class PostgresStore(TxWrites):
     """`PostgresStore("postgresql://user@host/db", schema=None, max_size=10)`.
 
@@ -122,39 +137,48 @@ class PostgresStore(TxWrites):
         self._conninfo = conninfo
         self._connect_timeout = connect_timeout
         self._where = f"PostgreSQL store {redact(url)}" + (f" (schema {schema})" if schema else "")
+        try:
+            # Connected here, not by the pool, so a server that refuses (a wrong
+            # password, an unknown database) says why at once instead of after
+            # the pool's timeout; migrated on; then the pool's first connection.
+            first = _Connection.connect(
+                conninfo,
+                autocommit=True,
+                row_factory=dict_row,
+                connect_timeout=max(1, round(connect_timeout)),
+            )
+        except psycopg.Error as exc:
+            raise _translate(exc, self._where) from exc
+        handed = [first]
         self._pool: psycopg_pool.ConnectionPool[Conn] = psycopg_pool.ConnectionPool(
             conninfo,
-            connection_class=psycopg.Connection[DictRow],
-            kwargs={"autocommit": True, "row_factory": dict_row},
-            configure=self._configure,
+            connection_class=_Connection,
+            kwargs={"autocommit": True, "row_factory": dict_row, "handed": handed},
+            configure=lambda conn: None if conn is first else self._configure(conn),
             min_size=int(own.get("min_size", min_size)),
             max_size=int(own.get("max_size", max_size)),
             open=False,
             name="duragent",
             timeout=connect_timeout,
         )
-        # The pool connects on its own threads while this one migrates: opening
-        # a store waits for one connection's setup, not two in a row.
-        self._pool.open(wait=False)
         try:
             try:
-                with psycopg.connect(
-                    conninfo,
-                    autocommit=True,
-                    row_factory=dict_row,
-                    connect_timeout=max(1, round(connect_timeout)),
-                ) as conn:
-                    self._configure(conn)
-                    self.migrated_from, self.namespace = migrate(conn, schema, self._where)
+                self._configure(first)
+                self.migrated_from, self.namespace = migrate(first, schema, self._where)
             except psycopg.Error as exc:
                 raise _translate(exc, self._where) from exc
+            self._pool.open(wait=False)
             try:
                 self._pool.wait(timeout=connect_timeout)
             except psycopg_pool.PoolTimeout as exc:
                 raise StoreUnavailable(f"{self._where}: could not open connections: {exc}") from exc
         except BaseException:
+            with contextlib.suppress(IndexError):
+                handed.pop().close()
             self._pool.close()
             raise
+        with contextlib.suppress(IndexError):  # a pool of min_size=0 did not take it
+            handed.pop().close()
         self._signals: Signals | None = None
         self._listener: Listener | None = None
         self._controls = ControlWatchers()
