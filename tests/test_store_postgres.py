@@ -161,6 +161,21 @@ async def test_the_connection_a_store_opens_with_is_its_pools_first(
     assert all(conn.closed for conn in made)
 
 
+async def test_every_connection_of_a_store_is_set_to_utc_and_its_schema(
+    pg_url: str, schema: str
+) -> None:
+    s = PostgresStore(pg_url, schema=schema, min_size=2, max_size=2)
+    try:
+        with s._pool.connection() as first, s._pool.connection() as second:
+            for conn in (first, second):
+                row = conn.execute(
+                    "SELECT current_setting('TimeZone') AS tz, current_schema() AS name"
+                ).fetchone()
+                assert row == {"tz": "UTC", "name": schema}
+    finally:
+        await s.close()
+
+
 async def test_newer_schema_version_is_refused_naming_both_versions(
     pg_url: str, schema: str
 ) -> None:

@@ -198,9 +198,11 @@ class PostgresStore(TxWrites):
         )
 
     def _configure(self, conn: Conn) -> None:
-        conn.execute("SET TIME ZONE 'UTC'")
+        # One round trip: without parameters both go as one simple query.
+        setup: list[sql.Composable] = [sql.SQL("SET TIME ZONE 'UTC'")]
         if self.schema is not None:
-            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+            setup.append(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+        conn.execute(sql.SQL("; ").join(setup))
 
     # --- lifecycle ---
 
