@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from conftest import drop_schema, require_postgres
@@ -575,6 +576,50 @@ def test_postgres_commits_from_two_event_loops_at_once_all_land_in_order() -> No
             entries = asyncio.run(store.entries(task_id, kinds=[EntryKind.PROGRESS]))
             texts = [e.payload["text"] for e in entries]
             assert texts == [f"{n}.{k}" for n in range(150) for k in range(n % 3 + 1)]
+    finally:
+        asyncio.run(asyncio.wait_for(store.close(), 30))
+        drop_schema(schema)
+
+
+@pytest.mark.postgres
+def test_postgres_a_batch_in_flight_when_its_loop_closed_lands_and_the_store_goes_on() -> None:
+    """`asyncio.run` may end with a commit sent from its loop and not yet
+    answered: the loop closes and never reads the answer. The writer thread
+    reads it instead: that commit lands, and later commits from another loop,
+    and closing the store, do not wait for ever. Held back on the server by a
+    row lock, the answer cannot come before the loop has closed."""
+    url = require_postgres()
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    store = PostgresStore(url, schema=schema)
+    try:
+        task = asyncio.run(claimed(store))
+        asyncio.run(store.commit(Commit(entries=[progress(task.id, "0")], fence={task.id: 1})))
+        with psycopg.connect(url, autocommit=True) as blocker:
+            blocker.execute("BEGIN")
+            blocker.execute(
+                psycopg.sql.SQL("SELECT 1 FROM {}.tasks WHERE id = %s FOR UPDATE").format(
+                    psycopg.sql.Identifier(schema)
+                ),
+                (task.id,),
+            )
+
+            async def send() -> None:
+                flights = store._writer.flights
+                store.commit_soon(Commit(entries=[progress(task.id, "1")], fence={task.id: 1}))
+                while store._writer.flights == flights:  # until sent from this loop
+                    await asyncio.sleep(0)
+
+            asyncio.run(send())  # its loop closed, the answer unread
+            blocker.execute("ROLLBACK")
+
+        async def after() -> list[str]:
+            await asyncio.wait_for(
+                store.commit(Commit(entries=[progress(task.id, "2")], fence={task.id: 1})), 30
+            )
+            entries = await store.entries(task.id, kinds=[EntryKind.PROGRESS])
+            return [e.payload["text"] for e in entries]
+
+        assert asyncio.run(after()) == ["0", "1", "2"]
     finally:
         asyncio.run(asyncio.wait_for(store.close(), 30))
         drop_schema(schema)

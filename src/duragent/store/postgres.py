@@ -214,6 +214,7 @@ class PostgresStore(TxWrites):
             return
         self._closed = True
         while self._writer.busy:  # commits already asked for still land
+            self._writer.rescue()
             await asyncio.sleep(0.001)
         await asyncio.to_thread(self._writer.close)
         if self._listener is not None:

@@ -141,6 +141,7 @@ class PgWriter:
         # Whether a batch on cached rows is sent from its event loop (`_fly`);
         # off, every batch runs on the writer thread.
         self.on_loop = True
+        self._flight: Flight | None = None  # the batch sent from a loop, answer unread
 
     def submit(self, fn: Callable[[PgTx], Any], link: PendingCommit | None) -> asyncio.Future[Any]:
         """Queue `fn` for the next transaction; the future answers once it committed."""
@@ -154,7 +155,24 @@ class PgWriter:
             # call_soon, not now: every coroutine already runnable in this tick
             # gets to add its commit to the same transaction.
             loop.call_soon(self._next, loop)
+        else:
+            self.rescue()
         return future
+
+    def rescue(self) -> None:
+        """Finish on the writer thread a batch sent from an event loop that closed
+        before reading its answer (a closed loop runs no callback again): else
+        the writer stays busy, and every later commit, and closing the store,
+        waits for ever. Its callers, on that loop, are gone; it lands or fails
+        as any batch, and the writer goes on with the next."""
+        flight = self._flight
+        if flight is None or not flight.loop.is_closed():
+            return
+        with self._lock:
+            if self._flight is not flight:
+                return
+            self._flight = None
+        self._executor.submit(flight.finish)
 
     def _next(self, loop: asyncio.AbstractEventLoop) -> None:
         """Run the next batch: on this loop if it can (`_fly`), else on the thread."""
@@ -255,6 +273,7 @@ class PgWriter:
         pid, sent_at = conn.info.backend_pid, datetime.now(UTC)
 
         def answered(results: list[Any] | None, error: Exception | None) -> None:
+            self._flight = None
             conn.lock.release()
             if error is None:
                 assert results is not None
@@ -264,6 +283,11 @@ class PgWriter:
                     error = exc
             if error is None:
                 self._release(conn)
+                if loop.is_closed():  # read on the writer thread (`rescue`)
+                    self._keep_rows(txs)
+                    self._ended(batch, outcomes)
+                    self._executor.submit(self._drain)
+                    return
                 self._landed_here(loop, batch, outcomes, txs)
                 return
             if isinstance(error, psycopg.Error) and self.lost(error):
@@ -282,7 +306,8 @@ class PgWriter:
             self._executor.submit(self._drain, (batch, exc))
             return True
         self.flights += 1
-        Flight(loop, conn.pgconn, answered).start()
+        self._flight = Flight(loop, conn.pgconn, answered)
+        self._flight.start()
         return True
 
     def _plan(self, batch: list[_Job]) -> tuple[list[Statement], list[Outcome], list[PgTx]] | None:
