@@ -1,4 +1,5 @@
-"""A resumed history's objects skip the young generations of the cyclic collector."""
+"""Long histories parsed with the cyclic collector held off: what they leave
+behind is still collected, and the collector is left as it was."""
 
 from __future__ import annotations
 
@@ -8,10 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from duragent.heap import _FREE_THREADED, collector_paused
+from duragent.heap import collector_paused
 from duragent.store.base import view_data
-
-pytestmark = pytest.mark.skipif(_FREE_THREADED, reason="a free-threaded build has no generations")
 
 # Messages with tool calls: containers the collector tracks, as in a real history.
 HISTORY = json.dumps(
@@ -28,10 +27,6 @@ HISTORY = json.dumps(
 )
 
 
-def in_generation(obj: object, generation: int) -> bool:
-    return any(o is obj for o in gc.get_objects(generation))
-
-
 @pytest.fixture
 def collector_on() -> Iterator[None]:
     was = gc.isenabled()
@@ -42,63 +37,44 @@ def collector_on() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("collector_on")
-def test_a_parsed_view_goes_to_the_oldest_generation_untraversed() -> None:
-    collections: list[int] = []
+def test_views_parsed_again_and_again_in_cycles_are_collected_as_they_go() -> None:
+    """A worker resumes long tasks one after another; a finished runner's view
+    is garbage held in reference cycles, which only the cyclic collector frees.
+    However the parse handles the collector, those views must not pile up (a
+    pass that moved them straight to the oldest generation once did: it reset
+    the collector's counts and full collections stopped)."""
+    gc.collect()
+    base = len(gc.get_objects())
+    per_view = 3 * 4_000  # the message, its tool_calls list and the call are tracked
+    for _ in range(90):
+        holder: dict[str, object] = {}
+        holder["self"] = holder  # a cycle made before the parse, as a runner's
+        holder["view"] = view_data(HISTORY)
+        del holder
+        churn = [{"k": [n]} for n in range(2_000)]  # the rest of the worker's work
+        del churn
+    assert len(gc.get_objects()) < base + 30 * per_view
 
-    def heard(phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            collections.append(info["generation"])
 
-    gc.callbacks.append(heard)
-    try:
-        data = view_data(HISTORY)
-        young = gc.get_count()[0]  # made while thousands were young, this would collect them
-    finally:
-        gc.callbacks.remove(heard)
-    assert collections == []
-    assert young < 100
-    assert in_generation(data, 2)
-    assert in_generation(data[0]["tool_calls"], 2)
+@pytest.mark.usefixtures("collector_on")
+def test_the_collector_is_on_again_after_a_parse() -> None:
+    view_data(HISTORY)
     assert gc.isenabled()
-
-
-@pytest.mark.usefixtures("collector_on")
-def test_a_short_view_is_left_to_the_young_collections() -> None:
-    gc.collect()  # every generation empty: the few objects below cannot trigger one
-    data = view_data(json.dumps(json.loads(HISTORY)[:20]))
-    assert not in_generation(data, 2)
-    assert gc.get_count()[0] > 0
-
-
-@pytest.mark.usefixtures("collector_on")
-def test_the_objects_a_process_froze_stay_frozen() -> None:
-    gc.freeze()
-    try:
-        frozen = gc.get_freeze_count()
-        data = view_data(HISTORY)
-        assert gc.get_freeze_count() == frozen
-        assert not in_generation(data, 2)  # left where new objects go
-    finally:
-        gc.unfreeze()
 
 
 def test_a_collector_the_process_turned_off_stays_off() -> None:
     was = gc.isenabled()
     gc.disable()
     try:
-        data = view_data(HISTORY)
+        view_data(HISTORY)
         assert not gc.isenabled()
-        assert not in_generation(data, 2)
     finally:
         if was:
             gc.enable()
 
 
 @pytest.mark.usefixtures("collector_on")
-def test_a_block_that_fails_turns_the_collector_back_on_and_promotes_nothing() -> None:
-    made: list[object] = []
+def test_a_block_that_fails_turns_the_collector_back_on() -> None:
     with pytest.raises(ValueError), collector_paused():
-        made.append([[] for _ in range(10_000)])
         raise ValueError("broken")
     assert gc.isenabled()
-    assert not in_generation(made[0], 2)
