@@ -283,11 +283,6 @@ class PgWriter:
                     error = exc
             if error is None:
                 self._release(conn)
-                if loop.is_closed():  # read on the writer thread (`rescue`)
-                    self._keep_rows(txs)
-                    self._ended(batch, outcomes)
-                    self._executor.submit(self._drain)
-                    return
                 self._landed_here(loop, batch, outcomes, txs)
                 return
             if isinstance(error, psycopg.Error) and self.lost(error):
@@ -330,9 +325,14 @@ class PgWriter:
         outcomes: list[Outcome],
         txs: list[PgTx],
     ) -> None:
-        """A batch sent from `loop` committed: answer its callers, then run the next."""
+        """A batch sent from `loop` committed: answer its callers, then run the next.
+        If `loop` closed while it was in flight (the writer thread read the answer,
+        `rescue`), nobody waits there: the thread runs the next."""
         self._keep_rows(txs)
         self._ended(batch, outcomes)
+        if loop.is_closed():
+            self._executor.submit(self._drain)
+            return
         changed = any(tx.changed for tx in txs)
         work = any(tx.work for tx in txs)
         try:
