@@ -173,12 +173,11 @@ class PostgresStore(TxWrites):
             except psycopg_pool.PoolTimeout as exc:
                 raise StoreUnavailable(f"{self._where}: could not open connections: {exc}") from exc
         except BaseException:
-            with contextlib.suppress(IndexError):
-                handed.pop().close()
             self._pool.close()
             raise
-        with contextlib.suppress(IndexError):  # a pool of min_size=0 did not take it
-            handed.pop().close()
+        finally:
+            with contextlib.suppress(IndexError):  # not taken: a failure, or min_size=0
+                handed.pop().close()
         self._signals: Signals | None = None
         self._listener: Listener | None = None
         self._controls = ControlWatchers()
