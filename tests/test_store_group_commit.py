@@ -13,7 +13,7 @@ import contextlib
 import sqlite3
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -536,15 +536,29 @@ async def test_postgres_a_batch_on_cached_rows_is_sent_and_answered_on_its_event
     assert (await other.get_document("s", "k")) is not None
 
 
+@pytest.fixture
+def pg_store_of_its_own() -> Iterator[tuple[str, PostgresStore]]:
+    """A PostgreSQL store (and its server's URL) for a test that runs event
+    loops of its own; closed after, wherever the test stopped."""
+    url = require_postgres()
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    store = PostgresStore(url, schema=schema)
+    try:
+        yield url, store
+    finally:
+        asyncio.run(asyncio.wait_for(store.close(), 30))
+        drop_schema(schema)
+
+
 @pytest.mark.postgres
-def test_postgres_commits_from_two_event_loops_at_once_all_land_in_order() -> None:
+def test_postgres_commits_from_two_event_loops_at_once_all_land_in_order(
+    pg_store_of_its_own: tuple[str, PostgresStore],
+) -> None:
     """One store, two threads each running its own event loop and committing as
     fast as it can. A batch of one loop's commits goes from that loop, one that
     mixes both through the writer thread (which of the two happens is up to
     the threads' timing): every commit lands once, in order."""
-    url = require_postgres()
-    schema = f"test_{uuid.uuid4().hex[:12]}"
-    store = PostgresStore(url, schema=schema)
+    _, store = pg_store_of_its_own
     ids = [asyncio.run(claimed(store, f"w{i}")).id for i in range(2)]
     errors: list[BaseException] = []
 
@@ -565,64 +579,56 @@ def test_postgres_commits_from_two_event_loops_at_once_all_land_in_order() -> No
             errors.append(exc)
 
     threads = [threading.Thread(target=commit_many, args=(i,), daemon=True) for i in ids]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert not errors and not any(t.is_alive() for t in threads)
-        assert store._writer.flights > 0  # some went from their loop
-        for task_id in ids:
-            entries = asyncio.run(store.entries(task_id, kinds=[EntryKind.PROGRESS]))
-            texts = [e.payload["text"] for e in entries]
-            assert texts == [f"{n}.{k}" for n in range(150) for k in range(n % 3 + 1)]
-    finally:
-        asyncio.run(asyncio.wait_for(store.close(), 30))
-        drop_schema(schema)
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert store._writer.flights > 0  # some went from their loop
+    for task_id in ids:
+        entries = asyncio.run(store.entries(task_id, kinds=[EntryKind.PROGRESS]))
+        texts = [e.payload["text"] for e in entries]
+        assert texts == [f"{n}.{k}" for n in range(150) for k in range(n % 3 + 1)]
 
 
 @pytest.mark.postgres
-def test_postgres_a_batch_in_flight_when_its_loop_closed_lands_and_the_store_goes_on() -> None:
+def test_postgres_a_batch_in_flight_when_its_loop_closed_lands_and_the_store_goes_on(
+    pg_store_of_its_own: tuple[str, PostgresStore],
+) -> None:
     """`asyncio.run` may end with a commit sent from its loop and not yet
     answered: the loop closes and never reads the answer. The writer thread
     reads it instead: that commit lands, and later commits from another loop,
     and closing the store, do not wait for ever. Held back on the server by a
     row lock, the answer cannot come before the loop has closed."""
-    url = require_postgres()
-    schema = f"test_{uuid.uuid4().hex[:12]}"
-    store = PostgresStore(url, schema=schema)
-    try:
-        task = asyncio.run(claimed(store))
-        asyncio.run(store.commit(Commit(entries=[progress(task.id, "0")], fence={task.id: 1})))
-        with psycopg.connect(url, autocommit=True) as blocker:
-            blocker.execute("BEGIN")
-            blocker.execute(
-                psycopg.sql.SQL("SELECT 1 FROM {}.tasks WHERE id = %s FOR UPDATE").format(
-                    psycopg.sql.Identifier(schema)
-                ),
-                (task.id,),
-            )
+    url, store = pg_store_of_its_own
+    task = asyncio.run(claimed(store))
+    asyncio.run(store.commit(Commit(entries=[progress(task.id, "0")], fence={task.id: 1})))
+    with psycopg.connect(url, autocommit=True) as blocker:
+        blocker.execute("BEGIN")
+        blocker.execute(
+            psycopg.sql.SQL("SELECT 1 FROM {}.tasks WHERE id = %s FOR UPDATE").format(
+                psycopg.sql.Identifier(store.namespace)
+            ),
+            (task.id,),
+        )
 
-            async def send() -> None:
-                flights = store._writer.flights
-                store.commit_soon(Commit(entries=[progress(task.id, "1")], fence={task.id: 1}))
-                while store._writer.flights == flights:  # until sent from this loop
-                    await asyncio.sleep(0)
+        async def send() -> None:
+            flights = store._writer.flights
+            store.commit_soon(Commit(entries=[progress(task.id, "1")], fence={task.id: 1}))
+            while store._writer.flights == flights:  # until sent from this loop
+                await asyncio.sleep(0)
 
-            asyncio.run(send())  # its loop closed, the answer unread
-            blocker.execute("ROLLBACK")
+        asyncio.run(send())  # its loop closed, the answer unread
+        blocker.execute("ROLLBACK")
 
-        async def after() -> list[str]:
-            await asyncio.wait_for(
-                store.commit(Commit(entries=[progress(task.id, "2")], fence={task.id: 1})), 30
-            )
-            entries = await store.entries(task.id, kinds=[EntryKind.PROGRESS])
-            return [e.payload["text"] for e in entries]
+    async def after() -> list[str]:
+        await asyncio.wait_for(
+            store.commit(Commit(entries=[progress(task.id, "2")], fence={task.id: 1})), 30
+        )
+        entries = await store.entries(task.id, kinds=[EntryKind.PROGRESS])
+        return [e.payload["text"] for e in entries]
 
-        assert asyncio.run(after()) == ["0", "1", "2"]
-    finally:
-        asyncio.run(asyncio.wait_for(store.close(), 30))
-        drop_schema(schema)
+    assert asyncio.run(after()) == ["0", "1", "2"]
 
 
 @pytest.mark.postgres
