@@ -1,15 +1,20 @@
 """Long histories parsed with the cyclic collector held off: what they leave
-behind is still collected, and the collector is left as it was."""
+behind is still collected, and the collector is left as it was. A finished
+task's runner goes when its last reference does, not at a full collection."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, ToolContext, tool
 from duragent.heap import collector_paused
+from duragent.runtime.control import ControlledRunner
 from duragent.store.base import view_data
 
 # Messages with tool calls: containers the collector tracks, as in a real history.
@@ -78,3 +83,43 @@ def test_a_block_that_fails_turns_the_collector_back_on() -> None:
     with pytest.raises(ValueError), collector_paused():
         raise ValueError("broken")
     assert gc.isenabled()
+
+
+@pytest.fixture
+def collector_off() -> Iterator[None]:
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    yield
+    if was:
+        gc.enable()
+
+
+@pytest.mark.usefixtures("collector_off")
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+async def test_a_finished_runner_is_freed_without_the_cyclic_collector(
+    store: str, tmp_path: Path
+) -> None:
+    """A runner holds the task's whole view of its history. Held in a reference
+    cycle (its state's saver was once its own bound method), every finished
+    runner of a worker stayed in memory until a full collection; with the
+    collector off here, such a runner would never go."""
+
+    @tool(replay="safe")
+    def note(text: str, ctx: ToolContext) -> str:
+        """Note something in the task's state."""
+        ctx.update_state(noted=text)  # the debounced state saves it
+        return "noted"
+
+    model = ScriptedModel(
+        [[ToolCall("note", {"text": "a"})], [ToolCall("note", {"text": "b"})], "done"]
+    )
+    url = "memory://" if store == "memory" else f"sqlite:///{tmp_path}/heap.db"
+    async with Runtime(url, agents=[Agent(name="a", model=model, tools=[note])]) as rt:
+        task = await (await rt.submit("a", "go")).wait(30)
+        assert task.status is TaskStatus.COMPLETED and task.context == {"noted": "b"}
+        assert rt.worker is not None
+        await asyncio.wait_for(rt.worker.wait_task(task.id), 30)
+        assert rt.worker.runner(task.id) is None  # the worker let go of it
+        alive = [o for o in gc.get_objects() if isinstance(o, ControlledRunner)]
+        assert alive == []

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -26,7 +27,7 @@ from duragent.runtime.agent import Agent
 from duragent.runtime.calls import render
 from duragent.runtime.inbox import cut_plan
 from duragent.runtime.log import notice, read_round, result_entries, rollback, ui_entry
-from duragent.runtime.state import Clock, DebouncedState
+from duragent.runtime.state import Clock, DebouncedState, SaveFn
 from duragent.runtime.waits import child_resolution, open_round
 from duragent.store.base import (
     Commit,
@@ -120,7 +121,7 @@ class ControlledRunner:
         self.view = WorkingView()  # plain data; typed messages built when a model call reads them
         self.state = DebouncedState(
             {"context": dict(task.context)},
-            self._save_state,
+            _saver(weakref.ref(self)),
             debounce=agent.state_debounce,
             max_wait=agent.state_max_wait,
             clock=clock,
@@ -596,6 +597,22 @@ class ControlledRunner:
             [ui_entry(self.task.id, r, UIError(message="The task is blocked.", detail=message))],
             {"status": TaskStatus.BLOCKED, "status_reason": reason.value, "error": message},
         )
+
+
+def _saver(runner: weakref.ref[ControlledRunner]) -> SaveFn:
+    """The runner's state saver, holding the runner weakly. Its bound
+    `_save_state` would close a reference cycle (runner -> state -> runner),
+    and a finished runner, with its whole view of the history, would then
+    live on until the collector's next full collection instead of going
+    when its last reference does. A runner nobody holds any more has closed
+    its state (engine.py), so there is nothing left to save."""
+
+    async def save(snapshot: dict[str, Any]) -> None:
+        alive = runner()
+        if alive is not None:
+            await alive._save_state(snapshot)
+
+    return save
 
 
 def cancelled(control: Control, when: str) -> str:
