@@ -43,11 +43,12 @@ def collector_on() -> Iterator[None]:
 
 @pytest.mark.usefixtures("collector_on")
 def test_views_parsed_again_and_again_in_cycles_are_collected_as_they_go() -> None:
-    """A worker resumes long tasks one after another; a finished runner's view
-    is garbage held in reference cycles, which only the cyclic collector frees.
-    However the parse handles the collector, those views must not pile up (a
-    pass that moved them straight to the oldest generation once did: it reset
-    the collector's counts and full collections stopped)."""
+    """A worker resumes long tasks one after another; a view that ends up in
+    a reference cycle (anything of the user's that holds it and is held back)
+    is freed only by the cyclic collector. However the parse handles the
+    collector, such views must not pile up (a pass that moved them straight
+    to the oldest generation once did: it reset the collector's counts and
+    full collections stopped)."""
     gc.collect()
     base = len(gc.get_objects())
     per_view = 3 * 4_000  # the message, its tool_calls list and the call are tracked
