@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -654,3 +655,161 @@ async def test_postgres_a_batch_that_fails_to_build_on_the_loop_fails_its_caller
     await store.commit(Commit(entries=[progress(task.id, "1")], fence={task.id: 1}))
     texts = [e.payload["text"] for e in await other.entries(task.id, kinds=[EntryKind.PROGRESS])]
     assert texts == ["0", "1"]
+
+
+# --- an event loop that stops holding the writer's turn ------------------------
+
+
+async def texts_of(store: Store, task_id: str) -> list[str]:
+    return [e.payload["text"] for e in await store.entries(task_id, kinds=[EntryKind.PROGRESS])]
+
+
+@pytest.fixture(params=["sqlite", "sqlite-full", "postgres"])
+def store_of_its_own(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """A group-commit store for a test that runs event loops of its own;
+    closed after (within 30 s, or the test fails), wherever the test stopped."""
+    schema = None
+    store: Store
+    if request.param == "postgres":
+        url = require_postgres()
+        schema = f"test_{uuid.uuid4().hex[:12]}"
+        store = PostgresStore(url, schema=schema)
+    else:
+        durability: Durability = "full" if request.param == "sqlite-full" else "normal"
+        store = SQLiteStore(str(tmp_path / "own.db"), durability=durability)
+    try:
+        yield store
+    finally:
+        asyncio.run(asyncio.wait_for(store.close(), 30))
+        if schema is not None:
+            drop_schema(schema)
+
+
+@pytest.mark.parametrize("then", ["closed", "kept"])
+def test_a_loop_that_stops_before_the_writers_next_step_holds_up_nobody(
+    store_of_its_own: Store, then: str
+) -> None:
+    """A loop may stop right after a commit was asked for from it, before the
+    writer's next step, which that commit scheduled on it, has run. That
+    loop holds the writer's turn; closed, or kept and not run again, it must
+    not hold up commits from other loops, nor closing the store: the writer
+    thread takes the turn, and the commit left behind lands first. A loop
+    kept and run again finds its step taken and commits as before."""
+    store = store_of_its_own
+    task = asyncio.run(claimed(store))
+    fence = {task.id: 1}
+    asyncio.run(store.commit(Commit(entries=[progress(task.id, "0")], fence=fence)))
+    loop = asyncio.new_event_loop()
+
+    def ask_then_stop() -> None:
+        store.commit_soon(Commit(entries=[progress(task.id, "1")], fence=fence))
+        loop.stop()  # the writer's next step, scheduled just now, never runs in this run
+
+    loop.call_soon(ask_then_stop)
+    loop.run_forever()
+    if then == "closed":
+        loop.close()
+
+    async def from_another_loop() -> list[str]:
+        commit = Commit(entries=[progress(task.id, "2")], fence=fence)
+        await asyncio.wait_for(store.commit(commit), 30)
+        return await texts_of(store, task.id)
+
+    assert asyncio.run(from_another_loop()) == ["0", "1", "2"]
+    if then == "kept":
+        try:
+            commit = Commit(entries=[progress(task.id, "3")], fence=fence)
+            loop.run_until_complete(asyncio.wait_for(store.commit(commit), 30))
+        finally:
+            loop.close()
+        assert asyncio.run(texts_of(store, task.id)) == ["0", "1", "2", "3"]
+
+
+def _lock_row(blocker: psycopg.Connection[Any], store: PostgresStore, task_id: str) -> None:
+    """Hold the task's row on the server until `blocker` rolls back: a commit
+    that writes it is sent and not answered until then."""
+    blocker.execute("BEGIN")
+    blocker.execute(
+        psycopg.sql.SQL("SELECT 1 FROM {}.tasks WHERE id = %s FOR UPDATE").format(
+            psycopg.sql.Identifier(store.namespace)
+        ),
+        (task_id,),
+    )
+
+
+@pytest.mark.postgres
+def test_postgres_a_commit_behind_the_flight_of_a_loop_that_closes_later_lands(
+    pg_store_of_its_own: tuple[str, PostgresStore],
+) -> None:
+    """A loop stops with a batch in flight (sent from it, the answer unread)
+    while another thread's loop commits: that commit waits for the flight.
+    The first loop is closed only later, when nothing else happens on the
+    store: the waiting commit must still notice and land (the writer thread
+    reads the flight's answer), and so must the flight's own."""
+    url, store = pg_store_of_its_own
+    a = asyncio.run(claimed(store, "w1"))
+    b = asyncio.run(claimed(store, "w2"))
+    outcome: list[object] = []
+
+    def commit_b() -> None:
+        async def go() -> None:
+            commit = Commit(entries=[progress(b.id, "b")], fence={b.id: 1})
+            await asyncio.wait_for(store.commit(commit), 30)
+
+        try:
+            asyncio.run(go())
+            outcome.append("landed")
+        except BaseException as exc:
+            outcome.append(exc)
+
+    loop = asyncio.new_event_loop()
+    other = threading.Thread(target=commit_b, daemon=True)
+    with psycopg.connect(url, autocommit=True) as blocker:
+        _lock_row(blocker, store, a.id)
+
+        async def send() -> None:
+            flights = store._writer.flights
+            store.commit_soon(Commit(entries=[progress(a.id, "a")], fence={a.id: 1}))
+            while store._writer.flights == flights:  # until sent from this loop
+                await asyncio.sleep(0)
+
+        loop.run_until_complete(send())  # stopped, the answer unread
+        other.start()
+        deadline = time.monotonic() + 30
+        while not store._writer._pending and time.monotonic() < deadline:
+            time.sleep(0.001)  # until b's commit waits behind the flight
+        assert store._writer._pending, "the other loop's commit never queued"
+        blocker.execute("ROLLBACK")
+    loop.close()
+    other.join(60)
+    assert outcome == ["landed"]
+    assert asyncio.run(texts_of(store, a.id)) == ["a"]
+
+
+@pytest.mark.postgres
+def test_postgres_a_close_cancelled_while_a_commit_is_held_is_finished_by_the_next(
+    pg_store_of_its_own: tuple[str, PostgresStore],
+) -> None:
+    """`close()` waits for the commits already asked for. Cancelled meanwhile (a
+    timeout around it), it has not let go of anything yet; the next `close()`
+    must finish the job, not return at once leaving the pool's connections
+    and the writer's thread behind."""
+    url, store = pg_store_of_its_own
+    task = asyncio.run(claimed(store))
+
+    async def go() -> None:
+        flights = store._writer.flights
+        pending = store.commit_soon(Commit(entries=[progress(task.id, "1")], fence={task.id: 1}))
+        while store._writer.flights == flights:  # sent, and held on the server
+            await asyncio.sleep(0)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(store.close(), 0.2)
+        blocker.execute("ROLLBACK")
+        await asyncio.wait_for(store.close(), 30)
+        await pending  # it landed before the close finished
+
+    with psycopg.connect(url, autocommit=True) as blocker:
+        _lock_row(blocker, store, task.id)
+        asyncio.run(go())
+    assert store._pool.closed
+    assert store._writer._executor._shutdown

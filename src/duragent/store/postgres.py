@@ -184,6 +184,7 @@ class PostgresStore(TxWrites):
         self._leases: ThreadPoolExecutor | None = None
         self._lease_conn: Conn | None = None  # the lease thread's own (see renew_leases)
         self._closed = False
+        self._shut = False  # closed, all of it (see close)
         self._writer = PgWriter(
             self._pool,
             self.namespace,
@@ -209,9 +210,12 @@ class PostgresStore(TxWrites):
         return None
 
     async def close(self) -> None:
-        if self._closed:
+        """Land the commits already asked for, then let go of the connections and
+        threads. A close that was cancelled (a timeout around it) is finished by
+        the next; each step can run again."""
+        self._closed = True  # no new work from here on
+        if self._shut:
             return
-        self._closed = True
         while self._writer.busy:  # commits already asked for still land
             self._writer.rescue()
             await asyncio.sleep(0.001)
@@ -220,10 +224,12 @@ class PostgresStore(TxWrites):
             await self._listener.stop()
             self._listener = None
         await asyncio.to_thread(self._pool.close)
-        if self._leases is not None:
+        leases, self._leases = self._leases, None
+        if leases is not None:
             # On the lease thread, after any renewal still running there.
-            self._leases.submit(self._drop_lease_connection)
-            self._leases.shutdown(wait=False)
+            leases.submit(self._drop_lease_connection)
+            leases.shutdown(wait=False)
+        self._shut = True
 
     async def __aenter__(self) -> PostgresStore:
         return self

@@ -47,6 +47,7 @@ from duragent.store.postgres_tx import (
     send,
     send_and_commit,
 )
+from duragent.store.turns import Turn, watch
 from duragent.store.tx import task_columns
 from duragent.types import Task
 
@@ -142,6 +143,7 @@ class PgWriter:
         # off, every batch runs on the writer thread.
         self.on_loop = True
         self._flight: Flight | None = None  # the batch sent from a loop, answer unread
+        self._turn = Turn()  # the loop whose `_next` runs the next batch (store/turns.py)
 
     def submit(self, fn: Callable[[PgTx], Any], link: PendingCommit | None) -> asyncio.Future[Any]:
         """Queue `fn` for the next transaction; the future answers once it committed."""
@@ -151,33 +153,60 @@ class PgWriter:
             self._pending.append(_Job(fn, future, loop, link))
             start = not self._busy
             self._busy = True
+            if start:
+                turn = self._turn.give(loop)
+            elsewhere = self._turn.loop not in (None, loop)
         if start:
             # call_soon, not now: every coroutine already runnable in this tick
             # gets to add its commit to the same transaction.
-            loop.call_soon(self._next, loop)
+            loop.call_soon(self._next, loop, turn)
         else:
             self.rescue()
+            if elsewhere:  # that loop may stop with the turn later
+                watch(loop, future, self.rescue)
         return future
 
     def rescue(self) -> None:
-        """Finish on the writer thread a batch sent from an event loop that closed
-        before reading its answer (a closed loop runs no callback again): else
-        the writer stays busy, and every later commit, and closing the store,
-        waits for ever. Its callers, on that loop, are gone; it lands or fails
-        as any batch, and the writer goes on with the next."""
+        """Hand to the writer thread a turn an event loop holds and cannot use
+        (store/turns.py): else the writer stays busy, and every later commit,
+        and closing the store, waits for ever.
+
+        A batch in flight is taken over only from a loop that closed before
+        reading its answer (a closed loop runs no callback again, so the two
+        never read the socket at once); its callers, on that loop, are gone,
+        and it lands or fails as any batch. A next step still waiting in a
+        loop that is not running is taken over at once: if that loop runs
+        again, the step finds the turn gone and does nothing."""
         flight = self._flight
-        if flight is None or not flight.loop.is_closed():
+        if flight is not None:
+            if not flight.loop.is_closed():
+                return
+            with self._lock:
+                if self._flight is not flight:
+                    return
+                self._flight = None
+                self._turn.take()
+            self._executor.submit(flight.finish)
             return
         with self._lock:
-            if self._flight is not flight:
+            if not self._busy or self._flight is not None or not self._turn.stranded():
                 return
-            self._flight = None
-        self._executor.submit(flight.finish)
+            self._turn.take()
+        self._executor.submit(self._drain)
 
-    def _next(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _next(self, loop: asyncio.AbstractEventLoop, turn: int) -> None:
         """Run the next batch: on this loop if it can (`_fly`), else on the thread."""
+        with self._lock:
+            if not self._turn.holds(turn):
+                return  # taken from this loop meanwhile (`rescue`)
         if not self._fly(loop):
-            self._executor.submit(self._drain)
+            self._to_thread()
+
+    def _to_thread(self, handed: tuple[list[_Job], BaseException] | None = None) -> None:
+        """The writer thread takes the turn (`_drain`)."""
+        with self._lock:
+            self._turn.take()
+        self._executor.submit(self._drain, handed)
 
     def renewed(self, rows: Mapping[str, Task]) -> None:
         """Take in rows as lease renewals left them: renewals run beside the writer
@@ -256,6 +285,7 @@ class PgWriter:
             batch = self._pending[: self.max_batch]
             if not batch:
                 self._busy = False
+                self._turn.take()
                 return True
             if any(job.loop is not loop for job in batch):
                 return False
@@ -290,7 +320,7 @@ class PgWriter:
                 lost.__cause__ = error
                 error = lost
             self._held = conn  # for the thread's attempt, which hands it back to the pool
-            self._executor.submit(self._drain, (batch, error))
+            self._to_thread((batch, error))
 
         try:
             message = commit_message(conn, statements)
@@ -298,7 +328,7 @@ class PgWriter:
         except Exception as exc:  # nothing went out: the thread runs the batch again
             conn.lock.release()
             self._held = conn
-            self._executor.submit(self._drain, (batch, exc))
+            self._to_thread((batch, exc))
             return True
         self.flights += 1
         self._flight = Flight(loop, conn.pgconn, answered)
@@ -331,7 +361,7 @@ class PgWriter:
         self._keep_rows(txs)
         self._ended(batch, outcomes)
         if loop.is_closed():
-            self._executor.submit(self._drain)
+            self._to_thread()
             return
         changed = any(tx.changed for tx in txs)
         work = any(tx.work for tx in txs)
@@ -339,7 +369,9 @@ class PgWriter:
             self._settle(loop, list(zip(batch, outcomes, strict=True)), changed, work)
         finally:
             # After the callers just answered, which may add their next commits.
-            loop.call_soon(self._next, loop)
+            with self._lock:
+                turn = self._turn.give(loop)
+            loop.call_soon(self._next, loop, turn)
 
     # --- the writer thread ---
 
@@ -376,8 +408,12 @@ class PgWriter:
                     return
                 first = self._pending[0].loop
                 if self.on_loop and all(job.loop is first for job in self._pending):
-                    with contextlib.suppress(RuntimeError):  # closed: run them here
-                        first.call_soon_threadsafe(self._next, first)
+                    turn = self._turn.give(first)  # a loop that stops with it is rescued
+                    try:
+                        first.call_soon_threadsafe(self._next, first, turn)
+                    except RuntimeError:  # closed: run them here
+                        self._turn.take()
+                    else:
                         return
 
     def _ended(self, batch: list[_Job], outcomes: list[Outcome]) -> None:

@@ -71,6 +71,7 @@ from duragent.store.sqlite_tx import (
     row_task,
 )
 from duragent.store.sqlite_wake import WakeUps
+from duragent.store.turns import Turn, watch
 from duragent.store.tx import TxWrites
 from duragent.types import (
     ApiMessage,
@@ -137,7 +138,8 @@ class SQLiteStore(TxWrites):
         self.schema_version = SQLITE_SCHEMA_VERSION
         self._reader_conn = connect(path, durability)
         self._pending: list[_Job] = []
-        self._flushing = False  # the writer thread is draining _pending
+        self._flushing = False  # a batch runs or is about to (one at a time)
+        self._turn = Turn()  # the loop whose `_kick` runs the next batch (store/turns.py)
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="duragent-sqlite-writer")
         self._rows = RowCache()
@@ -147,6 +149,7 @@ class SQLiteStore(TxWrites):
         self._controls = ControlWatchers()
         self._wake = WakeUps(path)
         self._closed = False
+        self._shut = False  # closed, all of it (see close)
         self._claims_were_full = False  # the last claim got all it asked for
 
     # --- lifecycle ---
@@ -155,15 +158,19 @@ class SQLiteStore(TxWrites):
         return None
 
     async def close(self) -> None:
-        if self._closed:
+        """Land the commits already asked for, then close the files. A close that
+        was cancelled (a timeout around it) is finished by the next."""
+        if self._shut:
             return
-        while self._pending or self._flushing:
+        while self._pending or self._flushing:  # commits already asked for still land
+            self.rescue()
             await asyncio.sleep(0.001)
         self._closed = True
         await asyncio.to_thread(self._executor.shutdown)
         self._wake.close()
         self._writer_conn.close()
         self._reader_conn.close()
+        self._shut = True
 
     async def __aenter__(self) -> SQLiteStore:
         return self
@@ -197,13 +204,37 @@ class SQLiteStore(TxWrites):
             self._pending.append(_Job(fn, future, loop, link))
             start = not self._flushing
             self._flushing = True
+            if start:
+                turn = self._turn.give(loop)
+            elsewhere = self._turn.loop not in (None, loop)
         if start:
             # call_soon, not now: every coroutine already runnable in this tick
             # gets to add its commit to the same transaction.
-            loop.call_soon(self._kick)
+            loop.call_soon(self._kick, turn)
+        else:
+            self.rescue()
+            if elsewhere:  # that loop may stop with the turn later
+                watch(loop, future, self.rescue)
         return future
 
-    def _kick(self) -> None:
+    def rescue(self) -> None:
+        """Hand to the writer thread a turn held by an event loop that is not
+        running (store/turns.py): else every later commit, and closing the
+        store, waits for ever. If that loop runs again, its `_kick` finds the
+        turn gone and does nothing."""
+        with self._lock:
+            if not self._flushing or not self._turn.stranded():
+                return
+            self._turn.take()
+        self._executor.submit(self._drain)
+
+    def _to_thread(self) -> None:
+        """The writer thread takes the turn (`_drain`)."""
+        with self._lock:
+            self._turn.take()
+        self._executor.submit(self._drain)
+
+    def _kick(self, turn: int) -> None:
         """Run the next batch inline or on the writer thread.
 
         Inline when nothing else could run meanwhile: without fsyncs (NORMAL)
@@ -215,11 +246,14 @@ class SQLiteStore(TxWrites):
         meanwhile.
         """
         loop = asyncio.get_running_loop()
+        with self._lock:
+            if not self._turn.holds(turn):
+                return  # taken from this loop meanwhile (`rescue`)
         idle = not getattr(loop, "_ready", True)
         if not self._full or idle:
             self._flush()
         else:
-            self._executor.submit(self._drain)
+            self._to_thread()
 
     def _busy_wait(self, ms: int) -> None:
         if self._busy_ms != ms:
@@ -239,15 +273,18 @@ class SQLiteStore(TxWrites):
         except sqlite3.OperationalError:
             with self._lock:
                 self._pending[:0] = batch
-            self._executor.submit(self._drain)
+            self._to_thread()
             return
         outcomes, notes = self._run_batch(conn, batch)
         self._settle_batch(list(zip(batch, outcomes, strict=True)), notes)
         with self._lock:
             if not self._pending:
                 self._flushing = False
+                self._turn.take()
                 return
-        asyncio.get_running_loop().call_soon(self._kick)
+            loop = asyncio.get_running_loop()
+            turn = self._turn.give(loop)
+        loop.call_soon(self._kick, turn)
 
     def _drain(self) -> None:
         """The writer thread: run batches until nothing waits. The fsync of each
