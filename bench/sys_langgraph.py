@@ -263,6 +263,7 @@ async def resume(config: str, workdir: str, entries: int, repeats: int) -> Any:
                 state = await graph.aget_state(_thread("resume"))
                 times.append((time.perf_counter() - t0) * 1e3)
                 messages = len(state.values["messages"])
+            del state, graph  # freed untimed, as duragent's runner is (sys_duragent.resume)
         return {"messages": messages, "resume_ms": statistics.median(times)}
     finally:
         if schema:
