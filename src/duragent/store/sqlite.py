@@ -211,10 +211,8 @@ class SQLiteStore(TxWrites):
             # call_soon, not now: every coroutine already runnable in this tick
             # gets to add its commit to the same transaction.
             loop.call_soon(self._kick, turn)
-        else:
-            self.rescue()
-            if elsewhere:  # that loop may stop with the turn later
-                watch(loop, future, self.rescue)
+        elif elsewhere:  # that loop may have stopped with the turn, or stop later
+            watch(loop, future, self.rescue)
         return future
 
     def rescue(self) -> None:

@@ -61,11 +61,13 @@ class Turn:
 def watch(
     loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], rescue: Callable[[], None]
 ) -> None:
-    """Call `rescue` from `loop` every WATCH_SECONDS until `future` is done."""
+    """Call `rescue` now, then from `loop` every WATCH_SECONDS until `future` is
+    done: for a commit queued while another loop holds the turn. (A turn held
+    by the committing loop, running, or by the writer thread needs none.)"""
 
     def check() -> None:
         if not future.done():
             rescue()
             loop.call_later(WATCH_SECONDS, check)
 
-    loop.call_later(WATCH_SECONDS, check)
+    check()
