@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import random
 import sqlite3
+import subprocess
+import sys
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,7 +17,7 @@ from duragent.errors import StoreCorrupt, StoreVersionError
 from duragent.store import Commit, TaskPatch, TaskQuery, open_store
 from duragent.store.base import CopyEntries
 from duragent.store.sqlite import SQLiteStore
-from duragent.store.sqlite_schema import FULL_WAL_PAGES, MIGRATIONS, SQLITE_SCHEMA_VERSION
+from duragent.store.sqlite_schema import MIGRATIONS, SQLITE_SCHEMA_VERSION, WAL_READY_FRAMES
 from duragent.types import EntryKind, NewEntry, Task, TaskStatus
 
 
@@ -65,26 +67,88 @@ async def test_durability_sets_synchronous(tmp_path: Path, url_suffix: str, expe
 
 async def test_a_full_store_writes_over_its_wal_instead_of_growing_it(tmp_path: Path) -> None:
     """At FULL every commit syncs the WAL, and while the WAL grows each sync
-    also journals the file's new size. Checkpointed every FULL_WAL_PAGES pages,
-    the WAL restarts from its start: hundreds of commits of two or three pages
-    each leave it that long, where SQLite's default lets it reach 1,000 pages."""
+    also journals the file's new size. The first write transaction gives the
+    WAL its whole length at once (WAL_READY_FRAMES), and, checkpointed every
+    FULL_WAL_PAGES pages, the WAL restarts from its start: hundreds of commits
+    of two or three pages each, more than the WAL holds, leave its size as the
+    first commit made it."""
     path = tmp_path / "f.db"
     store = open_store(f"sqlite:///{path}?durability=full")
     assert isinstance(store, SQLiteStore)
     task = Task(agent="a")
     await store.create_task(task)
     wal = Path(f"{path}-wal")
-    longest = 0
+    page = store._writer_conn.execute("PRAGMA page_size").fetchone()[0]
+    ready = 32 + WAL_READY_FRAMES * (page + 24)
+    assert wal.stat().st_size == ready
+    sizes = set()
     for _ in range(600):
         payload = {"n": random.randbytes(2500).hex()}  # more than a page: no compressing it
         entry = NewEntry(task_id=task.id, kind=EntryKind.CHECKPOINT, payload=payload)
         await store.commit(Commit(entries=[entry]))
-        longest = max(longest, wal.stat().st_size)
-    page = store._writer_conn.execute("PRAGMA page_size").fetchone()[0]
+        sizes.add(wal.stat().st_size)
     pages = store._writer_conn.execute("PRAGMA page_count").fetchone()[0]
     await store.close()
-    assert pages > 2 * FULL_WAL_PAGES  # the commits wrote more than the WAL holds
-    assert longest // (page + 24) <= FULL_WAL_PAGES + 5
+    assert pages > 2 * WAL_READY_FRAMES  # the commits wrote more than the WAL holds
+    assert sizes == {ready}
+
+
+async def test_a_wal_holding_a_killed_process_commits_is_readied_without_losing_them(
+    tmp_path: Path,
+) -> None:
+    """A process at NORMAL dies with its commits in the WAL, not yet copied
+    into the database. A store opened at FULL extends that WAL with its first
+    commit: past the killed process's commits, which are all still there after
+    the store closes (checkpointing them) and opens again."""
+    path = tmp_path / "k.db"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _COMMIT_THEN_WAIT, f"sqlite:///{path}", "20"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        task_id = child.stdout.readline().strip()  # after its 20 commits
+        assert task_id, "the child printed no task id"
+    finally:
+        child.kill()  # SIGKILL: no checkpoint, the WAL stays
+        child.wait()
+    wal = Path(f"{path}-wal")
+    holds = wal.stat().st_size
+    assert holds > 32  # the killed process's commits are in the WAL only
+
+    store = open_store(f"sqlite:///{path}?durability=full")
+    assert isinstance(store, SQLiteStore)
+    entry = NewEntry(task_id=task_id, kind=EntryKind.CHECKPOINT, payload={"n": "after"})
+    await store.commit(Commit(entries=[entry]))
+    assert wal.stat().st_size > holds  # readied: extended past them
+    assert len(await store.entries(task_id)) == 21
+    await store.close()
+
+    again = open_store(f"sqlite:///{path}")
+    payloads = [e.payload["n"] for e in await again.entries(task_id)]
+    await again.close()
+    assert payloads == [*range(20), "after"]
+
+
+# Commits argv[2] entries to a new task of the store at argv[1], prints the
+# task's id, then waits to be killed.
+_COMMIT_THEN_WAIT = """
+import asyncio, sys
+from duragent.store import Commit, open_store
+from duragent.types import EntryKind, NewEntry, Task
+
+async def main():
+    store = open_store(sys.argv[1])
+    task, _ = await store.create_task(Task(agent="a"))
+    for n in range(int(sys.argv[2])):
+        entry = NewEntry(task_id=task.id, kind=EntryKind.CHECKPOINT, payload={"n": n})
+        await store.commit(Commit(entries=[entry]))
+    print(task.id, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
 
 
 def test_unknown_durability_is_refused(tmp_path: Path) -> None:

@@ -61,6 +61,7 @@ from duragent.store.sqlite_schema import (
     connect,
     migrate,
     ms_to_dt,
+    ready_wal,
 )
 from duragent.store.sqlite_tx import (
     Deferred,
@@ -135,6 +136,7 @@ class SQLiteStore(TxWrites):
         # lock), 30 s on the writer thread (see _kick).
         self._busy_ms = -1
         self._full = durability == "full"
+        self._wal_short = self._full  # until the first write transaction readies it
         self.schema_version = SQLITE_SCHEMA_VERSION
         self._reader_conn = connect(path, durability)
         self._pending: list[_Job] = []
@@ -342,6 +344,9 @@ class SQLiteStore(TxWrites):
         rolls the transaction back.
         """
         try:
+            if self._wal_short:  # the write lock is held, and nothing written yet
+                self._wal_short = False
+                ready_wal(conn, self.path)
             if len(batch) == 1:
                 run = self._run_jobs(conn, batch, guard=False)
             else:
