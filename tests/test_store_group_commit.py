@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from conftest import drop_schema, require_postgres
-from duragent.errors import Conflict, StaleLease
+from duragent.errors import Conflict, StaleLease, StoreError
 from duragent.store import Commit, DocumentWrite, TaskPatch, postgres_tx, postgres_writer
 from duragent.store.base import SEQ_BITS, Store, apply_patch
 from duragent.store.postgres import PostgresStore
@@ -723,6 +723,62 @@ def test_a_loop_that_stops_before_the_writers_next_step_holds_up_nobody(
         finally:
             loop.close()
         assert asyncio.run(texts_of(store, task.id)) == ["0", "1", "2", "3"]
+
+
+class _HeldLoop(asyncio.SelectorEventLoop):
+    """An event loop whose next `create_future`, once armed, waits for `release`.
+    Both writers make a commit's future after the store's check that it is
+    open and before queueing the commit: armed just before a commit, it holds
+    the commit between the two."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.reached = threading.Event()
+        self.release = threading.Event()
+
+    def create_future(self) -> asyncio.Future[Any]:
+        if self.armed:
+            self.armed = False
+            self.reached.set()
+            self.release.wait(30)
+        return super().create_future()
+
+
+def test_a_commit_from_another_loop_that_meets_the_close_is_refused_not_lost(
+    store_of_its_own: Store,
+) -> None:
+    """A commit asked for from another thread's loop while the store closes
+    lands before the close finishes or is refused. Here it has passed the
+    store's check that it is open when `close()` starts and ends, and reaches
+    the writer's queue only after: it must be refused with StoreError, not
+    queued for a writer that is gone, which would leave it waiting for ever."""
+    store = store_of_its_own
+    task = asyncio.run(claimed(store))
+    loop = _HeldLoop()
+    outcome: list[object] = []
+
+    def commit_from_the_loop() -> None:
+        async def commit() -> None:
+            loop.armed = True
+            await store.commit(Commit(entries=[progress(task.id, "late")], fence={task.id: 1}))
+
+        try:
+            loop.run_until_complete(asyncio.wait_for(commit(), 30))
+            outcome.append("landed")
+        except BaseException as exc:
+            outcome.append(exc)
+        finally:
+            loop.close()
+
+    other = threading.Thread(target=commit_from_the_loop, daemon=True)
+    other.start()
+    assert loop.reached.wait(30), "the commit never reached the writer"
+    asyncio.run(asyncio.wait_for(store.close(), 30))
+    loop.release.set()
+    other.join(60)
+    assert len(outcome) == 1 and isinstance(outcome[0], StoreError), outcome
+    assert "closed" in str(outcome[0])
 
 
 def _lock_row(blocker: psycopg.Connection[Any], store: PostgresStore, task_id: str) -> None:

@@ -216,7 +216,7 @@ class PostgresStore(TxWrites):
         self._closed = True  # no new work from here on
         if self._shut:
             return
-        while self._writer.busy:  # commits already asked for still land
+        while not self._writer.stop():  # commits already asked for still land
             self._writer.rescue()
             await asyncio.sleep(0.001)
         await asyncio.to_thread(self._writer.close)

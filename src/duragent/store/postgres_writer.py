@@ -29,7 +29,7 @@ import psycopg
 import psycopg_pool
 from psycopg.pq import TransactionStatus
 
-from duragent.errors import CommitOutcomeUnknown, StoreUnavailable
+from duragent.errors import CommitOutcomeUnknown, StoreError, StoreUnavailable
 from duragent.store.base import PendingCommit, mark_failed
 from duragent.store.postgres_flight import Flight
 from duragent.store.postgres_notify import CHANNEL, CONTROL_CHANNEL, WORK_CHANNEL, control_payload
@@ -136,6 +136,7 @@ class PgWriter:
         self._lock = threading.Lock()
         self._pending: list[_Job] = []
         self._busy = False
+        self._stopped = False  # no new work: the store is closing (see stop)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="duragent-pg-writer")
         self._held: Conn | None = None  # the writer thread's connection (see _connection)
         self._held_since = 0.0
@@ -150,6 +151,8 @@ class PgWriter:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         with self._lock:
+            if self._stopped:
+                raise StoreError(f"{self.where} is closed")
             self._pending.append(_Job(fn, future, loop, link))
             start = not self._busy
             self._busy = True
@@ -221,9 +224,16 @@ class PgWriter:
             if mine is not None and _same_but_expiry(mine, fresh):
                 self.rows[task_id] = fresh
 
-    @property
-    def busy(self) -> bool:
-        return self._busy
+    def stop(self) -> bool:
+        """Take no new work, if none is left: whether it stopped. Until then
+        the commits already asked for still land (the store's `close()` waits).
+        Decided under the lock `submit` queues with: a commit from another
+        thread is queued before this, and lands, or refused."""
+        with self._lock:
+            if self._busy:
+                return False
+            self._stopped = True
+            return True
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

@@ -164,10 +164,15 @@ class SQLiteStore(TxWrites):
         was cancelled (a timeout around it) is finished by the next."""
         if self._shut:
             return
-        while self._pending or self._flushing:  # commits already asked for still land
+        while True:  # commits already asked for still land
+            with self._lock:
+                if not self._pending and not self._flushing:
+                    # Under the lock `_enqueue` checks it with: a commit from
+                    # another thread is queued before this (and lands) or refused.
+                    self._closed = True
+                    break
             self.rescue()
             await asyncio.sleep(0.001)
-        self._closed = True
         await asyncio.to_thread(self._executor.shutdown)
         self._wake.close()
         self._writer_conn.close()
@@ -198,11 +203,11 @@ class SQLiteStore(TxWrites):
     def _enqueue(
         self, fn: Callable[[SqliteTx], Any], link: PendingCommit | None
     ) -> asyncio.Future[Any]:
-        if self._closed:
-            raise StoreError(f"store {self.url} is closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         with self._lock:
+            if self._closed:  # checked under the lock `close()` sets it with
+                raise StoreError(f"store {self.url} is closed")
             self._pending.append(_Job(fn, future, loop, link))
             start = not self._flushing
             self._flushing = True
