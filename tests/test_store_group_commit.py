@@ -749,9 +749,10 @@ def test_a_commit_from_another_loop_that_meets_the_close_is_refused_not_lost(
     store_of_its_own: Store,
 ) -> None:
     """A commit asked for from another thread's loop while the store closes
-    lands before the close finishes or is refused. Here it has passed the
-    store's check that it is open when `close()` starts and ends, and reaches
-    the writer's queue only after: it must be refused with StoreError, not
+    lands before the close finishes or is refused. Here it is held on its way
+    to the writer's queue while `close()` starts and ends: past the store's
+    check that it is open on PostgreSQL (and on SQLite before this was
+    decided under the queue's lock). It must be refused with StoreError, not
     queued for a writer that is gone, which would leave it waiting for ever."""
     store = store_of_its_own
     task = asyncio.run(claimed(store))

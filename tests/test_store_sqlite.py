@@ -121,7 +121,8 @@ async def test_a_wal_holding_a_killed_process_commits_is_readied_without_losing_
     assert isinstance(store, SQLiteStore)
     entry = NewEntry(task_id=task_id, kind=EntryKind.CHECKPOINT, payload={"n": "after"})
     await store.commit(Commit(entries=[entry]))
-    assert wal.stat().st_size > holds  # readied: extended past them
+    page = store._writer_conn.execute("PRAGMA page_size").fetchone()[0]
+    assert wal.stat().st_size == 32 + WAL_READY_FRAMES * (page + 24) > holds  # readied
     assert len(await store.entries(task_id)) == 21
     await store.close()
 
@@ -129,6 +130,30 @@ async def test_a_wal_holding_a_killed_process_commits_is_readied_without_losing_
     payloads = [e.payload["n"] for e in await again.entries(task_id)]
     await again.close()
     assert payloads == [*range(20), "after"]
+
+
+async def test_the_wal_readied_is_the_stores_own_after_the_process_changes_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store opened by a relative path, in a process that then changes
+    directory: its first commit readies its own WAL, never a file of the same
+    name in the new directory (another database's log, which the store's
+    write lock does not guard)."""
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    home.mkdir()
+    elsewhere.mkdir()
+    bystander = elsewhere / "s.db-wal"
+    bystander.write_bytes(b"another database's log")
+    monkeypatch.chdir(home)
+    store = open_store("sqlite:///s.db?durability=full")
+    assert isinstance(store, SQLiteStore)
+    monkeypatch.chdir(elsewhere)
+    await store.create_task(Task(agent="a"))
+    page = store._writer_conn.execute("PRAGMA page_size").fetchone()[0]
+    readied = (home / "s.db-wal").stat().st_size
+    await store.close()
+    assert bystander.read_bytes() == b"another database's log"
+    assert readied == 32 + WAL_READY_FRAMES * (page + 24)
 
 
 # Commits argv[2] entries to a new task of the store at argv[1], prints the

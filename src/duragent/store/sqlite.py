@@ -351,7 +351,7 @@ class SQLiteStore(TxWrites):
         try:
             if self._wal_short:  # the write lock is held, and nothing written yet
                 self._wal_short = False
-                ready_wal(conn, self.path)
+                ready_wal(conn)
             if len(batch) == 1:
                 run = self._run_jobs(conn, batch, guard=False)
             else:

@@ -282,13 +282,14 @@ FULL_WAL_PAGES = 200
 # the test machine, 0.41 ms per commit over the first 100 against 0.31 once
 # the file had its length (bench/wal_growth.py). The first write transaction
 # extends the log to this many frames at once, with one sync (`ready_wal`),
-# and every commit after writes over it in place; still under 1 MB.
+# and every commit after writes over it in place; under 1 MB with the store's
+# 4 KiB pages.
 WAL_READY_FRAMES = FULL_WAL_PAGES + 48
 _WAL_HEADER, _WAL_FRAME_HEADER = 32, 24  # bytes (SQLite's WAL file format)
 
 
-def ready_wal(conn: sqlite3.Connection, path: str) -> None:
-    """Extend the WAL of the file at `path` to WAL_READY_FRAMES frames of zeros.
+def ready_wal(conn: sqlite3.Connection) -> None:
+    """Extend the WAL of `conn`'s database to WAL_READY_FRAMES frames of zeros.
 
     Call it with the write lock held (inside `BEGIN IMMEDIATE`, before the
     transaction writes): no connection, of any process, appends to the log
@@ -298,11 +299,19 @@ def ready_wal(conn: sqlite3.Connection, path: str) -> None:
     of a process that died keeps them, and nothing changes on recovery. Best
     effort: if it cannot (no such file, a full disk), the commits grow the
     log as before.
+
+    The log is named after the database file as SQLite resolved it when it
+    opened it (`database_list`), not after the path the store was given: a
+    relative path read after the process changed directory, or a symbolic
+    link, could name another database's log, which this lock does not guard.
     """
     page_size = conn.execute("PRAGMA page_size").fetchone()[0]
     size = _WAL_HEADER + WAL_READY_FRAMES * (page_size + _WAL_FRAME_HEADER)
+    main = conn.execute("SELECT file FROM pragma_database_list WHERE name = 'main'").fetchone()
+    if not main or not main[0]:
+        return  # an in-memory or temporary database: no log file
     try:
-        fd = os.open(f"{path}-wal", os.O_WRONLY)  # never creates it: SQLite's to make
+        fd = os.open(f"{main[0]}-wal", os.O_WRONLY)  # never creates it: SQLite's to make
     except OSError:
         return
     try:
