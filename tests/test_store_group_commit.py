@@ -35,6 +35,10 @@ def progress(task_id: str, text: str) -> NewEntry:
     return NewEntry(task_id=task_id, kind=EntryKind.PROGRESS, payload={"text": text})
 
 
+async def texts_of(store: Store, task_id: str) -> list[str]:
+    return [e.payload["text"] for e in await store.entries(task_id, kinds=[EntryKind.PROGRESS])]
+
+
 async def claimed(store: Store, worker: str = "w1") -> Task:
     await store.create_task(Task(agent="a"))
     task = await store.claim_task(worker)
@@ -56,7 +60,7 @@ async def test_commits_made_together_each_land_once_in_order(store: Store) -> No
     )
     assert len(results) == 20
     for t in tasks:
-        texts = [e.payload["text"] for e in await store.entries(t.id, kinds=[EntryKind.PROGRESS])]
+        texts = await texts_of(store, t.id)
         assert texts == [f"{t.id} {n}" for n in range(4)]
         assert (await store.get_task(t.id)).last_seq == 1 + 4  # the claim's status entry + 4
 
@@ -99,7 +103,7 @@ async def test_a_commit_queued_soon_lands_before_the_commits_asked_for_after_it(
     first = await pending
     assert first.entries[0].seq < later.entries[0].seq
     assert pending.failed is None
-    texts = [e.payload["text"] for e in await store.entries(task.id, kinds=[EntryKind.PROGRESS])]
+    texts = await texts_of(store, task.id)
     assert texts == ["first", "second"]
 
 
@@ -234,9 +238,7 @@ async def test_sqlite_a_batch_writes_its_waiting_rows_before_a_statement_that_re
             ).fetchone()[0]
         assert orphans == 0  # the deleted task's entry was written before it was deleted
         assert (await store.get_task(kept.id)).status is TaskStatus.PAUSED
-        texts = [
-            e.payload["text"] for e in await store.entries(kept.id, kinds=[EntryKind.PROGRESS])
-        ]
+        texts = await texts_of(store, kept.id)
         assert texts == ["kept"]
     finally:
         await store.close()
@@ -297,7 +299,7 @@ async def test_postgres_row_changed_elsewhere_is_reread_not_overwritten(
     stored = await b.get_task(task.id)
     assert stored.control == {"action": "pause"} and stored.iterations == 1
     assert stored.last_seq == row.last_seq == 3  # the claim, "1", "2": none lost
-    texts = [e.payload["text"] for e in await b.entries(task.id, kinds=[EntryKind.PROGRESS])]
+    texts = await texts_of(b, task.id)
     assert texts == ["1", "2"]
 
 
@@ -336,7 +338,7 @@ async def test_postgres_takeover_elsewhere_fences_this_process(
     assert taken is not None and taken.lease.epoch == 2
     with pytest.raises(StaleLease):
         await a.commit(Commit(entries=[progress(task.id, "zombie")], fence={task.id: 1}))
-    texts = [e.payload["text"] for e in await b.entries(task.id, kinds=[EntryKind.PROGRESS])]
+    texts = await texts_of(b, task.id)
     assert texts == ["mine"]
 
 
@@ -393,7 +395,7 @@ async def test_postgres_the_writer_prepares_each_statement_shape_once_per_connec
     assert updates and max(updates) >= 48 and inserts and max(inserts) >= 48, runs
     row = await other.get_task(task.id)
     assert row.iterations == 49 and row.last_seq == 51  # the claim and 50 entries
-    texts = [e.payload["text"] for e in await other.entries(task.id, kinds=[EntryKind.PROGRESS])]
+    texts = await texts_of(other, task.id)
     assert texts == [f"{n}" for n in range(50)]
 
 
@@ -422,7 +424,7 @@ async def test_postgres_statements_deallocated_behind_the_writer_are_prepared_ag
     assert result.tasks[task.id].iterations == 2
     assert (store._writer.flights == flights + 1) is on_loop  # its first try's side
     assert _prepared_runs(store)  # prepared again
-    texts = [e.payload["text"] for e in await other.entries(task.id, kinds=[EntryKind.PROGRESS])]
+    texts = await texts_of(other, task.id)
     assert texts == ["1", "2"]
     assert (await other.get_task(task.id)).iterations == 2
 
@@ -465,7 +467,7 @@ async def test_postgres_a_batch_writes_a_task_row_once_and_its_entries_in_one_in
         row = await other.get_task(t.id)
         assert row.iterations == 2 and row.last_seq == 4  # the claim, "0", "1", "2"
         assert row == results[3 + tasks.index(t)].tasks[t.id]
-        texts = [e.payload["text"] for e in await other.entries(t.id, kinds=[EntryKind.PROGRESS])]
+        texts = await texts_of(other, t.id)
         assert texts == ["0", "1", "2"]
 
 
@@ -496,7 +498,7 @@ async def test_postgres_a_job_that_reads_on_the_server_sees_the_batch_before_it(
     assert store._writer.rereads == rereads  # no row was found changed behind the batch
     assert isinstance(refused, Conflict)
     assert not isinstance(first, BaseException) and not isinstance(last, BaseException)
-    texts = [e.payload["text"] for e in await other.entries(task.id, kinds=[EntryKind.PROGRESS])]
+    texts = await texts_of(other, task.id)
     assert texts == ["0", "1", "2"]
     assert (await other.get_task(task.id)).last_seq == 4
 
@@ -532,7 +534,7 @@ async def test_postgres_a_batch_on_cached_rows_is_sent_and_answered_on_its_event
         )
     )
     assert (writer.flights - flights, writer.batches - batches) == (6, 7)
-    texts = [e.payload["text"] for e in await other.entries(task.id, kinds=[EntryKind.PROGRESS])]
+    texts = await texts_of(other, task.id)
     assert texts == [f"{i}" for i in range(9)]
     assert (await other.get_document("s", "k")) is not None
 
@@ -653,15 +655,11 @@ async def test_postgres_a_batch_that_fails_to_build_on_the_loop_fails_its_caller
         )
     monkeypatch.undo()
     await store.commit(Commit(entries=[progress(task.id, "1")], fence={task.id: 1}))
-    texts = [e.payload["text"] for e in await other.entries(task.id, kinds=[EntryKind.PROGRESS])]
+    texts = await texts_of(other, task.id)
     assert texts == ["0", "1"]
 
 
 # --- an event loop that stops holding the writer's turn ------------------------
-
-
-async def texts_of(store: Store, task_id: str) -> list[str]:
-    return [e.payload["text"] for e in await store.entries(task_id, kinds=[EntryKind.PROGRESS])]
 
 
 @pytest.fixture(params=["sqlite", "sqlite-full", "postgres"])
