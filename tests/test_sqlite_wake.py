@@ -68,6 +68,32 @@ async def test_a_registration_removed_from_disk_is_made_again_at_the_next_wait(
         await other.close()
 
 
+async def test_a_closed_store_neither_sends_nor_opens_a_socket(tmp_path: Path) -> None:
+    """A commit on another thread's loop may be settled after the store closed;
+    its announcement must then send nothing, and a wake-up end asked to
+    listen after its close must not bind: either would open a socket that
+    nobody closes."""
+    store = SQLiteStore(str(tmp_path / "s.db"))
+    other = SQLiteStore(str(tmp_path / "s.db"))  # another process's end of the file
+    try:
+        await other.wait_for_change(0.001)
+        await store.wait_for_change(0.001)
+        await store.close()
+        wake_dir = tmp_path / ".s.db.wake"
+        others = sorted(p.name for p in wake_dir.iterdir())
+        descriptors = sorted(os.listdir("/proc/self/fd"))
+        store._announce(work=True, controlled=["t1"])  # what a late settlement runs
+        assert not store._wake.listen(lambda work, change, ids: None, changes=True)
+        assert sorted(os.listdir("/proc/self/fd")) == descriptors
+        assert sorted(p.name for p in wake_dir.iterdir()) == others
+        assert other._wake._sock is not None
+        with pytest.raises(BlockingIOError):  # a datagram is queued as it is sent
+            other._wake._sock.recv(65536)
+    finally:
+        await store.close()
+        await other.close()
+
+
 # Another process floods a registration: it sends with blocking sends, so it
 # waits while the receive queue is full and nothing it sends is dropped.
 _FLOOD = """

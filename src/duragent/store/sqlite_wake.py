@@ -82,6 +82,7 @@ class WakeUps:
         self._listed: tuple[int, int] | None = None  # (dir mtime, when listed), ns
         self._retry_at = 0.0  # monotonic: no new registration attempt before
         self._warned = False
+        self._closed = False  # for good: nothing binds or sends after close()
 
     @property
     def possible(self) -> bool:
@@ -106,7 +107,7 @@ class WakeUps:
         `on_message(work, change, controlled_task_ids)` runs on the calling
         event loop. Returns whether this process now hears other processes.
         """
-        if not self.possible:
+        if not self.possible or self._closed:
             return False
         loop = asyncio.get_running_loop()
         if self._sock is not None and self._loop is not loop:
@@ -203,6 +204,9 @@ class WakeUps:
         return os.path.join(self.dir, f".{self.token}")
 
     def close(self) -> None:
+        """Stop hearing and sending, for good: a commit settled after this on
+        another thread's loop must not open a socket nobody closes."""
+        self._closed = True
         self._unlisten()
         if self._sender is not None:
             self._sender.close()
@@ -212,7 +216,7 @@ class WakeUps:
 
     def announce(self, *, work: bool, controlled: Iterable[str] = ()) -> None:
         """Tell every other registered process about a commit (never blocks)."""
-        if not self._plain_file:
+        if not self._plain_file or self._closed:
             return
         peers = self._current_peers()
         if not peers:
