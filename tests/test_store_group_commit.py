@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from conftest import drop_schema, require_postgres
-from duragent.errors import Conflict, StaleLease, StoreError
+from duragent.errors import Conflict, StaleLease, StoreError, StoreUnavailable
 from duragent.store import Commit, DocumentWrite, TaskPatch, postgres_tx, postgres_writer
 from duragent.store.base import SEQ_BITS, Store, apply_patch
 from duragent.store.postgres import PostgresStore
@@ -839,6 +839,22 @@ def test_postgres_a_commit_behind_the_flight_of_a_loop_that_closes_later_lands(
     other.join(60)
     assert outcome == ["landed"]
     assert asyncio.run(texts_of(store, a.id)) == ["a"]
+
+
+@pytest.mark.postgres
+def test_postgres_a_read_that_reaches_the_pool_after_the_close_is_told_the_store_closed(
+    pg_store_of_its_own: tuple[str, PostgresStore],
+) -> None:
+    """A read from another thread passed the store's check that it is open, and
+    reaches the connection pool after `close()` closed it (what `_read` runs
+    on a thread, called here at that moment). It is answered StoreError
+    "closed", not StoreUnavailable, which says "try again later"."""
+    _, store = pg_store_of_its_own
+    asyncio.run(store.create_task(Task(agent="a")))
+    asyncio.run(store.close())
+    with pytest.raises(StoreError, match="closed") as caught:
+        store._execute(lambda conn: conn.execute("SELECT 1").fetchone(), False)
+    assert not isinstance(caught.value, StoreUnavailable)
 
 
 @pytest.mark.postgres

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import sqlite3
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from duragent.errors import StoreCorrupt, StoreVersionError
+from duragent.errors import StoreCorrupt, StoreError, StoreVersionError
 from duragent.store import Commit, TaskPatch, TaskQuery, open_store
 from duragent.store.base import CopyEntries
 from duragent.store.sqlite import SQLiteStore
@@ -583,3 +584,35 @@ async def test_a_long_tasks_entries_are_appended_to_full_pages(tmp_path: Path) -
     await store.close()
     assert written <= commits * 1.2, written / commits
     assert len(unused) > 10 and max(unused[:-1]) < 150, unused  # less than one more entry
+
+
+def test_a_read_from_another_thread_that_meets_the_close_is_told_the_store_closed(
+    tmp_path: Path,
+) -> None:
+    """A read on another thread's event loop passed the store's check that it
+    is open, then the store closed its files under it. It is answered
+    StoreError "closed", not StoreCorrupt, which would say the file is damaged."""
+    store = SQLiteStore(str(tmp_path / "r.db"))
+    asyncio.run(store.create_task(Task(agent="a")))
+    inside, closed = threading.Event(), threading.Event()
+    outcome: list[object] = []
+
+    def count(conn: sqlite3.Connection) -> int:
+        inside.set()
+        closed.wait(30)
+        return int(conn.execute("SELECT count(*) FROM tasks").fetchone()[0])
+
+    def read_from_another_loop() -> None:
+        try:
+            outcome.append(asyncio.run(store._read(count)))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read_from_another_loop, daemon=True)
+    reader.start()
+    assert inside.wait(30), "the read never started"
+    asyncio.run(store.close())
+    closed.set()
+    reader.join(30)
+    assert len(outcome) == 1 and type(outcome[0]) is StoreError, outcome
+    assert "closed" in str(outcome[0])

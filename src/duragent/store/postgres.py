@@ -280,6 +280,8 @@ class PostgresStore(TxWrites):
                     return result, tx
             except psycopg_pool.PoolTimeout as exc:
                 raise StoreUnavailable(f"{self._where}: no connection available: {exc}") from exc
+            except psycopg_pool.PoolClosed as exc:  # a read from another thread met the close
+                raise StoreError(f"{self._where} is closed") from exc
             except psycopg.Error as exc:
                 lost = _connection_lost(exc)
                 if committing and lost:

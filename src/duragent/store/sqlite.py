@@ -447,6 +447,8 @@ class SQLiteStore(TxWrites):
         try:
             return fn(self._reader_conn)
         except sqlite3.Error as exc:
+            if self._closed:  # a read from another thread that met the close
+                raise StoreError(f"store {self.url} is closed") from exc
             raise _translate(exc) from exc
 
     # --- the protocol ---
