@@ -14,7 +14,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -778,6 +778,72 @@ def test_a_commit_from_another_loop_that_meets_the_close_is_refused_not_lost(
     other.join(60)
     assert len(outcome) == 1 and isinstance(outcome[0], StoreError), outcome
     assert "closed" in str(outcome[0])
+
+
+@contextlib.contextmanager
+def _writes_held(store: Store, task_id: str) -> Iterator[Callable[[], None]]:
+    """Another connection holds what a commit of the task writes (SQLite's
+    write lock, PostgreSQL's task row) until the `release` it yields is
+    called, or the block ends."""
+    if isinstance(store, PostgresStore):
+        with psycopg.connect(require_postgres(), autocommit=True) as pg:
+            _lock_row(pg, store, task_id)
+
+            def release_row() -> None:
+                pg.execute("ROLLBACK")  # a second one only warns: no transaction
+
+            yield release_row
+            release_row()
+        return
+    assert isinstance(store, SQLiteStore)
+    with contextlib.closing(sqlite3.connect(store.path, isolation_level=None)) as db:
+        db.execute("BEGIN IMMEDIATE")
+
+        def release_lock() -> None:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+
+        yield release_lock
+        release_lock()
+
+
+def _reopened(store: Store) -> Store:
+    if isinstance(store, PostgresStore):
+        return PostgresStore(require_postgres(), schema=store.namespace)
+    assert isinstance(store, SQLiteStore)
+    return SQLiteStore(store.path)
+
+
+def test_commits_asked_for_once_the_close_started_are_refused_and_earlier_ones_land(
+    store_of_its_own: Store,
+) -> None:
+    """`close()` lands the commits asked for before it, and refuses those asked
+    for once it started, on every store: a stream of commits cannot keep a
+    store from closing. Here the earlier commit is held by another
+    connection, so the close is still waiting for it when the later one
+    is asked for."""
+    store = store_of_its_own
+    task = asyncio.run(claimed(store))
+    fence = {task.id: 1}
+
+    async def close_between(release: Callable[[], None]) -> None:
+        before = store.commit_soon(Commit(entries=[progress(task.id, "before")], fence=fence))
+        closing = asyncio.ensure_future(store.close())
+        await asyncio.sleep(0)  # the close's first step ran: it has started
+        with pytest.raises(StoreError, match="closed"):
+            await store.commit(Commit(entries=[progress(task.id, "after")], fence=fence))
+        assert not closing.done()  # it waits for the earlier commit
+        release()
+        await asyncio.wait_for(before, 30)
+        await asyncio.wait_for(closing, 30)
+
+    with _writes_held(store, task.id) as release:
+        asyncio.run(close_between(release))
+    again = _reopened(store)
+    try:
+        assert asyncio.run(texts_of(again, task.id)) == ["before"]
+    finally:
+        asyncio.run(again.close())
 
 
 def _lock_row(blocker: psycopg.Connection[Any], store: PostgresStore, task_id: str) -> None:

@@ -162,14 +162,16 @@ class SQLiteStore(TxWrites):
     async def close(self) -> None:
         """Land the commits already asked for, then close the files. A close that
         was cancelled (a timeout around it) is finished by the next."""
+        # No new work from here on, as on PostgreSQL: a steady stream of commits
+        # from other loops cannot keep the store open. `_enqueue` checks it
+        # under the lock taken below, so a commit from another thread was
+        # queued before that (and lands) or is refused.
+        self._closed = True
         if self._shut:
             return
         while True:  # commits already asked for still land
             with self._lock:
                 if not self._pending and not self._flushing:
-                    # Under the lock `_enqueue` checks it with: a commit from
-                    # another thread is queued before this (and lands) or refused.
-                    self._closed = True
                     break
             self.rescue()
             await asyncio.sleep(0.001)
@@ -206,7 +208,7 @@ class SQLiteStore(TxWrites):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         with self._lock:
-            if self._closed:  # checked under the lock `close()` sets it with
+            if self._closed:  # under the lock `close()` waits for the queue with
                 raise StoreError(f"store {self.url} is closed")
             self._pending.append(_Job(fn, future, loop, link))
             start = not self._flushing
