@@ -187,6 +187,19 @@ def test_apply_patch_validates_values_not_of_their_field_type() -> None:
     assert task.iterations == 0  # the row it started from is unchanged
 
 
+def test_apply_patch_gives_the_same_row_for_a_usage_and_its_dict() -> None:
+    """The runner patches `usage` with a Usage, taken as it is; a dict (an older
+    caller's, or a user's) is validated into one: the row is the same."""
+    task = Task(agent="a", status=TaskStatus.RUNNING)
+    now = utcnow()
+    usage = Usage(input_tokens=3, output_tokens=4)
+    taken, _ = apply_patch(task, TaskPatch(task.id, {"usage": usage}), now)
+    validated, _ = apply_patch(task, TaskPatch(task.id, {"usage": usage.model_dump()}), now)
+    assert type(validated.usage) is Usage and type(taken.usage) is Usage
+    assert taken == validated and taken.model_dump_json() == validated.model_dump_json()
+    assert task.usage == Usage()  # the row it started from is unchanged
+
+
 # --- SQLite at FULL: batches on the writer thread ------------------------------------
 
 

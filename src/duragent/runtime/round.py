@@ -44,6 +44,7 @@ from duragent.types import (
     TaskStatus,
     ToolCallData,
     ToolMessage,
+    Usage,
     UserMessage,
 )
 
@@ -115,7 +116,7 @@ class RoundRunner(ControlledRunner):
             await self._stop(self.control or Control("pause"))
             return
         message = response.message()
-        usage = (self.task.usage + response.usage).model_dump()
+        usage = self.task.usage + response.usage
         tid = self.task.id
         if not response.tool_calls:
             await self._end_turn(r, message, response.text, usage)
@@ -143,7 +144,7 @@ class RoundRunner(ControlledRunner):
         await self.trace_point("intents", calls=[c.id for c in response.tool_calls])
         await self._run_calls(r, response.tool_calls, None)
 
-    async def _end_turn(self, r: int, message: ApiMessage, text: str, usage: Any) -> None:
+    async def _end_turn(self, r: int, message: ApiMessage, text: str, usage: Usage) -> None:
         """An answer without tool calls ends the turn: the task completes, unless
         messages wait in its inbox; then it goes on with them, seeing the answer."""
         final = api_entry(self.task.id, r, message)
@@ -214,7 +215,7 @@ class RoundRunner(ControlledRunner):
                     entries.insert(0, self._void_progress(r, "retry"))
                 # Tokens a failed attempt used are billed all the same: count them.
                 spent = self._attempt_usage
-                patch = {"usage": (self.task.usage + spent).model_dump()} if spent else None
+                patch = {"usage": self.task.usage + spent} if spent else None
                 await self.commit(entries, patch)
                 try:
                     async with self._interruptible():

@@ -33,6 +33,7 @@ from duragent.types import (
     Task,
     TaskStatus,
     UiMessage,
+    Usage,
     check_transition,
     updated,
 )
@@ -509,6 +510,7 @@ _FIELD_KINDS: dict[str, type] = {
     "control": dict,
     "output": object,
     "input": object,
+    "usage": Usage,
 }
 _NULLABLE = frozenset(
     {"status_reason", "error", "paused_at", "completed_at", "wake_at", "control", "output", "input"}
