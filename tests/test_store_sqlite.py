@@ -616,3 +616,31 @@ def test_a_read_from_another_thread_that_meets_the_close_is_told_the_store_close
     reader.join(30)
     assert len(outcome) == 1 and type(outcome[0]) is StoreError, outcome
     assert "closed" in str(outcome[0])
+
+
+async def test_a_view_payload_that_is_no_text_is_reported_as_corrupt(tmp_path: Path) -> None:
+    """A payload of the model's view changed by hand into a BLOB: the view is
+    refused with StoreCorrupt, with or without a rollback marker in the log
+    (two ways of reading it), and the entries still read."""
+    path = tmp_path / "b.db"
+    store = SQLiteStore(str(path))
+    try:
+        task, _ = await store.create_task(Task(agent="a"))
+        user = {"role": "user", "content": "hi"}
+        entry = NewEntry(task_id=task.id, kind=EntryKind.API_MESSAGE, payload=user)
+        await store.commit(Commit(entries=[entry, entry]))
+        assert await store.model_view_data(task.id) == [user, user]
+        with sqlite3.connect(path) as db:
+            db.execute(
+                "UPDATE entries SET payload = CAST(payload AS BLOB) WHERE eid & 0xffffffff = 2"
+            )
+        with pytest.raises(StoreCorrupt, match="no text"):
+            await store.model_view_data(task.id)
+        marker = {"scope": "api", "from_seq": 1, "to_seq": 1, "reason": "test"}
+        rollback = NewEntry(task_id=task.id, kind=EntryKind.ROLLBACK, payload=marker)
+        await store.commit(Commit(entries=[rollback]))
+        with pytest.raises(StoreCorrupt, match="no text"):
+            await store.model_view_data(task.id)
+        assert len(await store.entries(task.id)) == 3
+    finally:
+        await store.close()

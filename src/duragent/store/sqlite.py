@@ -745,23 +745,11 @@ class SQLiteStore(TxWrites):
         return remove
 
 
-# The payloads of a task's view as one JSON array text, in seq order. SQLite
-# guarantees the order with `group_concat(... ORDER BY ...)` from 3.44; before
-# that, an ORDER BY subquery feeding an aggregate is never flattened, so its
-# rows reach group_concat in order.
-# With it, whether any of them is a rollback marker: one pass over the rows
-# (a separate look for markers read every row of the task a second time).
-if sqlite3.sqlite_version_info >= (3, 44):
-    _JOINED_VIEW = (
-        "SELECT '[' || coalesce(group_concat(payload, ',' ORDER BY eid), '') || ']',"
-        f" max(kind = ?) FROM entry_rows WHERE {ENTRY_RANGE} AND kind IN ({{marks}})"
-    )
-else:
-    _JOINED_VIEW = (
-        "SELECT '[' || coalesce(group_concat(payload, ','), '') || ']', max(kind = ?) FROM"
-        f" (SELECT payload, kind FROM entry_rows WHERE {ENTRY_RANGE}"
-        " AND kind IN ({marks}) ORDER BY eid)"
-    )
+# The payloads of a task's view in seq order, a rollback marker's as NULL.
+_VIEW_PAYLOADS = (
+    "SELECT CASE WHEN kind = ? THEN NULL ELSE payload END FROM entry_rows"
+    f" WHERE {ENTRY_RANGE} AND kind IN ({{marks}}) ORDER BY eid"
+)
 
 
 def _task_filters(q: TaskQuery) -> tuple[list[str], list[Any]]:
@@ -789,19 +777,27 @@ def _view_text(conn: sqlite3.Connection, task_id: str) -> str:
     """The payloads of the task's model view as one JSON array text."""
     marks = ", ".join("?" * len(VIEW_KINDS))
     codes = [KIND_CODES[EntryKind(k)] for k in VIEW_KINDS]
-    # Let SQLite join the payloads into one JSON array, parsed in one call: with
-    # nothing voided (the common case; resume stays fast), that is the view.
     rollback = KIND_CODES[EntryKind.ROLLBACK]
     bounds = entry_range(task_id)
-    row = conn.execute(_JOINED_VIEW.format(marks=marks), (rollback, *bounds, *codes)).fetchone()
-    if not row[1]:
-        return str(row[0])
+    # With nothing voided (the common case; resume stays fast) the payloads
+    # joined are the view: read in one statement (one snapshot) and joined
+    # here, which takes two thirds of the time SQLite's group_concat takes.
+    # A rollback marker reads as NULL and stops the join.
+    rows = conn.execute(_VIEW_PAYLOADS.format(marks=marks), (rollback, *bounds, *codes))
+    payloads = [r[0] for r in rows]
+    with contextlib.suppress(TypeError):
+        return "[" + ",".join(payloads) + "]"
     sql = (
         f"SELECT seq, kind, payload FROM entry_rows WHERE {ENTRY_RANGE}"
         f" AND kind IN ({marks}) ORDER BY eid"
     )
     rows = conn.execute(sql, (*bounds, *codes))
-    return view_text((r[0], KINDS_BY_CODE[r[1]], r[2]) for r in rows)
+    try:
+        return view_text((r[0], KINDS_BY_CODE[r[1]], r[2]) for r in rows)
+    except TypeError as exc:  # not written by duragent, or a fork's source gone
+        raise StoreCorrupt(
+            f"a payload in the view of task {task_id} is missing or no text"
+        ) from exc
 
 
 def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
