@@ -257,6 +257,48 @@ async def test_sqlite_a_batch_writes_its_waiting_rows_before_a_statement_that_re
         await store.close()
 
 
+@pytest.mark.parametrize("durability", ["normal", "full"])
+async def test_sqlite_row_changed_by_another_connection_is_reread_not_overwritten(
+    tmp_path: Path, durability: Durability
+) -> None:
+    """The writer takes a task row from its cache, without reading it, only while
+    no other connection has committed to the file since (`PRAGMA data_version`)."""
+    a = SQLiteStore(str(tmp_path / "s.db"), durability=durability)
+    b = SQLiteStore(str(tmp_path / "s.db"), durability=durability)  # another writer
+    try:
+        task = await claimed(a)
+        await a.commit(Commit(entries=[progress(task.id, "1")], fence={task.id: 1}))  # a's copy
+        await b.commit(
+            Commit(
+                entries=[progress(task.id, "b")],
+                patches=[TaskPatch(task.id, {"control": {"action": "pause"}})],
+            )
+        )
+        renewed = await b.renew_lease(task.id, "w1", 1, 120)
+        result = await a.commit(
+            Commit(
+                entries=[progress(task.id, "2")],
+                patches=[TaskPatch(task.id, {"iterations": 1})],
+                fence={task.id: 1},
+            )
+        )
+        row = result.tasks[task.id]
+        assert row.control == {"action": "pause"}  # b's change survived a's write
+        assert row.lease.expires_at == renewed.lease.expires_at
+        assert row.iterations == 1
+        stored = await b.get_task(task.id)
+        assert stored.control == {"action": "pause"} and stored.iterations == 1
+        assert stored.last_seq == row.last_seq == 4  # the claim, "1", "b", "2": none lost
+        assert await texts_of(b, task.id) == ["1", "b", "2"]
+        # With nobody else writing, the next commits go on from a's own copy.
+        again = await a.commit(Commit(entries=[progress(task.id, "3")], fence={task.id: 1}))
+        assert again.entries[0].seq == 5
+        assert await texts_of(b, task.id) == ["1", "b", "2", "3"]
+    finally:
+        await a.close()
+        await b.close()
+
+
 # --- PostgreSQL: grouped, and rows written from this process's copy --------------------
 
 

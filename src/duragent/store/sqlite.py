@@ -145,6 +145,10 @@ class SQLiteStore(TxWrites):
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="duragent-sqlite-writer")
         self._rows = RowCache()
+        # The writer connection's `PRAGMA data_version` when its last batch ran:
+        # unchanged, no other connection (of any process) committed since, and
+        # every row in `_rows` is the file's row (see `_run_batch`).
+        self._data_version: int | None = None
         self._nums: dict[str, int] = {}  # task id -> its number in the entries table
         self._signal: ChangeSignal | None = None
         self._work_signal: ChangeSignal | None = None
@@ -354,15 +358,19 @@ class SQLiteStore(TxWrites):
             if self._wal_short:  # the write lock is held, and nothing written yet
                 self._wal_short = False
                 ready_wal(conn)
+            # The write lock is held: nobody commits until this batch does. If
+            # nobody did since the last batch, the cached rows need no stamp read.
+            version = conn.execute("PRAGMA data_version").fetchone()[0]
+            trusted, self._data_version = version == self._data_version, version
             if len(batch) == 1:
-                run = self._run_jobs(conn, batch, guard=False)
+                run = self._run_jobs(conn, batch, guard=False, trusted=trusted)
             else:
                 conn.execute("SAVEPOINT batch")
                 try:
-                    run = self._run_jobs(conn, batch, guard=None)
+                    run = self._run_jobs(conn, batch, guard=None, trusted=trusted)
                 except _Refused:
                     conn.execute("ROLLBACK TO batch")
-                    run = self._run_jobs(conn, batch, guard=True)
+                    run = self._run_jobs(conn, batch, guard=True, trusted=trusted)
                 conn.execute("RELEASE batch")
             outcomes, written, numbered, notes = run
             if conn.in_transaction:
@@ -382,11 +390,12 @@ class SQLiteStore(TxWrites):
         return outcomes, notes if any(ok for ok, _ in outcomes) else None
 
     def _run_jobs(
-        self, conn: sqlite3.Connection, batch: list[_Job], *, guard: bool | None
+        self, conn: sqlite3.Connection, batch: list[_Job], *, guard: bool | None, trusted: bool
     ) -> tuple[list[tuple[bool, Any]], dict[str, Task], dict[str, int], _BatchNotes]:
         """Run the jobs; `guard`: each in a savepoint (True), alone in the
         transaction (False), or unguarded, raising _Refused at a job's failure
-        (None) for the caller to undo the batch and run it guarded."""
+        (None) for the caller to undo the batch and run it guarded. `trusted`:
+        the cached rows are the file's (nobody else committed since they were)."""
         outcomes: list[tuple[bool, Any]] = []
         written: dict[str, Task] = {}
         numbered: dict[str, int] = {}
@@ -396,7 +405,7 @@ class SQLiteStore(TxWrites):
         for job in batch:
             if guard:
                 conn.execute("SAVEPOINT job")
-            tx = SqliteTx(conn, self._rows, self._nums, written, deferred)
+            tx = SqliteTx(conn, self._rows, self._nums, written, deferred, trusted=trusted)
             try:
                 outcomes.append((True, job.fn(tx)))
             except Exception as exc:  # the job's own failure: undo only this job
