@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import os
 import stat
 from collections.abc import Callable, Iterable
@@ -30,7 +31,7 @@ from typing import TypeVar
 from duragent.errors import UsageError
 from duragent.fetch import NetworkPolicy, fetch
 from duragent.runtime.tools import Tool, tool
-from duragent.store.open_files import is_store_inode, is_store_path
+from duragent.store.open_files import is_store_inode, is_store_path, store_files
 
 T = TypeVar("T")
 
@@ -152,8 +153,9 @@ def _write_text(target: Path, content: str) -> None:
 def _listing(target: Path) -> str:
     lines = []
     # A store's files are left out, as if they were not there.
-    entries = [e for e in sorted(target.iterdir(), key=lambda p: p.name) if not is_store_path(e)]
-    for entry in entries[:MAX_ENTRIES]:
+    held = store_files()
+    entries = (e for e in sorted(target.iterdir(), key=lambda p: p.name) if not held.cover(e))
+    for entry in itertools.islice(entries, MAX_ENTRIES):
         # Links are shown as links, never followed, and where they lead is not
         # said: it may be outside the root.
         info = entry.lstat()

@@ -78,8 +78,32 @@ def _inode(path: str, follow: bool = True) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
-def _protected() -> tuple[set[str], set[tuple[int, int]]]:
-    """Every held path (as held and resolved, case-folded) and the inodes that exist."""
+@dataclass(frozen=True)
+class StoreFiles:
+    """What the open stores hold, looked at once (a listing asks for each entry)."""
+
+    keys: frozenset[str]  # every held path, as held and resolved, case-folded
+    inodes: frozenset[tuple[int, int]]  # those that exist
+
+    def cover(self, path: str | os.PathLike[str]) -> bool:
+        """Whether `path` is, or is inside, one of them, however it is spelt."""
+        if not self.keys:
+            return False
+        given = os.path.abspath(path)
+        for spelling in dict.fromkeys((given, os.path.realpath(given))):
+            for p in _self_and_parents(spelling):
+                if _key(p) in self.keys:
+                    return True
+                # lstat for the path as given: a link *to* the store is caught by
+                # its resolved spelling; here only a hard link (the same inode) counts.
+                ino = _inode(p, follow=p != given)
+                if ino is not None and ino in self.inodes:
+                    return True
+        return False
+
+
+def store_files() -> StoreFiles:
+    """The files of every store this process has open, now."""
     with _lock:
         paths = [p for held in _held.values() for p in held]
     keys: set[str] = set()
@@ -89,7 +113,7 @@ def _protected() -> tuple[set[str], set[tuple[int, int]]]:
         keys.add(_key(os.path.realpath(p)))
         if (ino := _inode(p)) is not None:
             inodes.add(ino)
-    return keys, inodes
+    return StoreFiles(frozenset(keys), frozenset(inodes))
 
 
 def _self_and_parents(path: str) -> Iterator[str]:
@@ -103,28 +127,11 @@ def _self_and_parents(path: str) -> Iterator[str]:
 
 def is_store_path(path: str | os.PathLike[str]) -> bool:
     """Whether `path` is, or is inside, a file or directory of a store this process has open."""
-    with _lock:
-        if not _held:
-            return False
-    keys, inodes = _protected()
-    given = os.path.abspath(path)
-    for spelling in dict.fromkeys((given, os.path.realpath(given))):
-        for p in _self_and_parents(spelling):
-            if _key(p) in keys:
-                return True
-            # lstat for the path as given: a link *to* the store is caught by its
-            # resolved spelling; here only a hard link (the same inode) counts.
-            ino = _inode(p, follow=p != given)
-            if ino is not None and ino in inodes:
-                return True
-    return False
+    return store_files().cover(path)
 
 
 def is_store_inode(fd: int) -> bool:
     """Whether the open file `fd` is one of a store's (checked after opening: a
     link swapped in between the path's check and the open is caught here)."""
-    with _lock:
-        if not _held:
-            return False
     st = os.fstat(fd)
-    return (st.st_dev, st.st_ino) in _protected()[1]
+    return (st.st_dev, st.st_ino) in store_files().inodes
