@@ -161,3 +161,39 @@ def test_run_keeps_its_store_out_of_the_folder_its_tools_may_touch(
     assert task.status is TaskStatus.COMPLETED
     (listing,) = [e.payload["content"] for e in entries if e.kind is EntryKind.TOOL_RESULT]
     assert listing == "notes.txt  (5 bytes)"
+
+
+def test_run_with_its_store_in_the_workdir_cannot_overwrite_it(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """The reported case, as given: the store inside the root, every tool allowed."""
+    work = tmp_path / "project"
+    work.mkdir()
+    url = f"sqlite:///{work}/duragent.db"
+    server = serve(
+        [
+            [
+                ToolCall("list_dir", {"path": "."}),
+                ToolCall("write_file", {"path": "duragent.db", "content": "gone"}),
+                ToolCall("write_file", {"path": str(work / "duragent.db-wal"), "content": "x"}),
+            ],
+            "I could not.",
+        ]
+    )
+    env = env_for(tmp_path, **{KEY_ENV: SECRET})
+    args = ["run", "Wreck it", "--model", MODEL, "--base-url", server.base_url, "--yes"]
+    ((code, out, err),) = run_all(
+        [[*args, "--api-key-env", KEY_ENV, "--store", url, "--workdir", str(work)]], work, env
+    )
+    assert code == 0, out + err
+    task, entries = asyncio.run(stored(url, task_id_in(out)))  # opens: not destroyed
+    assert task.status is TaskStatus.COMPLETED and task.output == "I could not."
+    listing, *writes = sorted(
+        (e.payload for e in entries if e.kind is EntryKind.TOOL_RESULT),
+        key=lambda r: r["tool_call_id"],
+    )
+    assert listing["content"] == "(empty)"
+    for w in writes:
+        assert w["outcome"] == "error"
+        assert "is duragent's task store: no tool may read, write or list it" in w["content"]
+        assert str(work) not in w["content"]
