@@ -77,7 +77,9 @@ def require_store(url: str) -> None:
         return
     detail = ""
     parent = os.path.dirname(where)
-    if not os.path.isdir(parent):  # a mistyped path more often than a missing store
+    # A missing folder is a mistyped path more often than a missing store (the
+    # default store's folder is made with the store: nothing to say about it).
+    if not os.path.isdir(parent) and url != default_store_url():
         scheme = url.partition("://")[0].lower()
         detail = f" (directory does not exist: {parent}; {absolute_hint(scheme, url_path(url))})"
     raise NoStore(
