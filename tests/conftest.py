@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import functools
 import os
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -12,6 +13,11 @@ import pytest
 from duragent.store import Store, open_store
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+# A command without --store uses the user's store ($XDG_DATA_HOME/duragent): the
+# tests, and every CLI process they start, get a data directory of their own.
+os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="duragent-test-data-")
+os.environ.pop("DURAGENT_STORE", None)
 
 # name -> factory(tmp_path) -> an open store. Later backends add themselves here.
 StoreFactory = Callable[[Path], Awaitable[Store]]

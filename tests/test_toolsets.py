@@ -381,7 +381,9 @@ async def test_a_fifo_in_the_root_is_refused_not_waited_on(tmp_path: Path) -> No
         os.close(os.open(tmp_path / "pipe", os.O_RDWR | os.O_NONBLOCK))
 
 
-async def test_list_dir_shows_links_as_links_without_following_them(tmp_path: Path) -> None:
+async def test_list_dir_shows_links_as_links_without_saying_where_they_lead(
+    tmp_path: Path,
+) -> None:
     (tmp_path / "real.txt").write_text("12345")
     (tmp_path / "sub").mkdir()
     (tmp_path / "etc").symlink_to("/etc")
@@ -390,9 +392,51 @@ async def test_list_dir_shows_links_as_links_without_following_them(tmp_path: Pa
     (list_dir,) = [t for t in toolset("readonly", root=tmp_path) if t.name == "list_dir"]
     text = str(await list_dir.invoke({}, None))  # type: ignore[arg-type]
     assert text.splitlines() == [
-        "etc -> /etc",
-        "gone -> " + str(tmp_path / "nowhere"),
-        "passwd -> /etc/passwd",
+        "etc  (link)",
+        "gone  (link)",
+        "passwd  (link)",
         "real.txt  (5 bytes)",
         "sub/",
     ]
+    assert "/etc" not in text and str(tmp_path) not in text
+
+
+# --- what the tools answer names paths relative to the root only (issue 37, item 12) ----
+
+
+async def test_tool_errors_name_paths_relative_to_the_root_never_the_servers(
+    tmp_path: Path,
+) -> None:
+    work = tmp_path / "work"
+    (work / "dir").mkdir(parents=True)
+    (work / "file.txt").write_text("x")
+    (work / "gone").symlink_to(tmp_path / "elsewhere" / "nowhere")
+    calls = [
+        ToolCall("read_file", {"path": "missing.txt"}),
+        ToolCall("list_dir", {"path": "file.txt"}),
+        ToolCall("list_dir", {"path": "nodir"}),
+        ToolCall("write_file", {"path": "dir", "content": "x"}),
+        ToolCall("write_file", {"path": "file.txt/inner.txt", "content": "x"}),
+        ToolCall("read_file", {"path": str(work / "missing.txt")}),  # absolute, inside
+        ToolCall("read_file", {"path": "gone"}),
+        ToolCall("write_file", {"path": str(work / "new.txt"), "content": "hi"}),
+    ]
+    agent = Agent(
+        name="reader",
+        model=ScriptedModel([calls, "done"]),
+        tools=toolset("default", root=work, allow={"read", "write"}),
+        plan_tool=False,
+    )
+    out = await results(agent, tmp_path)
+    assert [r["outcome"] for r in out] == ["error"] * 7 + ["ok"]
+    said = [r["content"] for r in out]
+    assert "'missing.txt': No such file or directory" in said[0]
+    assert "'file.txt': Not a directory" in said[1]
+    assert "'nodir': No such file or directory" in said[2]
+    assert "'dir': Is a directory" in said[3]
+    assert "'missing.txt': No such file or directory" in said[5]
+    assert said[7] == "wrote 2 characters to new.txt"
+    assert (work / "new.txt").read_text() == "hi"
+    for text in said:
+        assert str(tmp_path) not in text, text  # neither the root nor where a link leads
+        assert "elsewhere" not in text, text

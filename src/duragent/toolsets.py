@@ -7,23 +7,33 @@ and which tools may run without asking the user first.
 
 File tools only touch paths inside the root: `..` is refused, and a path is
 resolved (symlinks included) before it is checked, so a link inside the root
-cannot lead out of it. Reading, listing and fetching are replay-safe; writing is
-never re-run after a crash. Each tool asks for approval unless its permission
-("read", "write", "http") is allowed for the run.
+cannot lead out of it. They never touch a store this process has open (its
+database, journals, wake-up directory, JSONL log and lock, on any spelling:
+see store/open_files.py): `list_dir` leaves those out and the others refuse.
+What they answer (results and errors alike, which API users read) names paths
+relative to the root only: never the server's absolute paths, nor where a link
+points. Reading, listing and fetching are replay-safe; writing is never re-run
+after a crash. Each tool asks for approval unless its permission ("read",
+"write", "http") is allowed for the run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path, PurePath
+from typing import TypeVar
 
 from duragent.errors import UsageError
 from duragent.fetch import NetworkPolicy, fetch
 from duragent.runtime.tools import Tool, tool
+from duragent.store.open_files import is_store_inode, is_store_path, store_files
+
+T = TypeVar("T")
 
 WORKDIR_KEY = "workdir"  # where `duragent run` records its root, for `duragent continue`
 MAX_CHARS = 20_000
@@ -51,13 +61,44 @@ def check_permissions(names: Iterable[str]) -> frozenset[str]:
 
 
 def inside(root: Path, path: str) -> Path:
-    """`path` (relative to `root`) resolved, if it stays inside `root` (already resolved)."""
+    """`path` (relative to `root`) resolved, if it stays inside `root` (already resolved)
+    and is none of an open store's files."""
     if ".." in PurePath(path).parts:
         raise PermissionError(f"{path!r} is outside the working directory: '..' is not allowed")
     target = (root / path).resolve()  # resolves symlinks before the check
     if not target.is_relative_to(root):
         raise PermissionError(f"{path!r} is outside the working directory")
+    if is_store_path(root / path) or is_store_path(target):
+        raise _store_refusal(_shown(root, path))
     return target
+
+
+def _store_refusal(path: str) -> PermissionError:
+    return PermissionError(f"{path!r} is duragent's task store: no tool may read, write or list it")
+
+
+def _shown(root: Path, path: str) -> str:
+    """`path` as the model may see it: relative to the root."""
+    if not os.path.isabs(path):
+        return path
+    return os.path.relpath(os.path.abspath(path), root)
+
+
+def _relative(root: Path, path: str, exc: OSError) -> OSError:
+    """`exc` naming `path` relative to the root: an OSError's text names the
+    absolute path it was raised for, and a tool's error reaches API users."""
+    if exc.errno is None:  # raised here, with its own message
+        return exc
+    return type(exc)(f"{_shown(root, path)!r}: {exc.strerror or os.strerror(exc.errno)}")
+
+
+async def _on_file(root: Path, path: str, act: Callable[[Path], T]) -> T:
+    """`act(target)` in a thread, for `path` checked by `inside`; OS errors name
+    `path` relative to the root."""
+    try:
+        return await asyncio.to_thread(act, inside(root, path))
+    except OSError as exc:
+        raise _relative(root, path, exc) from None
 
 
 def _clip(text: str, limit: int) -> str:
@@ -84,6 +125,8 @@ def _open_regular(target: Path, flags: int, mode: int = 0o644) -> int:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise refused
+        if is_store_inode(fd):  # a hard link made, or a file swapped in, since the check
+            raise _store_refusal(target.name)
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -109,11 +152,15 @@ def _write_text(target: Path, content: str) -> None:
 
 def _listing(target: Path) -> str:
     lines = []
-    for entry in sorted(target.iterdir(), key=lambda p: p.name)[:MAX_ENTRIES]:
-        # Links are shown, never followed: what they lead to may be outside the root.
+    # A store's files are left out, as if they were not there.
+    held = store_files()
+    entries = (e for e in sorted(target.iterdir(), key=lambda p: p.name) if not held.cover(e))
+    for entry in itertools.islice(entries, MAX_ENTRIES):
+        # Links are shown as links, never followed, and where they lead is not
+        # said: it may be outside the root.
         info = entry.lstat()
         if stat.S_ISLNK(info.st_mode):
-            lines.append(f"{entry.name} -> {os.readlink(entry)}")
+            lines.append(f"{entry.name}  (link)")
         elif stat.S_ISDIR(info.st_mode):
             lines.append(f"{entry.name}/")
         else:
@@ -131,7 +178,7 @@ def _build(name: str, root: Path, network: NetworkPolicy, ask: bool) -> Tool:
                 path: the file, relative to the working directory
                 max_chars: show at most this many characters
             """
-            return await asyncio.to_thread(_read_text, inside(root, path), max_chars)
+            return await _on_file(root, path, lambda target: _read_text(target, max_chars))
 
         return tool(name=name, replay="safe", requires_approval=ask)(read_file)
     if name == "list_dir":
@@ -139,12 +186,12 @@ def _build(name: str, root: Path, network: NetworkPolicy, ask: bool) -> Tool:
         async def list_dir(path: str = ".") -> str:
             """List a directory in the working directory: sub-directories end with '/'.
 
-            A link shows as `name -> target` and is not followed.
+            A link shows as `name  (link)` and is not followed.
 
             Args:
                 path: the directory, relative to the working directory
             """
-            return await asyncio.to_thread(_listing, inside(root, path))
+            return await _on_file(root, path, _listing)
 
         return tool(name=name, replay="safe", requires_approval=ask)(list_dir)
     if name == "write_file":
@@ -156,8 +203,8 @@ def _build(name: str, root: Path, network: NetworkPolicy, ask: bool) -> Tool:
                 path: the file, relative to the working directory
                 content: the whole new text of the file
             """
-            await asyncio.to_thread(_write_text, inside(root, path), content)
-            return f"wrote {len(content)} characters to {path}"
+            await _on_file(root, path, lambda target: _write_text(target, content))
+            return f"wrote {len(content)} characters to {_shown(root, path)}"
 
         return tool(name=name, requires_approval=ask)(write_file)
 

@@ -1,33 +1,106 @@
 """What every command shares: how an error reaches the terminal (one line, never a
 traceback; DURAGENT_DEBUG=1 brings back the library's logs with tracebacks), the
-`--store` option, the operator's runtime, ages like `30d`, help that shows flags
+`--store` option (else DURAGENT_STORE, else a store in the user's data directory;
+commands that only read or act on existing tasks never create one), the
+operator's runtime, ages like `30d`, help that shows flags
 as flags, and the path `--agents module:attr` is imported from.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from duragent.errors import DuragentError, MissingExtra
+from duragent.errors import DuragentError, MissingExtra, UsageError
 from duragent.runtime.runtime import Runtime
-from duragent.store import DEFAULT_URL
+from duragent.store.files import DIR_MODE, absolute_hint, missing_store, url_path
 from duragent.terminal import clean
 
 T = TypeVar("T")
 
 DEBUG_ENV = "DURAGENT_DEBUG"
-STORE = typer.Option(DEFAULT_URL, "--store", help="Store URL.")
+STORE_ENV = "DURAGENT_STORE"
+STORE_HOME = "duragent"  # the store's folder in the user's data directory
+
+
+def data_home() -> Path:
+    """Where a user's data lives: $XDG_DATA_HOME, else ~/.local/share (%LOCALAPPDATA%
+    on Windows), as the XDG Base Directory spec says."""
+    xdg = os.environ.get("XDG_DATA_HOME", "")
+    if os.path.isabs(xdg):  # the spec: a relative value is invalid, and ignored
+        return Path(xdg)
+    if sys.platform == "win32" and os.environ.get("LOCALAPPDATA"):
+        return Path(os.environ["LOCALAPPDATA"])
+    return Path.home() / ".local" / "share"
+
+
+def default_store_url() -> str:
+    """The CLI's store when neither --store nor DURAGENT_STORE names one: duragent.db in
+    the user's data directory, never in the folder a command runs in, which is the
+    root of `duragent run`'s file tools (and often a git checkout)."""
+    return f"sqlite:///{data_home() / STORE_HOME / 'duragent.db'}"
+
+
+def _store_or_default(value: str | None) -> str:
+    return value or default_store_url()
+
+
+STORE = typer.Option(
+    None,
+    "--store",
+    envvar=STORE_ENV,
+    show_envvar=True,
+    callback=_store_or_default,
+    show_default=f"$XDG_DATA_HOME/{STORE_HOME}/duragent.db",
+    help="Store URL: sqlite:///file.db, jsonl:///dir or postgresql://…; the flag wins "
+    f"over {STORE_ENV}.",
+)
+
+
+def require_store(url: str) -> None:
+    """Refuse, naming where it looked, unless the store `url` names exists: a command
+    that only reads or acts on existing tasks never creates a store."""
+    where = missing_store(url)
+    if where is None:
+        return
+    detail = ""
+    parent = os.path.dirname(where)
+    # A missing folder is a mistyped path more often than a missing store (the
+    # default store's folder is made with the store: nothing to say about it).
+    if not os.path.isdir(parent) and url != default_store_url():
+        scheme = url.partition("://")[0].lower()
+        detail = f" (directory does not exist: {parent}; {absolute_hint(scheme, url_path(url))})"
+    raise NoStore(
+        f"no store at {where}{detail}: this command never creates one; name yours with "
+        f"--store URL or {STORE_ENV}=URL"
+    )
+
+
+def prepare_store(url: str) -> None:
+    """Before a command that may create its store: the default store's folder (0700)."""
+    if url == default_store_url():
+        home = data_home() / STORE_HOME
+        try:
+            home.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                home.mkdir(DIR_MODE)
+        except OSError as exc:
+            raise UsageError(
+                f"cannot make the store's folder {home}: {exc.strerror or exc}; name "
+                f"another store with --store URL or {STORE_ENV}=URL"
+            ) from None
 
 
 class Commands(TyperGroup):
@@ -53,6 +126,10 @@ def _untype_flags(params: list[Any]) -> None:
     for param in params:
         if getattr(param, "is_flag", False) and getattr(param, "metavar", "") is None:
             param.metavar = ""
+
+
+class NoStore(UsageError):
+    """A command that never creates a store found none where it looked."""
 
 
 def exit_code(exc: BaseException) -> int:
@@ -99,8 +176,13 @@ def make_console() -> Console:
 
 
 @asynccontextmanager
-async def operator_runtime(url: str) -> AsyncIterator[Runtime]:
-    """A runtime without a worker: operator commands act on the store; workers run tasks."""
+async def operator_runtime(url: str, *, create: bool = False) -> AsyncIterator[Runtime]:
+    """A runtime without a worker: operator commands act on the store; workers run tasks.
+    Only with `create` (a command that records something new) is a missing store made."""
+    if create:
+        prepare_store(url)
+    else:
+        require_store(url)
     async with Runtime(url, run_worker=False) as rt:
         yield rt
 

@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from duragent.cli._common import STORE, fail, make_console, run_async
+from duragent.cli._common import STORE, fail, make_console, require_store, run_async
 from duragent.cli._format import clip, status_markup
 from duragent.errors import UsageError
 from duragent.payloads import WaitCheckpoint
@@ -50,6 +50,7 @@ async def _decide(
     every: bool,
     make: Any,
 ) -> tuple[Task, list[str]]:
+    require_store(store)
     async with Runtime(store, _agents(agents), run_worker=False) as rt:
         task = await rt.get(task_id)
         if every:
@@ -83,6 +84,7 @@ def approvals(
     """List a task's open approvals: the call, its tool and arguments, when it expires."""
 
     async def go() -> dict[str, WaitCheckpoint]:
+        require_store(store)
         async with Runtime(store, run_worker=False) as rt:
             return await _open_approvals(rt, await rt.get(task_id))
 

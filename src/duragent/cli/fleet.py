@@ -147,7 +147,7 @@ def queue_set(
     keep = parse_age(ttl).total_seconds() if ttl else None
 
     async def go() -> Queue:
-        async with operator_runtime(store) as rt:
+        async with operator_runtime(store, create=True) as rt:
             return await rt.queue(
                 name,
                 concurrency=concurrency,
@@ -226,7 +226,7 @@ def schedule_add(
         raise typer.BadParameter("--overlap is skip, queue or allow")
 
     async def go() -> Schedule:
-        async with operator_runtime(store) as rt:
+        async with operator_runtime(store, create=True) as rt:
             sched = new_schedule(
                 name,
                 agent,

@@ -28,7 +28,14 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from duragent.cli._common import STORE, parse_duration, run_async
+from duragent.cli._common import (
+    STORE,
+    default_store_url,
+    parse_duration,
+    prepare_store,
+    require_store,
+    run_async,
+)
 from duragent.cli._format import lease_left
 from duragent.errors import DuragentError, UsageError
 from duragent.fetch import NetworkPolicy
@@ -38,7 +45,6 @@ from duragent.runtime.agent import Agent
 from duragent.runtime.runtime import Runtime
 from duragent.runtime.waits import open_waits
 from duragent.runtime.worker import lease_alive
-from duragent.store import DEFAULT_URL
 from duragent.terminal import safe
 from duragent.toolsets import PERMISSIONS, WORKDIR_KEY, check_permissions, toolset
 from duragent.types import Entry, EntryKind, Task, TaskStatus
@@ -517,7 +523,7 @@ def _flags(model: str, base_url: str | None, api_key_env: str | None, store: str
         flags += ["--base-url", base_url]
     if api_key_env:
         flags += ["--api-key-env", api_key_env]
-    if store != DEFAULT_URL:
+    if store != default_store_url():
         flags += ["--store", store]
     return flags
 
@@ -561,6 +567,7 @@ def run_command(
     limit = None if deadline is None else parse_duration(deadline, "a deadline")
 
     async def go() -> int:
+        prepare_store(store)
         grants = Grants.from_options(workdir, allow, yes, allow_private_network)
         toolset(agent_tools, root=grants.root)  # an unknown name fails before anything starts
         chat = build_model(model, base_url, api_key_env)
@@ -612,6 +619,7 @@ def continue_command(
     """
 
     async def go() -> int:
+        require_store(store)
         async with Runtime(store, run_worker=False) as rt:
             task = await rt.get(task_id)
         if not task.agent.startswith(AGENT_PREFIX):

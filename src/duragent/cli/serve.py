@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from duragent.cli._common import fail
+from duragent.cli._common import STORE, fail, prepare_store
 from duragent.cli.worker import load_agents
 from duragent.errors import MissingExtra, UsageError
 
@@ -111,7 +111,7 @@ async def serve_forever(
 
 @app.command()
 def serve(
-    store: str = typer.Option("sqlite:///duragent.db", help="Store URL."),
+    store: str = STORE,
     agents: str | None = typer.Option(
         None, help="module:attr naming the agents (needed to start tasks and to run them)."
     ),
@@ -187,6 +187,7 @@ def serve(
         )
         if value is not None
     }
+    prepare_store(store)
     try:
         asyncio.run(
             serve_forever(

@@ -6,7 +6,7 @@ import os
 
 import typer
 
-from duragent.cli._common import fail
+from duragent.cli._common import STORE_ENV, fail
 from duragent.errors import DuragentError, UsageError
 
 app = typer.Typer()
@@ -35,7 +35,13 @@ def _lines(path: str) -> int:
 
 @app.command()
 def compact(
-    store: str = typer.Option(..., "--store", help="The JSONL store to compact: jsonl:///dir."),
+    store: str = typer.Option(
+        ...,
+        "--store",
+        envvar=STORE_ENV,
+        show_envvar=True,
+        help="The JSONL store to compact: jsonl:///dir.",
+    ),
 ) -> None:
     """Rewrite a JSONL store's log as its current state (no process may have it open).
 

@@ -20,6 +20,7 @@ from duragent.cli._common import (
     operator_runtime,
     parse_age,
     parse_duration,
+    prepare_store,
     run_async,
 )
 from duragent.cli._format import (
@@ -325,6 +326,7 @@ def migrate(store: str = STORE) -> None:
     """Open the store, bringing its schema to this duragent's version; report before/after."""
 
     async def go() -> tuple[int | None, int]:
+        prepare_store(store)  # migrating a store that is not there yet makes it
         s = open_store(store)  # file stores migrate on opening, servers on open()
         await s.open()
         try:

@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from duragent.cli._common import import_from_cwd, run_async
+from duragent.cli._common import STORE, import_from_cwd, prepare_store, run_async
 from duragent.runtime.agent import Agent
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ async def run_worker(
 
 @app.command()
 def worker(
-    store: str = typer.Option("sqlite:///duragent.db", help="Store URL."),
+    store: str = STORE,
     agents: str = typer.Option(..., help="module:attr naming the agents this worker runs."),
     concurrency: int = typer.Option(32, help="Tasks run at once."),
     lease_ttl: float = typer.Option(30.0, help="Seconds a lease lasts without renewal."),
@@ -110,6 +110,7 @@ def worker(
     """Claim and run tasks until SIGTERM (then stop at a safe point and hand them back)."""
     only = None if queues is None else parse_queues(queues)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    prepare_store(store)
     run_async(
         run_worker(
             store,

@@ -111,3 +111,21 @@ def create_private_file(path: str) -> bool:
         return False
     os.close(fd)
     return True
+
+
+def missing_store(url: str) -> str | None:
+    """Where the file store `url` names was looked for, if it is not there; None if
+    it is, or if the URL names no file (memory://, postgresql://: a server's
+    database is there or the connection says so)."""
+    scheme = url.partition("://")[0].lower()
+    if scheme == "sqlite":
+        path = url_path(url)
+        if not path or path == ":memory:" or path.startswith("file:"):
+            return None
+        return None if os.path.isfile(path) else os.path.abspath(path)
+    if scheme == "jsonl":
+        from duragent.store.jsonl import LOG_NAME
+
+        directory = jsonl_directory(url)
+        return None if os.path.isfile(os.path.join(directory, LOG_NAME)) else directory
+    return None

@@ -41,6 +41,7 @@ from duragent.errors import (
 from duragent.store.base import SCHEMA_VERSION
 from duragent.store.files import DIR_MODE, FILE_MODE, full_error, is_full, require_parent
 from duragent.store.memory import MemoryStore, _MemoryTx
+from duragent.store.open_files import hold
 from duragent.store.session_scopes import LEGACY_PREFIX, migrated_scope
 from duragent.types import Document, Entry, EntryKind, Task
 
@@ -192,21 +193,29 @@ class JSONLStore(MemoryStore):
         self._closed = False
         # The store is the directory: created here (0700), its parent never.
         require_parent(directory, "create it first (duragent creates the store, not its parents)")
+        # The whole directory, until close: no tool of ours touches it.
+        self._held = hold([directory])
         try:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(directory, DIR_MODE)
             self._lock_fd = _acquire_lock(directory)
         except OSError as exc:
+            self._held.release()
             raise _open_error(directory, exc) from None
+        except BaseException:
+            self._held.release()
+            raise
         self.migrated_from = SCHEMA_VERSION  # the schema version the log was written with
         try:
             self._size = self._replay()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         except OSError as exc:
             os.close(self._lock_fd)
+            self._held.release()
             raise _open_error(self.path, exc) from None
         except BaseException:
             os.close(self._lock_fd)
+            self._held.release()
             raise
         if self.migrated_from < SCHEMA_VERSION:
             self._migrate()
@@ -231,6 +240,7 @@ class JSONLStore(MemoryStore):
         self._closed = True
         os.close(self._fd)
         os.close(self._lock_fd)  # closing the descriptor releases the flock
+        self._held.release()
 
     async def __aenter__(self) -> JSONLStore:
         return self

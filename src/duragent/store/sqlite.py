@@ -52,6 +52,7 @@ from duragent.store.base import (
     view_data,
     view_text,
 )
+from duragent.store.open_files import hold, sqlite_paths
 from duragent.store.sqlite_schema import (
     ENTRY_RANGE,
     KIND_CODES,
@@ -130,8 +131,14 @@ class SQLiteStore(TxWrites):
         self.max_batch = max_batch
         self.batches = 0  # transactions the writer ran: commits / batches = group size
         self.jobs_done = 0
-        self._writer_conn = connect(path, durability)
-        self.migrated_from = migrate(self._writer_conn, path)
+        # From before the file exists until close: no tool of ours touches it.
+        self._held = hold(sqlite_paths(path))
+        try:
+            self._writer_conn = connect(path, durability)
+            self.migrated_from = migrate(self._writer_conn, path)
+        except BaseException:
+            self._held.release()
+            raise
         # Set per batch: 0 inline (the loop never waits for another process's
         # lock), 30 s on the writer thread (see _kick).
         self._busy_ms = -1
@@ -183,6 +190,7 @@ class SQLiteStore(TxWrites):
         self._wake.close()
         self._writer_conn.close()
         self._reader_conn.close()
+        self._held.release()
         self._shut = True
 
     async def __aenter__(self) -> SQLiteStore:
