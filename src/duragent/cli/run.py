@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from duragent.cli._common import STORE, parse_duration, run_async
-from duragent.cli._format import lease_left
+from duragent.cli._format import count, lease_left
 from duragent.errors import DuragentError, UsageError
 from duragent.fetch import NetworkPolicy
 from duragent.llm import ChatModel, resolve_model
@@ -465,7 +465,9 @@ class Session:
         tokens = f"{task.usage.input_tokens} in, {task.usage.output_tokens} out tokens"
         hint = _continue_hint(tid, self.flags)
         if task.status is TaskStatus.COMPLETED:
-            c.print(f"[green]✓ completed[/] task {tid} ({task.iterations} rounds; {tokens})")
+            c.print(
+                f"[green]✓ completed[/] task {tid} ({count(task.iterations, 'round')}; {tokens})"
+            )
             return 0
         if task.status is TaskStatus.PAUSED:
             c.print(f"[yellow]⏸ paused[/] task {tid} ({tokens})")
