@@ -18,11 +18,16 @@ pin can be trusted.
 from __future__ import annotations
 
 import json
+import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from duragent.runtime.agent import Agent
     from duragent.types import Task
+
+
+# Where the provider SDKs send requests when no base_url is given.
+_ENV_URL = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE_URL"}
 
 
 def base_url_of(agent: Agent) -> str | None:
@@ -31,6 +36,9 @@ def base_url_of(agent: Agent) -> str | None:
         url = agent.model_options.get("base_url")
     else:
         url = getattr(agent.model, "base_url", None)
+    if url is None:  # the SDK reads its variable then: the pin says where that leads
+        env = _ENV_URL.get(agent.model_name.partition(":")[0])
+        url = (os.environ.get(env) or None) if env else None
     return None if url is None else str(url)
 
 
