@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from duragent.cli.run import Grants, Options
 from duragent.store import open_store
 from duragent.store.base import Commit, TaskPatch
 from duragent.toolsets import WORKDIR_KEY
-from duragent.types import EntryKind, TaskStatus
+from duragent.types import EntryKind, Task, TaskStatus
 from support.cli_run import (
     KEY_ENV,
     MODEL,
@@ -480,3 +481,55 @@ async def test_http_get_reaches_a_local_server_only_with_the_flag(
     else:
         assert result["outcome"] == "error" and "the local secret" not in str(entries)
         assert "loopback" in result["content"] and "--allow-private-network" in result["content"]
+
+
+# --- what `continue` takes from the task's pin ----------------------------------------------
+
+
+def pinned_task(tmp_path: Path, reach: list[dict[str, object]]) -> Task:
+    config = {"request": {"model": MODEL, "base_url": "http://127.0.0.1:9/v1"}, "tools": reach}
+    return Task(agent="run-default-x", input="x", config=config)
+
+
+def flags(**given: object) -> Options:
+    options: dict[str, object] = {
+        "base_url": None,
+        "workdir": None,
+        "allow": "",
+        "yes": False,
+        "private_network": False,
+    }
+    return Options(**{**options, **given})  # type: ignore[arg-type]
+
+
+def test_continue_takes_every_flag_not_given_from_the_pin(tmp_path: Path) -> None:
+    reach = [{"workdir": str(tmp_path), "allow": ["read", "write"], "private_network": True}]
+    url, grants, clashes = flags().against(pinned_task(tmp_path, reach))
+    assert url == "http://127.0.0.1:9/v1" and clashes == []
+    assert grants == Grants(tmp_path, frozenset({"read", "write"}), True)
+    # The same values given again are no contradiction.
+    same = flags(base_url=url, workdir=tmp_path, allow="write,read", private_network=True)
+    assert same.against(pinned_task(tmp_path, reach))[2] == []
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"base_url": "http://127.0.0.1:10/v1"}, "--base-url"),
+        ({"allow": "read"}, "--allow read"),
+        ({"yes": True}, "--yes"),
+        ({"private_network": True}, "--allow-private-network"),
+        ({"workdir": Path("/")}, "--workdir"),
+    ],
+)
+def test_a_flag_that_contradicts_the_pin_is_named(
+    tmp_path: Path, given: dict[str, object], named: str
+) -> None:
+    reach = [{"workdir": str(tmp_path), "allow": ["read", "write"], "private_network": False}]
+    _, _, clashes = flags(**given).against(pinned_task(tmp_path, reach))
+    assert len(clashes) == 1 and clashes[0].startswith(named), clashes
+
+
+def test_a_task_without_tools_still_pins_its_base_url(tmp_path: Path) -> None:
+    _, _, clashes = flags(base_url="http://127.0.0.1:10/v1").against(pinned_task(tmp_path, []))
+    assert clashes == ["--base-url http://127.0.0.1:10/v1 (pinned: http://127.0.0.1:9/v1)"]

@@ -148,7 +148,8 @@ class Options:
                     f"task {task.id} was started in {recorded!r}, not in this directory; "
                     "continue it with --workdir DIR, naming the directory its file tools may use"
                 )
-            return url, Grants.from_options(root, self.allow, self.yes, self.private_network), []
+            grants = Grants.from_options(root, self.allow, self.yes, self.private_network)
+            return url, grants, clashes
         pinned_root = Path(str(pin.get("workdir")))
         root = pinned_root if self.workdir is None else self.workdir.resolve()
         if self.workdir is not None and root != pinned_root:
