@@ -59,6 +59,8 @@ def assert_told_right(out: str, crash: bool) -> None:
     assert " ".join(FINAL.split()) in flat  # the final answer, whole
     assert "interrupted" not in flat
     assert ("SIGKILL" in flat) is crash
+    # book_hotel's result is committed before get_weather's, crash or not.
+    assert flat.index("result call_1_0 [ok]: Booked") < flat.index("result call_1_1 [ok]: Lisbon")
     if crash:
         assert "kills it with SIGKILL in round 2, while get_weather runs" in flat
         assert "12 entries committed before it" in flat

@@ -89,10 +89,12 @@ def build_agent(ledger: str, hold: bool, kill_point: KillPoint | None = None) ->
     @tool(replay="safe")
     async def get_weather(city: str, ctx: ToolContext) -> str:
         """Get the weather forecast for a city (slow)."""
-        if hold and ctx.attempt == 1:
+        if ctx.attempt == 1:  # a re-run after the crash finds the booking committed
+            # The same order every run, crash or not: book_hotel's result first.
             await at.booked.wait()
-            print(KILL_MARK, flush=True)  # the demo kills the process here
-            await asyncio.sleep(3600)
+            if hold:
+                print(KILL_MARK, flush=True)  # the demo kills the process here
+                await asyncio.sleep(3600)
         await asyncio.sleep(0.3)
         return f"{city}: sunny, 24°C"
 
