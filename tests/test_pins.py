@@ -16,6 +16,7 @@ import pytest
 from duragent import Agent, Runtime
 from duragent.errors import UsageError
 from duragent.llm.openai import OpenAIChat
+from duragent.runtime.worker import lease_alive
 from duragent.store import open_store
 from duragent.toolsets import toolset
 from duragent.types import Task, TaskStatus
@@ -128,6 +129,31 @@ async def test_the_sdks_base_url_variable_is_pinned_too(
             task = await rt.wait(task_id, timeout=30, until=is_blocked)
         assert task.status_reason == "pinned"
         assert "the provider's public endpoint" in (task.error or "")
+
+
+@pytest.mark.slow  # waits out a dead worker's lease (10 s)
+async def test_repin_waits_until_no_live_worker_holds_the_task(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path}/pins.db"
+    with ScriptedOpenAIServer(["from A"]) as a, ScriptedOpenAIServer(["from B"]) as b:
+        a.stall_next(after=0)
+        dead = Runtime(store, agents=[agent_at(a.base_url)], lease_ttl=10.0, poll_interval=0.05)
+        await dead.__aenter__()
+        task_id = (await dead.submit("pinned", "hello")).task_id
+        await asyncio.to_thread(a.wait_stalled)
+        await dead.close(graceful=False)  # as if killed: its lease still holds the task
+        a.release()
+        async with Runtime(store, agents=[agent_at(b.base_url)], run_worker=False) as rt:
+            assert lease_alive(await rt.get(task_id))
+            with pytest.raises(UsageError, match="live worker"):
+                await rt.repin(task_id)
+            await rt.wait(task_id, timeout=30, until=lambda t: not lease_alive(t))
+            task = await rt.repin(task_id)  # running, its worker gone
+        assert task.status is TaskStatus.RUNNING
+        async with Runtime(store, agents=[agent_at(b.base_url)], poll_interval=0.05) as rt:
+            await rt.resume()
+            task = await rt.wait(task_id, timeout=30)
+        assert task.status is TaskStatus.COMPLETED and task.output == "from B"
+        assert len(a.requests) == 1 and len(b.requests) == 1
 
 
 async def test_repin_refuses_an_ended_task(tmp_path: Path) -> None:
