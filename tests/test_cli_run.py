@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from duragent.types import EntryKind, TaskStatus
+from duragent.cli.run import Grants, Options
+from duragent.store import open_store
+from duragent.store.base import Commit, TaskPatch
+from duragent.toolsets import WORKDIR_KEY
+from duragent.types import EntryKind, Task, TaskStatus
 from support.cli_run import (
     KEY_ENV,
     MODEL,
@@ -322,36 +326,93 @@ async def test_with_no_one_to_answer_the_task_waits_for_continue(
 
 
 @pytest.mark.slow
-async def test_continue_never_takes_its_directory_from_the_task(
+async def test_continue_takes_its_directory_from_the_pin_never_from_the_context(
     serve: Serve, workdir: Path, tmp_path: Path
 ) -> None:
-    """A task's context is written by API clients: `continue` roots the tools where it runs."""
+    """API clients write a task's context; its pin (config) only the runtime writes."""
     call = ToolCall("write_file", {"path": "later.txt", "content": "approved later"})
     server = serve([[call], "Written."])
     store = f"sqlite:///{tmp_path}/cli.db"
     code, out, err = Cli(*run_args(server, store, workdir, "Write later.txt")).finish()
     assert code == 0, out + err
     task_id = task_id_in(out)
-    hint = continue_hint(out)
-    assert hint[hint.index("--workdir") + 1] == str(workdir)  # the hint names it
-
-    # Elsewhere, without --workdir: refused, nothing runs.
-    at = hint.index("--workdir")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    code, out, err = Cli(*hint[:at], *hint[at + 2 :], cwd=elsewhere).finish()
-    assert code == 1, out + err
-    assert f"was started in {str(workdir)!r}" in err and "--workdir" in err
-    task, _ = await stored(store, task_id)
-    assert task.status is TaskStatus.WAITING
+    s = open_store(store)
+    try:  # what an API client could do: name another directory in the context
+        task = await s.get_task(task_id)
+        await s.commit(
+            Commit(patches=[TaskPatch(task_id, {"context": {WORKDIR_KEY: str(elsewhere)}})])
+        )
+    finally:
+        await s.close()
 
-    # Run from the task's own directory, no flag is needed.
-    cli = Cli(*hint[:at], *hint[at + 2 :], stdin=subprocess.PIPE, cwd=workdir)
+    # From another directory, with no flag but the id: the pinned workdir is used.
+    cli = Cli("continue", task_id, "--store", store, stdin=subprocess.PIPE, cwd=elsewhere)
     cli.wait_for("[y/N/e to edit the arguments] ")
     cli.send("yes\n")
     code, out, err = cli.finish()
     assert code == 0, out + err
     assert (workdir / "later.txt").read_text() == "approved later"
+    assert list(elsewhere.iterdir()) == []
+    assert task.config["tools"][0]["workdir"] == str(workdir)
+
+
+@pytest.mark.slow  # waits out the killed process's lease (15 s)
+async def test_continue_after_sigkill_sends_to_the_pinned_base_url(
+    serve: Serve, workdir: Path, tmp_path: Path
+) -> None:
+    pinned = serve([[ToolCall("write_file", {"path": "a.txt", "content": "x"})], "unused"])
+    other = serve(["unused", "Finished at the other server."])
+    pinned.stall_next(after=0)
+    store = f"sqlite:///{tmp_path}/cli.db"
+    cli = Cli(*run_args(pinned, store, workdir, "Write a.txt"))
+    task_id = task_id_in(cli.wait_for("task t_"))
+    pinned.wait_stalled()
+    cli.proc.kill()  # SIGKILL mid-request
+    cli.finish()
+    task, _ = await stored(store, task_id)
+    assert task.config["request"]["base_url"] == pinned.base_url
+    assert task.config["tools"] == [
+        {"workdir": str(workdir), "allow": ["read"], "private_network": False}
+    ]
+    assert SECRET.encode() not in store_bytes(tmp_path)  # never a secret
+
+    # A flag that contradicts the pin: refused in one line, nothing sent anywhere.
+    for flag in (["--base-url", other.base_url], ["--workdir", str(tmp_path)], ["--yes"]):
+        code, out, err = Cli("continue", task_id, "--store", store, *flag).finish()
+        assert code == 1, out + err
+        assert len(err.strip().splitlines()) == 1, err
+        assert "--force" in err and flag[0] in err, err
+    assert len(pinned.requests) == 1 and other.requests == []
+
+    # No flags at all (no --base-url, no key variable): the pinned server is asked.
+    code, out, err = Cli("continue", task_id, "--store", store, cwd=tmp_path).finish()
+    assert code == 0, out + err
+    assert "took the task over" in out and "waits for your answer" in out, out
+    assert len(pinned.requests) == 2 and other.requests == []
+
+    # --force: the contradicting URL is used, and the task is pinned to it.
+    cli = Cli(
+        "continue",
+        task_id,
+        "--store",
+        store,
+        "--base-url",
+        other.base_url,
+        "--force",
+        stdin=subprocess.PIPE,
+    )
+    cli.wait_for("[y/N/e to edit the arguments] ")
+    cli.send("yes\n")
+    code, out, err = cli.finish()
+    assert code == 0, out + err
+    assert "Finished at the other server." in out and "re-pinned" in out
+    assert len(pinned.requests) == 2 and len(other.requests) == 1
+    task, _ = await stored(store, task_id)
+    assert task.status is TaskStatus.COMPLETED
+    assert task.config["request"]["base_url"] == other.base_url
+    assert (workdir / "a.txt").read_text() == "x"
 
 
 @pytest.mark.slow
@@ -420,3 +481,55 @@ async def test_http_get_reaches_a_local_server_only_with_the_flag(
     else:
         assert result["outcome"] == "error" and "the local secret" not in str(entries)
         assert "loopback" in result["content"] and "--allow-private-network" in result["content"]
+
+
+# --- what `continue` takes from the task's pin ----------------------------------------------
+
+
+def pinned_task(tmp_path: Path, reach: list[dict[str, object]]) -> Task:
+    config = {"request": {"model": MODEL, "base_url": "http://127.0.0.1:9/v1"}, "tools": reach}
+    return Task(agent="run-default-x", input="x", config=config)
+
+
+def flags(**given: object) -> Options:
+    options: dict[str, object] = {
+        "base_url": None,
+        "workdir": None,
+        "allow": "",
+        "yes": False,
+        "private_network": False,
+    }
+    return Options(**{**options, **given})  # type: ignore[arg-type]
+
+
+def test_continue_takes_every_flag_not_given_from_the_pin(tmp_path: Path) -> None:
+    reach = [{"workdir": str(tmp_path), "allow": ["read", "write"], "private_network": True}]
+    url, grants, clashes = flags().against(pinned_task(tmp_path, reach))
+    assert url == "http://127.0.0.1:9/v1" and clashes == []
+    assert grants == Grants(tmp_path, frozenset({"read", "write"}), True)
+    # The same values given again are no contradiction.
+    same = flags(base_url=url, workdir=tmp_path, allow="write,read", private_network=True)
+    assert same.against(pinned_task(tmp_path, reach))[2] == []
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"base_url": "http://127.0.0.1:10/v1"}, "--base-url"),
+        ({"allow": "read"}, "--allow read"),
+        ({"yes": True}, "--yes"),
+        ({"private_network": True}, "--allow-private-network"),
+        ({"workdir": Path("/")}, "--workdir"),
+    ],
+)
+def test_a_flag_that_contradicts_the_pin_is_named(
+    tmp_path: Path, given: dict[str, object], named: str
+) -> None:
+    reach = [{"workdir": str(tmp_path), "allow": ["read", "write"], "private_network": False}]
+    _, _, clashes = flags(**given).against(pinned_task(tmp_path, reach))
+    assert len(clashes) == 1 and clashes[0].startswith(named), clashes
+
+
+def test_a_task_without_tools_still_pins_its_base_url(tmp_path: Path) -> None:
+    _, _, clashes = flags(base_url="http://127.0.0.1:10/v1").against(pinned_task(tmp_path, []))
+    assert clashes == ["--base-url http://127.0.0.1:10/v1 (pinned: http://127.0.0.1:9/v1)"]

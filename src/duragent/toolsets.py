@@ -1,9 +1,10 @@
 """Small built-in toolsets, for `duragent run` and for agents that want them.
 
 Everything that bounds these tools is fixed when the toolset is built, by
-whoever runs the worker, and never read from a task: the file tools' root
-directory (a task's `context` is written by API clients), the network policy,
-and which tools may run without asking the user first.
+whoever runs the worker, and never read from a task's `context` (API clients
+write it): the file tools' root directory, the network policy, and which tools
+may run without asking the user first. Each task records them as its pin
+(runtime/pins.py); a worker whose toolset differs does not run it.
 
 File tools only touch paths inside the root: `..` is refused, and a path is
 resolved (symlinks included) before it is checked, so a link inside the root
@@ -35,7 +36,7 @@ from duragent.store.open_files import is_store_inode, is_store_path, store_files
 
 T = TypeVar("T")
 
-WORKDIR_KEY = "workdir"  # where `duragent run` records its root, for `duragent continue`
+WORKDIR_KEY = "workdir"  # `duragent run` also names its root in the context, for people
 MAX_CHARS = 20_000
 MOST_CHARS = 200_000  # whatever a model asks for, a file is read (a page kept) no further
 MAX_ENTRIES = 500
@@ -252,4 +253,13 @@ def toolset(
     if names and not base.is_dir():
         raise UsageError(f"the file tools' root {str(base)!r} is not a directory")
     policy = network or NetworkPolicy()
-    return [_build(n, base, policy, _PERMISSION[n] not in allowed) for n in names]
+    # Pinned on every task of an agent with these tools (runtime/pins.py).
+    reach = {
+        "workdir": str(base),
+        "allow": sorted(allowed),
+        "private_network": policy.allow_private,
+    }
+    tools = [_build(n, base, policy, _PERMISSION[n] not in allowed) for n in names]
+    for t in tools:
+        t.reach = reach
+    return tools

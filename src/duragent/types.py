@@ -56,6 +56,7 @@ class BlockReason(StrEnum):
     RESTART_LIMIT = "restart_limit"
     MISSING_DEFINITION = "missing_definition"
     INCOMPATIBLE_STORE = "incompatible_store"
+    PINNED = "pinned"  # the worker's agent would break the task's pin (runtime/pins.py)
 
 
 _S = TaskStatus

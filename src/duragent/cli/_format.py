@@ -39,6 +39,11 @@ STATUS_STYLE = {
 }
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 round`, `3 rounds`: a number and its noun, in the right number."""
+    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
+
+
 def when(dt: datetime | None) -> str:
     return "" if dt is None else dt.strftime("%Y-%m-%d %H:%M:%S")
 

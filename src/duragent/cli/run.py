@@ -36,18 +36,19 @@ from duragent.cli._common import (
     require_store,
     run_async,
 )
-from duragent.cli._format import lease_left
+from duragent.cli._format import count, lease_left
 from duragent.errors import DuragentError, UsageError
 from duragent.fetch import NetworkPolicy
 from duragent.llm import ChatModel, resolve_model
 from duragent.payloads import api_of, progress_of, result_of, rollback_of, status_of
 from duragent.runtime.agent import Agent
+from duragent.runtime.pins import pinned_base_url, pinned_reach
 from duragent.runtime.runtime import Runtime
 from duragent.runtime.waits import open_waits
 from duragent.runtime.worker import lease_alive
 from duragent.terminal import safe
 from duragent.toolsets import PERMISSIONS, WORKDIR_KEY, check_permissions, toolset
-from duragent.types import Entry, EntryKind, Task, TaskStatus
+from duragent.types import Entry, EntryKind, Task, TaskStatus, utcnow
 
 app = typer.Typer()
 
@@ -121,6 +122,59 @@ class Grants:
         out = ["--workdir", str(self.root)]
         out += ["--allow", ",".join(sorted(self.allow))] if self.allow else []
         return out + (["--allow-private-network"] if self.private_network else [])
+
+
+@dataclass(frozen=True)
+class Options:
+    """What `duragent continue` was given on the command line (None: not given)."""
+
+    base_url: str | None
+    workdir: Path | None
+    allow: str
+    yes: bool
+    private_network: bool
+
+    def against(self, task: Task) -> tuple[str | None, Grants, list[str]]:
+        """The provider URL and grants to continue `task` with, and the flags that
+        contradict what it is pinned to (runtime/pins.py). A flag not given takes
+        the pinned value; a task from before pins falls back to the current
+        directory, as it did."""
+        clashes: list[str] = []
+        has_url, pinned_url = pinned_base_url(task)
+        url = self.base_url if self.base_url is not None else pinned_url
+        if has_url and self.base_url is not None and self.base_url != pinned_url:
+            clashes.append(f"--base-url {self.base_url} (pinned: {pinned_url or 'none'})")
+        reach = pinned_reach(task)
+        pin = reach[0] if reach else None
+        if pin is None:
+            root = (self.workdir or Path.cwd()).resolve()
+            recorded = str(task.context.get(WORKDIR_KEY) or "")
+            if reach is None and self.workdir is None and recorded and recorded != str(root):
+                raise UsageError(
+                    f"task {task.id} was started in {recorded!r}, not in this directory; "
+                    "continue it with --workdir DIR, naming the directory its file tools may use"
+                )
+            grants = Grants.from_options(root, self.allow, self.yes, self.private_network)
+            return url, grants, clashes
+        pinned_root = Path(str(pin.get("workdir")))
+        root = pinned_root if self.workdir is None else self.workdir.resolve()
+        if self.workdir is not None and root != pinned_root:
+            clashes.append(f"--workdir {root} (pinned: {pinned_root})")
+        elif not root.is_dir():
+            raise UsageError(
+                f"task {task.id}'s workdir {str(root)!r} is gone; pass --workdir DIR --force "
+                "to give its file tools another one"
+            )
+        pinned_allow = frozenset(pin.get("allow") or ())
+        allow = check_permissions(self.allow.split(","))
+        granted = frozenset(PERMISSIONS) if self.yes else allow if self.allow else pinned_allow
+        if (self.yes or self.allow) and granted != pinned_allow:
+            given = "--yes" if self.yes else f"--allow {','.join(sorted(granted))}"
+            clashes.append(f"{given} (pinned: {','.join(sorted(pinned_allow)) or 'none'})")
+        private = bool(pin.get("private_network")) or self.private_network
+        if private != bool(pin.get("private_network")):
+            clashes.append("--allow-private-network (pinned: public addresses only)")
+        return url, Grants(root, granted, private), clashes
 
 
 def run_agent(name: str, model: ChatModel, max_iterations: int, grants: Grants) -> Agent:
@@ -418,7 +472,9 @@ class Session:
         tokens = f"{task.usage.input_tokens} in, {task.usage.output_tokens} out tokens"
         hint = _continue_hint(tid, self.flags)
         if task.status is TaskStatus.COMPLETED:
-            c.print(f"[green]✓ completed[/] task {tid} ({task.iterations} rounds; {tokens})")
+            c.print(
+                f"[green]✓ completed[/] task {tid} ({count(task.iterations, 'round')}; {tokens})"
+            )
             return 0
         if task.status is TaskStatus.PAUSED:
             c.print(f"[yellow]⏸ paused[/] task {tid} ({tokens})")
@@ -450,6 +506,7 @@ async def _drive(
     request_id: str | None,
     max_iterations: int,
     deadline: timedelta | None = None,
+    repin: bool = False,
 ) -> int:
     # Soft wrap: a pipe gets whole lines (a hint to copy must not be cut in two).
     console = Console(highlight=False, soft_wrap=True)
@@ -478,6 +535,8 @@ async def _drive(
                     session.interrupts = n
                     session.act()
             else:
+                if repin:
+                    await _repin(rt, existing, console)
                 after = await _restart(rt, existing, console)
             task = await session.follow(after)
             return session.summary(task)
@@ -507,6 +566,24 @@ async def _restart(rt: Runtime, task_id: str, console: Console) -> int:
     else:  # pending, waiting, or running with its worker gone
         await rt.resume()
     return task.last_seq
+
+
+async def _repin(rt: Runtime, task_id: str, console: Console) -> None:
+    """Pin the task to this run's flags (`--force`), once no live worker holds it."""
+    task = await rt.get(task_id)
+    if task.status is TaskStatus.RUNNING and lease_alive(task):
+        console.print(
+            f"[yellow]• waiting for the previous owner's lease, {escape(lease_left(task))}, "
+            "before re-pinning the task[/]"
+        )
+        while task.status is TaskStatus.RUNNING and lease_alive(task):
+            assert task.lease.expires_at is not None
+            left = (task.lease.expires_at - utcnow()).total_seconds()
+            await asyncio.sleep(max(0.05, min(left, 1.0)))
+            task = await rt.get(task_id)
+    if not task.status.terminal:
+        await rt.repin(task_id)
+        console.print(f"task {task_id} is re-pinned to the flags given (--force)")
 
 
 def _go(make: Coroutine[Any, Any, int]) -> None:
@@ -606,16 +683,24 @@ def continue_command(
         "--workdir",
         exists=True,
         file_okay=False,
-        help="The only directory the file tools may touch (default: the current directory).",
+        help="The only directory the file tools may touch (default: the task's own).",
     ),
     allow: str = ALLOW,
     yes: bool = YES,
     allow_private_network: bool = ALLOW_PRIVATE,
     max_iterations: int = typer.Option(25, min=1, help="Rounds before the task fails."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Use --base-url, --workdir or permissions that differ from the task's "
+        "pinned ones, and re-pin the task to them.",
+    ),
 ) -> None:
     """Continue a task started by `duragent run` (paused, crashed or waiting), streaming it.
 
-    Exit code as for `run`.
+    The task goes on where it was pinned when it started: its provider URL
+    (--base-url), its workdir and its permissions. A flag that differs is
+    refused unless --force is given. Exit code as for `run`.
     """
 
     async def go() -> int:
@@ -634,26 +719,25 @@ def continue_command(
                 f"task {task_id} was started with --model {pinned}; its requests are pinned "
                 "to that model, so continue it with the same one"
             )
-        chat = build_model(spec, base_url, api_key_env)
-        # The tools' root is never read from the task: API clients can write its
-        # context. The recorded directory only tells a user who is in another one.
-        root = (workdir or Path.cwd()).resolve()
-        recorded = str(task.context.get(WORKDIR_KEY) or "")
-        if workdir is None and recorded and recorded != str(root):
+        options = Options(base_url, workdir, allow, yes, allow_private_network)
+        url, grants, clashes = options.against(task)
+        if clashes and not force:
             raise UsageError(
-                f"task {task_id} was started in {recorded!r}, not in this directory; "
-                "continue it with --workdir DIR, naming the directory its file tools may use"
+                f"task {task_id} was started with other settings: {'; '.join(clashes)}. "
+                "Leave the flag out to use the task's own, or add --force to re-pin the "
+                "task to the flags given"
             )
-        grants = Grants.from_options(root, allow, yes, allow_private_network)
+        chat = build_model(spec, url, api_key_env)
         return await _drive(
             store,
             chat,
-            _flags(spec, base_url, api_key_env, store) + grants.flags(),
+            _flags(spec, url, api_key_env, store) + grants.flags(),
             existing=task_id,
             agent_name=task.agent,
             grants=grants,
             request_id=None,
             max_iterations=max_iterations,
+            repin=bool(clashes),
         )
 
     _go(go())

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from duragent.cli._common import STORE, fail, make_console, operator_runtime, run_async
-from duragent.cli._format import clip, status_markup
+from duragent.cli._format import clip, count, status_markup
 from duragent.errors import UsageError
 from duragent.runtime.inbox import STRATEGIES, MultitaskStrategy
 from duragent.runtime.steering import Edit, History
@@ -53,7 +53,7 @@ def history(task_id: str = typer.Argument(..., help="The task's id."), store: st
     task, hist = run_async(go())
     console: Console = make_console()
     status = status_markup(task)
-    console.print(f"task {safe(task.id)} is {status}; {task.iterations} complete rounds")
+    console.print(f"task {safe(task.id)} is {status}; {count(task.iterations, 'complete round')}")
     if hist.forked_from is not None:
         src = hist.forked_from
         console.print(f"forked from {safe(src.task_id)} at round {src.round}")

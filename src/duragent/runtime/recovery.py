@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from duragent.llm.messages import WorkingView
 from duragent.payloads import rollback_marker, status_of
 from duragent.runtime.log import RoundState, notice, read_round
+from duragent.runtime.pins import conflict
 from duragent.runtime.round import RoundRunner
 from duragent.runtime.waits import open_round
 from duragent.types import BlockReason, Entry, EntryKind, NewEntry, TaskStatus
@@ -31,6 +32,10 @@ class RecoveringRunner(RoundRunner):
                 f"the task was taken over {t.restarts} times after its worker died or lost its "
                 f"lease (max_restarts={self.agent.max_restarts}); fix the cause, then resume it",
             )
+            return
+        problem = conflict(t, self.agent)
+        if problem is not None:
+            await self._block(BlockReason.PINNED, f"task {t.id}: {problem}")
             return
         self.view = WorkingView(await self.store.model_view_data(t.id))
         await self._recover(read_round(entries, t.iterations + 1))

@@ -27,6 +27,7 @@ from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
 from duragent.runtime.inbox import MultitaskStrategy, check_strategy
 from duragent.runtime.log import api_entry, notice
 from duragent.runtime.many import ManyTasks
+from duragent.runtime.pins import with_pins
 from duragent.runtime.sending import SendsMessages
 from duragent.runtime.steering import Edit, History, new_fork, task_history
 from duragent.runtime.submit import new_task
@@ -591,6 +592,37 @@ class Runtime(ManyTasks, SendsMessages):
                     )
                 )
         self._wake()
+        return res.tasks[task_id]
+
+    async def repin(self, task_id: str) -> Task:
+        """Pin the task to its agent as this runtime defines it: the provider URL
+        its model requests go to and what its tools may touch (runtime/pins.py).
+
+        A worker refuses (blocks) a task whose pin its agent contradicts; this is
+        the deliberate override. Refused while a live worker holds the task, and
+        for an ended task. Statuses are left as they are: `resume` a blocked task.
+        """
+        task = await self.store.get_task(task_id)
+        definition = self.agent(task.agent)
+        if task.status.terminal:
+            raise UsageError(f"task {task_id} has ended ({task.status.value}): nothing to re-pin")
+        if task.status is TaskStatus.RUNNING and lease_alive(task):
+            raise UsageError(
+                f"task {task_id} is running in a live worker; re-pin it once it is paused "
+                "or its worker is gone (its lease expired)"
+            )
+        res = await self.store.commit(
+            Commit(
+                patches=[
+                    TaskPatch(
+                        task_id,
+                        {"config": with_pins(definition, task.config)},
+                        expect_status=[task.status],
+                        expect_version=task.version,
+                    )
+                ]
+            )
+        )
         return res.tasks[task_id]
 
     async def retry(

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from duragent.otel import current_trace_context
 from duragent.runtime.deadlines import DeadlineSpec, deadline_at, deadline_record
 from duragent.runtime.log import api_entry
+from duragent.runtime.pins import with_pins
 from duragent.storable import check_storable
 from duragent.types import NewEntry, Task, UserMessage, utcnow
 
@@ -41,17 +42,18 @@ def new_task(
 ) -> tuple[Task, NewEntry]:
     """A pending task and the entry holding its user message.
 
-    The model request (model and settings) is pinned on the task now, so every
-    model call of the task, including a resend after a crash, asks the same way.
+    The model request (model, settings and provider URL) and the reach of the
+    tools are pinned on the task now (runtime/pins.py), so every model call of
+    the task, including a resend after a crash, asks the same way, at the same place.
     Input and context no store could give back (see duragent.storable) are refused
     here, before anything is written. The deadline is `deadline` (a time, or a
     delay from now) or, without one, the agent's default delay.
     """
     check_storable(input, "input")
     check_storable(context, "context")
-    config: dict[str, Any] = {
-        "request": {"model": agent.model_name, "settings": dict(agent.model_settings)}
-    }
+    config = with_pins(
+        agent, {"request": {"model": agent.model_name, "settings": dict(agent.model_settings)}}
+    )
     trace = current_trace_context()  # so every run of the task joins the submitter's trace
     if trace:
         config["trace"] = trace

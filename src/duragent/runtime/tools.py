@@ -42,6 +42,9 @@ class Tool:
     metadata: dict[str, Any] = field(default_factory=dict)
     # Seconds an approval may stay open; then the call is denied ("no decision within ...").
     approval_timeout: float | None = None
+    # What the tool may touch (workdir, permissions, network), set by duragent.toolsets;
+    # pinned on each task of the agent (runtime/pins.py).
+    reach: dict[str, Any] | None = None
 
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters)
