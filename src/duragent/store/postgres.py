@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -145,6 +146,7 @@ class PostgresStore(TxWrites):
         retries: int = 3,
         connect_timeout: float = 10.0,
     ) -> None:
+        _quiet_pool_reconnects()
         conninfo, own = split_url(url)
         conninfo, self.application_name = _with_application_name(conninfo)
         schema = own.get("schema", schema)
@@ -162,6 +164,10 @@ class PostgresStore(TxWrites):
                 conninfo, connect_timeout=max(1, round(connect_timeout)), **_CONNECTION
             )
         except psycopg.Error as exc:
+            if _turned_away(exc):  # not worth waiting for: say what to fix
+                raise StoreError(
+                    f"{self._where}: the server refused the connection: {exc}"
+                ) from exc
             raise _translate(exc, self._where) from exc
         handed = [first]
         self._pool: psycopg_pool.ConnectionPool[Conn] = psycopg_pool.ConnectionPool(
@@ -172,7 +178,7 @@ class PostgresStore(TxWrites):
             min_size=int(own.get("min_size", min_size)),
             max_size=int(own.get("max_size", max_size)),
             open=False,
-            name="duragent",
+            name=_POOL,
             timeout=connect_timeout,
         )
         try:
@@ -789,6 +795,44 @@ def _connection_lost(exc: psycopg.Error) -> bool:
         return False
     state = exc.sqlstate
     return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
+
+
+class _ReconnectsAtDebug(logging.Filter):
+    """psycopg's pool logs every failed attempt to connect as a warning: a line a
+    second or more while the server is out of reach. The store's callers say
+    once that they wait for it (runtime/outage.py); the pool's attempts are
+    demoted to DEBUG, still there for whoever logs at that level."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if (
+            record.msg == "error connecting in %r: %s"
+            and isinstance(args, tuple)
+            and args[0] == _POOL
+        ):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+_POOL = "duragent"  # the name of the store's connection pool
+
+
+def _quiet_pool_reconnects() -> None:
+    pool_log = logging.getLogger("psycopg.pool")
+    if not any(isinstance(f, _ReconnectsAtDebug) for f in pool_log.filters):
+        pool_log.addFilter(_ReconnectsAtDebug())
+
+
+# What a server says when it turns a connection away for a while (starting,
+# stopping, full), unlike a wrong role, password or database, which stay wrong.
+_BUSY_SERVER = ("the database system is", "too many clients", "connection slots are reserved")
+
+
+def _turned_away(exc: psycopg.Error) -> bool:
+    """Whether the server answered the connection with a refusal that waiting will
+    not change. libpq gives such a refusal as text only: the server's FATAL."""
+    text = str(exc)
+    return "FATAL:" in text and not any(busy in text for busy in _BUSY_SERVER)
 
 
 def _translate(exc: psycopg.Error, where: str) -> StoreError:
