@@ -801,7 +801,11 @@ class _ReconnectsAtDebug(logging.Filter):
     """psycopg's pool logs every failed attempt to connect as a warning: a line a
     second or more while the server is out of reach. The store's callers say
     once that they wait for it (runtime/outage.py); the pool's attempts are
-    demoted to DEBUG, still there for whoever logs at that level."""
+    demoted to DEBUG, kept only where that logger is enabled for DEBUG."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        super().__init__()
+        self.logger = logger
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
@@ -811,6 +815,7 @@ class _ReconnectsAtDebug(logging.Filter):
             and args[0] == _POOL
         ):
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return self.logger.isEnabledFor(logging.DEBUG)
         return True
 
 
@@ -820,7 +825,7 @@ _POOL = "duragent"  # the name of the store's connection pool
 def _quiet_pool_reconnects() -> None:
     pool_log = logging.getLogger("psycopg.pool")
     if not any(isinstance(f, _ReconnectsAtDebug) for f in pool_log.filters):
-        pool_log.addFilter(_ReconnectsAtDebug())
+        pool_log.addFilter(_ReconnectsAtDebug(pool_log))
 
 
 # What a server says when it turns a connection away for a while (starting,
