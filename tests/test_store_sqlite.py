@@ -19,6 +19,7 @@ from duragent.store import Commit, TaskPatch, TaskQuery, open_store
 from duragent.store.base import CopyEntries
 from duragent.store.sqlite import SQLiteStore
 from duragent.store.sqlite_schema import MIGRATIONS, SQLITE_SCHEMA_VERSION, WAL_READY_FRAMES
+from duragent.store.sqlite_tx import TaskNumbers
 from duragent.types import EntryKind, NewEntry, Task, TaskStatus
 
 
@@ -642,5 +643,45 @@ async def test_a_view_payload_that_is_no_text_is_reported_as_corrupt(tmp_path: P
         with pytest.raises(StoreCorrupt, match="no text"):
             await store.model_view_data(task.id)
         assert len(await store.entries(task.id)) == 3
+    finally:
+        await store.close()
+
+
+def progress(task_id: str, text: str) -> NewEntry:
+    return NewEntry(task_id=task_id, kind=EntryKind.PROGRESS, payload={"text": text})
+
+
+async def test_the_map_of_task_numbers_stays_bounded_and_commits_land_on_their_tasks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long-lived worker meets every task it ever ran: the ids it keeps the
+    numbers of are bounded, and a task forgotten has its number read again."""
+    monkeypatch.setattr(TaskNumbers, "limit", 4)
+    store = open_store(f"sqlite:///{tmp_path}/s.db")
+    assert isinstance(store, SQLiteStore)
+    try:
+        tasks = []
+        for _ in range(10):
+            await store.create_task(Task(agent="a"))
+            claimed = await store.claim_task("w1")
+            assert claimed is not None
+            tasks.append(claimed)
+            assert len(store._nums) <= 4
+        for n in range(3):
+            for task in tasks:  # one at a time: every task forgotten and met again
+                commit = Commit(entries=[progress(task.id, f"{task.id} {n}")], fence={task.id: 1})
+                await store.commit(commit)
+                assert len(store._nums) <= 4
+        await asyncio.gather(  # and in batches
+            *(
+                store.commit(Commit(entries=[progress(t.id, f"{t.id} 3")], fence={t.id: 1}))
+                for t in tasks
+            )
+        )
+        assert len(store._nums) <= 4
+        for task in tasks:
+            entries = await store.entries(task.id, kinds=[EntryKind.PROGRESS])
+            assert [e.payload["text"] for e in entries] == [f"{task.id} {n}" for n in range(4)]
+            assert [e.seq for e in entries] == [2, 3, 4, 5]  # after the claim's status entry
     finally:
         await store.close()

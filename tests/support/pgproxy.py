@@ -76,3 +76,91 @@ def commit_answer_loser(host: str, port: int) -> Iterator[CommitAnswerLoser]:
         yield proxy
     finally:
         proxy.close()
+
+
+class Forwarder:
+    """A TCP forwarder to PostgreSQL that can be cut and restored.
+
+    While cut, every connection through it is closed and each new one is
+    accepted and closed at once (counted in `refused`): to its clients the
+    server is gone, as after a restart or a dropped network. `restore` lets
+    connections through again.
+    """
+
+    def __init__(self, host: str, port: int, *, cut: bool = False) -> None:
+        self.target = (host, port)
+        self.refused = 0
+        self._cut = cut
+        self._lock = threading.Lock()
+        self._live: set[socket.socket] = set()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._closing = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, database_url: str) -> str:
+        """`database_url` (the server's) with this forwarder's host and port."""
+        from urllib.parse import urlsplit, urlunsplit
+
+        parts = urlsplit(database_url)
+        user = f"{parts.username}@" if parts.username else ""
+        return urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{self.port}"))
+
+    def cut(self) -> None:
+        with self._lock:
+            self._cut = True
+            live, self._live = self._live, set()
+        for s in live:
+            _close(s)
+
+    def restore(self) -> None:
+        with self._lock:
+            self._cut = False
+
+    def _accept(self) -> None:
+        while not self._closing:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                if self._cut:
+                    self.refused += 1
+                    _close(client)
+                    continue
+            try:
+                server = socket.create_connection(self.target)
+            except OSError:
+                _close(client)
+                continue
+            with self._lock:
+                self._live |= {client, server}
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        for s in (source, sink):
+            _close(s)
+
+    def close(self) -> None:
+        self._closing = True
+        self._listener.close()
+        self.cut()
+
+
+def _close(s: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        s.shutdown(socket.SHUT_RDWR)
+    s.close()
+
+
+@contextlib.contextmanager
+def forwarder(host: str, port: int, *, cut: bool = False) -> Iterator[Forwarder]:
+    proxy = Forwarder(host, port, cut=cut)
+    try:
+        yield proxy
+    finally:
+        proxy.close()

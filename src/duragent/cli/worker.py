@@ -7,12 +7,15 @@ import importlib
 import logging
 import signal
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from duragent.cli._common import STORE, import_from_cwd, prepare_store, run_async
 from duragent.runtime.agent import Agent
+
+if TYPE_CHECKING:
+    from duragent.store.base import Store
 
 log = logging.getLogger(__name__)
 app = typer.Typer()
@@ -49,11 +52,22 @@ async def run_worker(
     metrics_host: str = "127.0.0.1",
     **options: Any,
 ) -> None:
+    from duragent.runtime.outage import when_reachable
     from duragent.runtime.worker import Worker
     from duragent.store import open_store
 
-    store = open_store(store_url)
-    await store.open()
+    async def opened() -> Store:
+        store = open_store(store_url)
+        try:
+            await store.open()
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    # A server that is down or out of reach is waited for (said once), as a
+    # worker started beside a database that is still starting must.
+    store = await when_reachable(opened, "starting the worker", log)
     exporter = None
     if metrics_port is not None:
         from duragent.metrics import Metrics

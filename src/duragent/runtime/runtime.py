@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -16,6 +17,7 @@ from duragent.errors import (
     Conflict,
     DuplicateRequest,
     InvalidTransition,
+    StoreUnavailable,
     TaskNotFound,
     UnknownAgent,
     UsageError,
@@ -27,6 +29,7 @@ from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
 from duragent.runtime.inbox import MultitaskStrategy, check_strategy
 from duragent.runtime.log import api_entry, notice
 from duragent.runtime.many import ManyTasks
+from duragent.runtime.outage import StoreOutage
 from duragent.runtime.pins import with_pins
 from duragent.runtime.sending import SendsMessages
 from duragent.runtime.steering import Edit, History, new_fork, task_history
@@ -41,6 +44,8 @@ from duragent.types import ApiMessage, Entry, Task, TaskStatus, UiMessage, utcno
 from duragent.webhooks import WebhookDelivery, check_url
 
 T = TypeVar("T")
+
+log = logging.getLogger("duragent.runtime")
 
 
 def when(start_at: datetime | timedelta) -> datetime:
@@ -345,13 +350,24 @@ class Runtime(ManyTasks, SendsMessages):
         timeout: float | None = None,
         until: Callable[[Task], bool] | None = None,
     ) -> Task:
-        """Until the task ends (or `until(task)` holds). Raises TimeoutError; never cancels it."""
+        """Until the task ends (or `until(task)` holds). Raises TimeoutError; never cancels it.
+
+        A store that cannot be reached (a database restarting, a dropped
+        network) is waited for: said once on the `duragent.runtime` logger,
+        tried again with back-off, and the wait goes on once it answers.
+        """
         self.start_worker()
         done = until or (lambda t: t.status.terminal)
 
         async def poll() -> Task:
+            outage = StoreOutage(f"waiting for task {task_id}", log)
             while True:
-                task = await self.store.get_task(task_id)
+                try:
+                    task = await self.store.get_task(task_id)
+                except StoreUnavailable as exc:
+                    await outage.wait_out(exc)
+                    continue
+                outage.over()
                 if done(task):
                     return task
                 await self.store.wait_for_change(0.5)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import socket
 import uuid
 from collections.abc import Callable, Iterable
@@ -235,8 +236,11 @@ class Worker:
                 if isinstance(exc, CommitOutcomeUnknown):
                     self._lost_claim = True
                 self._claim_failures += 1
-                log.warning("claim failed (%d in a row): %s", self._claim_failures, exc)
+                if self._claim_failures == 1:  # once, not at every attempt
+                    log.warning("claim failed: %s; trying again with back-off", exc)
                 return
+            if self._claim_failures:
+                log.warning("claims work again (after %d failed)", self._claim_failures)
             self._claim_failures = 0
             for task in tasks:
                 self.claimed += 1
@@ -269,7 +273,9 @@ class Worker:
     async def _idle(self, changed: asyncio.Future[None] | None) -> None:
         timeout = self.poll_interval
         if self._claim_failures:
-            timeout = max(timeout, min(0.05 * 2**self._claim_failures, 1.0))
+            backoff = min(0.05 * 2**self._claim_failures, 1.0)
+            # Jitter: workers that lost the same server do not come back in step.
+            timeout = max(timeout, backoff * random.uniform(0.5, 1.0))
             changed = None  # a failing store's wake-ups say nothing: wait out the back-off
         if len(self._jobs) < self.concurrency:
             with contextlib.suppress(StoreError):

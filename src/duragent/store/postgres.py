@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -68,7 +69,13 @@ from duragent.store.postgres_notify import (
     control_payload,
 )
 from duragent.store.postgres_schema import ENTRY_RANGE, MIGRATIONS, Conn, lock_key, migrate
-from duragent.store.postgres_tx import PgTx, Statement, row_document, row_task
+from duragent.store.postgres_tx import (
+    PREPARED_GONE,
+    PgTx,
+    Statement,
+    row_document,
+    row_task,
+)
 from duragent.store.postgres_writer import PgWriter
 from duragent.store.tx import TxWrites
 from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UiMessage, utcnow
@@ -88,6 +95,17 @@ _T = TypeVar("_T")
 
 # PostgresStore options that are ours, not libpq's, when given in the URL query.
 _OWN_OPTIONS = ("schema", "min_size", "max_size", "retries")
+
+# How every connection of the store is opened. `prepare_threshold=None`: psycopg
+# never prepares a query itself. Once it has (after a query's fifth run), it
+# answers every ROLLBACK, a savepoint's too, with `DEALLOCATE ALL`, which drops
+# the statements the writer prepared (postgres_tx.py) while its list of them
+# still names them; and rollbacks are routine here (a refused commit in a batch).
+_CONNECTION: dict[str, Any] = {
+    "autocommit": True,
+    "row_factory": dict_row,
+    "prepare_threshold": None,
+}
 
 
 class _Connection(psycopg.Connection[DictRow]):
@@ -128,6 +146,7 @@ class PostgresStore(TxWrites):
         retries: int = 3,
         connect_timeout: float = 10.0,
     ) -> None:
+        _quiet_pool_reconnects()
         conninfo, own = split_url(url)
         conninfo, self.application_name = _with_application_name(conninfo)
         schema = own.get("schema", schema)
@@ -142,23 +161,24 @@ class PostgresStore(TxWrites):
             # password, an unknown database) says why at once instead of after
             # the pool's timeout; migrated on; then the pool's first connection.
             first = _Connection.connect(
-                conninfo,
-                autocommit=True,
-                row_factory=dict_row,
-                connect_timeout=max(1, round(connect_timeout)),
+                conninfo, connect_timeout=max(1, round(connect_timeout)), **_CONNECTION
             )
         except psycopg.Error as exc:
+            if _turned_away(exc):  # not worth waiting for: say what to fix
+                raise StoreError(
+                    f"{self._where}: the server refused the connection: {exc}"
+                ) from exc
             raise _translate(exc, self._where) from exc
         handed = [first]
         self._pool: psycopg_pool.ConnectionPool[Conn] = psycopg_pool.ConnectionPool(
             conninfo,
             connection_class=_Connection,
-            kwargs={"autocommit": True, "row_factory": dict_row, "handed": handed},
+            kwargs={**_CONNECTION, "handed": handed},
             configure=lambda conn: None if conn is first else self._configure(conn),
             min_size=int(own.get("min_size", min_size)),
             max_size=int(own.get("max_size", max_size)),
             open=False,
-            name="duragent",
+            name=_POOL,
             timeout=connect_timeout,
         )
         try:
@@ -250,13 +270,16 @@ class PostgresStore(TxWrites):
         Retried: anything that failed before COMMIT was sent. A lost connection
         aborts the server-side transaction, and a deadlock or serialization
         failure is rolled back by the server, so nothing of the attempt remains
-        and running the job again is the same as running it once.
+        and running the job again is the same as running it once. A prepared
+        statement the connection lost is prepared again on an immediate retry
+        that the `retries` budget does not count.
         Not retried: a connection lost *while* COMMIT was in flight. The server
         may have committed before the connection died, and a second attempt
         could apply the commit twice, so the caller gets StoreUnavailable saying
         the outcome is unknown and must re-read to find out.
         """
         attempt = 0
+        reprepared = False
         while True:
             attempt += 1
             committing = False
@@ -289,6 +312,12 @@ class PostgresStore(TxWrites):
                         f"{self._where}: the connection was lost while committing; the commit "
                         "may or may not have been applied, re-read the task to find out"
                     ) from exc
+                if exc.sqlstate == PREPARED_GONE and not reprepared:
+                    # The connection lost the statements prepared on it; they
+                    # are prepared again on this try (postgres_tx.py), at once.
+                    reprepared = True
+                    attempt -= 1
+                    continue
                 retryable = lost or exc.sqlstate in ("40001", "40P01")
                 if not retryable or attempt > self.retries:
                     raise _translate(exc, self._where) from exc
@@ -387,11 +416,10 @@ class PostgresStore(TxWrites):
         conn = self._lease_conn
         if conn is None or conn.closed or conn.broken:
             self._drop_lease_connection()
-            conn = psycopg.connect(
+            conn = _Connection.connect(
                 self._conninfo,
-                autocommit=True,
-                row_factory=dict_row,
                 connect_timeout=max(1, round(self._connect_timeout)),
+                **_CONNECTION,
             )
             try:
                 self._configure(conn)
@@ -767,6 +795,49 @@ def _connection_lost(exc: psycopg.Error) -> bool:
         return False
     state = exc.sqlstate
     return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
+
+
+class _ReconnectsAtDebug(logging.Filter):
+    """psycopg's pool logs every failed attempt to connect as a warning: a line a
+    second or more while the server is out of reach. The store's callers say
+    once that they wait for it (runtime/outage.py); the pool's attempts are
+    demoted to DEBUG, kept only where that logger is enabled for DEBUG."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        super().__init__()
+        self.logger = logger
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if (
+            record.msg == "error connecting in %r: %s"
+            and isinstance(args, tuple)
+            and args[0] == _POOL
+        ):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return self.logger.isEnabledFor(logging.DEBUG)
+        return True
+
+
+_POOL = "duragent"  # the name of the store's connection pool
+
+
+def _quiet_pool_reconnects() -> None:
+    pool_log = logging.getLogger("psycopg.pool")
+    if not any(isinstance(f, _ReconnectsAtDebug) for f in pool_log.filters):
+        pool_log.addFilter(_ReconnectsAtDebug(pool_log))
+
+
+# What a server says when it turns a connection away for a while (starting,
+# stopping, full), unlike a wrong role, password or database, which stay wrong.
+_BUSY_SERVER = ("the database system is", "too many clients", "connection slots are reserved")
+
+
+def _turned_away(exc: psycopg.Error) -> bool:
+    """Whether the server answered the connection with a refusal that waiting will
+    not change. libpq gives such a refusal as text only: the server's FATAL."""
+    text = str(exc)
+    return "FATAL:" in text and not any(busy in text for busy in _BUSY_SERVER)
 
 
 def _translate(exc: psycopg.Error, where: str) -> StoreError:

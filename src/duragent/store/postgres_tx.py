@@ -613,7 +613,10 @@ def check_commit(message: _Message, statements: list[Statement], results: list[A
 # to a transaction: it outlives a rollback or an aborted transaction, so one
 # is known to the connection once its PREPARE answered. (A pooler that moves
 # a session between server connections, pgBouncer in transaction mode, cannot
-# serve this store anyway: its wake-ups LISTEN on a session.)
+# serve this store anyway: its wake-ups LISTEN on a session.) psycopg's own
+# preparing is off on the store's connections: with it, a ROLLBACK made psycopg
+# send DEALLOCATE ALL (postgres.py, _CONNECTION). Whatever still drops them
+# fails the transaction with PREPARED_GONE, which is run again at once.
 _PREPARED: weakref.WeakKeyDictionary[Conn, dict[str, str]] = weakref.WeakKeyDictionary()
 _MAX_PREPARED = 200  # shapes per connection; past it, statements are sent as text
 _names = itertools.count(1)
@@ -707,8 +710,8 @@ class _Message:
     def error(self, res: Any) -> psycopg.Error:
         """The error a result reports. A prepared statement the connection no
         longer has (`DEALLOCATE` behind this store's back) makes every shape
-        on it prepared again from the next message; the writer runs the
-        batch again (PREPARED_GONE)."""
+        on it prepared again from the next message; the writer, and
+        PostgresStore._execute, run the transaction again (PREPARED_GONE)."""
         exc = error_from_result(res, encoding=self.encoding)
         if exc.sqlstate == PREPARED_GONE:
             self.known.clear()

@@ -455,6 +455,7 @@ class PgWriter:
         """
         attempt = 0
         cached = True
+        reprepared = False
         while True:
             attempt += 1
             committing = False
@@ -512,6 +513,12 @@ class PgWriter:
                         "may or may not have been applied, re-read the task to find out"
                     )
                     return [(False, err)] * len(batch), False, False
+                if exc.sqlstate == PREPARED_GONE and not reprepared:
+                    # The connection lost the statements prepared on it; they
+                    # are prepared again on this try (postgres_tx.py), at once.
+                    reprepared = True
+                    attempt -= 1
+                    continue
                 if cached and not lost and exc.sqlstate not in _AGAIN:
                     # A statement of the batch failed: find whose, job by job.
                     cached = False
@@ -562,8 +569,10 @@ class PgWriter:
                 if not alone:
                     tx.flush()  # under its savepoint: a failing write is this job's alone
             except psycopg.Error as exc:
-                if alone or self.lost(exc) or exc.sqlstate in ("40001", "40P01"):
-                    raise  # the whole batch is retried or fails
+                if alone or self.lost(exc) or exc.sqlstate in _AGAIN:
+                    # The whole batch is retried or fails: a prepared statement
+                    # gone is the connection's loss, not this job's failure.
+                    raise
                 conn.execute("ROLLBACK TO SAVEPOINT job")
                 run.outcomes.append((False, self.translate(exc)))
             except Exception as exc:

@@ -68,6 +68,7 @@ from duragent.store.sqlite_tx import (
     Deferred,
     RowCache,
     SqliteTx,
+    TaskNumbers,
     label_value,
     row_document,
     row_task,
@@ -156,7 +157,7 @@ class SQLiteStore(TxWrites):
         # unchanged, no other connection (of any process) committed since, and
         # every row in `_rows` is the file's row (see `_run_batch`).
         self._data_version: int | None = None
-        self._nums: dict[str, int] = {}  # task id -> its number in the entries table
+        self._nums = TaskNumbers()  # task id -> its number in the entries table
         self._signal: ChangeSignal | None = None
         self._work_signal: ChangeSignal | None = None
         self._controls = ControlWatchers()
@@ -676,7 +677,7 @@ class SQLiteStore(TxWrites):
             conn.execute("DELETE FROM task_labels WHERE task_num=?", (num,))
             conn.execute("DELETE FROM documents WHERE scope=?", (f"task:{tid}",))
             conn.execute("DELETE FROM tasks WHERE num=?", (num,))
-            self._nums.pop(tid, None)
+            self._nums.forget(tid)
             self._rows.rows.pop(tid, None)
             tx.batch_rows.pop(tid, None)  # later jobs of this batch find it gone
         return len(doomed)

@@ -50,6 +50,40 @@ class RowCache:
         self.rows[task.id] = (_stamp(task), task)
 
 
+class TaskNumbers:
+    """Task ids and their numbers (a task's entry keys start at its number),
+    as far as this process has met them. A number never changes, so an entry
+    kept is right however old; a task not here has its number read from the
+    file. Bounded like RowCache: a long-lived worker meets every task it ever
+    ran, and a million ids would hold ~150 MB."""
+
+    limit = 10_000  # ids kept; at the limit, all are forgotten before the next
+
+    def __init__(self) -> None:
+        self.nums: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.nums)
+
+    def get(self, task_id: str) -> int | None:
+        return self.nums.get(task_id)
+
+    def put(self, task_id: str, num: int) -> None:
+        if len(self.nums) >= self.limit and task_id not in self.nums:
+            self.nums.clear()
+        self.nums[task_id] = num
+
+    def update(self, numbered: dict[str, int]) -> None:
+        for task_id, num in numbered.items():
+            self.put(task_id, num)
+
+    def forget(self, task_id: str) -> None:
+        self.nums.pop(task_id, None)
+
+    def clear(self) -> None:
+        self.nums.clear()
+
+
 def _stamp(task: Task) -> _Stamp:
     return (task.version, task.last_seq, task.lease.epoch, to_ts(task.lease.expires_at))
 
@@ -99,7 +133,7 @@ class SqliteTx:
         self,
         conn: sqlite3.Connection,
         cache: RowCache | None = None,
-        nums: dict[str, int] | None = None,
+        nums: TaskNumbers | None = None,
         batch_rows: dict[str, Task] | None = None,
         deferred: Deferred | None = None,
         *,
@@ -114,7 +148,7 @@ class SqliteTx:
         # Rows as earlier jobs of this transaction left them: what the file holds
         # now, since no other process writes while it is open.
         self.batch_rows = batch_rows if batch_rows is not None else {}
-        self.nums = nums if nums is not None else {}  # task id -> its number, committed
+        self.nums = nums if nums is not None else TaskNumbers()  # committed ones
         self.new_nums: dict[str, int] = {}  # numbers given in this transaction
         # Each row this transaction read or wrote, as the file now holds it: an
         # update writes only the input and indexed columns that differ from it.
@@ -134,7 +168,8 @@ class SqliteTx:
         num = self.new_nums.get(task_id) or self.nums.get(task_id)
         if num is None:  # a number never changes: what waits in `deferred` is no matter
             row = self._conn.execute("SELECT num FROM tasks WHERE id=?", (task_id,)).fetchone()
-            num = self.nums[task_id] = row[0]
+            num = row[0]
+            self.nums.put(task_id, num)
         return num
 
     def _task(self, row: sqlite3.Row | None) -> Task | None:
