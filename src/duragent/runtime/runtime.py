@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -40,6 +41,8 @@ from duragent.types import ApiMessage, Entry, Task, TaskStatus, UiMessage, utcno
 from duragent.webhooks import WebhookDelivery, check_url
 
 T = TypeVar("T")
+
+log = logging.getLogger("duragent.runtime")
 
 
 def when(start_at: datetime | timedelta) -> datetime:
@@ -347,15 +350,46 @@ class Runtime(ManyTasks, SendsMessages):
         """Until the task ends (or `until(task)` holds). Raises TimeoutError; never cancels it."""
         self.start_worker()
         done = until or (lambda t: t.status.terminal)
+        told: set[str] = set()  # the lease holders this wait has announced
 
         async def poll() -> Task:
             while True:
                 task = await self.store.get_task(task_id)
                 if done(task):
                     return task
+                self._announce_holder(task, told)
                 await self.store.wait_for_change(0.5)
 
         return await asyncio.wait_for(poll(), timeout)
+
+    def _announce_holder(self, task: Task, told: set[str]) -> None:
+        """Say once per holder when a wait depends on another process's lease.
+
+        A task whose process was killed stays `running` under its lease until the
+        lease ends (up to `lease_ttl`, 30 s by default); a wait would otherwise be
+        silent all that time, and a process that is alive but slow looks the same.
+        """
+        holder = task.lease.owner
+        if not lease_alive(task) or holder is None or holder in told:
+            return
+        if self.worker is not None and holder == self.worker.id:
+            return  # this runtime runs it
+        told.add(holder)
+        until = task.lease.expires_at.strftime("%H:%M:%S UTC") if task.lease.expires_at else "?"
+        mine = self.worker is not None and task.agent in self.agents
+        then = (
+            "this runtime takes it over then"
+            if mine
+            else "any worker serving this agent takes it over then"
+        )
+        log.warning(
+            "waiting for task %s: worker %s (another process) holds its lease, which ends "
+            "at %s unless renewed; if that process is gone, %s",
+            task.id,
+            holder,
+            until,
+            then,
+        )
 
     async def load_task(self, task_id: str, context: dict[str, Any] | None = None) -> Task:
         """The task as stored; `context` is deep-merged over the stored context and saved."""
