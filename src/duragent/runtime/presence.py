@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -37,13 +38,44 @@ WORKERS_SCOPE = "duragent:workers"
 FORGET_AFTER = timedelta(hours=1)
 
 
-async def announce(store: Store, worker_id: str, agents: Iterable[str], ttl: float) -> None:
-    """Record (or renew) that `worker_id` serves `agents` for the next `ttl` seconds."""
-    value = {
+async def announce(
+    store: Store, worker_id: str, agents: Iterable[str], ttl: float, every: float | None = None
+) -> None:
+    """Record (or renew) that `worker_id` serves `agents` for the next `ttl` seconds;
+    `every`: how often it renews the record (so a reader can tell one it missed)."""
+    now = utcnow()
+    value: dict[str, Any] = {
         "agents": sorted(agents),
-        "expires_at": (utcnow() + timedelta(seconds=ttl)).isoformat(),
+        "expires_at": (now + timedelta(seconds=ttl)).isoformat(),
+        "seen_at": now.isoformat(),
     }
+    if every is not None:
+        value["every"] = every
     await store.commit(Commit(documents=[DocumentWrite(WORKERS_SCOPE, worker_id, value)]))
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """When a worker last recorded itself alive, and by when it should have again."""
+
+    seen_at: datetime
+    # Two renewals missed by then: it is presumably gone (stopped, crashed, cut off).
+    gone_after: datetime
+
+    def alive(self, now: datetime | None = None) -> bool:
+        return (now or utcnow()) < self.gone_after
+
+
+async def last_seen(store: Store, worker_id: str) -> Sighting | None:
+    """The last sign of life of `worker_id`, if its record says (older records do not)."""
+    doc = await store.get_document(WORKERS_SCOPE, worker_id)
+    value = doc.value if doc is not None and isinstance(doc.value, dict) else {}
+    try:
+        seen = datetime.fromisoformat(str(value["seen_at"]))
+        every = float(value["every"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return Sighting(seen, seen + timedelta(seconds=2 * every + 1))
 
 
 async def withdraw(store: Store, worker_id: str) -> None:
@@ -130,4 +162,12 @@ async def block_unserved(
     return blocked
 
 
-__all__ = ["WORKERS_SCOPE", "announce", "block_unserved", "served_agents", "withdraw"]
+__all__ = [
+    "WORKERS_SCOPE",
+    "Sighting",
+    "announce",
+    "block_unserved",
+    "last_seen",
+    "served_agents",
+    "withdraw",
+]
