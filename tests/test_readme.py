@@ -91,15 +91,17 @@ def test_the_five_minute_example_killed_mid_run_reruns_honestly(
     stopped_at = kill_at(child, f"AT {point}")
     assert stopped_at == f"AT {point} emails={killed_run_sent}"
 
-    again = run(code, tmp_path)  # the killed process's lease still holds the task
+    again = run(code, tmp_path)  # the killed process's lease still holds the task...
     assert again.returncode == 0, again.stderr
     assert "Traceback" not in again.stderr
     assert again.stdout.splitlines() == [rerun_says, "emails sent by this run: 0"]
-    # The wait for the dead process's lease is said, once, with when it ends.
-    waits = [line for line in again.stderr.splitlines() if line.startswith("waiting for task")]
-    assert len(waits) == 1, again.stderr
-    assert "holds its lease, which ends at" in waits[0]
-    assert "this runtime takes it over then" in waits[0]
+    # ...but that process is gone from this host: the rerun says so and takes the
+    # task over at once, without waiting out the lease.
+    took = [line for line in again.stderr.splitlines() if "has exited" in line]
+    assert len(took) == 1, again.stderr
+    assert f"pid {child.pid} on this host" in took[0]
+    assert "this runtime takes the task over now" in took[0]
+    assert "waiting for task" not in again.stderr
 
 
 FAILING_FIRST_RUN = """

@@ -17,6 +17,7 @@ from duragent.errors import (
     Conflict,
     DuplicateRequest,
     InvalidTransition,
+    StaleLease,
     TaskNotFound,
     UnknownAgent,
     UsageError,
@@ -28,6 +29,7 @@ from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
 from duragent.runtime.inbox import MultitaskStrategy, check_strategy
 from duragent.runtime.log import api_entry, notice
 from duragent.runtime.many import ManyTasks
+from duragent.runtime.presence import exited
 from duragent.runtime.sending import SendsMessages
 from duragent.runtime.steering import Edit, History, new_fork, task_history
 from duragent.runtime.submit import new_task
@@ -357,13 +359,15 @@ class Runtime(ManyTasks, SendsMessages):
                 task = await self.store.get_task(task_id)
                 if done(task):
                     return task
-                self._announce_holder(task, told)
+                await self._wait_for_holder(task, told)
                 await self.store.wait_for_change(0.5)
 
         return await asyncio.wait_for(poll(), timeout)
 
-    def _announce_holder(self, task: Task, told: set[str]) -> None:
-        """Say once per holder when a wait depends on another process's lease.
+    async def _wait_for_holder(self, task: Task, told: set[str]) -> None:
+        """When a wait depends on another process's lease: take the task over at once
+        if that process has provably exited (presence.exited: same host, its pid
+        gone), else say once per holder what the wait is for, and until when.
 
         A task whose process was killed stays `running` under its lease until the
         lease ends (up to `lease_ttl`, 30 s by default); a wait would otherwise be
@@ -375,8 +379,24 @@ class Runtime(ManyTasks, SendsMessages):
         if self.worker is not None and holder == self.worker.id:
             return  # this runtime runs it
         told.add(holder)
-        until = task.lease.expires_at.strftime("%H:%M:%S UTC") if task.lease.expires_at else "?"
         mine = self.worker is not None and task.agent in self.agents
+        gone = await exited(self.store, holder) if mine else None
+        if gone is not None:
+            # Its lease ends now, the task still `running`: this runtime's worker
+            # claims it as after any crash (recovery from the log, a restart counted).
+            # Fenced on the holder and epoch read: a newer owner is left alone.
+            with contextlib.suppress(StaleLease, TaskNotFound):
+                await self.store.renew_lease(task.id, holder, task.lease.epoch, 0.0)
+                log.warning(
+                    "task %s: the process holding it (worker %s, pid %d on this host) has "
+                    "exited; this runtime takes the task over now",
+                    task.id,
+                    holder,
+                    gone,
+                )
+                self._wake()
+                return
+        until = task.lease.expires_at.strftime("%H:%M:%S UTC") if task.lease.expires_at else "?"
         then = (
             "this runtime takes it over then"
             if mine
