@@ -40,14 +40,15 @@ def read_until(stream: IO[str], marker: str, timeout: float) -> str:
     raise AssertionError(f"no {marker!r} within {timeout}s; saw {seen}")
 
 
-def kill_at(proc: subprocess.Popen[str], marker: str, timeout: float = 60) -> None:
+def kill_at(proc: subprocess.Popen[str], marker: str, timeout: float = 60) -> str:
+    """SIGKILL `proc` once it printed a line starting with `marker`; returns that line."""
     # readline() blocks: a child that hangs silently is killed at the deadline
     # (its output then ends), so the test fails instead of hanging.
     watchdog = threading.Timer(timeout, proc.kill)
     watchdog.start()
     try:
         assert proc.stdout is not None
-        read_until(proc.stdout, marker, timeout)
+        line = read_until(proc.stdout, marker, timeout)
     except AssertionError:
         proc.kill()
         err = proc.stderr.read() if proc.stderr else ""
@@ -57,6 +58,7 @@ def kill_at(proc: subprocess.Popen[str], marker: str, timeout: float = 60) -> No
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
     assert proc.returncode == -signal.SIGKILL
+    return line
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 120) -> str:

@@ -52,7 +52,9 @@ def _as_turn(turn: TurnLike) -> Turn:
 class ScriptedModel:
     """Turn *i* answers the *i*-th model call of a task, counted from the
     assistant messages already in the model view, so it answers the same after
-    a restart. `ScriptedModel(fn)` asks `fn(messages)` instead.
+    a restart. `ScriptedModel(fn)` asks `fn(messages)` instead, and so does a
+    turn that is a function: a scripted answer can then depend on what the
+    tools returned (a result, an error, an interrupted call), as a model's would.
 
     `chunk_delay` streams text in pieces of `chunk_size` characters with that
     pause between them (seconds), to show and test streaming.
@@ -60,7 +62,7 @@ class ScriptedModel:
 
     def __init__(
         self,
-        turns: Sequence[TurnLike] | ScriptFn,
+        turns: Sequence[TurnLike | ScriptFn] | ScriptFn,
         *,
         name: str = "scripted",
         chunk_delay: float = 0.0,
@@ -69,7 +71,7 @@ class ScriptedModel:
     ) -> None:
         self.name = name
         self._fn: ScriptFn | None = turns if callable(turns) else None
-        self._turns: list[TurnLike] = [] if callable(turns) else list(turns)
+        self._turns: list[TurnLike | ScriptFn] = [] if callable(turns) else list(turns)
         self.chunk_delay = chunk_delay
         self.chunk_size = chunk_size
         self.final = final
@@ -85,7 +87,10 @@ class ScriptedModel:
         if self._fn is not None:
             return _as_turn(self._fn(typed_list(messages)))
         turns = self._turns
-        return _as_turn(turns[assistants] if assistants < len(turns) else self.final)
+        turn = turns[assistants] if assistants < len(turns) else self.final
+        if callable(turn):
+            turn = turn(typed_list(messages))
+        return _as_turn(turn)
 
     def _count(self, messages: Sequence[Any]) -> tuple[int, int]:
         """(assistant messages, characters of content) in `messages`.

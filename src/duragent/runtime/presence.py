@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from duragent.errors import Conflict
@@ -37,13 +40,84 @@ WORKERS_SCOPE = "duragent:workers"
 FORGET_AFTER = timedelta(hours=1)
 
 
-async def announce(store: Store, worker_id: str, agents: Iterable[str], ttl: float) -> None:
-    """Record (or renew) that `worker_id` serves `agents` for the next `ttl` seconds."""
-    value = {
+async def announce(
+    store: Store, worker_id: str, agents: Iterable[str], ttl: float, every: float | None = None
+) -> None:
+    """Record (or renew) that `worker_id` serves `agents` for the next `ttl` seconds;
+    `every`: how often it renews the record (so a reader can tell one it missed)."""
+    now = utcnow()
+    value: dict[str, Any] = {
         "agents": sorted(agents),
-        "expires_at": (utcnow() + timedelta(seconds=ttl)).isoformat(),
+        "expires_at": (now + timedelta(seconds=ttl)).isoformat(),
+        "seen_at": now.isoformat(),
+        **process_identity(),
     }
+    if every is not None:
+        value["every"] = every
     await store.commit(Commit(documents=[DocumentWrite(WORKERS_SCOPE, worker_id, value)]))
+
+
+def process_identity() -> dict[str, Any]:
+    """Where this process runs, precisely enough that a pid names the same process for
+    a reader that shares it: the host's boot (a new id at every boot, shared by the
+    host's containers), the pid namespace, the pid. Empty where /proc does not say;
+    then no reader ever proves this process gone (see `exited`)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return {}
+    return {"boot": boot, "pidns": pidns, "pid": os.getpid()}
+
+
+async def exited(store: Store, worker_id: str) -> int | None:
+    """The pid of `worker_id`'s process if it has provably exited, else None.
+
+    Proven, not guessed: its record names this boot of this host and this pid
+    namespace, so its pid means the same process here, and no process has that
+    pid now. A pid taken since by another process (or a zombie not yet reaped)
+    reads as alive, and so does a record without these fields: the caller then
+    waits for the lease to end, as it would without a proof.
+    """
+    doc = await store.get_document(WORKERS_SCOPE, worker_id)
+    value: dict[str, Any] = doc.value if doc is not None and isinstance(doc.value, dict) else {}
+    mine = process_identity()
+    pid = value.get("pid")
+    if not mine or not isinstance(pid, int) or pid <= 0 or pid == mine["pid"]:
+        return None
+    if value.get("boot") != mine["boot"] or value.get("pidns") != mine["pidns"]:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return pid
+    except OSError:
+        return None  # alive, another user's
+    return None
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """When a worker last recorded itself alive, and by when it should have again."""
+
+    seen_at: datetime
+    # Two renewals missed by then: it is presumably gone (stopped, crashed, cut off).
+    gone_after: datetime
+
+    def alive(self, now: datetime | None = None) -> bool:
+        return (now or utcnow()) < self.gone_after
+
+
+async def last_seen(store: Store, worker_id: str) -> Sighting | None:
+    """The last sign of life of `worker_id`, if its record says (older records do not)."""
+    doc = await store.get_document(WORKERS_SCOPE, worker_id)
+    value = doc.value if doc is not None and isinstance(doc.value, dict) else {}
+    try:
+        seen = datetime.fromisoformat(str(value["seen_at"]))
+        every = float(value["every"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return Sighting(seen, seen + timedelta(seconds=2 * every + 1))
 
 
 async def withdraw(store: Store, worker_id: str) -> None:
@@ -130,4 +204,14 @@ async def block_unserved(
     return blocked
 
 
-__all__ = ["WORKERS_SCOPE", "announce", "block_unserved", "served_agents", "withdraw"]
+__all__ = [
+    "WORKERS_SCOPE",
+    "Sighting",
+    "announce",
+    "block_unserved",
+    "exited",
+    "last_seen",
+    "process_identity",
+    "served_agents",
+    "withdraw",
+]

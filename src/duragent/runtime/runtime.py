@@ -17,6 +17,7 @@ from duragent.errors import (
     Conflict,
     DuplicateRequest,
     InvalidTransition,
+    StaleLease,
     StoreUnavailable,
     TaskNotFound,
     UnknownAgent,
@@ -31,6 +32,7 @@ from duragent.runtime.log import api_entry, notice
 from duragent.runtime.many import ManyTasks
 from duragent.runtime.outage import StoreOutage
 from duragent.runtime.pins import with_pins
+from duragent.runtime.presence import exited
 from duragent.runtime.sending import SendsMessages
 from duragent.runtime.steering import Edit, History, new_fork, task_history
 from duragent.runtime.submit import new_task
@@ -358,6 +360,7 @@ class Runtime(ManyTasks, SendsMessages):
         """
         self.start_worker()
         done = until or (lambda t: t.status.terminal)
+        told: set[str] = set()  # the lease holders this wait has announced
 
         async def poll() -> Task:
             outage = StoreOutage(f"waiting for task {task_id}", log)
@@ -370,9 +373,57 @@ class Runtime(ManyTasks, SendsMessages):
                 outage.over()
                 if done(task):
                     return task
+                await self._wait_for_holder(task, told)
                 await self.store.wait_for_change(0.5)
 
         return await asyncio.wait_for(poll(), timeout)
+
+    async def _wait_for_holder(self, task: Task, told: set[str]) -> None:
+        """When a wait depends on another process's lease: take the task over at once
+        if that process has provably exited (presence.exited: same host, its pid
+        gone), else say once per holder what the wait is for, and until when.
+
+        A task whose process was killed stays `running` under its lease until the
+        lease ends (up to `lease_ttl`, 30 s by default); a wait would otherwise be
+        silent all that time, and a process that is alive but slow looks the same.
+        """
+        holder = task.lease.owner
+        if not lease_alive(task) or holder is None or holder in told:
+            return
+        if self.worker is not None and holder == self.worker.id:
+            return  # this runtime runs it
+        told.add(holder)
+        mine = self.worker is not None and task.agent in self.agents
+        gone = await exited(self.store, holder) if mine else None
+        if gone is not None:
+            # Its lease ends now, the task still `running`: this runtime's worker
+            # claims it as after any crash (recovery from the log, a restart counted).
+            # Fenced on the holder and epoch read: a newer owner is left alone.
+            with contextlib.suppress(StaleLease, TaskNotFound):
+                await self.store.renew_lease(task.id, holder, task.lease.epoch, 0.0)
+                log.warning(
+                    "task %s: the process holding it (worker %s, pid %d on this host) has "
+                    "exited; this runtime takes the task over now",
+                    task.id,
+                    holder,
+                    gone,
+                )
+                self._wake()
+                return
+        until = task.lease.expires_at.strftime("%H:%M:%S UTC") if task.lease.expires_at else "?"
+        then = (
+            "this runtime takes it over then"
+            if mine
+            else "any worker serving this agent takes it over then"
+        )
+        log.warning(
+            "waiting for task %s: worker %s (another process) holds its lease, which ends "
+            "at %s unless renewed; if that process is gone, %s",
+            task.id,
+            holder,
+            until,
+            then,
+        )
 
     async def load_task(self, task_id: str, context: dict[str, Any] | None = None) -> Task:
         """The task as stored; `context` is deep-merged over the stored context and saved."""

@@ -351,7 +351,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                await announce(self.store, self.id, self.agents, 3 * every)
+                await announce(self.store, self.id, self.agents, 3 * every, every)
                 if loop.time() - swept >= self.missing_agent_grace / 4:
                     swept = loop.time()
                     await block_unserved(self.store, self.agents, self.missing_agent_grace)

@@ -30,7 +30,7 @@ from duragent.server.problems import problem
 
 # Paths served without a token; everything else needs one. A token sent to
 # /openapi.json is checked (and counted when wrong): with it, the schema names the agents.
-PUBLIC_PATHS = frozenset({"/", "/v1/health", "/favicon.ico"})
+PUBLIC_PATHS = frozenset({"/", "/v1/health", "/favicon.ico", "/favicon.svg"})
 PUBLIC_PREFIXES = ("/static/",)
 TOKEN_OPTIONAL = frozenset({"/openapi.json"})
 

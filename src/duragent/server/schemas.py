@@ -22,6 +22,7 @@ from pydantic import (
 from duragent.runtime.agent import Agent
 from duragent.runtime.approvals import Decision
 from duragent.runtime.inbox import MultitaskStrategy
+from duragent.runtime.presence import Sighting
 from duragent.runtime.runtime import TaskTree
 from duragent.runtime.views import Steps
 from duragent.types import ApiMessage, Entry, Task, TaskStatus, UiMessage, Usage
@@ -205,6 +206,13 @@ class OpenWait(BaseModel):
     )
 
 
+class WaitingOn(BaseModel):
+    """What a waiting task waits for, in short (the full wait: TaskOut.waiting_for)."""
+
+    wait: str  # "approval", "input", "timer" or "subtask"
+    tool: str | None = Field(None, description="An approval's tool.")
+
+
 class TaskSummary(BaseModel):
     id: str
     agent: str
@@ -222,10 +230,15 @@ class TaskSummary(BaseModel):
     queue: str
     priority: int
     metadata: dict[str, Any]
+    waiting_on: list[WaitingOn] = Field(
+        default_factory=list,
+        description="While waiting: each open wait's kind (an approval names its tool), "
+        "e.g. to tell an approval from a question, both status_reason 'input'.",
+    )
 
     @classmethod
-    def of(cls, task: Task) -> TaskSummary:
-        return cls(**_summary_fields(task))
+    def of(cls, task: Task, waiting_on: list[WaitingOn] | None = None) -> TaskSummary:
+        return cls(**_summary_fields(task), waiting_on=waiting_on or [])
 
 
 class TaskOut(TaskSummary):
@@ -249,6 +262,17 @@ class TaskOut(TaskSummary):
         "renews the lease well before then; if that worker died, no other may take the "
         "task over before this time.",
     )
+    lease_worker_seen_at: datetime | None = Field(
+        default=None,
+        description="While running: when the worker holding the lease last recorded itself "
+        "alive (it does every few seconds); null if its record does not say.",
+    )
+    lease_worker_gone_after: datetime | None = Field(
+        default=None,
+        description="While running: past this time without a new sign of life, that worker "
+        "has missed two check-ins and is presumably gone; the task is taken over when its "
+        "lease ends (lease_expires_at).",
+    )
     waiting_for: list[OpenWait] = Field(
         default_factory=list, description="Open approvals, questions, timers and sub-tasks."
     )
@@ -257,9 +281,13 @@ class TaskOut(TaskSummary):
     )
 
     @classmethod
-    def full(cls, task: Task, waits: list[OpenWait] | None = None) -> TaskOut:
+    def full(
+        cls, task: Task, waits: list[OpenWait] | None = None, holder: Sighting | None = None
+    ) -> TaskOut:
+        waits = waits or []
         return cls(
             **_summary_fields(task),
+            waiting_on=[WaitingOn(wait=w.wait, tool=w.tool) for w in waits],
             root_id=task.root_id,
             request_id=task.request_id,
             input=task.input,
@@ -273,7 +301,9 @@ class TaskOut(TaskSummary):
             wake_at=task.wake_at,
             deadline=task.deadline,
             lease_expires_at=task.lease.expires_at if task.status is TaskStatus.RUNNING else None,
-            waiting_for=waits or [],
+            lease_worker_seen_at=holder.seen_at if holder else None,
+            lease_worker_gone_after=holder.gone_after if holder else None,
+            waiting_for=waits,
             forked_from=task.config.get("forked_from"),
         )
 

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Body, Query, Request, Response
 from pydantic import StringConstraints
 
+from duragent.runtime.presence import last_seen
 from duragent.runtime.waits import open_waits
 from duragent.server.deps import OwnedTask, RuntimeDep, UserDep
 from duragent.server.limits import MAX_SEQ, check_task_sizes
@@ -28,6 +29,7 @@ from duragent.server.schemas import (
     TaskPageOut,
     TaskSummary,
     TreeOut,
+    WaitingOn,
 )
 from duragent.server.strict_json import StrictJsonRoute
 from duragent.store.base import decode_cursor
@@ -59,7 +61,23 @@ async def task_out(runtime: RuntimeDep, task: Task) -> TaskOut:
                     expires_at=_at(w.get("expires_at")),
                 )
             )
-    return TaskOut.full(task, waits)
+    holder = None
+    if task.status is TaskStatus.RUNNING and task.lease.owner:
+        # Whether the lease's worker still lives, for the page (a dead one's lease
+        # reads the same as a live one's until it ends).
+        holder = await last_seen(runtime.store, task.lease.owner)
+    return TaskOut.full(task, waits, holder)
+
+
+async def summary(runtime: RuntimeDep, task: Task) -> TaskSummary:
+    """A task for a listing: what a waiting one waits for too (an approval or a question
+    share status_reason 'input'); one read of its open round, only for those."""
+    if task.status is not TaskStatus.WAITING:
+        return TaskSummary.of(task)
+    waits = await open_waits(runtime.store, task)
+    return TaskSummary.of(
+        task, [WaitingOn(wait=w["wait"], tool=w.get("tool")) for w in waits.values()]
+    )
 
 
 def _at(text: str | None) -> datetime | None:
@@ -156,7 +174,8 @@ async def list_tasks(
         updated_after=updated_after,
         updated_before=updated_before,
     )
-    return TaskPageOut(tasks=[TaskSummary.of(t) for t in page.tasks], next_cursor=page.next_cursor)
+    tasks = [await summary(runtime, t) for t in page.tasks]
+    return TaskPageOut(tasks=tasks, next_cursor=page.next_cursor)
 
 
 def _metadata(pairs: list[str] | None) -> dict[str, str] | None:

@@ -26,6 +26,7 @@ const state = {
   roundsAt: null,
   leaseTimer: null,
   leaseChecked: null,  // the lease end the task was fetched again for
+  workerChecked: null,  // the worker's check-in deadline the task was fetched again for
 };
 
 // --- HTTP -------------------------------------------------------------------
@@ -178,7 +179,7 @@ async function refreshList() {
     "data-id": t.id,
     onclick: () => openTask(t.id),
   },
-  h("div", { class: "row" }, h("span", { class: "agent" }, t.agent), badge(t.status, t.status_reason)),
+  h("div", { class: "row" }, h("span", { class: "agent" }, t.agent), badge(t.status, t.status_reason, t.waiting_on)),
   h("div", { class: "meta" }, t.current_step ? `step ${t.current_step} · ` : "", ago(t.created_at), " · ", t.id.slice(0, 10)))));
 }
 
@@ -228,8 +229,19 @@ function seconds(s) {
   return `${s} s`;
 }
 
-function badge(status, reason) {
-  return h("span", { class: `badge status-${status}`, "data-status": status }, status + (reason ? ` · ${reason}` : ""));
+function badge(status, reason, waits) {
+  return h("span", { class: `badge status-${status}`, "data-status": status }, statusText(status, reason, waits));
+}
+
+// An approval and a question are both status_reason "input": say which, and
+// which tool an approval is for.
+function statusText(status, reason, waits) {
+  if (status === "waiting" && waits?.length) {
+    const tools = [...new Set(waits.filter((w) => w.wait === "approval").map((w) => w.tool || "a tool"))];
+    if (tools.length) return `waiting for approval · ${tools.join(", ")}`;
+    if (waits.some((w) => w.wait === "input")) return "waiting for your answer";
+  }
+  return status + (reason ? ` · ${reason}` : "");
 }
 
 // --- one task ---------------------------------------------------------------
@@ -249,6 +261,8 @@ async function openTask(id) {
   document.querySelectorAll(".task-item").forEach((el) => el.classList.toggle("selected", el.dataset.id === id));
   $("#empty").hidden = true;
   $("#task").hidden = false;
+  // One column (a phone): the task opens below the list and the form; bring it up.
+  if (matchMedia("(max-width: 800px)").matches) $(".detail").scrollIntoView();
   $("#conn").textContent = "loading…";
   const timeline = new Timeline($("#timeline"), { respond });
   state.timeline = timeline;
@@ -311,7 +325,7 @@ function renderTask(task) {
   $("#task-agent").textContent = task.agent;
   $("#task-id").textContent = task.id;
   $("#task-input").textContent = typeof task.input === "string" ? task.input : JSON.stringify(task.input);
-  $("#status").replaceChildren(badge(task.status, task.status_reason));
+  $("#status").replaceChildren(badge(task.status, task.status_reason, task.waiting_on));
   $("#status").dataset.status = task.status;
   $("#task").dataset.status = task.status;  // e.g. no typing cursor on a paused stream
   const step = $("#step");
@@ -353,8 +367,9 @@ function renderTask(task) {
 
 // A running task is held by its worker's lease. A live worker renews it long
 // before it ends; if the worker died (a crash), nobody may take the task over
-// before it ends: say how long that is, and once it has passed, that the task
-// waits for another worker.
+// before it ends. The worker's own check-ins (lease_worker_seen_at) tell the
+// two apart: alive, or gone with the lease still running (how long), or the
+// lease ended and the task waits for another worker.
 function showLease(task) {
   clearInterval(state.leaseTimer);
   const el = $("#lease");
@@ -363,9 +378,24 @@ function showLease(task) {
   el.hidden = until === null;
   el.dataset.until = task.lease_expires_at || "";
   if (until === null) return;
+  const seen = task.lease_worker_seen_at ? new Date(task.lease_worker_seen_at).getTime() : null;
+  const goneAfter = task.lease_worker_gone_after ? new Date(task.lease_worker_gone_after).getTime() : null;
   const tick = () => {
-    const left = Math.ceil((until - Date.now()) / 1000);
-    if (left > 0) {
+    const now = Date.now();
+    const left = Math.ceil((until - now) / 1000);
+    const silent = Math.max(0, Math.floor((now - seen) / 1000));
+    if (left > 0 && goneAfter !== null && now < goneAfter) {
+      el.dataset.state = "alive";
+      el.textContent = `Its worker is alive (checked in ${silent} s ago) and holds the task; ` +
+        "it renews the lease while it runs";
+    } else if (left > 0 && goneAfter !== null && state.workerChecked !== task.lease_worker_gone_after) {
+      state.workerChecked = task.lease_worker_gone_after;  // checked in meanwhile? fetch once
+      refreshTaskSoon();
+    } else if (left > 0 && goneAfter !== null) {
+      el.dataset.state = "gone";
+      el.textContent = `Its worker has not checked in for ${silent} s: it is probably gone (crashed or cut off). ` +
+        `Its lease ends in ${left} s; then another worker takes the task over`;
+    } else if (left > 0) {
       el.dataset.state = "held";
       el.textContent = `Its worker's lease holds it ${left} s more (renewed while that worker lives; ` +
         "after a crash, another worker takes it over when it ends)";
@@ -374,7 +404,8 @@ function showLease(task) {
       refreshTaskSoon();
     } else {
       el.dataset.state = "expired";
-      el.textContent = "Its worker's lease has ended: waiting for another worker to take it over";
+      el.textContent = "Its worker's lease has expired (that worker is gone): " +
+        "waiting for another worker to take it over";
     }
   };
   tick();
