@@ -198,6 +198,18 @@ async def _follow(rt: Runtime, task_id: str, after: int, console: Console) -> No
         console.print(safe(clip(task.output, 2000)))
 
 
+async def _say_wait(rt: Runtime, task_id: str, action: str, timeout: float) -> None:
+    """Before waiting on another process's worker, say so (on stderr): for what, and
+    until when a dead one holds the task."""
+    task = await rt.get(task_id)
+    if lease_alive(task):
+        make_console(stderr=True).print(
+            f"waiting up to {timeout:g} s for the task's worker to reach a safe point; its "
+            f"lease ends in {escape(lease_left(task))}, and if that worker is gone the {action} "
+            "applies then…"
+        )
+
+
 @app.command()
 def pause(
     task_id: str = typer.Argument(..., help="The task's id."),
@@ -209,6 +221,7 @@ def pause(
 
     async def go() -> Task:
         async with operator_runtime(store) as rt:
+            await _say_wait(rt, task_id, "pause", timeout)
             return await rt.pause(task_id, rollback=rollback, timeout=timeout)
 
     task = run_async(go())
@@ -271,6 +284,7 @@ def abort(
 
     async def go() -> Task:
         async with operator_runtime(store) as rt:
+            await _say_wait(rt, task_id, "abort", timeout)
             return await rt.abort(task_id, reason=reason, timeout=timeout)
 
     task = run_async(go())
