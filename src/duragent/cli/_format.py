@@ -53,6 +53,11 @@ def status_markup(task: Task) -> str:
     return f"[{STATUS_STYLE.get(task.status.value, '')}]{safe(status_text(task))}[/]"
 
 
+def rounds(n: int, what: str = "") -> str:
+    """'1 round', '2 complete rounds'."""
+    return f"{n} {what + ' ' if what else ''}round{'' if n == 1 else 's'}"
+
+
 def step(task: Task) -> str:
     if task.status.terminal:
         return f"{task.iterations} done"

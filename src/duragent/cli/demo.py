@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from duragent.cli._common import make_console
 from duragent.cli._format import timeline
 from duragent.llm.scripted import ScriptedModel, ToolCall, Turn
 from duragent.runtime import Agent, Runtime, ToolContext, tool
@@ -144,7 +144,7 @@ def made_by_demo(path: Path) -> bool:
 def run_demo(
     store_path: Path, *, crash: bool = True, keep: bool = False, fresh: bool = False
 ) -> int:
-    console = Console()
+    console = make_console()
     if store_path.exists() and not fresh and not made_by_demo(store_path):
         # The demo starts from an empty store: never delete a file it did not make.
         console.print(

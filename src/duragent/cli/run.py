@@ -28,8 +28,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from duragent.cli._common import STORE, parse_duration, run_async
-from duragent.cli._format import lease_left
+from duragent.cli._common import STORE, make_console, parse_duration, run_async
+from duragent.cli._format import lease_left, rounds
 from duragent.errors import DuragentError, UsageError
 from duragent.fetch import NetworkPolicy
 from duragent.llm import ChatModel, resolve_model
@@ -147,6 +147,9 @@ def _continue_hint(task_id: str, flags: list[str]) -> str:
 
 # --- showing a task as it runs -----------------------------------------------------
 
+# The UI errors that say a task ended; `Session.summary` says that, with the error.
+ENDINGS = ("The task failed.", "The task is blocked.")
+
 
 def _args(arguments: str, limit: int = 120) -> str:
     try:
@@ -226,8 +229,13 @@ class Transcript:
         elif e.kind is EntryKind.UI_MESSAGE:
             self.end_line()
             if p.get("type") == "error":
+                if p.get("message") in ENDINGS:
+                    return  # the summary says how the task ended, with its error: once
+                message = str(p.get("message", ""))
                 detail = f": {p['detail']}" if p.get("detail") else ""
-                self.console.print(f"[red]✗ {safe(p.get('message', '') + detail)}[/]")
+                if detail:
+                    message = message.rstrip(".")
+                self.console.print(f"[red]✗ {safe(message + detail)}[/]")
             elif p.get("type") == "notice":
                 self.console.print(f"[yellow]• {safe(p.get('message', ''))}[/]")
 
@@ -412,7 +420,7 @@ class Session:
         tokens = f"{task.usage.input_tokens} in, {task.usage.output_tokens} out tokens"
         hint = _continue_hint(tid, self.flags)
         if task.status is TaskStatus.COMPLETED:
-            c.print(f"[green]✓ completed[/] task {tid} ({task.iterations} rounds; {tokens})")
+            c.print(f"[green]✓ completed[/] task {tid} ({rounds(task.iterations)}; {tokens})")
             return 0
         if task.status is TaskStatus.PAUSED:
             c.print(f"[yellow]⏸ paused[/] task {tid} ({tokens})")
@@ -446,7 +454,7 @@ async def _drive(
     deadline: timedelta | None = None,
 ) -> int:
     # Soft wrap: a pipe gets whole lines (a hint to copy must not be cut in two).
-    console = Console(highlight=False, soft_wrap=True)
+    console = make_console(soft_wrap=True)
     agent = run_agent(agent_name, model, max_iterations, grants)
     loop = asyncio.get_running_loop()
     try:

@@ -3,13 +3,23 @@ round) and `send` (a message into a live task)."""
 
 from __future__ import annotations
 
+import shlex
+
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from duragent.cli._common import STORE, fail, make_console, operator_runtime, run_async
-from duragent.cli._format import clip, status_markup
-from duragent.errors import UsageError
+from duragent.cli._common import (
+    JSON,
+    STORE,
+    emit_json,
+    fail,
+    make_console,
+    operator_runtime,
+    run_async,
+)
+from duragent.cli._format import clip, rounds, status_markup
+from duragent.errors import InvalidTransition, UsageError
 from duragent.runtime.inbox import STRATEGIES, MultitaskStrategy
 from duragent.runtime.steering import Edit, History
 from duragent.terminal import safe
@@ -43,7 +53,11 @@ def history_table(history: History) -> Table:
 
 
 @app.command()
-def history(task_id: str = typer.Argument(..., help="The task's id."), store: str = STORE) -> None:
+def history(
+    task_id: str = typer.Argument(..., help="The task's id."),
+    store: str = STORE,
+    as_json: bool = JSON,
+) -> None:
     """Show a task round by round: what the model said, its tool calls and their results."""
 
     async def go() -> tuple[Task, History]:
@@ -51,9 +65,12 @@ def history(task_id: str = typer.Argument(..., help="The task's id."), store: st
             return await rt.get(task_id), await rt.history(task_id)
 
     task, hist = run_async(go())
+    if as_json:
+        emit_json(hist)
+        return
     console: Console = make_console()
     status = status_markup(task)
-    console.print(f"task {safe(task.id)} is {status}; {task.iterations} complete rounds")
+    console.print(f"task {safe(task.id)} is {status}; {rounds(task.iterations, 'complete')}")
     if hist.forked_from is not None:
         src = hist.forked_from
         console.print(f"forked from {safe(src.task_id)} at round {src.round}")
@@ -126,7 +143,23 @@ def send(
     async def go() -> Task:
         async with operator_runtime(store) as rt:
             chosen: MultitaskStrategy | None = strategy  # type: ignore[assignment]
-            return await rt.send(task_id, text, multitask_strategy=chosen, request_id=request_id)
+            try:
+                return await rt.send(
+                    task_id, text, multitask_strategy=chosen, request_id=request_id
+                )
+            except InvalidTransition:
+                task = await rt.get(task_id)
+                if not task.status.terminal:
+                    raise
+            # The library's hint names Python calls; at the terminal it is a command.
+            at = str(max(task.iterations, 1))
+            fork_it = shlex.join(["duragent", "fork", task.id, "--at", at, "--append-user", text])
+            raise InvalidTransition(
+                task.status.value,
+                "running",
+                f"a finished task takes no messages; continue its conversation in a new task "
+                f"with: {fork_it}",
+            )
 
     task = run_async(go())
     queued = task.config.get("inbox")
