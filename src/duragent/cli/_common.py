@@ -152,12 +152,14 @@ def quiet_logs() -> None:
 
 
 def log_to_terminal() -> None:
-    """INFO logs on stderr for the long-running commands, each record cleaned of
-    terminal controls; the HTTP clients' one line per request stays out (WARNING)."""
-    _handler(logging.DEBUG if debugging() else logging.INFO)
-    if not debugging():
-        for name in ("httpx", "httpcore", "openai", "anthropic"):
-            logging.getLogger(name).setLevel(logging.WARNING)
+    """Logs on stderr for the long-running commands, each record cleaned of terminal
+    controls: duragent's (and the server's, which uvicorn levels) from INFO, other
+    libraries' from WARNING, so an HTTP client's line per model request stays out."""
+    if debugging():
+        _handler(logging.DEBUG)
+        return
+    _handler(logging.WARNING)
+    logging.getLogger("duragent").setLevel(logging.INFO)
 
 
 def _handler(level: int) -> None:
