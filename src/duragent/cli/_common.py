@@ -79,6 +79,8 @@ def run_async(make: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(make)
     except (DuragentError, ValueError) as exc:
+        if debugging():
+            raise  # asked for: the traceback
         fail(exc)
 
 
