@@ -25,7 +25,7 @@ from duragent import Runtime
 from duragent.cli import app
 from duragent.types import TaskStatus
 from hostile_agents import EVIL, NAME, agents
-from support.server_live import CLI, child_env
+from support.server_live import CLI, child_env, duragent, stop
 
 CONTROLS = ("\x1b", "\x07", "\x9b", "\x08")
 
@@ -174,3 +174,32 @@ def test_no_command_prints_hostile_text_raw(
     # The names are there, made inert: the sequences gone, markup shown as written.
     for listing in ("ls", "counts", "queue ls", "schedule ls"):
         assert "h[b]" in shown[f"{listing} --store {url}"], listing
+
+
+@pytest.mark.slow
+def test_worker_logs_hostile_errors_as_plain_text(tmp_path: Path) -> None:
+    """A task's error (what a model or tool raised) reaches the worker's log cleaned."""
+    url = f"sqlite:///{tmp_path}/w.db"
+
+    async def submit() -> str:
+        async with Runtime(url, agents(), run_worker=False) as rt:
+            return (await rt.submit(f"{NAME}-fails", EVIL, owner=NAME)).task_id
+
+    async def failed(task_id: str) -> TaskStatus:
+        async with Runtime(url, agents(), run_worker=False) as rt:
+            return (await rt.wait(task_id, timeout=60)).status
+
+    task_id = asyncio.run(submit())
+    log = tmp_path / "worker.log"
+    worker = duragent(
+        "worker", "--store", url, "--agents", "hostile_agents:agents", "--poll-interval", "0.1",
+        log=log,
+    )  # fmt: skip
+    try:
+        assert asyncio.run(failed(task_id)) is TaskStatus.FAILED
+    finally:
+        stop(worker)
+    text = log.read_text(errors="replace")
+    assert f"task {task_id} failed: RuntimeError: x" in text, text
+    assert not any(control in text for control in CONTROLS), repr(text)
+    assert "Traceback" not in text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import socket
 from pathlib import Path
 from typing import Any
@@ -182,6 +183,12 @@ def serve(
     # Bound before anything starts: a port in use is one line, never a started
     # server ("startup complete") that then exits.
     sock = listen(host, port)
+    bound_host, bound_port = sock.getsockname()[:2]
+    logging.getLogger("duragent.serve").info(
+        "listening on http://%s:%d",
+        f"[{bound_host}]" if ":" in bound_host else bound_host,
+        bound_port,
+    )
     if agents is None:
         typer.secho(NO_AGENTS, fg=typer.colors.YELLOW, err=True)
     limits = {
