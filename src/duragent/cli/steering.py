@@ -152,13 +152,14 @@ def send(
                 if not task.status.terminal:
                     raise
             # The library's hint names Python calls; at the terminal it is a command.
-            at = str(max(task.iterations, 1))
-            fork_it = shlex.join(["duragent", "fork", task.id, "--at", at, "--append-user", text])
+            if task.iterations == 0:  # no complete round to fork from
+                how = "it has no complete round to fork from: start a new task instead"
+            else:
+                at = str(task.iterations)
+                fork_it = ["duragent", "fork", task.id, "--at", at, "--append-user", text]
+                how = f"continue its conversation in a new task with: {shlex.join(fork_it)}"
             raise InvalidTransition(
-                task.status.value,
-                "running",
-                f"a finished task takes no messages; continue its conversation in a new task "
-                f"with: {fork_it}",
+                task.status.value, "running", f"a finished task takes no messages; {how}"
             )
 
     task = run_async(go())
