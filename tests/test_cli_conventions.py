@@ -262,6 +262,8 @@ def test_every_listing_and_show_prints_json(url: str, busy_store: dict[str, str]
     assert shown["task"]["id"] == done and shown["entries"][0]["seq"] == 1
     assert as_json("history", done)["rounds"][0]["assistant"] == "Hello from quick."
     assert list(as_json("approvals", waiting)) != []
+    assert as_json("steps", done)["completed"][0]["thought"] == "Hello from quick."
+    assert as_json("tree", waiting)["task"]["id"] == waiting
 
 
 def test_listings_and_show_are_readable_at_80_columns(url: str, busy_store: dict[str, str]) -> None:

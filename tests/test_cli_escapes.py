@@ -37,6 +37,8 @@ SEEDED: dict[str, list[list[str]]] = {
     "show": [["{T}"], ["{F}"], ["{W}"], ["{T}", "--json"], ["{T}", "--follow"]],
     "history": [["{T}"], ["{W}"], ["{T}", "--json"]],
     "export": [["{T}"]],
+    "steps": [["{T}"], ["{W}"], ["{T}", "--json"]],
+    "tree": [["{T}"], ["{W}"], ["{T}", "--json"]],
     "approvals": [["{W}"], ["{W}", "--json"]],
     "approve": [["{W}", "--reason", EVIL]],
     "deny": [["{W}", "--reason", EVIL]],

@@ -15,7 +15,18 @@ import sys
 
 import typer
 
-from duragent.cli import approvals, demo, fleet, run, serve, steering, store, tasks, worker
+from duragent.cli import (
+    approvals,
+    demo,
+    fleet,
+    run,
+    serve,
+    steering,
+    store,
+    tasks,
+    views,
+    worker,
+)
 from duragent.cli._common import DEBUG_ENV, Commands, debugging, fail, quiet_logs
 from duragent.errors import DuragentError
 
@@ -57,7 +68,7 @@ def version() -> None:
 
 
 # In the order `duragent --help` lists them.
-for _module in (demo, tasks, worker, serve, run, store, steering, approvals, fleet):
+for _module in (demo, tasks, views, worker, serve, run, store, steering, approvals, fleet):
     app.add_typer(_module.app)
 
 

@@ -68,6 +68,10 @@ async def serve_forever(
     fd_limit = connections.raise_fd_limit()
     connections.quiet_accept_errors(asyncio.get_running_loop())
     agents = load_agents(agents_spec) if agents_spec else []
+    if sock is not None:  # uvicorn says where it listens only when it binds itself
+        bound_host, bound_port = sock.getsockname()[:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        logging.getLogger("duragent.serve").info("listening on http://%s:%d", shown, bound_port)
     store: str | Store = store_url
     extra: dict[str, Any] = {}
     exporter = None
@@ -183,12 +187,6 @@ def serve(
     # Bound before anything starts: a port in use is one line, never a started
     # server ("startup complete") that then exits.
     sock = listen(host, port)
-    bound_host, bound_port = sock.getsockname()[:2]
-    logging.getLogger("duragent.serve").info(
-        "listening on http://%s:%d",
-        f"[{bound_host}]" if ":" in bound_host else bound_host,
-        bound_port,
-    )
     if agents is None:
         typer.secho(NO_AGENTS, fg=typer.colors.YELLOW, err=True)
     limits = {
