@@ -69,12 +69,12 @@ def test_queue_and_schedule_commands(tmp_path: Path) -> None:
     assert code == 2
     code, out = cli(
         "schedule", "add", "nightly", "--store", url, "--agent", "quick", "--input", "go",
-        "--cron", "0 3 * * *", "--owner", "alice",
+        "--cron", "0 3 * * *", "--owner", "alice", "--agents", "server_agents:agents",
     )  # fmt: skip
     assert code == 0 and "next tick" in out, out
     code, out = cli(
         "schedule", "add", "bad", "--store", url, "--agent", "quick", "--input", "go",
-        "--cron", "every day",
+        "--cron", "every day", "--agents", "server_agents:agents",
     )  # fmt: skip
     assert code == 2 and "5 fields" in out
     code, out = cli("schedule", "ls", "--store", url)

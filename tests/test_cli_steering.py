@@ -103,7 +103,11 @@ def test_send_a_message_into_a_waiting_task_then_it_is_taken_once(tmp_path: Path
 
     assert asyncio.run(approve()) == ["go", "cc carol too"]
     code, out = cli("send", tid, "more", "--store", url)
-    assert code == 1 and out.startswith("error: ") and "continue_session" in out
+    assert (
+        code == 1
+        and out.startswith("error: ")
+        and f"duragent fork {tid} --at 3 --append-user more" in out
+    )
     assert len(out.strip().splitlines()) == 1
 
 

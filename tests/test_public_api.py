@@ -62,6 +62,8 @@ _EXAMPLES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "InvalidValue": (("NaN is not JSON",), {"path": ("input", 0)}),
     "DuplicateRequest": (("r-1", "t-1"), {}),
     "TaskBusy": (("t-1", "running"), {}),
+    "WaitTimedOut": (("t-1", "running", 5.0, "it to end"), {}),
+    "ControlPending": (("t-1", "pause", 60.0, "host:1, lease ends in 20 s"), {}),
     "MissingExtra": (("the postgresql:// store", "postgres"), {}),
     "MissingCredential": (("OpenAI", "OPENAI_API_KEY"), {}),
     "StaleLease": (("t-1", 3, 4), {}),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from duragent.errors import (
     CommitOutcomeUnknown,
     Conflict,
+    ControlPending,
     DuplicateRequest,
     DuragentError,
     InvalidArguments,
@@ -31,6 +32,7 @@ from duragent.errors import (
     TaskNotFound,
     UnknownAgent,
     UsageError,
+    WaitTimedOut,
 )
 from duragent.llm import ChatModel, ModelRequest, ScriptedModel, ToolCall, Turn
 from duragent.runtime import (
@@ -76,6 +78,7 @@ __all__ = [
     "Commit",
     "CommitOutcomeUnknown",
     "Conflict",
+    "ControlPending",
     "Decision",
     "Document",
     "DuplicateRequest",
@@ -132,6 +135,7 @@ __all__ = [
     "UsageError",
     "UserMessage",
     "WaitReason",
+    "WaitTimedOut",
     "Worker",
     "__version__",
     "check_transition",

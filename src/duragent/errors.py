@@ -139,6 +139,42 @@ class TaskBusy(UsageError):
         )
 
 
+class WaitTimedOut(DuragentError, TimeoutError):
+    """A wait for a task ended before the task did; the task goes on, untouched.
+
+    A TimeoutError too, so `except TimeoutError` around `wait(timeout=)` still works.
+    """
+
+    def __init__(self, task_id: str, status: str, timeout: float, waited_for: str) -> None:
+        self.task_id, self.status = task_id, status
+        self._made_of: tuple[Any, ...] = (task_id, status, timeout, waited_for)
+        super().__init__(
+            f"task {task_id!r} is still {status} after {timeout:g} s of waiting for "
+            f"{waited_for}; waiting did not stop it"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Built again from its arguments: an OSError (TimeoutError) made by __new__
+        # alone forgets its message.
+        return (type(self), self._made_of)
+
+
+class ControlPending(WaitTimedOut):
+    """A pause or abort was recorded on a task whose worker has not acted on it yet:
+    it applies when that worker reaches a safe point or, if the worker is gone,
+    when its lease ends and a worker (or the next pause/abort) takes the task."""
+
+    def __init__(self, task_id: str, action: str, timeout: float, holder: str) -> None:
+        self.task_id, self.status, self.action = task_id, "running", action
+        self._made_of = (task_id, action, timeout, holder)
+        DuragentError.__init__(
+            self,
+            f"the {action} of task {task_id!r} is recorded, but its worker ({holder}) did "
+            f"not reach a safe point within {timeout:g} s; it applies when that worker "
+            "does or, if the worker is gone, when a worker next takes the task",
+        )
+
+
 class MissingExtra(UsageError):
     """A feature needs an optional dependency that is not installed."""
 

@@ -10,12 +10,24 @@ the terminal is in `_format`.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
 
-from duragent.cli import approvals, demo, fleet, run, serve, steering, store, tasks, worker
-from duragent.cli._common import Commands, fail, quiet_logs
+from duragent.cli import (
+    approvals,
+    demo,
+    fleet,
+    run,
+    serve,
+    steering,
+    store,
+    tasks,
+    views,
+    worker,
+)
+from duragent.cli._common import DEBUG_ENV, Commands, debugging, fail, quiet_logs
 from duragent.errors import DuragentError
 
 __all__ = ["app", "main"]
@@ -24,16 +36,39 @@ __all__ = ["app", "main"]
 app = typer.Typer(cls=Commands, no_args_is_help=True, help="Durable AI agent tasks.")
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from duragent import __version__
+
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def options(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print the version."
+    ),
+    debug: bool = typer.Option(
+        False,
+        "--debug",
+        help=f"Tracebacks and DEBUG logs instead of one-line errors (also {DEBUG_ENV}=1).",
+    ),
+) -> None:
+    """Durable AI agent tasks."""
+    if debug:
+        os.environ[DEBUG_ENV] = "1"  # read by the commands, and by child processes they start
+        quiet_logs()
+
+
 @app.command()
 def version() -> None:
     """Print the version."""
-    from duragent import __version__
-
-    typer.echo(__version__)
+    _print_version(True)
 
 
 # In the order `duragent --help` lists them.
-for _module in (demo, tasks, worker, serve, run, store, steering, approvals, fleet):
+for _module in (demo, tasks, views, worker, serve, run, store, steering, approvals, fleet):
     app.add_typer(_module.app)
 
 
@@ -42,6 +77,8 @@ def main() -> None:
     try:
         app()
     except DuragentError as exc:  # from a command without its own handler
+        if debugging():
+            raise
         try:
             fail(exc)
         except typer.Exit as done:

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
+import re
 import sys
+import warnings
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -20,13 +23,14 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import typer
+from pydantic_core import to_jsonable_python
 from rich.console import Console
 from typer.core import TyperGroup
 
 from duragent.errors import DuragentError, MissingExtra, UsageError
 from duragent.runtime.runtime import Runtime
 from duragent.store.files import DIR_MODE, absolute_hint, missing_store, url_path
-from duragent.terminal import clean
+from duragent.terminal import CleanFormatter, SafeConsole, clean
 
 T = TypeVar("T")
 
@@ -152,6 +156,8 @@ def run_async(make: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(make)
     except (DuragentError, ValueError) as exc:
+        if debugging():
+            raise  # asked for: the traceback
         fail(exc)
 
 
@@ -171,8 +177,20 @@ def parse_age(text: str) -> timedelta:
     return parse_duration(text, "an age")
 
 
-def make_console() -> Console:
-    return Console(highlight=False)
+JSON = typer.Option(False, "--json", help="Print JSON (for jq and scripts), not a table.")
+_C1 = re.compile(r"[\x7f-\x9f]")
+
+
+def emit_json(data: Any) -> None:
+    """`data` as indented JSON on stdout. json.dumps escapes C0 controls (ESC too);
+    C1 controls are legal raw in JSON text but commands to a terminal: escaped as well."""
+    text = json.dumps(to_jsonable_python(data), indent=2, ensure_ascii=False)
+    typer.echo(_C1.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
+
+
+def make_console(**options: Any) -> Console:
+    """The console every command prints with: it cleans what it writes (terminal.py)."""
+    return SafeConsole(highlight=False, **options)
 
 
 @asynccontextmanager
@@ -198,11 +216,55 @@ def import_from_cwd() -> None:
         sys.path.insert(0, cwd)
 
 
+def debugging() -> bool:
+    """Whether the user asked for tracebacks and DEBUG logs (DURAGENT_DEBUG=1 or --debug)."""
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+LOG_FORMAT = "%(asctime)s %(name)s %(message)s"
+
+
 def quiet_logs() -> None:
-    """The library logs a failing task with its traceback; the terminal commands say
-    what happened in one line, so those records go nowhere unless asked for (`worker`
-    and `serve` configure logging themselves)."""
-    if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
-        logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(message)s")
+    """The library logs a failing task; the terminal commands say what happened in one
+    line, so those records go nowhere unless asked for (`worker` and `serve` log to
+    the terminal: `log_to_terminal`). A warning from a library is one line too."""
+    warnings.showwarning = _warning_line
+    if debugging():
+        _handler(logging.DEBUG)
     else:
         logging.getLogger("duragent").addHandler(logging.NullHandler())
+
+
+def log_to_terminal() -> None:
+    """Logs on stderr for the long-running commands, each record cleaned of terminal
+    controls: duragent's (and the server's, which uvicorn levels) from INFO, other
+    libraries' from WARNING, so an HTTP client's line per model request stays out."""
+    if debugging():
+        _handler(logging.DEBUG)
+        return
+    _handler(logging.WARNING)
+    logging.getLogger("duragent").setLevel(logging.INFO)
+
+
+def _handler(level: int) -> None:
+    root = logging.getLogger()
+    if not any(isinstance(h.formatter, CleanFormatter) for h in root.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(CleanFormatter(LOG_FORMAT))
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
+def _warning_line(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    """A library's warning (a FutureWarning, a DeprecationWarning) as one line on
+    stderr, without the source line Python quotes; where it came from with --debug."""
+    where = f" ({filename}:{lineno})" if debugging() else ""
+    text = " ".join(str(message).split())
+    sys.stderr.write(clean(f"warning: {category.__name__}: {text}{where}") + "\n")

@@ -10,7 +10,15 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from duragent.cli._common import STORE, fail, make_console, require_store, run_async
+from duragent.cli._common import (
+    JSON,
+    STORE,
+    emit_json,
+    fail,
+    make_console,
+    require_store,
+    run_async,
+)
 from duragent.cli._format import clip, status_markup
 from duragent.errors import UsageError
 from duragent.payloads import WaitCheckpoint
@@ -79,7 +87,9 @@ def _verdict(task: Task, calls: list[str], what: str) -> None:
 
 @app.command()
 def approvals(
-    task_id: str = typer.Argument(..., help="The task's id."), store: str = STORE
+    task_id: str = typer.Argument(..., help="The task's id."),
+    store: str = STORE,
+    as_json: bool = JSON,
 ) -> None:
     """List a task's open approvals: the call, its tool and arguments, when it expires."""
 
@@ -89,6 +99,9 @@ def approvals(
             return await _open_approvals(rt, await rt.get(task_id))
 
     waits = run_async(go())
+    if as_json:
+        emit_json(waits)
+        return
     if not waits:
         make_console().print(f"task {safe(task_id)} has no open approval")
         return

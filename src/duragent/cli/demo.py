@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from duragent.cli._common import make_console
 from duragent.cli._format import count, describe
 from duragent.llm.scripted import ScriptedModel, ToolCall, Turn
 from duragent.runtime import Agent, Runtime, ToolContext, tool
@@ -225,7 +225,7 @@ def run_demo(
         with only_demo(path):
             return _demo(path, crash=crash, keep=keep, fresh=fresh)
     except Busy as exc:
-        Console(stderr=True).print(
+        make_console(stderr=True).print(
             f"[red]error:[/] another duragent demo is using {escape(str(path))} (its lock "
             f"{escape(str(exc))} is held); wait for it, or run `duragent demo` without "
             "--keep/--store: each run then has files of its own",
@@ -235,7 +235,7 @@ def run_demo(
 
 
 def _demo(store_path: Path, *, crash: bool, keep: bool, fresh: bool) -> int:
-    console = Console()
+    console = make_console()
     if store_path.exists() and not fresh and not made_by_demo(store_path):
         # The demo starts from an empty store: never delete a file it did not make.
         console.print(

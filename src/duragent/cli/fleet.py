@@ -6,17 +6,23 @@ import json
 from typing import Any
 
 import typer
-from rich.markup import escape
+from rich import box
 from rich.table import Table
 
 from duragent.cli._common import (
+    JSON,
     STORE,
     Commands,
+    emit_json,
     make_console,
     operator_runtime,
     parse_age,
     run_async,
 )
+from duragent.cli.worker import load_agents
+from duragent.errors import UnknownAgent, UsageError
+from duragent.runtime.presence import served_agents
+from duragent.runtime.runtime import Runtime
 from duragent.runtime.schedules import (
     Schedule,
     delete_schedule,
@@ -26,6 +32,7 @@ from duragent.runtime.schedules import (
     set_paused,
 )
 from duragent.store.queues import Queue
+from duragent.terminal import safe
 from duragent.types import TaskStatus
 
 app = typer.Typer()
@@ -56,6 +63,7 @@ def counts(
     owner: str | None = typer.Option(None, help="Only this user's tasks."),
     queue: str | None = typer.Option(None, help="Only this queue."),
     agent: str | None = typer.Option(None, help="Only this agent's tasks."),
+    as_json: bool = JSON,
 ) -> None:
     """How many tasks are in each queue and status."""
 
@@ -64,13 +72,16 @@ def counts(
             return await rt.counts(owner=owner, queue=queue, agent=agent)
 
     got = run_async(go())
+    if as_json:
+        emit_json(got)
+        return
     statuses = [s.value for s in TaskStatus if any(s.value in v for v in got.values())]
     table = Table()
     table.add_column("queue")
     for s in statuses:
         table.add_column(s, justify="right")
     for name, row in got.items():
-        table.add_row(escape(name), *(str(row.get(s, 0)) for s in statuses))
+        table.add_row(safe(name), *(str(row.get(s, 0)) for s in statuses))
     console = make_console()
     console.print(table if got else "no tasks")
 
@@ -120,7 +131,7 @@ def erase_owner(
             return await rt.erase_owner(owner)
 
     result = run_async(go())
-    make_console().print(f"deleted {result.tasks} tasks of {owner}")
+    make_console().print(f"deleted {result.tasks} tasks of {safe(owner)}")
 
 
 # --- queues ---
@@ -158,11 +169,11 @@ def queue_set(
             )
 
     q = run_async(go())
-    make_console().print(escape(f"queue {q.name}: {json.dumps(q.definition())}"))
+    make_console().print(safe(f"queue {q.name}: {json.dumps(q.definition())}"))
 
 
 @queue_app.command("ls")
-def queue_ls(store: str = STORE) -> None:
+def queue_ls(store: str = STORE, as_json: bool = JSON) -> None:
     """Queues with limits or tasks: the limits, and the tasks in each status (all users)."""
 
     async def go() -> tuple[list[Queue], dict[str, dict[str, int]]]:
@@ -171,17 +182,27 @@ def queue_ls(store: str = STORE) -> None:
 
     defined, counts = run_async(go())
     by_name = {q.name: q for q in defined}
+    names = sorted(by_name.keys() | counts.keys())
+    if as_json:
+        emit_json(
+            [
+                {**(by_name.get(n) or Queue(n)).definition(), "tasks": counts.get(n, {})}
+                for n in names
+            ]
+        )
+        return
     console = make_console()
-    if not by_name and not counts:
+    if not names:
         console.print("no queues")
         return
-    table = Table()
-    for col in ("queue", "concurrency", "per worker", "per owner", "rate", "ttl", "tasks"):
-        table.add_column(col, no_wrap=col != "tasks")
-    for name in sorted(by_name.keys() | counts.keys()):
+    # Narrow headers and a folding name: the table fits 80 columns.
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    for col in ("queue", "at once", "worker", "owner", "rate", "ttl", "tasks"):
+        table.add_column(col, overflow="fold")
+    for name in names:
         q = by_name.get(name) or Queue(name)
         table.add_row(
-            escape(name),
+            safe(name),
             *(str(v) if v is not None else "-" for v in (q.concurrency, q.per_worker, q.per_owner)),
             "-" if q.rate is None else f"{q.rate[0]}/{q.rate[1]:g}s",
             "-" if q.ttl is None else show_age(q.ttl),
@@ -199,7 +220,7 @@ def queue_rm(name: str = typer.Argument(..., help="The queue's name."), store: s
             await rt.delete_queue(name)
 
     run_async(go())
-    make_console().print(escape(f"queue {name}: limits removed"))
+    make_console().print(safe(f"queue {name}: limits removed"))
 
 
 # --- schedules ---
@@ -216,8 +237,14 @@ def schedule_add(
     overlap: str = typer.Option("skip", help="If the last run is still going: skip, queue, allow."),
     owner: str | None = typer.Option(None, help="The user the tasks belong to."),
     queue: str | None = typer.Option(None, help="Queue for its tasks (default: the agent's)."),
+    agents: str | None = typer.Option(
+        None,
+        "--agents",
+        help="module:attr naming the agents, to check --agent against "
+        "(default: the agents the running workers serve).",
+    ),
 ) -> None:
-    """Create (or replace) a schedule."""
+    """Create (or replace) a schedule; its agent must be one a worker serves."""
     try:
         value: Any = json.loads(input)
     except ValueError:
@@ -225,8 +252,11 @@ def schedule_add(
     if overlap not in ("skip", "queue", "allow"):
         raise typer.BadParameter("--overlap is skip, queue or allow")
 
+    named = None if agents is None else {a.name for a in load_agents(agents)}
+
     async def go() -> Schedule:
         async with operator_runtime(store, create=True) as rt:
+            await _check_agent(rt, agent, named)
             sched = new_schedule(
                 name,
                 agent,
@@ -240,12 +270,30 @@ def schedule_add(
             return await put_schedule(rt.store, sched)
 
     sched = run_async(go())
-    make_console().print(f"schedule {sched.name}: next tick {sched.next_at.isoformat()}")
+    make_console().print(f"schedule {safe(sched.name)}: next tick {sched.next_at.isoformat()}")
+
+
+async def _check_agent(rt: Runtime, agent: str, named: set[str] | None) -> None:
+    """Refuse a schedule for an agent nobody runs: its ticks would never fire."""
+    if named is not None:
+        if agent not in named:
+            raise UnknownAgent(agent, sorted(named))
+        return
+    served = await served_agents(rt.store)
+    if agent not in served:
+        who = f"they serve {', '.join(sorted(served))}" if served else "no worker is running"
+        raise UsageError(
+            f"no running worker serves agent {agent!r} ({who}), so the schedule would "
+            "never fire; start a worker that runs it first, or pass --agents module:attr "
+            "naming the agents your workers will run"
+        )
 
 
 @schedule_app.command("ls")
 def schedule_ls(
-    store: str = STORE, owner: str | None = typer.Option(None, help="Only this user's.")
+    store: str = STORE,
+    owner: str | None = typer.Option(None, help="Only this user's."),
+    as_json: bool = JSON,
 ) -> None:
     """List schedules."""
 
@@ -254,24 +302,28 @@ def schedule_ls(
             return await list_schedules(rt.store, owner)
 
     scheds = run_async(go())
+    if as_json:
+        emit_json([sched.model_dump(mode="json") for sched in scheds])
+        return
     console = make_console()
     if not scheds:
         console.print("no schedules")
         return
-    table = Table()
-    for col in ("name", "owner", "agent", "when", "overlap", "state", "next tick", "last task"):
-        table.add_column(col, no_wrap=True)
-    for s in scheds:
-        when = s.cron if s.cron else f"every {s.every:g}s"
+    # Fits 80 columns: long names and agents fold; the last task is in --json.
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    owners = any(sched.owner for sched in scheds)
+    for col in ("name", *(("owner",) if owners else ()), "agent", "when", "state", "next tick"):
+        table.add_column(col, overflow="fold", no_wrap=col == "next tick")
+    for sched in scheds:
+        when = sched.cron if sched.cron else f"every {show_age(sched.every or 0)}"
+        state = "paused" if sched.paused else "active"
         table.add_row(
-            escape(s.name),
-            escape(s.owner or ""),
-            escape(s.agent),
-            escape(str(when)),
-            s.overlap,
-            "paused" if s.paused else "active",
-            s.next_at.isoformat(timespec="seconds"),
-            s.last_task_id or "",
+            safe(sched.name),
+            *((safe(sched.owner or ""),) if owners else ()),
+            safe(sched.agent),
+            safe(when),
+            f"{state}, overlap {sched.overlap}",
+            sched.next_at.strftime("%m-%d %H:%M:%S UTC"),
         )
     console.print(table)
 
@@ -283,7 +335,7 @@ def _set(name: str, store: str, owner: str | None, paused: bool) -> None:
 
     s = run_async(go())
     state = "paused" if s.paused else f"active, next tick {s.next_at.isoformat()}"
-    make_console().print(f"schedule {s.name}: {state}")
+    make_console().print(f"schedule {safe(s.name)}: {state}")
 
 
 @schedule_app.command("pause")
@@ -313,4 +365,4 @@ def schedule_rm(
             await delete_schedule(rt.store, name, owner)
 
     run_async(go())
-    make_console().print(f"schedule {name} deleted")
+    make_console().print(f"schedule {safe(name)} deleted")

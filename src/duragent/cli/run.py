@@ -31,6 +31,7 @@ from rich.markup import escape
 from duragent.cli._common import (
     STORE,
     default_store_url,
+    make_console,
     parse_duration,
     prepare_store,
     require_store,
@@ -207,6 +208,9 @@ def _continue_hint(task_id: str, flags: list[str]) -> str:
 
 # --- showing a task as it runs -----------------------------------------------------
 
+# The UI errors that say a task ended; `Session.summary` says that, with the error.
+ENDINGS = ("The task failed.", "The task is blocked.")
+
 
 def _args(arguments: str, limit: int = 120) -> str:
     try:
@@ -286,8 +290,13 @@ class Transcript:
         elif e.kind is EntryKind.UI_MESSAGE:
             self.end_line()
             if p.get("type") == "error":
+                if p.get("message") in ENDINGS:
+                    return  # the summary says how the task ended, with its error: once
+                message = str(p.get("message", ""))
                 detail = f": {p['detail']}" if p.get("detail") else ""
-                self.console.print(f"[red]✗ {safe(p.get('message', '') + detail)}[/]")
+                if detail:
+                    message = message.rstrip(".")
+                self.console.print(f"[red]✗ {safe(message + detail)}[/]")
             elif p.get("type") == "notice":
                 self.console.print(f"[yellow]• {safe(p.get('message', ''))}[/]")
 
@@ -509,7 +518,7 @@ async def _drive(
     repin: bool = False,
 ) -> int:
     # Soft wrap: a pipe gets whole lines (a hint to copy must not be cut in two).
-    console = Console(highlight=False, soft_wrap=True)
+    console = make_console(soft_wrap=True)
     agent = run_agent(agent_name, model, max_iterations, grants)
     loop = asyncio.get_running_loop()
     try:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import socket
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from duragent.cli._common import STORE, fail, prepare_store
+from duragent.cli._common import STORE, fail, log_to_terminal, prepare_store
 from duragent.cli.worker import load_agents
-from duragent.errors import MissingExtra, UsageError
+from duragent.errors import InvalidOption, MissingExtra, UsageError
 
 app = typer.Typer()
 
@@ -49,7 +51,9 @@ async def serve_forever(
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
     admins: list[str] | None = None,
+    sock: socket.socket | None = None,
 ) -> None:
+    """Serve until stopped; on `sock` if given (bound already), else on host:port."""
     uvicorn, server = _server_modules()
     from duragent.runtime.runtime import Runtime
     from duragent.server import connections
@@ -64,6 +68,10 @@ async def serve_forever(
     fd_limit = connections.raise_fd_limit()
     connections.quiet_accept_errors(asyncio.get_running_loop())
     agents = load_agents(agents_spec) if agents_spec else []
+    if sock is not None:  # uvicorn says where it listens only when it binds itself
+        bound_host, bound_port = sock.getsockname()[:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        logging.getLogger("duragent.serve").info("listening on http://%s:%d", shown, bound_port)
     store: str | Store = store_url
     extra: dict[str, Any] = {}
     exporter = None
@@ -94,6 +102,7 @@ async def serve_forever(
                 host=host,
                 port=port,
                 log_level=log_level,
+                log_config=None,  # its records go through log_to_terminal's cleaning handler
                 lifespan="on",
                 timeout_graceful_shutdown=5,
                 # Past this many connections a request is answered 503 at once.
@@ -101,7 +110,7 @@ async def serve_forever(
                 timeout_keep_alive=keep_alive_timeout,
                 http=connections.protocol_with_header_timeout(header_timeout),
             )
-            await uvicorn.Server(config).serve()
+            await uvicorn.Server(config).serve(sockets=None if sock is None else [sock])
     finally:
         if exporter is not None:
             exporter.shutdown()
@@ -173,7 +182,11 @@ def serve(
     ),
 ) -> None:
     """Serve the REST API under /v1, live events, and the web page at /."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    log_to_terminal()
+    _server_modules()  # a missing extra is said before anything else
+    # Bound before anything starts: a port in use is one line, never a started
+    # server ("startup complete") that then exits.
+    sock = listen(host, port)
     if agents is None:
         typer.secho(NO_AGENTS, fg=typer.colors.YELLOW, err=True)
     limits = {
@@ -206,7 +219,30 @@ def serve(
                 metrics_port=metrics_port,
                 metrics_host=metrics_host,
                 admins=admin,
+                sock=sock,
             )
         )
     except UsageError as exc:  # MissingExtra, no tokens, a bad tokens file
         fail(exc, code=2)
+    finally:
+        sock.close()
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (not yet listening), or a one-line error."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise InvalidOption(f"--host {host!r}: {exc.strerror or exc}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        why = exc.strerror or str(exc)
+        hint = "; stop what uses it or pick another --port" if exc.errno == errno.EADDRINUSE else ""
+        raise UsageError(f"cannot listen on {host}:{port}: {why.lower()}{hint}") from None
+    sock.set_inheritable(True)
+    return sock

@@ -3,13 +3,23 @@ round) and `send` (a message into a live task)."""
 
 from __future__ import annotations
 
+import shlex
+
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from duragent.cli._common import STORE, fail, make_console, operator_runtime, run_async
+from duragent.cli._common import (
+    JSON,
+    STORE,
+    emit_json,
+    fail,
+    make_console,
+    operator_runtime,
+    run_async,
+)
 from duragent.cli._format import clip, count, status_markup
-from duragent.errors import UsageError
+from duragent.errors import InvalidTransition, UsageError
 from duragent.runtime.inbox import STRATEGIES, MultitaskStrategy
 from duragent.runtime.steering import Edit, History
 from duragent.terminal import safe
@@ -43,7 +53,11 @@ def history_table(history: History) -> Table:
 
 
 @app.command()
-def history(task_id: str = typer.Argument(..., help="The task's id."), store: str = STORE) -> None:
+def history(
+    task_id: str = typer.Argument(..., help="The task's id."),
+    store: str = STORE,
+    as_json: bool = JSON,
+) -> None:
     """Show a task round by round: what the model said, its tool calls and their results."""
 
     async def go() -> tuple[Task, History]:
@@ -51,6 +65,9 @@ def history(task_id: str = typer.Argument(..., help="The task's id."), store: st
             return await rt.get(task_id), await rt.history(task_id)
 
     task, hist = run_async(go())
+    if as_json:
+        emit_json(hist)
+        return
     console: Console = make_console()
     status = status_markup(task)
     console.print(f"task {safe(task.id)} is {status}; {count(task.iterations, 'complete round')}")
@@ -126,7 +143,24 @@ def send(
     async def go() -> Task:
         async with operator_runtime(store) as rt:
             chosen: MultitaskStrategy | None = strategy  # type: ignore[assignment]
-            return await rt.send(task_id, text, multitask_strategy=chosen, request_id=request_id)
+            try:
+                return await rt.send(
+                    task_id, text, multitask_strategy=chosen, request_id=request_id
+                )
+            except InvalidTransition:
+                task = await rt.get(task_id)
+                if not task.status.terminal:
+                    raise
+            # The library's hint names Python calls; at the terminal it is a command.
+            if task.iterations == 0:  # no complete round to fork from
+                how = "it has no complete round to fork from: start a new task instead"
+            else:
+                at = str(task.iterations)
+                fork_it = ["duragent", "fork", task.id, "--at", at, "--append-user", text]
+                how = f"continue its conversation in a new task with: {shlex.join(fork_it)}"
+            raise InvalidTransition(
+                task.status.value, "running", f"a finished task takes no messages; {how}"
+            )
 
     task = run_async(go())
     queued = task.config.get("inbox")

@@ -15,7 +15,10 @@ from rich.table import Table
 from rich.text import Text
 
 from duragent.cli._common import (
+    JSON,
     STORE,
+    emit_json,
+    fail,
     make_console,
     operator_runtime,
     parse_age,
@@ -34,6 +37,7 @@ from duragent.cli._format import (
     timeline,
     when,
 )
+from duragent.errors import UsageError
 from duragent.payloads import progress_of
 from duragent.runtime.runtime import Runtime
 from duragent.runtime.worker import lease_alive
@@ -124,6 +128,7 @@ def list_tasks(
     queue: str | None = typer.Option(None, help="Only this queue's tasks."),
     meta: list[str] | None = typer.Option(None, help="key=value: metadata equal to (repeat)."),
     since: str | None = typer.Option(None, help="Created within: 30d, 12h, 15m, 90s."),
+    as_json: bool = JSON,
 ) -> None:
     """List tasks, newest first."""
     labels = {}
@@ -148,6 +153,9 @@ def list_tasks(
             return list(page.tasks)
 
     tasks = run_async(go())
+    if as_json:
+        emit_json([t.model_dump(mode="json") for t in tasks])
+        return
     console = make_console()
     if not tasks:
         console.print("no tasks")
@@ -161,14 +169,27 @@ def show(
     task_id: str = typer.Argument(..., help="The task's id."),
     store: str = STORE,
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until it ends."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the task and its entries as JSON (no --follow)."
+    ),
 ) -> None:
     """Show a task and the timeline of its committed entries."""
     console = make_console()
+    if as_json and follow:
+        fail(UsageError("--json prints the task as it is now; it does not --follow"))
 
     async def go() -> None:
         async with operator_runtime(store) as rt:
             task = await rt.get(task_id)
             entries = await rt.store.entries(task_id)
+            if as_json:
+                emit_json(
+                    {
+                        "task": task.model_dump(mode="json"),
+                        "entries": [e.model_dump(mode="json") for e in entries],
+                    }
+                )
+                return
             console.print(task_header(task))
             console.print(timeline(entries))
             if follow:
@@ -199,6 +220,18 @@ async def _follow(rt: Runtime, task_id: str, after: int, console: Console) -> No
         console.print(safe(clip(task.output, 2000)))
 
 
+async def _say_wait(rt: Runtime, task_id: str, action: str, timeout: float) -> None:
+    """Before waiting on another process's worker, say so (on stderr): for what, and
+    until when a dead one holds the task."""
+    task = await rt.get(task_id)
+    if lease_alive(task):
+        make_console(stderr=True).print(
+            f"waiting up to {timeout:g} s for the task's worker to reach a safe point; its "
+            f"lease ends in {escape(lease_left(task))}, and if that worker is gone the {action} "
+            "applies then…"
+        )
+
+
 @app.command()
 def pause(
     task_id: str = typer.Argument(..., help="The task's id."),
@@ -210,6 +243,7 @@ def pause(
 
     async def go() -> Task:
         async with operator_runtime(store) as rt:
+            await _say_wait(rt, task_id, "pause", timeout)
             return await rt.pause(task_id, rollback=rollback, timeout=timeout)
 
     task = run_async(go())
@@ -272,6 +306,7 @@ def abort(
 
     async def go() -> Task:
         async with operator_runtime(store) as rt:
+            await _say_wait(rt, task_id, "abort", timeout)
             return await rt.abort(task_id, reason=reason, timeout=timeout)
 
     task = run_async(go())

@@ -8,11 +8,22 @@ import logging
 import signal
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
-from duragent.cli._common import STORE, import_from_cwd, prepare_store, run_async
-from duragent.runtime.agent import Agent
+from duragent.cli._common import (
+    DEBUG_ENV,
+    STORE,
+    debugging,
+    import_from_cwd,
+    log_to_terminal,
+    prepare_store,
+    run_async,
+)
+from duragent.errors import InvalidOption
+from duragent.runtime.agent import Agent, agents_by_name
+from duragent.runtime.calls import describe
 
 if TYPE_CHECKING:
     from duragent.store.base import Store
@@ -23,25 +34,49 @@ app = typer.Typer()
 
 def load_agents(spec: str) -> list[Agent]:
     """`module:attr` naming an Agent, a list of Agents, or a function returning either;
-    the module is looked for in the current directory too."""
+    the module is looked for in the current directory too.
+
+    A module that raises while it loads (or a function that raises) is one line
+    naming the module and the error; DURAGENT_DEBUG=1 (or --debug) lets the
+    traceback through instead."""
     module_name, _, attr = spec.partition(":")
     if not attr:
-        raise typer.BadParameter(f"{spec!r} should be 'module:attribute'")
+        raise InvalidOption(f"--agents {spec!r} should be 'module:attribute'")
     import_from_cwd()
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise typer.BadParameter(f"cannot import {module_name!r}: {exc}") from exc
+    except Exception as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name == module_name:
+            raise InvalidOption(f"--agents {spec!r}: there is no module {module_name!r}") from None
+        if debugging():
+            raise
+        raise _failed(spec, f"importing module {module_name!r}", exc) from None
     try:
         value: Any = getattr(module, attr)
     except AttributeError:
-        raise typer.BadParameter(f"module {module_name!r} has no attribute {attr!r}") from None
+        raise InvalidOption(
+            f"--agents {spec!r}: module {module_name!r} has no attribute {attr!r}"
+        ) from None
     if callable(value) and not isinstance(value, Agent):
-        value = value()
+        try:
+            value = value()
+        except Exception as exc:
+            if debugging():
+                raise
+            raise _failed(spec, f"calling {module_name}.{attr}()", exc) from None
     agents = [value] if isinstance(value, Agent) else list(value)
     if not agents or not all(isinstance(a, Agent) for a in agents):
-        raise typer.BadParameter(f"{spec!r} is not an Agent or a list of Agents")
+        raise InvalidOption(f"--agents {spec!r} is not an Agent or a list of Agents")
+    agents_by_name(agents)  # two agents with one name: said here, before anything starts
     return agents
+
+
+def _failed(spec: str, doing: str, exc: Exception) -> InvalidOption:
+    """One line for an agents module that raised: what was done, and the error."""
+    what = " ".join(describe(exc).split())
+    return InvalidOption(
+        f"--agents {spec!r}: {doing} raised {what} ({DEBUG_ENV}=1 shows the traceback)"
+    )
 
 
 async def run_worker(
@@ -78,6 +113,14 @@ async def run_worker(
         worker = Worker(metrics.store, agents, trace=metrics.trace, **options)
     else:
         worker = Worker(store, agents, **options)
+    log.info(
+        "worker %s started: store %s, agents %s, %d at once, queues %s",
+        worker.id,
+        without_password(store_url),
+        ", ".join(sorted(worker.agents)),
+        worker.concurrency,
+        ", ".join(worker.queues) if worker.queues else "all",
+    )
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task[None]] = []
 
@@ -123,7 +166,7 @@ def worker(
 ) -> None:
     """Claim and run tasks until SIGTERM (then stop at a safe point and hand them back)."""
     only = None if queues is None else parse_queues(queues)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    log_to_terminal()
     prepare_store(store)
     run_async(
         run_worker(
@@ -139,6 +182,14 @@ def worker(
             queues=only,
         )
     )
+
+
+def without_password(url: str) -> str:
+    """The store URL to show: a password in it is replaced by ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
 
 
 def parse_queues(text: str) -> list[str]:

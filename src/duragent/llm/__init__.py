@@ -37,6 +37,10 @@ __all__ = [
 ]
 
 
+# The scripted models a spec may name; each answers "Done." (see ScriptedModel).
+SCRIPTS = ("demo", "none")
+
+
 def resolve_model(spec: str | ChatModel, **options: Any) -> ChatModel:
     """`"openai:gpt-4o-mini"`, `"anthropic:claude-..."`, `"scripted:demo"`, or a ChatModel."""
     if not isinstance(spec, str):
@@ -48,6 +52,12 @@ def resolve_model(spec: str | ChatModel, **options: Any) -> ChatModel:
             "'anthropic:claude-sonnet-4-5' or 'scripted:demo'"
         )
     if provider == "scripted":
+        if name not in SCRIPTS:
+            known = ", ".join(f"scripted:{n}" for n in SCRIPTS)
+            raise InvalidOption(
+                f"unknown scripted model {spec!r}; the scripted models are {known} "
+                "(for a script of your own, pass a ScriptedModel)"
+            )
         return ScriptedModel([], name=spec, **options)
     if provider == "openai":
         from duragent.llm.openai import OpenAIChat

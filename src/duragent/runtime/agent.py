@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -97,3 +97,17 @@ class Agent:
     @property
     def model_name(self) -> str:
         return self.model if isinstance(self.model, str) else self.model.name
+
+
+def agents_by_name(agents: Iterable[Agent]) -> dict[str, Agent]:
+    """The agents by name; two different agents under one name are refused, since a
+    task names its agent and one of the two would silently never run."""
+    named: dict[str, Agent] = {}
+    for agent in agents:
+        other = named.setdefault(agent.name, agent)
+        if other is not agent:
+            raise InvalidOption(
+                f"two agents are named {agent.name!r}: give each agent its own name "
+                "(a task names the agent that runs it)"
+            )
+    return named

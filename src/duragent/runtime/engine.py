@@ -75,7 +75,9 @@ class TaskRunner(RecoveringRunner):
         except StoreError as exc:
             await self._end_on_store_error(exc)
         except Exception as exc:
-            log.exception("task %s failed", self.task.id)
+            # One line; the traceback for whoever debugs (the task's error keeps the cause).
+            log.error("task %s failed: %s", self.task.id, " ".join(describe(exc).split()))
+            log.debug("task %s failed", self.task.id, exc_info=True)
             try:
                 await self._finish(TaskStatus.FAILED, error=describe(exc))
             except Abandoned:

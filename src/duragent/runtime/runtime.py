@@ -15,6 +15,7 @@ from pydantic_core import to_jsonable_python
 
 from duragent.errors import (
     Conflict,
+    ControlPending,
     DuplicateRequest,
     InvalidTransition,
     StaleLease,
@@ -22,8 +23,9 @@ from duragent.errors import (
     TaskNotFound,
     UnknownAgent,
     UsageError,
+    WaitTimedOut,
 )
-from duragent.runtime.agent import Agent
+from duragent.runtime.agent import Agent, agents_by_name
 from duragent.runtime.approvals import Decision
 from duragent.runtime.deadlines import DeadlineSpec, deadline_at, deadline_record
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
@@ -103,6 +105,15 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _acted_on(held: Task) -> Callable[[Task], bool]:
+    """Whether a control request left on `held` was acted on, or can be here: the task
+    stopped running, its lease ended (its worker is gone), or another worker took it."""
+    epoch = held.lease.epoch
+    return lambda t: (
+        t.status is not TaskStatus.RUNNING or not lease_alive(t) or t.lease.epoch != epoch
+    )
+
+
 class Runtime(ManyTasks, SendsMessages):
     """`async with Runtime("sqlite:///agent.db", agents=[...]) as rt: ...`
 
@@ -131,11 +142,11 @@ class Runtime(ManyTasks, SendsMessages):
         queues: Iterable[Queue] = (),
         worker_queues: Iterable[str] | None = None,
     ) -> None:
+        self.agents = agents_by_name(agents)
         self.store: Store = (
             store if store is not None and not isinstance(store, str) else open_store(store)
         )
         self._owns_store = store is None or isinstance(store, str)
-        self.agents = {a.name: a for a in agents}
         self.run_worker = run_worker
         self.worker: Worker | None = None
         self._worker_args = {
@@ -352,7 +363,19 @@ class Runtime(ManyTasks, SendsMessages):
         timeout: float | None = None,
         until: Callable[[Task], bool] | None = None,
     ) -> Task:
-        """Until the task ends (or `until(task)` holds). Raises TimeoutError; never cancels it.
+        """Until the task ends (or `until(task)` holds). Raises TimeoutError; never cancels it."""
+        return await self._wait(
+            task_id, timeout, until, "it to end" if until is None else "the condition asked"
+        )
+
+    async def _wait(
+        self,
+        task_id: str,
+        timeout: float | None,
+        until: Callable[[Task], bool] | None,
+        waited_for: str,
+    ) -> Task:
+        """`wait`; a timeout says what was waited for and where the task is (WaitTimedOut).
 
         A store that cannot be reached (a database restarting, a dropped
         network) is waited for: said once on the `duragent.runtime` logger,
@@ -376,7 +399,13 @@ class Runtime(ManyTasks, SendsMessages):
                 await self._wait_for_holder(task, told)
                 await self.store.wait_for_change(0.5)
 
-        return await asyncio.wait_for(poll(), timeout)
+        try:
+            return await asyncio.wait_for(poll(), timeout)
+        except TimeoutError:
+            assert timeout is not None
+            task = await self.store.get_task(task_id)
+            status = task.status.value + (f" ({task.status_reason})" if task.status_reason else "")
+            raise WaitTimedOut(task_id, status, timeout, waited_for) from None
 
     async def _wait_for_holder(self, task: Task, told: set[str]) -> None:
         """When a wait depends on another process's lease: take the task over at once
@@ -537,6 +566,7 @@ class Runtime(ManyTasks, SendsMessages):
 
     async def _stop(self, task_id: str, control: Control, timeout: float) -> Task:
         target = TaskStatus.PAUSED if control.action == "pause" else TaskStatus.ABORTED
+        give_up = asyncio.get_running_loop().time() + timeout
         for _ in range(50):
             task = await self.store.get_task(task_id)
             if task.status is target or task.status.terminal:
@@ -577,9 +607,17 @@ class Runtime(ManyTasks, SendsMessages):
                     )
                 except Conflict:
                     continue
-                return await self.wait(
-                    task_id, timeout=timeout, until=lambda t: t.status is not TaskStatus.RUNNING
-                )
+                # Until its worker acts on it, or its lease ends (a dead worker: then
+                # the next look finds the task unowned and stops it here).
+                left = give_up - asyncio.get_running_loop().time()
+                try:
+                    await self._wait(
+                        task_id, max(left, 0.0), _acted_on(task), "its worker to reach a safe point"
+                    )
+                except WaitTimedOut:
+                    holder = task.lease.owner or "?"
+                    raise ControlPending(task_id, control.action, timeout, holder) from None
+                continue
             try:
                 return await self._stop_unowned(task, control)
             except Conflict:

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from duragent.errors import CommitOutcomeUnknown, StoreError, TaskNotFound, UsageError
-from duragent.runtime.agent import Agent
+from duragent.runtime.agent import Agent, agents_by_name
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
 from duragent.runtime.housekeeping import Housekeeper
 from duragent.runtime.housekeeping import stop as stop_housekeeping
@@ -67,7 +67,7 @@ class Worker:
     ) -> None:
         self.store = store
         self.queues = None if queues is None else queue_names(queues)
-        self.agents = {a.name: a for a in agents}
+        self.agents = agents_by_name(agents)
         self.concurrency = concurrency
         self.lease_ttl = lease_ttl
         self.heartbeat = heartbeat if heartbeat is not None else lease_ttl / 3
