@@ -39,6 +39,10 @@ def test_serve_without_the_extra_says_how_to_install_it(tmp_path: Path) -> None:
     code = "import duragent, duragent.cli.tasks, duragent.cli.serve; print(duragent.Runtime)"
     ok = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert ok.returncode == 0, ok.stderr
+    made = run(
+        "queue", "set", "q", "--concurrency", "1", "--store", f"sqlite:///{tmp_path}/s.db", env=env
+    )
+    assert made.returncode == 0, made.stderr  # a command that records something makes the store
     listed = run("ls", "--store", f"sqlite:///{tmp_path}/s.db", env=env)
     assert listed.returncode == 0 and "no tasks" in listed.stdout
 

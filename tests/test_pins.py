@@ -214,3 +214,21 @@ async def test_duragent_worker_and_resume_keep_the_pin(tmp_path: Path) -> None:
         finally:
             stop(worker)
         assert task.output == "from A" and len(a.requests) == 1 and b.requests == []
+
+
+async def test_a_stand_in_definition_that_only_submits_pins_nothing_it_does_not_declare(
+    tmp_path: Path,
+) -> None:
+    """A process that only submits often names the agent with a stand-in (a scripted
+    model, no tools): the workers' real definition then decides, nothing is blocked."""
+    store = f"sqlite:///{tmp_path}/pins.db"
+    stand_in = Agent(name="pinned", model="scripted:none", plan_tool=False)
+    with ScriptedOpenAIServer(["from A"]) as a:
+        async with Runtime(store, agents=[stand_in], run_worker=False) as rt:
+            task_id = (await rt.submit("pinned", "hello")).task_id
+            task = await rt.get(task_id)
+        assert "base_url" not in task.config["request"] and "tools" not in task.config
+        tools = toolset("readonly", root=tmp_path, allow={"read"})
+        async with Runtime(store, agents=[agent_at(a.base_url, tools=tools)]) as rt:
+            task = await rt.wait(task_id, timeout=30)
+    assert task.status is TaskStatus.COMPLETED and task.output == "from A"

@@ -51,11 +51,28 @@ def tools_reach(agent: Agent) -> list[dict[str, Any]]:
     return [seen[k] for k in sorted(seen)]
 
 
+def _reaches_a_provider(agent: Agent) -> bool:
+    """Whether the agent's model sends requests over the network (a provider's
+    SDK, or a model object with a `base_url`); a scripted model does not."""
+    if isinstance(agent.model, str):
+        return agent.model_name.partition(":")[0] in _ENV_URL
+    return getattr(agent.model, "base_url", None) is not None
+
+
 def with_pins(agent: Agent, config: dict[str, Any]) -> dict[str, Any]:
-    """`config` with the agent's base URL and tool reach pinned."""
+    """`config` with what the agent declares pinned: the base URL of a model
+    that talks to a provider, the reach of bounded tools. What it does not
+    declare is not pinned, so a process that only submits, naming the agent
+    with a stand-in definition (`scripted:none`, no tools), leaves those to the
+    workers' definition instead of blocking every task it creates."""
     out = dict(config)
-    out["request"] = {**(config.get("request") or {}), "base_url": base_url_of(agent)}
-    out["tools"] = tools_reach(agent)
+    request = {k: v for k, v in (config.get("request") or {}).items() if k != "base_url"}
+    if _reaches_a_provider(agent):
+        request["base_url"] = base_url_of(agent)
+    out["request"] = request
+    out.pop("tools", None)  # a re-pin replaces the old reach
+    if reach := tools_reach(agent):
+        out["tools"] = reach
     return out
 
 
