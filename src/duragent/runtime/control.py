@@ -17,6 +17,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from duragent.errors import Conflict, StaleLease
@@ -140,6 +141,9 @@ class ControlledRunner:
         self._round_no = 0  # the round _round_api_seqs belongs to
         self._round_api_seqs: list[int] = []
         self._round_progress: list[int] = []
+        # When each call of the open round was made (its intent's commit time):
+        # what a call's waits count from, so a re-run after a crash asks the same.
+        self._called_at: dict[str, datetime] = {}
         self._tool_progress_at: dict[str, float] = {}
         # How long a runner ended by a store error keeps trying to hand its
         # task back before leaving it to the lease (renewed meanwhile).
@@ -390,6 +394,10 @@ class ControlledRunner:
         await self.commit(
             [NewEntry(task_id=self.task.id, kind=EntryKind.PROGRESS, round=rnd, payload=payload)]
         )
+
+    def called_at(self, call_id: str) -> datetime:
+        """When call `call_id` of the open round was made (its intent committed)."""
+        return self._called_at.get(call_id) or utcnow()
 
     async def trace_point(self, point: str, **info: Any) -> None:
         if self.trace is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from duragent.payloads import (
@@ -65,6 +66,8 @@ class RoundState:
     assistant: AssistantMessage | None = None
     api_seqs: list[int] = field(default_factory=list)
     intents: dict[str, IntentPayload] = field(default_factory=dict)
+    # When each intent was committed: the time a call's waits count from.
+    called_at: dict[str, datetime] = field(default_factory=dict)
     results: dict[str, ResultPayload] = field(default_factory=dict)
     result_seqs: dict[str, int] = field(default_factory=dict)
     waits: dict[str, WaitCheckpoint] = field(default_factory=dict)
@@ -118,6 +121,7 @@ def read_round(entries: Iterable[Entry], rnd: int) -> RoundState:
         elif e.kind is EntryKind.TOOL_INTENT:
             intent = intent_of(e)
             st.intents[intent["call_id"]] = intent
+            st.called_at[intent["call_id"]] = e.created_at
         elif e.kind is EntryKind.TOOL_RESULT:
             result = result_of(e)
             st.results[result["tool_call_id"]] = result

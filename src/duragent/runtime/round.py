@@ -140,6 +140,8 @@ class RoundRunner(ControlledRunner):
             {"usage": usage, "round_seq": self.task.last_seq},
         )
         self._round_api_seqs.append(res.entries[0].seq)
+        made = zip(response.tool_calls, res.entries[1:], strict=True)
+        self._called_at = {c.id: e.created_at for c, e in made}
         self.view.append(message)
         await self.trace_point("intents", calls=[c.id for c in response.tool_calls])
         await self._run_calls(r, response.tool_calls, None)
@@ -290,6 +292,7 @@ class RoundRunner(ControlledRunner):
         async def finish(out: Outcome) -> None:
             if out.suspend is not None:
                 suspended[out.call_id] = out
+                await self.trace_point("suspended", call_id=out.call_id)
                 return
             async with one_at_a_time:
                 if closes(out):
@@ -429,7 +432,9 @@ class RoundRunner(ControlledRunner):
                 self.task, wake_times(waits.values())
             ),  # a timer, an expiry, a deadline
         }
+        await self.trace_point("park", waits=waits)
         await self.commit(entries, patch, new_tasks=new_tasks, documents=documents)
+        await self.trace_point("parked", waits=waits)
 
     def _child(self, s: SpawnSubtask) -> tuple[Task, NewEntry]:
         parent, agent = self.task, self.agents[s.agent]

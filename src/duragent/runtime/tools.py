@@ -42,6 +42,9 @@ class Tool:
     metadata: dict[str, Any] = field(default_factory=dict)
     # Seconds an approval may stay open; then the call is denied ("no decision within ...").
     approval_timeout: float | None = None
+    # Its only effect is the wait it returns (the built-in ask_user): a call cut
+    # off before its wait was committed is run again, whatever its replay policy.
+    asks_only: bool = False
 
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters)
