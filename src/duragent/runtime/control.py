@@ -44,7 +44,9 @@ from duragent.webhooks import outbox_events
 
 log = logging.getLogger("duragent.engine")
 
-StatusHook = Callable[[Task, TaskStatus, TaskStatus], None]
+# A task's status changed: (task, old, new). A coroutine function may be given;
+# the worker awaits what it returns, one call after another (runtime/worker.py).
+StatusHook = Callable[[Task, TaskStatus, TaskStatus], Awaitable[None] | None]
 # Called at named points of a round ("progress", "intents", "tool_start",
 # "result", "final", "step"), after what precedes them is committed, and around
 # a run ("task_start", "task_end"), a round ("round_start") and a model call
@@ -472,7 +474,7 @@ class ControlledRunner:
                 version = self.task.version
             kept: list[str] = []
             if control.rollback and self._round_api_seqs and self.task.iterations < self._round_no:
-                kept, planned = await self._roll_back_round(r, todo, patch)
+                kept, planned = await self._roll_back_round(r, todo, patch, control)
                 if version is not None and planned != version:
                     continue  # the row moved since it was read: read and plan again
                 version = planned
@@ -538,7 +540,7 @@ class ControlledRunner:
         self._reread = True
 
     async def _roll_back_round(
-        self, r: int, entries: list[NewEntry], patch: dict[str, Any]
+        self, r: int, entries: list[NewEntry], patch: dict[str, Any], control: Control
     ) -> tuple[list[str], int]:
         """Add to `entries` what takes round r out of the model's view (log.rollback);
         returns the calls kept in it, by name, and the row version the plan holds for.
@@ -549,7 +551,11 @@ class ControlledRunner:
         row = await self.store.get_task(self.task.id)
         rs = read_round(await self.store.entries(self.task.id, after_seq=self.task.round_seq), r)
         first, last = min(self._round_api_seqs), row.last_seq
-        plan = rollback(self.task.id, rs, first, last, entries, "paused with rollback")
+        # A rollback with resume is a new message's (Runtime.send(..., rollback)).
+        new_message = control.resume
+        cause = "a new message came in" if new_message else "the task was paused"
+        reason = "a new message" if new_message else "paused with rollback"
+        plan = rollback(self.task.id, rs, first, last, entries, reason, cause=cause)
         entries += plan.entries
         if plan.closes_round:
             patch["iterations"] = r

@@ -370,14 +370,20 @@ class Runtime(ManyTasks, SendsMessages):
         self, task_id: str, view: Literal["model", "ui"] = "model"
     ) -> builtins.list[Any]:
         if view == "model":
-            return list(await self.store.model_view(task_id))
+            return list(await self.model_view(task_id))
         return await self.ui_messages(task_id)
 
     async def model_view(self, task_id: str) -> builtins.list[ApiMessage]:
-        return await self.store.model_view(task_id)
+        view = await self.store.model_view(task_id)
+        if not view:
+            await self.store.get_task(task_id)  # a missing or purged task: TaskNotFound
+        return view
 
     async def ui_messages(self, task_id: str) -> builtins.list[UiMessage]:
-        return ui_view(await self.store.entries(task_id))
+        entries = await self.store.entries(task_id)
+        if not entries:
+            await self.store.get_task(task_id)  # a missing or purged task: TaskNotFound
+        return ui_view(entries)
 
     async def steps(self, task_id: str) -> Steps:
         task = await self.store.get_task(task_id)
