@@ -8,8 +8,19 @@ from typing import Any
 
 import pytest
 
-from duragent import Agent, Runtime, ScriptedModel, Store, TaskNotFound, TaskStatus, ToolCall, tool
-from duragent.types import Task, ToolMessage, UserMessage
+from duragent import (
+    Agent,
+    Queue,
+    Runtime,
+    ScriptedModel,
+    Store,
+    TaskNotFound,
+    TaskStatus,
+    ToolCall,
+    tool,
+)
+from duragent.llm.messages import WorkingView
+from duragent.types import EntryKind, Task, ToolMessage, UserMessage, utcnow
 
 
 def quick_agent() -> Agent:
@@ -79,3 +90,63 @@ async def test_a_round_rolled_back_by_a_new_message_says_so_not_paused(store: St
     rolled = [m.content for m in view if isinstance(m, ToolMessage) and "Rolled back" in m.content]
     assert len(rolled) == 1, view
     assert "a new message came in" in rolled[0] and "paused" not in rolled[0]
+
+
+def relay_agent(seen: list[list[str]]) -> Agent:
+    """Three calls in one round, finishing last to first: each waits for the next."""
+    done = {name: asyncio.Event() for name in ("a", "b", "c")}
+
+    @tool
+    async def step(name: str) -> str:
+        """One leg of the relay."""
+        after = {"a": "b", "b": "c"}.get(name)
+        if after is not None:
+            await done[after].wait()
+        done[name].set()
+        return f"leg {name}"
+
+    def say(messages: list[Any]) -> Any:
+        results = [m.content for m in messages if isinstance(m, ToolMessage)]
+        if not results:
+            return [ToolCall("step", {"name": n}) for n in ("a", "b", "c")]
+        seen.append(results)
+        return "relayed"
+
+    return Agent(name="relay", model=ScriptedModel(say), tools=[step], plan_tool=False)
+
+
+async def test_parallel_results_reach_the_model_in_call_order(store: Store) -> None:
+    seen: list[list[str]] = []
+    async with Runtime(store, agents=[relay_agent(seen)]) as rt:
+        sub = await rt.submit("relay", "go")
+        task = await sub.wait(20)
+        view = await rt.model_view(task.id)
+        finished = [  # the log keeps them as they finished
+            e.payload["content"]
+            for e in await store.entries(task.id)
+            if e.kind is EntryKind.TOOL_RESULT
+        ]
+        resumed = WorkingView(await store.model_view_data(task.id))  # what a takeover reads
+    assert task.status is TaskStatus.COMPLETED
+    assert finished == ["leg c", "leg b", "leg a"]
+    in_order = ["leg a", "leg b", "leg c"]
+    assert seen == [in_order]  # the model call after the round
+    assert [m.content for m in view if isinstance(m, ToolMessage)] == in_order
+    assert [m.content for m in resumed.messages() if isinstance(m, ToolMessage)] == in_order
+
+
+async def test_a_queue_ttl_purges_a_finished_task_when_it_comes_due(store: Store) -> None:
+    """Not at the worker's next periodic look (every 60 s): at the task's expiry."""
+    async with Runtime(store, agents=[quick_agent()], queues=[Queue("q", ttl=0.5)]) as rt:
+        sub = await rt.submit("q", "hi")
+        task = await sub.wait(20)
+        due = task.updated_at + timedelta(seconds=0.5)
+        deadline = asyncio.get_running_loop().time() + 15  # far below the 60 s cycle
+        while True:
+            try:
+                await rt.get(task.id)
+            except TaskNotFound:
+                break
+            assert asyncio.get_running_loop().time() < deadline, "not purged at its ttl"
+            await asyncio.sleep(0.05)
+        assert utcnow() >= due  # not before its time either

@@ -316,6 +316,8 @@ class Worker:
 
     def _status_changed(self, task: Task, old: TaskStatus, new: TaskStatus) -> None:
         self.webhooks.wake()  # the commit may have written a webhook event
+        if new.terminal:
+            self.housekeeper.finished(task)  # its queue's ttl runs from now
         if self.on_status is None:
             return
         called = self.on_status(task, old, new)
