@@ -64,7 +64,12 @@ def results_of(entries: list[Any]) -> list[dict[str, Any]]:
 
 
 async def until_waiting(rt: Runtime, task_id: str) -> Task:
-    return await rt.wait(task_id, timeout=60, until=lambda t: t.status is TaskStatus.WAITING)
+    """The task once it waits (or ended: then the test fails at once, saying so)."""
+    task = await rt.wait(
+        task_id, timeout=60, until=lambda t: t.status is TaskStatus.WAITING or t.status.terminal
+    )
+    assert task.status is TaskStatus.WAITING, (task.status, task.output)
+    return task
 
 
 async def answer(rt: Runtime, kind: str, task_id: str) -> str:
@@ -148,16 +153,21 @@ class FlakyStore(SQLiteStore):
         return await super().commit(commit)
 
 
-@pytest.mark.parametrize("kind", ["input", "timer"])
+@pytest.mark.parametrize(
+    ("kind", "replay"),
+    [("input", "never"), ("timer", "never"), ("subtask", "never"), ("timer", "safe")],
+)
 async def test_a_transient_store_error_at_the_wait_keeps_the_wait(
-    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, kind: str, replay: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """In one process: the wait's commit fails, the runner hands the task back, and
-    the takeover asks for the same wait; it never becomes an answer nobody gave."""
+    """In one process: the wait's commit fails with a transient error; the runner
+    commits it again before handing the task back (a never-replay tool is not run
+    again), and the task waits as asked; it never becomes an answer nobody gave."""
     monkeypatch.delenv("DURAGENT_TEST_SLEEP", raising=False)
     store = FlakyStore(str(tmp_path / "f.db"))
+    agents = waiter(kind, replay)
     try:
-        async with Runtime(store, agents=waiter(kind), poll_interval=0.05, lease_ttl=1.0) as rt:
+        async with Runtime(store, agents=agents, poll_interval=0.05, lease_ttl=1.0) as rt:
             tid = (await rt.submit("waiter", "plan my trip")).task_id
             task = await until_waiting(rt, tid)
             entries = await rt.store.entries(tid)
@@ -170,6 +180,11 @@ async def test_a_transient_store_error_at_the_wait_keeps_the_wait(
                 await rt.respond(tid, answer="Lisbon")
                 done = await rt.wait(tid, timeout=60)
                 assert (done.status, done.output) == (TaskStatus.COMPLETED, "done: Lisbon")
+            elif kind == "subtask":
+                children = (await rt.tree(tid)).children
+                assert [c.task.id for c in children] == [wait["child_id"]]  # one, never two
+                done = await rt.wait(tid, timeout=60)
+                assert (done.status, done.output) == (TaskStatus.COMPLETED, "done: 42")
             else:
                 deadline = intent.created_at + timedelta(seconds=MONTH)
                 assert wait["wake_at"] == deadline.isoformat() and task.wake_at == deadline

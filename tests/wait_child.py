@@ -27,16 +27,17 @@ def _answers(messages: list[Any]) -> list[str]:
     return [m.content for m in messages if isinstance(m, ToolMessage)]
 
 
-def waiter(kind: str) -> list[Agent]:
-    """The parent agent whose first round asks for a `kind` wait, and its helper."""
+def waiter(kind: str, replay: Any = "safe") -> list[Agent]:
+    """The parent agent whose first round asks for a `kind` wait, and its helper;
+    `replay` is the policy of its tools that return a timer or a sub-task."""
     seconds = float(os.environ.get("DURAGENT_TEST_SLEEP", MONTH))
 
-    @tool(replay="safe")
+    @tool(replay=replay)
     async def nap(ctx: ToolContext) -> Any:
         """Wait durably."""
         return ctx.sleep(seconds)
 
-    @tool(replay="safe")
+    @tool(replay=replay)
     async def delegate(question: str, ctx: ToolContext) -> Any:
         """Hand the question to the helper and wait for its answer."""
         return ctx.spawn("helper", question)

@@ -65,6 +65,18 @@ class Interrupted(Exception):
     """A control request cut an interruptible stretch short."""
 
 
+@dataclass
+class Parking:
+    """The commit that parks a task on the waits of round `round` (calls `calls`)."""
+
+    round: int
+    calls: list[str]
+    entries: list[NewEntry]
+    patch: dict[str, Any]
+    new_tasks: list[Task]
+    documents: list[DocumentWrite]
+
+
 class Abandoned(Exception):
     """This worker lost the task's lease: stop at once and write nothing more."""
 
@@ -146,6 +158,8 @@ class ControlledRunner:
         # When each call of the open round was made (its intent's commit time):
         # what a call's waits count from, so a re-run after a crash asks the same.
         self._called_at: dict[str, datetime] = {}
+        # The commit of a round's waits, while it has not landed (see RoundRunner._park).
+        self._unparked: Parking | None = None
         self._tool_progress_at: dict[str, float] = {}
         # How long a runner ended by a store error keeps trying to hand its
         # task back before leaving it to the lease (renewed meanwhile).

@@ -110,9 +110,15 @@ class TaskRunner(RecoveringRunner):
         delay, deadline = 0.05, time.monotonic() + self.release_patience
         while True:
             try:
+                # Waits its tools asked for whose commit the error cut short are
+                # committed first (once the log says they did not land): a wait is
+                # never lost to a passing store error.
+                if await self.repark():
+                    log.info("task %s: its waits committed on a retry", self.task.id)
+                    return
                 await self.store.release_lease(self.task.id, self.epoch)
                 return
-            except (StaleLease, TaskNotFound):
+            except (StaleLease, TaskNotFound, Abandoned):
                 return  # someone else owns it already: nothing to hand back
             except StoreError as again:
                 if time.monotonic() + delay > deadline:

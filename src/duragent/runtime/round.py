@@ -22,7 +22,7 @@ from duragent.payloads import IntentPayload, WaitCheckpoint, WaitKind, stored, w
 from duragent.runtime.approvals import wake_times
 from duragent.runtime.calls import Outcome, run_call
 from duragent.runtime.context import SleepUntil, SpawnSubtask, WaitForInput
-from duragent.runtime.control import Control, ControlledRunner, Interrupted, cancelled
+from duragent.runtime.control import Control, ControlledRunner, Interrupted, Parking, cancelled
 from duragent.runtime.deadlines import deadline_at, wake_time
 from duragent.runtime.inbox import delivery, due
 from duragent.runtime.log import (
@@ -34,6 +34,7 @@ from duragent.runtime.log import (
     wait_reason,
 )
 from duragent.runtime.submit import new_task
+from duragent.runtime.waits import open_round
 from duragent.store.base import DocumentWrite
 from duragent.types import (
     ApiMessage,
@@ -433,8 +434,34 @@ class RoundRunner(ControlledRunner):
             ),  # a timer, an expiry, a deadline
         }
         await self.trace_point("park", waits=waits)
+        # Kept until it lands: a store error that cuts this commit short hands the
+        # task back only after committing it again (`repark`), so the tools' waits
+        # are not lost with it (a never-replay tool that asked to wait is not run
+        # again, and without its wait would be answered "interrupted").
+        self._unparked = Parking(r, list(waits), entries, patch, new_tasks, documents)
         await self.commit(entries, patch, new_tasks=new_tasks, documents=documents)
+        self._unparked = None
         await self.trace_point("parked", waits=waits)
+
+    async def repark(self) -> bool:
+        """After a store error cut the commit of this round's waits: commit it now,
+        unless it landed after all (its waits are in the log); True when the task is
+        parked. Read from the store first: a commit whose answer was lost may have
+        landed, and is never applied twice."""
+        parking = self._unparked
+        if parking is None:
+            return False
+        row = await self.store.get_task(self.task.id)
+        rs = await open_round(self.store, row)
+        if rs.round != parking.round or any(c in rs.results for c in parking.calls):
+            self._unparked = None  # the log went on without it: recovery decides
+            return False
+        if not any(c in rs.waits for c in parking.calls):
+            self.task = row
+            p = parking
+            await self.commit(p.entries, p.patch, new_tasks=p.new_tasks, documents=p.documents)
+        self._unparked = None
+        return True
 
     def _child(self, s: SpawnSubtask) -> tuple[Task, NewEntry]:
         parent, agent = self.task, self.agents[s.agent]
