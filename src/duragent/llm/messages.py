@@ -221,18 +221,37 @@ def _result_id(message: Any) -> str | None:
 
 def in_call_order(messages: Sequence[Any]) -> list[Any]:
     """`messages` with each run of tool results after an assistant message in the
-    order of that message's calls (a stable sort; a result of no call of it last)."""
-    out = list(messages)
-    i, n = 0, len(out)
-    while i < n:
-        calls = _call_ids(out[i])
-        i += 1
-        if calls is None or len(calls) < 2:
+    order of that message's calls (a stable sort; a result of no call of it last).
+
+    Runs a resume's whole history: one attribute or key read per message, and a
+    copy only when a round's results are out of order.
+    """
+    out = messages if type(messages) is list else list(messages)
+    copied = out is not messages
+    n = len(out)
+    for i in range(n):
+        m = out[i]
+        calls = m.get("tool_calls") if type(m) is dict else getattr(m, "tool_calls", None)
+        if not calls or len(calls) < 2:
             continue
-        j = i
+        j = i + 1
         while j < n and _result_id(out[j]) is not None:
             j += 1
-        order = {c: k for k, c in enumerate(calls)}
-        out[i:j] = sorted(out[i:j], key=lambda m: order.get(_result_id(m) or "", len(order)))
-        i = j
+        ids = [_result_id(r) for r in out[i + 1 : j]]
+        call_ids = [_call_id(c) for c in calls]
+        if ids == call_ids[: len(ids)]:
+            continue  # in order already (the common case: checked cheaply)
+        order = {c: k for k, c in enumerate(call_ids)}
+        last = len(order)
+        keys = [order.get(r or "", last) for r in ids]
+        if all(a <= b for a, b in itertools.pairwise(keys)):
+            continue  # in order, some calls unanswered
+        if not copied:
+            out, copied = list(out), True
+        ranked = sorted(zip(keys, out[i + 1 : j], strict=True), key=lambda kr: kr[0])
+        out[i + 1 : j] = [r for _k, r in ranked]
     return out
+
+
+def _call_id(call: Any) -> str:
+    return str(call["id"] if type(call) is dict else call.id)
