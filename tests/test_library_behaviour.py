@@ -150,3 +150,24 @@ async def test_a_queue_ttl_purges_a_finished_task_when_it_comes_due(store: Store
             assert asyncio.get_running_loop().time() < deadline, "not purged at its ttl"
             await asyncio.sleep(0.05)
         assert utcnow() >= due  # not before its time either
+
+
+def test_a_result_re_run_after_a_takeover_goes_to_its_call_s_place() -> None:
+    """Calls a, b, c; a and c were answered before a crash, b is run again by the
+    next owner: the model sees a, b, c (the view from the store, then b appended)."""
+    calls = [
+        {"id": c, "type": "function", "function": {"name": "step", "arguments": "{}"}}
+        for c in "abc"
+    ]
+    view = WorkingView(
+        [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "a", "content": "leg a"},
+            {"role": "tool", "tool_call_id": "c", "content": "leg c"},
+        ]
+    )
+    view.append(ToolMessage(tool_call_id="b", content="leg b"))
+    sent = view.messages()
+    assert [m.tool_call_id for m in sent if isinstance(m, ToolMessage)] == ["a", "b", "c"]
+    assert [m.get("tool_call_id") for m in sent.wire()][2:] == ["a", "b", "c"]
