@@ -104,6 +104,9 @@ class Runtime(ManyTasks, SendsMessages):
     running worker knows becomes `blocked` with reason `missing_definition`.
     `worker_queues` (queue names, as `Worker(queues=)`) keeps the in-process
     worker to those queues; `queues` defines queues and their limits.
+    `on_status_change(task, old, new)` is called on every status change a runner
+    of this process makes; a coroutine function is awaited (its calls one after
+    another, in the order of the changes; an error it raises is logged).
     """
 
     def __init__(
