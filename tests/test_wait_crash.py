@@ -11,6 +11,7 @@ approval / sub-task (never a second one), and never answers the call
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 
 from conftest import PG_URL, drop_schema, require_postgres
-from duragent import Runtime, TaskStatus
+from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, ToolContext, tool
 from duragent.errors import StoreUnavailable
 from duragent.store.base import Commit, CommitResult
 from duragent.store.sqlite import SQLiteStore
@@ -190,3 +191,48 @@ async def test_a_transient_store_error_at_the_wait_keeps_the_wait(
                 assert wait["wake_at"] == deadline.isoformat() and task.wake_at == deadline
     finally:
         await store.close()
+
+
+async def test_a_worker_stopping_parks_a_wait_a_call_asked_for_in_its_grace(
+    tmp_path: Path,
+) -> None:
+    """A round of two calls: `nap` (never-replay) asks for a timer while `slow` runs;
+    the worker stops (hands its tasks back) and cuts `slow` short. The task is
+    parked on the timer, not handed back without it (the next owner would answer
+    the never-replay `nap` "interrupted")."""
+    entered = asyncio.Event()
+
+    @tool
+    async def slow() -> str:
+        """Take a while."""
+        entered.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    @tool
+    async def nap(ctx: ToolContext) -> Any:
+        """Wait durably."""
+        return ctx.sleep(MONTH)
+
+    napped = asyncio.Event()
+
+    async def trace(point: str, **info: Any) -> None:
+        if point == "suspended":
+            napped.set()
+
+    model = ScriptedModel([[ToolCall("slow"), ToolCall("nap")], "done"])
+    agent = Agent(name="two", model=model, tools=[slow, nap], plan_tool=False, tool_grace=0.0)
+    url = f"sqlite:///{tmp_path}/s.db"
+    async with Runtime(url, agents=[agent], trace=trace) as rt:
+        tid = (await rt.submit("two", "go")).task_id
+        await entered.wait()
+        await napped.wait()
+        assert rt.worker is not None
+        await rt.worker.stop(graceful=True)  # the worker hands its tasks back
+        task = await rt.get(tid)
+        entries = await rt.store.entries(tid)
+    assert task.status is TaskStatus.WAITING and task.status_reason == "timer"
+    (wait,) = waits_of(entries)
+    results = {r["tool_call_id"]: r["outcome"] for r in results_of(entries)}
+    assert wait["wait"] == "timer" and wait["call_id"] not in results
+    assert list(results.values()) == ["interrupted"]  # slow, cut short by the stop

@@ -62,8 +62,11 @@ class TaskRunner(RecoveringRunner):
                 # A safe point: the last round is closed. Messages sent to interrupt go in.
                 self.view.extend(await self._take_messages(self.task.iterations + 1))
                 await self._round()
-            if self.control is not None and self.task.status is TaskStatus.WAITING:
+            stopping = self.control is not None and self.control.action != "release"
+            if stopping and self.task.status is TaskStatus.WAITING:
                 # Asked to stop just as it parked; at the deadline, its waits get results.
+                # (A worker that only hands its tasks back leaves a parked one parked.)
+                assert self.control is not None
                 if self.control.action == "deadline":
                     await self.stop_now(self.control)
                 else:

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Collection, Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 from duragent.errors import Conflict, ModelError
@@ -352,8 +352,7 @@ class RoundRunner(ControlledRunner):
                     job.result()  # surface Abandoned / store errors
                 stopped = watch_stop and self.control is not None
                 if stopped and pending_jobs and not closing:
-                    recorded = set(rs.waits) if rs else set()
-                    await self._stop_tools(r, pending_jobs, jobs, committing, suspended, recorded)
+                    await self._stop_tools(r, pending_jobs, jobs, committing, suspended, rs)
                     return
         except BaseException:
             # The runner ends (lost lease, store error): no tool of it may go on
@@ -397,10 +396,17 @@ class RoundRunner(ControlledRunner):
         landed = pending if pending is not None else _LANDED
         await self.trace_point("result", call_id=out.call_id, outcome=out.outcome, landed=landed)
 
-    async def _park(self, r: int, suspended: Mapping[str, Outcome], rs: RoundState | None) -> None:
-        """Commit the waits of this round and the task's waiting status, together."""
+    async def _park(
+        self,
+        r: int,
+        suspended: Mapping[str, Outcome],
+        rs: RoundState | None,
+        before: Sequence[NewEntry] = (),
+    ) -> None:
+        """Commit the waits of this round and the task's waiting status, together
+        (after `before`: results of calls a stop cut short)."""
         tid = self.task.id
-        entries: list[NewEntry] = []
+        entries: list[NewEntry] = list(before)
         new_tasks: list[Task] = []
         documents: list[DocumentWrite] = []
         waits: dict[str, WaitCheckpoint] = {}
@@ -489,8 +495,9 @@ class RoundRunner(ControlledRunner):
         jobs: Mapping[asyncio.Task[None], str],
         committing: Mapping[str, asyncio.Future[None]],
         suspended: Mapping[str, Outcome],
-        recorded: Collection[str],
+        rs: RoundState | None,
     ) -> None:
+        recorded = set(rs.waits) if rs else set()
         control = self.control or Control("pause")
         if control.action in ("pause", "release", "deadline"):
             # Let running tools finish (and commit their results) within the grace
@@ -525,16 +532,22 @@ class RoundRunner(ControlledRunner):
                 continue
             text = cancelled(control, "while it ran")
             entries += result_entries(self.task.id, r, cid, text, "interrupted")
+        if control.action == "release" and suspended:
+            # The worker only hands the task back, and calls asked to wait: park
+            # the task on their waits instead (with the results above), as if no
+            # stop had come. Handed back without them, a never-replay tool that
+            # asked to wait would not be run again, and be answered "interrupted".
+            await self._park(r, suspended, rs, before=entries)
+            return
         # A call that asked to wait (a sleep, a question, a sub-task) during the
         # grace period is not parked: the task stops instead. Its wait never began
         # (no sub-task was created); it gets a result that says so, unless:
         # - the log holds its wait (recovery asked it again): it stays open;
-        # - the worker only hands the task back: the next one runs the call again;
         # - it asked for its approval and the task is paused: it never ran, and
         #   asks again when resumed (a task aborted or past its deadline ends
         #   with every call answered).
         for cid, out in suspended.items():
-            if cid in recorded or control.action == "release":
+            if cid in recorded:
                 continue
             approval = isinstance(out.suspend, WaitForInput) and out.suspend.kind == "approval"
             if approval and control.action == "pause":
