@@ -65,3 +65,22 @@ async def test_tokens_are_debited_after_the_call(tmp_path: Path) -> None:
             RateLimited(ScriptedModel(["x"]), store)
     finally:
         await store.close()
+
+
+async def test_burst_seconds_smooths_the_budget(tmp_path: Path) -> None:
+    """120 a minute with burst_seconds=1: two at once, then one every half second,
+    never a whole minute's 120 in a burst."""
+    store = open_store(f"sqlite:///{tmp_path}/r.db")
+    try:
+        model = RateLimited(
+            ScriptedModel(lambda m: "ok"), store, requests_per_minute=120, burst_seconds=1
+        )
+        await call(model)
+        await call(model)
+        assert model.waited == 0
+        await call(model)  # the bucket is empty: it waits for half a second's refill
+        assert 0 < model.waited <= 0.5
+        with pytest.raises(ValueError, match="burst_seconds"):
+            RateLimited(ScriptedModel(["x"]), store, requests_per_minute=1, burst_seconds=0)
+    finally:
+        await store.close()

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from duragent.errors import StoreCorrupt
 from duragent.heap import collector_paused
-from duragent.types import API_MESSAGES, dump_message
+from duragent.types import API_MESSAGES, AssistantMessage, ToolMessage, dump_message
 
 
 class WorkingView:
@@ -42,10 +42,38 @@ class WorkingView:
         return len(self._data)
 
     def append(self, message: BaseModel) -> None:
+        at = self._result_place(message) if isinstance(message, ToolMessage) else None
+        if at is not None:  # a result that came before one of an earlier call
+            self._data.insert(at, None)
+            self._typed.insert(at, message)
+            self._dumped = min(self._dumped, at)
+            if self._typed_upto >= at:
+                self._typed_upto += 1
+            return
         if self._typed_upto == len(self._typed):
             self._typed_upto += 1
         self._data.append(None)
         self._typed.append(message)
+
+    def _result_place(self, result: ToolMessage) -> int | None:
+        """Where a tool result goes among the results after its assistant message, in
+        the order of that message's calls (results are committed as tools finish):
+        None for the end. Only the round's results are looked at, never earlier."""
+        k = len(self._typed)
+        while k > 0 and _result_id(self._at(k - 1)) is not None:
+            k -= 1
+        if k == len(self._typed) or k == 0:
+            return None  # the first result of its round: at the end
+        order = {c: n for n, c in enumerate(_call_ids(self._at(k - 1)) or ())}
+        mine = order.get(result.tool_call_id, len(order))
+        for i in range(k, len(self._typed)):
+            if order.get(_result_id(self._at(i)) or "", len(order)) > mine:
+                return i
+        return None
+
+    def _at(self, i: int) -> Any:
+        typed = self._typed[i]
+        return typed if typed is not None else self._data[i]
 
     def extend(self, messages: Sequence[BaseModel]) -> None:
         for message in messages:
@@ -165,3 +193,65 @@ def wire_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
     if isinstance(messages, Messages):
         return messages.wire()
     return [dump_message(m) for m in messages]
+
+
+# --- tool results in the order of their calls ---------------------------------
+# A round's results are committed as its tools finish, so the log holds them in
+# completion order; providers (and peers) expect them in the order of the
+# assistant message's calls. Messages here are typed or in their wire form.
+
+
+def _call_ids(message: Any) -> list[str] | None:
+    """The call ids of an assistant message, in order; None for any other message."""
+    if isinstance(message, dict):
+        if message.get("role") != "assistant":
+            return None
+        return [c["id"] for c in message.get("tool_calls") or ()]
+    if isinstance(message, AssistantMessage):
+        return [c.id for c in message.tool_calls or ()]
+    return None
+
+
+def _result_id(message: Any) -> str | None:
+    """The call id a tool result answers; None for any other message."""
+    if isinstance(message, dict):
+        return message.get("tool_call_id") if message.get("role") == "tool" else None
+    return message.tool_call_id if isinstance(message, ToolMessage) else None
+
+
+def in_call_order(messages: Sequence[Any]) -> list[Any]:
+    """`messages` with each run of tool results after an assistant message in the
+    order of that message's calls (a stable sort; a result of no call of it last).
+
+    Runs a resume's whole history: one attribute or key read per message, and a
+    copy only when a round's results are out of order.
+    """
+    out = messages if type(messages) is list else list(messages)
+    copied = out is not messages
+    n = len(out)
+    for i in range(n):
+        m = out[i]
+        calls = m.get("tool_calls") if type(m) is dict else getattr(m, "tool_calls", None)
+        if not calls or len(calls) < 2:
+            continue
+        j = i + 1
+        while j < n and _result_id(out[j]) is not None:
+            j += 1
+        ids = [_result_id(r) for r in out[i + 1 : j]]
+        call_ids = [_call_id(c) for c in calls]
+        if ids == call_ids[: len(ids)]:
+            continue  # in order already (the common case: checked cheaply)
+        order = {c: k for k, c in enumerate(call_ids)}
+        last = len(order)
+        keys = [order.get(r or "", last) for r in ids]
+        if all(a <= b for a, b in itertools.pairwise(keys)):
+            continue  # in order, some calls unanswered
+        if not copied:
+            out, copied = list(out), True
+        ranked = sorted(zip(keys, out[i + 1 : j], strict=True), key=lambda kr: kr[0])
+        out[i + 1 : j] = [r for _k, r in ranked]
+    return out
+
+
+def _call_id(call: Any) -> str:
+    return str(call["id"] if type(call) is dict else call.id)

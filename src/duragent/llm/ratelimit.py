@@ -8,6 +8,12 @@ the call it debits the tokens the call really used. Tokens are known only
 afterwards, so the token bucket may go below zero; the next call then waits
 until it has refilled. A call waits (asyncio.sleep, never a busy loop) rather
 than fails.
+
+The bucket refills continuously (a minute's budget over a minute) and holds at
+most `burst_seconds` of the budget: by default 60, so after a quiet minute a
+whole minute's budget may go at once (as a provider's own per-minute limit
+lets it); `burst_seconds=1` spreads the calls evenly (500 requests a minute:
+one every 0.12 s, at most ~8 at once).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ class RateLimited:
         key: str | None = None,
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,
+        burst_seconds: float = 60.0,
         **model_options: Any,
     ) -> None:
         if requests_per_minute is None and tokens_per_minute is None:
@@ -42,6 +49,10 @@ class RateLimited:
         for value in (requests_per_minute, tokens_per_minute):
             if value is not None and value <= 0:
                 raise InvalidOption("rate limits must be positive")
+        if not 0 < burst_seconds <= 60:
+            raise InvalidOption(
+                f"burst_seconds must be more than 0 and at most 60, not {burst_seconds!r}"
+            )
         if isinstance(model, str):
             from duragent.llm import resolve_model
 
@@ -52,6 +63,11 @@ class RateLimited:
         self.key = key or model.name  # one bucket per provider account, typically
         self.rpm = requests_per_minute
         self.tpm = tokens_per_minute
+        # What the bucket holds at most: `burst_seconds` of the budget (one request
+        # at least, or none could ever be taken).
+        share = burst_seconds / 60
+        self.max_requests = max(1.0, (requests_per_minute or 0.0) * share)
+        self.max_tokens = (tokens_per_minute or 0.0) * share
         self.waited = 0.0  # seconds this process spent waiting for the budget
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
@@ -75,12 +91,13 @@ class RateLimited:
 
     def _refilled(self, value: dict[str, Any] | None, now: float) -> dict[str, Any]:
         rpm, tpm = self.rpm or 0.0, self.tpm or 0.0
+        top_r, top_t = self.max_requests, self.max_tokens
         if value is None:
-            return {"requests": rpm, "tokens": tpm, "at": now}
+            return {"requests": top_r, "tokens": top_t, "at": now}
         elapsed = max(0.0, now - float(value["at"]))
         return {
-            "requests": min(rpm, float(value["requests"]) + elapsed * rpm / 60),
-            "tokens": min(tpm, float(value["tokens"]) + elapsed * tpm / 60),
+            "requests": min(top_r, float(value["requests"]) + elapsed * rpm / 60),
+            "tokens": min(top_t, float(value["tokens"]) + elapsed * tpm / 60),
             "at": now,
         }
 

@@ -29,3 +29,10 @@ async def ask_user(question: str, ctx: ToolContext) -> Any:
         question: what you need to know
     """
     return ctx.wait_for_input(question)
+
+
+# Asking is its only effect and its question is in its arguments: a worker that
+# takes the task over after a crash (the question's wait not yet committed)
+# asks the same question again instead of answering it "interrupted". (It stays
+# replay "never" otherwise: a rollback keeps a question that was asked.)
+ask_user.asks_only = True

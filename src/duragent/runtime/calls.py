@@ -37,6 +37,8 @@ class CallHost(TaskHost, Protocol):
     @property
     def agents(self) -> Mapping[str, Agent]: ...
 
+    def called_at(self, call_id: str) -> datetime: ...
+
 
 @dataclass
 class Outcome:
@@ -63,16 +65,24 @@ async def run_call(host: CallHost, r: int, call: ToolCallData, rs: RoundState | 
     return out
 
 
-def approval_request(tool: Tool, call: ToolCallData, arguments: dict[str, Any]) -> WaitForInput:
-    """The wait that asks a person to approve `call`, with its time limit if the tool has one."""
+def approval_request(
+    tool: Tool, call: ToolCallData, arguments: dict[str, Any], called_at: datetime | None = None
+) -> WaitForInput:
+    """The wait that asks a person to approve `call`, with its time limit if the tool has one.
+
+    The limit counts from when the call was made (`called_at`), so an approval
+    asked again after a crash (its wait never committed) expires when the first
+    asking would have.
+    """
     limit = tool.approval_timeout
+    start = called_at or utcnow()
     return WaitForInput(
         f"Approve {call.function.name}({call.function.arguments})?",
         "approval",
         tool=call.function.name,
         arguments=arguments,
         timeout=limit,
-        expires_at=None if limit is None else utcnow() + timedelta(seconds=limit),
+        expires_at=None if limit is None else start + timedelta(seconds=limit),
     )
 
 
@@ -107,22 +117,26 @@ async def _run_call(
             # Its approval was never asked: the round stopped (a pause, an
             # interrupting message) or crashed before its wait was written, and a
             # call that needs approval never starts before one. Ask now.
-            return Outcome(cid, suspend=approval_request(tool, call, arguments))
+            return Outcome(
+                cid, suspend=approval_request(tool, call, arguments, host.called_at(cid))
+            )
         else:
             # The call was running when its worker stopped: re-run only if both
             # the stored intent and the current definition say it is safe.
-            if rs.intents[cid].get("replay") in RERUN and tool.replay in RERUN:
-                attempt = 2
+            if tool.asks_only or (rs.intents[cid].get("replay") in RERUN and tool.replay in RERUN):
+                attempt = 2  # (a tool that only asks to wait asks again: same question)
             else:
                 partial = "".join(rs.tool_partial.get(cid, []))
                 text = INTERRUPTED + (f" Partial output: {partial}" if partial else "")
                 return Outcome(cid, text, "interrupted")
     elif tool.needs_approval(arguments):
-        return Outcome(cid, suspend=approval_request(tool, call, arguments))
+        return Outcome(cid, suspend=approval_request(tool, call, arguments, host.called_at(cid)))
     steps = None
     if rs is not None and (cid in rs.steps or cid in rs.steps_started):
         steps = StepRecord(rs.steps.get(cid, {}), rs.steps_started.get(cid, set()))
-    ctx = ToolContext(host, cid, r, attempt, replay=tool.replay, steps=steps)
+    ctx = ToolContext(
+        host, cid, r, attempt, replay=tool.replay, steps=steps, called_at=host.called_at(cid)
+    )
     await host.trace_point(
         "tool_start", call_id=cid, tool=name, attempt=attempt, replay=tool.replay
     )

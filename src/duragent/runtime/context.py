@@ -91,8 +91,12 @@ class ToolContext:
         *,
         replay: str = "never",
         steps: StepRecord | None = None,
+        called_at: datetime | None = None,
     ) -> None:
         self._host = host
+        # When the model made this call (its intent's commit): ctx.sleep counts
+        # from it, so a call run again after a crash sleeps to the same deadline.
+        self.called_at = called_at or utcnow()
         self.replay = replay  # the tool's replay policy: "never", "safe" or "resume"
         self._steps = CallSteps(host, host.task.id, round, call_id, replay, steps or StepRecord())
         self.task_id = host.task.id
@@ -150,7 +154,8 @@ class ToolContext:
         return WaitForInput(question)
 
     def sleep(self, seconds: float) -> SleepUntil:
-        return SleepUntil(utcnow() + timedelta(seconds=seconds))
+        """A durable timer, `seconds` from when the model made this call (`called_at`)."""
+        return SleepUntil(self.called_at + timedelta(seconds=seconds))
 
     def wait_until(self, when: datetime) -> SleepUntil:
         return SleepUntil(when)

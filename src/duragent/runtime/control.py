@@ -17,6 +17,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from duragent.errors import Conflict, StaleLease
@@ -43,7 +44,9 @@ from duragent.webhooks import outbox_events
 
 log = logging.getLogger("duragent.engine")
 
-StatusHook = Callable[[Task, TaskStatus, TaskStatus], None]
+# A task's status changed: (task, old, new). A coroutine function may be given;
+# the worker awaits what it returns, one call after another (runtime/worker.py).
+StatusHook = Callable[[Task, TaskStatus, TaskStatus], Awaitable[None] | None]
 # Called at named points of a round ("progress", "intents", "tool_start",
 # "result", "final", "step"), after what precedes them is committed, and around
 # a run ("task_start", "task_end"), a round ("round_start") and a model call
@@ -60,6 +63,18 @@ _PAST = {"pause": "paused", "abort": "aborted", "release": "released"}
 
 class Interrupted(Exception):
     """A control request cut an interruptible stretch short."""
+
+
+@dataclass
+class Parking:
+    """The commit that parks a task on the waits of round `round` (calls `calls`)."""
+
+    round: int
+    calls: list[str]
+    entries: list[NewEntry]
+    patch: dict[str, Any]
+    new_tasks: list[Task]
+    documents: list[DocumentWrite]
 
 
 class Abandoned(Exception):
@@ -140,6 +155,11 @@ class ControlledRunner:
         self._round_no = 0  # the round _round_api_seqs belongs to
         self._round_api_seqs: list[int] = []
         self._round_progress: list[int] = []
+        # When each call of the open round was made (its intent's commit time):
+        # what a call's waits count from, so a re-run after a crash asks the same.
+        self._called_at: dict[str, datetime] = {}
+        # The commit of a round's waits, while it has not landed (see RoundRunner._park).
+        self._unparked: Parking | None = None
         self._tool_progress_at: dict[str, float] = {}
         # How long a runner ended by a store error keeps trying to hand its
         # task back before leaving it to the lease (renewed meanwhile).
@@ -391,6 +411,10 @@ class ControlledRunner:
             [NewEntry(task_id=self.task.id, kind=EntryKind.PROGRESS, round=rnd, payload=payload)]
         )
 
+    def called_at(self, call_id: str) -> datetime:
+        """When call `call_id` of the open round was made (its intent committed)."""
+        return self._called_at.get(call_id) or utcnow()
+
     async def trace_point(self, point: str, **info: Any) -> None:
         if self.trace is not None:
             await self.trace(point, task_id=self.task.id, round=self.task.iterations + 1, **info)
@@ -464,7 +488,7 @@ class ControlledRunner:
                 version = self.task.version
             kept: list[str] = []
             if control.rollback and self._round_api_seqs and self.task.iterations < self._round_no:
-                kept, planned = await self._roll_back_round(r, todo, patch)
+                kept, planned = await self._roll_back_round(r, todo, patch, control)
                 if version is not None and planned != version:
                     continue  # the row moved since it was read: read and plan again
                 version = planned
@@ -530,7 +554,7 @@ class ControlledRunner:
         self._reread = True
 
     async def _roll_back_round(
-        self, r: int, entries: list[NewEntry], patch: dict[str, Any]
+        self, r: int, entries: list[NewEntry], patch: dict[str, Any], control: Control
     ) -> tuple[list[str], int]:
         """Add to `entries` what takes round r out of the model's view (log.rollback);
         returns the calls kept in it, by name, and the row version the plan holds for.
@@ -541,7 +565,11 @@ class ControlledRunner:
         row = await self.store.get_task(self.task.id)
         rs = read_round(await self.store.entries(self.task.id, after_seq=self.task.round_seq), r)
         first, last = min(self._round_api_seqs), row.last_seq
-        plan = rollback(self.task.id, rs, first, last, entries, "paused with rollback")
+        # A rollback with resume is a new message's (Runtime.send(..., rollback)).
+        new_message = control.resume
+        cause = "a new message came in" if new_message else "the task was paused"
+        reason = "a new message" if new_message else "paused with rollback"
+        plan = rollback(self.task.id, rs, first, last, entries, reason, cause=cause)
         entries += plan.entries
         if plan.closes_round:
             patch["iterations"] = r

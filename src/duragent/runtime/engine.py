@@ -62,8 +62,11 @@ class TaskRunner(RecoveringRunner):
                 # A safe point: the last round is closed. Messages sent to interrupt go in.
                 self.view.extend(await self._take_messages(self.task.iterations + 1))
                 await self._round()
-            if self.control is not None and self.task.status is TaskStatus.WAITING:
+            stopping = self.control is not None and self.control.action != "release"
+            if stopping and self.task.status is TaskStatus.WAITING:
                 # Asked to stop just as it parked; at the deadline, its waits get results.
+                # (A worker that only hands its tasks back leaves a parked one parked.)
+                assert self.control is not None
                 if self.control.action == "deadline":
                     await self.stop_now(self.control)
                 else:
@@ -112,9 +115,15 @@ class TaskRunner(RecoveringRunner):
         delay, deadline = 0.05, time.monotonic() + self.release_patience
         while True:
             try:
+                # Waits its tools asked for whose commit the error cut short are
+                # committed first (once the log says they did not land): a wait is
+                # never lost to a passing store error.
+                if await self.repark():
+                    log.info("task %s: its waits committed on a retry", self.task.id)
+                    return
                 await self.store.release_lease(self.task.id, self.epoch)
                 return
-            except (StaleLease, TaskNotFound):
+            except (StaleLease, TaskNotFound, Abandoned):
                 return  # someone else owns it already: nothing to hand back
             except StoreError as again:
                 if time.monotonic() + delay > deadline:

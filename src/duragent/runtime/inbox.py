@@ -152,7 +152,14 @@ def cut_plan(
         unapproved = {cid for cid, w in waits.items() if w["wait"] == "approval"}
         first = min(rs.api_seqs)
         plan = rollback(
-            tid, rs, first, task.last_seq, [*pending, *added], "a new message", unapproved
+            tid,
+            rs,
+            first,
+            task.last_seq,
+            [*pending, *added],
+            "a new message",
+            unapproved,
+            cause="a new message came in",
         )
         added += plan.entries
         if plan.closes_round:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from duragent.payloads import (
@@ -45,10 +46,17 @@ from duragent.types import (
     dump_message,
 )
 
-ROLLED_BACK = (
-    "Rolled back: the task was paused and this round rolled back, so this call's result "
-    "was discarded. Call it again if it is still needed."
-)
+
+def rolled_back(cause: str) -> str:
+    """The result a call's discarded result is replaced with; `cause` says why the
+    round was rolled back ("the task was paused", "a new message came in")."""
+    return (
+        f"Rolled back: {cause} and this round was rolled back, so this call's result "
+        "was discarded. Call it again if it is still needed."
+    )
+
+
+ROLLED_BACK = rolled_back("the task was paused")
 
 INTERRUPTED = (
     "Tool call interrupted: the process running it stopped before its result was saved. "
@@ -65,6 +73,8 @@ class RoundState:
     assistant: AssistantMessage | None = None
     api_seqs: list[int] = field(default_factory=list)
     intents: dict[str, IntentPayload] = field(default_factory=dict)
+    # When each intent was committed: the time a call's waits count from.
+    called_at: dict[str, datetime] = field(default_factory=dict)
     results: dict[str, ResultPayload] = field(default_factory=dict)
     result_seqs: dict[str, int] = field(default_factory=dict)
     waits: dict[str, WaitCheckpoint] = field(default_factory=dict)
@@ -118,6 +128,7 @@ def read_round(entries: Iterable[Entry], rnd: int) -> RoundState:
         elif e.kind is EntryKind.TOOL_INTENT:
             intent = intent_of(e)
             st.intents[intent["call_id"]] = intent
+            st.called_at[intent["call_id"]] = e.created_at
         elif e.kind is EntryKind.TOOL_RESULT:
             result = result_of(e)
             st.results[result["tool_call_id"]] = result
@@ -247,6 +258,7 @@ def rollback(
     pending: list[NewEntry],
     reason: str,
     not_run: Collection[str] = (),
+    cause: str = "the task was paused",
 ) -> RollbackPlan:
     """What takes round `rs.round` out of the model's view; UI entries are never voided.
 
@@ -259,6 +271,7 @@ def rollback(
     entries from `first_seq` on are voided and the model is asked the round again.
     `pending` are entries about to be committed after `last_seq`, in order.
     Calls in `not_run` (an approval never given) were never run: never kept.
+    `cause` is why, as the model reads it in each "rolled back" result.
     """
     r, tid = rs.round, task_id
     result_seqs = dict(rs.result_seqs)
@@ -288,7 +301,7 @@ def rollback(
         seq = result_seqs.get(c.id)
         if seq is not None:
             out.append(_void(tid, r, seq, seq, reason))
-        out += result_entries(tid, r, c.id, ROLLED_BACK, "rolled_back")
+        out += result_entries(tid, r, c.id, rolled_back(cause), "rolled_back")
     return RollbackPlan(out, kept, all(c.id in result_seqs for c in kept))
 
 

@@ -69,6 +69,7 @@ class RecoveringRunner(RoundRunner):
                 )
             return
         self._round_no, self._round_api_seqs = r, list(rs.api_seqs)
+        self._called_at = dict(rs.called_at)
         for cid in rs.missing:
             name = rs.intents[cid]["name"]
             if name not in self.agent.tool_map and cid not in rs.waits:

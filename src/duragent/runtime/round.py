@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Collection, Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 from duragent.errors import Conflict, ModelError
@@ -22,7 +22,7 @@ from duragent.payloads import IntentPayload, WaitCheckpoint, WaitKind, stored, w
 from duragent.runtime.approvals import wake_times
 from duragent.runtime.calls import Outcome, run_call
 from duragent.runtime.context import SleepUntil, SpawnSubtask, WaitForInput
-from duragent.runtime.control import Control, ControlledRunner, Interrupted, cancelled
+from duragent.runtime.control import Control, ControlledRunner, Interrupted, Parking, cancelled
 from duragent.runtime.deadlines import deadline_at, wake_time
 from duragent.runtime.inbox import delivery, due
 from duragent.runtime.log import (
@@ -34,6 +34,7 @@ from duragent.runtime.log import (
     wait_reason,
 )
 from duragent.runtime.submit import new_task
+from duragent.runtime.waits import open_round
 from duragent.store.base import DocumentWrite
 from duragent.types import (
     ApiMessage,
@@ -140,6 +141,8 @@ class RoundRunner(ControlledRunner):
             {"usage": usage, "round_seq": self.task.last_seq},
         )
         self._round_api_seqs.append(res.entries[0].seq)
+        made = zip(response.tool_calls, res.entries[1:], strict=True)
+        self._called_at = {c.id: e.created_at for c, e in made}
         self.view.append(message)
         await self.trace_point("intents", calls=[c.id for c in response.tool_calls])
         await self._run_calls(r, response.tool_calls, None)
@@ -290,6 +293,7 @@ class RoundRunner(ControlledRunner):
         async def finish(out: Outcome) -> None:
             if out.suspend is not None:
                 suspended[out.call_id] = out
+                await self.trace_point("suspended", call_id=out.call_id)
                 return
             async with one_at_a_time:
                 if closes(out):
@@ -348,8 +352,7 @@ class RoundRunner(ControlledRunner):
                     job.result()  # surface Abandoned / store errors
                 stopped = watch_stop and self.control is not None
                 if stopped and pending_jobs and not closing:
-                    recorded = set(rs.waits) if rs else set()
-                    await self._stop_tools(r, pending_jobs, jobs, committing, suspended, recorded)
+                    await self._stop_tools(r, pending_jobs, jobs, committing, suspended, rs)
                     return
         except BaseException:
             # The runner ends (lost lease, store error): no tool of it may go on
@@ -393,10 +396,17 @@ class RoundRunner(ControlledRunner):
         landed = pending if pending is not None else _LANDED
         await self.trace_point("result", call_id=out.call_id, outcome=out.outcome, landed=landed)
 
-    async def _park(self, r: int, suspended: Mapping[str, Outcome], rs: RoundState | None) -> None:
-        """Commit the waits of this round and the task's waiting status, together."""
+    async def _park(
+        self,
+        r: int,
+        suspended: Mapping[str, Outcome],
+        rs: RoundState | None,
+        before: Sequence[NewEntry] = (),
+    ) -> None:
+        """Commit the waits of this round and the task's waiting status, together
+        (after `before`: results of calls a stop cut short)."""
         tid = self.task.id
-        entries: list[NewEntry] = []
+        entries: list[NewEntry] = list(before)
         new_tasks: list[Task] = []
         documents: list[DocumentWrite] = []
         waits: dict[str, WaitCheckpoint] = {}
@@ -429,7 +439,35 @@ class RoundRunner(ControlledRunner):
                 self.task, wake_times(waits.values())
             ),  # a timer, an expiry, a deadline
         }
+        await self.trace_point("park", waits=waits)
+        # Kept until it lands: a store error that cuts this commit short hands the
+        # task back only after committing it again (`repark`), so the tools' waits
+        # are not lost with it (a never-replay tool that asked to wait is not run
+        # again, and without its wait would be answered "interrupted").
+        self._unparked = Parking(r, list(waits), entries, patch, new_tasks, documents)
         await self.commit(entries, patch, new_tasks=new_tasks, documents=documents)
+        self._unparked = None
+        await self.trace_point("parked", waits=waits)
+
+    async def repark(self) -> bool:
+        """After a store error cut the commit of this round's waits: commit it now,
+        unless it landed after all (its waits are in the log); True when the task is
+        parked. Read from the store first: a commit whose answer was lost may have
+        landed, and is never applied twice."""
+        parking = self._unparked
+        if parking is None:
+            return False
+        row = await self.store.get_task(self.task.id)
+        rs = await open_round(self.store, row)
+        if rs.round != parking.round or any(c in rs.results for c in parking.calls):
+            self._unparked = None  # the log went on without it: recovery decides
+            return False
+        if not any(c in rs.waits for c in parking.calls):
+            self.task = row
+            p = parking
+            await self.commit(p.entries, p.patch, new_tasks=p.new_tasks, documents=p.documents)
+        self._unparked = None
+        return True
 
     def _child(self, s: SpawnSubtask) -> tuple[Task, NewEntry]:
         parent, agent = self.task, self.agents[s.agent]
@@ -457,8 +495,9 @@ class RoundRunner(ControlledRunner):
         jobs: Mapping[asyncio.Task[None], str],
         committing: Mapping[str, asyncio.Future[None]],
         suspended: Mapping[str, Outcome],
-        recorded: Collection[str],
+        rs: RoundState | None,
     ) -> None:
+        recorded = set(rs.waits) if rs else set()
         control = self.control or Control("pause")
         if control.action in ("pause", "release", "deadline"):
             # Let running tools finish (and commit their results) within the grace
@@ -493,16 +532,22 @@ class RoundRunner(ControlledRunner):
                 continue
             text = cancelled(control, "while it ran")
             entries += result_entries(self.task.id, r, cid, text, "interrupted")
+        if control.action == "release" and suspended:
+            # The worker only hands the task back, and calls asked to wait: park
+            # the task on their waits instead (with the results above), as if no
+            # stop had come. Handed back without them, a never-replay tool that
+            # asked to wait would not be run again, and be answered "interrupted".
+            await self._park(r, suspended, rs, before=entries)
+            return
         # A call that asked to wait (a sleep, a question, a sub-task) during the
         # grace period is not parked: the task stops instead. Its wait never began
         # (no sub-task was created); it gets a result that says so, unless:
         # - the log holds its wait (recovery asked it again): it stays open;
-        # - the worker only hands the task back: the next one runs the call again;
         # - it asked for its approval and the task is paused: it never ran, and
         #   asks again when resumed (a task aborted or past its deadline ends
         #   with every call answered).
         for cid, out in suspended.items():
-            if cid in recorded or control.action == "release":
+            if cid in recorded:
                 continue
             approval = isinstance(out.suspend, WaitForInput) and out.suspend.kind == "approval"
             if approval and control.action == "pause":

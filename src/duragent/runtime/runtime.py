@@ -123,6 +123,9 @@ class Runtime(ManyTasks, SendsMessages):
     running worker knows becomes `blocked` with reason `missing_definition`.
     `worker_queues` (queue names, as `Worker(queues=)`) keeps the in-process
     worker to those queues; `queues` defines queues and their limits.
+    `on_status_change(task, old, new)` is called on every status change a runner
+    of this process makes; a coroutine function is awaited (its calls one after
+    another, in the order of the changes; an error it raises is logged).
     """
 
     def __init__(
@@ -467,14 +470,20 @@ class Runtime(ManyTasks, SendsMessages):
         self, task_id: str, view: Literal["model", "ui"] = "model"
     ) -> builtins.list[Any]:
         if view == "model":
-            return list(await self.store.model_view(task_id))
+            return list(await self.model_view(task_id))
         return await self.ui_messages(task_id)
 
     async def model_view(self, task_id: str) -> builtins.list[ApiMessage]:
-        return await self.store.model_view(task_id)
+        view = await self.store.model_view(task_id)
+        if not view:
+            await self.store.get_task(task_id)  # a missing or purged task: TaskNotFound
+        return view
 
     async def ui_messages(self, task_id: str) -> builtins.list[UiMessage]:
-        return ui_view(await self.store.entries(task_id))
+        entries = await self.store.entries(task_id)
+        if not entries:
+            await self.store.get_task(task_id)  # a missing or purged task: TaskNotFound
+        return ui_view(entries)
 
     async def steps(self, task_id: str) -> Steps:
         task = await self.store.get_task(task_id)

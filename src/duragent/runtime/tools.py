@@ -45,6 +45,9 @@ class Tool:
     # What the tool may touch (workdir, permissions, network), set by duragent.toolsets;
     # pinned on each task of the agent (runtime/pins.py).
     reach: dict[str, Any] | None = None
+    # Its only effect is the wait it returns (the built-in ask_user): a call cut
+    # off before its wait was committed is run again, whatever its replay policy.
+    asks_only: bool = False
 
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters)

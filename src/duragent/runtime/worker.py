@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import random
 import socket
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -74,6 +75,8 @@ class Worker:
         self.poll_interval = poll_interval
         self.id = worker_id or default_worker_id()
         self.on_status = on_status
+        # An async status hook's calls, awaited in order (each after the one before).
+        self._hook_tail: asyncio.Future[None] | None = None
         self.clock = clock
         self.shutdown_grace = shutdown_grace
         self.trace = trace
@@ -143,6 +146,7 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await job
         await self._stopped.wait()
+        await self._hooks_done()
 
     # --- the loop ---
 
@@ -318,8 +322,22 @@ class Worker:
 
     def _status_changed(self, task: Task, old: TaskStatus, new: TaskStatus) -> None:
         self.webhooks.wake()  # the commit may have written a webhook event
-        if self.on_status is not None:
-            self.on_status(task, old, new)
+        if new.terminal:
+            self.housekeeper.finished(task)  # its queue's ttl runs from now
+        if self.on_status is None:
+            return
+        called = self.on_status(task, old, new)
+        if inspect.isawaitable(called):
+            # Runners report from inside their commits, which cannot wait for a
+            # hook: its calls are awaited here, in the order the changes came.
+            self._hook_tail = asyncio.ensure_future(_await_hook(self._hook_tail, called, task.id))
+
+    async def _hooks_done(self) -> None:
+        """Await the status hook's calls still running (at stop)."""
+        while (tail := self._hook_tail) is not None:
+            await tail
+            if tail is self._hook_tail:
+                self._hook_tail = None
 
     def _finished(self, runner: TaskRunner) -> None:
         task_id = runner.task.id
@@ -436,3 +454,16 @@ def lease_alive(task: Task, now: datetime | None = None) -> bool:
         and expires is not None
         and expires > (now or utcnow())
     )
+
+
+async def _await_hook(
+    before: asyncio.Future[None] | None, call: Awaitable[None], task_id: str
+) -> None:
+    """One async status hook call, after the one before it; its error is logged, not raised
+    (a hook's failure is no task's)."""
+    if before is not None:
+        await before
+    try:
+        await call
+    except Exception:
+        log.exception("task %s: the status hook failed", task_id)

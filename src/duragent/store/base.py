@@ -19,6 +19,7 @@ import pydantic_core
 
 from duragent.errors import Conflict, InvalidOption, StaleLease, StoreCorrupt
 from duragent.heap import collector_paused
+from duragent.llm.messages import in_call_order
 from duragent.payloads import is_marker, is_voided, voided_ranges
 from duragent.types import (
     API_KINDS,
@@ -606,7 +607,8 @@ def check_new_child(task: Task) -> None:
 
 
 def build_model_view(rows: Iterable[tuple[int, str, str]]) -> list[ApiMessage]:
-    """API messages in seq order, skipping every range voided by a rollback marker.
+    """API messages in seq order, skipping every range voided by a rollback marker;
+    a round's tool results in the order of its calls (`in_call_order`).
 
     `rows` are (seq, kind, payload JSON text) for API kinds and rollback markers.
     Payload texts are joined and validated in one call: a 10,000-message history
@@ -638,7 +640,7 @@ def parse_messages(text: str) -> list[ApiMessage]:
     (see `duragent.heap`).
     """
     with collector_paused():
-        return API_MESSAGES.validate_json(text)
+        return in_call_order(API_MESSAGES.validate_json(text))
 
 
 def view_data(text: str) -> list[dict[str, Any]]:
@@ -667,7 +669,7 @@ def view_data(text: str) -> list[dict[str, Any]]:
             raise StoreCorrupt("the model's view of a task is not a list of message objects")
         if "outcome" in m:
             del m["outcome"]
-    return data
+    return in_call_order(data)
 
 
 def build_ui_view(rows: Iterable[tuple[int, str]]) -> list[UiMessage]:

@@ -79,6 +79,22 @@ async def expire_by_ttl(store: Store, now: datetime | None = None, batch: int = 
     return deleted
 
 
+async def ttl_expiries(store: Store, now: datetime, within: float) -> datetime | None:
+    """When the first finished task of a queue with a `ttl` comes due for purging, if
+    one does within `within` seconds of `now` (a worker purges it then, not at its
+    next periodic look). A page per queue: with very many due, a little late."""
+    first: datetime | None = None
+    for q in await list_queues(store):
+        if q.ttl is None:
+            continue
+        horizon = now - timedelta(seconds=q.ttl - within)
+        query = TaskQuery(queue=q.name, status=FINISHED, updated_before=horizon, limit=100)
+        for task in (await store.list_tasks(query)).tasks:
+            due = task.updated_at + timedelta(seconds=q.ttl)
+            first = due if first is None else min(first, due)
+    return first
+
+
 async def _purge(
     store: Store,
     statuses: Sequence[TaskStatus] | None,
