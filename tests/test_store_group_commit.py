@@ -299,6 +299,35 @@ async def test_sqlite_row_changed_by_another_connection_is_reread_not_overwritte
         await b.close()
 
 
+@pytest.mark.parametrize("durability", ["normal", "full"])
+async def test_sqlite_row_cached_before_another_connections_commit_is_not_trusted_later(
+    tmp_path: Path, durability: Durability
+) -> None:
+    """A row this process cached before another connection changed it stays
+    suspect after later batches of this process, not only in the first one."""
+    a = SQLiteStore(str(tmp_path / "s.db"), durability=durability)
+    b = SQLiteStore(str(tmp_path / "s.db"), durability=durability)  # another writer
+    try:
+        x, y = await claimed(a), await claimed(a, "w2")
+        await a.commit(Commit(entries=[progress(x.id, "x1")], fence={x.id: 1}))  # a caches x
+        await b.commit(Commit(patches=[TaskPatch(x.id, {"control": {"action": "pause"}})]))
+        await a.commit(Commit(entries=[progress(y.id, "y1")], fence={y.id: 1}))  # touches y only
+        result = await a.commit(
+            Commit(
+                entries=[progress(x.id, "x2")],
+                patches=[TaskPatch(x.id, {"iterations": 1})],
+                fence={x.id: 1},
+            )
+        )
+        assert result.tasks[x.id].control == {"action": "pause"}  # b's change kept
+        stored = await b.get_task(x.id)
+        assert stored.control == {"action": "pause"} and stored.iterations == 1
+        assert await texts_of(b, x.id) == ["x1", "x2"]
+    finally:
+        await a.close()
+        await b.close()
+
+
 # --- PostgreSQL: grouped, and rows written from this process's copy --------------------
 
 

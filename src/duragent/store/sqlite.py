@@ -153,10 +153,6 @@ class SQLiteStore(TxWrites):
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="duragent-sqlite-writer")
         self._rows = RowCache()
-        # The writer connection's `PRAGMA data_version` when its last batch ran:
-        # unchanged, no other connection (of any process) committed since, and
-        # every row in `_rows` is the file's row (see `_run_batch`).
-        self._data_version: int | None = None
         self._nums = TaskNumbers()  # task id -> its number in the entries table
         self._signal: ChangeSignal | None = None
         self._work_signal: ChangeSignal | None = None
@@ -367,25 +363,25 @@ class SQLiteStore(TxWrites):
             if self._wal_short:  # the write lock is held, and nothing written yet
                 self._wal_short = False
                 ready_wal(conn)
-            # The write lock is held: nobody commits until this batch does. If
-            # nobody did since the last batch, the cached rows need no stamp read.
+            # The write lock is held: nobody commits until this batch does. A
+            # cached row confirmed at this data_version needs no stamp read
+            # (RowCache.fresh); this connection's own commits never move it.
             version = conn.execute("PRAGMA data_version").fetchone()[0]
-            trusted, self._data_version = version == self._data_version, version
             if len(batch) == 1:
-                run = self._run_jobs(conn, batch, guard=False, trusted=trusted)
+                run = self._run_jobs(conn, batch, guard=False, data_version=version)
             else:
                 conn.execute("SAVEPOINT batch")
                 try:
-                    run = self._run_jobs(conn, batch, guard=None, trusted=trusted)
+                    run = self._run_jobs(conn, batch, guard=None, data_version=version)
                 except _Refused:
                     conn.execute("ROLLBACK TO batch")
-                    run = self._run_jobs(conn, batch, guard=True, trusted=trusted)
+                    run = self._run_jobs(conn, batch, guard=True, data_version=version)
                 conn.execute("RELEASE batch")
             outcomes, written, numbered, notes = run
             if conn.in_transaction:
                 conn.execute("COMMIT")
             for task in written.values():
-                self._rows.put(task)
+                self._rows.put(task, version)
             self._nums.update(numbered)
         except Exception as exc:  # the transaction itself failed: nothing was written
             if conn.in_transaction:
@@ -399,12 +395,12 @@ class SQLiteStore(TxWrites):
         return outcomes, notes if any(ok for ok, _ in outcomes) else None
 
     def _run_jobs(
-        self, conn: sqlite3.Connection, batch: list[_Job], *, guard: bool | None, trusted: bool
+        self, conn: sqlite3.Connection, batch: list[_Job], *, guard: bool | None, data_version: int
     ) -> tuple[list[tuple[bool, Any]], dict[str, Task], dict[str, int], _BatchNotes]:
         """Run the jobs; `guard`: each in a savepoint (True), alone in the
         transaction (False), or unguarded, raising _Refused at a job's failure
-        (None) for the caller to undo the batch and run it guarded. `trusted`:
-        the cached rows are the file's (nobody else committed since they were)."""
+        (None) for the caller to undo the batch and run it guarded. `data_version`:
+        the writer connection's, for the row cache (RowCache.fresh)."""
         outcomes: list[tuple[bool, Any]] = []
         written: dict[str, Task] = {}
         numbered: dict[str, int] = {}
@@ -414,7 +410,9 @@ class SQLiteStore(TxWrites):
         for job in batch:
             if guard:
                 conn.execute("SAVEPOINT job")
-            tx = SqliteTx(conn, self._rows, self._nums, written, deferred, trusted=trusted)
+            tx = SqliteTx(
+                conn, self._rows, self._nums, written, deferred, data_version=data_version
+            )
             try:
                 outcomes.append((True, job.fn(tx)))
             except Exception as exc:  # the job's own failure: undo only this job

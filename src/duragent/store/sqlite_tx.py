@@ -31,23 +31,38 @@ class RowCache:
 
     Parsing a task's JSON is the costliest part of a small commit; a matching
     stamp (read from indexed columns) proves nobody, in any process, changed
-    the row since, so the parsed object can be reused.
+    the row since, so the parsed object can be reused. Each row also keeps the
+    writer connection's `PRAGMA data_version` at which it was last known to be
+    the file's: while that value has not moved (no other connection committed),
+    the row needs no stamp read at all.
     """
 
     def __init__(self) -> None:
-        self.rows: dict[str, tuple[_Stamp, Task]] = {}
+        self.rows: dict[str, tuple[_Stamp, Task, int | None]] = {}
 
-    def get(self, task_id: str, stamp: _Stamp | None) -> Task | None:
-        """The cached row if its stamp is `stamp`; None: the caller knows the
-        file holds what this process last wrote (no stamp to compare)."""
+    def get(self, task_id: str, stamp: _Stamp) -> Task | None:
+        """The cached row if its stamp is `stamp`."""
         hit = self.rows.get(task_id)
         # Not copied: the commit algorithm never changes a row in place.
-        return hit[1] if hit is not None and (stamp is None or hit[0] == stamp) else None
+        return hit[1] if hit is not None and hit[0] == stamp else None
 
-    def put(self, task: Task) -> None:
+    def fresh(self, task_id: str, data_version: int | None) -> Task | None:
+        """The cached row if it was the file's at `data_version`, which has not moved."""
+        hit = self.rows.get(task_id)
+        if hit is None or data_version is None or hit[2] != data_version:
+            return None
+        return hit[1]
+
+    def confirm(self, task_id: str, data_version: int | None) -> None:
+        """The cached row was just proved the file's (its stamp matched) at `data_version`."""
+        hit = self.rows.get(task_id)
+        if hit is not None:
+            self.rows[task_id] = (hit[0], hit[1], data_version)
+
+    def put(self, task: Task, data_version: int | None = None) -> None:
         if len(self.rows) > 10_000:
             self.rows.clear()
-        self.rows[task.id] = (_stamp(task), task)
+        self.rows[task.id] = (_stamp(task), task, data_version)
 
 
 class TaskNumbers:
@@ -137,14 +152,14 @@ class SqliteTx:
         batch_rows: dict[str, Task] | None = None,
         deferred: Deferred | None = None,
         *,
-        trusted: bool = False,
+        data_version: int | None = None,
     ) -> None:
         self._conn = conn
         self.deferred = deferred  # where updates and entries wait for the batch's end
         self.cache = cache
-        # No other connection committed since the cached rows were written: a
-        # cached row is the file's, no stamp read needed to prove it.
-        self.trusted = trusted
+        # The writer connection's `PRAGMA data_version` in this transaction: a
+        # cached row confirmed at this value is the file's (RowCache.fresh).
+        self.data_version = data_version
         # Rows as earlier jobs of this transaction left them: what the file holds
         # now, since no other process writes while it is open.
         self.batch_rows = batch_rows if batch_rows is not None else {}
@@ -191,15 +206,17 @@ class SqliteTx:
         # A row with an update waiting in `deferred` is in batch_rows, found above
         # (no job reads a row again after writing it): the file's row is current.
         if self.cache is not None:
-            stamp = None
-            if not self.trusted:
+            cached = self.cache.fresh(task_id, self.data_version)
+            if cached is None:
                 stamp = self._conn.execute(
                     "SELECT version, last_seq, lease_epoch, lease_expires FROM tasks WHERE id=?",
                     (task_id,),
                 ).fetchone()
                 if stamp is None:
                     return None
-            cached = self.cache.get(task_id, None if stamp is None else tuple(stamp))
+                cached = self.cache.get(task_id, tuple(stamp))
+                if cached is not None:
+                    self.cache.confirm(task_id, self.data_version)
             if cached is not None:
                 self._seen(cached)
                 return cached
