@@ -13,7 +13,7 @@ from duragent.runtime.agent import Agent
 from duragent.runtime.schedules import fire_due
 from duragent.store.base import Store
 from duragent.store.purge import expire_by_ttl
-from duragent.types import utcnow
+from duragent.types import Document, utcnow
 
 log = logging.getLogger("duragent.worker")
 
@@ -37,26 +37,63 @@ class Housekeeper:
         self.interval = interval
         self.ttl_interval = ttl_interval
         self.fired = 0
+        self.purged = 0
         self._last_ttl = 0.0
+        self._told: set[tuple[str, str, int]] = set()  # bad rows already logged
 
     async def run(self) -> None:
+        # Schedules and TTLs are separate steps, each surviving any error: a
+        # failure of one (or one bad row in it) must not stop the other, nor
+        # this loop, which every owner's schedules depend on.
         while True:
-            delay = self.interval
-            try:
-                ids, soonest = await fire_due(self.store, self.agents)
-                self.fired += len(ids)
-                if ids and self.on_fired is not None:
-                    self.on_fired()  # claim the new tasks now, not at the next poll
-                if soonest is not None:
-                    delay = min(delay, max(0.0, (soonest - utcnow()).total_seconds()))
-                if time.monotonic() - self._last_ttl >= self.ttl_interval:
-                    self._last_ttl = time.monotonic()
-                    deleted = await expire_by_ttl(self.store)
-                    if deleted:
-                        log.info("purged %d tasks past their queue's ttl", deleted)
-            except StoreError as exc:
-                log.warning("housekeeping failed: %s", exc)
+            delay = await self._fire_schedules()
+            if time.monotonic() - self._last_ttl >= self.ttl_interval:
+                self._last_ttl = time.monotonic()
+                await self._expire()
             await asyncio.sleep(delay)
+
+    async def _fire_schedules(self) -> float:
+        """Fire due ticks; how long to sleep before the next pass."""
+        try:
+            ids, soonest = await fire_due(self.store, self.agents, on_bad=self._bad_schedule)
+        except StoreError as exc:
+            log.warning("firing schedules failed: %s", exc)
+            return self.interval
+        except Exception:
+            log.exception("firing schedules failed")
+            return self.interval
+        self.fired += len(ids)
+        if ids and self.on_fired is not None:
+            self.on_fired()  # claim the new tasks now, not at the next poll
+        if soonest is None:
+            return self.interval
+        return min(self.interval, max(0.0, (soonest - utcnow()).total_seconds()))
+
+    async def _expire(self) -> None:
+        try:
+            deleted = await expire_by_ttl(self.store, on_bad=self._bad_queue)
+        except StoreError as exc:
+            log.warning("purging by queue ttl failed: %s", exc)
+            return
+        except Exception:
+            log.exception("purging by queue ttl failed")
+            return
+        self.purged += deleted
+        if deleted:
+            log.info("purged %d tasks past their queue's ttl", deleted)
+
+    def _bad_schedule(self, doc: Document, exc: Exception) -> None:
+        self._tell("schedule", doc, exc)
+
+    def _bad_queue(self, doc: Document, exc: Exception) -> None:
+        self._tell("queue", doc, exc)
+
+    def _tell(self, what: str, doc: Document, exc: Exception) -> None:
+        """Log a bad row once per version of it, not at every pass."""
+        seen = (what, doc.key, doc.version)
+        if seen not in self._told:
+            self._told.add(seen)
+            log.error("%s %s skipped: %s", what, doc.key, exc)
 
 
 async def stop(job: asyncio.Future[None] | None) -> None:

@@ -351,6 +351,8 @@ class Worker:
                     await block_unserved(self.store, self.agents, self.missing_agent_grace)
             except StoreError as exc:
                 log.warning("recording this worker's agents failed: %s", exc)
+            except Exception:  # a bad presence row must not stop the next renewal
+                log.exception("recording this worker's agents failed")
             await asyncio.sleep(every)
 
     # --- leases and control ---
@@ -367,7 +369,10 @@ class Worker:
         while True:
             await asyncio.sleep(max(0.0, due - loop.time()))
             due = max(due + self.heartbeat, loop.time())
-            await self._renew_all()
+            try:
+                await self._renew_all()
+            except Exception:  # every lease of this worker depends on this loop
+                log.exception("lease renewal failed")
 
     async def _renew_all(self) -> None:
         held = dict(self.runners)
@@ -382,10 +387,14 @@ class Worker:
         for task_id in renewal.lost:
             # Another worker owns it now (we were stopped past our lease): stop
             # without writing; fencing would refuse our writes anyway.
-            self._abandon(held[task_id], "lease lost")
+            if task_id in held:
+                self._abandon(held[task_id], "lease lost")
         for task_id, row in renewal.kept.items():
-            if row.control:  # a request whose notice we missed
-                self._apply_control(held[task_id], row)
+            if row.control and task_id in held:  # a request whose notice we missed
+                try:
+                    self._apply_control(held[task_id], row)
+                except Exception:  # one bad control request, not the other tasks
+                    log.exception("task %s: control request unreadable", task_id)
 
     def _control_noted(self, task_id: str | None) -> None:
         """A control request was committed on `task_id` (None: on any, maybe)."""

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from duragent.runtime.runtime import Runtime
-from duragent.runtime.schedules import Schedule
+from duragent.runtime.schedules import MAX_EVERY, MIN_EVERY, Schedule
 from duragent.server.deps import AdminDep, RuntimeDep, UserDep, is_admin
 from duragent.server.problems import BadRequest, problem_responses
 from duragent.server.schemas import iso_time_only
@@ -116,7 +116,12 @@ class ScheduleCreate(BaseModel):
     input: Any = None
     cron: str | None = Field(None, max_length=200, description="5 fields, UTC.")
     every: float | None = Field(
-        None, gt=0, le=10 * 365 * 86400, strict=False, description="Seconds between ticks."
+        None,
+        ge=MIN_EVERY,
+        le=MAX_EVERY,
+        strict=False,
+        allow_inf_nan=False,
+        description=f"Seconds between ticks, at least {MIN_EVERY:g}.",
     )
     overlap: Literal["skip", "queue", "allow"] = "skip"
     queue: str | None = Field(None, max_length=200)
@@ -318,8 +323,9 @@ async def resume_schedule(sched: MySchedule, runtime: RuntimeDep) -> ScheduleOut
     summary="Delete a schedule (tasks it submitted stay)",
     responses=problem_responses(401, 404, 422),
 )
-async def delete_schedule(sched: MySchedule, runtime: RuntimeDep) -> Response:
-    await runtime.delete_schedule(sched.name, owner=sched.owner)
+async def delete_schedule(name: ScheduleName, user: UserDep, runtime: RuntimeDep) -> Response:
+    # By name, not read first: a stored schedule that no longer reads can still go.
+    await runtime.delete_schedule(name, owner=user)
     return Response(status_code=204)
 
 

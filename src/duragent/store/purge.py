@@ -9,14 +9,14 @@ other writers (workers committing rounds) get the lock between batches.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from duragent.errors import InvalidOption
 from duragent.store.base import Store, TaskQuery
-from duragent.store.queues import list_queues
-from duragent.types import TERMINAL, TaskStatus, utcnow
+from duragent.store.queues import QUEUES_SCOPE, queue_from_value
+from duragent.types import TERMINAL, Document, TaskStatus, utcnow
 
 FINISHED = tuple(sorted(TERMINAL, key=lambda s: s.value))
 
@@ -67,15 +67,30 @@ async def erase_owner(store: Store, owner: str, *, batch: int = 100) -> PurgeRes
     return await _purge(store, None, None, owner, None, None, batch, True)
 
 
-async def expire_by_ttl(store: Store, now: datetime | None = None, batch: int = 100) -> int:
-    """Purge each queue's finished tasks older than its `ttl` (run by workers)."""
+async def expire_by_ttl(
+    store: Store,
+    now: datetime | None = None,
+    batch: int = 100,
+    on_bad: Callable[[Document, Exception], None] | None = None,
+) -> int:
+    """Purge each queue's finished tasks older than its `ttl` (run by workers).
+
+    A queue whose stored definition cannot be read, or whose ttl gives no time
+    (past year 9999), is told to `on_bad` and skipped; the others are purged."""
     now = now or utcnow()
     deleted = 0
-    for q in await list_queues(store):
-        if q.ttl is not None:
+    for doc in await store.list_documents(QUEUES_SCOPE):
+        try:
+            q = queue_from_value(doc.value)
+            if q.ttl is None:
+                continue
             before = now - timedelta(seconds=q.ttl)
-            result = await _purge(store, FINISHED, before, None, None, q.name, batch, False)
-            deleted += result.tasks
+        except Exception as exc:  # one bad row, not every queue's retention
+            if on_bad is not None:
+                on_bad(doc, exc)
+            continue
+        result = await _purge(store, FINISHED, before, None, None, q.name, batch, False)
+        deleted += result.tasks
     return deleted
 
 
