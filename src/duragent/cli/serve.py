@@ -44,6 +44,8 @@ async def serve_forever(
     log_level: str,
     limits: dict[str, int] | None = None,
     max_connections: int = 1000,
+    max_connections_per_address: int = 100,
+    forwarded_allow_ips: str | None = None,
     header_timeout: float = 10.0,
     keep_alive_timeout: int = 5,
     metrics_port: int | None = None,
@@ -61,6 +63,8 @@ async def serve_forever(
         if tokens_file is not None
         else server.TokenStore.load(None)
     )
+    proxies = connections.Proxies(forwarded_allow_ips)
+    counts = connections.AddressCounts(max_connections_per_address, proxies)
     fd_limit = connections.raise_fd_limit()
     connections.quiet_accept_errors(asyncio.get_running_loop())
     agents = load_agents(agents_spec) if agents_spec else []
@@ -99,7 +103,11 @@ async def serve_forever(
                 # Past this many connections a request is answered 503 at once.
                 limit_concurrency=connections.connection_limit(max_connections, fd_limit),
                 timeout_keep_alive=keep_alive_timeout,
-                http=connections.protocol_with_header_timeout(header_timeout),
+                http=connections.protocol_with_header_timeout(header_timeout, counts),
+                # X-Forwarded-For is believed from the configured proxies only (uvicorn's
+                # default trusts loopback: any local client could pick its address).
+                proxy_headers=bool(proxies),
+                forwarded_allow_ips=proxies.spec or "",
             )
             await uvicorn.Server(config).serve()
     finally:
@@ -152,6 +160,17 @@ def serve(
     max_connections: int = typer.Option(
         1000, min=1, help="Open connections; past it a request gets 503."
     ),
+    max_connections_per_address: int = typer.Option(
+        100,
+        min=1,
+        help="Open connections from one client address; past it a new one gets 429 "
+        "and is closed (trusted proxies are exempt: limit per client there).",
+    ),
+    forwarded_allow_ips: str | None = typer.Option(
+        None,
+        help="Comma-separated IPs or networks of your reverse proxies ('*' for any): "
+        "only their X-Forwarded-For is believed. Default: none (the TCP peer is the client).",
+    ),
     header_timeout: float = typer.Option(
         10.0, min=0.1, help="Seconds a client has to send a request's headers."
     ),
@@ -200,6 +219,8 @@ def serve(
                 log_level=log_level,
                 limits=limits,
                 max_connections=max_connections,
+                max_connections_per_address=max_connections_per_address,
+                forwarded_allow_ips=forwarded_allow_ips,
                 header_timeout=header_timeout,
                 keep_alive_timeout=keep_alive_timeout,
                 metrics_port=metrics_port,
