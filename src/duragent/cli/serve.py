@@ -75,7 +75,9 @@ async def serve_forever(
         from duragent.metrics import Metrics
         from duragent.store import open_store
 
-        metrics = Metrics(open_store(store_url), heartbeat=lease_ttl / 3)
+        metrics = Metrics(
+            open_store(store_url), heartbeat=lease_ttl / 3, queues=[a.name for a in agents]
+        )
         store, extra["trace"] = metrics.store, metrics.trace
         await store.open()
         exporter = metrics.serve(metrics_port, metrics_host)

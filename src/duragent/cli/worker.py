@@ -52,6 +52,7 @@ async def run_worker(
     from duragent.runtime.worker import Worker
     from duragent.store import open_store
 
+    agents = list(agents)  # read twice: the worker's, and the metrics' queue names
     store = open_store(store_url)
     await store.open()
     exporter = None
@@ -59,7 +60,11 @@ async def run_worker(
         from duragent.metrics import Metrics
 
         lease_ttl = options.get("lease_ttl", 30.0)
-        metrics = Metrics(store, heartbeat=options.get("heartbeat") or lease_ttl / 3)
+        metrics = Metrics(
+            store,
+            heartbeat=options.get("heartbeat") or lease_ttl / 3,
+            queues=[a.name for a in agents],
+        )
         exporter = metrics.serve(metrics_port, metrics_host)
         worker = Worker(metrics.store, agents, trace=metrics.trace, **options)
     else:
