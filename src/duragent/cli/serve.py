@@ -150,6 +150,26 @@ def serve(
     max_context: int | None = typer.Option(
         None, min=1, help="Bytes of a task's context as JSON; more gets 422. [default: 64 KB]"
     ),
+    max_metadata: int | None = typer.Option(
+        None,
+        min=1,
+        help="Bytes of a task's or schedule's metadata as JSON; more gets 422. [default: 4 KB]",
+    ),
+    max_page: int | None = typer.Option(
+        None,
+        min=1,
+        help="Bytes of one page of a task list; a longer page ends early with a next_cursor. "
+        "[default: 2 MB]",
+    ),
+    max_schedules: int | None = typer.Option(
+        None, min=1, help="Schedules one user may have; more gets 409. [default: 100]"
+    ),
+    max_schedule_ticks_per_minute: int | None = typer.Option(
+        None,
+        min=1,
+        help="Ticks per minute of one user's schedules together (60/every each, cron 1); "
+        "more gets 409. [default: 60]",
+    ),
     streams_per_user: int | None = typer.Option(
         None, min=1, help="Event streams one user may hold open; more gets 429. [default: 32]"
     ),
@@ -203,6 +223,10 @@ def serve(
             ("max_body", max_body),
             ("max_input", max_input),
             ("max_context", max_context),
+            ("max_metadata", max_metadata),
+            ("max_page", max_page),
+            ("max_schedules", max_schedules),
+            ("max_schedule_ticks_per_minute", max_schedule_ticks_per_minute),
             ("streams_per_user", streams_per_user),
             ("auth_failures_per_minute", auth_failures_per_minute),
         )

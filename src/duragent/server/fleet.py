@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from duragent.runtime.runtime import Runtime
 from duragent.runtime.schedules import MAX_EVERY, MIN_EVERY, Schedule
 from duragent.server.deps import AdminDep, RuntimeDep, UserDep, is_admin
+from duragent.server.limits import LimitReached, ServerLimits, check_task_sizes
 from duragent.server.problems import BadRequest, problem_responses
 from duragent.server.schemas import iso_time_only
 from duragent.server.strict_json import StrictJsonRoute
@@ -246,9 +247,16 @@ async def delete_queue(name: QueueName, admin: AdminDep, runtime: RuntimeDep) ->
     status_code=201,
     response_model=ScheduleOut,
     summary="Create (or replace) a schedule of mine",
-    responses=problem_responses(400, 401, 422),
+    responses=problem_responses(400, 401, 409, 422),
 )
-async def create_schedule(body: ScheduleCreate, user: UserDep, runtime: RuntimeDep) -> ScheduleOut:
+async def create_schedule(
+    body: ScheduleCreate, user: UserDep, runtime: RuntimeDep, request: Request
+) -> ScheduleOut:
+    limits: ServerLimits = request.app.state.limits
+    # Every tick submits a task with this input and metadata: the same limits.
+    check_task_sizes(body.input, None, limits, body.metadata)
+    others = [s for s in await runtime.schedules(owner=user) if s.name != body.name]
+    _check_schedule_share(others, body.every, limits)
     try:
         sched = await runtime.schedule(
             body.name,
@@ -266,6 +274,30 @@ async def create_schedule(body: ScheduleCreate, user: UserDep, runtime: RuntimeD
     except (ValueError, ValidationError) as exc:
         raise BadRequest(_first_line(exc)) from None
     return ScheduleOut.of(sched)
+
+
+def ticks_per_minute(every: float | None) -> float:
+    """How many tasks a schedule submits per minute at most (cron: once a minute)."""
+    return 1.0 if every is None else 60.0 / every
+
+
+def _check_schedule_share(
+    others: list[Schedule], every: float | None, limits: ServerLimits
+) -> None:
+    """One user's schedules, with the new one, stay within their number and their
+    combined ticks per minute (each tick is a task everyone's workers run)."""
+    if len(others) + 1 > limits.max_schedules:
+        raise LimitReached(
+            f"you have {len(others)} schedules, the most this server keeps per user "
+            f"(serve --max-schedules); delete one first"
+        )
+    rate = sum(ticks_per_minute(s.every) for s in others) + ticks_per_minute(every)
+    if rate > limits.max_schedule_ticks_per_minute + 1e-9:
+        raise LimitReached(
+            f"your schedules would tick {rate:g} times a minute together; this server "
+            f"allows {limits.max_schedule_ticks_per_minute} per user "
+            "(serve --max-schedule-ticks-per-minute): use a longer every"
+        )
 
 
 @router.get(

@@ -26,6 +26,7 @@ from duragent.errors import (
     UsageError,
 )
 from duragent.runtime.schedules import ScheduleNotFound, ScheduleUnreadable
+from duragent.server.limits import LimitReached
 from duragent.server.schemas import Problem
 from duragent.store.queues import QueueNotFound
 
@@ -58,6 +59,7 @@ class BadRequest(UsageError):
 _MAPPING: list[tuple[type[Exception], int, str]] = [
     (ScheduleNotFound, 404, "Schedule not found"),
     (ScheduleUnreadable, 409, "Schedule unreadable"),
+    (LimitReached, 409, "Limit reached"),
     (QueueNotFound, 404, "Queue not found"),
     (TaskNotFound, 404, "Task not found"),
     (InvalidTransition, 409, "Invalid status transition"),

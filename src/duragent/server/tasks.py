@@ -30,7 +30,7 @@ from duragent.server.schemas import (
     TreeOut,
 )
 from duragent.server.strict_json import StrictJsonRoute
-from duragent.store.base import decode_cursor
+from duragent.store.base import decode_cursor, encode_cursor
 from duragent.types import Task, TaskStatus
 
 MetaPair = Annotated[str, StringConstraints(max_length=400, pattern=r"^[^:\x00]+:[^\x00]*$")]
@@ -84,7 +84,7 @@ def _at(text: str | None) -> datetime | None:
 async def create_task(
     body: TaskCreate, user: UserDep, runtime: RuntimeDep, response: Response, request: Request
 ) -> TaskOut:
-    check_task_sizes(body.input, body.context, request.app.state.limits)
+    check_task_sizes(body.input, body.context, request.app.state.limits, body.metadata)
     sub = await runtime.submit(
         body.agent,
         body.input,
@@ -116,6 +116,7 @@ async def create_task(
 async def list_tasks(
     user: UserDep,
     runtime: RuntimeDep,
+    request: Request,
     status: Annotated[list[TaskStatus] | None, Query()] = None,
     session_id: Annotated[str | None, Query(max_length=200)] = None,
     agent: Annotated[str | None, Query(max_length=200)] = None,
@@ -156,7 +157,21 @@ async def list_tasks(
         updated_after=updated_after,
         updated_before=updated_before,
     )
-    return TaskPageOut(tasks=[TaskSummary.of(t) for t in page.tasks], next_cursor=page.next_cursor)
+    return _bounded_page(page.tasks, page.next_cursor, request.app.state.limits.max_page)
+
+
+def _bounded_page(tasks: list[Task], next_cursor: str | None, max_bytes: int) -> TaskPageOut:
+    """The page's summaries up to about `max_bytes` of JSON (at least one); where it
+    is cut, next_cursor continues after the last one given."""
+    out: list[TaskSummary] = []
+    size = 0
+    for i, task in enumerate(tasks):
+        summary = TaskSummary.of(task)
+        size += len(summary.model_dump_json())
+        if out and size > max_bytes:
+            return TaskPageOut(tasks=out, next_cursor=encode_cursor(tasks[i - 1]))
+        out.append(summary)
+    return TaskPageOut(tasks=out, next_cursor=next_cursor)
 
 
 def _metadata(pairs: list[str] | None) -> dict[str, str] | None:
