@@ -91,6 +91,34 @@ def test_the_library_refuses_queue_times_past_any_calendar(bad: dict[str, Any]) 
         Queue("q", **bad)
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"lease_ttl": 0},
+        {"lease_ttl": math.nan},
+        {"poll_interval": -1},
+        {"poll_interval": math.inf},
+        {"heartbeat": 0},
+        {"heartbeat": 40, "lease_ttl": 30},
+        {"missing_agent_grace": math.nan},
+        {"concurrency": 0},
+    ],
+)
+async def test_a_worker_refuses_periods_its_loops_cannot_run_on(
+    store: Store, options: dict[str, Any]
+) -> None:
+    with pytest.raises(InvalidOption):
+        Worker(store, [CHAT], **options)
+
+
+@pytest.mark.parametrize(
+    "bad", [{"poll_interval": 0}, {"base_delay": math.nan}, {"concurrency": 0}]
+)
+def test_webhook_delivery_refuses_periods_its_loop_cannot_run_on(bad: dict[str, Any]) -> None:
+    with pytest.raises(InvalidOption):
+        WebhookDelivery(**bad)
+
+
 async def test_rest_refuses_an_every_below_a_second(client: httpx.AsyncClient) -> None:  # noqa: F811
     body = {"name": "fast", "agent": "quick", "input": "x"}
     for every in (1e-7, 0.5, 0):

@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-from duragent.errors import Conflict, StoreError, UsageError
+from duragent.errors import Conflict, InvalidOption, StoreError, UsageError, check_seconds
 from duragent.store.base import Commit, DocumentWrite, Store
 from duragent.types import Document, Task, TaskStatus, utcnow
 
@@ -164,6 +164,13 @@ class WebhookDelivery:
     max_attempts: int = 25  # then the event stays in the outbox marked dead
     poll_interval: float = 2.0  # how often to look for events other processes wrote
     concurrency: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("timeout", "base_delay", "max_delay", "poll_interval"):
+            check_seconds(f"WebhookDelivery.{name}", getattr(self, name))
+        for name in ("max_attempts", "concurrency"):
+            if getattr(self, name) < 1:
+                raise InvalidOption(f"WebhookDelivery.{name} must be at least 1")
 
 
 @dataclass

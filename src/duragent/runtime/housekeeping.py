@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from duragent.errors import StoreError
+from duragent.errors import InvalidOption, StoreError, check_seconds
 from duragent.runtime.agent import Agent
 from duragent.runtime.schedules import fire_due
 from duragent.store.base import Store
@@ -31,6 +31,9 @@ class Housekeeper:
         ttl_interval: float = 60.0,
         on_fired: Callable[[], None] | None = None,
     ) -> None:
+        check_seconds("interval", interval)
+        if not 0 <= ttl_interval < float("inf"):
+            raise InvalidOption(f"ttl_interval must be 0 or more seconds, not {ttl_interval!r}")
         self.store = store
         self.on_fired = on_fired
         self.agents = agents

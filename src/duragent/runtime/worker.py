@@ -12,7 +12,14 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
-from duragent.errors import CommitOutcomeUnknown, StoreError, TaskNotFound, UsageError
+from duragent.errors import (
+    CommitOutcomeUnknown,
+    InvalidOption,
+    StoreError,
+    TaskNotFound,
+    UsageError,
+    check_seconds,
+)
 from duragent.runtime.agent import Agent
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
 from duragent.runtime.housekeeping import Housekeeper
@@ -64,6 +71,17 @@ class Worker:
         queues: Iterable[str] | None = None,
         housekeeping: bool = True,
     ) -> None:
+        # Each of these is a loop's period: zero, negative or NaN would spin or die.
+        for name, seconds in (
+            ("lease_ttl", lease_ttl),
+            ("poll_interval", poll_interval),
+            ("missing_agent_grace", missing_agent_grace),
+        ):
+            check_seconds(name, seconds)
+        if heartbeat is not None and check_seconds("heartbeat", heartbeat) >= lease_ttl:
+            raise InvalidOption("heartbeat must be shorter than lease_ttl (leases would lapse)")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise InvalidOption(f"concurrency is a whole number of tasks >= 1, not {concurrency!r}")
         self.store = store
         self.queues = None if queues is None else queue_names(queues)
         self.agents = {a.name: a for a in agents}
