@@ -15,6 +15,7 @@ pytest.importorskip("prometheus_client", reason="the metrics extra is part of th
 from prometheus_client.parser import text_string_to_metric_families
 
 from duragent import Runtime
+from duragent.metrics import OTHER_QUEUES, count_tasks
 from support.server_live import TOKENS, duragent, free_port, stop, wait_healthy
 from support.workerlib import WorkerProc
 from worker_agents import AGENTS
@@ -79,7 +80,9 @@ async def test_worker_metrics_are_scraped_from_a_real_process(tmp_path: Path) ->
         stop(proc)
     # By status and queue (the default queue is the agent's name), counted in the store.
     assert value(samples, "duragent_tasks", status="completed", queue="researcher") == 2
-    assert value(samples, "duragent_tasks", status="completed", queue="reports") == 1
+    # A queue nobody declared is not a series of its own (any client could add them).
+    assert value(samples, "duragent_tasks", status="completed", queue="(other)") == 1
+    assert value(samples, "duragent_tasks", queue="reports") == 0
     assert value(samples, "duragent_tasks", status="running") == 0
     assert value(samples, "duragent_task_runs_total", agent="researcher") == 3
     assert value(samples, "duragent_rounds_total", agent="researcher") == 6  # tool round + answer
@@ -94,6 +97,21 @@ async def test_worker_metrics_are_scraped_from_a_real_process(tmp_path: Path) ->
     for name in ("duragent_takeovers_total", "duragent_model_retries_total"):
         assert value(samples, name) == 0
     assert ("duragent_lease_renew_lag_seconds_count", ()) in samples
+
+
+async def test_queue_labels_are_declared_queues_and_one_other(tmp_path: Path) -> None:
+    async with Runtime(f"sqlite:///{tmp_path}/q.db", agents=AGENTS, run_worker=False) as rt:
+        for i in range(50):  # fifty names a client made up
+            await rt.submit("researcher", "q", queue=f"made-up-{i}")
+        await rt.submit("researcher", "q")  # its agent's queue
+        await rt.submit("researcher", "q", queue="reports")
+        await rt.queue("reports", concurrency=2)  # declared: limits in the store
+        counts = await count_tasks(rt.store, known=["researcher"])
+    assert counts == {
+        ("pending", "researcher"): 1,
+        ("pending", "reports"): 1,
+        ("pending", OTHER_QUEUES): 50,
+    }
 
 
 @pytest.mark.slow

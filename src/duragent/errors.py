@@ -59,6 +59,16 @@ def invalid_option(what: str, exc: ValidationError) -> InvalidOption:
     return InvalidOption(f"invalid {what}: " + "; ".join(reasons))
 
 
+def check_seconds(name: str, value: float, *, most: float = 10 * 365 * 86400.0) -> float:
+    """`value` as a number of seconds a loop can wait on: finite, above zero, at most
+    `most` (ten years: later times overflow); else InvalidOption naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidOption(f"{name} is a number of seconds, not {value!r}")
+    if not 0 < value <= most:  # `not`, so NaN fails too
+        raise InvalidOption(f"{name} must be above 0 and at most {most:g} seconds, not {value!r}")
+    return float(value)
+
+
 class InvalidStoreURL(InvalidOption):
     """`open_store` cannot read the URL (no scheme, an unknown scheme, no path)."""
 

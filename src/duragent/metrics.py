@@ -22,6 +22,7 @@ from typing import Any, cast
 from duragent.errors import Conflict, MissingExtra, StaleLease
 from duragent.payloads import status_of
 from duragent.store.base import Commit, CommitResult, LeaseRenewal, PendingCommit, Store
+from duragent.store.queues import QUEUES_SCOPE
 from duragent.types import EntryKind, Task
 
 log = logging.getLogger("duragent.metrics")
@@ -106,11 +107,17 @@ class Metrics:
     """One registry per process: `Metrics(store)`, then run with `metrics.store`
     and `trace=metrics.trace`, and `serve()` the registry."""
 
-    def __init__(self, store: Store, *, heartbeat: float = 10.0) -> None:
+    def __init__(
+        self, store: Store, *, heartbeat: float = 10.0, queues: Iterable[str] = ()
+    ) -> None:
         if prom is None:
             raise MissingExtra("Prometheus metrics", "metrics")
         self.registry = prom.CollectorRegistry()
         self.heartbeat = heartbeat
+        # Queues named in duragent_tasks besides the ones with limits in the store:
+        # the default queues of this process's agents, given or seen running
+        # (agents are this process's code, not a client's words; see count_tasks).
+        self.queues = set(queues)
         r = self.registry
         self.rounds = prom.Counter("duragent_rounds", "Rounds started.", ["agent"], registry=r)
         self.commits = prom.Counter(
@@ -177,6 +184,7 @@ class Metrics:
         if point == "task_start":
             task: Task = info["task"]
             self._agents[task_id] = task.agent
+            self.queues.add(task.agent)
             self.runs.labels(task.agent).inc()
             if await self._was_takeover(task):
                 self.takeovers.labels(task.agent).inc()
@@ -249,7 +257,8 @@ class _TaskCounts:
             if _in_loop(loop):
                 counts: Tally[tuple[str, str]] = Tally()  # cannot block the loop it runs on
             else:
-                future = asyncio.run_coroutine_threadsafe(count_tasks(self.metrics._inner), loop)
+                counting = count_tasks(self.metrics._inner, self.metrics.queues)
+                future = asyncio.run_coroutine_threadsafe(counting, loop)
                 counts = future.result(timeout=30)
         except Exception as exc:  # a scrape must answer even when the store does not
             log.warning("counting tasks for /metrics failed: %s", exc)
@@ -266,12 +275,21 @@ def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
-async def count_tasks(store: Store) -> Tally[tuple[str, str]]:
-    """(status, queue) -> number of tasks, from the store's grouped count."""
+OTHER_QUEUES = "(other)"
+
+
+async def count_tasks(store: Store, known: Iterable[str] = ()) -> Tally[tuple[str, str]]:
+    """(status, queue) -> number of tasks, from the store's grouped count.
+
+    A queue is named when it is declared: it has limits in the store, or it is
+    in `known` (the default queues of the agents served here). Every other
+    queue, any name a client sent, is counted under OTHER_QUEUES: each label
+    value is a series kept for good, so users must not be able to add them."""
+    declared = set(known) | {d.key for d in await store.list_documents(QUEUES_SCOPE)}
     counts: Tally[tuple[str, str]] = Tally()
     for (queue, status), n in (await store.count_tasks()).items():
-        counts[(status, queue)] += n
+        counts[(status, queue if queue in declared else OTHER_QUEUES)] += n
     return counts
 
 
-__all__ = ["MeteredStore", "Metrics", "count_tasks"]
+__all__ = ["OTHER_QUEUES", "MeteredStore", "Metrics", "count_tasks"]

@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-from duragent.errors import Conflict, StoreError, UsageError
+from duragent.errors import Conflict, InvalidOption, StoreError, UsageError, check_seconds
 from duragent.store.base import Commit, DocumentWrite, Store
 from duragent.types import Document, Task, TaskStatus, utcnow
 
@@ -165,6 +165,13 @@ class WebhookDelivery:
     poll_interval: float = 2.0  # how often to look for events other processes wrote
     concurrency: int = 8
 
+    def __post_init__(self) -> None:
+        for name in ("timeout", "base_delay", "max_delay", "poll_interval"):
+            check_seconds(f"WebhookDelivery.{name}", getattr(self, name))
+        for name in ("max_attempts", "concurrency"):
+            if getattr(self, name) < 1:
+                raise InvalidOption(f"WebhookDelivery.{name} must be at least 1")
+
 
 @dataclass
 class Attempt:
@@ -189,6 +196,7 @@ class WebhookSender:
         self.options = options or WebhookDelivery()
         self._wake = asyncio.Event()
         self._warned = False
+        self._told: set[tuple[str, int]] = set()  # bad events already logged
         self.delivered = 0  # events this sender delivered (2xx)
         self.failed_attempts = 0
 
@@ -205,6 +213,8 @@ class WebhookSender:
                 await self.deliver_due()
             except StoreError as exc:
                 log.warning("webhook outbox unavailable: %s", exc)
+            except Exception:  # this loop delivers every owner's events: it must go on
+                log.exception("webhook delivery failed")
             woken = asyncio.ensure_future(self._wake.wait())
             try:
                 await asyncio.wait([woken], timeout=self.options.poll_interval)
@@ -228,15 +238,46 @@ class WebhookSender:
                 self._warned = True
             return 0
         now = utcnow()
-        due = [d for d in docs if _due(d, now)]
+        due = [d for d in docs if self._readable(d) and _due(d, now)]
         gate = asyncio.Semaphore(self.options.concurrency)
 
         async def one(doc: Document) -> bool:
             async with gate:
-                return await self._deliver(doc, secret)
+                try:
+                    return await self._deliver(doc, secret)
+                except StoreError:
+                    raise
+                except Exception as exc:  # one bad event, not the others
+                    self._tell(doc, exc)
+                    return False
 
         results = await asyncio.gather(*(one(d) for d in due))
         return sum(results)
+
+    def _readable(self, doc: Document) -> bool:
+        """Whether an outbox event has the fields delivery reads (a row written
+        around `outbox_events` may not); a bad one is logged once and left alone."""
+        v = doc.value
+        try:
+            if not isinstance(v, dict) or not isinstance(v.get("body"), dict):
+                raise ValueError("not an event")
+            check_url(str(v["url"]))
+            if "id" not in v["body"] or "type" not in v["body"]:
+                raise ValueError("an event without an id or a type")
+            int(v.get("attempts") or 0)
+            for field in ("claimed_until", "next_at"):
+                if v.get(field):
+                    _aware(datetime.fromisoformat(v[field]))
+        except Exception as exc:
+            self._tell(doc, exc)
+            return False
+        return True
+
+    def _tell(self, doc: Document, exc: Exception) -> None:
+        seen = (doc.key, doc.version)
+        if seen not in self._told:
+            self._told.add(seen)
+            log.error("webhook event %s skipped: %s", doc.key, exc)
 
     async def _deliver(self, doc: Document, secret: str) -> bool:
         now = utcnow()
@@ -289,9 +330,15 @@ def _due(doc: Document, now: datetime) -> bool:
         return False
     for field in ("claimed_until", "next_at"):
         at = v.get(field)
-        if at and datetime.fromisoformat(at) > now:
+        if at and _aware(datetime.fromisoformat(at)) > now:
             return False
     return True
+
+
+def _aware(at: datetime) -> datetime:
+    if at.tzinfo is None:
+        raise ValueError(f"time without a zone: {at.isoformat()}")
+    return at
 
 
 def post(url: str, body: Mapping[str, Any], secret: str, timeout: float) -> Attempt:

@@ -46,6 +46,8 @@ async def serve_forever(
     log_level: str,
     limits: dict[str, int] | None = None,
     max_connections: int = 1000,
+    max_connections_per_address: int = 100,
+    forwarded_allow_ips: str | None = None,
     header_timeout: float = 10.0,
     keep_alive_timeout: int = 5,
     metrics_port: int | None = None,
@@ -65,6 +67,8 @@ async def serve_forever(
         if tokens_file is not None
         else server.TokenStore.load(None)
     )
+    proxies = connections.Proxies(forwarded_allow_ips)
+    counts = connections.AddressCounts(max_connections_per_address, proxies)
     fd_limit = connections.raise_fd_limit()
     connections.quiet_accept_errors(asyncio.get_running_loop())
     agents = load_agents(agents_spec) if agents_spec else []
@@ -79,7 +83,9 @@ async def serve_forever(
         from duragent.metrics import Metrics
         from duragent.store import open_store
 
-        metrics = Metrics(open_store(store_url), heartbeat=lease_ttl / 3)
+        metrics = Metrics(
+            open_store(store_url), heartbeat=lease_ttl / 3, queues=[a.name for a in agents]
+        )
         store, extra["trace"] = metrics.store, metrics.trace
         await store.open()
         exporter = metrics.serve(metrics_port, metrics_host)
@@ -108,7 +114,11 @@ async def serve_forever(
                 # Past this many connections a request is answered 503 at once.
                 limit_concurrency=connections.connection_limit(max_connections, fd_limit),
                 timeout_keep_alive=keep_alive_timeout,
-                http=connections.protocol_with_header_timeout(header_timeout),
+                http=connections.protocol_with_header_timeout(header_timeout, counts),
+                # X-Forwarded-For is believed from the configured proxies only (uvicorn's
+                # default trusts loopback: any local client could pick its address).
+                proxy_headers=bool(proxies),
+                forwarded_allow_ips=proxies.spec or "",
             )
             await uvicorn.Server(config).serve(sockets=None if sock is None else [sock])
     finally:
@@ -149,6 +159,26 @@ def serve(
     max_context: int | None = typer.Option(
         None, min=1, help="Bytes of a task's context as JSON; more gets 422. [default: 64 KB]"
     ),
+    max_metadata: int | None = typer.Option(
+        None,
+        min=1,
+        help="Bytes of a task's or schedule's metadata as JSON; more gets 422. [default: 4 KB]",
+    ),
+    max_page: int | None = typer.Option(
+        None,
+        min=1,
+        help="Bytes of one page of a task list; a longer page ends early with a next_cursor. "
+        "[default: 2 MB]",
+    ),
+    max_schedules: int | None = typer.Option(
+        None, min=1, help="Schedules one user may have; more gets 409. [default: 100]"
+    ),
+    max_schedule_ticks_per_minute: int | None = typer.Option(
+        None,
+        min=1,
+        help="Ticks per minute of one user's schedules together (60/every each, cron 1); "
+        "more gets 409. [default: 60]",
+    ),
     streams_per_user: int | None = typer.Option(
         None, min=1, help="Event streams one user may hold open; more gets 429. [default: 32]"
     ),
@@ -160,6 +190,17 @@ def serve(
     ),
     max_connections: int = typer.Option(
         1000, min=1, help="Open connections; past it a request gets 503."
+    ),
+    max_connections_per_address: int = typer.Option(
+        100,
+        min=1,
+        help="Open connections from one client address; past it a new one gets 429 "
+        "and is closed (trusted proxies are exempt: limit per client there).",
+    ),
+    forwarded_allow_ips: str | None = typer.Option(
+        None,
+        help="Comma-separated IPs or networks of your reverse proxies ('*' for any): "
+        "only their X-Forwarded-For is believed. Default: none (the TCP peer is the client).",
     ),
     header_timeout: float = typer.Option(
         10.0, min=0.1, help="Seconds a client has to send a request's headers."
@@ -195,6 +236,10 @@ def serve(
             ("max_body", max_body),
             ("max_input", max_input),
             ("max_context", max_context),
+            ("max_metadata", max_metadata),
+            ("max_page", max_page),
+            ("max_schedules", max_schedules),
+            ("max_schedule_ticks_per_minute", max_schedule_ticks_per_minute),
             ("streams_per_user", streams_per_user),
             ("auth_failures_per_minute", auth_failures_per_minute),
         )
@@ -214,6 +259,8 @@ def serve(
                 log_level=log_level,
                 limits=limits,
                 max_connections=max_connections,
+                max_connections_per_address=max_connections_per_address,
+                forwarded_allow_ips=forwarded_allow_ips,
                 header_timeout=header_timeout,
                 keep_alive_timeout=keep_alive_timeout,
                 metrics_port=metrics_port,

@@ -91,6 +91,8 @@ async def run_worker(
     from duragent.runtime.worker import Worker
     from duragent.store import open_store
 
+    agents = list(agents)  # read twice: the worker's, and the metrics' queue names
+
     async def opened() -> Store:
         store = open_store(store_url)
         try:
@@ -108,7 +110,11 @@ async def run_worker(
         from duragent.metrics import Metrics
 
         lease_ttl = options.get("lease_ttl", 30.0)
-        metrics = Metrics(store, heartbeat=options.get("heartbeat") or lease_ttl / 3)
+        metrics = Metrics(
+            store,
+            heartbeat=options.get("heartbeat") or lease_ttl / 3,
+            queues=[a.name for a in agents],
+        )
         exporter = metrics.serve(metrics_port, metrics_host)
         worker = Worker(metrics.store, agents, trace=metrics.trace, **options)
     else:

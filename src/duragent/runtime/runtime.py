@@ -90,8 +90,11 @@ class TaskTree:
 
 def same_request(stored: Task, asked: Task) -> bool:
     """Whether a resubmission with a used request_id asks for the same task."""
-    return stored.agent == asked.agent and to_jsonable_python(stored.input) == to_jsonable_python(
-        asked.input
+    return (
+        stored.agent == asked.agent
+        and to_jsonable_python(stored.input) == to_jsonable_python(asked.input)
+        # A fork and a submission (or two different forks) are different requests.
+        and stored.config.get("fork_request") == asked.config.get("fork_request")
     )
 
 
@@ -540,6 +543,14 @@ class Runtime(ManyTasks, SendsMessages):
             now = utcnow()
             task.config["deadline"] = deadline_record(deadline_at(known.deadline, now), "fork", now)
         stored, created = await self.store.create_fork(task, log)
+        if not created and not same_request(stored, task):
+            raise DuplicateRequest(
+                request_id or "",
+                stored.id,
+                f"request_id {request_id!r} already started task {stored.id!r}, not this "
+                "fork; use a new request_id for a new fork (the same request_id with the "
+                "same task, round and edit returns the existing fork)",
+            )
         self.start_worker()
         self._wake()
         return Submission(self, stored.id, created)

@@ -20,19 +20,41 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from duragent.errors import Conflict, InvalidOption, TaskNotFound, UsageError, invalid_option
+from duragent.errors import (
+    Conflict,
+    InvalidOption,
+    StoreError,
+    TaskNotFound,
+    UsageError,
+    invalid_option,
+)
 from duragent.runtime.agent import Agent
 from duragent.runtime.submit import new_task
 from duragent.store.base import Commit, DocumentWrite, Store
 from duragent.types import JSON, Document, utcnow
 
 SCHEDULES_SCOPE = "duragent:schedules"
+
+# The shortest and longest `every`: below a second a schedule is a busy loop
+# (and below a microsecond its step is zero), past ten years a time overflows.
+MIN_EVERY = 1.0
+MAX_EVERY = 10 * 365 * 86400.0
+
+
+class ScheduleUnreadable(UsageError):
+    """A stored schedule that no longer validates (written by older code, or by hand):
+    it never fires, and the only thing to do with it is to delete it."""
+
+    def __init__(self, key: str, why: str) -> None:
+        self.key = key
+        super().__init__(f"schedule {key} is stored with invalid fields ({why}); delete it")
 
 
 class ScheduleNotFound(TaskNotFound):
@@ -52,7 +74,9 @@ class Schedule(BaseModel):
     input: JSON = None
     owner: str | None = None
     cron: str | None = None  # standard 5 fields, UTC (needs the `schedules` extra: croniter)
-    every: float | None = Field(default=None, gt=0)  # seconds
+    every: float | None = Field(
+        default=None, ge=MIN_EVERY, le=MAX_EVERY, allow_inf_nan=False
+    )  # seconds
     overlap: Overlap = "skip"
     queue: str | None = None
     priority: int = 0
@@ -110,6 +134,17 @@ def _croniter(expr: str, start: datetime) -> Any:
         raise InvalidOption(f"invalid cron expression {expr!r}: {exc}") from exc
 
 
+def check_every(every: float) -> float:
+    """`every` as a number of seconds a schedule can tick on, or InvalidOption."""
+    if isinstance(every, bool) or not isinstance(every, int | float):
+        raise InvalidOption(f"every is a number of seconds, not {every!r}")
+    if not math.isfinite(every) or not MIN_EVERY <= every <= MAX_EVERY:
+        raise InvalidOption(
+            f"every must be between {MIN_EVERY:g} and {MAX_EVERY:g} seconds, not {every!r}"
+        )
+    return float(every)
+
+
 def schedule_key(owner: str | None, name: str) -> str:
     return json.dumps([owner or "", name])
 
@@ -131,9 +166,13 @@ def new_schedule(
     """A schedule whose first tick is `start_at`, else one period (or cron step) from now."""
     if isinstance(every, timedelta):
         every = every.total_seconds()
+    if every is not None:
+        every = check_every(every)
     now = utcnow()
     if start_at is not None and start_at.tzinfo is None:
         raise InvalidOption("start_at must be timezone-aware (e.g. datetime.now(UTC))")
+    if start_at is not None and start_at > now + timedelta(seconds=MAX_EVERY):
+        raise InvalidOption("start_at is more than ten years away")
     if start_at is None and every is not None:
         start_at = now + timedelta(seconds=every)
     if start_at is None and cron is not None:
@@ -165,7 +204,10 @@ async def put_schedule(store: Store, schedule: Schedule) -> Schedule:
 
 async def list_schedules(store: Store, owner: str | None = None) -> list[Schedule]:
     """Every schedule, or one owner's (`owner=""` is the schedules without an owner)."""
-    out = [_from_doc(d) for d in await store.list_documents(SCHEDULES_SCOPE)]
+    out = []
+    for doc in await store.list_documents(SCHEDULES_SCOPE):
+        with contextlib.suppress(ScheduleUnreadable):  # it never fires; only delete it
+            out.append(_from_doc(doc))
     if owner is not None:
         out = [s for s in out if (s.owner or "") == owner]
     return out
@@ -204,23 +246,41 @@ async def delete_schedule(store: Store, name: str, owner: str | None = None) -> 
     await store.commit(Commit(documents=[DocumentWrite(SCHEDULES_SCOPE, key, delete=True)]))
 
 
+BadRow = Callable[[Document, Exception], None]
+
+
 async def fire_due(
-    store: Store, agents: Mapping[str, Agent], now: datetime | None = None
+    store: Store,
+    agents: Mapping[str, Agent],
+    now: datetime | None = None,
+    on_bad: BadRow | None = None,
 ) -> tuple[list[str], datetime | None]:
-    """Fire every due tick of the schedules of `agents`; return (task ids, next due time)."""
+    """Fire every due tick of the schedules of `agents`; return (task ids, next due time).
+
+    One schedule that cannot be read or fired (a row written around validation,
+    a time past year 9999) is told to `on_bad` and skipped: it must not stop
+    every other owner's schedules. Store errors still end the pass (all rows
+    share the store)."""
     now = now or utcnow()
     fired: list[str] = []
     soonest: datetime | None = None
     for doc in await store.list_documents(SCHEDULES_SCOPE):
-        sched = _from_doc(doc)
-        agent = agents.get(sched.agent)
-        if agent is None or sched.paused:
+        try:
+            sched = _from_doc(doc)
+            agent = agents.get(sched.agent)
+            if agent is None or sched.paused:
+                continue
+            if sched.next_at <= now:
+                task_id = await _fire(store, agent, doc, sched, now)
+                if task_id is not None:
+                    fired.append(task_id)
+                continue  # re-read next time round: its next_at moved (or it waits for a run)
+        except StoreError:
+            raise
+        except Exception as exc:  # one bad row, not the loop
+            if on_bad is not None:
+                on_bad(doc, exc)
             continue
-        if sched.next_at <= now:
-            task_id = await _fire(store, agent, doc, sched, now)
-            if task_id is not None:
-                fired.append(task_id)
-            continue  # re-read next time round: its next_at moved (or it waits for a run)
         soonest = sched.next_at if soonest is None else min(soonest, sched.next_at)
     return fired, soonest
 
@@ -270,4 +330,15 @@ async def _replace(store: Store, doc: Document, sched: Schedule) -> None:
 
 
 def _from_doc(doc: Document) -> Schedule:
-    return Schedule.model_validate(doc.value)
+    try:
+        return Schedule.model_validate(doc.value)
+    except (ValidationError, ValueError, TypeError) as exc:
+        raise ScheduleUnreadable(doc.key, _reasons(exc)) from None
+
+
+def _reasons(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}".lstrip(": ") for e in exc.errors()
+        )
+    return str(exc)

@@ -14,6 +14,8 @@ explains what the model sees.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import defaultdict
 from typing import Any, Literal
 
@@ -356,6 +358,18 @@ async def _edited_copy(
     ]
 
 
+def fork_request(source_id: str, at_round: int, edit: Edit | None) -> str:
+    """What a fork asked for, as a digest kept on it: a request_id used again must
+    ask for the same fork (else DuplicateRequest), never get another task."""
+    asked = {
+        "source": source_id,
+        "round": at_round,
+        "edit": None if edit is None or edit.empty else edit.model_dump(mode="json"),
+    }
+    text = json.dumps(asked, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 async def new_fork(
     store: Store,
     source: Task,
@@ -371,6 +385,7 @@ async def new_fork(
         # A fork is a new task: the source's deadline and inbox are not its own.
         **{k: v for k, v in source.config.items() if k not in ("forked_from", "deadline", "inbox")},
         "forked_from": {"task_id": source.id, "round": at_round},
+        "fork_request": fork_request(source.id, at_round, edit),
     }
     task = Task(
         id=fork_id,

@@ -14,7 +14,14 @@ from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import Any
 
-from duragent.errors import CommitOutcomeUnknown, StoreError, TaskNotFound, UsageError
+from duragent.errors import (
+    CommitOutcomeUnknown,
+    InvalidOption,
+    StoreError,
+    TaskNotFound,
+    UsageError,
+    check_seconds,
+)
 from duragent.runtime.agent import Agent, agents_by_name
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
 from duragent.runtime.housekeeping import Housekeeper
@@ -66,6 +73,17 @@ class Worker:
         queues: Iterable[str] | None = None,
         housekeeping: bool = True,
     ) -> None:
+        # Each of these is a loop's period: zero, negative or NaN would spin or die.
+        for name, seconds in (
+            ("lease_ttl", lease_ttl),
+            ("poll_interval", poll_interval),
+            ("missing_agent_grace", missing_agent_grace),
+        ):
+            check_seconds(name, seconds)
+        if heartbeat is not None and check_seconds("heartbeat", heartbeat) >= lease_ttl:
+            raise InvalidOption("heartbeat must be shorter than lease_ttl (leases would lapse)")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise InvalidOption(f"concurrency is a whole number of tasks >= 1, not {concurrency!r}")
         self.store = store
         self.queues = None if queues is None else queue_names(queues)
         self.agents = agents_by_name(agents)
@@ -375,6 +393,8 @@ class Worker:
                     await block_unserved(self.store, self.agents, self.missing_agent_grace)
             except StoreError as exc:
                 log.warning("recording this worker's agents failed: %s", exc)
+            except Exception:  # a bad presence row must not stop the next renewal
+                log.exception("recording this worker's agents failed")
             await asyncio.sleep(every)
 
     # --- leases and control ---
@@ -391,7 +411,10 @@ class Worker:
         while True:
             await asyncio.sleep(max(0.0, due - loop.time()))
             due = max(due + self.heartbeat, loop.time())
-            await self._renew_all()
+            try:
+                await self._renew_all()
+            except Exception:  # every lease of this worker depends on this loop
+                log.exception("lease renewal failed")
 
     async def _renew_all(self) -> None:
         held = dict(self.runners)
@@ -406,10 +429,14 @@ class Worker:
         for task_id in renewal.lost:
             # Another worker owns it now (we were stopped past our lease): stop
             # without writing; fencing would refuse our writes anyway.
-            self._abandon(held[task_id], "lease lost")
+            if task_id in held:
+                self._abandon(held[task_id], "lease lost")
         for task_id, row in renewal.kept.items():
-            if row.control:  # a request whose notice we missed
-                self._apply_control(held[task_id], row)
+            if row.control and task_id in held:  # a request whose notice we missed
+                try:
+                    self._apply_control(held[task_id], row)
+                except Exception:  # one bad control request, not the other tasks
+                    log.exception("task %s: control request unreadable", task_id)
 
     def _control_noted(self, task_id: str | None) -> None:
         """A control request was committed on `task_id` (None: on any, maybe)."""

@@ -4,6 +4,10 @@
   sent a whole request head within `header_timeout` seconds is closed (a
   slowloris client sending a byte of headers at a time holds nothing for long).
   uvicorn's own `timeout_keep_alive` only covers the idle time between requests.
+- `AddressCounts`: open connections per client address; past
+  `--max-connections-per-address` a new one is answered 429 and closed at once,
+  so one address cannot hold every slot (addresses of trusted proxies,
+  `--forwarded-allow-ips`, are exempt: the proxy must limit per client).
 - `raise_fd_limit`: the soft limit of open files up to the hard one, so the
   connection limit, not the default 1024 descriptors, decides when to refuse.
 - `quiet_accept_errors`: asyncio logs a traceback for every failed `accept()`
@@ -13,6 +17,8 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import json
 import logging
 import resource
 import time
@@ -24,13 +30,98 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
+from duragent.errors import InvalidOption
+
 log = logging.getLogger("duragent.server")
 
 RESERVED_FDS = 64  # kept for the store, log files and the listening socket
 
 
-def protocol_with_header_timeout(header_timeout: float) -> type[H11Protocol]:
-    """uvicorn takes a protocol class (`Config(http=...)`); this one carries the timeout."""
+TOO_MANY_FROM_HERE = (
+    b"HTTP/1.1 429 Too Many Requests\r\n"
+    b"content-type: application/problem+json\r\n"
+    b"retry-after: 1\r\n"
+    b"connection: close\r\n"
+    b"content-length: %d\r\n\r\n%s"
+)
+
+
+def _too_many_body(limit: int) -> bytes:
+    detail = (
+        f"more than {limit} open connections from this address "
+        "(serve --max-connections-per-address)"
+    )
+    body = json.dumps(
+        {"type": "about:blank", "title": "Too many requests", "status": 429, "detail": detail}
+    ).encode()
+    return TOO_MANY_FROM_HERE % (len(body), body)
+
+
+class Proxies:
+    """The addresses `--forwarded-allow-ips` trusts (IPs or networks, `*` for all):
+    their X-Forwarded-For is read, and their connections are not held to the
+    per-address limit (behind a proxy every client shares its address, so the
+    proxy limits connections per client)."""
+
+    def __init__(self, spec: str | None) -> None:
+        items = [i.strip() for i in (spec or "").split(",") if i.strip()]
+        self.spec = ",".join(items)
+        self.everyone = "*" in items
+        self.networks = []
+        for item in items:
+            if item == "*":
+                continue
+            try:
+                self.networks.append(ipaddress.ip_network(item, strict=False))
+            except ValueError as exc:
+                raise InvalidOption(
+                    f"--forwarded-allow-ips: {item!r} is not an IP address or network"
+                ) from exc
+
+    def __bool__(self) -> bool:
+        return self.everyone or bool(self.networks)
+
+    def trusts(self, host: str) -> bool:
+        if self.everyone:
+            return True
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return any(address in net for net in self.networks)
+
+
+class AddressCounts:
+    """Open connections per peer address, shared by every connection of one server."""
+
+    def __init__(self, per_address: int, proxies: Proxies | None = None) -> None:
+        self.per_address = per_address
+        self.proxies = proxies or Proxies(None)
+        self.open: dict[str, int] = {}
+
+    def admit(self, host: str) -> bool:
+        """Count one more connection from `host`, or False (not counted) past the limit."""
+        n = self.open.get(host, 0)
+        if n >= self.per_address and not self.proxies.trusts(host):
+            return False
+        self.open[host] = n + 1
+        return True
+
+    def closed(self, host: str) -> None:
+        n = self.open.get(host, 0) - 1
+        if n > 0:
+            self.open[host] = n
+        else:
+            self.open.pop(host, None)
+
+
+def protocol_with_header_timeout(
+    header_timeout: float, counts: AddressCounts | None = None
+) -> type[H11Protocol]:
+    """uvicorn takes a protocol class (`Config(http=...)`); this one carries the timeout
+    and, with `counts`, the per-address connection limit: one address (one client
+    opening a thousand half-sent connections) cannot take every slot of
+    `--max-connections` and leave everyone else with 503."""
 
     class HeaderTimeoutProtocol(H11Protocol):
         def __init__(
@@ -42,9 +133,19 @@ def protocol_with_header_timeout(header_timeout: float) -> type[H11Protocol]:
         ) -> None:
             super().__init__(config, server_state, app_state, _loop)
             self._head_timer: asyncio.TimerHandle | None = None
+            self._counted: str | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            if counts is not None:
+                peer = transport.get_extra_info("peername")
+                host = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
+                if not counts.admit(host):
+                    # Answered and closed before it is read: it holds no slot.
+                    transport.write(_too_many_body(counts.per_address))
+                    transport.close()
+                    return
+                self._counted = host
             self._arm_head_timer()
 
         def data_received(self, data: bytes) -> None:
@@ -58,6 +159,9 @@ def protocol_with_header_timeout(header_timeout: float) -> type[H11Protocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm_head_timer()
+            if counts is not None and self._counted is not None:
+                counts.closed(self._counted)
+                self._counted = None
             super().connection_lost(exc)
 
         def _arm_head_timer(self) -> None:

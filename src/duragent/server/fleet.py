@@ -15,8 +15,9 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from duragent.runtime.runtime import Runtime
-from duragent.runtime.schedules import Schedule
+from duragent.runtime.schedules import MAX_EVERY, MIN_EVERY, Schedule
 from duragent.server.deps import AdminDep, RuntimeDep, UserDep, is_admin
+from duragent.server.limits import LimitReached, ServerLimits, check_task_sizes
 from duragent.server.problems import BadRequest, problem_responses
 from duragent.server.schemas import iso_time_only
 from duragent.server.strict_json import StrictJsonRoute
@@ -116,7 +117,12 @@ class ScheduleCreate(BaseModel):
     input: Any = None
     cron: str | None = Field(None, max_length=200, description="5 fields, UTC.")
     every: float | None = Field(
-        None, gt=0, le=10 * 365 * 86400, strict=False, description="Seconds between ticks."
+        None,
+        ge=MIN_EVERY,
+        le=MAX_EVERY,
+        strict=False,
+        allow_inf_nan=False,
+        description=f"Seconds between ticks, at least {MIN_EVERY:g}.",
     )
     overlap: Literal["skip", "queue", "allow"] = "skip"
     queue: str | None = Field(None, max_length=200)
@@ -241,9 +247,16 @@ async def delete_queue(name: QueueName, admin: AdminDep, runtime: RuntimeDep) ->
     status_code=201,
     response_model=ScheduleOut,
     summary="Create (or replace) a schedule of mine",
-    responses=problem_responses(400, 401, 422),
+    responses=problem_responses(400, 401, 409, 422),
 )
-async def create_schedule(body: ScheduleCreate, user: UserDep, runtime: RuntimeDep) -> ScheduleOut:
+async def create_schedule(
+    body: ScheduleCreate, user: UserDep, runtime: RuntimeDep, request: Request
+) -> ScheduleOut:
+    limits: ServerLimits = request.app.state.limits
+    # Every tick submits a task with this input and metadata: the same limits.
+    check_task_sizes(body.input, None, limits, body.metadata)
+    others = [s for s in await runtime.schedules(owner=user) if s.name != body.name]
+    _check_schedule_share(others, body.every, limits)
     try:
         sched = await runtime.schedule(
             body.name,
@@ -261,6 +274,30 @@ async def create_schedule(body: ScheduleCreate, user: UserDep, runtime: RuntimeD
     except (ValueError, ValidationError) as exc:
         raise BadRequest(_first_line(exc)) from None
     return ScheduleOut.of(sched)
+
+
+def ticks_per_minute(every: float | None) -> float:
+    """How many tasks a schedule submits per minute at most (cron: once a minute)."""
+    return 1.0 if every is None else 60.0 / every
+
+
+def _check_schedule_share(
+    others: list[Schedule], every: float | None, limits: ServerLimits
+) -> None:
+    """One user's schedules, with the new one, stay within their number and their
+    combined ticks per minute (each tick is a task everyone's workers run)."""
+    if len(others) + 1 > limits.max_schedules:
+        raise LimitReached(
+            f"you have {len(others)} schedules, the most this server keeps per user "
+            f"(serve --max-schedules); delete one first"
+        )
+    rate = sum(ticks_per_minute(s.every) for s in others) + ticks_per_minute(every)
+    if rate > limits.max_schedule_ticks_per_minute + 1e-9:
+        raise LimitReached(
+            f"your schedules would tick {rate:g} times a minute together; this server "
+            f"allows {limits.max_schedule_ticks_per_minute} per user "
+            "(serve --max-schedule-ticks-per-minute): use a longer every"
+        )
 
 
 @router.get(
@@ -318,8 +355,9 @@ async def resume_schedule(sched: MySchedule, runtime: RuntimeDep) -> ScheduleOut
     summary="Delete a schedule (tasks it submitted stay)",
     responses=problem_responses(401, 404, 422),
 )
-async def delete_schedule(sched: MySchedule, runtime: RuntimeDep) -> Response:
-    await runtime.delete_schedule(sched.name, owner=sched.owner)
+async def delete_schedule(name: ScheduleName, user: UserDep, runtime: RuntimeDep) -> Response:
+    # By name, not read first: a stored schedule that no longer reads can still go.
+    await runtime.delete_schedule(name, owner=user)
     return Response(status_code=204)
 
 

@@ -3,8 +3,8 @@
 Before the app reads a byte of the body, the gate
 - answers a request on a protected path without a valid bearer token with 401
   (so a wrong token costs the server nothing, however large the body);
-- answers a client address that sent too many wrong tokens in the last minute
-  with 429 and `Retry-After`;
+- answers a wrong token from a client address that sent too many wrong tokens
+  in the last minute with 429 and `Retry-After` (a valid token is still admitted);
 - answers a body larger than the limit with 413: at once when `Content-Length`
   says so, or as soon as a chunked body passes the limit while it streams;
 - refuses a URL holding a NUL character (no store can look it up);
@@ -50,6 +50,7 @@ SECURITY_HEADERS = [
 
 TOO_LARGE = HTTPStatus(413).phrase
 CLOSE = {"Connection": "close"}  # an early answer leaves the body unread
+UNAUTHORIZED = {**CLOSE, "WWW-Authenticate": 'Bearer realm="duragent"'}
 FAILURE_WINDOW = 60.0  # seconds over which wrong tokens are counted
 MAX_TRACKED_CLIENTS = 10_000  # addresses remembered; the oldest are forgotten first
 
@@ -188,7 +189,24 @@ class Gate:
         return None
 
     def _authenticate(self, scope: Scope, headers: Headers) -> Any:
-        """None when the request may go on (the user noted in the scope), else the refusal."""
+        """None when the request may go on (the user noted in the scope), else the refusal.
+
+        A valid token is always checked and admitted, throttled address or not:
+        refusing it would let anyone sharing an address (a NAT, a proxy) lock
+        its users out by sending wrong tokens. Only wrong tokens are refused
+        (429) once an address sent too many in the last minute. The address is
+        the TCP peer, or the forwarded one only from `--forwarded-allow-ips`."""
+        token = bearer_token(headers)
+        if token is None and scope["path"] in TOKEN_OPTIONAL:
+            return None
+        user = None if token is None else self.tokens.user_for(token)
+        if user is not None:
+            scope.setdefault("state", {})["user"] = user
+            return None
+        if token is None:
+            # Not a guess: a missing token is not counted (a page before sign-in).
+            detail = "this endpoint needs an 'Authorization: Bearer <token>' header"
+            return problem(401, "Unauthorized", detail, headers=UNAUTHORIZED)
         client = (scope.get("client") or ("unknown", 0))[0]
         wait = self.throttle.retry_after(client)
         if wait is not None:
@@ -198,17 +216,5 @@ class Gate:
                 "too many wrong tokens from this address; try again later",
                 headers={**CLOSE, "Retry-After": str(wait)},
             )
-        token = bearer_token(headers)
-        if token is None and scope["path"] in TOKEN_OPTIONAL:
-            return None
-        unauthorized = {**CLOSE, "WWW-Authenticate": 'Bearer realm="duragent"'}
-        if token is None:
-            detail = "this endpoint needs an 'Authorization: Bearer <token>' header"
-            return problem(401, "Unauthorized", detail, headers=unauthorized)
-        user = self.tokens.user_for(token)
-        if user is None:
-            self.throttle.failed(client)
-            detail = "the bearer token is not valid"
-            return problem(401, "Unauthorized", detail, headers=unauthorized)
-        scope.setdefault("state", {})["user"] = user
-        return None
+        self.throttle.failed(client)
+        return problem(401, "Unauthorized", "the bearer token is not valid", headers=UNAUTHORIZED)

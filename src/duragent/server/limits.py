@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 
-from duragent.errors import InvalidOption
+from duragent.errors import InvalidOption, UsageError
 from duragent.storable import MAX_JSON_DEPTH
 
 KB = 1024
@@ -28,6 +28,17 @@ class ServerLimits:
     """Bytes of a task's `input` as JSON text; more is answered 422."""
     max_context: int = 64 * KB
     """Bytes of a task's `context` as JSON text; more is answered 422."""
+    max_metadata: int = 4 * KB
+    """Bytes of a task's or schedule's `metadata` as JSON text; more is answered 422
+    (metadata is in every row of a task list)."""
+    max_page: int = 2 * MB
+    """Bytes of one page of a task list, roughly; past it the page ends early, with a
+    next_cursor for the rest."""
+    max_schedules: int = 100
+    """Schedules one user may have; one more is answered 409."""
+    max_schedule_ticks_per_minute: int = 60
+    """Ticks per minute one user's schedules may fire together (each submits a task):
+    sum of 60/every, a cron schedule counting 1."""
     max_depth: int = MAX_JSON_DEPTH
     """Levels of nesting in any JSON body; deeper is answered 422."""
     streams_per_user: int = 32
@@ -40,12 +51,20 @@ class ServerLimits:
             "max_body",
             "max_input",
             "max_context",
+            "max_metadata",
+            "max_page",
+            "max_schedules",
+            "max_schedule_ticks_per_minute",
             "max_depth",
             "streams_per_user",
             "auth_failures_per_minute",
         ):
             if getattr(self, name) < 1:
                 raise InvalidOption(f"ServerLimits.{name} must be at least 1")
+
+
+class LimitReached(UsageError):
+    """A user asked for more than their share (schedules, ticks): 409, saying which limit."""
 
 
 def human_bytes(n: int) -> str:
@@ -64,12 +83,19 @@ def json_size(value: Any) -> int:
     return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
 
 
-def check_task_sizes(input: Any, context: dict[str, Any] | None, limits: ServerLimits) -> None:
-    """422 naming the field when a task's input or context is larger than the limits."""
+def check_task_sizes(
+    input: Any,
+    context: dict[str, Any] | None,
+    limits: ServerLimits,
+    metadata: dict[str, Any] | None = None,
+) -> None:
+    """422 naming the field when a task's input, context or metadata is larger than
+    the limits."""
     errors = []
     for name, value, limit, option in (
         ("input", input, limits.max_input, "--max-input"),
         ("context", context, limits.max_context, "--max-context"),
+        ("metadata", metadata, limits.max_metadata, "--max-metadata"),
     ):
         if value is None:
             continue

@@ -25,7 +25,8 @@ from duragent.errors import (
     UnknownAgent,
     UsageError,
 )
-from duragent.runtime.schedules import ScheduleNotFound
+from duragent.runtime.schedules import ScheduleNotFound, ScheduleUnreadable
+from duragent.server.limits import LimitReached
 from duragent.server.schemas import Problem
 from duragent.store.queues import QueueNotFound
 
@@ -57,6 +58,8 @@ class BadRequest(UsageError):
 # Most specific first: the first class the exception is an instance of decides.
 _MAPPING: list[tuple[type[Exception], int, str]] = [
     (ScheduleNotFound, 404, "Schedule not found"),
+    (ScheduleUnreadable, 409, "Schedule unreadable"),
+    (LimitReached, 409, "Limit reached"),
     (QueueNotFound, 404, "Queue not found"),
     (TaskNotFound, 404, "Task not found"),
     (InvalidTransition, 409, "Invalid status transition"),

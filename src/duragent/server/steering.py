@@ -3,26 +3,43 @@ into a live task (README "Steering a task")."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
 from duragent.runtime.inbox import MAX_MESSAGE_CHARS, MultitaskStrategy
-from duragent.runtime.steering import Edit, History
+from duragent.runtime.steering import Edit as RuntimeEdit
+from duragent.runtime.steering import History
 from duragent.server.deps import OwnedTask, RuntimeDep, UserDep
+from duragent.server.limits import ServerLimits, human_bytes, json_size
 from duragent.server.problems import problem_responses
 from duragent.server.schemas import TaskOut
+from duragent.server.strict_json import StrictJsonRoute
 from duragent.server.tasks import task_out
 
-router = APIRouter(prefix="/v1/tasks", tags=["steering"])
+# Strict JSON like every other route: NUL, lone surrogates, NaN are a 422 here too.
+router = APIRouter(prefix="/v1/tasks", tags=["steering"], route_class=StrictJsonRoute)
+
+
+class Edit(RuntimeEdit):
+    # Strict like every request body: "true" is not a boolean. (Named as the
+    # library's: it is the same edit, read strictly.)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ForkRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     at_round: int = Field(
-        ge=1, description="Continue from the end of this round (1..the task's iterations)."
+        ge=1,
+        le=2**31 - 1,
+        description="Continue from the end of this round (1..the task's iterations).",
     )
-    edit: Edit | None = Field(default=None, description="Changes to the copied view.")
+    edit: Edit | None = Field(
+        default=None,
+        description="Changes to the copied view; its texts together are held to the "
+        "server's input limit (serve --max-input).",
+    )
     request_id: str | None = Field(
         default=None,
         min_length=1,
@@ -32,7 +49,7 @@ class ForkRequest(BaseModel):
 
 
 class MessageRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     text: str = Field(
         min_length=1,
@@ -81,14 +98,32 @@ async def get_history(task: OwnedTask, runtime: RuntimeDep) -> History:
     },
 )
 async def fork_task(
-    task: OwnedTask, user: UserDep, runtime: RuntimeDep, body: ForkRequest, response: Response
+    task: OwnedTask,
+    user: UserDep,
+    runtime: RuntimeDep,
+    body: ForkRequest,
+    request: Request,
+    response: Response,
 ) -> TaskOut:
+    if body.edit is not None:
+        _check_edit_size(body.edit, request.app.state.limits)
     sub = await runtime.fork(
         task.id, body.at_round, edit=body.edit, owner=user, request_id=body.request_id
     )
     if not sub.created:
         response.status_code = 200
     return await task_out(runtime, await runtime.get(sub.task_id, owner=user))
+
+
+def _check_edit_size(edit: RuntimeEdit, limits: ServerLimits) -> None:
+    """An edit puts user text into the fork's view: no more than a task's input may be."""
+    size = json_size(edit.model_dump(mode="json", exclude_defaults=True))
+    if size > limits.max_input:
+        msg = (
+            f"is {size} bytes as JSON; this server takes at most "
+            f"{human_bytes(limits.max_input)} (serve --max-input)"
+        )
+        raise RequestValidationError([{"loc": ("body", "edit"), "msg": msg, "type": "too_large"}])
 
 
 @router.post(

@@ -32,7 +32,7 @@ from duragent.server.schemas import (
     WaitingOn,
 )
 from duragent.server.strict_json import StrictJsonRoute
-from duragent.store.base import decode_cursor
+from duragent.store.base import decode_cursor, encode_cursor
 from duragent.types import Task, TaskStatus
 
 MetaPair = Annotated[str, StringConstraints(max_length=400, pattern=r"^[^:\x00]+:[^\x00]*$")]
@@ -102,7 +102,7 @@ def _at(text: str | None) -> datetime | None:
 async def create_task(
     body: TaskCreate, user: UserDep, runtime: RuntimeDep, response: Response, request: Request
 ) -> TaskOut:
-    check_task_sizes(body.input, body.context, request.app.state.limits)
+    check_task_sizes(body.input, body.context, request.app.state.limits, body.metadata)
     sub = await runtime.submit(
         body.agent,
         body.input,
@@ -134,6 +134,7 @@ async def create_task(
 async def list_tasks(
     user: UserDep,
     runtime: RuntimeDep,
+    request: Request,
     status: Annotated[list[TaskStatus] | None, Query()] = None,
     session_id: Annotated[str | None, Query(max_length=200)] = None,
     agent: Annotated[str | None, Query(max_length=200)] = None,
@@ -174,8 +175,25 @@ async def list_tasks(
         updated_after=updated_after,
         updated_before=updated_before,
     )
-    tasks = [await summary(runtime, t) for t in page.tasks]
-    return TaskPageOut(tasks=tasks, next_cursor=page.next_cursor)
+    return await _bounded_page(
+        runtime, page.tasks, page.next_cursor, request.app.state.limits.max_page
+    )
+
+
+async def _bounded_page(
+    runtime: RuntimeDep, tasks: list[Task], next_cursor: str | None, max_bytes: int
+) -> TaskPageOut:
+    """The page's summaries up to about `max_bytes` of JSON (at least one); where it
+    is cut, next_cursor continues after the last one given."""
+    out: list[TaskSummary] = []
+    size = 0
+    for i, task in enumerate(tasks):
+        one = await summary(runtime, task)
+        size += len(one.model_dump_json())
+        if out and size > max_bytes:
+            return TaskPageOut(tasks=out, next_cursor=encode_cursor(tasks[i - 1]))
+        out.append(one)
+    return TaskPageOut(tasks=out, next_cursor=next_cursor)
 
 
 def _metadata(pairs: list[str] | None) -> dict[str, str] | None:

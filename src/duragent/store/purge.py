@@ -9,14 +9,14 @@ other writers (workers committing rounds) get the lock between batches.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from duragent.errors import InvalidOption
 from duragent.store.base import Store, TaskQuery
-from duragent.store.queues import list_queues
-from duragent.types import TERMINAL, TaskStatus, utcnow
+from duragent.store.queues import QUEUES_SCOPE, Queue, queue_from_value
+from duragent.types import TERMINAL, Document, TaskStatus, utcnow
 
 FINISHED = tuple(sorted(TERMINAL, key=lambda s: s.value))
 
@@ -67,28 +67,62 @@ async def erase_owner(store: Store, owner: str, *, batch: int = 100) -> PurgeRes
     return await _purge(store, None, None, owner, None, None, batch, True)
 
 
-async def expire_by_ttl(store: Store, now: datetime | None = None, batch: int = 100) -> int:
-    """Purge each queue's finished tasks older than its `ttl` (run by workers)."""
-    now = now or utcnow()
+async def ttl_queues(
+    store: Store,
+    now: datetime,
+    on_bad: Callable[[Document, Exception], None] | None = None,
+) -> list[tuple[Queue, datetime]]:
+    """Each queue with a `ttl`, and the time before which its finished tasks go.
+
+    A queue whose stored definition cannot be read, or whose ttl gives no time
+    (past year 9999), is told to `on_bad` and skipped: one bad row never stops
+    every queue's retention."""
+    out: list[tuple[Queue, datetime]] = []
+    for doc in await store.list_documents(QUEUES_SCOPE):
+        try:
+            q = queue_from_value(doc.value)
+            if q.ttl is not None:
+                out.append((q, now - timedelta(seconds=q.ttl)))
+        except Exception as exc:
+            if on_bad is not None:
+                on_bad(doc, exc)
+    return out
+
+
+async def expire_by_ttl(
+    store: Store,
+    now: datetime | None = None,
+    batch: int = 100,
+    on_bad: Callable[[Document, Exception], None] | None = None,
+    *,
+    queues: list[tuple[Queue, datetime]] | None = None,
+) -> int:
+    """Purge each queue's finished tasks older than its `ttl` (run by workers);
+    unreadable queues are told to `on_bad`. `queues`: ttl_queues, when read already."""
+    if queues is None:
+        queues = await ttl_queues(store, now or utcnow(), on_bad)
     deleted = 0
-    for q in await list_queues(store):
-        if q.ttl is not None:
-            before = now - timedelta(seconds=q.ttl)
-            result = await _purge(store, FINISHED, before, None, None, q.name, batch, False)
-            deleted += result.tasks
+    for q, before in queues:
+        result = await _purge(store, FINISHED, before, None, None, q.name, batch, False)
+        deleted += result.tasks
     return deleted
 
 
-async def ttl_expiries(store: Store, now: datetime, within: float) -> datetime | None:
-    """When the first finished task of a queue with a `ttl` comes due for purging, if
-    one does within `within` seconds of `now` (a worker purges it then, not at its
-    next periodic look). A page per queue: with very many due, a little late."""
+async def ttl_expiries(
+    queues: list[tuple[Queue, datetime]], store: Store, within: float
+) -> datetime | None:
+    """When the first finished task of `queues` (ttl_queues) comes due for purging,
+    if one does within `within` seconds (a worker purges it then, not at its next
+    periodic look). A page per queue: with very many due, a little late."""
     first: datetime | None = None
-    for q in await list_queues(store):
-        if q.ttl is None:
-            continue
-        horizon = now - timedelta(seconds=q.ttl - within)
-        query = TaskQuery(queue=q.name, status=FINISHED, updated_before=horizon, limit=100)
+    for q, before in queues:
+        assert q.ttl is not None  # ttl_queues gives only queues with one
+        query = TaskQuery(
+            queue=q.name,
+            status=FINISHED,
+            updated_before=before + timedelta(seconds=within),
+            limit=100,
+        )
         for task in (await store.list_tasks(query)).tasks:
             due = task.updated_at + timedelta(seconds=q.ttl)
             first = due if first is None else min(first, due)

@@ -25,6 +25,7 @@ from duragent.store.base import Commit, DocumentWrite, Store
 from duragent.types import Task, TaskStatus
 
 QUEUES_SCOPE = "duragent:queues"
+MAX_SECONDS = 10 * 365 * 86400.0  # the longest ttl or rate period: later times overflow
 
 
 class QueueNotFound(TaskNotFound):
@@ -51,7 +52,7 @@ class Queue(BaseModel):
     per_worker: int | None = Field(default=None, ge=1)
     per_owner: int | None = Field(default=None, ge=1)
     rate: tuple[int, float] | None = None
-    ttl: float | None = Field(default=None, gt=0)
+    ttl: float | None = Field(default=None, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
     # The shared token bucket of the rate limit: the store's, not the user's.
     tokens: float | None = None
     refilled_at: float | None = None
@@ -67,8 +68,12 @@ class Queue(BaseModel):
     @field_validator("rate")
     @classmethod
     def _rate(cls, value: tuple[int, float] | None) -> tuple[int, float] | None:
-        if value is not None and (value[0] < 1 or value[1] <= 0):
-            raise InvalidOption("rate is (tasks, seconds) with tasks >= 1 and seconds > 0")
+        if value is not None and not (
+            1 <= value[0] <= 1_000_000_000 and 0 < value[1] <= MAX_SECONDS
+        ):  # `not`, so a NaN period fails too
+            raise InvalidOption(
+                "rate is (tasks, seconds) with 1 <= tasks <= 10^9 and 0 < seconds <= 10 years"
+            )
         return value
 
     @property

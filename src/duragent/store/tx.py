@@ -8,6 +8,7 @@ here and nowhere else.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
@@ -39,6 +40,8 @@ from duragent.types import (
     updated,
     utcnow,
 )
+
+log = logging.getLogger("duragent.store")
 
 
 class Tx(Protocol):
@@ -428,6 +431,12 @@ def apply_renew_leases(
         try:
             kept[task_id] = apply_renew(tx, task_id, worker_id, leases[task_id], ttl, now)
         except (StaleLease, TaskNotFound):
+            lost.add(task_id)
+        except (ValueError, TypeError) as exc:
+            # A row that no longer reads (written around the store) cannot be
+            # renewed; the others must still be, or one bad row costs every
+            # lease of the worker. Its runner is told it lost the lease.
+            log.error("task %s: lease not renewed, its row cannot be read: %s", task_id, exc)
             lost.add(task_id)
     return LeaseRenewal(kept=kept, lost=lost)
 
