@@ -255,19 +255,20 @@ def schedule_add(
     named = None if agents is None else {a.name for a in load_agents(agents)}
 
     async def go() -> Schedule:
+        # Checked before the store is opened (or made): a bad schedule touches nothing.
+        new = new_schedule(
+            name,
+            agent,
+            value,
+            cron=cron,
+            every=every,
+            overlap=overlap,  # type: ignore[arg-type]
+            owner=owner,
+            queue=queue,
+        )
         async with operator_runtime(store, create=True) as rt:
             await _check_agent(rt, agent, named)
-            sched = new_schedule(
-                name,
-                agent,
-                value,
-                cron=cron,
-                every=every,
-                overlap=overlap,  # type: ignore[arg-type]
-                owner=owner,
-                queue=queue,
-            )
-            return await put_schedule(rt.store, sched)
+            return await put_schedule(rt.store, new)
 
     sched = run_async(go())
     make_console().print(f"schedule {safe(sched.name)}: next tick {sched.next_at.isoformat()}")
