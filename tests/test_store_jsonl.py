@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from duragent.errors import StoreCorrupt, StoreLocked, StoreVersionError
 from duragent.store import SCHEMA_VERSION, Commit, DocumentWrite, TaskPatch, open_store
-from duragent.store.jsonl import LOG_NAME, JSONLStore, compact
+from duragent.store.files import LOG_NAME
+from duragent.store.jsonl import JSONLStore, compact
 from duragent.types import (
     AssistantMessage,
     EntryKind,

@@ -18,6 +18,7 @@ from duragent.errors import (
     MissingCredential,
     MissingExtra,
     ModelError,
+    NoStore,
     RetryableModelError,
     StaleLease,
     StepFailed,
@@ -49,7 +50,7 @@ from duragent.runtime import (
     Worker,
     tool,
 )
-from duragent.runtime.schedules import Schedule, ScheduleNotFound
+from duragent.runtime.schedules import Schedule, ScheduleNotFound, ScheduleUnreadable
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
 from duragent.store.queues import Queue, QueueNotFound
 from duragent.types import (
@@ -99,6 +100,7 @@ __all__ = [
     "ModelError",
     "ModelRequest",
     "NewEntry",
+    "NoStore",
     "Queue",
     "QueueNotFound",
     "RetryableModelError",
@@ -106,6 +108,7 @@ __all__ = [
     "Runtime",
     "Schedule",
     "ScheduleNotFound",
+    "ScheduleUnreadable",
     "ScriptedModel",
     "StaleLease",
     "StepFailed",

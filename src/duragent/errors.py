@@ -69,6 +69,11 @@ def check_seconds(name: str, value: float, *, most: float = 10 * 365 * 86400.0) 
     return float(value)
 
 
+class NoStore(UsageError):
+    """A command that never creates a store (`duragent ls`, `show`…) found none
+    where it looked."""
+
+
 class InvalidStoreURL(InvalidOption):
     """`open_store` cannot read the URL (no scheme, an unknown scheme, no path)."""
 

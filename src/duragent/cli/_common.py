@@ -27,7 +27,7 @@ from pydantic_core import to_jsonable_python
 from rich.console import Console
 from typer.core import TyperGroup
 
-from duragent.errors import DuragentError, MissingExtra, UsageError
+from duragent.errors import DuragentError, MissingExtra, NoStore, UsageError
 from duragent.runtime.runtime import Runtime
 from duragent.store.files import DIR_MODE, absolute_hint, missing_store, url_path
 from duragent.terminal import CleanFormatter, SafeConsole, clean
@@ -130,10 +130,6 @@ def _untype_flags(params: list[Any]) -> None:
     for param in params:
         if getattr(param, "is_flag", False) and getattr(param, "metavar", "") is None:
             param.metavar = ""
-
-
-class NoStore(UsageError):
-    """A command that never creates a store found none where it looked."""
 
 
 def exit_code(exc: BaseException) -> int:

@@ -49,7 +49,7 @@ def compact(
     of old commits, and the progress entries of finished tasks. Every task,
     every other entry (voided ones too) and every document stays.
     """
-    from duragent.store.jsonl import LOG_NAME
+    from duragent.store.files import LOG_NAME
     from duragent.store.jsonl import compact as compact_log
 
     directory = _jsonl_directory(store)

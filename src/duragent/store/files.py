@@ -18,6 +18,9 @@ import warnings
 
 from duragent.errors import InvalidStoreURL, StoreFull, StoreNotFound
 
+# The JSONL store's log file in its directory (store/jsonl.py).
+LOG_NAME = "log.jsonl"
+
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 
@@ -124,8 +127,6 @@ def missing_store(url: str) -> str | None:
             return None
         return None if os.path.isfile(path) else os.path.abspath(path)
     if scheme == "jsonl":
-        from duragent.store.jsonl import LOG_NAME
-
         directory = jsonl_directory(url)
         return None if os.path.isfile(os.path.join(directory, LOG_NAME)) else directory
     return None

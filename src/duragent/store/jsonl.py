@@ -39,7 +39,14 @@ from duragent.errors import (
     StoreVersionError,
 )
 from duragent.store.base import SCHEMA_VERSION
-from duragent.store.files import DIR_MODE, FILE_MODE, full_error, is_full, require_parent
+from duragent.store.files import (
+    DIR_MODE,
+    FILE_MODE,
+    LOG_NAME,
+    full_error,
+    is_full,
+    require_parent,
+)
 from duragent.store.memory import MemoryStore, _MemoryTx
 from duragent.store.open_files import hold
 from duragent.store.session_scopes import LEGACY_PREFIX, migrated_scope
@@ -48,7 +55,6 @@ from duragent.types import Document, Entry, EntryKind, Task
 Durability = Literal["normal", "full"]
 _T = TypeVar("_T")
 
-LOG_NAME = "log.jsonl"
 LOCK_NAME = "lock"
 COMPACT_SUFFIX = ".compact"
 FORMAT = "duragent-jsonl"
