@@ -1,0 +1,59 @@
+"""The seed documents' last partial persistence rows (issue 38 item 2), on every store.
+
+Per-task callbacks given at `load_task`, the application setting a task's plan,
+the streamed answer so far as a field of the task, the public session API, and
+blocked(incompatible_store) for one task whose log this version cannot read.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+import pytest
+
+from duragent import Agent, Runtime, ScriptedModel, TaskStatus
+from duragent.store.base import Commit, Store
+from duragent.store.sqlite_schema import KIND_CODES
+from duragent.types import BlockReason, EntryKind, NewEntry
+
+TERMINAL = [s for s in TaskStatus if s.terminal]
+
+
+class FutureKind(StrEnum):
+    """An entry kind a later version of duragent writes."""
+
+    HOLOGRAM = "hologram"
+
+
+def quick() -> Agent:
+    return Agent(name="a", model=ScriptedModel(["done"]), plan_tool=False)
+
+
+# --- blocked(incompatible_store) ---------------------------------------------
+
+
+async def test_a_task_with_an_unknown_entry_kind_is_blocked_and_the_others_run(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with Runtime(store, agents=[quick()], run_worker=False) as writer:
+        odd = (await writer.submit("a", "from the future")).task_id
+        fine = (await writer.submit("a", "today")).task_id
+        # What a later version would write: the SQLite store codes kinds as numbers.
+        codes: dict[Any, int] = KIND_CODES
+        monkeypatch.setitem(codes, FutureKind.HOLOGRAM, 99)
+        entry = NewEntry(task_id=odd, kind=EntryKind.PROGRESS, payload={"x": 1}, round=1)
+        entry.kind = FutureKind.HOLOGRAM  # type: ignore[assignment]
+        await store.commit(Commit(entries=[entry]))
+        monkeypatch.delitem(codes, FutureKind.HOLOGRAM)
+    async with Runtime(store, agents=[quick()]) as rt:
+        done = await rt.wait(fine, timeout=30)
+        assert done.status is TaskStatus.COMPLETED and done.output == "done"
+        blocked = await rt.wait(
+            odd, timeout=30, until=lambda t: t.status in (TaskStatus.BLOCKED, *TERMINAL)
+        )
+        assert blocked.status is TaskStatus.BLOCKED
+        assert blocked.status_reason == BlockReason.INCOMPATIBLE_STORE.value
+        error = blocked.error or ""
+        assert "\n" not in error and f"task {odd!r}: entry " in error, error
+        assert "hologram" in error or "code 99" in error, error
