@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from duragent import Agent, Runtime, ScriptedModel, TaskStatus
+from duragent.errors import TaskNotFound, UsageError
 from duragent.store.base import Commit, Store
 from duragent.store.sqlite_schema import KIND_CODES
-from duragent.types import BlockReason, EntryKind, NewEntry
+from duragent.types import BlockReason, EntryKind, NewEntry, UINotice
 
 TERMINAL = [s for s in TaskStatus if s.terminal]
 
@@ -57,3 +58,27 @@ async def test_a_task_with_an_unknown_entry_kind_is_blocked_and_the_others_run(
         error = blocked.error or ""
         assert "\n" not in error and f"task {odd!r}: entry " in error, error
         assert "hologram" in error or "code 99" in error, error
+
+
+# --- the application sets the plan ---------------------------------------------
+
+
+async def test_the_application_sets_a_tasks_pending_steps(store: Store) -> None:
+    async with Runtime(store, agents=[quick()], run_worker=False) as rt:
+        tid = (await rt.submit("a", "go", owner="alice")).task_id
+        steps = await rt.set_plan(tid, ["read the brief", "write the draft"], owner="alice")
+        assert steps.pending == ["read the brief", "write the draft"]
+        assert (await rt.steps(tid)).pending == ["read the brief", "write the draft"]
+        notices = [m for m in await rt.ui_messages(tid) if isinstance(m, UINotice)]
+        assert "1. read the brief; 2. write the draft" in notices[-1].message
+        with pytest.raises(TaskNotFound):
+            await rt.set_plan(tid, ["bob's step"], owner="bob")
+        for bad in (["ok", ""], "one string", ["ok", 3]):
+            with pytest.raises(UsageError):
+                await rt.set_plan(tid, bad, owner="alice")  # type: ignore[arg-type]
+        assert (await rt.steps(tid)).pending == ["read the brief", "write the draft"]
+        assert (await rt.set_plan(tid, [])).pending == []
+    async with Runtime(store, agents=[quick()]) as rt:
+        assert (await rt.wait(tid, timeout=30)).status is TaskStatus.COMPLETED
+        with pytest.raises(UsageError, match="has ended"):
+            await rt.set_plan(tid, ["too late"])

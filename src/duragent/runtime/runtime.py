@@ -34,6 +34,7 @@ from duragent.runtime.log import api_entry, notice
 from duragent.runtime.many import ManyTasks
 from duragent.runtime.outage import StoreOutage
 from duragent.runtime.pins import with_pins
+from duragent.runtime.plans import write_plan
 from duragent.runtime.presence import exited
 from duragent.runtime.sending import SendsMessages
 from duragent.runtime.steering import Edit, History, new_fork, task_history
@@ -488,6 +489,16 @@ class Runtime(ManyTasks, SendsMessages):
     async def steps(self, task_id: str) -> Steps:
         task = await self.store.get_task(task_id)
         return await build_steps(self.store, task)
+
+    async def set_plan(
+        self, task_id: str, steps: Sequence[str], *, owner: str | None = None
+    ) -> Steps:
+        """Set the task's pending steps, as the model's `update_plan` tool does (an
+        empty list clears them); `steps` then shows them. With `owner`, another
+        owner's task is reported as not found; an ended task's plan is not changed."""
+        task = await self.get(task_id, owner=owner)
+        await write_plan(self.store, task, steps)
+        return await build_steps(self.store, await self.store.get_task(task_id))
 
     async def tree(self, task_id: str) -> TaskTree:
         node = TaskTree(await self.store.get_task(task_id))

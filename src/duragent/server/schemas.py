@@ -167,6 +167,13 @@ class RetryRequest(_Request):
     )
 
 
+class PlanRequest(_Request):
+    steps: list[Annotated[str, StringConstraints(min_length=1, max_length=2000)]] = Field(
+        max_length=200,
+        description="The task's pending steps, in order (an empty list clears the plan).",
+    )
+
+
 class AbortRequest(_Request):
     reason: str | None = Field(None, max_length=2000)
 

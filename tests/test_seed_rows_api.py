@@ -1,0 +1,84 @@
+"""The seed rows of issue 38 over REST (httpx + ASGI on a real SQLite runtime) and
+through the `duragent` CLI in a child process, on a real SQLite file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from duragent import Runtime
+from duragent.types import TaskStatus
+from server_agents import agents
+from support.api import assert_problem, auth, client, runtime, start, wait_for
+from support.server_live import CLI, child_env
+
+__all__ = ["client", "runtime"]  # the fixtures this module uses from support.api
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`duragent ARGS` in a child process."""
+    return subprocess.run(
+        [sys.executable, "-c", CLI, *args],
+        env=child_env(COLUMNS="200"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def cli_json(*args: str) -> Any:
+    done = cli(*args, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+# --- the plan -------------------------------------------------------------------
+
+
+async def test_put_plan_sets_the_pending_steps_of_my_task_only(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    tid = await start(client, "approver")
+    await wait_for(runtime, tid, TaskStatus.WAITING)
+    r = await client.put(
+        f"/v1/tasks/{tid}/plan", json={"steps": ["ask bob", "send it"]}, headers=auth("alice")
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["pending"] == ["ask bob", "send it"]
+    steps = await client.get(f"/v1/tasks/{tid}/steps", headers=auth("alice"))
+    assert steps.json()["pending"] == ["ask bob", "send it"]
+    r = await client.put(f"/v1/tasks/{tid}/plan", json={"steps": ["x"]}, headers=auth("bob"))
+    assert_problem(r, 404, "Task not found")
+    bads: list[dict[str, Any]] = [
+        {"steps": [""]},
+        {"steps": "one"},
+        {"steps": [1]},
+        {"steps": [], "x": 1},
+        {},
+    ]
+    for bad in bads:
+        r = await client.put(f"/v1/tasks/{tid}/plan", json=bad, headers=auth("alice"))
+        assert_problem(r, 422, "Validation error")
+    assert (await runtime.steps(tid)).pending == ["ask bob", "send it"]
+
+
+async def test_duragent_plan_sets_and_clears_the_steps(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/cli.db"
+    async with Runtime(url, agents(), run_worker=False) as rt:
+        tid = (await rt.submit("quick", "go")).task_id
+    got = cli_json("plan", tid, "--step", "first", "--step", "second", "--store", url)
+    assert got == {"task_id": tid, "pending": ["first", "second"]}
+    assert cli_json("steps", tid, "--store", url)["pending"] == ["first", "second"]
+    shown = cli("plan", tid, "--step", "only", "--store", url)
+    assert shown.returncode == 0 and "1 pending step" in shown.stdout and "1. only" in shown.stdout
+    assert cli_json("plan", tid, "--clear", "--store", url)["pending"] == []
+    nothing = cli("plan", tid, "--store", url)
+    assert nothing.returncode != 0 and nothing.stderr.count("\n") == 1
+    assert "--step" in nothing.stderr
+    empty = cli("plan", tid, "--step", " ", "--store", url)
+    assert empty.returncode != 0 and "step 1" in empty.stderr
