@@ -7,6 +7,7 @@ blocked(incompatible_store) for one task whose log this version cannot read.
 
 from __future__ import annotations
 
+import asyncio
 from enum import StrEnum
 from typing import Any
 
@@ -82,3 +83,40 @@ async def test_the_application_sets_a_tasks_pending_steps(store: Store) -> None:
         assert (await rt.wait(tid, timeout=30)).status is TaskStatus.COMPLETED
         with pytest.raises(UsageError, match="has ended"):
             await rt.set_plan(tid, ["too late"])
+
+
+# --- the answer so far -----------------------------------------------------------
+
+
+def streaming(trace_hold: int) -> tuple[Agent, asyncio.Event, asyncio.Event, Any]:
+    """An agent streaming "abcdefghijkl" in 4-character pieces, each committed, and a
+    trace hook that holds the round after its `trace_hold`-th progress commit."""
+    held, release = asyncio.Event(), asyncio.Event()
+    seen: list[int] = []
+
+    async def trace(point: str, **info: Any) -> None:
+        if point == "progress":
+            seen.append(info["seq"])
+            if len(seen) == trace_hold:
+                held.set()
+                await release.wait()
+
+    model = ScriptedModel(["abcdefghijkl"], chunk_size=4)
+    agent = Agent(name="s", model=model, progress_interval=0, plan_tool=False)
+    return agent, held, release, trace
+
+
+async def test_a_running_tasks_partial_output_is_its_answer_streamed_so_far(store: Store) -> None:
+    agent, held, release, trace = streaming(2)
+    async with Runtime(store, agents=[agent], trace=trace) as rt:
+        tid = (await rt.submit("s", "go")).task_id
+        await asyncio.wait_for(held.wait(), 30)
+        task = await rt.get(tid)
+        assert task.status is TaskStatus.RUNNING
+        assert task.partial_output == "abcdefgh"
+        assert (await store.get_task(tid)).partial_output is None  # derived, not stored
+        assert "partial" not in task.model_dump_json()
+        release.set()
+        done = await rt.wait(tid, timeout=30)
+        assert done.output == "abcdefghijkl"
+        assert (await rt.get(tid)).partial_output is None

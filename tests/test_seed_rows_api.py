@@ -3,6 +3,7 @@ through the `duragent` CLI in a child process, on a real SQLite file."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -12,10 +13,12 @@ from typing import Any
 import httpx
 
 from duragent import Runtime
+from duragent.server import TokenStore, create_app
 from duragent.types import TaskStatus
 from server_agents import agents
-from support.api import assert_problem, auth, client, runtime, start, wait_for
+from support.api import TOKENS, assert_problem, auth, client, runtime, start, wait_for
 from support.server_live import CLI, child_env
+from test_seed_rows import streaming
 
 __all__ = ["client", "runtime"]  # the fixtures this module uses from support.api
 
@@ -82,3 +85,28 @@ async def test_duragent_plan_sets_and_clears_the_steps(tmp_path: Path) -> None:
     assert "--step" in nothing.stderr
     empty = cli("plan", tid, "--step", " ", "--store", url)
     assert empty.returncode != 0 and "step 1" in empty.stderr
+
+
+# --- the answer so far -------------------------------------------------------------
+
+
+async def test_rest_and_cli_show_a_running_tasks_answer_so_far(tmp_path: Path) -> None:
+    agent, held, release, trace = streaming(2)
+    url = f"sqlite:///{tmp_path}/partial.db"
+    async with Runtime(url, [agent], trace=trace) as rt:
+        app = create_app(rt, TokenStore.from_mapping(TOKENS))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
+            tid = (await rt.submit("s", "go", owner="alice")).task_id
+            await asyncio.wait_for(held.wait(), 30)
+            r = await c.get(f"/v1/tasks/{tid}", headers=auth("alice"))
+            assert r.json()["status"] == "running"
+            assert r.json()["partial_output"] == "abcdefgh"
+            shown = await asyncio.to_thread(cli_json, "show", tid, "--store", url)
+            assert shown["task"]["partial_output"] == "abcdefgh"
+            text = await asyncio.to_thread(cli, "show", tid, "--store", url)
+            assert text.returncode == 0 and "so far" in text.stdout and "abcdefgh" in text.stdout
+            release.set()
+            await rt.wait(tid, timeout=30)
+            r = await c.get(f"/v1/tasks/{tid}", headers=auth("alice"))
+            assert r.json()["partial_output"] is None and r.json()["output"] == "abcdefghijkl"

@@ -39,13 +39,21 @@ from duragent.runtime.presence import exited
 from duragent.runtime.sending import SendsMessages
 from duragent.runtime.steering import Edit, History, new_fork, task_history
 from duragent.runtime.submit import new_task
-from duragent.runtime.views import Steps, build_steps, ui_view
+from duragent.runtime.views import Steps, build_steps, partial_output, ui_view
 from duragent.runtime.waits import person_answers, resolve
 from duragent.runtime.worker import Worker, lease_alive, queue_names
 from duragent.store import open_store
 from duragent.store.base import Commit, Store, TaskPatch, TaskQuery
 from duragent.store.queues import Queue, define_queue
-from duragent.types import ApiMessage, Entry, Task, TaskStatus, UiMessage, utcnow
+from duragent.types import (
+    ApiMessage,
+    Entry,
+    Task,
+    TaskStatus,
+    UiMessage,
+    utcnow,
+    with_partial_output,
+)
 from duragent.webhooks import WebhookDelivery, check_url
 
 T = TypeVar("T")
@@ -319,10 +327,16 @@ class Runtime(ManyTasks, SendsMessages):
         return list(await self.store.model_view(latest.id))
 
     async def get(self, task_id: str, *, owner: str | None = None) -> Task:
-        """The task; with `owner`, another owner's task is reported as not found."""
+        """The task; with `owner`, another owner's task is reported as not found.
+
+        A running task's `partial_output` is the answer streamed so far in its
+        current round, as committed (read from its log here: a round's commits
+        write nothing more for it)."""
         task = await self.store.get_task(task_id)
         if owner is not None and task.owner != owner:
             raise TaskNotFound(task_id)
+        if task.status is TaskStatus.RUNNING:
+            task = with_partial_output(task, await partial_output(self.store, task))
         return task
 
     async def list(

@@ -286,6 +286,11 @@ class TaskOut(TaskSummary):
     forked_from: dict[str, str | int] | None = Field(
         default=None, description="A fork's source: its task_id and round."
     )
+    partial_output: str | None = Field(
+        default=None,
+        description="While running: the answer the model has streamed so far in the "
+        "current round, as committed (progress entries).",
+    )
 
     @classmethod
     def full(
@@ -312,6 +317,7 @@ class TaskOut(TaskSummary):
             lease_worker_gone_after=holder.gone_after if holder else None,
             waiting_for=waits,
             forked_from=task.config.get("forked_from"),
+            partial_output=task.partial_output,
         )
 
 
