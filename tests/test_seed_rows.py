@@ -120,3 +120,50 @@ async def test_a_running_tasks_partial_output_is_its_answer_streamed_so_far(stor
         done = await rt.wait(tid, timeout=30)
         assert done.output == "abcdefghijkl"
         assert (await rt.get(tid)).partial_output is None
+
+
+# --- the session API -------------------------------------------------------------
+
+
+def echo() -> Agent:
+    def answer(messages: list[Any]) -> str:
+        return "echo " + str([m for m in messages if m.role == "user"][-1].content)
+
+    return Agent(name="chat", model=ScriptedModel(answer), plan_tool=False)
+
+
+def said(transcript: list[Any]) -> list[tuple[str, str]]:
+    return [(m.role, m.content) for m in transcript]
+
+
+async def test_a_session_lists_reads_and_continues_for_its_owner_only(store: Store) -> None:
+    async with Runtime(store, agents=[echo()]) as rt:
+        first = await rt.submit("chat", "hi", owner="alice", session_id="s1")
+        await first.wait(30)
+        again = await rt.continue_session("s1", "again", owner="alice")
+        assert again.created and not again.sent
+        await again.wait(30)
+        await (await rt.submit("chat", "bob here", owner="bob", session_id="s1")).wait(30)
+        await (await rt.submit("chat", "other", owner="alice", session_id="s2")).wait(30)
+        await (await rt.submit("chat", "no session", owner="alice")).wait(30)
+
+        listed = await rt.sessions(owner="alice")
+        assert [(s.session_id, s.turns) for s in listed] == [("s2", 1), ("s1", 2)]
+        assert listed[1].latest_task_id == again.task_id
+        assert listed[1].latest_status is TaskStatus.COMPLETED
+        s1 = await rt.session("s1", owner="alice")
+        assert [t.id for t in s1.tasks] == [first.task_id, again.task_id]
+        assert said(s1.transcript) == [
+            ("user", "hi"),
+            ("assistant", "echo hi"),
+            ("user", "again"),
+            ("assistant", "echo again"),
+        ]
+        bobs = await rt.session("s1", owner="bob")
+        assert said(bobs.transcript) == [("user", "bob here"), ("assistant", "echo bob here")]
+        for name, owner in (("s1", "carol"), ("s1", None), ("nope", "alice")):
+            with pytest.raises(TaskNotFound, match="no session"):
+                await rt.session(name, owner=owner)
+            with pytest.raises(TaskNotFound, match="no session"):
+                await rt.continue_session(name, "x", owner=owner)
+        assert await rt.sessions(owner="carol") == []

@@ -110,3 +110,63 @@ async def test_rest_and_cli_show_a_running_tasks_answer_so_far(tmp_path: Path) -
             await rt.wait(tid, timeout=30)
             r = await c.get(f"/v1/tasks/{tid}", headers=auth("alice"))
             assert r.json()["partial_output"] is None and r.json()["output"] == "abcdefghijkl"
+
+
+# --- sessions ------------------------------------------------------------------------
+
+
+async def test_sessions_over_rest_are_the_callers_own(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    first = await start(client, "quick", session_id="s1")
+    await wait_for(runtime, first, TaskStatus.COMPLETED)
+    r = await client.post(
+        "/v1/sessions/s1/messages", json={"input": "and now?"}, headers=auth("alice")
+    )
+    assert r.status_code == 201, r.text
+    second = r.json()["id"]
+    assert r.json()["session_id"] == "s1" and r.json()["agent"] == "quick"
+    await wait_for(runtime, second, TaskStatus.COMPLETED)
+    listed = (await client.get("/v1/sessions", headers=auth("alice"))).json()["sessions"]
+    assert [(s["session_id"], s["turns"], s["latest_task_id"]) for s in listed] == [
+        ("s1", 2, second)
+    ]
+    got = (await client.get("/v1/sessions/s1", headers=auth("alice"))).json()
+    assert [t["id"] for t in got["tasks"]] == [first, second]
+    users = [m["content"] for m in got["transcript"] if m["role"] == "user"]
+    assert users == ["go", "and now?"]
+    assert (await client.get("/v1/sessions", headers=auth("bob"))).json()["sessions"] == []
+    for method, path, body in (
+        ("GET", "/v1/sessions/s1", None),
+        ("POST", "/v1/sessions/s1/messages", {"input": "bob was here"}),
+        ("GET", "/v1/sessions/missing", None),
+    ):
+        r = await client.request(method, path, json=body, headers=auth("bob"))
+        assert_problem(r, 404, "Session not found")
+    bad = await client.post(
+        "/v1/sessions/s1/messages", json={"input": "x", "extra": 1}, headers=auth("alice")
+    )
+    assert_problem(bad, 422, "Validation error")
+    assert len((await runtime.session("s1", owner="alice")).tasks) == 2
+
+
+async def test_duragent_sessions_and_session_show_an_owners_conversations(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/sessions.db"
+    async with Runtime(url, agents()) as rt:
+        first = await rt.submit("quick", "hello", owner="alice", session_id="s1")
+        await first.wait(30)
+        second = await rt.continue_session("s1", "and now?", owner="alice")
+        await second.wait(30)
+    listed = cli_json("sessions", "--owner", "alice", "--store", url)
+    assert [(s["session_id"], s["turns"]) for s in listed] == [("s1", 2)]
+    got = cli_json("session", "s1", "--owner", "alice", "--store", url)
+    assert [t["id"] for t in got["tasks"]] == [first.task_id, second.task_id]
+    assert [m["content"] for m in got["transcript"] if m["role"] == "user"] == [
+        "hello",
+        "and now?",
+    ]
+    shown = cli("session", "s1", "--owner", "alice", "--store", url)
+    assert shown.returncode == 0 and "2 turns" in shown.stdout and "user: and now?" in shown.stdout
+    assert cli_json("sessions", "--owner", "bob", "--store", url) == []
+    missing = cli("session", "s1", "--owner", "bob", "--store", url)
+    assert missing.returncode != 0 and missing.stderr.strip() == "error: no session 's1'"

@@ -8,6 +8,7 @@ from duragent.errors import (
     ControlPending,
     DuplicateRequest,
     DuragentError,
+    IncompatibleEntry,
     InvalidArguments,
     InvalidOption,
     InvalidStoreURL,
@@ -50,6 +51,7 @@ from duragent.runtime import (
     tool,
 )
 from duragent.runtime.schedules import Schedule, ScheduleNotFound
+from duragent.runtime.sessions import Session, SessionNotFound, SessionSummary
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
 from duragent.store.queues import Queue, QueueNotFound
 from duragent.types import (
@@ -87,6 +89,7 @@ __all__ = [
     "Entry",
     "EntryKind",
     "History",
+    "IncompatibleEntry",
     "InvalidArguments",
     "InvalidOption",
     "InvalidStoreURL",
@@ -107,6 +110,9 @@ __all__ = [
     "Schedule",
     "ScheduleNotFound",
     "ScriptedModel",
+    "Session",
+    "SessionNotFound",
+    "SessionSummary",
     "StaleLease",
     "StepFailed",
     "Store",

@@ -37,6 +37,7 @@ from duragent.runtime.pins import with_pins
 from duragent.runtime.plans import write_plan
 from duragent.runtime.presence import exited
 from duragent.runtime.sending import SendsMessages
+from duragent.runtime.sessions import Sessions
 from duragent.runtime.steering import Edit, History, new_fork, task_history
 from duragent.runtime.submit import new_task
 from duragent.runtime.views import Steps, build_steps, partial_output, ui_view
@@ -123,7 +124,7 @@ def _acted_on(held: Task) -> Callable[[Task], bool]:
     )
 
 
-class Runtime(ManyTasks, SendsMessages):
+class Runtime(ManyTasks, SendsMessages, Sessions):
     """`async with Runtime("sqlite:///agent.db", agents=[...]) as rt: ...`
 
     With `run_worker=True` (the default) an in-process worker runs the tasks of

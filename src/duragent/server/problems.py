@@ -26,6 +26,7 @@ from duragent.errors import (
     UsageError,
 )
 from duragent.runtime.schedules import ScheduleNotFound
+from duragent.runtime.sessions import SessionNotFound
 from duragent.server.schemas import Problem
 from duragent.store.queues import QueueNotFound
 
@@ -58,6 +59,7 @@ class BadRequest(UsageError):
 _MAPPING: list[tuple[type[Exception], int, str]] = [
     (ScheduleNotFound, 404, "Schedule not found"),
     (QueueNotFound, 404, "Queue not found"),
+    (SessionNotFound, 404, "Session not found"),
     (TaskNotFound, 404, "Task not found"),
     (InvalidTransition, 409, "Invalid status transition"),
     (TaskBusy, 409, "Task is busy"),

@@ -24,6 +24,7 @@ from duragent.runtime.approvals import Decision
 from duragent.runtime.inbox import MultitaskStrategy
 from duragent.runtime.presence import Sighting
 from duragent.runtime.runtime import TaskTree
+from duragent.runtime.sessions import SessionSummary
 from duragent.runtime.views import Steps
 from duragent.types import ApiMessage, Entry, Task, TaskStatus, UiMessage, Usage
 
@@ -455,3 +456,49 @@ class Health(BaseModel):
 
 class Me(BaseModel):
     user: str
+
+
+# --- sessions (server/sessions.py) ------------------------------------------------
+
+
+class SessionOut(BaseModel):
+    session_id: str
+    turns: int = Field(description="Its top-level tasks (sub-tasks are not turns).")
+    started_at: datetime
+    updated_at: datetime
+    latest_task_id: str
+    latest_status: TaskStatus
+
+    @classmethod
+    def of(cls, s: SessionSummary) -> SessionOut:
+        return cls(
+            session_id=s.session_id,
+            turns=s.turns,
+            started_at=s.started_at,
+            updated_at=s.updated_at,
+            latest_task_id=s.latest_task_id,
+            latest_status=s.latest_status,
+        )
+
+
+class SessionPageOut(BaseModel):
+    sessions: list[SessionOut]
+
+
+class SessionDetailOut(BaseModel):
+    session_id: str
+    tasks: list[TaskSummary] = Field(description="Its turns, oldest first.")
+    transcript: list[ApiMessage] = Field(
+        description="What was said, turn after turn (each turn's own messages)."
+    )
+
+
+class SessionMessage(_Request):
+    input: Any = Field(description="The next turn's input: text, or any JSON value.")
+    agent: str | None = Field(
+        None, min_length=1, max_length=200, description="Default: the latest turn's agent."
+    )
+    request_id: str | None = Field(None, min_length=1, max_length=200)
+    multitask_strategy: MultitaskStrategy | None = Field(
+        None, description="While a turn runs: what the message does to it."
+    )
