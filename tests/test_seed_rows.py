@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from duragent import Agent, Runtime, ScriptedModel, TaskStatus
+from duragent import Agent, Runtime, ScriptedModel, TaskCallbacks, TaskStatus, ToolCall, tool
 from duragent.errors import TaskNotFound, UsageError
 from duragent.store.base import Commit, Store
 from duragent.store.sqlite_schema import KIND_CODES
-from duragent.types import BlockReason, EntryKind, NewEntry, UINotice
+from duragent.types import BlockReason, Entry, EntryKind, NewEntry, Task, UINotice
 
 TERMINAL = [s for s in TaskStatus if s.terminal]
 
@@ -167,3 +167,53 @@ async def test_a_session_lists_reads_and_continues_for_its_owner_only(store: Sto
             with pytest.raises(TaskNotFound, match="no session"):
                 await rt.continue_session(name, "x", owner=owner)
         assert await rt.sessions(owner="carol") == []
+
+
+# --- callbacks given per task at load ----------------------------------------------
+
+
+@tool(replay="safe")
+async def look(q: str) -> str:
+    """Look something up."""
+    return f"found {q}"
+
+
+def looker() -> Agent:
+    model = ScriptedModel([[ToolCall("look", {"q": "x"})], "found it all"], chunk_size=4)
+    return Agent(name="cb", model=model, tools=[look], progress_interval=0, plan_tool=False)
+
+
+async def test_callbacks_given_at_load_hear_that_task_only(store: Store) -> None:
+    async with Runtime(store, agents=[looker()], run_worker=False) as writer:
+        mine = (await writer.submit("cb", "mine")).task_id
+        other = (await writer.submit("cb", "other")).task_id
+    before = (await store.get_task(mine)).last_seq
+    heard: list[tuple[Any, ...]] = []
+    ended = asyncio.Event()
+
+    async def on_status(task: Task, old: TaskStatus, new: TaskStatus) -> None:
+        await asyncio.sleep(0)  # awaited: the calls after it wait for it
+        heard.append(("status", task.id, old.value, new.value))
+
+    def on_entry(entry: Entry) -> None:
+        heard.append(("entry", entry.task_id, entry.seq))
+
+    async def on_end(task: Task) -> None:
+        await asyncio.sleep(0)
+        heard.append(("end", task.id, task.status.value))
+        ended.set()
+
+    callbacks = TaskCallbacks(on_status=on_status, on_entry=on_entry, on_end=on_end)
+    async with Runtime(store, agents=[looker()]) as rt:
+        assert (await rt.load_task(mine, callbacks=callbacks)).id == mine
+        await rt.resume()
+        assert (await rt.wait(other, timeout=30)).status is TaskStatus.COMPLETED
+        assert (await rt.wait(mine, timeout=30)).status is TaskStatus.COMPLETED
+        await asyncio.wait_for(ended.wait(), 30)
+    assert {h[1] for h in heard} == {mine}
+    # Every entry its runner committed, in order (status changes are on_status's).
+    log = [e for e in await store.entries(mine) if e.seq > before and e.kind != EntryKind.STATUS]
+    assert [h[2] for h in heard if h[0] == "entry"] == [e.seq for e in log]
+    assert {e.kind for e in log} >= {EntryKind.PROGRESS, EntryKind.TOOL_INTENT}
+    assert ("status", mine, "running", "completed") in heard
+    assert heard[-1] == ("end", mine, "completed")

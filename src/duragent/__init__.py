@@ -50,6 +50,7 @@ from duragent.runtime import (
     Worker,
     tool,
 )
+from duragent.runtime.callbacks import TaskCallbacks
 from duragent.runtime.schedules import Schedule, ScheduleNotFound
 from duragent.runtime.sessions import Session, SessionNotFound, SessionSummary
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
@@ -127,6 +128,7 @@ __all__ = [
     "SystemMessage",
     "Task",
     "TaskBusy",
+    "TaskCallbacks",
     "TaskNotFound",
     "TaskPatch",
     "TaskQuery",

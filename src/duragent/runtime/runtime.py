@@ -27,6 +27,7 @@ from duragent.errors import (
 )
 from duragent.runtime.agent import Agent, agents_by_name
 from duragent.runtime.approvals import Decision
+from duragent.runtime.callbacks import TaskCallbacks
 from duragent.runtime.deadlines import DeadlineSpec, deadline_at, deadline_record
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
 from duragent.runtime.inbox import MultitaskStrategy, check_strategy
@@ -162,7 +163,7 @@ class Runtime(ManyTasks, SendsMessages, Sessions):
         self._owns_store = store is None or isinstance(store, str)
         self.run_worker = run_worker
         self.worker: Worker | None = None
-        self._worker_args = {
+        self._worker_args: dict[str, Any] = {
             "concurrency": concurrency,
             "lease_ttl": lease_ttl,
             "poll_interval": poll_interval,
@@ -176,6 +177,9 @@ class Runtime(ManyTasks, SendsMessages, Sessions):
         }
         self._worker_job: asyncio.Task[None] | None = None
         self._queues = list(queues)
+        # load_task(id, callbacks=): shared with the worker, which calls and drops them.
+        self._task_callbacks: dict[str, TaskCallbacks] = {}
+        self._worker_args["callbacks"] = self._task_callbacks
 
     # --- lifecycle ---
 
@@ -192,7 +196,7 @@ class Runtime(ManyTasks, SendsMessages, Sessions):
         """Start the in-process scheduler (idempotent)."""
         if not self.run_worker or self._worker_job is not None:
             return
-        self.worker = Worker(self.store, self.agents.values(), **self._worker_args)  # type: ignore[arg-type]
+        self.worker = Worker(self.store, self.agents.values(), **self._worker_args)
         self._worker_job = asyncio.ensure_future(self.worker.run())
 
     async def close(self, *, graceful: bool = True) -> None:
@@ -473,9 +477,23 @@ class Runtime(ManyTasks, SendsMessages, Sessions):
             then,
         )
 
-    async def load_task(self, task_id: str, context: dict[str, Any] | None = None) -> Task:
-        """The task as stored; `context` is deep-merged over the stored context and saved."""
+    async def load_task(
+        self,
+        task_id: str,
+        context: dict[str, Any] | None = None,
+        *,
+        callbacks: TaskCallbacks | None = None,
+    ) -> Task:
+        """The task as stored; `context` is deep-merged over the stored context and saved.
+
+        `callbacks` (runtime/callbacks.py) hear this task only, while this
+        Runtime's worker runs it: its status changes, each entry it commits
+        (progress included), and its end; they replace callbacks given for it
+        before and are dropped once it ends. Async ones are awaited in order.
+        """
         task = await self.store.get_task(task_id)
+        if callbacks is not None and not task.status.terminal:
+            self._task_callbacks[task_id] = callbacks
         if not context:
             return task
         merged = deep_merge(task.context, context)
