@@ -217,3 +217,22 @@ async def test_callbacks_given_at_load_hear_that_task_only(store: Store) -> None
     assert {e.kind for e in log} >= {EntryKind.PROGRESS, EntryKind.TOOL_INTENT}
     assert ("status", mine, "running", "completed") in heard
     assert heard[-1] == ("end", mine, "completed")
+
+
+async def test_callbacks_given_while_the_task_runs_hear_the_rest_of_it(store: Store) -> None:
+    agent, held, release, trace = streaming(1)
+    heard: list[str] = []
+    ended = asyncio.Event()
+
+    def on_end(task: Task) -> None:
+        ended.set()
+
+    callbacks = TaskCallbacks(on_entry=lambda e: heard.append(e.kind.value), on_end=on_end)
+    async with Runtime(store, agents=[agent], trace=trace) as rt:
+        tid = (await rt.submit("s", "go")).task_id
+        await asyncio.wait_for(held.wait(), 30)  # running, its first progress committed
+        await rt.load_task(tid, callbacks=callbacks)
+        release.set()
+        assert (await rt.wait(tid, timeout=30)).status is TaskStatus.COMPLETED
+        await asyncio.wait_for(ended.wait(), 30)
+    assert heard == ["progress", "progress", "api_message"]

@@ -494,6 +494,8 @@ class Runtime(ManyTasks, SendsMessages, Sessions):
         task = await self.store.get_task(task_id)
         if callbacks is not None and not task.status.terminal:
             self._task_callbacks[task_id] = callbacks
+            if self.worker is not None:
+                self.worker.listen(task_id)
         if not context:
             return task
         merged = deep_merge(task.context, context)

@@ -316,7 +316,8 @@ class Worker:
             on_status=self._status_changed,
             clock=self.clock,
             trace=self.trace,
-            on_entries=self._entries_committed,
+            # Only a task with callbacks pays for hearing its commits (see `listen`).
+            on_entries=self._entries_committed if task.id in self.callbacks else None,
         )
         self.runners[task.id] = runner
         self._done[task.id] = asyncio.Event()
@@ -340,6 +341,12 @@ class Worker:
             del self.callbacks[task.id]
             if mine.on_end is not None:
                 self._hooked(mine.on_end, task.id, task)
+
+    def listen(self, task_id: str) -> None:
+        """Callbacks were just given for `task_id`: its runner, if running, reports to them."""
+        runner = self.runners.get(task_id)
+        if runner is not None:
+            runner.on_entries = self._entries_committed
 
     def _entries_committed(self, task: Task, entries: list[Entry]) -> None:
         mine = self.callbacks.get(task.id)
