@@ -11,14 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from duragent import Runtime
 from duragent.server import TokenStore, create_app
-from duragent.types import TaskStatus
+from duragent.store.base import Commit
+from duragent.store.sqlite_schema import KIND_CODES
+from duragent.types import EntryKind, NewEntry, TaskStatus
 from server_agents import agents
 from support.api import TOKENS, assert_problem, auth, client, runtime, start, wait_for
 from support.server_live import CLI, child_env
-from test_seed_rows import streaming
+from test_seed_rows import FutureKind, streaming
 
 __all__ = ["client", "runtime"]  # the fixtures this module uses from support.api
 
@@ -170,3 +173,34 @@ async def test_duragent_sessions_and_session_show_an_owners_conversations(tmp_pa
     assert cli_json("sessions", "--owner", "bob", "--store", url) == []
     missing = cli("session", "s1", "--owner", "bob", "--store", url)
     assert missing.returncode != 0 and missing.stderr.strip() == "error: no session 's1'"
+
+
+# --- an entry a later version wrote ---------------------------------------------------
+
+
+async def test_a_task_a_later_version_wrote_is_blocked_and_named_over_rest_and_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path}/future.db"
+    async with Runtime(url, agents(), run_worker=False) as writer:
+        tid = (await writer.submit("quick", "go", owner="alice")).task_id
+        codes: dict[Any, int] = KIND_CODES
+        monkeypatch.setitem(codes, FutureKind.HOLOGRAM, 99)
+        entry = NewEntry(task_id=tid, kind=EntryKind.PROGRESS, payload={}, round=1)
+        entry.kind = FutureKind.HOLOGRAM  # type: ignore[assignment]
+        await writer.store.commit(Commit(entries=[entry]))
+        monkeypatch.delitem(codes, FutureKind.HOLOGRAM)
+    async with Runtime(url, agents()) as rt:
+        await rt.resume()
+        await wait_for(rt, tid, TaskStatus.BLOCKED)
+        app = create_app(rt, TokenStore.from_mapping(TOKENS))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
+            got = (await c.get(f"/v1/tasks/{tid}", headers=auth("alice"))).json()
+            assert got["status_reason"] == "incompatible_store"
+            r = await c.get(f"/v1/tasks/{tid}/entries", headers=auth("alice"))
+            detail = assert_problem(r, 409, "Entry written by a newer version")["detail"]
+            assert "entry 2 (kind 'code 99')" in detail
+    shown = cli("show", tid, "--store", url)
+    assert shown.returncode == 1 and shown.stderr.count("\n") == 1
+    assert "cannot be read by this version" in shown.stderr
