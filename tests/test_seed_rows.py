@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from duragent import Agent, Runtime, ScriptedModel, TaskCallbacks, TaskStatus, ToolCall, tool
-from duragent.errors import TaskNotFound, UsageError
+from duragent.errors import IncompatibleEntry, TaskNotFound, UsageError
 from duragent.store.base import Commit, Store
 from duragent.store.sqlite_schema import KIND_CODES
 from duragent.types import BlockReason, Entry, EntryKind, NewEntry, Task, UINotice
@@ -236,3 +237,21 @@ async def test_callbacks_given_while_the_task_runs_hear_the_rest_of_it(store: St
         assert (await rt.wait(tid, timeout=30)).status is TaskStatus.COMPLETED
         await asyncio.wait_for(ended.wait(), 30)
     assert heard == ["progress", "progress", "api_message"]
+
+
+async def test_a_jsonl_store_with_a_later_versions_entry_still_opens_and_compacts(
+    tmp_path: Path,
+) -> None:
+    url = f"jsonl:///{tmp_path}/store"
+    async with Runtime(url, agents=[quick()], run_worker=False) as writer:
+        odd = (await writer.submit("a", "from the future")).task_id
+        fine = (await writer.submit("a", "today")).task_id
+        entry = NewEntry(task_id=odd, kind=EntryKind.PROGRESS, payload={"x": 1}, round=1)
+        entry.kind = FutureKind.HOLOGRAM  # type: ignore[assignment]
+        await writer.store.commit(Commit(entries=[entry]))
+    for _ in range(2):  # reopened from the log, then from the compacted log
+        async with Runtime(url, agents=[quick()], run_worker=False) as rt:
+            assert len(await rt.store.entries(fine)) == 1
+            with pytest.raises(IncompatibleEntry, match="kind 'hologram'"):
+                await rt.store.entries(odd)
+            rt.store.compact()  # type: ignore[attr-defined]
