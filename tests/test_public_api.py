@@ -59,6 +59,8 @@ _EXAMPLES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "TaskNotFound": (("t-1",), {}),
     "ScheduleNotFound": (("nightly",), {}),
     "ScheduleUnreadable": (("alice/nightly", "every: below 1 s"), {}),
+    "SessionNotFound": (("s1",), {}),
+    "IncompatibleEntry": (("t-1", 7, "hologram"), {}),
     "UnknownAgent": (("writer", ["reader"]), {}),
     "InvalidValue": (("NaN is not JSON",), {"path": ("input", 0)}),
     "DuplicateRequest": (("r-1", "t-1"), {}),
@@ -85,7 +87,7 @@ def test_every_error_is_a_duragent_error_exported_from_the_front_door() -> None:
         for name in vars(duragent.errors)
         if isinstance(getattr(duragent.errors, name), type)
         and issubclass(getattr(duragent.errors, name), duragent.DuragentError)
-    } | {"ScheduleNotFound", "ScheduleUnreadable", "QueueNotFound"}
+    } | {"ScheduleNotFound", "ScheduleUnreadable", "QueueNotFound", "SessionNotFound"}
     for cls in _error_classes():
         assert issubclass(cls, duragent.DuragentError), cls
 

@@ -339,12 +339,13 @@ BODIES = {
     "respond": {"approve": True},
     "fork": {"at_round": 1},
     "messages": {"text": "bob was here"},
+    "plan": {"steps": ["bob was here"]},
 }
 
 
 async def call(client: httpx.AsyncClient, method: str, path: str, headers: dict[str, str]) -> Any:
     kw: dict[str, Any] = {"headers": headers}
-    if method == "POST":
+    if method in ("POST", "PUT"):
         kw["json"] = BODIES.get(path.rsplit("/", 1)[-1], {})
     return await client.request(method, path, **kw)
 
@@ -356,7 +357,7 @@ async def test_another_users_task_is_404_exactly_like_a_missing_one(
     names = {p.rsplit("/", 1)[-1] for _, p in routes}
     # A new route taking a task id must be added to this matrix (and the page).
     expected = {"{task_id}", "messages", "entries", "steps", "tree", "events", "history"}
-    assert names == expected | {"pause", "resume", "abort", "respond", "retry", "fork"}
+    assert names == expected | {"pause", "resume", "abort", "respond", "retry", "fork", "plan"}
     alice_task = await start(client, "approver")
     await wait_for(runtime, alice_task, TaskStatus.WAITING)
     before = await runtime.get(alice_task)

@@ -8,6 +8,7 @@ from duragent.errors import (
     ControlPending,
     DuplicateRequest,
     DuragentError,
+    IncompatibleEntry,
     InvalidArguments,
     InvalidOption,
     InvalidStoreURL,
@@ -50,7 +51,9 @@ from duragent.runtime import (
     Worker,
     tool,
 )
+from duragent.runtime.callbacks import TaskCallbacks
 from duragent.runtime.schedules import Schedule, ScheduleNotFound, ScheduleUnreadable
+from duragent.runtime.sessions import Session, SessionNotFound, SessionSummary
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
 from duragent.store.queues import Queue, QueueNotFound
 from duragent.types import (
@@ -88,6 +91,7 @@ __all__ = [
     "Entry",
     "EntryKind",
     "History",
+    "IncompatibleEntry",
     "InvalidArguments",
     "InvalidOption",
     "InvalidStoreURL",
@@ -110,6 +114,9 @@ __all__ = [
     "ScheduleNotFound",
     "ScheduleUnreadable",
     "ScriptedModel",
+    "Session",
+    "SessionNotFound",
+    "SessionSummary",
     "StaleLease",
     "StepFailed",
     "Store",
@@ -124,6 +131,7 @@ __all__ = [
     "SystemMessage",
     "Task",
     "TaskBusy",
+    "TaskCallbacks",
     "TaskNotFound",
     "TaskPatch",
     "TaskQuery",

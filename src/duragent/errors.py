@@ -208,6 +208,21 @@ class MissingCredential(UsageError):
         )
 
 
+class IncompatibleEntry(DuragentError):
+    """One task's log holds an entry this version cannot read (a kind a later
+    version wrote): that task is blocked(incompatible_store); the store and its
+    other tasks are fine. Not a StoreError: nothing is wrong with the store."""
+
+    def __init__(self, task_id: str, seq: int, kind: str, why: str = "unknown entry kind") -> None:
+        self.task_id = task_id
+        self.seq = seq
+        self.kind = kind
+        super().__init__(
+            f"task {task_id!r}: entry {seq} (kind {kind!r}) cannot be read by this version "
+            f"of duragent ({why}); run the task with the version that wrote it, or a newer one"
+        )
+
+
 # --- the store --------------------------------------------------------------
 
 

@@ -168,6 +168,15 @@ class Task(BaseModel):
             self.queue = self.agent
 
     @property
+    def partial_output(self) -> str | None:
+        """While it runs: the text of the current round's answer streamed so far, as
+        committed (its progress entries); else None. `Runtime.get` reads it from the
+        log, so no commit writes anything more for it; a row as a store returns it
+        has none (see `with_partial_output`)."""
+        text = self.__dict__.get(_PARTIAL)
+        return None if text is None else str(text)
+
+    @property
     def deadline(self) -> datetime | None:
         """The wall-clock limit the task fails at, if any (kept in `config`, see
         duragent.runtime.deadlines)."""
@@ -272,6 +281,20 @@ def _field_count(cls: type[BaseModel]) -> int:
     if count is None:
         count = _FIELD_COUNTS[cls] = len(cls.model_fields)
     return count
+
+
+# Where a task read by `Runtime.get` keeps its partial output: in its __dict__ but
+# not a field, so no store writes it and no copy on the commit path pays for it.
+_PARTIAL = "_partial_output"
+
+
+def with_partial_output(task: Task, text: str | None) -> Task:
+    """A copy of `task` whose `partial_output` is `text` (the row read stays as it is:
+    a store may hand the same object to others)."""
+    copy = updated(task, {})
+    if text is not None:
+        copy.__dict__[_PARTIAL] = text
+    return copy
 
 
 def given_in_full(model: _M) -> _M:

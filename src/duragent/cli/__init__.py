@@ -21,6 +21,7 @@ from duragent.cli import (
     fleet,
     run,
     serve,
+    sessions,
     steering,
     store,
     tasks,
@@ -68,7 +69,19 @@ def version() -> None:
 
 
 # In the order `duragent --help` lists them.
-for _module in (demo, tasks, views, worker, serve, run, store, steering, approvals, fleet):
+for _module in (
+    demo,
+    tasks,
+    views,
+    sessions,
+    worker,
+    serve,
+    run,
+    store,
+    steering,
+    approvals,
+    fleet,
+):
     app.add_typer(_module.app)
 
 

@@ -67,6 +67,8 @@ def task_header(task: Task) -> Table:
     if task.session_id:
         grid.add_row("session", safe(task.session_id))
     grid.add_row("input", safe(clip(task.input, 120)))
+    if task.partial_output is not None:
+        grid.add_row("so far", safe(clip(task.partial_output, 400)))
     if task.output is not None:
         grid.add_row("output", safe(clip(task.output, 400)))
     if task.deadline:
@@ -185,7 +187,8 @@ def show(
             if as_json:
                 emit_json(
                     {
-                        "task": task.model_dump(mode="json"),
+                        "task": task.model_dump(mode="json")
+                        | {"partial_output": task.partial_output},
                         "entries": [e.model_dump(mode="json") for e in entries],
                     }
                 )

@@ -1,6 +1,7 @@
-"""`duragent steps` (a task's completed steps, its plan and its output) and
-`duragent tree` (a task and its sub-tasks): the library's `Runtime.steps` and
-`Runtime.tree` at the terminal, as tables or `--json`."""
+"""`duragent steps` (a task's completed steps, its plan and its output), `duragent
+plan` (set its pending steps) and `duragent tree` (a task and its sub-tasks): the
+library's `Runtime.steps`, `Runtime.set_plan` and `Runtime.tree` at the terminal,
+as tables or `--json`."""
 
 from __future__ import annotations
 
@@ -10,8 +11,17 @@ import typer
 from rich.table import Table
 from rich.tree import Tree
 
-from duragent.cli._common import JSON, STORE, emit_json, make_console, operator_runtime, run_async
+from duragent.cli._common import (
+    JSON,
+    STORE,
+    emit_json,
+    fail,
+    make_console,
+    operator_runtime,
+    run_async,
+)
 from duragent.cli._format import clip, count, status_markup
+from duragent.errors import UsageError
 from duragent.runtime.runtime import TaskTree
 from duragent.runtime.views import Steps
 from duragent.terminal import safe
@@ -53,6 +63,36 @@ def steps(
         console.print(f"pending: {safe(clip(item, 120))}")
     if got.output is not None:
         console.print(f"output: {safe(clip(got.output, 400))}")
+
+
+@app.command()
+def plan(
+    task_id: str = typer.Argument(..., help="The task's id."),
+    step: list[str] = typer.Option(
+        [], "--step", help="A pending step, in order (repeat for more)."
+    ),
+    clear: bool = typer.Option(False, "--clear", help="No pending steps."),
+    store: str = STORE,
+    as_json: bool = JSON,
+) -> None:
+    """Set a task's pending steps (its plan), as the model's update_plan tool does."""
+    if not step and not clear:
+        fail(UsageError("give the plan's steps (--step TEXT, repeated), or --clear to empty it"))
+    if step and clear:
+        fail(UsageError("--clear takes no --step"))
+
+    async def go() -> Steps:
+        async with operator_runtime(store) as rt:
+            return await rt.set_plan(task_id, step)
+
+    got = run_async(go())
+    if as_json:
+        emit_json({"task_id": task_id, "pending": got.pending})
+        return
+    console = make_console()
+    console.print(f"task {safe(task_id)}: {count(len(got.pending), 'pending step')}")
+    for i, item in enumerate(got.pending, 1):
+        console.print(f"{i}. {safe(clip(item, 120))}")
 
 
 def _node(tree: Tree | None, node: TaskTree) -> Tree:

@@ -25,6 +25,7 @@ from duragent.llm.base import ResponseAssembler
 from duragent.llm.messages import WorkingView
 from duragent.payloads import rollback_marker
 from duragent.runtime.agent import Agent
+from duragent.runtime.callbacks import EntriesHook
 from duragent.runtime.calls import render
 from duragent.runtime.inbox import cut_plan
 from duragent.runtime.log import notice, read_round, result_entries, rollback, ui_entry
@@ -122,6 +123,7 @@ class ControlledRunner:
         clock: Clock | None = None,
         detached: bool = False,
         trace: TraceHook | None = None,
+        on_entries: EntriesHook | None = None,
     ) -> None:
         self.store = store
         self.agent = agent
@@ -133,6 +135,8 @@ class ControlledRunner:
         self.detached = detached
         self.trace = trace
         self.on_status = on_status
+        self.on_entries = on_entries  # per-task callbacks (runtime/callbacks.py), via the worker
+        self._reported: PendingCommit | None = None  # the queued commit last told to on_entries
         self.view = WorkingView()  # plain data; typed messages built when a model call reads them
         self.state = DebouncedState(
             {"context": dict(task.context)},
@@ -263,8 +267,28 @@ class ControlledRunner:
                 raise
             finally:
                 self._settled_behind(commit.after)
-        self._took(result.tasks[self.task.id])
+        row = result.tasks[self.task.id]
+        if self.on_entries is not None:
+            # In the order they landed: the commit queued behind first (its own
+            # done-callback may run only later), then this one's, before the
+            # status change they lead to.
+            self._report_behind(commit.after)
+            if result.entries:
+                self.on_entries(row, result.entries)
+        self._took(row)
         return result
+
+    def _report_behind(self, pending: PendingCommit | None) -> None:
+        """Tell the per-task callbacks of the entries of a queued commit that landed, once."""
+        if pending is None or pending is self._reported or self.on_entries is None:
+            return
+        future = pending.future
+        if future is None or not future.done() or future.cancelled() or future.exception():
+            return
+        self._reported = pending
+        landed = future.result()
+        if landed.entries:
+            self.on_entries(landed.tasks[self.task.id], landed.entries)
 
     def _make_commit(
         self,
@@ -341,10 +365,12 @@ class ControlledRunner:
                 self.state.mark_dirty()
             self._unpredict()
             return
+        landed = future.result()
+        self._report_behind(pending)
         if self._behind is not pending:
             return  # a later commit was queued or made since: its row is the one to take
         self._behind = None
-        row = future.result().tasks[self.task.id]
+        row = landed.tasks[self.task.id]
         if row.version >= self.task.version:  # a message may have moved it further
             self._took(row)
 

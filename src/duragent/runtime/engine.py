@@ -12,12 +12,19 @@ import asyncio
 import logging
 import time
 
-from duragent.errors import Conflict, StaleLease, StoreError, StoreUnavailable, TaskNotFound
+from duragent.errors import (
+    Conflict,
+    IncompatibleEntry,
+    StaleLease,
+    StoreError,
+    StoreUnavailable,
+    TaskNotFound,
+)
 from duragent.runtime.calls import describe
 from duragent.runtime.control import Abandoned, Control, StatusHook, TraceHook
 from duragent.runtime.deadlines import exceeded
 from duragent.runtime.recovery import RecoveringRunner
-from duragent.types import Task, TaskStatus, utcnow
+from duragent.types import BlockReason, Task, TaskStatus, utcnow
 
 log = logging.getLogger("duragent.engine")
 
@@ -75,6 +82,16 @@ class TaskRunner(RecoveringRunner):
             log.warning("task %s abandoned: %s", self.task.id, exc)
         except asyncio.CancelledError:
             raise
+        except IncompatibleEntry as exc:
+            # A later version wrote this task's log: blocked, not failed (nothing
+            # went wrong in it), and only this task; the worker runs the others.
+            log.error("task %s blocked: %s", self.task.id, exc)
+            try:
+                await self._block(BlockReason.INCOMPATIBLE_STORE, str(exc))
+            except Abandoned:
+                pass
+            except StoreError as store_exc:
+                await self._end_on_store_error(store_exc)
         except StoreError as exc:
             await self._end_on_store_error(exc)
         except Exception as exc:

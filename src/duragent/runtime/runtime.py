@@ -27,6 +27,7 @@ from duragent.errors import (
 )
 from duragent.runtime.agent import Agent, agents_by_name
 from duragent.runtime.approvals import Decision
+from duragent.runtime.callbacks import TaskCallbacks
 from duragent.runtime.deadlines import DeadlineSpec, deadline_at, deadline_record
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
 from duragent.runtime.inbox import MultitaskStrategy, check_strategy
@@ -34,17 +35,27 @@ from duragent.runtime.log import api_entry, notice
 from duragent.runtime.many import ManyTasks
 from duragent.runtime.outage import StoreOutage
 from duragent.runtime.pins import with_pins
+from duragent.runtime.plans import write_plan
 from duragent.runtime.presence import exited
 from duragent.runtime.sending import SendsMessages
+from duragent.runtime.sessions import Sessions
 from duragent.runtime.steering import Edit, History, new_fork, task_history
 from duragent.runtime.submit import new_task
-from duragent.runtime.views import Steps, build_steps, ui_view
+from duragent.runtime.views import Steps, build_steps, partial_output, ui_view
 from duragent.runtime.waits import person_answers, resolve
 from duragent.runtime.worker import Worker, lease_alive, queue_names
 from duragent.store import open_store
 from duragent.store.base import Commit, Store, TaskPatch, TaskQuery
 from duragent.store.queues import Queue, define_queue
-from duragent.types import ApiMessage, Entry, Task, TaskStatus, UiMessage, utcnow
+from duragent.types import (
+    ApiMessage,
+    Entry,
+    Task,
+    TaskStatus,
+    UiMessage,
+    utcnow,
+    with_partial_output,
+)
 from duragent.webhooks import WebhookDelivery, check_url
 
 T = TypeVar("T")
@@ -117,7 +128,7 @@ def _acted_on(held: Task) -> Callable[[Task], bool]:
     )
 
 
-class Runtime(ManyTasks, SendsMessages):
+class Runtime(ManyTasks, SendsMessages, Sessions):
     """`async with Runtime("sqlite:///agent.db", agents=[...]) as rt: ...`
 
     With `run_worker=True` (the default) an in-process worker runs the tasks of
@@ -155,7 +166,7 @@ class Runtime(ManyTasks, SendsMessages):
         self._owns_store = store is None or isinstance(store, str)
         self.run_worker = run_worker
         self.worker: Worker | None = None
-        self._worker_args = {
+        self._worker_args: dict[str, Any] = {
             "concurrency": concurrency,
             "lease_ttl": lease_ttl,
             "poll_interval": poll_interval,
@@ -169,6 +180,9 @@ class Runtime(ManyTasks, SendsMessages):
         }
         self._worker_job: asyncio.Task[None] | None = None
         self._queues = list(queues)
+        # load_task(id, callbacks=): shared with the worker, which calls and drops them.
+        self._task_callbacks: dict[str, TaskCallbacks] = {}
+        self._worker_args["callbacks"] = self._task_callbacks
 
     # --- lifecycle ---
 
@@ -185,7 +199,7 @@ class Runtime(ManyTasks, SendsMessages):
         """Start the in-process scheduler (idempotent)."""
         if not self.run_worker or self._worker_job is not None:
             return
-        self.worker = Worker(self.store, self.agents.values(), **self._worker_args)  # type: ignore[arg-type]
+        self.worker = Worker(self.store, self.agents.values(), **self._worker_args)
         self._worker_job = asyncio.ensure_future(self.worker.run())
 
     async def close(self, *, graceful: bool = True) -> None:
@@ -321,10 +335,16 @@ class Runtime(ManyTasks, SendsMessages):
         return list(await self.store.model_view(latest.id))
 
     async def get(self, task_id: str, *, owner: str | None = None) -> Task:
-        """The task; with `owner`, another owner's task is reported as not found."""
+        """The task; with `owner`, another owner's task is reported as not found.
+
+        A running task's `partial_output` is the answer streamed so far in its
+        current round, as committed (read from its log here: a round's commits
+        write nothing more for it)."""
         task = await self.store.get_task(task_id)
         if owner is not None and task.owner != owner:
             raise TaskNotFound(task_id)
+        if task.status is TaskStatus.RUNNING:
+            task = with_partial_output(task, await partial_output(self.store, task))
         return task
 
     async def list(
@@ -460,9 +480,25 @@ class Runtime(ManyTasks, SendsMessages):
             then,
         )
 
-    async def load_task(self, task_id: str, context: dict[str, Any] | None = None) -> Task:
-        """The task as stored; `context` is deep-merged over the stored context and saved."""
+    async def load_task(
+        self,
+        task_id: str,
+        context: dict[str, Any] | None = None,
+        *,
+        callbacks: TaskCallbacks | None = None,
+    ) -> Task:
+        """The task as stored; `context` is deep-merged over the stored context and saved.
+
+        `callbacks` (runtime/callbacks.py) hear this task only, while this
+        Runtime's worker runs it: its status changes, each entry it commits
+        (progress included), and its end; they replace callbacks given for it
+        before and are dropped once it ends. Async ones are awaited in order.
+        """
         task = await self.store.get_task(task_id)
+        if callbacks is not None and not task.status.terminal:
+            self._task_callbacks[task_id] = callbacks
+            if self.worker is not None:
+                self.worker.listen(task_id)
         if not context:
             return task
         merged = deep_merge(task.context, context)
@@ -491,6 +527,16 @@ class Runtime(ManyTasks, SendsMessages):
     async def steps(self, task_id: str) -> Steps:
         task = await self.store.get_task(task_id)
         return await build_steps(self.store, task)
+
+    async def set_plan(
+        self, task_id: str, steps: Sequence[str], *, owner: str | None = None
+    ) -> Steps:
+        """Set the task's pending steps, as the model's `update_plan` tool does (an
+        empty list clears them); `steps` then shows them. With `owner`, another
+        owner's task is reported as not found; an ended task's plan is not changed."""
+        task = await self.get(task_id, owner=owner)
+        await write_plan(self.store, task, steps)
+        return await build_steps(self.store, await self.store.get_task(task_id))
 
     async def tree(self, task_id: str) -> TaskTree:
         node = TaskTree(await self.store.get_task(task_id))

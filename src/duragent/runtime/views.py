@@ -164,3 +164,22 @@ async def build_steps(store: Store, task: Task) -> Steps:
     plan = await store.get_document(task_scope(task.id), PLAN_KEY)
     pending = list(plan.value.get("pending", [])) if plan is not None else []
     return Steps(completed, pending, task.output, task.iterations)
+
+
+async def partial_output(store: Store, task: Task) -> str | None:
+    """The text the model has streamed in the task's current round, as committed in
+    progress entries (a tool's progress, and a stream a retry voided, left out)."""
+    r = task.iterations + 1
+    entries = await store.entries(
+        task.id, after_seq=task.round_seq, kinds=(EntryKind.PROGRESS, EntryKind.ROLLBACK)
+    )
+    voided = voided_ranges((e.payload for e in entries if e.kind is EntryKind.ROLLBACK), "progress")
+    text = "".join(
+        progress_of(e).get("text", "")
+        for e in entries
+        if e.kind is EntryKind.PROGRESS
+        and e.round == r
+        and "call_id" not in e.payload
+        and not is_voided(e.seq, voided)
+    )
+    return text or None

@@ -23,13 +23,14 @@ from duragent.errors import (
     check_seconds,
 )
 from duragent.runtime.agent import Agent, agents_by_name
+from duragent.runtime.callbacks import TaskCallbacks
 from duragent.runtime.engine import Control, StatusHook, TaskRunner, TraceHook
 from duragent.runtime.housekeeping import Housekeeper
 from duragent.runtime.housekeeping import stop as stop_housekeeping
 from duragent.runtime.presence import announce, block_unserved, withdraw
 from duragent.runtime.state import Clock
 from duragent.store.base import Store, TaskQuery
-from duragent.types import Task, TaskStatus, utcnow
+from duragent.types import Entry, EntryKind, Task, TaskStatus, utcnow
 from duragent.webhooks import WebhookDelivery, WebhookSender
 
 log = logging.getLogger("duragent.worker")
@@ -72,6 +73,7 @@ class Worker:
         webhook_delivery: WebhookDelivery | None = None,
         queues: Iterable[str] | None = None,
         housekeeping: bool = True,
+        callbacks: dict[str, TaskCallbacks] | None = None,
     ) -> None:
         # Each of these is a loop's period: zero, negative or NaN would spin or die.
         for name, seconds in (
@@ -93,6 +95,8 @@ class Worker:
         self.poll_interval = poll_interval
         self.id = worker_id or default_worker_id()
         self.on_status = on_status
+        # Per-task callbacks (Runtime.load_task), by task id; dropped when the task ends.
+        self.callbacks = callbacks if callbacks is not None else {}
         # An async status hook's calls, awaited in order (each after the one before).
         self._hook_tail: asyncio.Future[None] | None = None
         self.clock = clock
@@ -330,6 +334,8 @@ class Worker:
             on_status=self._status_changed,
             clock=self.clock,
             trace=self.trace,
+            # Only a task with callbacks pays for hearing its commits (see `listen`).
+            on_entries=self._entries_committed if task.id in self.callbacks else None,
         )
         self.runners[task.id] = runner
         self._done[task.id] = asyncio.Event()
@@ -342,13 +348,43 @@ class Worker:
         self.webhooks.wake()  # the commit may have written a webhook event
         if new.terminal:
             self.housekeeper.finished(task)  # its queue's ttl runs from now
-        if self.on_status is None:
+        if self.on_status is not None:
+            self._hooked(self.on_status, task.id, task, old, new)
+        mine = self.callbacks.get(task.id)
+        if mine is None:
             return
-        called = self.on_status(task, old, new)
+        if mine.on_status is not None:
+            self._hooked(mine.on_status, task.id, task, old, new)
+        if new.terminal:
+            del self.callbacks[task.id]
+            if mine.on_end is not None:
+                self._hooked(mine.on_end, task.id, task)
+
+    def listen(self, task_id: str) -> None:
+        """Callbacks were just given for `task_id`: its runner, if running, reports to them."""
+        runner = self.runners.get(task_id)
+        if runner is not None:
+            runner.on_entries = self._entries_committed
+
+    def _entries_committed(self, task: Task, entries: list[Entry]) -> None:
+        mine = self.callbacks.get(task.id)
+        if mine is None or mine.on_entry is None:
+            return
+        for entry in entries:
+            # Not its parent's (committed with it); status changes are on_status's.
+            if entry.task_id == task.id and entry.kind is not EntryKind.STATUS:
+                self._hooked(mine.on_entry, task.id, entry)
+
+    def _hooked(self, hook: Callable[..., Any], task_id: str, *args: Any) -> None:
+        """Call a hook; what a coroutine function returns is awaited after the calls
+        before it (runners report from inside their commits, which cannot wait)."""
+        try:
+            called = hook(*args)
+        except Exception:
+            log.exception("task %s: a callback failed", task_id)
+            return
         if inspect.isawaitable(called):
-            # Runners report from inside their commits, which cannot wait for a
-            # hook: its calls are awaited here, in the order the changes came.
-            self._hook_tail = asyncio.ensure_future(_await_hook(self._hook_tail, called, task.id))
+            self._hook_tail = asyncio.ensure_future(_await_hook(self._hook_tail, called, task_id))
 
     async def _hooks_done(self) -> None:
         """Await the status hook's calls still running (at stop)."""

@@ -15,7 +15,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from duragent.runtime.runtime import Runtime
-from duragent.server import events, fleet, problems, steering, tasks
+from duragent.server import events, fleet, problems, sessions, steering, tasks
 from duragent.server.deps import RuntimeDep, UserDep, known_query
 from duragent.server.gate import Gate, TokenLookup
 from duragent.server.limits import ServerLimits
@@ -70,6 +70,7 @@ def create_app(
     app.include_router(events.router)
     app.include_router(steering.router)
     app.include_router(fleet.router)
+    app.include_router(sessions.router)
 
     @app.get("/v1/health", response_model=Health, tags=["service"], summary="Liveness (no auth)")
     async def health(rt: RuntimeDep) -> Health:

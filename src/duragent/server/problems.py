@@ -17,6 +17,7 @@ from duragent.errors import (
     Conflict,
     DuplicateRequest,
     DuragentError,
+    IncompatibleEntry,
     InvalidArguments,
     InvalidTransition,
     StoreError,
@@ -26,6 +27,7 @@ from duragent.errors import (
     UsageError,
 )
 from duragent.runtime.schedules import ScheduleNotFound, ScheduleUnreadable
+from duragent.runtime.sessions import SessionNotFound
 from duragent.server.limits import LimitReached
 from duragent.server.schemas import Problem
 from duragent.store.queues import QueueNotFound
@@ -61,11 +63,13 @@ _MAPPING: list[tuple[type[Exception], int, str]] = [
     (ScheduleUnreadable, 409, "Schedule unreadable"),
     (LimitReached, 409, "Limit reached"),
     (QueueNotFound, 404, "Queue not found"),
+    (SessionNotFound, 404, "Session not found"),
     (TaskNotFound, 404, "Task not found"),
     (InvalidTransition, 409, "Invalid status transition"),
     (TaskBusy, 409, "Task is busy"),
     (Conflict, 409, "Conflict"),
     (DuplicateRequest, 409, "Request id already used"),
+    (IncompatibleEntry, 409, "Entry written by a newer version"),
     (UnknownAgent, 400, "Unknown agent"),
     (InvalidArguments, 422, "Invalid tool arguments"),
     (UsageError, 400, "Bad request"),

@@ -24,6 +24,7 @@ from duragent.runtime.approvals import Decision
 from duragent.runtime.inbox import MultitaskStrategy
 from duragent.runtime.presence import Sighting
 from duragent.runtime.runtime import TaskTree
+from duragent.runtime.sessions import SessionSummary
 from duragent.runtime.views import Steps
 from duragent.types import ApiMessage, Entry, Task, TaskStatus, UiMessage, Usage
 
@@ -167,6 +168,13 @@ class RetryRequest(_Request):
     )
 
 
+class PlanRequest(_Request):
+    steps: list[Annotated[str, StringConstraints(min_length=1, max_length=2000)]] = Field(
+        max_length=200,
+        description="The task's pending steps, in order (an empty list clears the plan).",
+    )
+
+
 class AbortRequest(_Request):
     reason: str | None = Field(None, max_length=2000)
 
@@ -279,6 +287,11 @@ class TaskOut(TaskSummary):
     forked_from: dict[str, str | int] | None = Field(
         default=None, description="A fork's source: its task_id and round."
     )
+    partial_output: str | None = Field(
+        default=None,
+        description="While running: the answer the model has streamed so far in the "
+        "current round, as committed (progress entries).",
+    )
 
     @classmethod
     def full(
@@ -305,6 +318,7 @@ class TaskOut(TaskSummary):
             lease_worker_gone_after=holder.gone_after if holder else None,
             waiting_for=waits,
             forked_from=task.config.get("forked_from"),
+            partial_output=task.partial_output,
         )
 
 
@@ -442,3 +456,49 @@ class Health(BaseModel):
 
 class Me(BaseModel):
     user: str
+
+
+# --- sessions (server/sessions.py) ------------------------------------------------
+
+
+class SessionOut(BaseModel):
+    session_id: str
+    turns: int = Field(description="Its top-level tasks (sub-tasks are not turns).")
+    started_at: datetime
+    updated_at: datetime
+    latest_task_id: str
+    latest_status: TaskStatus
+
+    @classmethod
+    def of(cls, s: SessionSummary) -> SessionOut:
+        return cls(
+            session_id=s.session_id,
+            turns=s.turns,
+            started_at=s.started_at,
+            updated_at=s.updated_at,
+            latest_task_id=s.latest_task_id,
+            latest_status=s.latest_status,
+        )
+
+
+class SessionPageOut(BaseModel):
+    sessions: list[SessionOut]
+
+
+class SessionDetailOut(BaseModel):
+    session_id: str
+    tasks: list[TaskSummary] = Field(description="Its turns, oldest first.")
+    transcript: list[ApiMessage] = Field(
+        description="What was said, turn after turn (each turn's own messages)."
+    )
+
+
+class SessionMessage(_Request):
+    input: Any = Field(description="The next turn's input: text, or any JSON value.")
+    agent: str | None = Field(
+        None, min_length=1, max_length=200, description="Default: the latest turn's agent."
+    )
+    request_id: str | None = Field(None, min_length=1, max_length=200)
+    multitask_strategy: MultitaskStrategy | None = Field(
+        None, description="While a turn runs: what the message does to it."
+    )

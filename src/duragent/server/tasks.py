@@ -21,6 +21,7 @@ from duragent.server.schemas import (
     MessagesOut,
     OpenWait,
     PauseRequest,
+    PlanRequest,
     RespondRequest,
     RetryRequest,
     StepsOut,
@@ -251,6 +252,17 @@ async def get_entries(
 )
 async def get_steps(task: OwnedTask, runtime: RuntimeDep) -> StepsOut:
     return StepsOut.of(await runtime.steps(task.id))
+
+
+@router.put(
+    "/{task_id}/plan",
+    response_model=StepsOut,
+    summary="Set the pending steps",
+    description="What the model's update_plan tool does: the task's plan, shown by /steps.",
+    responses=problem_responses(400, 401, 404, 422),
+)
+async def set_plan(task: OwnedTask, runtime: RuntimeDep, body: PlanRequest) -> StepsOut:
+    return StepsOut.of(await runtime.set_plan(task.id, body.steps, owner=task.owner))
 
 
 @router.get(

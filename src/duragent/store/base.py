@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import pydantic_core
 
-from duragent.errors import Conflict, InvalidOption, StaleLease, StoreCorrupt
+from duragent.errors import Conflict, IncompatibleEntry, InvalidOption, StaleLease, StoreCorrupt
 from duragent.heap import collector_paused
 from duragent.llm.messages import in_call_order
 from duragent.payloads import is_marker, is_voided, voided_ranges
@@ -698,6 +698,33 @@ STORED_DEFAULTS: dict[EntryKind, tuple[str, str]] = {
     EntryKind.TOOL_INTENT: ("replay", "never"),
     EntryKind.TOOL_RESULT: ("outcome", "ok"),
 }
+
+
+class UnknownKind(str):
+    """An entry kind a later version wrote, kept as it is so a file store still
+    loads (and rewrites) it; reading that task's entries raises IncompatibleEntry."""
+
+    __slots__ = ()
+
+    @property
+    def value(self) -> str:
+        return str(self)
+
+
+def kind_as_stored(raw: str) -> EntryKind | UnknownKind:
+    """A stored kind: known, or kept as written (see UnknownKind)."""
+    try:
+        return EntryKind(raw)
+    except ValueError:
+        return UnknownKind(raw)
+
+
+def entry_kind(task_id: str, seq: int, raw: str) -> EntryKind:
+    """The kind of entry `seq` of a task as read back, or IncompatibleEntry naming it."""
+    try:
+        return EntryKind(raw)
+    except ValueError:
+        raise IncompatibleEntry(task_id, seq, str(raw)) from None
 
 
 def packed(kind: EntryKind, payload: dict[str, Any]) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from duragent.errors import (
     StoreUnavailable,
     StoreVersionError,
 )
-from duragent.store.base import SCHEMA_VERSION
+from duragent.store.base import SCHEMA_VERSION, kind_as_stored
 from duragent.store.files import (
     DIR_MODE,
     FILE_MODE,
@@ -403,7 +403,7 @@ class JSONLStore(MemoryStore):
                         Entry.model_construct(
                             task_id=r["task_id"],
                             seq=int(r["seq"]),
-                            kind=EntryKind(r["kind"]),
+                            kind=kind_as_stored(r["kind"]),
                             round=int(r["round"]),
                             payload=r["payload"],
                             created_at=datetime.fromisoformat(r["at"]),
@@ -527,7 +527,7 @@ class JSONLStore(MemoryStore):
                 entry = Entry.model_construct(
                     task_id=tid,
                     seq=seq,
-                    kind=EntryKind(kind),
+                    kind=kind_as_stored(kind),
                     round=rnd,
                     payload=json.loads(payload),
                     created_at=created,

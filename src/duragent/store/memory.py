@@ -26,6 +26,7 @@ from duragent.store.base import (
     claimable,
     decode_cursor,
     encode_cursor,
+    entry_kind,
     view_data,
     view_text,
 )
@@ -278,7 +279,7 @@ class MemoryStore(TxWrites):
                 Entry(
                     task_id=task_id,
                     seq=seq,
-                    kind=EntryKind(kind),
+                    kind=entry_kind(task_id, seq, kind),
                     round=rnd,
                     payload=json.loads(payload),
                     created_at=created,

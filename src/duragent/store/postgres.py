@@ -54,6 +54,7 @@ from duragent.store.base import (
     build_ui_view,
     decode_cursor,
     encode_cursor,
+    entry_kind,
     entry_range,
     parse_messages,
     unpacked,
@@ -534,7 +535,7 @@ class PostgresStore(TxWrites):
                 Entry(
                     task_id=task_id,
                     seq=r["seq"],
-                    kind=(kind := EntryKind(r["kind"])),
+                    kind=(kind := entry_kind(task_id, r["seq"], r["kind"])),
                     round=r["round"],
                     payload=unpacked(kind, json.loads(r["payload"])),
                     created_at=r["created_at"].astimezone(UTC),

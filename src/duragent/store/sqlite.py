@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from duragent.errors import (
+    IncompatibleEntry,
     InvalidOption,
     InvalidStoreURL,
     StoreCorrupt,
@@ -532,16 +533,19 @@ class SQLiteStore(TxWrites):
             params.append(limit)
 
         def read(conn: sqlite3.Connection) -> list[Entry]:
+            # Every row first: a row that cannot be decoded (a later version's
+            # kind) must not leave the statement open, holding the reader's snapshot.
+            rows = conn.execute(sql, params).fetchall()
             return [
                 Entry(
                     task_id=task_id,
                     seq=r["seq"],
-                    kind=(kind := KINDS_BY_CODE[r["kind"]]),
+                    kind=(kind := _kind(task_id, r["seq"], r["kind"])),
                     round=r["round"],
                     payload=unpacked(kind, json.loads(r["payload"])),
                     created_at=ms_to_dt(r["created_ms"]),
                 )
-                for r in conn.execute(sql, params)
+                for r in rows
             ]
 
         return await self._read(read)  # type: ignore[no-any-return]
@@ -846,3 +850,11 @@ def sqlite_path_from_url(url: str) -> str:
     if not path:
         raise InvalidStoreURL(f"no file in store URL {url!r}; use sqlite:///path/to/file.db")
     return os.path.expanduser(path)
+
+
+def _kind(task_id: str, seq: int, code: int) -> EntryKind:
+    """The kind coded `code`, or IncompatibleEntry: a later version's kind."""
+    kind = KINDS_BY_CODE.get(code)
+    if kind is None:
+        raise IncompatibleEntry(task_id, seq, f"code {code}")
+    return kind
