@@ -61,6 +61,9 @@ SEEDED: dict[str, list[list[str]]] = {
     "migrate": [[]],
     "run": [[EVIL, "--model", "scripted:demo", "--agent-tools", "none", "--workdir", "{D}"]],
     "continue": [["{T}"]],
+    "plan": [["{T}", "--step", EVIL], ["{T}", "--step", EVIL, "--json"]],
+    "sessions": [[], ["--json"], ["--owner", NAME]],
+    "session": [[NAME], [NAME, "--owner", NAME, "--json"]],
 }
 # Commands that never print what a store holds; the pass with hostile arguments
 # (below, for every command) is what they get.

@@ -8,7 +8,6 @@ blocked(incompatible_store) for one task whose log this version cannot read.
 from __future__ import annotations
 
 import asyncio
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +18,9 @@ from duragent.errors import IncompatibleEntry, TaskNotFound, UsageError
 from duragent.store.base import Commit, Store
 from duragent.store.sqlite_schema import KIND_CODES
 from duragent.types import BlockReason, Entry, EntryKind, NewEntry, Task, UINotice
+from support.seed_rows import FutureKind, streaming
 
 TERMINAL = [s for s in TaskStatus if s.terminal]
-
-
-class FutureKind(StrEnum):
-    """An entry kind a later version of duragent writes."""
-
-    HOLOGRAM = "hologram"
 
 
 def quick() -> Agent:
@@ -87,24 +81,6 @@ async def test_the_application_sets_a_tasks_pending_steps(store: Store) -> None:
 
 
 # --- the answer so far -----------------------------------------------------------
-
-
-def streaming(trace_hold: int) -> tuple[Agent, asyncio.Event, asyncio.Event, Any]:
-    """An agent streaming "abcdefghijkl" in 4-character pieces, each committed, and a
-    trace hook that holds the round after its `trace_hold`-th progress commit."""
-    held, release = asyncio.Event(), asyncio.Event()
-    seen: list[int] = []
-
-    async def trace(point: str, **info: Any) -> None:
-        if point == "progress":
-            seen.append(info["seq"])
-            if len(seen) == trace_hold:
-                held.set()
-                await release.wait()
-
-    model = ScriptedModel(["abcdefghijkl"], chunk_size=4)
-    agent = Agent(name="s", model=model, progress_interval=0, plan_tool=False)
-    return agent, held, release, trace
 
 
 async def test_a_running_tasks_partial_output_is_its_answer_streamed_so_far(store: Store) -> None:

@@ -20,8 +20,8 @@ from duragent.store.sqlite_schema import KIND_CODES
 from duragent.types import EntryKind, NewEntry, TaskStatus
 from server_agents import agents
 from support.api import TOKENS, assert_problem, auth, client, runtime, start, wait_for
+from support.seed_rows import FutureKind, streaming
 from support.server_live import CLI, child_env
-from test_seed_rows import FutureKind, streaming
 
 __all__ = ["client", "runtime"]  # the fixtures this module uses from support.api
 

@@ -307,6 +307,30 @@ class Runtime(ManyTasks, SendsMessages, Sessions):
         self._wake()
         return Submission(self, stored.id, created)
 
+    async def continue_session(
+        self,
+        session_id: str,
+        input: Any,
+        *,
+        owner: str | None = None,
+        agent: str | None = None,
+        request_id: str | None = None,
+        multitask_strategy: MultitaskStrategy | None = None,
+    ) -> Submission:
+        """The next turn of an existing session: `submit(..., continue_session=True)`
+        with its latest turn's agent unless `agent` names another. While a turn runs,
+        the input is a message into it (`Submission.sent`)."""
+        turns = await self._turns(session_id, owner)
+        return await self.submit(
+            agent or turns[-1].agent,
+            input,
+            owner=owner,
+            session_id=session_id,
+            continue_session=True,
+            request_id=request_id,
+            multitask_strategy=multitask_strategy,
+        )
+
     async def _session_tasks(
         self, session_id: str, owner: str | None, status: Sequence[TaskStatus], limit: int
     ) -> builtins.list[Task]:

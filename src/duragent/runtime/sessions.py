@@ -10,18 +10,16 @@ far, or, while a turn still runs, a message into it (runtime/sending.py).
 from __future__ import annotations
 
 import builtins
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from duragent.errors import TaskNotFound, UsageError
-from duragent.runtime.inbox import MultitaskStrategy
 from duragent.store.base import TaskQuery
 from duragent.types import ApiMessage, Task, TaskStatus
 
 if TYPE_CHECKING:
-    from duragent.runtime.runtime import Submission
     from duragent.store.base import Store
 
 ALL = list(TaskStatus)
@@ -71,7 +69,6 @@ class Sessions:
     store: Store
 
     if TYPE_CHECKING:
-        submit: Callable[..., Awaitable[Submission]]
 
         async def _session_tasks(
             self, session_id: str, owner: str | None, status: Sequence[TaskStatus], limit: int
@@ -128,27 +125,3 @@ class Sessions:
             own = view[copied:] if isinstance(copied, int) else view
             transcript += [m for m in own if m.role != "system"]
         return Session(session_id, turns[-1].owner or None, turns, transcript)
-
-    async def continue_session(
-        self,
-        session_id: str,
-        input: Any,
-        *,
-        owner: str | None = None,
-        agent: str | None = None,
-        request_id: str | None = None,
-        multitask_strategy: MultitaskStrategy | None = None,
-    ) -> Submission:
-        """The next turn of an existing session: `submit(..., continue_session=True)`
-        with its latest turn's agent unless `agent` names another. While a turn runs,
-        the input is a message into it (`Submission.sent`)."""
-        turns = await self._turns(session_id, owner)
-        return await self.submit(
-            agent or turns[-1].agent,
-            input,
-            owner=owner,
-            session_id=session_id,
-            continue_session=True,
-            request_id=request_id,
-            multitask_strategy=multitask_strategy,
-        )
