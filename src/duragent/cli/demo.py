@@ -271,7 +271,8 @@ def _demo(store_path: Path, *, crash: bool, keep: bool, fresh: bool) -> int:
             "committed before it."
         )
         console.print(
-            f"3. A new process takes the task over once the lease ({LEASE:.0f} s) expires…"
+            "3. A new process takes the task over: at once when it can prove the old one "
+            f"is gone (this host, its pid exited), else when its lease ({LEASE:.0f} s) ends…"
         )
     else:
         console.print("A child process runs the trip-planner agent (no crash)…")
