@@ -31,6 +31,7 @@ from duragent.types import (
     ToolMessage,
     utcnow,
 )
+from support.sending import Gate, script
 
 # --- a crashed round, written as the dead worker left it ----------------------
 
@@ -598,3 +599,43 @@ async def test_a_runner_without_a_status_hook_runs_a_claimed_task(store: Store) 
     assert claimed is not None
     done = await TaskRunner(store, agent, claimed).run()
     assert done.status is TaskStatus.COMPLETED and done.output == "fine"
+
+
+async def test_an_interrupting_message_is_taken_after_the_round_read_back_from_the_log(
+    store: Store,
+) -> None:
+    """A message sent to interrupt cuts the running call short; the runner then
+    reads the open round back from the log (as a claim would) and closes it, so
+    the message opens the next round."""
+    gate = Gate()
+    agent = Agent(
+        name="a",
+        model=ScriptedModel(script),
+        tools=gate.tools(),
+        plan_tool=False,
+        tool_grace=0.0,
+        multitask_strategy="interrupt",
+    )
+    async with Runtime(store, agents=[agent]) as rt:
+        sub = await rt.submit("a", "start")
+        await gate.entered.wait()
+        await rt.send(sub.task_id, "stop that")
+        task = await sub.wait(30)
+        entries = await store.entries(task.id)
+    assert task.status is TaskStatus.COMPLETED and gate.runs == 1
+    assert task.output == "re 'stop that' having said 1"
+    rounds = [
+        (e.round, e.payload.get("role"), e.payload.get("content"))
+        for e in entries
+        if e.kind in (EntryKind.API_MESSAGE, EntryKind.TOOL_RESULT)
+    ]
+    (cut,) = [c for r, role, c in rounds if role == "tool"]
+    assert rounds == [
+        (1, "user", "start"),
+        (1, "assistant", None),
+        (1, "tool", cut),
+        (2, "user", "stop that"),
+        (2, "assistant", "re 'stop that' having said 1"),
+    ]
+    assert results(entries) == {"call_0_0": ("interrupted", cut)}
+    assert task.iterations == 2
