@@ -10,6 +10,7 @@ or not, the result and outcome label stored, what the model saw next.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -18,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, ToolContext, tool
+from duragent.runtime.approvals import edited_note
 from duragent.runtime.engine import TaskRunner
 from duragent.runtime.log import INTERRUPTED
 from duragent.runtime.submit import new_task
@@ -98,9 +100,11 @@ async def crashed(
 
 
 async def run_to_end(
-    store: Store, agents: list[Agent], tid: str, on_status: Any = None
+    store: Store, agents: list[Agent], tid: str, on_status: Any = None, trace: Any = None
 ) -> tuple[Task, list[Entry]]:
-    async with Runtime(store, agents=agents, poll_interval=0.05, on_status_change=on_status) as rt:
+    async with Runtime(
+        store, agents=agents, poll_interval=0.05, on_status_change=on_status, trace=trace
+    ) as rt:
         task = await rt.wait(tid, timeout=30)
     return task, await store.entries(tid)
 
@@ -175,12 +179,22 @@ async def test_a_cut_off_call_is_run_again_only_if_its_intent_and_its_tool_both_
     tid = await crashed(store, agent, log)
     seen: list[tuple[str, str]] = []
     hook = lambda t, a, b: seen.append((a.value, b.value))  # noqa: E731
-    task, entries = await run_to_end(store, [agent], tid, hook)
+    starts: list[tuple[str, str, int, str]] = []
+
+    async def trace(point: str, **info: Any) -> None:
+        if point == "tool_start":
+            starts.append((info["call_id"], info["tool"], info["attempt"], info["replay"]))
+
+    task, entries = await run_to_end(store, [agent], tid, hook, trace)
 
     assert task.status is TaskStatus.COMPLETED and task.output == "done"
     assert seen == [("running", "completed")]  # a takeover is no change of status
     assert task.restarts == 1
     assert sorted(ran) == [("c_lookup", 2), ("c_resume", 2)]
+    assert sorted(starts) == [
+        ("c_lookup", "lookup", 2, "safe"),
+        ("c_resume", "resumable", 2, "resume"),
+    ]
     got = results(entries)
     assert got == {
         "c_pay": ("interrupted", INTERRUPTED),
@@ -353,17 +367,17 @@ async def test_approvals_decided_before_the_crash_are_honoured_and_a_denied_call
     """A denied call, an expired approval and an approved call that had started
     when its worker died: none runs. An approved call that had not started runs
     once, its start recorded first."""
-    ran: list[str] = []
+    ran: list[tuple[str, int]] = []
 
     @tool(requires_approval=True, approval_timeout=60)
     def pay(amount: int, ctx: ToolContext) -> str:
         """Pay."""
-        ran.append(ctx.call_id)
+        ran.append((ctx.call_id, ctx.attempt))
         return f"paid {amount}"
 
     model = Model()
     agent = Agent(name="a", model=ScriptedModel(model), tools=[pay])
-    calls: list[Call] = [(cid, "pay", {"amount": n}, "never") for n, cid in enumerate("dxsa")]
+    calls: list[Call] = [(cid, "pay", {"amount": n}, "never") for n, cid in enumerate("dxsae")]
     past = (utcnow() - timedelta(seconds=1)).isoformat()
     later = (utcnow() + timedelta(hours=1)).isoformat()
 
@@ -391,20 +405,30 @@ async def test_approvals_decided_before_the_crash_are_honoured_and_a_denied_call
             checkpoint(tid, type="started", call_id="s"),  # it was running
             asked(tid, "a", later),
             checkpoint(tid, type="decision", call_id="a", approved=True, reason=None),
+            asked(tid, "e", later),  # approved with the amount a person edited
+            checkpoint(
+                tid,
+                type="decision",
+                call_id="e",
+                approved=True,
+                reason=None,
+                arguments={"amount": 9},
+            ),
         ]
 
     tid = await crashed(store, agent, log)
     task, entries = await run_to_end(store, [agent], tid)
 
     assert task.status is TaskStatus.COMPLETED
-    assert ran == ["a"]
+    assert sorted(ran) == [("a", 1), ("e", 1)]  # their first runs
     assert results(entries) == {
         "d": ("denied", "The user denied this call: too much"),
         "x": ("denied", "The call was denied: no decision within 1 minute (the approval expired)."),
         "s": ("interrupted", INTERRUPTED),
         "a": ("ok", "paid 3"),
+        "e": ("ok", edited_note({"amount": 9}) + "paid 9"),
     }
-    assert [c["call_id"] for c in checkpoints(entries, "started")] == ["s", "a"]
+    assert sorted(c["call_id"] for c in checkpoints(entries, "started")) == ["a", "e", "s"]
     started = next(
         e.seq for e in entries if e.payload.get("type") == "started" and e.payload["call_id"] == "a"
     )
@@ -639,3 +663,213 @@ async def test_an_interrupting_message_is_taken_after_the_round_read_back_from_t
     ]
     assert results(entries) == {"call_0_0": ("interrupted", cut)}
     assert task.iterations == 2
+
+
+# --- waits and approvals asked again, steps replayed --------------------------
+
+
+async def test_a_timer_not_yet_due_seen_on_a_claim_waits_on_to_its_recorded_time(
+    store: Store,
+) -> None:
+    ran: list[str] = []
+
+    @tool
+    def nap(ctx: ToolContext) -> Any:
+        """Sleep an hour."""
+        ran.append("nap")
+        return ctx.sleep(3600)
+
+    agent = Agent(name="a", model=ScriptedModel(Model()), tools=[nap])
+    wake = utcnow() + timedelta(hours=1)
+
+    def log(tid: str) -> list[NewEntry]:
+        wait = {"wait": "timer", "wake_at": wake.isoformat()}
+        calls: list[Call] = [("n", "nap", {}, "never")]
+        return [*round_of_calls(tid, calls), checkpoint(tid, type="wait", call_id="n", **wait)]
+
+    tid = await crashed(store, agent, log)
+    async with Runtime(store, agents=[agent], poll_interval=0.05) as rt:
+        task = await rt.wait(tid, timeout=30, until=lambda t: t.status is TaskStatus.WAITING)
+    entries = await store.entries(tid)
+    assert (task.status_reason, task.wake_at) == ("timer", wake)
+    assert ran == [] and results(entries) == {} and checkpoints(entries, "started") == []
+    assert [w["call_id"] for w in checkpoints(entries, "wait")] == ["n"]
+
+
+async def test_an_approval_never_asked_before_the_crash_is_asked_with_its_first_expiry(
+    store: Store,
+) -> None:
+    """The worker died after the call's intent, before its approval's wait: the
+    next one asks for the approval (never runs the call unapproved), and the time
+    limit counts from when the call was made, not from the asking again."""
+    ran: list[str] = []
+
+    @tool(requires_approval=True, approval_timeout=600)
+    def pay(amount: int) -> str:
+        """Pay."""
+        ran.append("pay")
+        return f"paid {amount}"
+
+    agent = Agent(name="a", model=ScriptedModel(Model()), tools=[pay])
+    calls: list[Call] = [("p", "pay", {"amount": 5}, "never")]
+    tid = await crashed(store, agent, lambda tid: round_of_calls(tid, calls))
+    async with Runtime(store, agents=[agent], poll_interval=0.05) as rt:
+        task = await rt.wait(tid, timeout=30, until=lambda t: t.status is TaskStatus.WAITING)
+    entries = await store.entries(tid)
+    (intent,) = [e for e in entries if e.kind is EntryKind.TOOL_INTENT]
+    (wait,) = checkpoints(entries, "wait")
+    expires = intent.created_at + timedelta(seconds=600)
+    assert wait == {
+        "type": "wait",
+        "call_id": "p",
+        "wait": "approval",
+        "question": 'Approve pay({"amount": 5})?',
+        "tool": "pay",
+        "arguments": {"amount": 5},
+        "timeout": 600,
+        "expires_at": expires.isoformat(),
+    }
+    assert task.status_reason == "input" and task.wake_at == expires
+    assert ran == [] and results(entries) == {}
+
+
+async def test_a_resumed_call_replays_its_recorded_steps_and_stops_at_a_cut_unsafe_one(
+    store: Store,
+) -> None:
+    """Run again after a crash (replay "resume"): a step recorded before is not run
+    again, its value comes from the log; a step that is not safe to repeat and
+    began without being recorded stops the call, "interrupted" in that step."""
+    effects: list[str] = []
+
+    def effect(name: str) -> str:
+        effects.append(name)
+        return f"{name} done"
+
+    @tool(replay="resume")
+    async def book(ctx: ToolContext) -> str:
+        """Quote, then book."""
+        quote = await ctx.step("quote", effect, "quote", safe=True)
+        booked = await ctx.step("book", effect, "book")
+        return f"{quote}; {booked}"
+
+    model = Model()
+    agent = Agent(name="a", model=ScriptedModel(model), tools=[book])
+    calls: list[Call] = [("q", "book", {}, "resume"), ("c", "book", {}, "resume")]
+
+    def log(tid: str) -> list[NewEntry]:
+        return [
+            *round_of_calls(tid, calls),
+            # q: its safe step recorded (a safe step writes no start), then the crash.
+            checkpoint(tid, type="step", call_id="q", step="quote", value="quote from log"),
+            # c: its quote recorded, its booking begun and never recorded.
+            checkpoint(tid, type="step", call_id="c", step="quote", value="quote from log"),
+            checkpoint(tid, type="step_started", call_id="c", step="book"),
+        ]
+
+    tid = await crashed(store, agent, log)
+    task, entries = await run_to_end(store, [agent], tid)
+    assert task.status is TaskStatus.COMPLETED
+    assert effects == ["book"]  # q's booking, once; no quote ran again
+    assert results(entries) == {
+        "q": ("ok", "quote from log; book done"),
+        "c": (
+            "interrupted",
+            "Tool call interrupted in step 'book': the process running it stopped after the "
+            "step began and before its result was saved. It may or may not have taken "
+            "effect; it was not re-run because it is not marked safe. Steps completed before "
+            "it: 'quote'.",
+        ),
+    }
+
+
+# --- what a call's run ends with: each outcome label --------------------------
+
+
+async def test_each_way_a_call_can_end_is_stored_with_its_outcome_label(store: Store) -> None:
+    """ok, error (unknown tool, bad arguments, an exception, a time limit, a sub-task
+    for an agent nobody defines); an invalid call that needs approval is refused
+    before any approval is asked."""
+    never = asyncio.Event()
+
+    @tool(timeout=0.05)
+    async def limited() -> str:
+        """Hangs past its time limit."""
+        await never.wait()
+        return "never"
+
+    @tool(timeout=60)
+    async def own_timeout(bare: bool) -> str:
+        """Raises a TimeoutError of its own."""
+        raise TimeoutError() if bare else TimeoutError("the bank did not answer")
+
+    @tool
+    async def unlimited_bare() -> str:
+        """Raises a bare TimeoutError without a time limit of its own."""
+        raise TimeoutError()
+
+    @tool
+    def boom() -> str:
+        """Fails."""
+        raise ValueError("no such account")
+
+    @tool
+    def delegate(ctx: ToolContext) -> Any:
+        """Hand work to an agent nobody defines."""
+        return ctx.spawn("nobody", "work")
+
+    @tool(requires_approval=True)
+    def pay(amount: int) -> str:
+        """Pay."""
+        return f"paid {amount}"
+
+    @tool
+    def fine() -> str:
+        """Works."""
+        return "fine"
+
+    calls = [
+        ToolCall("limited"),
+        ToolCall("own_timeout", {"bare": True}),
+        ToolCall("own_timeout", {"bare": False}),
+        ToolCall("unlimited_bare"),
+        ToolCall("boom"),
+        ToolCall("delegate"),
+        ToolCall("pay", {"amount": "lots"}),
+        ToolCall("nope"),
+        ToolCall("fine"),
+    ]
+    model = Model()
+
+    def script(messages: list[Any]) -> Any:
+        if not any(isinstance(m, AssistantMessage) for m in messages):
+            return calls
+        return model(messages)
+
+    tools = [limited, own_timeout, unlimited_bare, boom, delegate, pay, fine]
+    agent = Agent(name="a", model=ScriptedModel(script), tools=tools, plan_tool=False)
+    async with Runtime(store, agents=[agent]) as rt:
+        task = await (await rt.submit("a", "go")).wait(30)
+    entries = await store.entries(task.id)
+    assert task.status is TaskStatus.COMPLETED
+    got = [results(entries)[f"call_0_{i}"] for i in range(len(calls))]
+    assert got == [
+        ("error", "Error: Tool call timed out after 0.05 s (the tool's time limit)."),
+        ("error", "Error: Tool call timed out after 60 s (the tool's time limit)."),
+        ("error", "Error: TimeoutError: the bank did not answer"),
+        ("error", "Error: TimeoutError"),
+        ("error", "Error: ValueError: no such account"),
+        ("error", "Error: no agent named 'nobody' to run a sub-task; known: a"),
+        (
+            "error",
+            "Error: invalid arguments for pay: amount: Input should be a valid integer, "
+            "unable to parse string as an integer",
+        ),
+        (
+            "error",
+            "Error: unknown tool 'nope'. Available tools: boom, delegate, fine, limited, "
+            "own_timeout, pay, unlimited_bare.",
+        ),
+        ("ok", "fine"),
+    ]
+    assert checkpoints(entries, "wait") == []  # no approval asked, no sub-task
+    assert len((await store.list_tasks()).tasks) == 1
