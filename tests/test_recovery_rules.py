@@ -752,9 +752,18 @@ async def test_a_resumed_call_replays_its_recorded_steps_and_stops_at_a_cut_unsa
         booked = await ctx.step("book", effect, "book")
         return f"{quote}; {booked}"
 
+    @tool(replay="resume")
+    async def charge(ctx: ToolContext) -> str:
+        """Charge the card (a step not safe to repeat)."""
+        return str(await ctx.step("charge", effect, "charge"))
+
     model = Model()
-    agent = Agent(name="a", model=ScriptedModel(model), tools=[book])
-    calls: list[Call] = [("q", "book", {}, "resume"), ("c", "book", {}, "resume")]
+    agent = Agent(name="a", model=ScriptedModel(model), tools=[book, charge])
+    calls: list[Call] = [
+        ("q", "book", {}, "resume"),
+        ("c", "book", {}, "resume"),
+        ("k", "charge", {}, "resume"),
+    ]
 
     def log(tid: str) -> list[NewEntry]:
         return [
@@ -764,12 +773,14 @@ async def test_a_resumed_call_replays_its_recorded_steps_and_stops_at_a_cut_unsa
             # c: its quote recorded, its booking begun and never recorded.
             checkpoint(tid, type="step", call_id="c", step="quote", value="quote from log"),
             checkpoint(tid, type="step_started", call_id="c", step="book"),
+            # k: its first step begun and never recorded.
+            checkpoint(tid, type="step_started", call_id="k", step="charge"),
         ]
 
     tid = await crashed(store, agent, log)
     task, entries = await run_to_end(store, [agent], tid)
     assert task.status is TaskStatus.COMPLETED
-    assert effects == ["book"]  # q's booking, once; no quote ran again
+    assert effects == ["book"]  # q's booking, once; no quote, no charge ran again
     assert results(entries) == {
         "q": ("ok", "quote from log; book done"),
         "c": (
@@ -778,6 +789,13 @@ async def test_a_resumed_call_replays_its_recorded_steps_and_stops_at_a_cut_unsa
             "step began and before its result was saved. It may or may not have taken "
             "effect; it was not re-run because it is not marked safe. Steps completed before "
             "it: 'quote'.",
+        ),
+        "k": (
+            "interrupted",
+            "Tool call interrupted in step 'charge': the process running it stopped after the "
+            "step began and before its result was saved. It may or may not have taken "
+            "effect; it was not re-run because it is not marked safe. Steps completed before "
+            "it: none.",
         ),
     }
 
