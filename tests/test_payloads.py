@@ -124,6 +124,37 @@ async def test_every_payload_a_run_writes_has_exactly_the_keys_its_typed_shape_n
     assert dead is not None
     cut = NewEntry(task_id=task.id, kind=EntryKind.PROGRESS, round=1, payload={"text": "a s"})
     await store.commit(Commit(entries=[cut], fence={task.id: dead.lease.epoch}))
+    # A worker died between two results of a round: the next one reads the first.
+    halfway, first = new_task(looping, "twice")
+    await store.create_task(halfway, [first])
+    dead = await store.claim_task("dead-worker", task_id=halfway.id, ttl=0.0)
+    assert dead is not None
+    two = [
+        {"id": cid, "type": "function", "function": {"name": "chat", "arguments": "{}"}}
+        for cid in ("c1", "c2")
+    ]
+    await store.commit(
+        Commit(
+            entries=[
+                NewEntry(
+                    task_id=halfway.id,
+                    kind=kind,
+                    round=1,
+                    payload=payload,
+                )
+                for kind, payload in [
+                    (EntryKind.API_MESSAGE, {"role": "assistant", "tool_calls": two}),
+                    (EntryKind.TOOL_INTENT, {"call_id": "c1", "name": "chat", "replay": "never"}),
+                    (EntryKind.TOOL_INTENT, {"call_id": "c2", "name": "chat", "replay": "never"}),
+                    (
+                        EntryKind.TOOL_RESULT,
+                        {"role": "tool", "tool_call_id": "c1", "content": "said", "outcome": "ok"},
+                    ),
+                ]
+            ],
+            fence={halfway.id: dead.lease.epoch},
+        )
+    )
     async with Runtime(store, agents=[approving_shop(), looping, streaming]) as rt:
         shop = await rt.submit("shop", "buy")
         await rt.wait(shop.task_id, timeout=20, until=lambda t: t.status is TaskStatus.WAITING)
@@ -131,6 +162,7 @@ async def test_every_payload_a_run_writes_has_exactly_the_keys_its_typed_shape_n
         failed = await (await rt.submit("loop", "go")).wait(20)
         streamed = await (await rt.submit("stream", "go")).wait(20)
         recovered = await rt.wait(task.id, timeout=20)
+        resumed = await rt.wait(halfway.id, timeout=20)
         ui = await rt.ui_messages(task.id)
         await rt.wait(shop.task_id, timeout=20)
     # A worker that hands its task back.
@@ -147,7 +179,13 @@ async def test_every_payload_a_run_writes_has_exactly_the_keys_its_typed_shape_n
         "a streamed answer",
     ]
     payloads: dict[EntryKind, list[dict[str, Any]]] = {kind: [] for kind in SHAPES}
-    for tid in (shop.task_id, failed.id, streamed.id, task.id, handed.id):
+    outcomes = [
+        (e.payload["tool_call_id"], e.payload["outcome"])
+        for e in await store.entries(halfway.id, kinds=[EntryKind.TOOL_RESULT])
+    ]
+    assert resumed.status is TaskStatus.FAILED  # max_iterations: 1
+    assert outcomes == [("c1", "ok"), ("c2", "interrupted")]  # c1 read back, not run again
+    for tid in (shop.task_id, failed.id, streamed.id, task.id, handed.id, halfway.id):
         for e in await store.entries(tid):
             if e.kind in SHAPES:
                 payloads[e.kind].append(e.payload)
