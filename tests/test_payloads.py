@@ -133,28 +133,17 @@ async def test_every_payload_a_run_writes_has_exactly_the_keys_its_typed_shape_n
         {"id": cid, "type": "function", "function": {"name": "chat", "arguments": "{}"}}
         for cid in ("c1", "c2")
     ]
-    await store.commit(
-        Commit(
-            entries=[
-                NewEntry(
-                    task_id=halfway.id,
-                    kind=kind,
-                    round=1,
-                    payload=payload,
-                )
-                for kind, payload in [
-                    (EntryKind.API_MESSAGE, {"role": "assistant", "tool_calls": two}),
-                    (EntryKind.TOOL_INTENT, {"call_id": "c1", "name": "chat", "replay": "never"}),
-                    (EntryKind.TOOL_INTENT, {"call_id": "c2", "name": "chat", "replay": "never"}),
-                    (
-                        EntryKind.TOOL_RESULT,
-                        {"role": "tool", "tool_call_id": "c1", "content": "said", "outcome": "ok"},
-                    ),
-                ]
-            ],
-            fence={halfway.id: dead.lease.epoch},
-        )
-    )
+    written: list[tuple[EntryKind, dict[str, Any]]] = [
+        (EntryKind.API_MESSAGE, {"role": "assistant", "tool_calls": two}),
+        (EntryKind.TOOL_INTENT, {"call_id": "c1", "name": "chat", "replay": "never"}),
+        (EntryKind.TOOL_INTENT, {"call_id": "c2", "name": "chat", "replay": "never"}),
+        (
+            EntryKind.TOOL_RESULT,
+            {"role": "tool", "tool_call_id": "c1", "content": "said", "outcome": "ok"},
+        ),
+    ]
+    entries = [NewEntry(task_id=halfway.id, kind=k, round=1, payload=p) for k, p in written]
+    await store.commit(Commit(entries=entries, fence={halfway.id: dead.lease.epoch}))
     async with Runtime(store, agents=[approving_shop(), looping, streaming]) as rt:
         shop = await rt.submit("shop", "buy")
         await rt.wait(shop.task_id, timeout=20, until=lambda t: t.status is TaskStatus.WAITING)
