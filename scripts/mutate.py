@@ -44,14 +44,15 @@ TESTS: dict[str, list[str]] = {
         "tests/test_transitions.py",
     ],
     "src/duragent/payloads.py": ["tests/test_payloads.py", "tests/test_store_encoding.py"],
+    # test_recovery_rules.py first: it kills most of these mutants, and -x stops there.
     "src/duragent/runtime/recovery.py": [
-        "tests/test_crash_recovery.py",
         "tests/test_recovery_rules.py",
+        "tests/test_crash_recovery.py",
         "tests/test_engine_defects.py",
     ],
     "src/duragent/runtime/calls.py": [
-        "tests/test_runtime.py",
         "tests/test_recovery_rules.py",
+        "tests/test_runtime.py",
         "tests/test_approvals.py",
     ],
     "src/duragent/types.py": ["tests/test_transitions.py", "tests/test_store_conformance.py"],
