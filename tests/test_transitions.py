@@ -9,17 +9,30 @@ or added entry of `TRANSITIONS` fails a test; the changes the lifecycle allows
 from __future__ import annotations
 
 import itertools
+import sqlite3
+from contextlib import closing
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
 
+from conftest import opened_store, require_postgres
 from duragent import Runtime
-from duragent.errors import InvalidTransition
+from duragent.errors import InvalidTransition, StaleLease
 from duragent.store import Commit, Store, TaskPatch
+from duragent.store.base import claim
+from duragent.store.postgres import PostgresStore
+from duragent.store.queues import Queue, define_queue
+from duragent.store.sqlite import SQLiteStore
 from duragent.types import (
     TERMINAL,
     TRANSITIONS,
     BlockReason,
     EntryKind,
+    NewEntry,
     Task,
     TaskStatus,
     WaitReason,
@@ -233,3 +246,173 @@ async def test_runtime_refuses_an_illegal_stop(
     assert (err.value.old, err.value.new) == (status.value, target)
     assert f"from {status.value!r} to {target!r}" in str(err.value)
     assert (await store.get_task(task.id)).status is status
+
+
+# --- claims, takeovers and releases go through check_transition --------------
+
+
+@pytest.mark.parametrize("status", list(S), ids=str)
+def test_a_claim_is_a_transition_to_running(status: TaskStatus) -> None:
+    task = Task(agent="a", status=status, status_reason=A_REASON.get(status))
+    now = datetime.now(UTC)
+    if R not in EXPECTED[status]:
+        with pytest.raises(InvalidTransition) as err:
+            claim(task, "w1", 30.0, now)
+        assert (err.value.old, err.value.new) == (status.value, "running")
+        return
+    claimed, entry = claim(task, "w1", 30.0, now)
+    assert claimed.status is R and claimed.lease.owner == "w1"
+    assert entry.payload["from"] == status.value and entry.payload["to"] == "running"
+    assert entry.payload["takeover"] is (status is R)
+    assert claimed.restarts == (1 if status is R else 0)
+
+
+def _behind_the_store(store: Store, sqlite_sql: str, pg_sql: str, *params: Any) -> list[Any]:
+    """One statement on the store's file or schema, behind its back (PostgreSQL's
+    names the schema `{0}`); its rows."""
+    if isinstance(store, SQLiteStore):
+        with closing(sqlite3.connect(store.path)) as db, db:
+            return db.execute(sqlite_sql, params).fetchall()
+    assert isinstance(store, PostgresStore) and store.schema is not None
+    with psycopg.connect(require_postgres(), autocommit=True) as pg:
+        cur = pg.execute(sql.SQL(pg_sql).format(sql.Identifier(store.schema)), params)
+        return cur.fetchall() if cur.description else []
+
+
+SQL_STORES = ["sqlite", "sqlite-full", "postgres"]
+
+
+@pytest.mark.parametrize("kind", SQL_STORES)
+@pytest.mark.parametrize("status", [PA, B, C, F, A], ids=str)
+async def test_a_row_indexed_as_pending_that_may_not_run_is_not_claimed(
+    kind: str, status: TaskStatus, tmp_path: Path
+) -> None:
+    """The claim query reads the status column; the row (its data) is what is
+    claimed. A row whose column says pending while the row says it may not go
+    to running (a row written behind the store's back) is passed over and left
+    as it is: the claim takes the next task instead."""
+    async with opened_store(kind, tmp_path) as store:
+        stuck = await task_in(store, status)
+        good, _ = await store.create_task(Task(agent="a"))
+        _behind_the_store(
+            store,
+            "UPDATE tasks SET status='pending', wake_at=NULL WHERE id=?",
+            "UPDATE {0}.tasks SET status = 'pending', wake_at = NULL WHERE id = %s",
+            stuck.id,
+        )
+        claimed = await store.claim_tasks("w2", 2)
+        assert [t.id for t in claimed] == [good.id]
+        row = await store.get_task(stuck.id)
+        assert (row.status, row.version, row.lease) == (status, stuck.version, stuck.lease)
+        assert len(await store.entries(stuck.id)) == stuck.last_seq
+
+
+async def test_a_release_is_a_transition_to_pending(store: Store) -> None:
+    task, _ = await store.create_task(Task(agent="a"))
+    claimed = await store.claim_task("w1", task_id=task.id)
+    assert claimed is not None
+    await store.release_lease(task.id, claimed.lease.epoch)
+    row = await store.get_task(task.id)
+    assert row.status is P and row.lease.owner is None
+    assert row.lease.epoch == claimed.lease.epoch  # never reset: a stale writer stays fenced
+    assert row.version == claimed.version + 1
+    assert await status_changes(store, task.id) == [("pending", "running"), ("running", "pending")]
+    # A released task that is not running (it parked first) keeps its status.
+    again = await store.claim_task("w1", task_id=task.id)
+    assert again is not None
+    res = await store.commit(
+        Commit(
+            patches=[TaskPatch(task.id, {"status": W, "status_reason": "input"})],
+            fence={task.id: again.lease.epoch},
+        )
+    )
+    await store.release_lease(task.id, again.lease.epoch)
+    row = await store.get_task(task.id)
+    assert (row.status, row.status_reason, row.lease.owner) == (W, "input", None)
+    assert row.version == res.tasks[task.id].version
+    assert (await status_changes(store, task.id))[-1] == ("running", "waiting")
+
+
+# --- gaps of the claim and create paths (store/tx.py) ------------------------
+
+
+async def test_a_claim_that_reads_a_larger_page_never_returns_a_task_twice(store: Store) -> None:
+    """A queue limit refuses most of the first page (one task per owner), so the
+    claim reads a larger page, which holds the tasks it already took: each is
+    taken once, and the slot left goes to the next task the limit admits."""
+    await define_queue(store, Queue("q", per_owner=1))
+    first, _ = await store.create_task(Task(agent="a", queue="free", priority=10))
+    alice = [
+        (await store.create_task(Task(agent="a", queue="q", owner="alice", priority=5)))[0]
+        for _ in range(12)
+    ]
+    bob, _ = await store.create_task(Task(agent="a", queue="q", owner="bob"))
+    claimed = await store.claim_tasks("w1", 3)
+    ids = [t.id for t in claimed]
+    assert len(ids) == len(set(ids)) == 3
+    assert ids[0] == first.id and ids[2] == bob.id and ids[1] in {t.id for t in alice}
+    for t in claimed:
+        row = await store.get_task(t.id)
+        assert (row.status, row.lease.owner, row.lease.epoch) == (R, "w1", 1)
+        assert await status_changes(store, t.id) == [("pending", "running")]
+
+
+@pytest.mark.parametrize(
+    "when", [datetime(2001, 1, 1, tzinfo=UTC), datetime(2100, 1, 1, tzinfo=UTC)], ids=str
+)
+async def test_the_store_sets_created_at_not_the_caller(store: Store, when: datetime) -> None:
+    """A caller's created_at (in the past: jumping the queue; in the future:
+    going behind it), updated_at and last_seq are replaced by the store's own."""
+    before = datetime.now(UTC) - timedelta(seconds=1)
+    made, forked = (Task(agent="a", created_at=when, updated_at=when, last_seq=7) for _ in "ab")
+    made, _ = await store.create_task(
+        made, [NewEntry(task_id=made.id, kind=EntryKind.CHECKPOINT, payload={"n": 1})]
+    )
+    forked, _ = await store.create_fork(
+        forked, [NewEntry(task_id=forked.id, kind=EntryKind.CHECKPOINT, payload={"n": 1})]
+    )
+    child = Task(agent="a", parent_id=made.id, created_at=when, updated_at=when, last_seq=7)
+    res = await store.commit(Commit(new_tasks=[child]))
+    after = datetime.now(UTC) + timedelta(seconds=1)
+    for task, entries in ((made, 1), (forked, 1), (res.tasks[child.id], 0)):
+        for row in (task, await store.get_task(task.id)):
+            assert before <= row.created_at <= after
+            assert before <= row.updated_at <= after
+            assert row.last_seq == entries
+        assert [e.seq for e in await store.entries(task.id)] == list(range(1, entries + 1))
+    # The claim order is the store's: oldest first, whatever the caller said.
+    assert [t.id for t in await store.claim_tasks("w1", 3)] == [made.id, forked.id, child.id]
+
+
+@pytest.mark.parametrize("kind", SQL_STORES)
+async def test_the_lease_columns_follow_the_row(kind: str, tmp_path: Path) -> None:
+    """The SQL stores keep the lease in columns (the claim query and fencing read
+    them) and in the row's data: after a claim, a takeover and a release the
+    columns hold the row's lease."""
+
+    def columns(task_id: str) -> tuple[Any, ...]:
+        (row,) = _behind_the_store(
+            store,
+            "SELECT lease_epoch, lease_owner FROM tasks WHERE id=?",
+            "SELECT lease_epoch, lease_owner FROM {0}.tasks WHERE id = %s",
+            task_id,
+        )
+        return tuple(row)
+
+    async with opened_store(kind, tmp_path) as store:
+        task, _ = await store.create_task(Task(agent="a"))
+        assert columns(task.id) == (0, None)
+        lapsed = await store.claim_task("w1", ttl=0)  # its lease ends at once
+        assert lapsed is not None and lapsed.lease.epoch == 1
+        assert columns(task.id) == (1, "w1")
+        taken = await store.claim_task("w2", ttl=60)  # a takeover
+        assert taken is not None and taken.id == task.id
+        assert columns(task.id) == (2, "w2")
+        await store.release_lease(task.id, 2)
+        row = await store.get_task(task.id)
+        assert columns(task.id) == (row.lease.epoch, row.lease.owner) == (2, None)
+        again = await store.claim_task("w3", ttl=60)
+        assert again is not None
+        assert columns(task.id) == (again.lease.epoch, "w3") == (3, "w3")
+        with pytest.raises(StaleLease):  # the fence reads the column
+            await store.release_lease(task.id, 2)
