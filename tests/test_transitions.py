@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from pydantic import BaseModel, PrivateAttr
 
 from conftest import opened_store, require_postgres
 from duragent import Runtime
@@ -28,15 +29,29 @@ from duragent.store.postgres import PostgresStore
 from duragent.store.queues import Queue, define_queue
 from duragent.store.sqlite import SQLiteStore
 from duragent.types import (
+    API_KINDS,
+    PATCHABLE,
     TERMINAL,
     TRANSITIONS,
+    AssistantMessage,
     BlockReason,
+    Document,
+    Entry,
     EntryKind,
     NewEntry,
     Task,
     TaskStatus,
+    UIText,
+    UIToolCard,
+    Usage,
     WaitReason,
     check_transition,
+    dump_message,
+    given_in_full,
+    session_scope,
+    stored_entry,
+    task_scope,
+    updated,
 )
 
 S = TaskStatus
@@ -416,3 +431,148 @@ async def test_the_lease_columns_follow_the_row(kind: str, tmp_path: Path) -> No
         assert columns(task.id) == (again.lease.epoch, "w3") == (3, "w3")
         with pytest.raises(StaleLease):  # the fence reads the column
             await store.release_lease(task.id, 2)
+
+
+# --- the rest of the data model (types.py): defaults, copies, scopes ---------
+# What the stores and the runner rely on of these types, each asserted once.
+
+
+def test_a_new_task_starts_from_zero() -> None:
+    task = Task(agent="writer")
+    assert task.status is P and task.status_reason is None
+    assert task.root_id == task.id and task.queue == "writer"
+    assert task.id.startswith("t_") and len(task.id) == 34
+    assert (task.priority, task.iterations, task.restarts, task.last_seq) == (0, 0, 0, 0)
+    assert (task.round_seq, task.version, task.lease.epoch) == (0, 0, 0)
+    assert task.usage == Usage() and (Usage().input_tokens, Usage().output_tokens) == (0, 0)
+    assert task.lease.owner is None and task.lease.expires_at is None
+    assert task.created_at.tzinfo is not None
+    given = Task(agent="writer", root_id="t_root", queue="emails")
+    assert (given.root_id, given.queue) == ("t_root", "emails")  # kept as given
+
+
+def test_a_task_field_assigned_is_taken_as_given() -> None:
+    """No validation on assignment (the runner sets its own copy's fields in
+    place, with values already of their type): a patch's values are validated
+    by the store (apply_patch), not here."""
+    task = Task(agent="a")
+    setattr(task, "iterations", "3")  # noqa: B010
+    assert task.__dict__["iterations"] == "3"
+
+
+def test_usage_adds_up() -> None:
+    total = Usage(input_tokens=3, output_tokens=5) + Usage(input_tokens=10, output_tokens=20)
+    assert total == Usage(input_tokens=13, output_tokens=25)
+
+
+@pytest.mark.parametrize(
+    ("config", "deadline"),
+    [
+        ({}, None),
+        ({"deadline": "2030-01-01T00:00:00+00:00"}, None),  # not a record
+        ({"deadline": {"by": "submit"}}, None),
+        ({"deadline": {"at": ""}}, None),
+        (
+            {"deadline": {"at": "2030-01-01T00:00:00+00:00"}},
+            datetime(2030, 1, 1, tzinfo=UTC),
+        ),
+    ],
+)
+def test_a_task_deadline_is_read_from_its_record(
+    config: dict[str, Any], deadline: datetime | None
+) -> None:
+    assert Task(agent="a", config=config).deadline == deadline
+
+
+def test_the_fields_a_patch_may_change() -> None:
+    assert {
+        "input",
+        "status",
+        "status_reason",
+        "config",
+        "context",
+        "output",
+        "error",
+        "iterations",
+        "usage",
+        "restarts",
+        "updated_at",
+        "paused_at",
+        "completed_at",
+        "wake_at",
+        "control",
+        "round_seq",
+    } == PATCHABLE
+    assert {EntryKind.API_MESSAGE, EntryKind.TOOL_RESULT} == API_KINDS
+
+
+def test_entry_and_document_defaults() -> None:
+    new = NewEntry(task_id="t", kind="status", payload={})  # type: ignore[arg-type]
+    assert new.kind is EntryKind.STATUS and new.round == 0
+    assert not hasattr(new, "__dict__")  # slots: built several times a round
+    with pytest.raises(TypeError):
+        NewEntry("t", EntryKind.STATUS, {})  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="an entry's payload must be a dict, not list"):
+        NewEntry(task_id="t", kind=EntryKind.STATUS, payload=[1])  # type: ignore[arg-type]
+    assert Entry(task_id="t", seq=1, kind=EntryKind.STATUS, payload={}).round == 0
+    assert Document(scope="s", key="k", value=1).version == 1
+    assert UIText(text="x").voided is False
+    assert UIToolCard(call_id="c", name="n").voided is False
+
+
+def test_a_message_is_dumped_without_its_empty_fields() -> None:
+    assert dump_message(AssistantMessage(content="hi")) == {"role": "assistant", "content": "hi"}
+
+
+def test_scopes() -> None:
+    assert task_scope("t_1") == "task:t_1"
+    assert session_scope("alice", "s1") == "session:alice:s1"
+    assert session_scope("a:b/c", "s1") == "session:a%3Ab%2Fc:s1"
+    assert session_scope(None, "s1") == session_scope("", "s1") == "session::s1"
+
+
+def test_a_stored_entry_and_a_row_read_back_have_every_field_given() -> None:
+    at = datetime.now(UTC)
+    entry = stored_entry("t", 3, EntryKind.STATUS, 2, {"a": 1}, at)
+    assert entry == Entry(
+        task_id="t", seq=3, kind=EntryKind.STATUS, round=2, payload={"a": 1}, created_at=at
+    )
+    assert entry.model_fields_set == set(Entry.model_fields)
+    assert entry.model_dump(exclude_unset=True) == entry.model_dump()
+    task = Task(agent="a")
+    assert "status" not in task.model_fields_set
+    assert given_in_full(task) is task
+    assert task.model_fields_set == set(Task.model_fields)
+
+
+def test_an_updated_copy_is_the_model_copy() -> None:
+    full = given_in_full(Task(agent="a"))
+    copy = updated(full, {"status": R, "iterations": 2})
+    assert (copy.status, copy.iterations, full.status, full.iterations) == (R, 2, P, 0)
+    assert copy == full.model_copy(update={"status": R, "iterations": 2})
+    # A full fields set is shared, not copied (nothing can be added to it).
+    assert copy.__pydantic_fields_set__ is full.__pydantic_fields_set__
+    # A partial one gains the fields updated, as model_copy's does.
+    fresh = Task(agent="a")
+    assert "status" not in fresh.model_fields_set
+    partial = updated(fresh, {"status": R})
+    assert partial.model_fields_set == fresh.model_fields_set | {"status"}
+    assert partial.model_dump(exclude_unset=True)["status"] is R
+
+
+class _Extra(BaseModel, extra="allow"):
+    a: int = 0
+
+
+class _Private(BaseModel):
+    a: int = 0
+    _note: str = PrivateAttr(default="kept")
+
+
+def test_an_updated_copy_keeps_extras_and_private_attributes() -> None:
+    extra = updated(_Extra.model_validate({"a": 1, "x": 2}), {"a": 3})
+    assert (extra.a, extra.model_extra) == (3, {"x": 2})
+    private = _Private(a=1)
+    private._note = "mine"
+    copy = updated(private, {"a": 3})
+    assert (copy.a, copy._note) == (3, "mine")
