@@ -26,8 +26,9 @@ from duragent.errors import InvalidTransition, StaleLease
 from duragent.store import Commit, Store, TaskPatch
 from duragent.store.base import claim
 from duragent.store.postgres import PostgresStore
-from duragent.store.queues import Queue, define_queue
+from duragent.store.queues import QUEUES_SCOPE, Queue, define_queue
 from duragent.store.sqlite import SQLiteStore
+from duragent.store.tx import HeldRows, Notes, hold_row, may_become_claimable
 from duragent.types import (
     API_KINDS,
     PATCHABLE,
@@ -315,8 +316,10 @@ async def test_a_row_indexed_as_pending_that_may_not_run_is_not_claimed(
             "UPDATE {0}.tasks SET status = 'pending', wake_at = NULL WHERE id = %s",
             stuck.id,
         )
-        claimed = await store.claim_tasks("w2", 2)
-        assert [t.id for t in claimed] == [good.id]
+        # Claimed one at a time: the first page holds only the stuck row.
+        claimed = await store.claim_task("w2")
+        assert claimed is not None and claimed.id == good.id
+        assert await store.claim_tasks("w2", 2) == []
         row = await store.get_task(stuck.id)
         assert (row.status, row.version, row.lease) == (status, stuck.version, stuck.lease)
         assert len(await store.entries(stuck.id)) == stuck.last_seq
@@ -576,3 +579,195 @@ def test_an_updated_copy_keeps_extras_and_private_attributes() -> None:
     private._note = "mine"
     copy = updated(private, {"a": 3})
     assert (copy.a, copy._note) == (3, "mine")
+
+
+# --- the claim's pages, limits and defaults (store/tx.py apply_claim) --------
+
+
+async def test_a_claim_takes_no_more_than_asked_though_the_limit_refused_some(
+    store: Store,
+) -> None:
+    """A limit refuses one candidate before the n-th is taken: the claim stops
+    at n (it reads no larger page for the refused one)."""
+    await define_queue(store, Queue("q", per_owner=1))
+    made = [
+        (await store.create_task(Task(agent="a", queue="q", owner=o, priority=p)))[0]
+        for o, p in (("alice", 10), ("alice", 9), ("bob", 8), ("carol", 7))
+    ]
+    claimed = await store.claim_tasks("w1", 2)
+    assert [t.id for t in claimed] == [made[0].id, made[2].id]
+    assert [(await store.get_task(t.id)).status for t in made] == [R, P, R, P]
+
+
+async def test_a_claim_reads_four_pages_at_most() -> None:
+    """Refused candidates make the page larger (n + 8, then eight times, three
+    times over), never without end: past the fourth page the claim takes what
+    it found. Here the only admissible task left sits past the fourth page."""
+    async with opened_store("memory", Path("unused")) as store:
+        await define_queue(store, Queue("q", per_owner=1))
+        alice = [Task(agent="a", queue="q", owner="alice", priority=1) for _ in range(5199)]
+        await store.commit(Commit(new_tasks=alice))
+        bob, _ = await store.create_task(Task(agent="a", queue="q", owner="bob"))
+        # Pages of 10, 80, 640 and 5,120 candidates: bob is the 5,200th.
+        claimed = await store.claim_tasks("w1", 2)
+        assert len(claimed) == 1 and claimed[0].owner == "alice"
+        assert (await store.get_task(bob.id)).status is P
+
+
+async def test_a_claim_counts_what_already_runs_in_a_limited_queue(store: Store) -> None:
+    await define_queue(store, Queue("one", concurrency=1))
+    first, _ = await store.create_task(Task(agent="a", queue="one"))
+    second, _ = await store.create_task(Task(agent="a", queue="one"))
+    taken = await store.claim_task("w1")
+    assert taken is not None and taken.id == first.id
+    assert await store.claim_task("w2") is None  # one runs: the queue is full
+    assert (await store.get_task(second.id)).status is P
+
+
+async def test_a_claim_writes_back_the_rate_bucket_it_drew_from(store: Store) -> None:
+    await define_queue(store, Queue("rated", rate=(5, 3600)))
+    before = await store.get_document(QUEUES_SCOPE, "rated")
+    assert before is not None
+    for _ in range(2):
+        await store.create_task(Task(agent="a", queue="rated"))
+    assert len(await store.claim_tasks("w1", 2)) == 2
+    after = await store.get_document(QUEUES_SCOPE, "rated")
+    assert after is not None and after.version == before.version + 1
+    assert 2.9 < after.value["tokens"] < 3.1  # five, less the two starts
+
+
+async def test_claim_defaults_take_one_task(store: Store) -> None:
+    made = [(await store.create_task(Task(agent="a")))[0] for _ in range(3)]
+    one = await store.claim_task("w1")
+    assert one is not None and one.id == made[0].id
+    assert [t.id for t in await store.claim_tasks("w1")] == [made[1].id]
+    assert (await store.get_task(made[2].id)).status is P
+    assert await store.claim_tasks("w1", 0) == []
+    assert (await store.get_task(made[2].id)).status is P
+    empty = await store.renew_leases("w1", {}, 30.0)
+    assert (empty.kept, empty.lost) == ({}, set())
+
+
+# --- what a write means to waiters in other processes (store/tx.py Notes) ----
+
+
+@pytest.mark.parametrize(
+    ("status", "wake", "claimable"),
+    [
+        (P, False, True),
+        (P, True, True),  # a delayed start
+        (R, False, True),  # once its lease ends
+        (W, True, True),  # a timer
+        (W, False, False),  # an answer or a sub-task: only a write wakes it
+        (PA, False, False),
+        (B, False, False),
+        (C, False, False),
+        (F, False, False),
+        (A, False, False),
+    ],
+)
+def test_which_rows_may_become_claimable(status: TaskStatus, wake: bool, claimable: bool) -> None:
+    at = datetime.now(UTC) if wake else None
+    assert may_become_claimable(Task(agent="a", status=status, wake_at=at)) is claimable
+
+
+def _moved(task: Task, **change: Any) -> Task:
+    return task.model_copy(update=change)
+
+
+def test_notes_say_work_when_a_row_moved_to_where_it_may_be_claimed() -> None:
+    pending = Task(agent="a")
+    notes = Notes()
+    assert (notes.work, notes.controlled) == (False, [])
+    notes.read(pending)
+    notes.wrote(_moved(pending, context={"k": 1}))  # its schedule did not move
+    assert (notes.work, notes.controlled) == (False, [])
+    notes.wrote(_moved(pending, status=PA))  # moved, but nobody may claim it
+    assert notes.work is False
+    notes.wrote(_moved(pending, status=P))  # resumed
+    assert notes.work is True
+
+    running = Task(agent="a", status=R, lease={"owner": "w1", "epoch": 1})
+    notes = Notes()
+    notes.read(running)
+    notes.wrote(_moved(running, status=P, lease=running.lease.model_copy(update={"owner": None})))
+    assert notes.work is True  # released
+
+    notes = Notes()
+    notes.read(pending)
+    notes.wrote(_moved(pending, status=R, lease=running.lease))  # claimed
+    assert notes.work is True
+
+    notes = Notes()
+    notes.wrote(pending, created=True)
+    assert notes.work is True
+    notes = Notes()
+    notes.wrote(Task(agent="a", status=W, status_reason="input"))  # unread: moved
+    assert notes.work is False
+
+
+def test_notes_list_the_tasks_a_control_request_was_set_on() -> None:
+    running = Task(agent="a", status=R)
+    asked = _moved(running, control={"action": "pause"})
+    notes = Notes()
+    notes.read(running)
+    notes.wrote(running)
+    assert notes.controlled == []
+    notes.wrote(asked)
+    notes.wrote(asked)  # the same request again: said once
+    assert notes.controlled == [running.id]
+    notes.wrote(_moved(asked, control={"action": "abort"}))
+    assert notes.controlled == [running.id, running.id]
+    notes.wrote(running)  # cleared
+    assert notes.controlled == [running.id, running.id]
+    unread = Notes()
+    unread.wrote(asked)
+    assert unread.controlled == [running.id]
+
+
+def test_a_held_row_remembers_what_the_row_held_first() -> None:
+    first, second, third = Task(agent="a"), Task(agent="a"), Task(agent="a")
+    second.id = third.id = first.id
+    rows: HeldRows = {}
+    hold_row(rows, None, first)
+    assert rows == {first.id: (None, first)}
+    hold_row(rows, first, second)
+    assert rows[first.id] == (None, second)
+    rows = {}
+    hold_row(rows, first, second)
+    hold_row(rows, second, third)
+    assert rows[first.id] == (first, third)
+
+
+@pytest.mark.parametrize("kind", SQL_STORES)
+async def test_the_status_columns_follow_the_row(kind: str, tmp_path: Path) -> None:
+    """The status, its reason and the wake-up time are columns too (an update
+    writes only the ones that changed): each change reaches its column."""
+
+    def columns(task_id: str) -> tuple[Any, ...]:
+        (row,) = _behind_the_store(
+            store,
+            "SELECT status, status_reason, wake_at IS NOT NULL FROM tasks WHERE id=?",
+            "SELECT status, status_reason, wake_at IS NOT NULL FROM {0}.tasks WHERE id = %s",
+            task_id,
+        )
+        return tuple(row)
+
+    async with opened_store(kind, tmp_path) as store:
+        task, _ = await store.create_task(Task(agent="a"))
+        assert columns(task.id) == ("pending", None, False)
+        claimed = await store.claim_task("w1", task_id=task.id)
+        assert claimed is not None
+        assert columns(task.id) == ("running", None, False)
+        later = datetime.now(UTC) + timedelta(hours=1)
+        fence = {task.id: claimed.lease.epoch}
+        for change, expected in (
+            ({"status": W, "status_reason": "timer", "wake_at": later}, ("waiting", "timer", True)),
+            ({"status": W, "status_reason": "input", "wake_at": None}, ("waiting", "input", False)),
+            ({"status": F, "status_reason": "deadline"}, ("failed", "deadline", False)),
+            ({"status": P}, ("pending", None, False)),
+        ):
+            await store.commit(Commit(patches=[TaskPatch(task.id, change)], fence=fence))
+            assert columns(task.id) == expected
+            row = await store.get_task(task.id)
+            assert (row.status.value, row.status_reason) == expected[:2]

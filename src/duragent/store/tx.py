@@ -378,8 +378,10 @@ def apply_claim(
                     picked.append(claim(task, worker_id, ttl, now))
                 except InvalidTransition as exc:
                     # Its indexed status says runnable, its row says otherwise
-                    # (a row written behind the store's back): left as it is.
+                    # (a row written behind the store's back): left as it is,
+                    # and counted as refused, so a larger page finds the next.
                     log.warning("task %s not claimed: %s", task.id, exc)
+                    refused += 1
                     continue
                 if len(picked) == n:
                     break
