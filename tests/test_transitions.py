@@ -22,8 +22,8 @@ from pydantic import BaseModel, PrivateAttr
 
 from conftest import opened_store, require_postgres
 from duragent import Runtime
-from duragent.errors import InvalidTransition, StaleLease
-from duragent.store import Commit, Store, TaskPatch
+from duragent.errors import InvalidOption, InvalidTransition, StaleLease, TaskNotFound
+from duragent.store import Commit, DocumentWrite, Store, TaskPatch
 from duragent.store.base import claim
 from duragent.store.postgres import PostgresStore
 from duragent.store.queues import QUEUES_SCOPE, Queue, define_queue
@@ -301,7 +301,7 @@ SQL_STORES = ["sqlite", "sqlite-full", "postgres"]
 @pytest.mark.parametrize("kind", SQL_STORES)
 @pytest.mark.parametrize("status", [PA, B, C, F, A], ids=str)
 async def test_a_row_indexed_as_pending_that_may_not_run_is_not_claimed(
-    kind: str, status: TaskStatus, tmp_path: Path
+    kind: str, status: TaskStatus, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The claim query reads the status column; the row (its data) is what is
     claimed. A row whose column says pending while the row says it may not go
@@ -320,6 +320,10 @@ async def test_a_row_indexed_as_pending_that_may_not_run_is_not_claimed(
         claimed = await store.claim_task("w2")
         assert claimed is not None and claimed.id == good.id
         assert await store.claim_tasks("w2", 2) == []
+        said = [r.getMessage() for r in caplog.records if r.name == "duragent.store"]
+        assert (
+            f"task {stuck.id} not claimed: a task cannot go from {status.value!r} to " in (said[0])
+        )
         row = await store.get_task(stuck.id)
         assert (row.status, row.version, row.lease) == (status, stuck.version, stuck.lease)
         assert len(await store.entries(stuck.id)) == stuck.last_seq
@@ -771,3 +775,42 @@ async def test_the_status_columns_follow_the_row(kind: str, tmp_path: Path) -> N
             assert columns(task.id) == expected
             row = await store.get_task(task.id)
             assert (row.status.value, row.status_reason) == expected[:2]
+
+
+async def test_a_new_task_starts_pending_whichever_way_it_is_made(store: Store) -> None:
+    parent, _ = await store.create_task(Task(agent="a"))
+    for status in (R, W, C):
+        made = Task(agent="a", status=status, status_reason=A_REASON.get(status))
+        child = Task(agent="a", parent_id=parent.id, status=status)
+        refused = f"must start pending, not {status.value}"
+        with pytest.raises(InvalidOption, match=refused):
+            await store.create_task(made)
+        with pytest.raises(InvalidOption, match=refused):
+            await store.create_fork(made, [])
+        with pytest.raises(InvalidOption, match=refused):
+            await store.commit(Commit(new_tasks=[child]))
+        for task_id in (made.id, child.id):
+            with pytest.raises(TaskNotFound):
+                await store.get_task(task_id)
+
+
+async def test_a_renewed_lease_is_kept_and_handed_back(store: Store) -> None:
+    task, _ = await store.create_task(Task(agent="a"))
+    claimed = await store.claim_task("w1", ttl=5)
+    assert claimed is not None and claimed.lease.expires_at is not None
+    renewed = await store.renew_lease(task.id, "w1", claimed.lease.epoch, 3600)
+    row = await store.get_task(task.id)
+    assert renewed.lease == row.lease and row.lease.epoch == claimed.lease.epoch
+    assert row.lease.expires_at is not None
+    assert row.lease.expires_at - claimed.lease.expires_at > timedelta(minutes=59)
+    both = await store.renew_leases("w1", {task.id: claimed.lease.epoch, "t_gone": 1}, 7200)
+    assert set(both.kept) == {task.id} and both.lost == {"t_gone"}
+
+
+async def test_a_commit_hands_back_the_documents_it_wrote(store: Store) -> None:
+    res = await store.commit(Commit(documents=[DocumentWrite("s", "k", {"v": 1})]))
+    assert [(d.key, d.value, d.version) for d in res.documents] == [("k", {"v": 1}, 1)]
+    res = await store.commit(Commit(documents=[DocumentWrite("s", "k", 2, expect_version=1)]))
+    assert [(d.value, d.version) for d in res.documents] == [(2, 2)]
+    gone = await store.commit(Commit(documents=[DocumentWrite("s", "k", delete=True)]))
+    assert gone.documents == [] and await store.get_document("s", "k") is None
