@@ -165,7 +165,263 @@ def test_a_refused_pair_is_refused_whatever_the_reason() -> None:
     assert str(err.value) == "a task cannot go from 'completed' to 'blocked'"
 
 
-# --- through the real Runtime and stores (every backend) ---------------------
+# --- claims, takeovers and releases go through check_transition --------------
+
+
+@pytest.mark.parametrize("status", list(S), ids=str)
+def test_a_claim_is_a_transition_to_running(status: TaskStatus) -> None:
+    task = Task(agent="a", status=status, status_reason=A_REASON.get(status))
+    now = datetime.now(UTC)
+    if R not in EXPECTED[status]:
+        with pytest.raises(InvalidTransition) as err:
+            claim(task, "w1", 30.0, now)
+        assert (err.value.old, err.value.new) == (status.value, "running")
+        return
+    claimed, entry = claim(task, "w1", 30.0, now)
+    assert claimed.status is R and claimed.lease.owner == "w1"
+    assert entry.payload["from"] == status.value and entry.payload["to"] == "running"
+    assert entry.payload["takeover"] is (status is R)
+    assert claimed.restarts == (1 if status is R else 0)
+
+
+# --- what a write means to waiters in other processes (store/tx.py Notes) ----
+
+
+@pytest.mark.parametrize(
+    ("status", "wake", "claimable"),
+    [
+        (P, False, True),
+        (P, True, True),  # a delayed start
+        (R, False, True),  # once its lease ends
+        (W, True, True),  # a timer
+        (W, False, False),  # an answer or a sub-task: only a write wakes it
+        (PA, False, False),
+        (B, False, False),
+        (C, False, False),
+        (F, False, False),
+        (A, False, False),
+    ],
+)
+def test_which_rows_may_become_claimable(status: TaskStatus, wake: bool, claimable: bool) -> None:
+    at = datetime.now(UTC) if wake else None
+    assert may_become_claimable(Task(agent="a", status=status, wake_at=at)) is claimable
+
+
+def _moved(task: Task, **change: Any) -> Task:
+    return task.model_copy(update=change)
+
+
+def test_notes_say_work_when_a_row_moved_to_where_it_may_be_claimed() -> None:
+    pending = Task(agent="a")
+    notes = Notes()
+    assert (notes.work, notes.controlled) == (False, [])
+    notes.read(pending)
+    notes.wrote(_moved(pending, context={"k": 1}))  # its schedule did not move
+    assert (notes.work, notes.controlled) == (False, [])
+    notes.wrote(_moved(pending, status=PA))  # moved, but nobody may claim it
+    assert notes.work is False
+    notes.wrote(_moved(pending, status=P))  # resumed
+    assert notes.work is True
+
+    running = Task(agent="a", status=R, lease={"owner": "w1", "epoch": 1})
+    notes = Notes()
+    notes.read(running)
+    notes.wrote(_moved(running, status=P, lease=running.lease.model_copy(update={"owner": None})))
+    assert notes.work is True  # released
+
+    notes = Notes()
+    notes.read(pending)
+    notes.wrote(_moved(pending, status=R, lease=running.lease))  # claimed
+    assert notes.work is True
+
+    notes = Notes()
+    notes.wrote(pending, created=True)
+    assert notes.work is True
+    notes = Notes()
+    notes.wrote(Task(agent="a", status=W, status_reason="input"))  # unread: moved
+    assert notes.work is False
+
+
+def test_notes_list_the_tasks_a_control_request_was_set_on() -> None:
+    running = Task(agent="a", status=R)
+    asked = _moved(running, control={"action": "pause"})
+    notes = Notes()
+    notes.read(running)
+    notes.wrote(running)
+    assert notes.controlled == []
+    notes.wrote(asked)
+    notes.wrote(asked)  # the same request again: said once
+    assert notes.controlled == [running.id]
+    notes.wrote(_moved(asked, control={"action": "abort"}))
+    assert notes.controlled == [running.id, running.id]
+    notes.wrote(running)  # cleared
+    assert notes.controlled == [running.id, running.id]
+    unread = Notes()
+    unread.wrote(asked)
+    assert unread.controlled == [running.id]
+
+
+def test_a_held_row_remembers_what_the_row_held_first() -> None:
+    first, second, third = Task(agent="a"), Task(agent="a"), Task(agent="a")
+    second.id = third.id = first.id
+    rows: HeldRows = {}
+    hold_row(rows, None, first)
+    assert rows == {first.id: (None, first)}
+    hold_row(rows, first, second)
+    assert rows[first.id] == (None, second)
+    rows = {}
+    hold_row(rows, first, second)
+    hold_row(rows, second, third)
+    assert rows[first.id] == (first, third)
+
+
+# --- the rest of the data model (types.py): defaults, copies, scopes ---------
+# What the stores and the runner rely on of these types, each asserted once.
+
+
+def test_a_new_task_starts_from_zero() -> None:
+    task = Task(agent="writer")
+    assert task.status is P and task.status_reason is None
+    assert task.root_id == task.id and task.queue == "writer"
+    assert task.id.startswith("t_") and len(task.id) == 34
+    assert (task.priority, task.iterations, task.restarts, task.last_seq) == (0, 0, 0, 0)
+    assert (task.round_seq, task.version, task.lease.epoch) == (0, 0, 0)
+    assert task.usage == Usage() and (Usage().input_tokens, Usage().output_tokens) == (0, 0)
+    assert task.lease.owner is None and task.lease.expires_at is None
+    assert task.created_at.tzinfo is not None
+    given = Task(agent="writer", root_id="t_root", queue="emails")
+    assert (given.root_id, given.queue) == ("t_root", "emails")  # kept as given
+
+
+def test_a_task_field_assigned_is_taken_as_given() -> None:
+    """No validation on assignment (the runner sets its own copy's fields in
+    place, with values already of their type): a patch's values are validated
+    by the store (apply_patch), not here."""
+    task = Task(agent="a")
+    setattr(task, "iterations", "3")  # noqa: B010
+    assert task.__dict__["iterations"] == "3"
+
+
+def test_usage_adds_up() -> None:
+    total = Usage(input_tokens=3, output_tokens=5) + Usage(input_tokens=10, output_tokens=20)
+    assert total == Usage(input_tokens=13, output_tokens=25)
+
+
+@pytest.mark.parametrize(
+    ("config", "deadline"),
+    [
+        ({}, None),
+        ({"deadline": "2030-01-01T00:00:00+00:00"}, None),  # not a record
+        ({"deadline": {"by": "submit"}}, None),
+        ({"deadline": {"at": ""}}, None),
+        (
+            {"deadline": {"at": "2030-01-01T00:00:00+00:00"}},
+            datetime(2030, 1, 1, tzinfo=UTC),
+        ),
+    ],
+)
+def test_a_task_deadline_is_read_from_its_record(
+    config: dict[str, Any], deadline: datetime | None
+) -> None:
+    assert Task(agent="a", config=config).deadline == deadline
+
+
+def test_the_fields_a_patch_may_change() -> None:
+    assert {
+        "input",
+        "status",
+        "status_reason",
+        "config",
+        "context",
+        "output",
+        "error",
+        "iterations",
+        "usage",
+        "restarts",
+        "updated_at",
+        "paused_at",
+        "completed_at",
+        "wake_at",
+        "control",
+        "round_seq",
+    } == PATCHABLE
+    assert {EntryKind.API_MESSAGE, EntryKind.TOOL_RESULT} == API_KINDS
+
+
+def test_entry_and_document_defaults() -> None:
+    new = NewEntry(task_id="t", kind="status", payload={})  # type: ignore[arg-type]
+    assert new.kind is EntryKind.STATUS and new.round == 0
+    assert not hasattr(new, "__dict__")  # slots: built several times a round
+    with pytest.raises(TypeError):
+        NewEntry("t", EntryKind.STATUS, {})  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="an entry's payload must be a dict, not list"):
+        NewEntry(task_id="t", kind=EntryKind.STATUS, payload=[1])  # type: ignore[arg-type]
+    assert Entry(task_id="t", seq=1, kind=EntryKind.STATUS, payload={}).round == 0
+    assert Document(scope="s", key="k", value=1).version == 1
+    assert UIText(text="x").voided is False
+    assert UIToolCard(call_id="c", name="n").voided is False
+
+
+def test_a_message_is_dumped_without_its_empty_fields() -> None:
+    assert dump_message(AssistantMessage(content="hi")) == {"role": "assistant", "content": "hi"}
+
+
+def test_scopes() -> None:
+    assert task_scope("t_1") == "task:t_1"
+    assert session_scope("alice", "s1") == "session:alice:s1"
+    assert session_scope("a:b/c", "s1") == "session:a%3Ab%2Fc:s1"
+    assert session_scope(None, "s1") == session_scope("", "s1") == "session::s1"
+
+
+def test_a_stored_entry_and_a_row_read_back_have_every_field_given() -> None:
+    at = datetime.now(UTC)
+    entry = stored_entry("t", 3, EntryKind.STATUS, 2, {"a": 1}, at)
+    assert entry == Entry(
+        task_id="t", seq=3, kind=EntryKind.STATUS, round=2, payload={"a": 1}, created_at=at
+    )
+    assert entry.model_fields_set == set(Entry.model_fields)
+    assert entry.model_dump(exclude_unset=True) == entry.model_dump()
+    task = Task(agent="a")
+    assert "status" not in task.model_fields_set
+    assert given_in_full(task) is task
+    assert task.model_fields_set == set(Task.model_fields)
+
+
+def test_an_updated_copy_is_the_model_copy() -> None:
+    full = given_in_full(Task(agent="a"))
+    copy = updated(full, {"status": R, "iterations": 2})
+    assert (copy.status, copy.iterations, full.status, full.iterations) == (R, 2, P, 0)
+    assert copy == full.model_copy(update={"status": R, "iterations": 2})
+    # A full fields set is shared, not copied (nothing can be added to it).
+    assert copy.__pydantic_fields_set__ is full.__pydantic_fields_set__
+    # A partial one gains the fields updated, as model_copy's does.
+    fresh = Task(agent="a")
+    assert "status" not in fresh.model_fields_set
+    partial = updated(fresh, {"status": R})
+    assert partial.model_fields_set == fresh.model_fields_set | {"status"}
+    assert partial.model_dump(exclude_unset=True)["status"] is R
+
+
+class _Extra(BaseModel, extra="allow"):
+    a: int = 0
+
+
+class _Private(BaseModel):
+    a: int = 0
+    _note: str = PrivateAttr(default="kept")
+
+
+def test_an_updated_copy_keeps_extras_and_private_attributes() -> None:
+    extra = updated(_Extra.model_validate({"a": 1, "x": 2}), {"a": 3})
+    assert (extra.a, extra.model_extra) == (3, {"x": 2})
+    private = _Private(a=1)
+    private._note = "mine"
+    copy = updated(private, {"a": 3})
+    assert (copy.a, copy._note) == (3, "mine")
+
+
+# --- through the real Runtime and stores (every backend): after the pure
+# tests above, so a mutant they kill is told in a second --------------------
 
 
 async def status_changes(store: Store, task_id: str) -> list[tuple[str, str]]:
@@ -262,25 +518,6 @@ async def test_runtime_refuses_an_illegal_stop(
     assert (err.value.old, err.value.new) == (status.value, target)
     assert f"from {status.value!r} to {target!r}" in str(err.value)
     assert (await store.get_task(task.id)).status is status
-
-
-# --- claims, takeovers and releases go through check_transition --------------
-
-
-@pytest.mark.parametrize("status", list(S), ids=str)
-def test_a_claim_is_a_transition_to_running(status: TaskStatus) -> None:
-    task = Task(agent="a", status=status, status_reason=A_REASON.get(status))
-    now = datetime.now(UTC)
-    if R not in EXPECTED[status]:
-        with pytest.raises(InvalidTransition) as err:
-            claim(task, "w1", 30.0, now)
-        assert (err.value.old, err.value.new) == (status.value, "running")
-        return
-    claimed, entry = claim(task, "w1", 30.0, now)
-    assert claimed.status is R and claimed.lease.owner == "w1"
-    assert entry.payload["from"] == status.value and entry.payload["to"] == "running"
-    assert entry.payload["takeover"] is (status is R)
-    assert claimed.restarts == (1 if status is R else 0)
 
 
 def _behind_the_store(store: Store, sqlite_sql: str, pg_sql: str, *params: Any) -> list[Any]:
@@ -440,151 +677,6 @@ async def test_the_lease_columns_follow_the_row(kind: str, tmp_path: Path) -> No
             await store.release_lease(task.id, 2)
 
 
-# --- the rest of the data model (types.py): defaults, copies, scopes ---------
-# What the stores and the runner rely on of these types, each asserted once.
-
-
-def test_a_new_task_starts_from_zero() -> None:
-    task = Task(agent="writer")
-    assert task.status is P and task.status_reason is None
-    assert task.root_id == task.id and task.queue == "writer"
-    assert task.id.startswith("t_") and len(task.id) == 34
-    assert (task.priority, task.iterations, task.restarts, task.last_seq) == (0, 0, 0, 0)
-    assert (task.round_seq, task.version, task.lease.epoch) == (0, 0, 0)
-    assert task.usage == Usage() and (Usage().input_tokens, Usage().output_tokens) == (0, 0)
-    assert task.lease.owner is None and task.lease.expires_at is None
-    assert task.created_at.tzinfo is not None
-    given = Task(agent="writer", root_id="t_root", queue="emails")
-    assert (given.root_id, given.queue) == ("t_root", "emails")  # kept as given
-
-
-def test_a_task_field_assigned_is_taken_as_given() -> None:
-    """No validation on assignment (the runner sets its own copy's fields in
-    place, with values already of their type): a patch's values are validated
-    by the store (apply_patch), not here."""
-    task = Task(agent="a")
-    setattr(task, "iterations", "3")  # noqa: B010
-    assert task.__dict__["iterations"] == "3"
-
-
-def test_usage_adds_up() -> None:
-    total = Usage(input_tokens=3, output_tokens=5) + Usage(input_tokens=10, output_tokens=20)
-    assert total == Usage(input_tokens=13, output_tokens=25)
-
-
-@pytest.mark.parametrize(
-    ("config", "deadline"),
-    [
-        ({}, None),
-        ({"deadline": "2030-01-01T00:00:00+00:00"}, None),  # not a record
-        ({"deadline": {"by": "submit"}}, None),
-        ({"deadline": {"at": ""}}, None),
-        (
-            {"deadline": {"at": "2030-01-01T00:00:00+00:00"}},
-            datetime(2030, 1, 1, tzinfo=UTC),
-        ),
-    ],
-)
-def test_a_task_deadline_is_read_from_its_record(
-    config: dict[str, Any], deadline: datetime | None
-) -> None:
-    assert Task(agent="a", config=config).deadline == deadline
-
-
-def test_the_fields_a_patch_may_change() -> None:
-    assert {
-        "input",
-        "status",
-        "status_reason",
-        "config",
-        "context",
-        "output",
-        "error",
-        "iterations",
-        "usage",
-        "restarts",
-        "updated_at",
-        "paused_at",
-        "completed_at",
-        "wake_at",
-        "control",
-        "round_seq",
-    } == PATCHABLE
-    assert {EntryKind.API_MESSAGE, EntryKind.TOOL_RESULT} == API_KINDS
-
-
-def test_entry_and_document_defaults() -> None:
-    new = NewEntry(task_id="t", kind="status", payload={})  # type: ignore[arg-type]
-    assert new.kind is EntryKind.STATUS and new.round == 0
-    assert not hasattr(new, "__dict__")  # slots: built several times a round
-    with pytest.raises(TypeError):
-        NewEntry("t", EntryKind.STATUS, {})  # type: ignore[call-arg]
-    with pytest.raises(TypeError, match="an entry's payload must be a dict, not list"):
-        NewEntry(task_id="t", kind=EntryKind.STATUS, payload=[1])  # type: ignore[arg-type]
-    assert Entry(task_id="t", seq=1, kind=EntryKind.STATUS, payload={}).round == 0
-    assert Document(scope="s", key="k", value=1).version == 1
-    assert UIText(text="x").voided is False
-    assert UIToolCard(call_id="c", name="n").voided is False
-
-
-def test_a_message_is_dumped_without_its_empty_fields() -> None:
-    assert dump_message(AssistantMessage(content="hi")) == {"role": "assistant", "content": "hi"}
-
-
-def test_scopes() -> None:
-    assert task_scope("t_1") == "task:t_1"
-    assert session_scope("alice", "s1") == "session:alice:s1"
-    assert session_scope("a:b/c", "s1") == "session:a%3Ab%2Fc:s1"
-    assert session_scope(None, "s1") == session_scope("", "s1") == "session::s1"
-
-
-def test_a_stored_entry_and_a_row_read_back_have_every_field_given() -> None:
-    at = datetime.now(UTC)
-    entry = stored_entry("t", 3, EntryKind.STATUS, 2, {"a": 1}, at)
-    assert entry == Entry(
-        task_id="t", seq=3, kind=EntryKind.STATUS, round=2, payload={"a": 1}, created_at=at
-    )
-    assert entry.model_fields_set == set(Entry.model_fields)
-    assert entry.model_dump(exclude_unset=True) == entry.model_dump()
-    task = Task(agent="a")
-    assert "status" not in task.model_fields_set
-    assert given_in_full(task) is task
-    assert task.model_fields_set == set(Task.model_fields)
-
-
-def test_an_updated_copy_is_the_model_copy() -> None:
-    full = given_in_full(Task(agent="a"))
-    copy = updated(full, {"status": R, "iterations": 2})
-    assert (copy.status, copy.iterations, full.status, full.iterations) == (R, 2, P, 0)
-    assert copy == full.model_copy(update={"status": R, "iterations": 2})
-    # A full fields set is shared, not copied (nothing can be added to it).
-    assert copy.__pydantic_fields_set__ is full.__pydantic_fields_set__
-    # A partial one gains the fields updated, as model_copy's does.
-    fresh = Task(agent="a")
-    assert "status" not in fresh.model_fields_set
-    partial = updated(fresh, {"status": R})
-    assert partial.model_fields_set == fresh.model_fields_set | {"status"}
-    assert partial.model_dump(exclude_unset=True)["status"] is R
-
-
-class _Extra(BaseModel, extra="allow"):
-    a: int = 0
-
-
-class _Private(BaseModel):
-    a: int = 0
-    _note: str = PrivateAttr(default="kept")
-
-
-def test_an_updated_copy_keeps_extras_and_private_attributes() -> None:
-    extra = updated(_Extra.model_validate({"a": 1, "x": 2}), {"a": 3})
-    assert (extra.a, extra.model_extra) == (3, {"x": 2})
-    private = _Private(a=1)
-    private._note = "mine"
-    copy = updated(private, {"a": 3})
-    assert (copy.a, copy._note) == (3, "mine")
-
-
 # --- the claim's pages, limits and defaults (store/tx.py apply_claim) --------
 
 
@@ -650,97 +742,6 @@ async def test_claim_defaults_take_one_task(store: Store) -> None:
     assert (await store.get_task(made[2].id)).status is P
     empty = await store.renew_leases("w1", {}, 30.0)
     assert (empty.kept, empty.lost) == ({}, set())
-
-
-# --- what a write means to waiters in other processes (store/tx.py Notes) ----
-
-
-@pytest.mark.parametrize(
-    ("status", "wake", "claimable"),
-    [
-        (P, False, True),
-        (P, True, True),  # a delayed start
-        (R, False, True),  # once its lease ends
-        (W, True, True),  # a timer
-        (W, False, False),  # an answer or a sub-task: only a write wakes it
-        (PA, False, False),
-        (B, False, False),
-        (C, False, False),
-        (F, False, False),
-        (A, False, False),
-    ],
-)
-def test_which_rows_may_become_claimable(status: TaskStatus, wake: bool, claimable: bool) -> None:
-    at = datetime.now(UTC) if wake else None
-    assert may_become_claimable(Task(agent="a", status=status, wake_at=at)) is claimable
-
-
-def _moved(task: Task, **change: Any) -> Task:
-    return task.model_copy(update=change)
-
-
-def test_notes_say_work_when_a_row_moved_to_where_it_may_be_claimed() -> None:
-    pending = Task(agent="a")
-    notes = Notes()
-    assert (notes.work, notes.controlled) == (False, [])
-    notes.read(pending)
-    notes.wrote(_moved(pending, context={"k": 1}))  # its schedule did not move
-    assert (notes.work, notes.controlled) == (False, [])
-    notes.wrote(_moved(pending, status=PA))  # moved, but nobody may claim it
-    assert notes.work is False
-    notes.wrote(_moved(pending, status=P))  # resumed
-    assert notes.work is True
-
-    running = Task(agent="a", status=R, lease={"owner": "w1", "epoch": 1})
-    notes = Notes()
-    notes.read(running)
-    notes.wrote(_moved(running, status=P, lease=running.lease.model_copy(update={"owner": None})))
-    assert notes.work is True  # released
-
-    notes = Notes()
-    notes.read(pending)
-    notes.wrote(_moved(pending, status=R, lease=running.lease))  # claimed
-    assert notes.work is True
-
-    notes = Notes()
-    notes.wrote(pending, created=True)
-    assert notes.work is True
-    notes = Notes()
-    notes.wrote(Task(agent="a", status=W, status_reason="input"))  # unread: moved
-    assert notes.work is False
-
-
-def test_notes_list_the_tasks_a_control_request_was_set_on() -> None:
-    running = Task(agent="a", status=R)
-    asked = _moved(running, control={"action": "pause"})
-    notes = Notes()
-    notes.read(running)
-    notes.wrote(running)
-    assert notes.controlled == []
-    notes.wrote(asked)
-    notes.wrote(asked)  # the same request again: said once
-    assert notes.controlled == [running.id]
-    notes.wrote(_moved(asked, control={"action": "abort"}))
-    assert notes.controlled == [running.id, running.id]
-    notes.wrote(running)  # cleared
-    assert notes.controlled == [running.id, running.id]
-    unread = Notes()
-    unread.wrote(asked)
-    assert unread.controlled == [running.id]
-
-
-def test_a_held_row_remembers_what_the_row_held_first() -> None:
-    first, second, third = Task(agent="a"), Task(agent="a"), Task(agent="a")
-    second.id = third.id = first.id
-    rows: HeldRows = {}
-    hold_row(rows, None, first)
-    assert rows == {first.id: (None, first)}
-    hold_row(rows, first, second)
-    assert rows[first.id] == (None, second)
-    rows = {}
-    hold_row(rows, first, second)
-    hold_row(rows, second, third)
-    assert rows[first.id] == (first, third)
 
 
 @pytest.mark.parametrize("kind", SQL_STORES)
