@@ -39,9 +39,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # The fast lane's files that cover each module of the core.
 TESTS: dict[str, list[str]] = {
     "src/duragent/store/tx.py": [
+        "tests/test_transitions.py",
         "tests/test_store_conformance.py",
         "tests/test_store_group_commit.py",
-        "tests/test_transitions.py",
+        "tests/test_store_fork.py",
     ],
     "src/duragent/payloads.py": ["tests/test_payloads.py", "tests/test_store_encoding.py"],
     # test_recovery_rules.py first: it kills most of these mutants, and -x stops there.

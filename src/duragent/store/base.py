@@ -545,7 +545,12 @@ def claim_order(task: Task) -> tuple[int, float, str]:
 
 
 def claim(task: Task, worker_id: str, ttl: float, now: datetime) -> tuple[Task, NewEntry]:
-    """The task as a new owner holds it, and the status entry recording the claim."""
+    """The task as a new owner holds it, and the status entry recording the claim.
+
+    Raises InvalidTransition for a task that may not run (paused, blocked or
+    ended): a takeover is running -> running, a claim pending or waiting -> running.
+    """
+    check_transition(task.status, TaskStatus.RUNNING)
     takeover = task.status is TaskStatus.RUNNING
     restarts = task.restarts + (1 if takeover else 0)
     lease = updated(
@@ -593,6 +598,7 @@ def released(task: Task, epoch: int, now: datetime) -> tuple[Task, NewEntry | No
     update: dict[str, Any] = {"lease": updated(task.lease, {"owner": None})}
     entry = None
     if task.status is TaskStatus.RUNNING:
+        check_transition(task.status, TaskStatus.PENDING)
         entry = status_change_entry(task, TaskStatus.PENDING, None, released=True)
         update.update(status=TaskStatus.PENDING, updated_at=now, version=task.version + 1)
     return updated(task, update), entry

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
-from duragent.errors import Conflict, StaleLease, TaskNotFound
+from duragent.errors import Conflict, InvalidTransition, StaleLease, TaskNotFound
 from duragent.store.base import (
     Commit,
     CommitResult,
@@ -361,7 +361,7 @@ def apply_claim(
     budget = ClaimBudget((queue_from_value(d.value) for d in docs.values()), worker_id, now)
     if budget.queues:
         budget.count(tx.running_counts(sorted(budget.queues)))
-    picked: list[Task] = []
+    picked: list[tuple[Task, NewEntry]] = []  # claimed, with its status entry
     seen: set[str] = set()
     # Without limits nothing is refused, so n candidates are enough; with them,
     # a few more, and a larger page when too many were refused.
@@ -373,7 +373,16 @@ def apply_claim(
                 continue
             seen.add(found.id)
             if budget.admit(found):
-                picked.append(found.load())
+                task = found.load()
+                try:
+                    picked.append(claim(task, worker_id, ttl, now))
+                except InvalidTransition as exc:
+                    # Its indexed status says runnable, its row says otherwise
+                    # (a row written behind the store's back): left as it is,
+                    # and counted as refused, so a larger page finds the next.
+                    log.warning("task %s not claimed: %s", task.id, exc)
+                    refused += 1
+                    continue
                 if len(picked) == n:
                     break
             else:
@@ -383,8 +392,7 @@ def apply_claim(
         limit *= 8
     rows = _Touched(tx)
     status_entries = []
-    for task in picked:
-        claimed, entry = claim(task, worker_id, ttl, now)
+    for claimed, entry in picked:
         rows.rows[claimed.id] = claimed
         rows.dirty.add(claimed.id)
         status_entries.append(entry)
@@ -403,7 +411,7 @@ def apply_claim(
                 updated_at=now,
             )
         )
-    return [rows.rows[t.id] for t in picked]
+    return [rows.rows[t.id] for t, _ in picked]
 
 
 def apply_renew(
