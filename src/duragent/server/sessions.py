@@ -22,7 +22,7 @@ from duragent.server.schemas import (
     TaskSummary,
 )
 from duragent.server.strict_json import StrictJsonRoute
-from duragent.server.tasks import task_out
+from duragent.server.tasks import submission_out
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"], route_class=StrictJsonRoute)
 
@@ -84,8 +84,4 @@ async def continue_session(
         request_id=body.request_id,
         multitask_strategy=body.multitask_strategy,
     )
-    if sub.sent:
-        response.status_code = 202
-    elif not sub.created:
-        response.status_code = 200
-    return await task_out(runtime, await runtime.get(sub.task_id))
+    return await submission_out(runtime, sub, response)

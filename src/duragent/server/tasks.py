@@ -10,6 +10,7 @@ from fastapi import APIRouter, Body, Query, Request, Response
 from pydantic import StringConstraints
 
 from duragent.runtime.presence import last_seen
+from duragent.runtime.runtime import Submission
 from duragent.runtime.waits import open_waits
 from duragent.server.deps import OwnedTask, RuntimeDep, UserDep
 from duragent.server.limits import MAX_SEQ, check_task_sizes
@@ -70,6 +71,16 @@ async def task_out(runtime: RuntimeDep, task: Task) -> TaskOut:
     return TaskOut.full(task, waits, holder)
 
 
+async def submission_out(runtime: RuntimeDep, sub: Submission, response: Response) -> TaskOut:
+    """A submission's task, with the status code saying what happened: 202 sent
+    into a running turn of its session, 200 an existing task, else the route's 201."""
+    if sub.sent:
+        response.status_code = 202
+    elif not sub.created:
+        response.status_code = 200
+    return await task_out(runtime, await runtime.get(sub.task_id))
+
+
 async def summary(runtime: RuntimeDep, task: Task) -> TaskSummary:
     """A task for a listing: what a waiting one waits for too (an approval or a question
     share status_reason 'input'); one read of its open round, only for those."""
@@ -119,11 +130,7 @@ async def create_task(
         multitask_strategy=body.multitask_strategy,
         deadline=body.deadline,
     )
-    if sub.sent:
-        response.status_code = 202
-    elif not sub.created:
-        response.status_code = 200
-    return await task_out(runtime, await runtime.get(sub.task_id))
+    return await submission_out(runtime, sub, response)
 
 
 @router.get(
