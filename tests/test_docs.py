@@ -1,4 +1,5 @@
-"""docs/architecture.md names every module of the library, and only modules that exist.
+"""docs/architecture.md names every module of the library, and only modules that exist;
+the links between the README and docs/ lead somewhere.
 
 Re-run after moving or renaming a module: the list of modules comes from the
 files under src/duragent, so a module that is new, renamed or gone fails here
@@ -54,3 +55,35 @@ def test_every_path_the_architecture_names_exists() -> None:
         if not (ROOT / path if path.startswith(FROM_THE_ROOT) else PACKAGE / path).is_file()
     )
     assert gone == [], "docs/architecture.md names files that do not exist"
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def anchor(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(doc: Path) -> set[str]:
+    found, fenced = set(), False
+    for line in doc.read_text().splitlines():
+        fenced ^= line.startswith("```")
+        if not fenced and line.startswith("#"):
+            found.add(anchor(line.lstrip("#")))
+    return found
+
+
+def test_every_link_between_the_docs_leads_to_a_file_and_a_heading() -> None:
+    broken = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in LINK.findall(doc.read_text()):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            path, _, fragment = target.partition("#")
+            linked = (doc.parent / path).resolve() if path else doc
+            if not linked.is_file():
+                broken.append(f"{doc.name}: {target} (no such file)")
+            elif fragment and fragment not in anchors(linked):
+                broken.append(f"{doc.name}: {target} (no such heading)")
+    assert broken == []
