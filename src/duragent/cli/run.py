@@ -231,13 +231,16 @@ class _Stdin:
 
 
 @dataclass
-class Session:
+class TerminalRun:
+    """A task driven from this terminal: Ctrl-C pauses or aborts it, its questions
+    are asked here, and how it ended is said at the end."""
+
     rt: Runtime
     task_id: str
     console: Console
     flags: list[str]
     interrupts: int = 0
-    stopping: list[asyncio.Future[Any]] = field(default_factory=list)
+    stopping: list[asyncio.Future[None]] = field(default_factory=list)
     interrupted: asyncio.Event = field(default_factory=asyncio.Event)
     stdin: _Stdin | None = None
     transcript: Transcript = field(init=False)
@@ -249,9 +252,9 @@ class Session:
         self.interrupts += 1
         self.interrupted.set()
         if self.task_id:  # else: acted on as soon as the task exists
-            self.act()
+            self.pause_or_abort()
 
-    def act(self) -> None:
+    def pause_or_abort(self) -> None:
         """Pause on the first Ctrl-C, abort on the second."""
         self.transcript.end_line()
         if self.interrupts == 1:
@@ -428,9 +431,9 @@ async def _drive(
     loop = asyncio.get_running_loop()
     try:
         async with Runtime(store, agents=[agent], lease_ttl=15.0, poll_interval=0.25) as rt:
-            session = Session(rt, existing or "", console, flags)
+            run = TerminalRun(rt, existing or "", console, flags)
             # Handle Ctrl-C from before the task exists: none is ever lost half-way.
-            loop.add_signal_handler(signal.SIGINT, session.on_sigint)
+            loop.add_signal_handler(signal.SIGINT, run.on_sigint)
             after = 0
             if existing is None:
                 sub = await rt.submit(
@@ -441,19 +444,19 @@ async def _drive(
                     context={WORKDIR_KEY: str(grants.root)},
                     deadline=deadline,
                 )
-                session.task_id = sub.task_id
+                run.task_id = sub.task_id
                 console.print(f"task {sub.task_id}")
                 if not sub.created:  # the request id's task already exists: pick it up
                     after = await _restart(rt, sub.task_id, console)
-                for n in range(1, session.interrupts + 1):  # Ctrl-C before the task existed
-                    session.interrupts = n
-                    session.act()
+                for n in range(1, run.interrupts + 1):  # Ctrl-C before the task existed
+                    run.interrupts = n
+                    run.pause_or_abort()
             else:
                 if repin:
                     await _repin(rt, existing, console)
                 after = await _restart(rt, existing, console)
-            task = await session.follow(after)
-            return session.summary(task)
+            task = await run.follow(after)
+            return run.summary(task)
     finally:
         with contextlib.suppress(ValueError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
@@ -500,9 +503,9 @@ async def _repin(rt: Runtime, task_id: str, console: Console) -> None:
         console.print(f"task {task_id} is re-pinned to the flags given (--force)")
 
 
-def _go(make: Coroutine[Any, Any, int]) -> None:
-    """Run a command; an error is one line (see `run_async`)."""
-    raise typer.Exit(run_async(make))
+def _exit_with(command: Coroutine[Any, Any, int]) -> None:
+    """Run a command and exit with its code; an error is one line (see `run_async`)."""
+    raise typer.Exit(run_async(command))
 
 
 # --- the commands --------------------------------------------------------------------
@@ -580,7 +583,7 @@ def run_command(
             deadline=limit,
         )
 
-    _go(go())
+    _exit_with(go())
 
 
 @app.command("continue")
@@ -654,4 +657,4 @@ def continue_command(
             repin=bool(clashes),
         )
 
-    _go(go())
+    _exit_with(go())

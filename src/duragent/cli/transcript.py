@@ -12,7 +12,7 @@ from duragent.payloads import api_of, progress_of, result_of, rollback_of, statu
 from duragent.terminal import safe
 from duragent.types import Entry, EntryKind
 
-# The UI errors that say a task ended; the run's summary (cli/run.py) says that,
+# The UI errors that say a task ended; TerminalRun.summary (cli/run.py) says that,
 # with the error.
 ENDINGS = ("The task failed.", "The task is blocked.")
 
