@@ -247,7 +247,8 @@ class Commits:
         """Take the row a commit left: a control request or a status change on it."""
         old = self.task.status
         self.task = row
-        self.controls.hear_row(row.control)
+        if row.control:
+            self.controls.hear_row(row.control)
         if row.status != old and self.on_status is not None:
             self.on_status(row, old, row.status)
 

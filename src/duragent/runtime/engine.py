@@ -175,8 +175,8 @@ class TaskRunner:
     async def _loop(self) -> None:
         """Round after round while the task runs; a control request is acted on at
         the top, a safe point (the last round is closed)."""
-        controls, rounds, ending = self.controls, self.rounds, self.ending
-        while self.task.status is TaskStatus.RUNNING:
+        controls, rounds, ending, commits = self.controls, self.rounds, self.ending, self.commits
+        while commits.task.status is TaskStatus.RUNNING:
             if controls.current is not None:
                 # An interrupt leaves it running.
                 await ending.stop(controls.current, rnd=rounds.round)
@@ -185,7 +185,7 @@ class TaskRunner:
                 controls.reread = False
                 await self.recovery.reread_round()
                 continue
-            if self.task.iterations >= self.agent.max_iterations:
+            if commits.task.iterations >= self.agent.max_iterations:
                 await ending.finish(
                     TaskStatus.FAILED,
                     error=f"max_iterations reached: {self.agent.max_iterations} rounds "
@@ -193,11 +193,11 @@ class TaskRunner:
                 )
                 return
             # A safe point: the last round is closed. Messages sent to interrupt go in.
-            rounds.view.extend(await rounds.take_messages(self.task.iterations + 1))
+            rounds.view.extend(await rounds.take_messages(commits.task.iterations + 1))
             await rounds.play()
         control = controls.current
         stopping = control is not None and control.action != "release"
-        if stopping and self.task.status is TaskStatus.WAITING:
+        if stopping and commits.task.status is TaskStatus.WAITING:
             # Asked to stop just as it parked; at the deadline, its waits get results.
             # (A worker that only hands its tasks back leaves a parked one parked.)
             assert control is not None

@@ -17,6 +17,7 @@ from duragent.runtime.log import RoundState, notice, read_round
 from duragent.runtime.open_round import OpenRound
 from duragent.runtime.pins import conflict
 from duragent.runtime.round import Rounds
+from duragent.runtime.round_calls import RoundCalls
 from duragent.runtime.waits import open_round
 from duragent.types import BlockReason, Entry, EntryKind, NewEntry, TaskStatus
 
@@ -92,7 +93,7 @@ class Recovery:
                 )
                 return
         calls = [c for c in rs.assistant.tool_calls or () if c.id in rs.intents]
-        await self.rounds.run_calls(rnd, calls, rs)
+        await RoundCalls(self.rounds, rnd, calls, rs).run()
 
     async def reread_round(self) -> None:
         """After an interrupt: the model's view and the open round as the log has them."""

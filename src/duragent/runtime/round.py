@@ -26,7 +26,7 @@ from duragent.runtime.commits import Commits
 from duragent.runtime.control import Control, Controls, Interrupted
 from duragent.runtime.ending import Ending
 from duragent.runtime.inbox import delivery, due
-from duragent.runtime.log import RoundState, api_entry, notice
+from duragent.runtime.log import api_entry, notice
 from duragent.runtime.open_round import OpenRound
 from duragent.runtime.round_calls import RoundCalls
 from duragent.runtime.state import DebouncedState
@@ -39,7 +39,6 @@ from duragent.types import (
     SystemMessage,
     Task,
     TaskStatus,
-    ToolCallData,
     Usage,
     UserMessage,
     utcnow,
@@ -87,6 +86,7 @@ class Rounds:
 
     @property
     def task(self) -> Task:
+        """The task's row as its commits last took it."""
         return self.commits.task
 
     @property
@@ -95,18 +95,20 @@ class Rounds:
 
     async def trace_point(self, point: str, **info: Any) -> None:
         if self.trace is not None:
-            await self.trace(point, task_id=self.task.id, round=self.task.iterations + 1, **info)
+            task = self.commits.task
+            await self.trace(point, task_id=task.id, round=task.iterations + 1, **info)
 
     async def tool_progress(self, call_id: str, text: str) -> None:
         now = time.monotonic()
         if now - self._tool_progress_at.get(call_id, 0.0) < self.agent.progress_interval:
             return
         self._tool_progress_at[call_id] = now
-        rnd = self.task.iterations + 1
+        task = self.commits.task
         payload = {"call_id": call_id, "text": text}
-        await self.commit(
-            [NewEntry(task_id=self.task.id, kind=EntryKind.PROGRESS, round=rnd, payload=payload)]
+        entry = NewEntry(
+            task_id=task.id, kind=EntryKind.PROGRESS, round=task.iterations + 1, payload=payload
         )
+        await self.commit([entry])
 
     def called_at(self, call_id: str) -> datetime:
         """When call `call_id` of the open round was made (its intent committed)."""
@@ -130,11 +132,11 @@ class Rounds:
         row makes it read the row and decide again, so none is missed or taken twice.
         """
         while True:
-            items = due(self.task, turn_end=turn_end)
+            items = due(self.commits.task, turn_end=turn_end)
             if not items:
                 return []
-            entries, config, messages = delivery(self.task, items, r)
-            version = self.task.version
+            entries, config, messages = delivery(self.commits.task, items, r)
+            version = self.commits.task.version
             try:
                 await self.commit(
                     [*before, *entries],
@@ -151,7 +153,7 @@ class Rounds:
         """After a Conflict: whether this task's row moved past `version` (a message
         came in); if so the runner takes the row as it is now (same lease: if another
         worker took the task, the next commit is refused by fencing)."""
-        row = await self.store.get_task(self.task.id)
+        row = await self.store.get_task(self.commits.task.id)
         if row.version == version:
             return False  # the conflict was someone else's (a parent's row)
         self.commits.task = row
@@ -161,7 +163,7 @@ class Rounds:
 
     async def play(self) -> None:
         """One round: the model's answer, then its tool calls (or the turn's end)."""
-        r = self.task.iterations + 1
+        r = self.commits.task.iterations + 1
         self.round = rnd = OpenRound(r)
         await self.trace_point("round_start")
         response = await self._ask_model(rnd)
@@ -169,8 +171,8 @@ class Rounds:
             await self.ending.stop(self.controls.current or Control("pause"), rnd=rnd)
             return
         message = response.message()
-        usage = self.task.usage + response.usage
-        tid = self.task.id
+        usage = self.commits.task.usage + response.usage
+        tid = self.commits.task.id
         if not response.tool_calls:
             await self._end_turn(r, message, response.text, usage)
             await self.trace_point("final")
@@ -190,21 +192,21 @@ class Rounds:
         ]
         res = await self.commit(
             [api_entry(tid, r, message), *intents],
-            {"usage": usage, "round_seq": self.task.last_seq},
+            {"usage": usage, "round_seq": self.commits.task.last_seq},
         )
         rnd.api_seqs.append(res.entries[0].seq)
         made = zip(response.tool_calls, res.entries[1:], strict=True)
         rnd.called_at = {c.id: e.created_at for c, e in made}
         self.view.append(message)
         await self.trace_point("intents", calls=[c.id for c in response.tool_calls])
-        await self.run_calls(rnd, response.tool_calls, None)
+        await RoundCalls(self, rnd, response.tool_calls, None).run()
 
     async def _end_turn(self, r: int, message: ApiMessage, text: str, usage: Usage) -> None:
         """An answer without tool calls ends the turn: the task completes, unless
         messages wait in its inbox; then it goes on with them, seeing the answer."""
-        final = api_entry(self.task.id, r, message)
+        final = api_entry(self.commits.task.id, r, message)
         while True:
-            version = self.task.version  # what the inbox was read at
+            version = self.commits.task.version  # what the inbox was read at
             users = await self.take_messages(
                 r + 1, turn_end=True, before=[final], patch={"usage": usage, "iterations": r}
             )
@@ -230,7 +232,7 @@ class Rounds:
     # --- the model ---
 
     def _request(self) -> ModelRequest:
-        pin = self.task.config.get("request") or {}
+        pin = self.commits.task.config.get("request") or {}
         head = [SystemMessage(content=self.agent.instructions)] if self.agent.instructions else []
         return ModelRequest(
             model=pin.get("model", self.agent.model_name),
@@ -260,17 +262,17 @@ class Rounds:
                     delay = min(self.agent.retry_max_delay, base) * (0.5 + random.random() / 2)
                 entries = [
                     notice(
-                        self.task.id,
+                        self.commits.task.id,
                         r,
                         f"Model error ({exc}); retry {attempt} of "
                         f"{self.agent.model_retries} in {delay:.1f} s.",
                     )
                 ]
                 if rnd.progress:
-                    entries.insert(0, rnd.void_progress(self.task.id, r, "retry"))
+                    entries.insert(0, rnd.void_progress(self.commits.task.id, r, "retry"))
                 # Tokens a failed attempt used are billed all the same: count them.
                 spent = _usage_of(rnd.attempt)
-                patch = {"usage": self.task.usage + spent} if spent else None
+                patch = {"usage": self.commits.task.usage + spent} if spent else None
                 await self.commit(entries, patch)
                 try:
                     async with self.controls.interruptible():
@@ -301,20 +303,15 @@ class Rounds:
 
     async def _commit_progress(self, rnd: OpenRound, text: str) -> None:
         entry = NewEntry(
-            task_id=self.task.id, kind=EntryKind.PROGRESS, round=rnd.number, payload={"text": text}
+            task_id=self.commits.task.id,
+            kind=EntryKind.PROGRESS,
+            round=rnd.number,
+            payload={"text": text},
         )
-        patch = None if rnd.progress else {"round_seq": self.task.last_seq}
+        patch = None if rnd.progress else {"round_seq": self.commits.task.last_seq}
         res = await self.commit([entry], patch)
         rnd.progress.append(res.entries[0].seq)
         await self.trace_point("progress", seq=res.entries[0].seq)
-
-    # --- tools ---
-
-    async def run_calls(
-        self, rnd: OpenRound, calls: Sequence[ToolCallData], rs: RoundState | None
-    ) -> None:
-        """Run every call of the round that has no result yet; commit each result as it comes."""
-        await RoundCalls(self, rnd, calls, rs).run()
 
     async def repark(self) -> bool:
         """After a store error cut the commit of this round's waits: commit it now,
@@ -325,7 +322,7 @@ class Rounds:
         parking = rnd.parking if rnd is not None else None
         if rnd is None or parking is None:
             return False
-        row = await self.store.get_task(self.task.id)
+        row = await self.store.get_task(self.commits.task.id)
         rs = await open_round(self.store, row)
         if rs.round != parking.round or any(c in rs.results for c in parking.calls):
             rnd.parking = None  # the log went on without it: recovery decides

@@ -87,7 +87,7 @@ class RoundCalls:
     async def run(self) -> None:
         host, r = self.host, self.r
         if not self.todo:
-            if host.task.iterations < r:
+            if host.commits.task.iterations < r:
                 await host.commits.commit(patch={"iterations": r})
             return
         control = host.controls.current
@@ -117,7 +117,7 @@ class RoundCalls:
             elif rs is not None:  # recovering: the call may have run in a lost worker
                 when = "before it finished"
             text = cancelled(control, when)
-            entries += result_entries(self.host.task.id, self.r, c.id, text, "interrupted")
+            entries += result_entries(self.host.commits.task.id, self.r, c.id, text, "interrupted")
         await self.host.ending.stop(control, entries, self.rnd)
 
     async def _until_done(self, jobs: Mapping[asyncio.Task[None], str]) -> bool:
@@ -202,7 +202,7 @@ class RoundCalls:
     def _outcome_entries(self, out: Outcome) -> list[NewEntry]:
         """The entries of a call's result."""
         return result_entries(
-            self.host.task.id, self.r, out.call_id, out.content or "", out.outcome
+            self.host.commits.task.id, self.r, out.call_id, out.content or "", out.outcome
         )
 
     async def _close_round(self, out: Outcome) -> None:
@@ -228,7 +228,7 @@ class RoundCalls:
         """Commit the waits of this round and the task's waiting status, together
         (after `before`: results of calls a stop cut short)."""
         host = self.host
-        tid, r = host.task.id, self.r
+        tid, r = host.commits.task.id, self.r
         entries: list[NewEntry] = list(before)
         new_tasks: list[Task] = []
         documents: list[DocumentWrite] = []
@@ -259,7 +259,7 @@ class RoundCalls:
             "status": TaskStatus.WAITING,
             "status_reason": wait_reason(waits),
             "wake_at": wake_time(
-                host.task, wake_times(waits.values())
+                host.commits.task, wake_times(waits.values())
             ),  # a timer, an expiry, a deadline
         }
         await host.trace_point("park", waits=waits)
@@ -273,7 +273,7 @@ class RoundCalls:
         await host.trace_point("parked", waits=waits)
 
     def _child(self, s: SpawnSubtask) -> tuple[Task, NewEntry]:
-        parent, agent = self.host.task, self.host.agents[s.agent]
+        parent, agent = self.host.commits.task, self.host.agents[s.agent]
         # A sub-task cannot outlive its parent's deadline; its agent's may be earlier.
         deadline = parent.deadline
         if deadline is not None and agent.deadline is not None:
@@ -315,7 +315,7 @@ class RoundCalls:
                 await self.committing[cid]  # its result was already on its way: let it land
                 continue
             text = cancelled(control, "while it ran")
-            entries += result_entries(host.task.id, self.r, cid, text, "interrupted")
+            entries += result_entries(host.commits.task.id, self.r, cid, text, "interrupted")
         if control.action == "release" and self.suspended:
             # The worker only hands the task back, and calls asked to wait: park
             # the task on their waits instead (with the results above), as if no
@@ -365,5 +365,5 @@ class RoundCalls:
             if approval and control.action == "pause":
                 continue
             text = cancelled(control, "before its wait began")
-            entries += result_entries(self.host.task.id, self.r, cid, text, "interrupted")
+            entries += result_entries(self.host.commits.task.id, self.r, cid, text, "interrupted")
         return entries
