@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from duragent.errors import StaleLease
-from duragent.runtime.agent import Agent
 from duragent.runtime.callbacks import EntriesHook
 from duragent.runtime.control import Abandoned, Controls
 from duragent.runtime.state import Clock, DebouncedState, SaveFn
@@ -52,8 +51,9 @@ class Commits:
         store: Store,
         task: Task,
         controls: Controls,
-        agent: Agent,
         *,
+        state_debounce: float,
+        state_max_wait: float,
         detached: bool = False,
         clock: Clock | None = None,
         on_status: StatusHook | None = None,
@@ -72,8 +72,8 @@ class Commits:
         self.state = DebouncedState(
             {"context": dict(task.context)},
             _saver(weakref.ref(self)),
-            debounce=agent.state_debounce,
-            max_wait=agent.state_max_wait,
+            debounce=state_debounce,
+            max_wait=state_max_wait,
             clock=clock,
         )
         self._lock = asyncio.Lock()
