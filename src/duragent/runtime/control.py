@@ -23,6 +23,7 @@ from typing import Any, Literal
 from duragent.errors import Conflict, StaleLease
 from duragent.llm.base import ResponseAssembler
 from duragent.llm.messages import WorkingView
+from duragent.model_internals import set_field
 from duragent.payloads import rollback_marker
 from duragent.runtime.agent import Agent
 from duragent.runtime.callbacks import EntriesHook
@@ -347,7 +348,7 @@ class ControlledRunner:
         [own] = commit.patches
         predicted, status_entry = apply_patch(self.task, own, utcnow())  # a copy of its own
         added = len(commit.entries) + (status_entry is not None)
-        predicted.__dict__["last_seq"] = predicted.last_seq + added
+        set_field(predicted, "last_seq", predicted.last_seq + added)
         self._unless_behind = (self.task, predicted)
         self.task = predicted
         assert pending.future is not None

@@ -20,6 +20,7 @@ import pydantic_core
 from duragent.errors import Conflict, IncompatibleEntry, InvalidOption, StaleLease, StoreCorrupt
 from duragent.heap import collector_paused
 from duragent.llm.messages import in_call_order
+from duragent.model_internals import updated, validated_set
 from duragent.payloads import is_marker, is_voided, voided_ranges
 from duragent.types import (
     API_KINDS,
@@ -36,7 +37,6 @@ from duragent.types import (
     UiMessage,
     Usage,
     check_transition,
-    updated,
 )
 
 # Version 2: session documents are scoped per owner (`session:<owner>:<id>`).
@@ -474,7 +474,7 @@ def apply_patch(task: Task, patch: TaskPatch, now: datetime) -> tuple[Task, NewE
     patched = updated(task, plain)
     for name, value in changes.items():
         if name not in plain:
-            Task.__pydantic_validator__.validate_assignment(patched, name, value)
+            validated_set(patched, name, value)
     return patched, status_entry
 
 
