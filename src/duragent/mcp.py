@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from duragent.errors import DuragentError, MissingExtra, UsageError
-from duragent.runtime.tools import Replay, Tool, ToolArgumentError
+from duragent.errors import MCPServerError, MissingExtra, ToolArgumentError, UsageError
+from duragent.runtime.tools import Replay, Tool
 
 if TYPE_CHECKING:
     from duragent.runtime.context import ToolContext
@@ -34,10 +34,6 @@ T = TypeVar("T")
 IDEMPOTENCY_ARG = "idempotency_key"
 IDEMPOTENCY_META = "io.duragent/idempotency-key"
 POLICIES = ("never", "safe", "resume")
-
-
-class MCPServerError(DuragentError):
-    """The MCP server could not be reached, or refused a request."""
 
 
 class _AnyArgs(BaseModel):
@@ -256,4 +252,4 @@ def _unused(**_: Any) -> None:  # pragma: no cover - MCPTool.invoke replaces it
     raise RuntimeError("an MCP tool is called through its server")
 
 
-__all__ = ["MCPServer", "MCPServerError", "MCPTool", "mcp_tools"]
+__all__ = ["MCPServer", "MCPTool", "mcp_tools"]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from duragent.errors import ToolArgumentError
 from duragent.llm.base import parse_arguments
 from duragent.payloads import WaitCheckpoint
 from duragent.runtime.agent import Agent
@@ -17,7 +18,7 @@ from duragent.runtime.context import SleepUntil, SpawnSubtask, Suspend, ToolCont
 from duragent.runtime.host import TaskHost
 from duragent.runtime.log import INTERRUPTED, RoundState, started_entry
 from duragent.runtime.steps import StepInterrupted, StepRecord
-from duragent.runtime.tools import Tool, ToolArgumentError
+from duragent.runtime.tools import Tool
 from duragent.store.base import DocumentWrite
 from duragent.types import ToolCallData, utcnow
 

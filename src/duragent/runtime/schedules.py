@@ -30,6 +30,8 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from duragent.errors import (
     Conflict,
     InvalidOption,
+    ScheduleNotFound,
+    ScheduleUnreadable,
     StoreError,
     TaskNotFound,
     UsageError,
@@ -46,23 +48,6 @@ SCHEDULES_SCOPE = "duragent:schedules"
 # (and below a microsecond its step is zero), past ten years a time overflows.
 MIN_EVERY = 1.0
 MAX_EVERY = 10 * 365 * 86400.0
-
-
-class ScheduleUnreadable(UsageError):
-    """A stored schedule that no longer validates (written by older code, or by hand):
-    it never fires, and the only thing to do with it is to delete it."""
-
-    def __init__(self, key: str, why: str) -> None:
-        self.key = key
-        super().__init__(f"schedule {key} is stored with invalid fields ({why}); delete it")
-
-
-class ScheduleNotFound(TaskNotFound):
-    """No schedule of that name (for that owner). A TaskNotFound, so it maps to 404."""
-
-    def __init__(self, name: str) -> None:
-        self.task_id = name
-        UsageError.__init__(self, f"no schedule named {name!r}")
 
 
 Overlap = Literal["skip", "queue", "allow"]
