@@ -27,7 +27,7 @@ from duragent.model_internals import set_field
 from duragent.payloads import rollback_marker
 from duragent.runtime.agent import Agent
 from duragent.runtime.callbacks import EntriesHook
-from duragent.runtime.calls import render
+from duragent.runtime.calls import tool_result_text
 from duragent.runtime.inbox import cut_plan
 from duragent.runtime.log import notice, read_round, result_entries, rollback, ui_entry
 from duragent.runtime.state import Clock, DebouncedState, SaveFn
@@ -623,7 +623,7 @@ class ControlledRunner:
             return
         # A sub-task's end and its parent's tool result land in one commit.
         if status is TaskStatus.COMPLETED:
-            content, outcome = render((extra or {}).get("output", self.task.output)), "ok"
+            content, outcome = tool_result_text((extra or {}).get("output", self.task.output)), "ok"
         else:
             content, outcome = f"Sub-task {status.value}: {error or 'no reason given'}", "error"
         for attempt in range(5):

@@ -20,7 +20,7 @@ from duragent.errors import (
     StoreUnavailable,
     TaskNotFound,
 )
-from duragent.runtime.calls import describe
+from duragent.runtime.calls import exception_text
 from duragent.runtime.control import Abandoned, Control, StatusHook, TraceHook
 from duragent.runtime.deadlines import exceeded
 from duragent.runtime.recovery import RecoveringRunner
@@ -96,10 +96,10 @@ class TaskRunner(RecoveringRunner):
             await self._end_on_store_error(exc)
         except Exception as exc:
             # One line; the traceback for whoever debugs (the task's error keeps the cause).
-            log.error("task %s failed: %s", self.task.id, " ".join(describe(exc).split()))
+            log.error("task %s failed: %s", self.task.id, " ".join(exception_text(exc).split()))
             log.debug("task %s failed", self.task.id, exc_info=True)
             try:
-                await self._finish(TaskStatus.FAILED, error=describe(exc))
+                await self._finish(TaskStatus.FAILED, error=exception_text(exc))
             except Abandoned:
                 pass
             except StoreError as store_exc:
