@@ -197,6 +197,8 @@ def resumed_wait(cid: str, wait: WaitCheckpoint, rs: RoundState) -> Outcome | No
 
 
 def tool_result_text(value: Any) -> str:
+    """What a tool's (or a sub-task's) return value says in its result message:
+    a string as it is, a pydantic model or anything else as JSON."""
     if isinstance(value, str):
         return value
     if hasattr(value, "model_dump_json"):
@@ -209,6 +211,7 @@ def timed_out(limit: float) -> str:
 
 
 def exception_text(exc: BaseException) -> str:
+    """`TypeName: message` (or the bare type name), as a failed call or task reports it."""
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
@@ -218,6 +221,7 @@ def parse_dt(text: str) -> datetime:
 
 
 def suspension_for(wait: WaitCheckpoint) -> Suspend:
+    """The suspension a call still waiting (for input or a sub-task) stays in on resume."""
     if wait["wait"] == "subtask":
         return SpawnSubtask(wait.get("agent", ""), None)
     return WaitForInput(wait.get("question", ""))
