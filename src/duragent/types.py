@@ -371,8 +371,8 @@ class UINotice(BaseModel):
     message: str
 
 
-UiMessage = Annotated[UIText | UIToolCard | UIError | UINotice, Field(discriminator="type")]
-UI_MESSAGE: TypeAdapter[UiMessage] = TypeAdapter(UiMessage)
+UIMessage = Annotated[UIText | UIToolCard | UIError | UINotice, Field(discriminator="type")]
+UI_MESSAGE: TypeAdapter[UIMessage] = TypeAdapter(UIMessage)
 
 
 # --- documents --------------------------------------------------------------

@@ -52,7 +52,7 @@ from duragent.types import (
     Entry,
     Task,
     TaskStatus,
-    UiMessage,
+    UIMessage,
     utcnow,
     with_partial_output,
 )
@@ -542,7 +542,7 @@ class Runtime(ManyTasks, SendsMessages, Sessions):
             await self.store.get_task(task_id)  # a missing or purged task: TaskNotFound
         return view
 
-    async def ui_messages(self, task_id: str) -> builtins.list[UiMessage]:
+    async def ui_messages(self, task_id: str) -> builtins.list[UIMessage]:
         entries = await self.store.entries(task_id)
         if not entries:
             await self.store.get_task(task_id)  # a missing or purged task: TaskNotFound

@@ -34,7 +34,7 @@ from duragent.types import (
     NewEntry,
     Task,
     TaskStatus,
-    UiMessage,
+    UIMessage,
     Usage,
     check_transition,
 )
@@ -343,7 +343,7 @@ class Store(Protocol):
         """`model_view` as plain dicts in their wire form, decoded but not validated."""
         ...
 
-    async def ui_messages(self, task_id: str) -> list[UiMessage]:
+    async def ui_messages(self, task_id: str) -> list[UIMessage]:
         """The task's conversation as the page and the API show it (voided rounds kept)."""
         ...
 
@@ -678,7 +678,7 @@ def view_data(text: str) -> list[dict[str, Any]]:
     return in_call_order(data)
 
 
-def build_ui_view(rows: Iterable[tuple[int, str]]) -> list[UiMessage]:
+def build_ui_view(rows: Iterable[tuple[int, str]]) -> list[UIMessage]:
     """UI messages in seq order; only a `scope: "ui"` rollback (a deleted message) hides them."""
     data = [(seq, payload, json.loads(payload)) for seq, payload in rows]
     hidden = voided_ranges((d for _s, _p, d in data), "ui")

@@ -79,7 +79,7 @@ from duragent.store.postgres_tx import (
 )
 from duragent.store.postgres_writer import PgWriter
 from duragent.store.tx import TxWrites
-from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UiMessage, utcnow
+from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UIMessage, utcnow
 
 __all__ = [
     "CHANNEL",
@@ -561,7 +561,7 @@ class PostgresStore(TxWrites):
     async def model_view_data(self, task_id: str) -> list[dict[str, Any]]:
         return view_data(await self._read(lambda conn: _view_text(conn, task_id)))
 
-    async def ui_messages(self, task_id: str) -> list[UiMessage]:
+    async def ui_messages(self, task_id: str) -> list[UIMessage]:
         code = [EntryKind.UI_MESSAGE.value]
         return await self._read(
             lambda conn: build_ui_view(_task_rows(conn, task_id, "seq, payload", code))
