@@ -9,7 +9,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic_core import to_jsonable_python
 
@@ -57,8 +57,6 @@ from duragent.types import (
     with_partial_output,
 )
 from duragent.webhooks import WebhookDelivery, check_url
-
-T = TypeVar("T")
 
 log = logging.getLogger("duragent.runtime")
 
