@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import shlex
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -67,7 +67,7 @@ class MCPServer:
         import contextlib
 
         @contextlib.asynccontextmanager
-        async def session() -> Any:
+        async def session() -> AsyncIterator[Any]:
             if self.spec.startswith("stdio:"):
                 command, *args = shlex.split(self.spec[len("stdio:") :])
                 params = StdioServerParameters(

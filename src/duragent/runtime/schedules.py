@@ -23,7 +23,7 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
@@ -41,6 +41,9 @@ from duragent.runtime.agent import Agent
 from duragent.runtime.submit import new_task
 from duragent.store.base import Commit, DocumentWrite, Store
 from duragent.types import JSON, Document, utcnow
+
+if TYPE_CHECKING:
+    from croniter import croniter  # untyped: Any to mypy, named for the reader
 
 SCHEDULES_SCOPE = "duragent:schedules"
 
@@ -102,7 +105,7 @@ class Schedule(BaseModel):
         return f"schedule:{self.name}:{tick.isoformat()}"
 
 
-def _croniter(expr: str, start: datetime) -> Any:
+def _croniter(expr: str, start: datetime) -> croniter:
     try:
         from croniter import croniter
     except ImportError as exc:  # pragma: no cover - depends on the installed extras

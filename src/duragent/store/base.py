@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -116,7 +116,7 @@ class PendingCommit:
         self.failed: BaseException | None = None
         self.future: asyncio.Future[CommitResult] | None = None
 
-    def __await__(self) -> Any:
+    def __await__(self) -> Generator[Any, None, CommitResult]:
         # Shielded: a caller that stops waiting (a timeout) leaves the commit queued.
         assert self.future is not None
         return asyncio.shield(self.future).__await__()

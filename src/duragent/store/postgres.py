@@ -390,7 +390,9 @@ class PostgresStore(TxWrites):
         while held:
             at = utcnow() + timedelta(seconds=ttl)
 
-            def renew(tx: PgTx, held: dict[str, int] = held, at: datetime = at) -> Any:
+            def renew(
+                tx: PgTx, held: dict[str, int] = held, at: datetime = at
+            ) -> tuple[dict[str, Task], set[str], set[str]]:
                 return tx.renew_leases(worker_id, held, at)
 
             (renewed, gone, busy), tx = await loop.run_in_executor(
