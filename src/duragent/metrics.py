@@ -17,13 +17,16 @@ import logging
 import time
 from collections import Counter as Tally
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from duragent.errors import Conflict, MissingExtra, StaleLease
 from duragent.payloads import status_of
 from duragent.store.base import Commit, CommitResult, LeaseRenewal, PendingCommit, Store
 from duragent.store.queues import QUEUES_SCOPE
 from duragent.types import EntryKind, Task
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
 
 log = logging.getLogger("duragent.metrics")
 
@@ -226,7 +229,7 @@ class Metrics:
 
     # --- serving ---
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> Any:
+    def serve(self, port: int, host: str = "127.0.0.1") -> WSGIServer:
         """Serve /metrics on host:port from a thread; returns the server (shutdown() it)."""
         self._loop = asyncio.get_running_loop()
         server, _thread = prom.start_http_server(port, addr=host, registry=self.registry)

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from duragent.errors import StaleLease
+from duragent.model_internals import set_field
 from duragent.runtime.callbacks import EntriesHook
 from duragent.runtime.control import Abandoned, Controls
 from duragent.runtime.state import Clock, DebouncedState, SaveFn
@@ -186,7 +187,7 @@ class Commits:
         [own] = commit.patches
         predicted, status_entry = apply_patch(self.task, own, utcnow())  # a copy of its own
         added = len(commit.entries) + (status_entry is not None)
-        predicted.__dict__["last_seq"] = predicted.last_seq + added
+        set_field(predicted, "last_seq", predicted.last_seq + added)
         self._unless_behind = (self.task, predicted)
         self.task = predicted
         assert pending.future is not None

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from duragent.errors import Conflict
-from duragent.runtime.calls import render
+from duragent.runtime.calls import tool_result_text
 from duragent.runtime.commits import Commits
 from duragent.runtime.control import Control, Controls, cancelled
 from duragent.runtime.inbox import cut_plan
@@ -212,7 +212,7 @@ class Ending:
             return
         # A sub-task's end and its parent's tool result land in one commit.
         if status is TaskStatus.COMPLETED:
-            content, outcome = render((extra or {}).get("output", self.task.output)), "ok"
+            content, outcome = tool_result_text((extra or {}).get("output", self.task.output)), "ok"
         else:
             content, outcome = f"Sub-task {status.value}: {error or 'no reason given'}", "error"
         for attempt in range(5):

@@ -26,7 +26,7 @@ from duragent.errors import (
 from duragent.llm.messages import WorkingView
 from duragent.runtime.agent import Agent
 from duragent.runtime.callbacks import EntriesHook
-from duragent.runtime.calls import describe
+from duragent.runtime.calls import exception_text
 from duragent.runtime.commits import Commits, StatusHook
 from duragent.runtime.control import Abandoned, Control, Controls
 from duragent.runtime.deadlines import exceeded
@@ -158,10 +158,10 @@ class TaskRunner:
             await self._end_on_store_error(exc)
         except Exception as exc:
             # One line; the traceback for whoever debugs (the task's error keeps the cause).
-            log.error("task %s failed: %s", self.task.id, " ".join(describe(exc).split()))
+            log.error("task %s failed: %s", self.task.id, " ".join(exception_text(exc).split()))
             log.debug("task %s failed", self.task.id, exc_info=True)
             try:
-                await self.ending.finish(TaskStatus.FAILED, error=describe(exc))
+                await self.ending.finish(TaskStatus.FAILED, error=exception_text(exc))
             except Abandoned:
                 pass
             except StoreError as store_exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -20,6 +20,7 @@ import pydantic_core
 from duragent.errors import Conflict, IncompatibleEntry, InvalidOption, StaleLease, StoreCorrupt
 from duragent.heap import collector_paused
 from duragent.llm.messages import in_call_order
+from duragent.model_internals import updated, validated_set
 from duragent.payloads import is_marker, is_voided, voided_ranges
 from duragent.types import (
     API_KINDS,
@@ -33,10 +34,9 @@ from duragent.types import (
     NewEntry,
     Task,
     TaskStatus,
-    UiMessage,
+    UIMessage,
     Usage,
     check_transition,
-    updated,
 )
 
 # Version 2: session documents are scoped per owner (`session:<owner>:<id>`).
@@ -116,7 +116,7 @@ class PendingCommit:
         self.failed: BaseException | None = None
         self.future: asyncio.Future[CommitResult] | None = None
 
-    def __await__(self) -> Any:
+    def __await__(self) -> Generator[Any, None, CommitResult]:
         # Shielded: a caller that stops waiting (a timeout) leaves the commit queued.
         assert self.future is not None
         return asyncio.shield(self.future).__await__()
@@ -343,7 +343,7 @@ class Store(Protocol):
         """`model_view` as plain dicts in their wire form, decoded but not validated."""
         ...
 
-    async def ui_messages(self, task_id: str) -> list[UiMessage]:
+    async def ui_messages(self, task_id: str) -> list[UIMessage]:
         """The task's conversation as the page and the API show it (voided rounds kept)."""
         ...
 
@@ -474,7 +474,7 @@ def apply_patch(task: Task, patch: TaskPatch, now: datetime) -> tuple[Task, NewE
     patched = updated(task, plain)
     for name, value in changes.items():
         if name not in plain:
-            Task.__pydantic_validator__.validate_assignment(patched, name, value)
+            validated_set(patched, name, value)
     return patched, status_entry
 
 
@@ -678,7 +678,7 @@ def view_data(text: str) -> list[dict[str, Any]]:
     return in_call_order(data)
 
 
-def build_ui_view(rows: Iterable[tuple[int, str]]) -> list[UiMessage]:
+def build_ui_view(rows: Iterable[tuple[int, str]]) -> list[UIMessage]:
     """UI messages in seq order; only a `scope: "ui"` rollback (a deleted message) hides them."""
     data = [(seq, payload, json.loads(payload)) for seq, payload in rows]
     hidden = voided_ranges((d for _s, _p, d in data), "ui")
