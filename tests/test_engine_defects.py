@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 
-from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, ToolContext, tool
+from duragent import Agent, Runtime, ScriptedModel, TaskStatus, Timing, ToolCall, ToolContext, tool
 from duragent.runtime.presence import WORKERS_SCOPE, block_unserved, served_agents
 from duragent.runtime.submit import new_task
 from duragent.runtime.worker import Worker
@@ -32,7 +32,7 @@ def remember_sync(fact: str, ctx: ToolContext) -> str:
 @pytest.mark.slow
 async def test_a_sync_tool_updates_state_without_error_or_warning(store: Store) -> None:
     model = ScriptedModel([[ToolCall("remember_sync", {"fact": "sky"})], "done"])
-    agent = Agent(name="a", model=model, tools=[remember_sync], state_debounce=0.01)
+    agent = Agent(name="a", model=model, tools=[remember_sync], timing=Timing(state_debounce=0.01))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         async with Runtime(store, agents=[agent]) as rt:

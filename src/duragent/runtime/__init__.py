@@ -1,6 +1,6 @@
 """The durable agent runtime."""
 
-from duragent.runtime.agent import Agent
+from duragent.runtime.agent import Agent, BuiltinTools, Limits, RetryPolicy, Timing
 from duragent.runtime.approvals import Decision
 from duragent.runtime.context import ToolContext
 from duragent.runtime.runtime import Runtime, Submission, TaskTree
@@ -10,13 +10,17 @@ from duragent.runtime.worker import Worker
 
 __all__ = [
     "Agent",
+    "BuiltinTools",
     "Decision",
     "Edit",
     "History",
+    "Limits",
+    "RetryPolicy",
     "RoundRecord",
     "Runtime",
     "Submission",
     "TaskTree",
+    "Timing",
     "Tool",
     "ToolContext",
     "Worker",

@@ -141,8 +141,8 @@ class ControlledRunner:
         self.state = DebouncedState(
             {"context": dict(task.context)},
             _saver(weakref.ref(self)),
-            debounce=agent.state_debounce,
-            max_wait=agent.state_max_wait,
+            debounce=agent.timing.state_debounce,
+            max_wait=agent.timing.state_max_wait,
             clock=clock,
         )
         self.control: Control | None = None
@@ -428,7 +428,7 @@ class ControlledRunner:
 
     async def tool_progress(self, call_id: str, text: str) -> None:
         now = time.monotonic()
-        if now - self._tool_progress_at.get(call_id, 0.0) < self.agent.progress_interval:
+        if now - self._tool_progress_at.get(call_id, 0.0) < self.agent.timing.progress_interval:
             return
         self._tool_progress_at[call_id] = now
         rnd = self.task.iterations + 1

@@ -59,10 +59,10 @@ class TaskRunner(RecoveringRunner):
                     self._reread = False
                     await self._reread_round()
                     continue
-                if self.task.iterations >= self.agent.max_iterations:
+                if self.task.iterations >= self.agent.limits.max_iterations:
                     await self._finish(
                         TaskStatus.FAILED,
-                        error=f"max_iterations reached: {self.agent.max_iterations} rounds "
+                        error=f"max_iterations reached: {self.agent.limits.max_iterations} rounds "
                         "without a final answer",
                     )
                     break

@@ -200,18 +200,20 @@ class RoundRunner(ControlledRunner):
                 if not exc.retryable:
                     raise
                 attempt += 1
-                if attempt > self.agent.model_retries:
+                if attempt > self.agent.model_retry.max_retries:
                     raise ModelError(f"the model failed {attempt} times in a row: {exc}") from exc
                 delay = exc.retry_after
                 if delay is None:
-                    base = self.agent.retry_base_delay * 2 ** (attempt - 1)
-                    delay = min(self.agent.retry_max_delay, base) * (0.5 + random.random() / 2)
+                    base = self.agent.model_retry.base_delay * 2 ** (attempt - 1)
+                    delay = min(self.agent.model_retry.max_delay, base) * (
+                        0.5 + random.random() / 2
+                    )
                 entries = [
                     notice(
                         self.task.id,
                         r,
                         f"Model error ({exc}); retry {attempt} of "
-                        f"{self.agent.model_retries} in {delay:.1f} s.",
+                        f"{self.agent.model_retry.max_retries} in {delay:.1f} s.",
                     )
                 ]
                 if self._round_progress:
@@ -237,7 +239,7 @@ class RoundRunner(ControlledRunner):
         self._attempt = assembler
         pending: list[str] = []
         last = time.monotonic()
-        interval = self.agent.progress_interval
+        interval = self.agent.timing.progress_interval
         request = self._request()
         await self.trace_point("model_start", model=request.model)
         async for event in self.agent.chat_model.stream(request):
@@ -503,7 +505,7 @@ class RoundRunner(ControlledRunner):
             # Let running tools finish (and commit their results) within the grace
             # period, unless an abort arrives meanwhile (a second Ctrl-C).
             loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.agent.tool_grace
+            deadline = loop.time() + self.agent.timing.tool_grace
             aborting = asyncio.ensure_future(self._abort_event.wait())
             waiting: set[asyncio.Future[Any]] = set(pending_jobs)
             try:

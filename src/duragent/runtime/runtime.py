@@ -25,7 +25,7 @@ from duragent.errors import (
     UsageError,
     WaitTimedOut,
 )
-from duragent.runtime.agent import Agent, agents_by_name
+from duragent.runtime.agent import Agent, BuiltinTools, agents_by_name
 from duragent.runtime.approvals import Decision
 from duragent.runtime.callbacks import TaskCallbacks
 from duragent.runtime.deadlines import DeadlineSpec, deadline_at, deadline_record
@@ -727,7 +727,7 @@ class Runtime(ManyTasks, SendsMessages, Sessions):
 
     def _agent_for(self, task: Task) -> Agent:
         return self.agents.get(task.agent) or Agent(
-            name=task.agent, model="scripted:none", plan_tool=False
+            name=task.agent, model="scripted:none", builtin_tools=BuiltinTools(plan=False)
         )
 
     async def _descendants(

@@ -439,7 +439,7 @@ class AgentOut(BaseModel):
         return cls(
             name=agent.name,
             model=agent.model_name,
-            max_iterations=agent.max_iterations,
+            max_iterations=agent.limits.max_iterations,
             tools=tools,
         )
 
