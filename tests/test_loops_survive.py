@@ -29,7 +29,7 @@ from duragent.runtime.schedules import (
     put_schedule,
     schedule_key,
 )
-from duragent.runtime.worker import Worker
+from duragent.runtime.worker import Worker, WorkerOptions
 from duragent.store import open_store
 from duragent.store.base import Commit, DocumentWrite, Store, TaskQuery
 from duragent.store.queues import QUEUES_SCOPE, define_queue
@@ -108,7 +108,7 @@ async def test_a_worker_refuses_periods_its_loops_cannot_run_on(
     store: Store, options: dict[str, Any]
 ) -> None:
     with pytest.raises(InvalidOption):
-        Worker(store, [CHAT], **options)
+        Worker(store, [CHAT], WorkerOptions(**options))
 
 
 @pytest.mark.parametrize(
@@ -259,7 +259,7 @@ async def test_a_poisoned_task_row_does_not_stop_the_other_leases(tmp_path: Path
         builtin_tools=BuiltinTools(plan=False),
     )
     store = open_store(f"sqlite:///{path}")
-    worker = Worker(store, [agent], lease_ttl=1.5, heartbeat=0.1, poll_interval=0.05)
+    worker = Worker(store, [agent], WorkerOptions(lease_ttl=1.5, heartbeat=0.1, poll_interval=0.05))
     try:
         async with Runtime(store, agents=[agent], run_worker=False) as rt:
             a = (await rt.submit("holder", "a")).task_id

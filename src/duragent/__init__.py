@@ -53,6 +53,7 @@ from duragent.runtime import (
     Tool,
     ToolContext,
     Worker,
+    WorkerOptions,
     tool,
 )
 from duragent.runtime.callbacks import TaskCallbacks
@@ -156,6 +157,7 @@ __all__ = [
     "WaitReason",
     "WaitTimedOut",
     "Worker",
+    "WorkerOptions",
     "__version__",
     "check_transition",
     "open_store",

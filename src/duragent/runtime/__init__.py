@@ -6,7 +6,7 @@ from duragent.runtime.context import ToolContext
 from duragent.runtime.runtime import Runtime, Submission, TaskTree
 from duragent.runtime.steering import Edit, History, RoundRecord
 from duragent.runtime.tools import Tool, tool
-from duragent.runtime.worker import Worker
+from duragent.runtime.worker import Worker, WorkerOptions
 
 __all__ = [
     "Agent",
@@ -24,5 +24,6 @@ __all__ = [
     "Tool",
     "ToolContext",
     "Worker",
+    "WorkerOptions",
     "tool",
 ]

@@ -43,7 +43,7 @@ from duragent.runtime.steering import Edit, History, new_fork, task_history
 from duragent.runtime.submit import new_task
 from duragent.runtime.views import Steps, build_steps, partial_output, ui_view
 from duragent.runtime.waits import person_answers, resolve
-from duragent.runtime.worker import Worker, lease_alive, queue_names
+from duragent.runtime.worker import Worker, WorkerOptions, lease_alive
 from duragent.store import open_store
 from duragent.store.base import Commit, Store, TaskPatch, TaskQuery
 from duragent.store.queues import Queue, define_queue
@@ -135,7 +135,7 @@ class Runtime(ManyTasks, SendsMessages, Sessions):
     the given agents; it starts on the first `submit`, `wait` or `resume()`.
     A task that waits `missing_agent_grace` seconds (default 60) for an agent no
     running worker knows becomes `blocked` with reason `missing_definition`.
-    `worker_queues` (queue names, as `Worker(queues=)`) keeps the in-process
+    `worker_queues` (queue names, as `WorkerOptions(queues=)`) keeps the in-process
     worker to those queues; `queues` defines queues and their limits.
     `on_status_change(task, old, new)` is called on every status change a runner
     of this process makes; a coroutine function is awaited (its calls one after
@@ -166,23 +166,22 @@ class Runtime(ManyTasks, SendsMessages, Sessions):
         self._owns_store = store is None or isinstance(store, str)
         self.run_worker = run_worker
         self.worker: Worker | None = None
-        self._worker_args: dict[str, Any] = {
-            "concurrency": concurrency,
-            "lease_ttl": lease_ttl,
-            "poll_interval": poll_interval,
-            "worker_id": worker_id,
-            "on_status": on_status_change,
-            "trace": trace,
-            "missing_agent_grace": missing_agent_grace,
-            "webhook_delivery": webhook_delivery,
-            # Checked now, not when the worker starts on the first submit.
-            "queues": None if worker_queues is None else queue_names(worker_queues),
-        }
+        # Checked now, not when the worker starts on the first submit.
+        self.worker_options = WorkerOptions(
+            concurrency=concurrency,
+            lease_ttl=lease_ttl,
+            poll_interval=poll_interval,
+            worker_id=worker_id,
+            missing_agent_grace=missing_agent_grace,
+            webhook_delivery=webhook_delivery,
+            queues=worker_queues,
+        )
+        self._on_status_change = on_status_change
+        self._trace = trace
         self._worker_job: asyncio.Task[None] | None = None
         self._queues = list(queues)
         # load_task(id, callbacks=): shared with the worker, which calls and drops them.
         self._task_callbacks: dict[str, TaskCallbacks] = {}
-        self._worker_args["callbacks"] = self._task_callbacks
 
     # --- lifecycle ---
 
@@ -199,7 +198,14 @@ class Runtime(ManyTasks, SendsMessages, Sessions):
         """Start the in-process scheduler (idempotent)."""
         if not self.run_worker or self._worker_job is not None:
             return
-        self.worker = Worker(self.store, self.agents.values(), **self._worker_args)
+        self.worker = Worker(
+            self.store,
+            self.agents.values(),
+            self.worker_options,
+            on_status=self._on_status_change,
+            trace=self._trace,
+            callbacks=self._task_callbacks,
+        )
         self._worker_job = asyncio.ensure_future(self.worker.run())
 
     async def close(self, *, graceful: bool = True) -> None:
