@@ -476,7 +476,7 @@ async def test_the_api_key_is_never_written(
             # A careless proxy echoes the key in its error; it becomes the task's error.
             server.fail_next(1, 401, f"Incorrect API key provided: {SECRET}.")
             bad = await (await rt.submit("weather", "Weather in Rome?")).wait(30)
-            tasks = (await rt.list()).tasks
+            tasks = (await rt.list_tasks()).tasks
             exported = json.dumps([await export_task(rt.store, t.id) for t in tasks])
             ui = [m.model_dump_json() for t in tasks for m in await rt.ui_messages(t.id)]
             raw_open = store_bytes(tmp_path)

@@ -151,5 +151,5 @@ async def test_a_request_id_reused_with_another_input_is_refused(store: Store) -
         # Request ids are per owner: bob's r1 is a new task.
         bobs = await rt.submit("a", "something else", request_id="r1", owner="bob")
         assert bobs.created and bobs.task_id != first.task_id
-        page = await rt.list(owner="alice")
+        page = await rt.list_tasks(owner="alice")
     assert [t.id for t in page.tasks] == [first.task_id]  # nothing else was created

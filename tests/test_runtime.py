@@ -145,7 +145,7 @@ async def test_request_id_returns_the_same_task(url: str) -> None:
         assert first.created and not again.created and again.task_id == first.task_id
         assert other.task_id != first.task_id
         await first.wait(30)
-        assert len((await rt.list(owner="u")).tasks) == 1
+        assert len((await rt.list_tasks(owner="u")).tasks) == 1
 
 
 @pytest.mark.slow

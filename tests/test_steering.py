@@ -180,7 +180,7 @@ async def test_fork_refuses_a_round_whose_calls_are_not_all_answered(store: Stor
         assert [(r.round, r.status) for r in hist.rounds] == [(1, "open")]
         assert hist.rounds[0].calls[0].outcome is None
         # Nothing was created by the refusals.
-        assert len((await rt.list(owner="u")).tasks) == 1
+        assert len((await rt.list_tasks(owner="u")).tasks) == 1
 
 
 @pytest.mark.slow

@@ -174,7 +174,7 @@ async def test_continue_session_while_a_turn_runs_follows_the_strategy(store: St
         task = await first.wait(20)
         await other.wait(20)
         assert task.output == "re 'also this' having said 2"
-        assert len((await rt.list(owner="u")).tasks) == 1  # never a silent fork
+        assert len((await rt.list_tasks(owner="u")).tasks) == 1  # never a silent fork
         # Once the turn is over, continuing the session starts a new task from it.
         third = await rt.submit("a", "next", owner="u", session_id="s", continue_session=True)
         assert third.created and not third.sent

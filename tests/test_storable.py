@@ -41,7 +41,7 @@ async def test_submit_refuses_unstorable_input_and_context(store: Store, name: s
         assert isinstance(info.value, UsageError)
         with pytest.raises(InvalidValue, match=r"^context"):
             await rt.submit("a", "hi", context={"v": BAD_VALUES[name]}, session_id="s")
-        assert (await rt.list(session_id="s")).tasks == []
+        assert (await rt.list_tasks(session_id="s")).tasks == []
         # The deepest value allowed is stored and reads back.
         ok = nested(MAX_JSON_DEPTH - 1)
         sub = await rt.submit("a", ok, session_id="s")

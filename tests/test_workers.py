@@ -63,7 +63,7 @@ async def test_three_workers_200_tasks_one_sigkilled(
         workers.append(WorkerProc(url_of(rt), ttl=2.0, concurrency=80, LEDGER=str(ledger)))
 
     async def completed() -> int:
-        page = await rt.list(status=TaskStatus.COMPLETED, limit=1000)
+        page = await rt.list_tasks(status=TaskStatus.COMPLETED, limit=1000)
         return len(page.tasks)
 
     deadline = asyncio.get_running_loop().time() + 120
