@@ -13,7 +13,7 @@ import asyncio
 import sys
 from typing import Any
 
-from duragent import Agent, Runtime, ScriptedModel, ToolCall, Turn, tool
+from duragent import Agent, BuiltinTools, Limits, Runtime, ScriptedModel, ToolCall, Turn, tool
 
 URL, ROLE, TTL = sys.argv[1], sys.argv[2], sys.argv[3]
 started = asyncio.Event()
@@ -36,8 +36,8 @@ agent = Agent(
     name="long",
     model=ScriptedModel(script, chunk_size=10_000),
     tools=[work],
-    max_iterations=1_000_000,
-    plan_tool=False,
+    limits=Limits(max_iterations=1_000_000),
+    builtin_tools=BuiltinTools(plan=False),
 )
 
 

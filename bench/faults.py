@@ -37,7 +37,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from duragent import Agent, ScriptedModel, ToolCall, ToolContext, tool
+from duragent import Agent, Limits, ScriptedModel, Timing, ToolCall, ToolContext, tool
 from duragent.llm.scripted import Turn
 from duragent.types import AssistantMessage
 
@@ -81,12 +81,10 @@ AGENTS = [
         name="faulty",
         model=ScriptedModel(_script, chunk_delay=0.003, chunk_size=6),
         tools=[write_note, read_value],
-        progress_interval=0.01,
-        state_debounce=0.01,
-        max_iterations=50,
+        timing=Timing(progress_interval=0.01, state_debounce=0.01),
         # Takeovers (a lease that expired while its renewals were refused) are
         # reported by the harness, not turned into blocked tasks.
-        max_restarts=100,
+        limits=Limits(max_iterations=50, max_restarts=100),
     )
 ]
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 
 from bench.common import child_env
-from duragent import Agent, ScriptedModel, ToolCall
+from duragent import Agent, BuiltinTools, ScriptedModel, ToolCall
 
 HOST = "127.0.0.1"  # loopback only: this generates load, never towards another machine
 USERS = 10
@@ -42,12 +42,11 @@ USERS = 10
 def agents() -> list[Agent]:
     """`--agents bench.http_load:agents` for the server under load."""
     return [
-        Agent(name="quick", model=ScriptedModel(["Done."]), plan_tool=False),
+        Agent(name="quick", model=ScriptedModel(["Done."]), builtin_tools=BuiltinTools(plan=False)),
         Agent(
             name="asker",
             model=ScriptedModel([[ToolCall("ask_user", {"question": "Which city?"})], "Thanks."]),
-            ask_user_tool=True,
-            plan_tool=False,
+            builtin_tools=BuiltinTools(ask_user=True, plan=False),
         ),
     ]
 

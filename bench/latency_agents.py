@@ -13,7 +13,7 @@ import asyncio
 import time
 from typing import Any
 
-from duragent import Agent, ScriptedModel, ToolCall, ToolContext, Turn, tool
+from duragent import Agent, BuiltinTools, Limits, ScriptedModel, ToolCall, ToolContext, Turn, tool
 from duragent.types import AssistantMessage
 
 
@@ -51,13 +51,20 @@ def busy_script(messages: list[Any]) -> Any:
 
 
 AGENTS = [
-    Agent(name="quick", model=ScriptedModel(lambda m: "done"), plan_tool=False),
-    Agent(name="holder", model=ScriptedModel(holder_script), tools=[block], plan_tool=False),
+    Agent(
+        name="quick", model=ScriptedModel(lambda m: "done"), builtin_tools=BuiltinTools(plan=False)
+    ),
+    Agent(
+        name="holder",
+        model=ScriptedModel(holder_script),
+        tools=[block],
+        builtin_tools=BuiltinTools(plan=False),
+    ),
     Agent(
         name="busy",
         model=ScriptedModel(busy_script),
         tools=[step],
-        plan_tool=False,
-        max_iterations=100,
+        builtin_tools=BuiltinTools(plan=False),
+        limits=Limits(max_iterations=100),
     ),
 ]

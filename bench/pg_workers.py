@@ -33,7 +33,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from duragent import Agent, ScriptedModel, ToolCall, tool
+from duragent import Agent, Limits, ScriptedModel, ToolCall, tool
 from duragent.types import AssistantMessage
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: bench/..
@@ -56,7 +56,11 @@ def _script(messages: list[Any]) -> Any:
     return f"all {done} batches processed"
 
 
-AGENTS = [Agent(name="bench", model=ScriptedModel(_script), tools=[work], max_iterations=1000)]
+AGENTS = [
+    Agent(
+        name="bench", model=ScriptedModel(_script), tools=[work], limits=Limits(max_iterations=1000)
+    )
+]
 
 
 # --- one measured run --------------------------------------------------------------

@@ -28,7 +28,17 @@ from bench.common import (
     tool_args,
     tool_output,
 )
-from duragent import Agent, Runtime, ScriptedModel, ToolCall, Turn, open_store, tool
+from duragent import (
+    Agent,
+    BuiltinTools,
+    Limits,
+    Runtime,
+    ScriptedModel,
+    ToolCall,
+    Turn,
+    open_store,
+    tool,
+)
 from duragent.llm.base import ModelRequest, ResponseAssembler
 from duragent.runtime.engine import TaskRunner
 from duragent.runtime.log import api_entry, result_entries
@@ -102,8 +112,8 @@ def bench_agent(rounds: int, clock: RoundClock, name: str = "bench") -> Agent:
         name=name,
         model=ScriptedModel(script, chunk_size=10_000),  # one text delta: a zero-latency model
         tools=[work],
-        max_iterations=rounds + 10,
-        plan_tool=False,
+        limits=Limits(max_iterations=rounds + 10),
+        builtin_tools=BuiltinTools(plan=False),
     )
 
 
@@ -394,8 +404,8 @@ def _concurrent_agent(rounds: int) -> Agent:
         name="many",
         model=ScriptedModel(script, chunk_size=10_000, final=f"All {rounds} steps are done."),
         tools=[work],
-        max_iterations=rounds + 10,
-        plan_tool=False,
+        limits=Limits(max_iterations=rounds + 10),
+        builtin_tools=BuiltinTools(plan=False),
     )
 
 
@@ -429,8 +439,8 @@ async def streaming(config: str, workdir: str, rounds: int) -> Any:
         name="stream",
         model=ScriptedModel(script, chunk_size=20, chunk_delay=STREAM_DELAY),
         tools=[work],
-        max_iterations=rounds + 10,
-        plan_tool=False,
+        limits=Limits(max_iterations=rounds + 10),
+        builtin_tools=BuiltinTools(plan=False),
     )
     rt = Runtime(
         url,

@@ -18,7 +18,18 @@ import random
 import sys
 from typing import Any
 
-from duragent import Agent, Runtime, ScriptedModel, ToolCall, ToolContext, Turn, tool
+from duragent import (
+    Agent,
+    BuiltinTools,
+    Limits,
+    Runtime,
+    ScriptedModel,
+    Timing,
+    ToolCall,
+    ToolContext,
+    Turn,
+    tool,
+)
 from duragent.types import AssistantMessage, UserMessage
 
 
@@ -89,10 +100,10 @@ agent = Agent(
     name="torture",
     model=ScriptedModel(script, chunk_delay=0.002, chunk_size=12),
     tools=[safe_op, unsafe_op],
-    max_iterations=20,
-    max_restarts=1000,  # the harness kills on purpose; never block on the restart limit
-    progress_interval=0.003,
-    plan_tool=False,
+    # The harness kills on purpose: never block on the restart limit.
+    limits=Limits(max_iterations=20, max_restarts=1000),
+    timing=Timing(progress_interval=0.003),
+    builtin_tools=BuiltinTools(plan=False),
 )
 
 

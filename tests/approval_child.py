@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from duragent import Agent, Runtime, ScriptedModel, ToolCall, ToolMessage, tool
+from duragent import Agent, BuiltinTools, Runtime, ScriptedModel, ToolCall, ToolMessage, tool
 
 
 def mailer(ledger: Path) -> Agent:
@@ -49,7 +49,12 @@ def mailer(ledger: Path) -> Agent:
             return [ToolCall("send", {"to": "bob", "body": "hi"})]
         return " | ".join(results)
 
-    return Agent(name="mailer", model=ScriptedModel(script), tools=[send], plan_tool=False)
+    return Agent(
+        name="mailer",
+        model=ScriptedModel(script),
+        tools=[send],
+        builtin_tools=BuiltinTools(plan=False),
+    )
 
 
 async def main(url: str, task_id: str, ledger: str, mode: str) -> None:

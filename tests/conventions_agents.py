@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from duragent import Agent
+from duragent import Agent, BuiltinTools
 
 
 def agents() -> list[Agent]:
@@ -14,11 +14,11 @@ def agents() -> list[Agent]:
     model = OpenAIChat(
         "gpt-4o-mini", base_url=os.environ["CONVENTIONS_BASE_URL"], api_key="sk-unused"
     )
-    return [Agent(name="remote", model=model, plan_tool=False)]
+    return [Agent(name="remote", model=model, builtin_tools=BuiltinTools(plan=False))]
 
 
 def twins() -> list[Agent]:
     return [
-        Agent(name="twin", model="scripted:demo", plan_tool=False),
-        Agent(name="twin", model="scripted:demo", plan_tool=False),
+        Agent(name="twin", model="scripted:demo", builtin_tools=BuiltinTools(plan=False)),
+        Agent(name="twin", model="scripted:demo", builtin_tools=BuiltinTools(plan=False)),
     ]

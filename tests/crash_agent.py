@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from duragent import Agent, Runtime, ScriptedModel, ToolCall, ToolContext, Turn, tool
+from duragent import Agent, Runtime, ScriptedModel, Timing, ToolCall, ToolContext, Turn, tool
 
 URL, LEDGER, POINT, KIND = sys.argv[1:5]
 REQUEST_ID = sys.argv[5] if len(sys.argv) > 5 else "crash-task"
@@ -62,7 +62,7 @@ model = ScriptedModel(
     chunk_delay=0.02,
     chunk_size=6,
 )
-agent = Agent(name="worker", model=model, tools=[work_tool], progress_interval=0.01)
+agent = Agent(name="worker", model=model, tools=[work_tool], timing=Timing(progress_interval=0.01))
 
 
 async def main() -> None:

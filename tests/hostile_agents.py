@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from duragent import Agent, ScriptedModel, ToolCall, tool
+from duragent import Agent, BuiltinTools, ScriptedModel, ToolCall, tool
 
 # A window-title change (OSC, ended by BEL and by ST), a screen clear (CSI), an
 # 8-bit CSI, a backspace, and Rich markup. No NUL: it cannot be in argv.
@@ -27,13 +27,15 @@ def fail(messages: list[Any]) -> Any:
 
 def agents() -> list[Agent]:
     return [
-        Agent(name=NAME, model=ScriptedModel([EVIL, EVIL]), plan_tool=False),
-        Agent(name=f"{NAME}-fails", model=ScriptedModel(fail), plan_tool=False),
+        Agent(name=NAME, model=ScriptedModel([EVIL, EVIL]), builtin_tools=BuiltinTools(plan=False)),
+        Agent(
+            name=f"{NAME}-fails", model=ScriptedModel(fail), builtin_tools=BuiltinTools(plan=False)
+        ),
         Agent(
             name=f"{NAME}-asks",
             model=ScriptedModel([[ToolCall("send_email", {"to": EVIL, "body": EVIL})], EVIL]),
             tools=[send_email],
-            plan_tool=False,
+            builtin_tools=BuiltinTools(plan=False),
         ),
     ]
 

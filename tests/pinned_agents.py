@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 
-from duragent import Agent
+from duragent import Agent, BuiltinTools
 
 AGENTS = [
     Agent(
         name="pinned",
         model="openai:gpt-4o-mini",
         model_options={"base_url": os.environ["PINNED_BASE_URL"], "api_key": "sk-pinned"},
-        plan_tool=False,
+        builtin_tools=BuiltinTools(plan=False),
     )
 ]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from duragent import Agent, ChatModel, Runtime, tool
+from duragent import Agent, BuiltinTools, ChatModel, Runtime, Timing, tool
 
 PROVIDER, BASE_URL, URL = sys.argv[1:4]
 
@@ -48,8 +48,8 @@ async def main() -> None:
         instructions="You report the weather.",
         tools=[get_weather],
         model_settings={"temperature": 0.2},
-        progress_interval=0.01,
-        plan_tool=False,
+        timing=Timing(progress_interval=0.01),
+        builtin_tools=BuiltinTools(plan=False),
     )
     try:
         rt = Runtime(URL, agents=[agent], lease_ttl=1.0, poll_interval=0.1, trace=trace)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from duragent import Agent, Runtime, ScriptedModel, ToolCall, tool
+from duragent import Agent, BuiltinTools, Runtime, ScriptedModel, ToolCall, tool
 from duragent.types import ToolMessage, UserMessage
 
 
@@ -47,7 +47,12 @@ def make_agent(ledger: Path, kill_at: str = "none") -> Agent:
             time.sleep(3600)  # held inside the model call, the message's pickup committed
         return [ToolCall("record", {"i": int(users[-1][1:])})]
 
-    return Agent(name="chat", model=ScriptedModel(script), tools=[record], plan_tool=False)
+    return Agent(
+        name="chat",
+        model=ScriptedModel(script),
+        tools=[record],
+        builtin_tools=BuiltinTools(plan=False),
+    )
 
 
 async def main(url: str, ledger: str, kill_at: str, task_id: str) -> None:

@@ -10,7 +10,17 @@ import json
 import os
 from typing import Any
 
-from duragent import Agent, ModelError, ScriptedModel, ToolCall, ToolContext, Turn, tool
+from duragent import (
+    Agent,
+    BuiltinTools,
+    ModelError,
+    ScriptedModel,
+    Timing,
+    ToolCall,
+    ToolContext,
+    Turn,
+    tool,
+)
 from duragent.types import ToolMessage, UserMessage
 
 # Streaming speed: seconds between chunks (the browser test wants several seconds of text).
@@ -86,7 +96,10 @@ def notebook_script(messages: list[Any]) -> Any:
 def notebook() -> Agent:
     """Reads and writes a session document: the probe for per-owner session scopes."""
     return Agent(
-        name="notebook", model=ScriptedModel(notebook_script), tools=[note], plan_tool=False
+        name="notebook",
+        model=ScriptedModel(notebook_script),
+        tools=[note],
+        builtin_tools=BuiltinTools(plan=False),
     )
 
 
@@ -126,7 +139,11 @@ def fail_once(messages: list[object]) -> str | list[ToolCall]:
 
 def agents() -> list[Agent]:
     return [
-        Agent(name="quick", model=ScriptedModel(["Hello from quick."]), plan_tool=False),
+        Agent(
+            name="quick",
+            model=ScriptedModel(["Hello from quick."]),
+            builtin_tools=BuiltinTools(plan=False),
+        ),
         Agent(
             name="streamer",
             model=ScriptedModel(
@@ -138,15 +155,15 @@ def agents() -> list[Agent]:
                 chunk_size=4,
             ),
             tools=[lookup],
-            progress_interval=0.05,
-            plan_tool=False,
+            timing=Timing(progress_interval=0.05),
+            builtin_tools=BuiltinTools(plan=False),
         ),
         Agent(
             # Streams for about a minute: something to pause, abort and watch.
             name="slow",
             model=ScriptedModel(["tick " * 600], chunk_delay=0.1, chunk_size=5),
-            progress_interval=0.05,
-            plan_tool=False,
+            timing=Timing(progress_interval=0.05),
+            builtin_tools=BuiltinTools(plan=False),
         ),
         Agent(
             name="approver",
@@ -154,30 +171,34 @@ def agents() -> list[Agent]:
                 [[ToolCall("send_email", {"to": "bob@example.com", "body": "hi"})], "Email done."]
             ),
             tools=[send_email],
-            plan_tool=False,
+            builtin_tools=BuiltinTools(plan=False),
         ),
         Agent(
             name="asker",
             model=ScriptedModel(
                 [[ToolCall("ask_user", {"question": "Which city?"})], "Thanks for answering."]
             ),
-            ask_user_tool=True,
-            plan_tool=False,
+            builtin_tools=BuiltinTools(ask_user=True, plan=False),
         ),
-        Agent(name="flaky", model=ScriptedModel(fail_once), tools=[lookup], plan_tool=False),
+        Agent(
+            name="flaky",
+            model=ScriptedModel(fail_once),
+            tools=[lookup],
+            builtin_tools=BuiltinTools(plan=False),
+        ),
         Agent(
             # A pause waits 0.5 s for its held tool, then cancels it.
             name="holder",
             model=ScriptedModel(hold_at_the_gate),
             tools=[hold],
-            plan_tool=False,
-            tool_grace=0.5,
+            builtin_tools=BuiltinTools(plan=False),
+            timing=Timing(tool_grace=0.5),
         ),
         Agent(
             name="parent",
             model=ScriptedModel([[ToolCall("delegate", {"job": "say hello"})], "Delegated."]),
             tools=[delegate],
-            plan_tool=False,
+            builtin_tools=BuiltinTools(plan=False),
         ),
         notebook(),
         Agent(
@@ -185,6 +206,6 @@ def agents() -> list[Agent]:
             name="mailer",
             model=ScriptedModel(mail_two),
             tools=[send_email_within_10_minutes],
-            plan_tool=False,
+            builtin_tools=BuiltinTools(plan=False),
         ),
     ]

@@ -12,6 +12,7 @@ import pytest
 
 from duragent import (
     Agent,
+    BuiltinTools,
     Conflict,
     Decision,
     InvalidArguments,
@@ -64,7 +65,7 @@ def agent(outbox: Outbox, *calls: ToolCall) -> Agent:
         name="a",
         model=ScriptedModel(script),
         tools=[outbox.tool],
-        plan_tool=False,
+        builtin_tools=BuiltinTools(plan=False),
     )
 
 
@@ -314,7 +315,10 @@ async def test_a_question_waits_on_while_a_sibling_timer_fires(store: Store) -> 
         return echo_last_result(messages)
 
     a = Agent(
-        name="a", model=ScriptedModel(script), tools=[nap], plan_tool=False, ask_user_tool=True
+        name="a",
+        model=ScriptedModel(script),
+        tools=[nap],
+        builtin_tools=BuiltinTools(plan=False, ask_user=True),
     )
     async with Runtime(store, agents=[a]) as rt:
         sub = await rt.submit("a", "plan a trip", owner="u")

@@ -18,7 +18,15 @@ from typing import Any
 import pytest
 
 from conventions_agents import twins
-from duragent import Agent, Runtime, ScriptedModel, UsageError, WaitTimedOut, __version__
+from duragent import (
+    Agent,
+    BuiltinTools,
+    Runtime,
+    ScriptedModel,
+    UsageError,
+    WaitTimedOut,
+    __version__,
+)
 from duragent.llm import resolve_model
 from duragent.runtime.presence import announce
 from duragent.store import open_store
@@ -118,7 +126,9 @@ def test_a_failed_task_is_logged_in_one_line_with_the_traceback_at_debug(
         raise RuntimeError("the model's tool broke")
 
     async def go() -> None:
-        agent = Agent(name="boom", model=ScriptedModel(boom), plan_tool=False)
+        agent = Agent(
+            name="boom", model=ScriptedModel(boom), builtin_tools=BuiltinTools(plan=False)
+        )
         async with Runtime(url, [agent], poll_interval=0.05) as rt:
             task = await (await rt.submit("boom", "go")).wait(timeout=30)
             assert task.status is TaskStatus.FAILED
@@ -330,7 +340,9 @@ def test_worker_says_where_it_runs_and_keeps_http_requests_out_of_its_log(
 
         async def go() -> TaskStatus:
             # The worker runs it; this process only submits.
-            remote = Agent(name="remote", model="scripted:none", plan_tool=False)
+            remote = Agent(
+                name="remote", model="scripted:none", builtin_tools=BuiltinTools(plan=False)
+            )
             async with Runtime(url, [remote], run_worker=False) as rt:
                 sub = await rt.submit("remote", "hi")
                 return (await rt.wait(sub.task_id, timeout=60)).status

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from duragent import Agent, Runtime, ScriptedModel
+from duragent import Agent, BuiltinTools, Runtime, ScriptedModel
 from duragent.types import EntryKind, TaskStatus
 from support.cli_run import KEY_ENV, MODEL, SECRET, Serve, serve, stored, task_id_in
 from support.llm_servers import ToolCall
@@ -117,7 +117,7 @@ def test_commands_that_read_or_act_never_create_a_store(tmp_path: Path) -> None:
 
 
 def test_duragent_store_names_the_store_and_the_flag_wins(tmp_path: Path) -> None:
-    agent = Agent(name="a", model=ScriptedModel(["ok"]), plan_tool=False)
+    agent = Agent(name="a", model=ScriptedModel(["ok"]), builtin_tools=BuiltinTools(plan=False))
 
     async def one_task(url: str, text: str) -> str:
         async with Runtime(url, [agent], run_worker=False) as rt:

@@ -20,7 +20,17 @@ from typing import Any
 import pytest
 
 from conftest import drop_schema, require_postgres
-from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, ToolContext, tool
+from duragent import (
+    Agent,
+    BuiltinTools,
+    Runtime,
+    ScriptedModel,
+    TaskStatus,
+    Timing,
+    ToolCall,
+    ToolContext,
+    tool,
+)
 from duragent.errors import UsageError
 from duragent.runtime.presence import served_agents
 from duragent.store.base import Store
@@ -61,25 +71,25 @@ def agents() -> list[Agent]:
             name="asker",
             model=calls_then_answers(ToolCall("ask", {"question": "Which city?"})),
             tools=[ask],
-            plan_tool=False,
+            builtin_tools=BuiltinTools(plan=False),
         ),
         Agent(
             name="sleeper",
             model=calls_then_answers(ToolCall("snooze", {"seconds": 3600})),
             tools=[snooze],
-            plan_tool=False,
+            builtin_tools=BuiltinTools(plan=False),
         ),
         Agent(
             name="parent",
             model=calls_then_answers(ToolCall("delegate", {"job": "ask"})),
             tools=[delegate],
-            plan_tool=False,
+            builtin_tools=BuiltinTools(plan=False),
         ),
         Agent(
             name="helper",
             model=calls_then_answers(ToolCall("ask", {"question": "Sure?"})),
             tools=[ask],
-            plan_tool=False,
+            builtin_tools=BuiltinTools(plan=False),
         ),
     ]
 
@@ -151,7 +161,7 @@ async def test_a_timer_before_the_deadline_wakes_first(store: Store) -> None:
         name="napper",
         model=calls_then_answers(ToolCall("snooze", {"seconds": 0.2})),
         tools=[snooze],
-        plan_tool=False,
+        builtin_tools=BuiltinTools(plan=False),
     )
     async with Runtime(store, agents=[agent], on_status_change=moves, poll_interval=0.1) as rt:
         sub = await rt.submit("napper", "nap", deadline=3600)
@@ -194,8 +204,8 @@ async def test_a_long_tool_gets_the_grace_then_is_cancelled(store: Store) -> Non
         name="stuck",
         model=calls_then_answers(ToolCall("forever", {})),
         tools=[forever],
-        plan_tool=False,
-        tool_grace=0.2,
+        builtin_tools=BuiltinTools(plan=False),
+        timing=Timing(tool_grace=0.2),
     )
     async with Runtime(store, agents=[agent]) as rt:
         sub = await rt.submit("stuck", "go", deadline=0.3)
@@ -226,7 +236,11 @@ async def test_a_tool_finishing_within_the_grace_keeps_its_result(store: Store) 
         return "done"
 
     agent = Agent(
-        name="slowpoke", model=ScriptedModel(script), tools=[slow], plan_tool=False, tool_grace=60
+        name="slowpoke",
+        model=ScriptedModel(script),
+        tools=[slow],
+        builtin_tools=BuiltinTools(plan=False),
+        timing=Timing(tool_grace=60),
     )
     async with Runtime(store, agents=[agent]) as rt:
         sub = await rt.submit("slowpoke", "go", deadline=0.3)
@@ -247,8 +261,8 @@ async def test_a_streaming_model_is_stopped_at_the_deadline(store: Store) -> Non
     agent = Agent(
         name="talker",
         model=ScriptedModel(["tick " * 2000], chunk_delay=0.02, chunk_size=5),
-        plan_tool=False,
-        progress_interval=0.05,
+        builtin_tools=BuiltinTools(plan=False),
+        timing=Timing(progress_interval=0.05),
     )
     async with Runtime(store, agents=[agent]) as rt:
         sub = await rt.submit("talker", "talk", deadline=0.3)
@@ -268,7 +282,7 @@ async def test_a_start_after_the_deadline_fails_at_the_deadline_without_running(
         ran.append("model")
         return "never"
 
-    agent = Agent(name="late", model=ScriptedModel(script), plan_tool=False)
+    agent = Agent(name="late", model=ScriptedModel(script), builtin_tools=BuiltinTools(plan=False))
     async with Runtime(store, agents=[agent], poll_interval=0.1) as rt:
         sub = await rt.submit("late", "go", start_at=timedelta(hours=1), deadline=0.3)
         submitted = await rt.get(sub.task_id)
@@ -310,7 +324,12 @@ async def test_a_new_deadline_on_retry_is_enforced_and_named(store: Store) -> No
         n = sum(isinstance(m, AssistantMessage) for m in messages)
         return [ToolCall("ask", {"question": f"question {n}"})]
 
-    agent = Agent(name="curious", model=ScriptedModel(always_asks), tools=[ask], plan_tool=False)
+    agent = Agent(
+        name="curious",
+        model=ScriptedModel(always_asks),
+        tools=[ask],
+        builtin_tools=BuiltinTools(plan=False),
+    )
     async with Runtime(store, agents=[agent], poll_interval=0.1) as rt:
         sub = await rt.submit("curious", "go", deadline=0.3)
         assert (await ended(rt, sub.task_id)).status_reason == "deadline"
@@ -349,7 +368,7 @@ async def test_an_agent_default_deadline_and_refused_values() -> None:
     slow = Agent(
         name="bounded",
         model=ScriptedModel(["ok"]),
-        plan_tool=False,
+        builtin_tools=BuiltinTools(plan=False),
         deadline=timedelta(minutes=10),
     )
     async with Runtime("memory://", agents=[slow], run_worker=False) as rt:
@@ -453,12 +472,17 @@ async def test_a_fork_does_not_copy_the_sources_deadline(store: Store) -> None:
             return [ToolCall("look", {"q": "x"})]
         return [ToolCall("ask", {"question": f"question {n}"})]
 
-    plain = Agent(name="ask2", model=ScriptedModel(script), tools=[look, ask], plan_tool=False)
+    plain = Agent(
+        name="ask2",
+        model=ScriptedModel(script),
+        tools=[look, ask],
+        builtin_tools=BuiltinTools(plan=False),
+    )
     bounded = Agent(
         name="ask2b",
         model=ScriptedModel(script),
         tools=[look, ask],
-        plan_tool=False,
+        builtin_tools=BuiltinTools(plan=False),
         deadline=timedelta(hours=1),
     )
     async with Runtime(store, agents=[plain, bounded], poll_interval=0.1) as rt:

@@ -14,10 +14,10 @@ import warnings
 
 import pytest
 
-from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, ToolContext, tool
+from duragent import Agent, Runtime, ScriptedModel, TaskStatus, Timing, ToolCall, ToolContext, tool
 from duragent.runtime.presence import WORKERS_SCOPE, block_unserved, served_agents
 from duragent.runtime.submit import new_task
-from duragent.runtime.worker import Worker
+from duragent.runtime.worker import Worker, WorkerOptions
 from duragent.store.base import Store
 from duragent.types import EntryKind, ToolMessage
 
@@ -32,7 +32,7 @@ def remember_sync(fact: str, ctx: ToolContext) -> str:
 @pytest.mark.slow
 async def test_a_sync_tool_updates_state_without_error_or_warning(store: Store) -> None:
     model = ScriptedModel([[ToolCall("remember_sync", {"fact": "sky"})], "done"])
-    agent = Agent(name="a", model=model, tools=[remember_sync], state_debounce=0.01)
+    agent = Agent(name="a", model=model, tools=[remember_sync], timing=Timing(state_debounce=0.01))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         async with Runtime(store, agents=[agent]) as rt:
@@ -97,7 +97,7 @@ async def test_a_live_worker_that_knows_the_agent_keeps_its_task_unblocked(store
     )
     busy = await _pending(store, "b")
     waiting = await _pending(store, "b")
-    worker_b = Worker(store, [b_agent], concurrency=1, missing_agent_grace=3600)
+    worker_b = Worker(store, [b_agent], WorkerOptions(concurrency=1, missing_agent_grace=3600))
     job = asyncio.ensure_future(worker_b.run())
     try:
         loop = asyncio.get_running_loop()

@@ -10,12 +10,14 @@ import pytest
 
 from duragent import (
     Agent,
+    BuiltinTools,
     Queue,
     Runtime,
     ScriptedModel,
     Store,
     TaskNotFound,
     TaskStatus,
+    Timing,
     ToolCall,
     tool,
 )
@@ -24,7 +26,7 @@ from duragent.types import EntryKind, Task, ToolMessage, UserMessage, utcnow
 
 
 def quick_agent() -> Agent:
-    return Agent(name="q", model=ScriptedModel(["done"]), plan_tool=False)
+    return Agent(name="q", model=ScriptedModel(["done"]), builtin_tools=BuiltinTools(plan=False))
 
 
 async def test_the_views_of_a_missing_or_purged_task_raise_task_not_found(store: Store) -> None:
@@ -74,7 +76,11 @@ def rollback_agent(release: asyncio.Event, entered: asyncio.Event) -> Agent:
         return f"re {getattr(last, 'content', '')!r}"
 
     return Agent(
-        name="r", model=ScriptedModel(say), tools=[send, lookup], plan_tool=False, tool_grace=0.0
+        name="r",
+        model=ScriptedModel(say),
+        tools=[send, lookup],
+        builtin_tools=BuiltinTools(plan=False),
+        timing=Timing(tool_grace=0.0),
     )
 
 
@@ -112,7 +118,9 @@ def relay_agent(seen: list[list[str]]) -> Agent:
         seen.append(results)
         return "relayed"
 
-    return Agent(name="relay", model=ScriptedModel(say), tools=[step], plan_tool=False)
+    return Agent(
+        name="relay", model=ScriptedModel(say), tools=[step], builtin_tools=BuiltinTools(plan=False)
+    )
 
 
 async def test_parallel_results_reach_the_model_in_call_order(store: Store) -> None:

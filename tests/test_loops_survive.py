@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from duragent import Agent, Queue, Runtime, ScriptedModel, ToolCall, tool
+from duragent import Agent, BuiltinTools, Queue, Runtime, ScriptedModel, ToolCall, tool
 from duragent.errors import InvalidOption
 from duragent.runtime.housekeeping import Housekeeper
 from duragent.runtime.schedules import (
@@ -29,7 +29,7 @@ from duragent.runtime.schedules import (
     put_schedule,
     schedule_key,
 )
-from duragent.runtime.worker import Worker
+from duragent.runtime.worker import Worker, WorkerOptions
 from duragent.store import open_store
 from duragent.store.base import Commit, DocumentWrite, Store, TaskQuery
 from duragent.store.queues import QUEUES_SCOPE, define_queue
@@ -38,7 +38,7 @@ from duragent.webhooks import OUTBOX, WebhookDelivery, WebhookSender
 from support.api import assert_problem, auth, client, runtime  # noqa: F401
 from webhook_receiver import Receiver
 
-CHAT = Agent(name="chat", model=ScriptedModel(["ok"]), plan_tool=False)
+CHAT = Agent(name="chat", model=ScriptedModel(["ok"]), builtin_tools=BuiltinTools(plan=False))
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ async def test_a_worker_refuses_periods_its_loops_cannot_run_on(
     store: Store, options: dict[str, Any]
 ) -> None:
     with pytest.raises(InvalidOption):
-        Worker(store, [CHAT], **options)
+        Worker(store, [CHAT], WorkerOptions(**options))
 
 
 @pytest.mark.parametrize(
@@ -252,9 +252,14 @@ async def test_a_poisoned_task_row_does_not_stop_the_other_leases(tmp_path: Path
     def script(messages: list[Any]) -> Any:
         return [ToolCall("hold", {})] if len(messages) == 1 else "done"
 
-    agent = Agent(name="holder", model=ScriptedModel(script), tools=[hold], plan_tool=False)
+    agent = Agent(
+        name="holder",
+        model=ScriptedModel(script),
+        tools=[hold],
+        builtin_tools=BuiltinTools(plan=False),
+    )
     store = open_store(f"sqlite:///{path}")
-    worker = Worker(store, [agent], lease_ttl=1.5, heartbeat=0.1, poll_interval=0.05)
+    worker = Worker(store, [agent], WorkerOptions(lease_ttl=1.5, heartbeat=0.1, poll_interval=0.05))
     try:
         async with Runtime(store, agents=[agent], run_worker=False) as rt:
             a = (await rt.submit("holder", "a")).task_id

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 
 from duragent import (
     Agent,
+    BuiltinTools,
     Runtime,
     ScriptedModel,
     TaskStatus,
@@ -51,7 +52,7 @@ async def lookup(city: str, ctx: ToolContext) -> str:
 async def test_a_task_run_has_round_model_and_tool_spans(tmp_path: Path) -> None:
     tp, exporter = provider()
     model = ScriptedModel([[ToolCall("lookup", {"city": "Paris"})], "It is sunny."])
-    agent = Agent(name="w", model=model, tools=[lookup], plan_tool=False)
+    agent = Agent(name="w", model=model, tools=[lookup], builtin_tools=BuiltinTools(plan=False))
     async with Runtime("memory://", agents=[agent], trace=OTelTracer(tp)) as rt:
         task = await (await rt.submit("w", "weather?")).wait(20)
     assert task.status is TaskStatus.COMPLETED

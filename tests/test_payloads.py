@@ -7,7 +7,18 @@ from typing import Any
 import pydantic
 import pytest
 
-from duragent import Agent, Runtime, ScriptedModel, Store, TaskStatus, ToolCall, ToolContext, tool
+from duragent import (
+    Agent,
+    Limits,
+    Runtime,
+    ScriptedModel,
+    Store,
+    TaskStatus,
+    Timing,
+    ToolCall,
+    ToolContext,
+    tool,
+)
 from duragent.payloads import (
     IntentPayload,
     ProgressPayload,
@@ -112,10 +123,12 @@ async def test_every_payload_a_run_writes_has_exactly_the_keys_its_typed_shape_n
         name="loop",
         model=ScriptedModel(lambda m: [ToolCall("chat")]),
         tools=[chat],
-        max_iterations=1,
+        limits=Limits(max_iterations=1),
     )
     streaming = Agent(
-        name="stream", model=ScriptedModel(["a streamed answer"], chunk_size=3), progress_interval=0
+        name="stream",
+        model=ScriptedModel(["a streamed answer"], chunk_size=3),
+        timing=Timing(progress_interval=0),
     )
     # A worker died mid-stream: the next one voids the partial answer.
     task, first = new_task(streaming, "again")

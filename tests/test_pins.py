@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from duragent import Agent, Runtime
+from duragent import Agent, BuiltinTools, Runtime
 from duragent.errors import UsageError
 from duragent.llm.openai import OpenAIChat
 from duragent.runtime.worker import lease_alive
@@ -29,7 +29,7 @@ SECRET = "sk-pins-SECRET-42"
 def agent_at(url: str, **kw: object) -> Agent:
     """The same agent, its model requests sent to `url`."""
     model = OpenAIChat("gpt-4o-mini", base_url=url, api_key=SECRET)
-    return Agent(name="pinned", model=model, plan_tool=False, **kw)  # type: ignore[arg-type]
+    return Agent(name="pinned", model=model, builtin_tools=BuiltinTools(plan=False), **kw)  # type: ignore[arg-type]
 
 
 def is_blocked(task: Task) -> bool:
@@ -222,7 +222,7 @@ async def test_a_stand_in_definition_that_only_submits_pins_nothing_it_does_not_
     """A process that only submits often names the agent with a stand-in (a scripted
     model, no tools): the workers' real definition then decides, nothing is blocked."""
     store = f"sqlite:///{tmp_path}/pins.db"
-    stand_in = Agent(name="pinned", model="scripted:none", plan_tool=False)
+    stand_in = Agent(name="pinned", model="scripted:none", builtin_tools=BuiltinTools(plan=False))
     with ScriptedOpenAIServer(["from A"]) as a:
         async with Runtime(store, agents=[stand_in], run_worker=False) as rt:
             task_id = (await rt.submit("pinned", "hello")).task_id

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from duragent import Agent, ChatModel, Runtime, Task, tool
+from duragent import Agent, BuiltinTools, ChatModel, Runtime, Task, tool
 from duragent.cli.tasks import export_task
 from duragent.llm.anthropic import AnthropicChat
 from duragent.llm.openai import OpenAIChat
@@ -194,7 +194,7 @@ async def test_rounds_with_parallel_tool_calls_complete_and_count_tokens(
         instructions="You report the weather.",
         tools=[get_weather, get_time, to_fahrenheit],
         model_settings={"temperature": 0.1},
-        plan_tool=False,
+        builtin_tools=BuiltinTools(plan=False),
     )
     task = await run_task(tmp_path, agent, "Weather in Paris and Rome, please.")
 
@@ -234,7 +234,7 @@ async def test_rate_limit_is_retried_after_the_servers_wait_with_a_notice_each(
 ) -> None:
     server = serve([Answer("Fine now.", input_tokens=7, output_tokens=3)], answer_by="history")
     server.fail_next(2, 429, "Rate limit reached for requests", headers={"retry-after": "1"})
-    agent = Agent(name="a", model=chat(server), plan_tool=False)
+    agent = Agent(name="a", model=chat(server), builtin_tools=BuiltinTools(plan=False))
 
     started = time.monotonic()
     task = await run_task(tmp_path, agent, "Hello")
@@ -259,7 +259,7 @@ async def test_rejected_key_fails_the_task_naming_the_variable(
 ) -> None:
     server = serve(["never sent"])
     server.fail_next(1, 401, f"Incorrect API key provided: {SECRET}.")
-    agent = Agent(name="a", model=chat(server), plan_tool=False)
+    agent = Agent(name="a", model=chat(server), builtin_tools=BuiltinTools(plan=False))
 
     task = await run_task(tmp_path, agent, "Hello")
 
@@ -293,7 +293,9 @@ async def test_truncated_tool_arguments_become_an_error_result_and_the_task_goes
         answer_by="history",
         args_chunk=3,
     )
-    agent = Agent(name="a", model=chat(server), tools=[get_weather], plan_tool=False)
+    agent = Agent(
+        name="a", model=chat(server), tools=[get_weather], builtin_tools=BuiltinTools(plan=False)
+    )
 
     task = await run_task(tmp_path, agent, "Weather in Paris?")
 
@@ -463,7 +465,9 @@ async def test_the_api_key_is_never_written(
         model = provider.spec  # the Runtime builds the adapter, and closes it
     else:
         model = chat(server)
-    agent = Agent(name="weather", model=model, tools=[get_weather], plan_tool=False)
+    agent = Agent(
+        name="weather", model=model, tools=[get_weather], builtin_tools=BuiltinTools(plan=False)
+    )
     try:
         async with Runtime(
             f"sqlite:///{tmp_path}/secret.db", agents=[agent], poll_interval=0.05
@@ -472,7 +476,7 @@ async def test_the_api_key_is_never_written(
             # A careless proxy echoes the key in its error; it becomes the task's error.
             server.fail_next(1, 401, f"Incorrect API key provided: {SECRET}.")
             bad = await (await rt.submit("weather", "Weather in Rome?")).wait(30)
-            tasks = (await rt.list()).tasks
+            tasks = (await rt.list_tasks()).tasks
             exported = json.dumps([await export_task(rt.store, t.id) for t in tasks])
             ui = [m.model_dump_json() for t in tasks for m in await rt.ui_messages(t.id)]
             raw_open = store_bytes(tmp_path)

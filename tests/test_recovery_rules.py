@@ -18,7 +18,18 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, ToolContext, tool
+from duragent import (
+    Agent,
+    BuiltinTools,
+    Limits,
+    Runtime,
+    ScriptedModel,
+    TaskStatus,
+    Timing,
+    ToolCall,
+    ToolContext,
+    tool,
+)
 from duragent.runtime.approvals import edited_note
 from duragent.runtime.engine import TaskRunner
 from duragent.runtime.log import INTERRUPTED
@@ -244,7 +255,7 @@ async def test_open_input_and_subtask_waits_are_kept_when_a_sibling_timer_wakes_
     helper = Agent(
         name="helper",
         model=ScriptedModel([[ToolCall("ask_user", {"question": "n?"})], "42"]),
-        ask_user_tool=True,
+        builtin_tools=BuiltinTools(ask_user=True),
     )
     async with Runtime(store, agents=[parent, helper], poll_interval=0.05) as rt:
         tid = (await rt.submit("parent", "plan")).task_id
@@ -574,7 +585,9 @@ async def test_a_task_taken_over_more_than_max_restarts_times_is_blocked_unrun(
         ran.append("work")
         return "worked"
 
-    agent = Agent(name="a", model=ScriptedModel(Model()), tools=[work], max_restarts=2)
+    agent = Agent(
+        name="a", model=ScriptedModel(Model()), tools=[work], limits=Limits(max_restarts=2)
+    )
     calls: list[Call] = [("w", "work", {}, "safe")]
     at_limit = await crashed(store, agent, lambda tid: round_of_calls(tid, calls), restarts=1)
     past = await crashed(store, agent, lambda tid: round_of_calls(tid, calls), restarts=2)
@@ -636,8 +649,8 @@ async def test_an_interrupting_message_is_taken_after_the_round_read_back_from_t
         name="a",
         model=ScriptedModel(script),
         tools=gate.tools(),
-        plan_tool=False,
-        tool_grace=0.0,
+        builtin_tools=BuiltinTools(plan=False),
+        timing=Timing(tool_grace=0.0),
         multitask_strategy="interrupt",
     )
     async with Runtime(store, agents=[agent]) as rt:
@@ -864,7 +877,9 @@ async def test_each_way_a_call_can_end_is_stored_with_its_outcome_label(store: S
         return model(messages)
 
     tools = [limited, own_timeout, unlimited_bare, boom, delegate, pay, fine]
-    agent = Agent(name="a", model=ScriptedModel(script), tools=tools, plan_tool=False)
+    agent = Agent(
+        name="a", model=ScriptedModel(script), tools=tools, builtin_tools=BuiltinTools(plan=False)
+    )
     async with Runtime(store, agents=[agent]) as rt:
         task = await (await rt.submit("a", "go")).wait(30)
     entries = await store.entries(task.id)

@@ -14,6 +14,7 @@ import pytest
 
 from duragent import (
     Agent,
+    BuiltinTools,
     DuplicateRequest,
     InvalidTransition,
     ModelError,
@@ -55,7 +56,12 @@ def agent_failing_once(ran: list[str], *, model_fails: bool = True) -> Agent:
             raise ModelError("the provider refused the request")
         return "all done"
 
-    return Agent(name="a", model=ScriptedModel(script), tools=[send, look], plan_tool=False)
+    return Agent(
+        name="a",
+        model=ScriptedModel(script),
+        tools=[send, look],
+        builtin_tools=BuiltinTools(plan=False),
+    )
 
 
 async def test_retry_continues_a_failed_task_keeping_its_completed_rounds(store: Store) -> None:
@@ -115,7 +121,7 @@ async def test_retry_recovers_the_interrupted_round_by_the_recovery_table(store:
 
 
 async def test_only_a_failed_task_of_the_caller_can_be_retried(store: Store) -> None:
-    agent = Agent(name="a", model=ScriptedModel(["ok"]), plan_tool=False)
+    agent = Agent(name="a", model=ScriptedModel(["ok"]), builtin_tools=BuiltinTools(plan=False))
     async with Runtime(store, agents=[agent]) as rt:
         sub = await rt.submit("a", "go", owner="alice")
         done = await sub.wait(30)
@@ -131,8 +137,8 @@ async def test_only_a_failed_task_of_the_caller_can_be_retried(store: Store) -> 
 
 
 async def test_a_request_id_reused_with_another_input_is_refused(store: Store) -> None:
-    agent = Agent(name="a", model=ScriptedModel(["ok"]), plan_tool=False)
-    other = Agent(name="b", model=ScriptedModel(["ok"]), plan_tool=False)
+    agent = Agent(name="a", model=ScriptedModel(["ok"]), builtin_tools=BuiltinTools(plan=False))
+    other = Agent(name="b", model=ScriptedModel(["ok"]), builtin_tools=BuiltinTools(plan=False))
     async with Runtime(store, agents=[agent, other], run_worker=False) as rt:
         first = await rt.submit("a", {"text": "hi", "n": 1}, request_id="r1", owner="alice")
         again = await rt.submit("a", {"n": 1, "text": "hi"}, request_id="r1", owner="alice")
@@ -145,5 +151,5 @@ async def test_a_request_id_reused_with_another_input_is_refused(store: Store) -
         # Request ids are per owner: bob's r1 is a new task.
         bobs = await rt.submit("a", "something else", request_id="r1", owner="bob")
         assert bobs.created and bobs.task_id != first.task_id
-        page = await rt.list(owner="alice")
+        page = await rt.list_tasks(owner="alice")
     assert [t.id for t in page.tasks] == [first.task_id]  # nothing else was created

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from conftest import PG_URL, opened_store
-from duragent import Agent, Runtime, ScriptedModel, ToolCall, ToolContext, tool
+from duragent import Agent, BuiltinTools, Runtime, ScriptedModel, ToolCall, ToolContext, tool
 from duragent.errors import TaskNotFound
 from duragent.store import Commit, TaskPatch
 from duragent.store.base import PendingCommit, Store
@@ -50,7 +50,12 @@ def counting_agent(calls: list[int], ran: list[str]) -> Agent:
             return [ToolCall("first", {})]
         return [ToolCall("second", {})] if n == 2 else "done"
 
-    return Agent(name="a", model=ScriptedModel(script), tools=[first, second], plan_tool=False)
+    return Agent(
+        name="a",
+        model=ScriptedModel(script),
+        tools=[first, second],
+        builtin_tools=BuiltinTools(plan=False),
+    )
 
 
 @pytest.mark.parametrize("durability", ["normal", "full"])
@@ -67,7 +72,9 @@ async def test_a_round_closed_behind_the_next_model_call_shares_its_transaction(
         return [ToolCall("step", {"n": done + 1})] if done < ROUNDS else "finished"
 
     store = SQLiteStore(str(tmp_path / "s.db"), durability=durability)  # type: ignore[arg-type]
-    agent = Agent(name="a", model=ScriptedModel(script), tools=[step], plan_tool=False)
+    agent = Agent(
+        name="a", model=ScriptedModel(script), tools=[step], builtin_tools=BuiltinTools(plan=False)
+    )
     async with Runtime(store, agents=[agent]) as rt:
         sub = await rt.submit("a", "go")
         task = await sub.wait(30)
@@ -188,7 +195,12 @@ async def test_a_runner_cancelled_right_after_its_last_tool_still_stores_the_res
         return [ToolCall("charge", {})] if len(messages) == 1 else "done"
 
     store = SQLiteStore(str(tmp_path / "s.db"))
-    agent = Agent(name="a", model=ScriptedModel(script), tools=[charge], plan_tool=False)
+    agent = Agent(
+        name="a",
+        model=ScriptedModel(script),
+        tools=[charge],
+        builtin_tools=BuiltinTools(plan=False),
+    )
     async with Runtime(store, agents=[agent]) as rt:
         box["rt"] = rt
         sub = await rt.submit("a", "go")
@@ -217,7 +229,9 @@ async def test_a_hook_that_stops_waiting_for_landed_changes_nothing(tmp_path: Pa
                 await asyncio.wait_for(info["landed"], 1e-9)  # gives up at once
 
     store = SQLiteStore(str(tmp_path / "s.db"), durability="full")
-    agent = Agent(name="a", model=ScriptedModel(script), tools=[step], plan_tool=False)
+    agent = Agent(
+        name="a", model=ScriptedModel(script), tools=[step], builtin_tools=BuiltinTools(plan=False)
+    )
     async with Runtime(store, agents=[agent], trace=trace) as rt:
         task = await (await rt.submit("a", "go")).wait(30)
         assert task.status is TaskStatus.COMPLETED and task.iterations == 4
@@ -339,7 +353,9 @@ async def test_a_late_answer_to_an_earlier_queued_commit_never_unlinks_the_next_
 
     store = SettlesQueuedCommitsLate(str(tmp_path / "s.db"))
     refuse_poison(store, "sqlite")
-    agent = Agent(name="a", model=Answering(script), tools=[step], plan_tool=False)
+    agent = Agent(
+        name="a", model=Answering(script), tools=[step], builtin_tools=BuiltinTools(plan=False)
+    )
     async with Runtime(store, agents=[agent], trace=trace) as rt:
         sub = await rt.submit("a", "go")
         await asyncio.wait_for(ended.wait(), 30)

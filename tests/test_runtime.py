@@ -13,9 +13,12 @@ import pytest
 from duragent import (
     Agent,
     InvalidTransition,
+    Limits,
+    RetryPolicy,
     Runtime,
     ScriptedModel,
     TaskStatus,
+    Timing,
     ToolCall,
     ToolContext,
     Turn,
@@ -126,7 +129,7 @@ async def test_max_iterations_fails_with_that_reason(url: str) -> None:
 
     model = ScriptedModel(lambda msgs: [ToolCall("noop")])
     async with Runtime(
-        url, agents=[Agent(name="a", model=model, tools=[noop], max_iterations=3)]
+        url, agents=[Agent(name="a", model=model, tools=[noop], limits=Limits(max_iterations=3))]
     ) as rt:
         task = await (await rt.submit("a", "loop forever")).wait(30)
     assert task.status is TaskStatus.FAILED and task.iterations == 3
@@ -142,7 +145,7 @@ async def test_request_id_returns_the_same_task(url: str) -> None:
         assert first.created and not again.created and again.task_id == first.task_id
         assert other.task_id != first.task_id
         await first.wait(30)
-        assert len((await rt.list(owner="u")).tasks) == 1
+        assert len((await rt.list_tasks(owner="u")).tasks) == 1
 
 
 @pytest.mark.slow
@@ -200,7 +203,9 @@ def noop() -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("rollback", [False, True])
 async def test_pause_mid_stream_then_resume_completes(url: str, rollback: bool) -> None:
-    agent = Agent(name="a", model=streaming_model(), tools=[noop], progress_interval=0.02)
+    agent = Agent(
+        name="a", model=streaming_model(), tools=[noop], timing=Timing(progress_interval=0.02)
+    )
     async with Runtime(url, agents=[agent]) as rt:
         sub = await rt.submit("a", "talk")
         await wait_for_entry(rt, sub.task_id, EntryKind.PROGRESS)
@@ -236,7 +241,7 @@ async def test_pause_mid_tool_lets_it_finish_then_resume(url: str, rollback: boo
     model = ScriptedModel(
         [Turn(text="working", tool_calls=[ToolCall("slow", {"n": 1})]), "all done"]
     )
-    agent = Agent(name="a", model=model, tools=[slow], tool_grace=10)
+    agent = Agent(name="a", model=model, tools=[slow], timing=Timing(tool_grace=10))
     async with Runtime(url, agents=[agent]) as rt:
         sub = await rt.submit("a", "go")
         await wait_for_entry(rt, sub.task_id, EntryKind.TOOL_INTENT)
@@ -266,7 +271,7 @@ async def test_pause_past_the_grace_period_interrupts_the_tool(url: str) -> None
         return "unreachable"
 
     model = ScriptedModel([[ToolCall("forever")], "ok then"])
-    agent = Agent(name="a", model=model, tools=[forever], tool_grace=0.1)
+    agent = Agent(name="a", model=model, tools=[forever], timing=Timing(tool_grace=0.1))
     async with Runtime(url, agents=[agent]) as rt:
         sub = await rt.submit("a", "go")
         await wait_for_entry(rt, sub.task_id, EntryKind.TOOL_INTENT)
@@ -330,7 +335,10 @@ async def test_load_task_deep_merges_context(url: str) -> None:
 @pytest.mark.slow
 async def test_subscribe_yields_every_committed_entry_once_and_ends(url: str) -> None:
     agent = Agent(
-        name="a", model=streaming_model("abc " * 40), tools=[noop], progress_interval=0.01
+        name="a",
+        model=streaming_model("abc " * 40),
+        tools=[noop],
+        timing=Timing(progress_interval=0.01),
     )
     async with Runtime(url, agents=[agent]) as rt:
         sub = await rt.submit("a", "x")
@@ -412,7 +420,7 @@ async def test_non_retryable_model_error_fails_with_a_readable_reason(url: str) 
 
 
 async def test_retry_budget_is_bounded(url: str) -> None:
-    agent = Agent(name="a", model=FlakyModel(10), model_retries=2)
+    agent = Agent(name="a", model=FlakyModel(10), model_retry=RetryPolicy(max_retries=2))
     async with Runtime(url, agents=[agent]) as rt:
         task = await (await rt.submit("a", "x")).wait(30)
         assert task.status is TaskStatus.FAILED and "failed 3 times" in (task.error or "")
@@ -468,7 +476,9 @@ class UsageThenFailModel:
 
 async def test_a_garbled_stream_is_asked_again_and_its_tokens_counted(url: str) -> None:
     model = UsageThenFailModel(MalformedModelOutput("the stream had an unparseable event"))
-    async with Runtime(url, agents=[Agent(name="a", model=model, retry_base_delay=0.01)]) as rt:
+    async with Runtime(
+        url, agents=[Agent(name="a", model=model, model_retry=RetryPolicy(base_delay=0.01))]
+    ) as rt:
         task = await (await rt.submit("a", "x")).wait(30)
     assert task.status is TaskStatus.COMPLETED and task.output == "fine now"
     assert task.usage.input_tokens == 200 and task.usage.output_tokens == 14
@@ -482,7 +492,10 @@ async def test_abort_cuts_a_pause_grace_period_short(url: str) -> None:
         return "unreachable"
 
     agent = Agent(
-        name="a", model=ScriptedModel([[ToolCall("stuck")]]), tools=[stuck], tool_grace=3600
+        name="a",
+        model=ScriptedModel([[ToolCall("stuck")]]),
+        tools=[stuck],
+        timing=Timing(tool_grace=3600),
     )
     async with Runtime(url, agents=[agent]) as rt:
         sub = await rt.submit("a", "go")
@@ -554,7 +567,12 @@ async def test_rollback_keeps_completed_never_replay_results_and_voids_the_rest(
             return [ToolCall("write_note", {"text": "hi"}), ToolCall("fetch", {"url": "x"})]
         return "done"
 
-    agent = Agent(name="a", model=ScriptedModel(script), tools=[write_note, fetch], tool_grace=10)
+    agent = Agent(
+        name="a",
+        model=ScriptedModel(script),
+        tools=[write_note, fetch],
+        timing=Timing(tool_grace=10),
+    )
     async with Runtime(store, agents=[agent]) as rt:
         sub = await rt.submit("a", "go")
         await wait_for_entry(rt, sub.task_id, EntryKind.TOOL_RESULT)  # write_note's result
@@ -601,7 +619,7 @@ async def test_rollback_of_a_round_of_replay_safe_calls_voids_it_and_marks_it(ur
     model = ScriptedModel(
         [Turn(text="fetching", tool_calls=[ToolCall("fetch", {"url": "x"})]), "ok"]
     )
-    agent = Agent(name="a", model=model, tools=[fetch], tool_grace=10)
+    agent = Agent(name="a", model=model, tools=[fetch], timing=Timing(tool_grace=10))
     async with Runtime(url, agents=[agent]) as rt:
         sub = await rt.submit("a", "go")
         await wait_for_entry(rt, sub.task_id, EntryKind.TOOL_INTENT)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from duragent import Agent, Runtime, ScriptedModel
+from duragent import Agent, BuiltinTools, Runtime, ScriptedModel
 from duragent.runtime.presence import WORKERS_SCOPE, process_identity
 from duragent.store import open_store
 from duragent.store.base import Commit, DocumentWrite
@@ -23,7 +23,9 @@ HOLDER = "elsewhere:4242:0badc0de"
 
 
 def agent() -> Agent:
-    return Agent(name="greeter", model=ScriptedModel(["Hello."]), plan_tool=False)
+    return Agent(
+        name="greeter", model=ScriptedModel(["Hello."]), builtin_tools=BuiltinTools(plan=False)
+    )
 
 
 def a_dead_pid() -> int:

@@ -67,7 +67,7 @@ async def test_queue_limit_priority_and_metadata_through_the_runtime(tmp_path: P
         counts = await rt.counts()
         assert counts == {"slow": {"completed": 9}}
         assert await rt.counts(metadata={"batch": "b1"}) == {"slow": {"completed": 8}}
-        page = await rt.list(queue="slow", metadata={"batch": "b1"}, limit=100)
+        page = await rt.list_tasks(queue="slow", metadata={"batch": "b1"}, limit=100)
         assert len(page.tasks) == 8
         first_started = await rt.get(urgent.task_id)
         later = await rt.get(subs[-1].task_id)

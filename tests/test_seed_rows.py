@@ -13,7 +13,17 @@ from typing import Any
 
 import pytest
 
-from duragent import Agent, Runtime, ScriptedModel, TaskCallbacks, TaskStatus, ToolCall, tool
+from duragent import (
+    Agent,
+    BuiltinTools,
+    Runtime,
+    ScriptedModel,
+    TaskCallbacks,
+    TaskStatus,
+    Timing,
+    ToolCall,
+    tool,
+)
 from duragent.errors import IncompatibleEntry, SessionNotFound, TaskNotFound, UsageError
 from duragent.store.base import Commit, Store
 from duragent.store.sqlite_schema import KIND_CODES
@@ -24,7 +34,7 @@ TERMINAL = [s for s in TaskStatus if s.terminal]
 
 
 def quick() -> Agent:
-    return Agent(name="a", model=ScriptedModel(["done"]), plan_tool=False)
+    return Agent(name="a", model=ScriptedModel(["done"]), builtin_tools=BuiltinTools(plan=False))
 
 
 # --- blocked(incompatible_store) ---------------------------------------------
@@ -106,7 +116,7 @@ def echo() -> Agent:
     def answer(messages: list[Any]) -> str:
         return "echo " + str([m for m in messages if m.role == "user"][-1].content)
 
-    return Agent(name="chat", model=ScriptedModel(answer), plan_tool=False)
+    return Agent(name="chat", model=ScriptedModel(answer), builtin_tools=BuiltinTools(plan=False))
 
 
 def said(transcript: list[Any]) -> list[tuple[str, str]]:
@@ -157,7 +167,13 @@ async def look(q: str) -> str:
 
 def looker() -> Agent:
     model = ScriptedModel([[ToolCall("look", {"q": "x"})], "found it all"], chunk_size=4)
-    return Agent(name="cb", model=model, tools=[look], progress_interval=0, plan_tool=False)
+    return Agent(
+        name="cb",
+        model=model,
+        tools=[look],
+        timing=Timing(progress_interval=0),
+        builtin_tools=BuiltinTools(plan=False),
+    )
 
 
 async def test_callbacks_given_at_load_hear_that_task_only(store: Store) -> None:

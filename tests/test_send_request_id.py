@@ -15,11 +15,13 @@ import pytest
 from conftest import drop_schema, require_postgres
 from duragent import (
     Agent,
+    BuiltinTools,
     DuplicateRequest,
     Runtime,
     ScriptedModel,
     Store,
     TaskStatus,
+    Timing,
     UsageError,
 )
 from duragent.store import Commit
@@ -32,7 +34,11 @@ def agent(first: Gate, second: Gate) -> Agent:
     slow, _ = first.tools()
     _, lookup = second.tools()
     return Agent(
-        name="a", model=ScriptedModel(script), tools=[slow, lookup], plan_tool=False, tool_grace=0
+        name="a",
+        model=ScriptedModel(script),
+        tools=[slow, lookup],
+        builtin_tools=BuiltinTools(plan=False),
+        timing=Timing(tool_grace=0),
     )
 
 

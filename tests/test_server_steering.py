@@ -82,7 +82,7 @@ async def test_fork_of_an_open_round_or_bad_body_is_a_clear_problem(
     assert r.status_code == 422
     r = await client.post(f"/v1/tasks/{tid}/fork", json={"at_round": 0}, headers=auth("alice"))
     assert r.status_code == 422
-    assert len((await runtime.list(owner="alice")).tasks) == 1
+    assert len((await runtime.list_tasks(owner="alice")).tasks) == 1
 
 
 async def test_another_users_history_and_fork_are_404(
@@ -93,7 +93,7 @@ async def test_another_users_history_and_fork_are_404(
     assert_problem(r, 404, "Task not found")
     r = await client.post(f"/v1/tasks/{tid}/fork", json={"at_round": 1}, headers=auth("bob"))
     assert_problem(r, 404, "Task not found")
-    assert (await runtime.list(owner="bob")).tasks == []
+    assert (await runtime.list_tasks(owner="bob")).tasks == []
 
 
 @pytest.mark.slow
@@ -160,7 +160,7 @@ async def test_reject_is_409_and_continue_session_sends_into_the_live_task(
     done = await wait_for(runtime, tid, TaskStatus.COMPLETED)
     users = [m for m in await runtime.model_view(done.id) if m.role == "user"]
     assert [m.content for m in users] == ["g2", "g2"]
-    assert len((await runtime.list(owner="alice")).tasks) == 1  # no silent fork
+    assert len((await runtime.list_tasks(owner="alice")).tasks) == 1  # no silent fork
 
 
 async def test_bad_messages_are_422_and_another_users_task_is_404(

@@ -50,7 +50,7 @@ async def test_nul_and_surrogates_in_forks_and_messages_are_422(
     for body in NUL_MESSAGES:
         r = await post_raw(client, f"/v1/tasks/{live}/messages", body)
         assert_problem(r, 422, "Validation error")
-    page = await runtime.list(owner="alice")
+    page = await runtime.list_tasks(owner="alice")
     assert sorted(t.id for t in page.tasks) == sorted([tid, live])  # nothing forked
 
 

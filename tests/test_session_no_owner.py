@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from duragent import Agent, Runtime, ScriptedModel
+from duragent import Agent, BuiltinTools, Runtime, ScriptedModel
 from duragent.store import Store
 from duragent.types import TaskStatus
 
@@ -13,7 +13,12 @@ from duragent.types import TaskStatus
 async def test_continue_session_finds_the_history_of_no_owner_and_the_empty_owner(
     store: Store, first: str | None, then: str | None
 ) -> None:
-    agent = Agent(name="chat", model=ScriptedModel(["noted", "again"]), tools=[], plan_tool=False)
+    agent = Agent(
+        name="chat",
+        model=ScriptedModel(["noted", "again"]),
+        tools=[],
+        builtin_tools=BuiltinTools(plan=False),
+    )
     async with Runtime(store, [agent], poll_interval=0.05) as rt:
         one = await (await rt.submit("chat", "remember 42", owner=first, session_id="s")).wait(30)
         assert one.status is TaskStatus.COMPLETED, one.error

@@ -9,12 +9,14 @@ import pytest
 
 from duragent import (
     Agent,
+    BuiltinTools,
     Edit,
     Runtime,
     ScriptedModel,
     Store,
     TaskNotFound,
     TaskStatus,
+    Timing,
     ToolCall,
     UsageError,
     tool,
@@ -57,7 +59,10 @@ def three_rounds(messages: list[Any]) -> Any:
 
 def agent(counter: Counter) -> Agent:
     return Agent(
-        name="a", model=ScriptedModel(three_rounds), tools=counter.tools(), plan_tool=False
+        name="a",
+        model=ScriptedModel(three_rounds),
+        tools=counter.tools(),
+        builtin_tools=BuiltinTools(plan=False),
     )
 
 
@@ -158,7 +163,9 @@ async def test_fork_refuses_a_round_whose_calls_are_not_all_answered(store: Stor
         return "deployed"
 
     script = ScriptedModel([[ToolCall("deploy")], "done"])
-    waiting_agent = Agent(name="w", model=script, tools=[deploy], plan_tool=False)
+    waiting_agent = Agent(
+        name="w", model=script, tools=[deploy], builtin_tools=BuiltinTools(plan=False)
+    )
     async with Runtime(store, agents=[waiting_agent]) as rt:
         sub = await rt.submit("w", "ship it", owner="u")
         task = await rt.wait(sub.task_id, timeout=20, until=lambda t: t.status.value == "waiting")
@@ -173,7 +180,7 @@ async def test_fork_refuses_a_round_whose_calls_are_not_all_answered(store: Stor
         assert [(r.round, r.status) for r in hist.rounds] == [(1, "open")]
         assert hist.rounds[0].calls[0].outcome is None
         # Nothing was created by the refusals.
-        assert len((await rt.list(owner="u")).tasks) == 1
+        assert len((await rt.list_tasks(owner="u")).tasks) == 1
 
 
 @pytest.mark.slow
@@ -220,7 +227,9 @@ async def test_a_tool_timeout_tells_the_model_the_limit(tmp_path: Any) -> None:
         raise TimeoutError("upstream took too long")
 
     script = ScriptedModel([[ToolCall("slow"), ToolCall("own_timeout")], "ok"])
-    a = Agent(name="t", model=script, tools=[slow, own_timeout], plan_tool=False)
+    a = Agent(
+        name="t", model=script, tools=[slow, own_timeout], builtin_tools=BuiltinTools(plan=False)
+    )
     async with Runtime(f"sqlite:///{tmp_path}/t.db", agents=[a]) as rt:
         task = await (await rt.submit("t", "go")).wait(20)
         results = [m.content for m in await rt.model_view(task.id) if isinstance(m, ToolMessage)]
@@ -264,7 +273,13 @@ async def test_a_rolled_back_round_is_shown_voided_and_never_copied(store: Store
         return "quick done"
 
     model = ScriptedModel([[ToolCall("quick")], [ToolCall("slow")], "finished"])
-    a = Agent(name="r", model=model, tools=[quick, slow], plan_tool=False, tool_grace=10)
+    a = Agent(
+        name="r",
+        model=model,
+        tools=[quick, slow],
+        builtin_tools=BuiltinTools(plan=False),
+        timing=Timing(tool_grace=10),
+    )
     async with Runtime(store, agents=[a]) as rt:
         sub = await rt.submit("r", "go")
         await rt.wait(sub.task_id, timeout=20, until=lambda t: t.iterations == 1)

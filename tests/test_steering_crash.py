@@ -7,7 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from duragent import Agent, Edit, Runtime, ScriptedModel, TaskQuery, TaskStatus, tool
+from duragent import (
+    Agent,
+    BuiltinTools,
+    Edit,
+    Limits,
+    Runtime,
+    ScriptedModel,
+    TaskQuery,
+    TaskStatus,
+    tool,
+)
 from duragent.store import open_store
 from duragent.types import EntryKind, NewEntry, Task, ToolMessage, UserMessage
 from support.crashlib import kill_at, spawn
@@ -75,8 +85,8 @@ async def test_sigkill_during_forks_leaves_whole_forks_only(tmp_path: Path, kind
         name="calc",
         model=ScriptedModel(lambda messages: "done"),
         tools=[step],
-        plan_tool=False,
-        max_iterations=ROUNDS + 5,
+        builtin_tools=BuiltinTools(plan=False),
+        limits=Limits(max_iterations=ROUNDS + 5),
     )
     async with Runtime(url, agents=[agent], run_worker=False) as rt:
         source_view = await rt.model_view(task.id)

@@ -11,10 +11,12 @@ import pytest
 
 from duragent import (
     Agent,
+    BuiltinTools,
     Runtime,
     ScriptedModel,
     Store,
     TaskStatus,
+    Timing,
     ToolCall,
     ToolContext,
     tool,
@@ -64,7 +66,11 @@ async def test_a_call_awaiting_approval_cut_by_a_stop_never_runs_unapproved(
         return "done"
 
     agent = Agent(
-        name="a", model=ScriptedModel(script), tools=[slow, peek], plan_tool=False, tool_grace=60
+        name="a",
+        model=ScriptedModel(script),
+        tools=[slow, peek],
+        builtin_tools=BuiltinTools(plan=False),
+        timing=Timing(tool_grace=60),
     )
     async with Runtime(store, agents=[agent]) as rt:
         sub = await rt.submit("a", "hi", owner="u")
@@ -109,7 +115,9 @@ async def test_an_abort_written_while_an_interrupt_commits_is_not_lost(store: St
         rounds = sum(isinstance(m, AssistantMessage) for m in messages)
         return [ToolCall("slow", {})] if rounds < 3 else "fin"
 
-    agent = Agent(name="a", model=ScriptedModel(script), tools=[slow], plan_tool=False)
+    agent = Agent(
+        name="a", model=ScriptedModel(script), tools=[slow], builtin_tools=BuiltinTools(plan=False)
+    )
     async with Runtime(store, agents=[agent]) as rt:
         sub = await rt.submit("a", "x", owner="u")
         await asyncio.wait_for(started.wait(), 30)
@@ -153,7 +161,9 @@ async def test_an_abort_written_while_an_interrupt_commits_is_not_lost(store: St
 
 
 async def test_pausing_a_delayed_start_keeps_its_start_time(store: Store) -> None:
-    agent = Agent(name="a", model=ScriptedModel(lambda m: "ran"), plan_tool=False)
+    agent = Agent(
+        name="a", model=ScriptedModel(lambda m: "ran"), builtin_tools=BuiltinTools(plan=False)
+    )
     async with Runtime(store, agents=[agent]) as rt:
         sub = await rt.submit("a", "x", owner="u", start_at=timedelta(hours=2))
         task = await rt.get(sub.task_id)
@@ -188,7 +198,12 @@ async def test_an_interrupt_leaves_a_recorded_wait_open(store: Store) -> None:
             return [ToolCall("nap"), ToolCall("deploy")]
         return "done"
 
-    a = Agent(name="a", model=ScriptedModel(boss), tools=[nap, deploy], plan_tool=False)
+    a = Agent(
+        name="a",
+        model=ScriptedModel(boss),
+        tools=[nap, deploy],
+        builtin_tools=BuiltinTools(plan=False),
+    )
     async with Runtime(store, agents=[a]) as rt:
         sub = await rt.submit("a", "go", owner="u", multitask_strategy="interrupt")
         parked = await rt.wait(sub.task_id, timeout=30, until=lambda t: t.status.value == "waiting")

@@ -19,10 +19,13 @@ from hypothesis import strategies as st
 
 from duragent import (
     Agent,
+    BuiltinTools,
     Edit,
+    Limits,
     Runtime,
     ScriptedModel,
     TaskStatus,
+    Timing,
     ToolCall,
     ToolContext,
     Turn,
@@ -199,9 +202,9 @@ class Steered:
             name="steered",
             model=ScriptedModel(script),
             tools=[safe, never],
-            plan_tool=False,
-            tool_grace=0.0,
-            max_iterations=200,
+            builtin_tools=BuiltinTools(plan=False),
+            timing=Timing(tool_grace=0.0),
+            limits=Limits(max_iterations=200),
         )
 
     def step(self) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from duragent import (
     Agent,
+    BuiltinTools,
     History,
     InvalidTransition,
     Runtime,
@@ -20,6 +21,7 @@ from duragent import (
     TaskBusy,
     TaskNotFound,
     TaskStatus,
+    Timing,
     ToolCall,
     ToolContext,
     UsageError,
@@ -36,8 +38,8 @@ def agent(gate: Gate, **kw: Any) -> Agent:
         name="a",
         model=ScriptedModel(script),
         tools=gate.tools(),
-        plan_tool=False,
-        tool_grace=0.0,
+        builtin_tools=BuiltinTools(plan=False),
+        timing=Timing(tool_grace=0.0),
         **kw,
     )
 
@@ -172,7 +174,7 @@ async def test_continue_session_while_a_turn_runs_follows_the_strategy(store: St
         task = await first.wait(20)
         await other.wait(20)
         assert task.output == "re 'also this' having said 2"
-        assert len((await rt.list(owner="u")).tasks) == 1  # never a silent fork
+        assert len((await rt.list_tasks(owner="u")).tasks) == 1  # never a silent fork
         # Once the turn is over, continuing the session starts a new task from it.
         third = await rt.submit("a", "next", owner="u", session_id="s", continue_session=True)
         assert third.created and not third.sent
@@ -203,8 +205,17 @@ async def test_a_task_waiting_for_a_subtask_takes_an_interrupting_message_when_i
             return [ToolCall("ask_user", {"question": "Which city?"})]
         return f"helper heard {messages[-1].content}"
 
-    a = Agent(name="w", model=ScriptedModel(boss), tools=[delegate], plan_tool=False)
-    h = Agent(name="helper", model=ScriptedModel(helper), plan_tool=False, ask_user_tool=True)
+    a = Agent(
+        name="w",
+        model=ScriptedModel(boss),
+        tools=[delegate],
+        builtin_tools=BuiltinTools(plan=False),
+    )
+    h = Agent(
+        name="helper",
+        model=ScriptedModel(helper),
+        builtin_tools=BuiltinTools(plan=False, ask_user=True),
+    )
     async with Runtime(store, agents=[a, h]) as rt:
         sub = await rt.submit("w", "ship", owner="u", multitask_strategy="interrupt")
         await rt.wait(sub.task_id, timeout=20, until=waiting)
@@ -244,7 +255,11 @@ async def test_a_pause_asked_during_an_interrupt_wins_and_the_message_waits(
 ) -> None:
     gate = Gate()
     slow_agent = Agent(
-        name="a", model=ScriptedModel(script), tools=gate.tools(), plan_tool=False, tool_grace=30
+        name="a",
+        model=ScriptedModel(script),
+        tools=gate.tools(),
+        builtin_tools=BuiltinTools(plan=False),
+        timing=Timing(tool_grace=30),
     )
     async with Runtime(store, agents=[slow_agent]) as rt:
         sub = await rt.submit("a", "start", owner="u")
@@ -297,7 +312,10 @@ def waiting_agent() -> tuple[Agent, list[str]]:
         return f"re {last.content!r}"
 
     a = Agent(
-        name="a", model=ScriptedModel(say), tools=[nap, mail], plan_tool=False, ask_user_tool=True
+        name="a",
+        model=ScriptedModel(say),
+        tools=[nap, mail],
+        builtin_tools=BuiltinTools(plan=False, ask_user=True),
     )
     return a, ran
 
@@ -403,7 +421,12 @@ async def test_a_call_that_asks_to_wait_after_an_interrupt_came_in_never_parks(
             return [ToolCall("nap_later")]
         return f"re {last.content!r}"
 
-    a = Agent(name="a", model=ScriptedModel(say), tools=[nap_later], plan_tool=False)
+    a = Agent(
+        name="a",
+        model=ScriptedModel(say),
+        tools=[nap_later],
+        builtin_tools=BuiltinTools(plan=False),
+    )
     async with Runtime(store, agents=[a]) as rt:
         sub = await rt.submit("a", "start", owner="u", multitask_strategy="interrupt")
         await entered.wait()

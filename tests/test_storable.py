@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from duragent import Agent, Runtime, ScriptedModel, UsageError
+from duragent import Agent, BuiltinTools, Runtime, ScriptedModel, UsageError
 from duragent.errors import InvalidValue
 from duragent.storable import MAX_JSON_DEPTH, check_storable
 from duragent.store import Store
@@ -33,7 +33,7 @@ BAD_VALUES = {
 
 @pytest.mark.parametrize("name", sorted(BAD_VALUES))
 async def test_submit_refuses_unstorable_input_and_context(store: Store, name: str) -> None:
-    agent = Agent(name="a", model=ScriptedModel(["done"]), plan_tool=False)
+    agent = Agent(name="a", model=ScriptedModel(["done"]), builtin_tools=BuiltinTools(plan=False))
     async with Runtime(store, [agent], run_worker=False) as rt:
         with pytest.raises(InvalidValue) as info:
             await rt.submit("a", BAD_VALUES[name], session_id="s")
@@ -41,7 +41,7 @@ async def test_submit_refuses_unstorable_input_and_context(store: Store, name: s
         assert isinstance(info.value, UsageError)
         with pytest.raises(InvalidValue, match=r"^context"):
             await rt.submit("a", "hi", context={"v": BAD_VALUES[name]}, session_id="s")
-        assert (await rt.list(session_id="s")).tasks == []
+        assert (await rt.list_tasks(session_id="s")).tasks == []
         # The deepest value allowed is stored and reads back.
         ok = nested(MAX_JSON_DEPTH - 1)
         sub = await rt.submit("a", ok, session_id="s")

@@ -19,7 +19,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root holds bench/
 
 from conftest import require_postgres
-from duragent import Agent, ScriptedModel, TaskStatus, Worker
+from duragent import Agent, BuiltinTools, ScriptedModel, TaskStatus, Worker, WorkerOptions
 from duragent.runtime.submit import new_task
 from duragent.store.base import Store
 
@@ -79,10 +79,10 @@ async def test_a_claim_whose_answer_was_lost_is_found_again_by_reading(store: St
     """The claim committed but its worker never heard back (CommitOutcomeUnknown):
     the worker finds the task by reading the store, and runs it at once with the
     epoch it got, instead of leaving it until its lease expires (a restart)."""
-    agent = Agent(name="a", model=ScriptedModel(["done"]), plan_tool=False)
+    agent = Agent(name="a", model=ScriptedModel(["done"]), builtin_tools=BuiltinTools(plan=False))
     task, first = new_task(agent, "go")
     await store.create_task(task, [first])
-    worker = Worker(store, [agent], lease_ttl=600, poll_interval=0.05)
+    worker = Worker(store, [agent], WorkerOptions(lease_ttl=600, poll_interval=0.05))
     lost = await store.claim_task(worker.id, agents=["a"], ttl=600)  # the answer nobody got
     assert lost is not None and lost.lease.owner == worker.id
     worker._lost_claim = True  # what a claim raising CommitOutcomeUnknown leaves behind

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from duragent import Agent, Runtime, ScriptedModel, ToolCall
+from duragent import Agent, BuiltinTools, Runtime, ScriptedModel, Timing, ToolCall
 from duragent.terminal import clean, safe
 from duragent.types import TaskStatus
 from support.llm_servers import Answer, ScriptedOpenAIServer
@@ -96,7 +96,7 @@ def test_show_follow_and_ls_print_hostile_text_as_plain_text(tmp_path: Path) -> 
         name="evil",
         model=ScriptedModel([[ToolCall("echo", {"text": EVIL})], EVIL]),
         tools=[],
-        plan_tool=False,
+        builtin_tools=BuiltinTools(plan=False),
     )
 
     async def make() -> str:
@@ -125,8 +125,8 @@ def test_show_prints_markup_split_across_streamed_pieces_as_written(tmp_path: Pa
         name="linker",
         model=ScriptedModel([hostile], chunk_size=6),  # "x [lin", "k=http", ...
         tools=[],
-        plan_tool=False,
-        progress_interval=0,  # every piece its own progress entry
+        builtin_tools=BuiltinTools(plan=False),
+        timing=Timing(progress_interval=0),  # every piece its own progress entry
     )
 
     async def make() -> str:

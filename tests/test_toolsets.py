@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from duragent import Agent, Runtime, ScriptedModel, ToolCall
+from duragent import Agent, BuiltinTools, Runtime, ScriptedModel, ToolCall
 from duragent.fetch import BlockedAddress, NetworkPolicy, local_kind
 from duragent.runtime.tools import Tool
 from duragent.toolsets import toolset
@@ -172,7 +172,7 @@ def reader(root: Path, calls: list[ToolCall]) -> Agent:
         name="reader",
         model=ScriptedModel([calls, "done"]),
         tools=toolset("readonly", root=root, allow={"read"}),
-        plan_tool=False,
+        builtin_tools=BuiltinTools(plan=False),
     )
 
 
@@ -425,7 +425,7 @@ async def test_tool_errors_name_paths_relative_to_the_root_never_the_servers(
         name="reader",
         model=ScriptedModel([calls, "done"]),
         tools=toolset("default", root=work, allow={"read", "write"}),
-        plan_tool=False,
+        builtin_tools=BuiltinTools(plan=False),
     )
     out = await results(agent, tmp_path)
     assert [r["outcome"] for r in out] == ["error"] * 7 + ["ok"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from duragent import Agent, Runtime, ScriptedModel, ToolCall
+from duragent import Agent, BuiltinTools, Runtime, ScriptedModel, ToolCall
 from duragent.runtime.tools import Tool
 from duragent.store import open_store
 from duragent.toolsets import toolset
@@ -34,7 +34,7 @@ async def call(tools: dict[str, Tool], name: str, **args: Any) -> str:
 
 async def a_task(url: str) -> str:
     """A store at `url` holding one task; its id."""
-    agent = Agent(name="a", model=ScriptedModel(["ok"]), plan_tool=False)
+    agent = Agent(name="a", model=ScriptedModel(["ok"]), builtin_tools=BuiltinTools(plan=False))
     async with Runtime(url, [agent], run_worker=False) as rt:
         return (await rt.submit("a", "keep me")).task_id
 
@@ -178,7 +178,7 @@ async def test_a_model_cannot_destroy_the_store_its_run_is_kept_in(tmp_path: Pat
         name="wrecker",
         model=ScriptedModel([calls, "done"]),
         tools=toolset("default", root=tmp_path, allow={"read", "write"}),
-        plan_tool=False,
+        builtin_tools=BuiltinTools(plan=False),
     )
     async with Runtime(url, [agent], poll_interval=0.05) as rt:
         os.link(tmp_path / "duragent.db", tmp_path / "hard.db")

@@ -21,7 +21,17 @@ from typing import Any
 import pytest
 
 from conftest import PG_URL, drop_schema, require_postgres
-from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, ToolContext, tool
+from duragent import (
+    Agent,
+    BuiltinTools,
+    Runtime,
+    ScriptedModel,
+    TaskStatus,
+    Timing,
+    ToolCall,
+    ToolContext,
+    tool,
+)
 from duragent.errors import StoreUnavailable
 from duragent.store.base import Commit, CommitResult
 from duragent.store.sqlite import SQLiteStore
@@ -221,7 +231,13 @@ async def test_a_worker_stopping_parks_a_wait_a_call_asked_for_in_its_grace(
             napped.set()
 
     model = ScriptedModel([[ToolCall("slow"), ToolCall("nap")], "done"])
-    agent = Agent(name="two", model=model, tools=[slow, nap], plan_tool=False, tool_grace=0.0)
+    agent = Agent(
+        name="two",
+        model=model,
+        tools=[slow, nap],
+        builtin_tools=BuiltinTools(plan=False),
+        timing=Timing(tool_grace=0.0),
+    )
     url = f"sqlite:///{tmp_path}/s.db"
     async with Runtime(url, agents=[agent], trace=trace) as rt:
         tid = (await rt.submit("two", "go")).task_id

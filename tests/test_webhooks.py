@@ -13,7 +13,17 @@ from pathlib import Path
 import pytest
 
 from conftest import drop_schema, require_postgres
-from duragent import Agent, Runtime, ScriptedModel, Store, TaskStatus, ToolCall, tool
+from duragent import (
+    Agent,
+    BuiltinTools,
+    Limits,
+    Runtime,
+    ScriptedModel,
+    Store,
+    TaskStatus,
+    ToolCall,
+    tool,
+)
 from duragent.errors import UsageError
 from duragent.store import open_store
 from duragent.webhooks import OUTBOX, SECRET_ENV, WebhookDelivery, sign, verify_signature
@@ -86,7 +96,9 @@ async def test_agent_webhook_announces_input_waits_and_the_end(tmp_path: Path) -
     receiver = Receiver()
     try:
         model = ScriptedModel([[ToolCall("ask_user", {"question": "Which city?"})], "Paris it is."])
-        agent = Agent(name="a", model=model, ask_user_tool=True, webhook=receiver.url)
+        agent = Agent(
+            name="a", model=model, builtin_tools=BuiltinTools(ask_user=True), webhook=receiver.url
+        )
         async with Runtime(
             f"sqlite:///{tmp_path}/h.db", agents=[agent], webhook_delivery=FAST
         ) as rt:
@@ -118,19 +130,19 @@ async def test_failed_aborted_and_blocked_tasks_are_announced(tmp_path: Path) ->
         looping = Agent(
             name="loop",
             model=ScriptedModel([[ToolCall("update_plan", {"steps": ["x"]})]] * 3),
-            max_iterations=1,
+            limits=Limits(max_iterations=1),
             webhook=receiver.url,
         )
         asking = Agent(
             name="ask",
             model=ScriptedModel([[ToolCall("ask_user", {"question": "?"})]]),
-            ask_user_tool=True,
+            builtin_tools=BuiltinTools(ask_user=True),
         )
         fragile = Agent(
             name="fragile",
             model=ScriptedModel([[ToolCall("stuck", {})]]),
             tools=[stuck],
-            max_restarts=0,
+            limits=Limits(max_restarts=0),
             webhook=receiver.url,
         )
         store = open_store(f"sqlite:///{tmp_path}/h.db")

@@ -1,4 +1,4 @@
-"""Workers kept to named queues (`duragent worker --queues a,b`, `Worker(queues=)`), and
+"""Workers kept to named queues (`duragent worker --queues a,b`, `WorkerOptions(queues=)`), and
 queue limits changed while workers run."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from duragent import Runtime, TaskStatus, UsageError
-from duragent.runtime.worker import Worker
+from duragent.runtime.worker import Worker, WorkerOptions
 from duragent.store import Commit, Store, TaskQuery
 from duragent.store.queues import Queue
 from duragent.types import EntryKind, Task
@@ -115,7 +115,9 @@ async def test_worker_object_keeps_to_its_queues_on_every_store(store: Store) ->
     other = await submit_at_once(
         store, [Task(agent="chat", input=f"b{i}", queue="b") for i in range(2)]
     )
-    worker = Worker(store, AGENTS, queues=["a"], poll_interval=0.05, housekeeping=False)
+    worker = Worker(
+        store, AGENTS, WorkerOptions(queues=["a"], poll_interval=0.05, housekeeping=False)
+    )
     job = asyncio.ensure_future(worker.run())
     try:
         for tid in mine:

@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, tool
+from duragent import Agent, BuiltinTools, Runtime, ScriptedModel, TaskStatus, ToolCall, tool
 from duragent.store.base import LeaseRenewal
 from duragent.store.memory import MemoryStore
 from duragent.types import EntryKind, Task
@@ -63,7 +63,7 @@ async def test_three_workers_200_tasks_one_sigkilled(
         workers.append(WorkerProc(url_of(rt), ttl=2.0, concurrency=80, LEDGER=str(ledger)))
 
     async def completed() -> int:
-        page = await rt.list(status=TaskStatus.COMPLETED, limit=1000)
+        page = await rt.list_tasks(status=TaskStatus.COMPLETED, limit=1000)
         return len(page.tasks)
 
     deadline = asyncio.get_running_loop().time() + 120
@@ -468,7 +468,12 @@ async def test_heartbeat_renews_every_lease_in_one_store_call() -> None:
     def script(messages: list[Any]) -> Any:
         return [ToolCall("hold", {})] if len(messages) == 1 else "done"
 
-    agent = Agent(name="holder", model=ScriptedModel(script), tools=[hold], plan_tool=False)
+    agent = Agent(
+        name="holder",
+        model=ScriptedModel(script),
+        tools=[hold],
+        builtin_tools=BuiltinTools(plan=False),
+    )
     store = CountingStore()
     async with Runtime(store, agents=[agent], lease_ttl=1.5, concurrency=30) as rt:
         ids = {(await rt.submit("holder", f"t{i}")).task_id for i in range(30)}

@@ -17,7 +17,16 @@ import os
 import sys
 from typing import Any
 
-from duragent import Agent, Runtime, ScriptedModel, ToolCall, ToolContext, ToolMessage, tool
+from duragent import (
+    Agent,
+    BuiltinTools,
+    Runtime,
+    ScriptedModel,
+    ToolCall,
+    ToolContext,
+    ToolMessage,
+    tool,
+)
 
 QUESTION = "Which city should the trip start from?"
 MONTH = 30 * 24 * 3600.0
@@ -62,10 +71,11 @@ def waiter(kind: str, replay: Any = "safe") -> list[Agent]:
         name="waiter",
         model=ScriptedModel(script),
         tools=[nap, delegate, pay],
-        ask_user_tool=True,
-        plan_tool=False,
+        builtin_tools=BuiltinTools(ask_user=True, plan=False),
     )
-    helper = Agent(name="helper", model=ScriptedModel(["42"]), plan_tool=False)
+    helper = Agent(
+        name="helper", model=ScriptedModel(["42"]), builtin_tools=BuiltinTools(plan=False)
+    )
     return [parent, helper]
 
 

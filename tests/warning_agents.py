@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import warnings
 
-from duragent import Agent
+from duragent import Agent, BuiltinTools
 
 warnings.warn(
     "the old way of doing this goes away in the next release", FutureWarning, stacklevel=1
 )
 
-AGENTS = [Agent(name="warned", model="scripted:demo", plan_tool=False)]
+AGENTS = [Agent(name="warned", model="scripted:demo", builtin_tools=BuiltinTools(plan=False))]

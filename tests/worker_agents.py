@@ -16,7 +16,7 @@ import asyncio
 import os
 from typing import Any
 
-from duragent import Agent, ScriptedModel, ToolCall, ToolContext, tool
+from duragent import Agent, BuiltinTools, Limits, ScriptedModel, Timing, ToolCall, ToolContext, tool
 from duragent.types import AssistantMessage, ToolMessage, UserMessage
 
 
@@ -157,14 +157,18 @@ def build_agents() -> list[Agent]:
             name="sleeper",
             model=ScriptedModel(sleeper_script),
             tools=tools(nap, nap_safe),
-            max_restarts=max_restarts,
-            tool_grace=grace,
+            limits=Limits(max_restarts=max_restarts),
+            timing=Timing(tool_grace=grace),
         ),
         Agent(name="parent", model=ScriptedModel(parent_script), tools=tools(delegate)),
         Agent(name="researcher", model=ScriptedModel(researcher_script), tools=tools(nap)),
         Agent(name="timer", model=ScriptedModel(timer_script), tools=tools(wait_a_bit)),
         Agent(name="banker", model=ScriptedModel(banker_script), tools=tools(transfer)),
-        Agent(name="asker", model=ScriptedModel(asker_script), ask_user_tool=True),
+        Agent(
+            name="asker",
+            model=ScriptedModel(asker_script),
+            builtin_tools=BuiltinTools(ask_user=True),
+        ),
         Agent(name="chat", model=ScriptedModel(chat_script)),
     ]
 

@@ -113,6 +113,25 @@ def check_seconds(name: str, value: float, *, most: float = 10 * 365 * 86400.0) 
     return float(value)
 
 
+def check_delay(name: str, value: float, *, most: float = 10 * 365 * 86400.0) -> float:
+    """`value` as a delay in seconds where zero means "at once": finite, zero or more,
+    at most `most`; else InvalidOption naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidOption(f"{name} is a number of seconds, not {value!r}")
+    if not 0 <= value <= most:  # `not`, so NaN fails too
+        raise InvalidOption(
+            f"{name} must be at least 0 and at most {most:g} seconds, not {value!r}"
+        )
+    return float(value)
+
+
+def check_count(name: str, value: int, *, least: int) -> int:
+    """`value` as a whole number at least `least`; else InvalidOption naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise InvalidOption(f"{name} is a whole number >= {least}, not {value!r}")
+    return value
+
+
 class NoStore(UsageError):
     """A command that never creates a store (`duragent ls`, `show`…) found none
     where it looked."""

@@ -6,7 +6,7 @@ import asyncio
 from enum import StrEnum
 from typing import Any
 
-from duragent import Agent, ScriptedModel
+from duragent import Agent, BuiltinTools, ScriptedModel, Timing
 
 
 class FutureKind(StrEnum):
@@ -29,5 +29,10 @@ def streaming(trace_hold: int) -> tuple[Agent, asyncio.Event, asyncio.Event, Any
                 await release.wait()
 
     model = ScriptedModel(["abcdefghijkl"], chunk_size=4)
-    agent = Agent(name="s", model=model, progress_interval=0, plan_tool=False)
+    agent = Agent(
+        name="s",
+        model=model,
+        timing=Timing(progress_interval=0),
+        builtin_tools=BuiltinTools(plan=False),
+    )
     return agent, held, release, trace

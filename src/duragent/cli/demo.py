@@ -37,7 +37,7 @@ from rich.text import Text
 from duragent.cli._common import make_console
 from duragent.cli._format import count, describe
 from duragent.llm.scripted import ScriptedModel, ToolCall, Turn
-from duragent.runtime import Agent, Runtime, ToolContext, tool
+from duragent.runtime import Agent, Runtime, Timing, ToolContext, tool
 from duragent.store import open_store
 from duragent.store.sqlite_wake import wake_dir
 from duragent.terminal import clean, safe
@@ -131,7 +131,7 @@ def build_agent(ledger: str, hold: bool, kill_point: KillPoint | None = None) ->
         model=model,
         instructions="You plan trips.",
         tools=[search_flights, get_weather, book_hotel],
-        progress_interval=0,  # every piece committed: the same entries every run
+        timing=Timing(progress_interval=0),  # every piece committed: the same entries every run
     )
 
 

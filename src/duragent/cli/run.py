@@ -42,7 +42,7 @@ from duragent.cli.transcript import Transcript
 from duragent.errors import DuragentError, UsageError
 from duragent.fetch import NetworkPolicy
 from duragent.llm import ChatModel, resolve_model
-from duragent.runtime.agent import Agent
+from duragent.runtime.agent import Agent, BuiltinTools, Limits, Timing
 from duragent.runtime.pins import pinned_base_url, pinned_reach
 from duragent.runtime.runtime import Runtime
 from duragent.runtime.waits import open_waits
@@ -196,9 +196,9 @@ def run_agent(name: str, model: ChatModel, max_iterations: int, grants: Grants) 
             network=NetworkPolicy(allow_private=grants.private_network),
             allow=grants.allow,
         ),
-        max_iterations=max_iterations,
-        tool_grace=TOOL_GRACE,
-        plan_tool=False,
+        limits=Limits(max_iterations=max_iterations),
+        timing=Timing(tool_grace=TOOL_GRACE),
+        builtin_tools=BuiltinTools(plan=False),
     )
 
 

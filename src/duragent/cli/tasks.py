@@ -143,7 +143,7 @@ def list_tasks(
 
     async def go() -> list[Task]:
         async with operator_runtime(store) as rt:
-            page = await rt.list(
+            page = await rt.list_tasks(
                 owner=owner,
                 status=status or None,
                 agent=agent,

@@ -22,7 +22,7 @@ from duragent.cli._common import (
 )
 from duragent.cli._format import clip, count, status_markup
 from duragent.errors import UsageError
-from duragent.runtime.runtime import TaskTree
+from duragent.runtime.reading import TaskTree
 from duragent.runtime.views import Steps
 from duragent.terminal import safe
 

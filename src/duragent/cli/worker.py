@@ -26,6 +26,7 @@ from duragent.runtime.agent import Agent, agents_by_name
 from duragent.runtime.calls import exception_text
 
 if TYPE_CHECKING:
+    from duragent.runtime.worker import WorkerOptions
     from duragent.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -82,10 +83,10 @@ def _failed(spec: str, doing: str, exc: Exception) -> InvalidOption:
 async def run_worker(
     store_url: str,
     agents: Iterable[Agent],
+    options: WorkerOptions,
     *,
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
-    **options: Any,
 ) -> None:
     from duragent.runtime.outage import when_reachable
     from duragent.runtime.worker import Worker
@@ -109,22 +110,21 @@ async def run_worker(
     if metrics_port is not None:
         from duragent.metrics import Metrics
 
-        lease_ttl = options.get("lease_ttl", 30.0)
         metrics = Metrics(
             store,
-            heartbeat=options.get("heartbeat") or lease_ttl / 3,
+            heartbeat=options.heartbeat or options.lease_ttl / 3,
             queues=[a.name for a in agents],
         )
         exporter = metrics.serve(metrics_port, metrics_host)
-        worker = Worker(metrics.store, agents, trace=metrics.trace, **options)
+        worker = Worker(metrics.store, agents, options, trace=metrics.trace)
     else:
-        worker = Worker(store, agents, **options)
+        worker = Worker(store, agents, options)
     log.info(
         "worker %s started: store %s, agents %s, %d at once, queues %s",
         worker.id,
         without_password(store_url),
         ", ".join(sorted(worker.agents)),
-        worker.concurrency,
+        worker.options.concurrency,
         ", ".join(worker.queues) if worker.queues else "all",
     )
     loop = asyncio.get_running_loop()
@@ -171,6 +171,8 @@ def worker(
     ),
 ) -> None:
     """Claim and run tasks until SIGTERM (then stop at a safe point and hand them back)."""
+    from duragent.runtime.worker import WorkerOptions
+
     only = None if queues is None else parse_queues(queues)
     log_to_terminal()
     prepare_store(store)
@@ -178,14 +180,16 @@ def worker(
         run_worker(
             store,
             load_agents(agents),
-            concurrency=concurrency,
-            lease_ttl=lease_ttl,
-            poll_interval=poll_interval,
-            worker_id=worker_id,
-            missing_agent_grace=missing_agent_grace,
+            WorkerOptions(
+                concurrency=concurrency,
+                lease_ttl=lease_ttl,
+                poll_interval=poll_interval,
+                worker_id=worker_id,
+                missing_agent_grace=missing_agent_grace,
+                queues=only,
+            ),
             metrics_port=metrics_port,
             metrics_host=metrics_host,
-            queues=only,
         )
     )
 

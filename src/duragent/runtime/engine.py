@@ -64,8 +64,8 @@ class TaskRunner:
             store,
             task,
             self.controls,
-            state_debounce=agent.state_debounce,
-            state_max_wait=agent.state_max_wait,
+            state_debounce=agent.timing.state_debounce,
+            state_max_wait=agent.timing.state_max_wait,
             detached=detached,
             clock=clock,
             on_status=on_status,
@@ -186,10 +186,10 @@ class TaskRunner:
                 controls.reread = False
                 await self.recovery.reread_round()
                 continue
-            if commits.task.iterations >= self.agent.max_iterations:
+            if commits.task.iterations >= self.agent.limits.max_iterations:
                 await ending.finish(
                     TaskStatus.FAILED,
-                    error=f"max_iterations reached: {self.agent.max_iterations} rounds "
+                    error=f"max_iterations reached: {self.agent.limits.max_iterations} rounds "
                     "without a final answer",
                 )
                 return

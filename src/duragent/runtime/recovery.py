@@ -37,11 +37,12 @@ class Recovery:
         t = self.commits.task
         entries = await self.store.entries(t.id, after_seq=t.round_seq)
         self._report_claim(entries)
-        if t.restarts > self.agent.max_restarts:
+        if t.restarts > self.agent.limits.max_restarts:
             await self.ending.block(
                 BlockReason.RESTART_LIMIT,
                 f"the task was taken over {t.restarts} times after its worker died or lost its "
-                f"lease (max_restarts={self.agent.max_restarts}); fix the cause, then resume it",
+                f"lease (max_restarts={self.agent.limits.max_restarts}); "
+                "fix the cause, then resume it",
             )
             return
         problem = conflict(t, self.agent)

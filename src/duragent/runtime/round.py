@@ -100,7 +100,7 @@ class Rounds:
 
     async def tool_progress(self, call_id: str, text: str) -> None:
         now = time.monotonic()
-        if now - self._tool_progress_at.get(call_id, 0.0) < self.agent.progress_interval:
+        if now - self._tool_progress_at.get(call_id, 0.0) < self.agent.timing.progress_interval:
             return
         self._tool_progress_at[call_id] = now
         task = self.commits.task
@@ -254,18 +254,20 @@ class Rounds:
                 if not exc.retryable:
                     raise
                 attempt += 1
-                if attempt > self.agent.model_retries:
+                if attempt > self.agent.model_retry.max_retries:
                     raise ModelError(f"the model failed {attempt} times in a row: {exc}") from exc
                 delay = exc.retry_after
                 if delay is None:
-                    base = self.agent.retry_base_delay * 2 ** (attempt - 1)
-                    delay = min(self.agent.retry_max_delay, base) * (0.5 + random.random() / 2)
+                    base = self.agent.model_retry.base_delay * 2 ** (attempt - 1)
+                    delay = min(self.agent.model_retry.max_delay, base) * (
+                        0.5 + random.random() / 2
+                    )
                 entries = [
                     notice(
                         self.commits.task.id,
                         r,
                         f"Model error ({exc}); retry {attempt} of "
-                        f"{self.agent.model_retries} in {delay:.1f} s.",
+                        f"{self.agent.model_retry.max_retries} in {delay:.1f} s.",
                     )
                 ]
                 if rnd.progress:
@@ -286,7 +288,7 @@ class Rounds:
         rnd.attempt = assembler
         pending: list[str] = []
         last = time.monotonic()
-        interval = self.agent.progress_interval
+        interval = self.agent.timing.progress_interval
         request = self._request()
         await self.trace_point("model_start", model=request.model)
         async for event in self.agent.chat_model.stream(request):

@@ -329,7 +329,7 @@ class RoundCalls:
     async def _grace(self, pending_jobs: set[asyncio.Task[None]]) -> None:
         """Wait for the running tools, for at most the agent's `tool_grace`, or until an abort."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.host.agent.tool_grace
+        deadline = loop.time() + self.host.agent.timing.tool_grace
         aborting = asyncio.ensure_future(self.host.controls.aborting.wait())
         waiting: set[asyncio.Future[Any]] = set(pending_jobs)
         try:

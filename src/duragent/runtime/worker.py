@@ -11,6 +11,7 @@ import random
 import socket
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -20,6 +21,8 @@ from duragent.errors import (
     StoreError,
     TaskNotFound,
     UsageError,
+    check_count,
+    check_delay,
     check_seconds,
 )
 from duragent.runtime.agent import Agent, agents_by_name
@@ -40,69 +43,94 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class Worker:
-    """Runs up to `concurrency` tasks of the agents it knows.
+@dataclass(frozen=True, kw_only=True)
+class WorkerOptions:
+    """How a worker claims and holds tasks (`Worker(store, agents, WorkerOptions(...))`;
+    a Runtime builds one from its own arguments). Checked when built: a period a
+    loop cannot run on (zero, negative, NaN, infinite) is an InvalidOption."""
 
-    Leases last `lease_ttl` seconds and are renewed, all in one store call,
-    every `heartbeat` seconds; a task whose worker died is taken over by any
-    worker once its lease expires. New work is noticed at once when it is
-    submitted in this process or the store notifies across processes, and
-    otherwise within `poll_interval`. A pause or abort committed by another
-    process reaches the task's runner at once through `watch_controls`.
-    A task pending longer than `missing_agent_grace` seconds for an agent that
-    no live worker serves becomes blocked(missing_definition) (presence.py).
-    `queues` (names) makes the worker claim only tasks of those queues; the
-    limits of a queue are kept in the store (`Runtime.queue`, `duragent queue set`).
+    concurrency: int = 32
+    """Tasks run at once by this worker."""
+    lease_ttl: float = 30.0
+    """Seconds a lease lasts without renewal; a task whose worker died is taken
+    over by any worker once its lease expires."""
+    heartbeat: float | None = None
+    """Seconds between lease renewals (all leases in one store call); default a
+    third of `lease_ttl`, and always shorter than it."""
+    poll_interval: float = 0.5
+    """The longest time new work goes unnoticed when no wake-up reaches the worker
+    (work submitted in this process, or a store that notifies across processes,
+    is noticed at once)."""
+    worker_id: str | None = None
+    """This worker's name in leases and logs; default host:pid:random."""
+    shutdown_grace: float = 30.0
+    """How long a graceful `stop` waits for running tasks to reach a safe point
+    before it cancels them."""
+    missing_agent_grace: float = 60.0
+    """Seconds a task may wait for an agent no live worker serves before it is
+    blocked(missing_definition) (presence.py)."""
+    webhook_delivery: WebhookDelivery | None = None
+    """How webhook events are delivered; default: WebhookDelivery() polling for
+    other processes' events no more often than `poll_interval` (at least 2 s)."""
+    queues: Iterable[str] | None = None
+    """Claim only tasks of these queues (names, kept as a sorted tuple; None: every
+    queue). The limits of a queue are kept in the store (`Runtime.queue`,
+    `duragent queue set`)."""
+    housekeeping: bool = True
+    """Run schedule ticks and queue TTL purges in this worker (housekeeping.py)."""
+
+    def __post_init__(self) -> None:
+        # Each of these is a loop's period: zero, negative or NaN would spin or die.
+        for name in ("lease_ttl", "poll_interval", "missing_agent_grace"):
+            check_seconds(name, getattr(self, name))
+        if self.heartbeat is not None and check_seconds("heartbeat", self.heartbeat) >= (
+            self.lease_ttl
+        ):
+            raise InvalidOption("heartbeat must be shorter than lease_ttl (leases would lapse)")
+        check_count("concurrency", self.concurrency, least=1)
+        check_delay("shutdown_grace", self.shutdown_grace)
+        if self.queues is not None:
+            object.__setattr__(self, "queues", tuple(queue_names(self.queues)))
+
+
+class Worker:
+    """Runs up to `options.concurrency` tasks of the agents it knows (see WorkerOptions).
+
+    Leases are renewed, all in one store call, every heartbeat; a task whose
+    worker died is taken over by any worker once its lease expires. New work is
+    noticed at once when it is submitted in this process or the store notifies
+    across processes, and otherwise within `poll_interval`. A pause or abort
+    committed by another process reaches the task's runner at once through
+    `watch_controls`. `on_status`, `trace` and `callbacks` are the hooks of the
+    process that runs it (a Runtime passes its own).
     """
 
     def __init__(
         self,
         store: Store,
         agents: Iterable[Agent],
+        options: WorkerOptions | None = None,
         *,
-        concurrency: int = 32,
-        lease_ttl: float = 30.0,
-        heartbeat: float | None = None,
-        poll_interval: float = 0.5,
-        worker_id: str | None = None,
         on_status: StatusHook | None = None,
         clock: Clock | None = None,
-        shutdown_grace: float = 30.0,
         trace: TraceHook | None = None,
-        missing_agent_grace: float = 60.0,
-        webhook_delivery: WebhookDelivery | None = None,
-        queues: Iterable[str] | None = None,
-        housekeeping: bool = True,
         callbacks: dict[str, TaskCallbacks] | None = None,
     ) -> None:
-        # Each of these is a loop's period: zero, negative or NaN would spin or die.
-        for name, seconds in (
-            ("lease_ttl", lease_ttl),
-            ("poll_interval", poll_interval),
-            ("missing_agent_grace", missing_agent_grace),
-        ):
-            check_seconds(name, seconds)
-        if heartbeat is not None and check_seconds("heartbeat", heartbeat) >= lease_ttl:
-            raise InvalidOption("heartbeat must be shorter than lease_ttl (leases would lapse)")
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise InvalidOption(f"concurrency is a whole number of tasks >= 1, not {concurrency!r}")
+        self.options = options = options or WorkerOptions()
         self.store = store
-        self.queues = None if queues is None else queue_names(queues)
+        self.queues = None if options.queues is None else list(options.queues)
         self.agents = agents_by_name(agents)
-        self.concurrency = concurrency
-        self.lease_ttl = lease_ttl
-        self.heartbeat = heartbeat if heartbeat is not None else lease_ttl / 3
-        self.poll_interval = poll_interval
-        self.id = worker_id or default_worker_id()
+        self.heartbeat = (
+            options.heartbeat if options.heartbeat is not None else options.lease_ttl / 3
+        )
+        self.id = options.worker_id or default_worker_id()
         self.on_status = on_status
         # Per-task callbacks (Runtime.load_task), by task id; dropped when the task ends.
         self.callbacks = callbacks if callbacks is not None else {}
         # An async status hook's calls, awaited in order (each after the one before).
         self._hook_tail: asyncio.Future[None] | None = None
         self.clock = clock
-        self.shutdown_grace = shutdown_grace
         self.trace = trace
-        self.missing_agent_grace = missing_agent_grace
         self.runners: dict[str, TaskRunner] = {}
         self._jobs: dict[str, asyncio.Task[Task]] = {}
         self._job_of: dict[int, asyncio.Task[Task]] = {}  # id(runner) -> its job
@@ -118,19 +146,19 @@ class Worker:
         # Delivers webhook events from the outbox, this process's and others'.
         # Looking for other processes' events is polling: never more often than
         # the worker itself would poll for work (a long poll_interval means quiet).
-        if webhook_delivery is None:
-            webhook_delivery = WebhookDelivery(poll_interval=max(2.0, poll_interval))
-        self.webhooks = WebhookSender(store, self.id, claim_ttl=lease_ttl, options=webhook_delivery)
+        delivery = options.webhook_delivery or WebhookDelivery(
+            poll_interval=max(2.0, options.poll_interval)
+        )
+        self.webhooks = WebhookSender(store, self.id, claim_ttl=options.lease_ttl, options=delivery)
         # Schedule ticks and queue TTLs (housekeeping.py).
         # It sleeps until the next known tick; a schedule made in another process is
         # seen within max(1 s, poll_interval), the same promise as for other work.
         self.housekeeper = Housekeeper(
             store,
             self.agents,
-            interval=max(1.0, poll_interval),
+            interval=max(1.0, options.poll_interval),
             on_fired=self.wake,
         )
-        self.housekeeping = housekeeping
 
     # --- control ---
 
@@ -158,7 +186,7 @@ class Worker:
                 runner.request(Control("release"))
             jobs = list(self._jobs.values())
             if jobs:
-                _, late = await asyncio.wait(jobs, timeout=self.shutdown_grace)
+                _, late = await asyncio.wait(jobs, timeout=self.options.shutdown_grace)
                 for job in late:
                     job.cancel()
         else:
@@ -183,7 +211,7 @@ class Worker:
             # once, not at the next heartbeat. Inside the try: should it fail,
             # the tasks started above are still stopped.
             unwatch = self.store.watch_controls(self._control_noted)
-            if self.housekeeping:
+            if self.options.housekeeping:
                 house = asyncio.ensure_future(self.housekeeper.run())
             while not self._stopping:
                 # Listen before looking: a commit landing between the claim
@@ -238,7 +266,7 @@ class Worker:
                 break
         self._lost_claim = False
         for task in found:
-            if len(self._jobs) >= self.concurrency or task.agent not in self.agents:
+            if len(self._jobs) >= self.options.concurrency or task.agent not in self.agents:
                 continue
             log.warning("task %s: adopting a claim whose answer was lost", task.id)
             self._start(task)
@@ -250,11 +278,15 @@ class Worker:
             except StoreError as exc:
                 log.warning("looking for lost claims failed: %s", exc)
         # Up to every free slot in one store call (one transaction, not one per task).
-        while len(self._jobs) < self.concurrency and not self._stopping:
-            free = self.concurrency - len(self._jobs)
+        while len(self._jobs) < self.options.concurrency and not self._stopping:
+            free = self.options.concurrency - len(self._jobs)
             try:
                 tasks = await self.store.claim_tasks(
-                    self.id, free, agents=list(self.agents), ttl=self.lease_ttl, queues=self.queues
+                    self.id,
+                    free,
+                    agents=list(self.agents),
+                    ttl=self.options.lease_ttl,
+                    queues=self.queues,
                 )
             except StoreError as exc:
                 # The store is failing (down, disk full): look again later, backing
@@ -280,7 +312,7 @@ class Worker:
         Not while every slot is taken: then only a slot freeing up (`wake`)
         matters, and waking at every commit in the cluster would be wasted work.
         """
-        if len(self._jobs) >= self.concurrency:
+        if len(self._jobs) >= self.options.concurrency:
             return None
         if not getattr(self.store, "notifies_across_processes", False):
             return None
@@ -290,20 +322,20 @@ class Worker:
 
         async def changed() -> None:
             with contextlib.suppress(StoreError):  # then it is only a shorter wait
-                await wait(self.poll_interval)
+                await wait(self.options.poll_interval)
 
         watch = asyncio.ensure_future(changed())
         await asyncio.sleep(0)  # let it start: from here on, no commit goes unheard
         return watch
 
     async def _idle(self, changed: asyncio.Future[None] | None) -> None:
-        timeout = self.poll_interval
+        timeout = self.options.poll_interval
         if self._claim_failures:
             backoff = min(0.05 * 2**self._claim_failures, 1.0)
             # Jitter: workers that lost the same server do not come back in step.
             timeout = max(timeout, backoff * random.uniform(0.5, 1.0))
             changed = None  # a failing store's wake-ups say nothing: wait out the back-off
-        if len(self._jobs) < self.concurrency:
+        if len(self._jobs) < self.options.concurrency:
             with contextlib.suppress(StoreError):
                 due = await self.store.next_wake_at(list(self.agents), self.queues)
                 if due is not None:
@@ -418,15 +450,15 @@ class Worker:
 
         The record is renewed every few seconds (not at every heartbeat: it is one
         more write) and lasts three renewals, so a missed one or two change nothing."""
-        every = min(max(self.heartbeat, 5.0), max(self.missing_agent_grace / 4, 0.05))
+        every = min(max(self.heartbeat, 5.0), max(self.options.missing_agent_grace / 4, 0.05))
         swept = 0.0
         loop = asyncio.get_running_loop()
         while True:
             try:
                 await announce(self.store, self.id, self.agents, 3 * every, every)
-                if loop.time() - swept >= self.missing_agent_grace / 4:
+                if loop.time() - swept >= self.options.missing_agent_grace / 4:
                     swept = loop.time()
-                    await block_unserved(self.store, self.agents, self.missing_agent_grace)
+                    await block_unserved(self.store, self.agents, self.options.missing_agent_grace)
             except StoreError as exc:
                 log.warning("recording this worker's agents failed: %s", exc)
             except Exception:  # a bad presence row must not stop the next renewal
@@ -458,7 +490,7 @@ class Worker:
             return
         leases = {task_id: runner.epoch for task_id, runner in held.items()}
         try:
-            renewal = await self.store.renew_leases(self.id, leases, self.lease_ttl)
+            renewal = await self.store.renew_leases(self.id, leases, self.options.lease_ttl)
         except StoreError as exc:
             log.warning("lease renewal of %d tasks failed: %s", len(leases), exc)
             return
@@ -503,7 +535,7 @@ def queue_names(queues: Iterable[str]) -> list[str]:
     for name in names:
         if not isinstance(name, str) or not name:
             raise UsageError(
-                f"Worker(queues=) takes queue names, not {name!r}; limits are set "
+                f"WorkerOptions(queues=) takes queue names, not {name!r}; limits are set "
                 "with Runtime(queues=[Queue(...)]) or rt.queue(name, ...)"
             )
     return sorted(set(names))

@@ -23,7 +23,7 @@ from duragent.runtime.agent import Agent
 from duragent.runtime.approvals import Decision
 from duragent.runtime.inbox import MultitaskStrategy
 from duragent.runtime.presence import Sighting
-from duragent.runtime.runtime import TaskTree
+from duragent.runtime.reading import TaskTree
 from duragent.runtime.sessions import SessionSummary
 from duragent.runtime.views import Steps
 from duragent.types import ApiMessage, Entry, Task, TaskStatus, UIMessage, Usage
@@ -439,7 +439,7 @@ class AgentOut(BaseModel):
         return cls(
             name=agent.name,
             model=agent.model_name,
-            max_iterations=agent.max_iterations,
+            max_iterations=agent.limits.max_iterations,
             tools=tools,
         )
 

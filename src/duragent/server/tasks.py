@@ -169,7 +169,7 @@ async def list_tasks(
             ts = math.nan
         if not math.isfinite(ts):
             raise BadRequest(f"invalid cursor {cursor!r}: pass a next_cursor from a previous page")
-    page = await runtime.list(
+    page = await runtime.list_tasks(
         owner=user,
         status=status or None,
         session_id=session_id,
