@@ -15,7 +15,7 @@ import pytest
 from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, ToolContext, tool
 from duragent.heap import collector_paused
 from duragent.runtime.control import ControlledRunner
-from duragent.store.base import view_data
+from duragent.store.views import view_data
 
 # Messages with tool calls: containers the collector tracks, as in a real history.
 HISTORY = json.dumps(

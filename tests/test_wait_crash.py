@@ -23,7 +23,7 @@ import pytest
 from conftest import PG_URL, drop_schema, require_postgres
 from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, ToolContext, tool
 from duragent.errors import StoreUnavailable
-from duragent.store.base import Commit, CommitResult
+from duragent.store.commits import Commit, CommitResult
 from duragent.store.sqlite import SQLiteStore
 from duragent.types import EntryKind, Task
 from support.crashlib import kill_at, spawn

@@ -26,7 +26,7 @@ from duragent.runtime.agent import Agent, agents_by_name
 from duragent.runtime.calls import describe
 
 if TYPE_CHECKING:
-    from duragent.store.base import Store
+    from duragent.store.protocol import Store
 
 log = logging.getLogger(__name__)
 app = typer.Typer()

@@ -31,15 +31,9 @@ from duragent.runtime.inbox import cut_plan
 from duragent.runtime.log import notice, read_round, result_entries, rollback, ui_entry
 from duragent.runtime.state import Clock, DebouncedState, SaveFn
 from duragent.runtime.waits import child_resolution, open_round
-from duragent.store.base import (
-    Commit,
-    CommitResult,
-    DocumentWrite,
-    PendingCommit,
-    Store,
-    TaskPatch,
-    apply_patch,
-)
+from duragent.store.commits import Commit, CommitResult, DocumentWrite, PendingCommit, TaskPatch
+from duragent.store.protocol import Store
+from duragent.store.rules import apply_patch
 from duragent.types import BlockReason, EntryKind, NewEntry, Task, TaskStatus, UIError, utcnow
 from duragent.webhooks import outbox_events
 
@@ -338,7 +332,7 @@ class ControlledRunner:
         None, and nothing queued, when the store cannot queue commits or a
         commit is in flight (its answer would land over the row taken here).
         """
-        commit_soon = getattr(self.store, "commit_soon", None)
+        commit_soon = self.store.commit_soon
         if commit_soon is None or self.detached or self._commit_lock.locked():
             return None
         commit, state = self._make_commit(entries, patch)

@@ -35,7 +35,7 @@ from duragent.runtime.log import (
 )
 from duragent.runtime.submit import new_task
 from duragent.runtime.waits import open_round
-from duragent.store.base import DocumentWrite
+from duragent.store.commits import DocumentWrite
 from duragent.types import (
     ApiMessage,
     EntryKind,

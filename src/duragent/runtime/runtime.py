@@ -45,7 +45,8 @@ from duragent.runtime.views import Steps, build_steps, partial_output, ui_view
 from duragent.runtime.waits import person_answers, resolve
 from duragent.runtime.worker import Worker, lease_alive, queue_names
 from duragent.store import open_store
-from duragent.store.base import Commit, Store, TaskPatch, TaskQuery
+from duragent.store.commits import Commit, TaskPatch, TaskQuery
+from duragent.store.protocol import Store
 from duragent.store.queues import Queue, define_queue
 from duragent.types import (
     ApiMessage,

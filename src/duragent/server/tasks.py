@@ -34,7 +34,7 @@ from duragent.server.schemas import (
     WaitingOn,
 )
 from duragent.server.strict_json import StrictJsonRoute
-from duragent.store.base import decode_cursor, encode_cursor
+from duragent.store.codec import decode_cursor, encode_cursor
 from duragent.types import Task, TaskStatus
 
 MetaPair = Annotated[str, StringConstraints(max_length=400, pattern=r"^[^:\x00]+:[^\x00]*$")]

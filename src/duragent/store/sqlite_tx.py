@@ -10,7 +10,8 @@ from datetime import datetime
 from typing import Any
 
 from duragent.errors import StoreError
-from duragent.store.base import MAX_SEQ, CopyEntries, dumps, entry_key, packed, to_ts, ts_to_dt
+from duragent.store.codec import MAX_SEQ, dumps, entry_key, packed, to_ts, ts_to_dt
+from duragent.store.commits import CopyEntries
 from duragent.store.queues import QUEUES_SCOPE, Candidate
 from duragent.store.sqlite_schema import KIND_CODES, ms_to_dt, to_ms
 from duragent.store.tx import HeldRows, Notes, hold_row, task_columns
