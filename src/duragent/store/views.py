@@ -14,6 +14,9 @@ from duragent.llm.messages import in_call_order
 from duragent.payloads import is_marker, is_voided, voided_ranges
 from duragent.types import API_KINDS, API_MESSAGES, UI_MESSAGE, ApiMessage, EntryKind, UiMessage
 
+# The kinds a model's view is built from: API messages and rollback markers.
+VIEW_KINDS = tuple(k.value for k in (*API_KINDS, EntryKind.ROLLBACK))
+
 
 def build_model_view(rows: Iterable[tuple[int, str, str]]) -> list[ApiMessage]:
     """API messages in seq order, skipping every range voided by a rollback marker;
@@ -90,6 +93,3 @@ def build_ui_view(rows: Iterable[tuple[int, str]]) -> list[UiMessage]:
         for s, p, d in data
         if not is_marker(d) and not is_voided(s, hidden)
     ]
-
-
-VIEW_KINDS = tuple(k.value for k in (*API_KINDS, EntryKind.ROLLBACK))
