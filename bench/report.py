@@ -145,11 +145,11 @@ def resume_table(res: Results) -> str:
         )
     lines.append("")
     lines.append(
-        f"duragent: a fresh store object, `get_task`, then `TaskRunner._start()` (model view of "
-        f"{e:,} entries + the last round's entries + the recovery decision). LangGraph: a "
-        "fresh checkpointer connection, compile the graph, `aget_state`. Each figure is the "
-        "median of repeated reopenings within a run; the table shows the median (min–max) "
-        "over runs."
+        "duragent: a fresh store object, `get_task`, then `TaskRunner.recovery.start()` "
+        f"(model view of {e:,} entries + the last round's entries + the recovery decision). "
+        "LangGraph: a fresh checkpointer connection, compile the graph, `aget_state`. "
+        "Each figure is the median of repeated reopenings within a run; the table shows "
+        "the median (min–max) over runs."
     )
     return "\n".join(lines)
 

@@ -266,7 +266,7 @@ async def resume(config: str, workdir: str, entries: int, repeats: int) -> Any:
             await store.open()
             task = await store.get_task(task_id)
             runner = TaskRunner(store, agent, task)
-            await runner._start()  # model view + last round's entries + recovery decision
+            await runner.recovery.start()  # model view + last round's entries + recovery decision
             resume_ms.append((time.perf_counter() - t0) * 1e3)
             messages = len(runner.view)
             t1 = time.perf_counter()

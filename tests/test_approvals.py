@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from datetime import datetime, timedelta
@@ -30,6 +29,7 @@ from duragent import (
 from duragent.payloads import WaitCheckpoint
 from duragent.runtime.waits import open_waits
 from duragent.types import AssistantMessage, EntryKind, UIToolCard, utcnow
+from support.readme import first_block_under
 
 
 class Outbox:
@@ -349,13 +349,9 @@ async def _open_approvals(store: Store, task: Task) -> dict[str, WaitCheckpoint]
 
 
 @pytest.mark.slow
-def test_readme_example_runs(tmp_path: Path) -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("### Approvals that edit and expire") :]
-    block = re.search(r"```python\n(.*?)```", section, re.S)
-    assert block is not None
+def test_the_guides_approval_example_runs(tmp_path: Path) -> None:
     script = tmp_path / "approve.py"
-    script.write_text(block.group(1))
+    script.write_text(first_block_under("Approvals that edit and expire"))
     out = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True
     ).stdout

@@ -144,7 +144,7 @@ def test_run_keeps_its_store_out_of_the_folder_its_tools_may_touch(
     (work / "notes.txt").write_text("hello")
     server = serve([[ToolCall("list_dir", {"path": "."})], "Only your notes."])
     env = env_for(tmp_path, **{KEY_ENV: SECRET})
-    # The defaults of the README's `duragent run "…" --model …`: --workdir is ".".
+    # The defaults of docs/workers-server-cli.md's `duragent run "…" --model …`: --workdir is ".".
     args = ["run", "What is here?", "--model", MODEL, "--base-url", server.base_url]
     ((code, out, err),) = run_all([[*args, "--api-key-env", KEY_ENV, "--allow", "read"]], work, env)
     assert code == 0, out + err

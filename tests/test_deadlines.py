@@ -430,7 +430,7 @@ async def test_a_waiting_task_fails_at_its_deadline_after_its_worker_was_sigkill
 
 
 @pytest.mark.slow
-def test_the_readme_deadline_example_prints_what_it_says(tmp_path: Path) -> None:
+def test_the_guides_deadline_example_prints_what_it_says(tmp_path: Path) -> None:
     from support.readme import run, runnable_blocks
 
     done = run(runnable_blocks()["Deadlines"], tmp_path)

@@ -14,7 +14,8 @@ import pytest
 
 from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, ToolContext, tool
 from duragent.heap import collector_paused
-from duragent.runtime.control import ControlledRunner
+from duragent.runtime.commits import Commits
+from duragent.runtime.engine import TaskRunner
 from duragent.store.views import view_data
 
 # Messages with tool calls: containers the collector tracks, as in a real history.
@@ -122,5 +123,5 @@ async def test_a_finished_runner_is_freed_without_the_cyclic_collector(
         assert rt.worker is not None
         await asyncio.wait_for(rt.worker.wait_task(task.id), 30)
         assert rt.worker.runner(task.id) is None  # the worker let go of it
-        alive = [o for o in gc.get_objects() if isinstance(o, ControlledRunner)]
+        alive = [o for o in gc.get_objects() if isinstance(o, TaskRunner | Commits)]
         assert alive == []

@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("mcp", reason="the mcp extra is part of the dev install")
 
 from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall
-from duragent.errors import UsageError
-from duragent.mcp import MCPServerError, mcp_tools
+from duragent.errors import MCPServerError, UsageError
+from duragent.mcp import mcp_tools
 from duragent.types import EntryKind
 
 HERE = Path(__file__).parent

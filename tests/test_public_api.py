@@ -58,6 +58,7 @@ _EXAMPLES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "InvalidTransition": (("completed", "running", "it ended"), {}),
     "TaskNotFound": (("t-1",), {}),
     "ScheduleNotFound": (("nightly",), {}),
+    "QueueNotFound": (("emails",), {}),
     "ScheduleUnreadable": (("alice/nightly", "every: below 1 s"), {}),
     "SessionNotFound": (("s1",), {}),
     "IncompatibleEntry": (("t-1", 7, "hologram"), {}),
@@ -87,7 +88,7 @@ def test_every_error_is_a_duragent_error_exported_from_the_front_door() -> None:
         for name in vars(duragent.errors)
         if isinstance(getattr(duragent.errors, name), type)
         and issubclass(getattr(duragent.errors, name), duragent.DuragentError)
-    } | {"ScheduleNotFound", "ScheduleUnreadable", "QueueNotFound", "SessionNotFound"}
+    }
     for cls in _error_classes():
         assert issubclass(cls, duragent.DuragentError), cls
 
@@ -133,6 +134,19 @@ def test_every_exported_error_pickles_with_its_message_and_attributes(
     assert str(copy) == str(error)
     assert copy.args == error.args
     assert vars(copy) == vars(error)
+
+
+def test_every_miss_is_a_not_found_and_only_a_task_miss_a_task_not_found() -> None:
+    misses = (
+        duragent.TaskNotFound("t-1"),
+        duragent.QueueNotFound("emails"),
+        duragent.ScheduleNotFound("nightly"),
+        duragent.SessionNotFound("s1"),
+    )
+    for miss in misses:
+        assert isinstance(miss, duragent.NotFound) and isinstance(miss, duragent.UsageError)
+    assert [isinstance(m, duragent.TaskNotFound) for m in misses] == [True, False, False, False]
+    assert issubclass(duragent.ToolArgumentError, ValueError)
 
 
 def test_open_store_names_a_bad_url_as_a_duragent_error() -> None:

@@ -1,4 +1,4 @@
-"""The README's examples run as written.
+"""The examples of the README and of the guides in docs/ run as written.
 
 A ```python block right under a `<!-- runnable ... -->` line (invisible on the
 rendered page) is run as its own script, in an empty directory, in a fresh
@@ -15,12 +15,31 @@ from pathlib import Path
 import pytest
 
 from support.crashlib import HERE, kill_at
-from support.readme import README, run, runnable_blocks, stated_outputs
+from support.readme import README, run, runnable_blocks, runnable_markers, stated_outputs
 from support.server_live import child_env
+
+# The runnable blocks the README held before its guides moved to docs/: each is
+# still run, wherever it now is.
+RUNNABLE_BEFORE_THE_MOVE = {
+    "In five minutes",
+    "Steering a task",
+    "Deadlines",
+    "Durable steps inside a tool",
+    "Webhooks",
+    "MCP tool servers",
+    "OpenTelemetry traces",
+    "Prometheus metrics",
+}
 
 
 def test_the_first_examples_are_marked_runnable() -> None:
     assert {"In five minutes", "Steering a task"} <= set(runnable_blocks())
+
+
+def test_no_runnable_example_was_lost() -> None:
+    assert set(runnable_blocks()) >= RUNNABLE_BEFORE_THE_MOVE
+    # A marker whose next line is not a ```python block would be skipped silently.
+    assert runnable_markers() == len(runnable_blocks()) >= len(RUNNABLE_BEFORE_THE_MOVE)
 
 
 @pytest.mark.slow

@@ -226,3 +226,56 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     assert [_say(graph, c) for c in _cycles(graph)] == [
         "a (line 3) -> b (line 5) -> c (line 7) -> a"
     ]
+
+
+# --- size limits in src/duragent (issue 39) -----------------------------------
+
+MAX_MODULE_LINES = 700
+MAX_FUNCTION_LINES = 80  # from the `def` line to the function's last line
+
+# Offenders that other branches of issue 39 split: the lead empties this once
+# they are merged. "path" (relative to src/duragent) for a module,
+# "path:Qualified.name" for a function.
+ALLOWLIST: frozenset[str] = frozenset(
+    {
+        "runtime/round.py:RoundRunner._run_calls",
+        "runtime/runtime.py",
+        "runtime/runtime.py:Runtime.submit",
+        "store/postgres.py",
+        "store/postgres_tx.py",
+        "store/postgres_writer.py",
+        "store/postgres_writer.py:PgWriter._run",
+        "store/sqlite.py",
+    }
+)
+
+
+def _functions(tree: ast.AST, prefix: str = "") -> list[tuple[str, int]]:
+    """(qualified name, lines) of every function and method, nested ones too."""
+    found = []
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            assert node.end_lineno is not None
+            found.append((prefix + node.name, node.end_lineno - node.lineno + 1))
+            found += _functions(node, f"{prefix}{node.name}.")
+        elif isinstance(node, ast.ClassDef):
+            found += _functions(node, f"{prefix}{node.name}.")
+        else:
+            found += _functions(node, prefix)
+    return found
+
+
+def test_no_module_or_function_in_src_is_too_long() -> None:
+    """A module past 700 lines, or a function past 80, is asking to be split along
+    a seam it already has (STYLE.md)."""
+    offenders = []
+    for path in sorted(SRC.rglob("*.py")):
+        where = path.relative_to(SRC).as_posix()
+        text = path.read_text()
+        lines = len(text.splitlines())
+        if lines > MAX_MODULE_LINES and where not in ALLOWLIST:
+            offenders.append(f"{where}: {lines} lines (limit {MAX_MODULE_LINES})")
+        for name, length in _functions(ast.parse(text, str(path))):
+            if length > MAX_FUNCTION_LINES and f"{where}:{name}" not in ALLOWLIST:
+                offenders.append(f"{where}:{name}: {length} lines (limit {MAX_FUNCTION_LINES})")
+    assert not offenders, "too long:\n" + "\n".join(offenders)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from duragent import Agent, Runtime, ScriptedModel
-from duragent.errors import TaskNotFound
+from duragent.errors import ScheduleNotFound
 from duragent.runtime.schedules import (
     Overlap,
     fire_due,
@@ -125,7 +125,7 @@ async def test_runtime_schedule_lifecycle(tmp_path: Path) -> None:
         assert not resumed.paused and resumed.next_at > before
         await asyncio.wait_for(ticks(count + 1), 20)
         await rt.delete_schedule("fast", owner="u")
-        with pytest.raises(TaskNotFound):
+        with pytest.raises(ScheduleNotFound):
             await rt.get_schedule("fast", owner="u")
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from duragent import Agent, Runtime, ScriptedModel, TaskCallbacks, TaskStatus, ToolCall, tool
-from duragent.errors import IncompatibleEntry, TaskNotFound, UsageError
+from duragent.errors import IncompatibleEntry, SessionNotFound, TaskNotFound, UsageError
 from duragent.store.commits import Commit
 from duragent.store.protocol import Store
 from duragent.store.sqlite_schema import KIND_CODES
@@ -140,9 +140,9 @@ async def test_a_session_lists_reads_and_continues_for_its_owner_only(store: Sto
         bobs = await rt.session("s1", owner="bob")
         assert said(bobs.transcript) == [("user", "bob here"), ("assistant", "echo bob here")]
         for name, owner in (("s1", "carol"), ("s1", None), ("nope", "alice")):
-            with pytest.raises(TaskNotFound, match="no session"):
+            with pytest.raises(SessionNotFound, match="no session"):
                 await rt.session(name, owner=owner)
-            with pytest.raises(TaskNotFound, match="no session"):
+            with pytest.raises(SessionNotFound, match="no session"):
                 await rt.continue_session(name, "x", owner=owner)
         assert await rt.sessions(owner="carol") == []
 

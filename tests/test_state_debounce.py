@@ -104,20 +104,6 @@ async def test_failed_save_is_retried_and_saves_never_overlap() -> None:
     assert saves.max_running == 1
 
 
-async def test_status_change_callback() -> None:
-    seen: list[tuple[Any, Any]] = []
-    st = DebouncedState(
-        {"status": "running"},
-        Saves(),
-        clock=FakeClock(),
-        on_status_change=lambda a, b: seen.append((a, b)),
-    )
-    st.update(status="running")
-    st.update(status="paused")
-    assert seen == [("running", "paused")]
-    await st.close()
-
-
 async def test_take_hands_state_to_a_commit_and_cancels_the_timer() -> None:
     clock, saves = FakeClock(), Saves()
     st = DebouncedState({"n": 0}, saves, clock=clock)

@@ -231,18 +231,14 @@ async def test_a_tool_timeout_tells_the_model_the_limit(tmp_path: Any) -> None:
 
 
 @pytest.mark.slow
-def test_the_readme_steering_example_runs(tmp_path: Any) -> None:
-    import re
+def test_the_guides_steering_example_runs(tmp_path: Any) -> None:
     import subprocess
     import sys
-    from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("## Steering a task") :]
-    block = re.search(r"```python\n(.*?)```", section, re.S)
-    assert block is not None
+    from support.readme import first_block_under
+
     script = tmp_path / "steer.py"
-    script.write_text(block.group(1))
+    script.write_text(first_block_under("Steering a task"))
     out = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True
     ).stdout

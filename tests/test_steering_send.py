@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ from duragent import (
 )
 from duragent.runtime.inbox import MultitaskStrategy
 from duragent.types import EntryKind, Task, ToolMessage, UserMessage
+from support.readme import first_block_under
 from support.sending import Gate, roles, script
 
 
@@ -225,13 +225,9 @@ async def test_a_task_waiting_for_a_subtask_takes_an_interrupting_message_when_i
 
 
 @pytest.mark.slow
-def test_the_readme_example_runs(tmp_path: Path) -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("### Messages into a live task") :]
-    block = re.search(r"```python\n(.*?)```", section, re.S)
-    assert block is not None
+def test_the_guides_send_example_runs(tmp_path: Path) -> None:
     script = tmp_path / "send.py"
-    script.write_text(block.group(1))
+    script.write_text(first_block_under("Messages into a live task (double texting)"))
     out = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True
     ).stdout.splitlines()

@@ -249,17 +249,14 @@ def test_resume_is_a_replay_policy_and_others_are_refused() -> None:
 
 
 @pytest.mark.slow
-def test_the_readme_steps_example_runs(tmp_path: Path) -> None:
-    import re
+def test_the_guides_steps_example_runs(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme.split("### Durable steps inside a tool", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S)
-    assert code is not None
+    from support.readme import first_block_under
+
     out = subprocess.run(
-        [sys.executable, "-c", code.group(1)],
+        [sys.executable, "-c", first_block_under("Durable steps inside a tool")],
         cwd=tmp_path,
         capture_output=True,
         text=True,

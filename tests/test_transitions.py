@@ -23,6 +23,7 @@ from pydantic import BaseModel, PrivateAttr
 from conftest import opened_store, require_postgres
 from duragent import Runtime
 from duragent.errors import InvalidOption, InvalidTransition, StaleLease, TaskNotFound
+from duragent.model_internals import given_in_full, updated
 from duragent.store import Commit, DocumentWrite, Store, TaskPatch
 from duragent.store.postgres import PostgresStore
 from duragent.store.queues import QUEUES_SCOPE, Queue, define_queue
@@ -48,11 +49,9 @@ from duragent.types import (
     WaitReason,
     check_transition,
     dump_message,
-    given_in_full,
     session_scope,
     stored_entry,
     task_scope,
-    updated,
 )
 
 S = TaskStatus

@@ -16,11 +16,17 @@ from duragent.errors import (
     InvalidType,
     InvalidValue,
     MalformedModelOutput,
+    MCPServerError,
     MissingCredential,
     MissingExtra,
     ModelError,
     NoStore,
+    NotFound,
+    QueueNotFound,
     RetryableModelError,
+    ScheduleNotFound,
+    ScheduleUnreadable,
+    SessionNotFound,
     StaleLease,
     StepFailed,
     StoreCorrupt,
@@ -32,6 +38,7 @@ from duragent.errors import (
     StoreVersionError,
     TaskBusy,
     TaskNotFound,
+    ToolArgumentError,
     UnknownAgent,
     UsageError,
     WaitTimedOut,
@@ -52,10 +59,10 @@ from duragent.runtime import (
     tool,
 )
 from duragent.runtime.callbacks import TaskCallbacks
-from duragent.runtime.schedules import Schedule, ScheduleNotFound, ScheduleUnreadable
-from duragent.runtime.sessions import Session, SessionNotFound, SessionSummary
+from duragent.runtime.schedules import Schedule
+from duragent.runtime.sessions import Session, SessionSummary
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
-from duragent.store.queues import Queue, QueueNotFound
+from duragent.store.queues import Queue
 from duragent.types import (
     AssistantMessage,
     BlockReason,
@@ -98,6 +105,7 @@ __all__ = [
     "InvalidTransition",
     "InvalidType",
     "InvalidValue",
+    "MCPServerError",
     "MalformedModelOutput",
     "MissingCredential",
     "MissingExtra",
@@ -105,6 +113,7 @@ __all__ = [
     "ModelRequest",
     "NewEntry",
     "NoStore",
+    "NotFound",
     "Queue",
     "QueueNotFound",
     "RetryableModelError",
@@ -138,6 +147,7 @@ __all__ = [
     "TaskStatus",
     "TaskTree",
     "Tool",
+    "ToolArgumentError",
     "ToolCall",
     "ToolContext",
     "ToolMessage",

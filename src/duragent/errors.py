@@ -2,12 +2,56 @@
 
 - `UsageError`: the caller asked for something that cannot be done.
   `InvalidOption` and `InvalidType` also subclass `ValueError` / `TypeError`,
-  so `except ValueError` around a misuse keeps working.
+  so `except ValueError` around a misuse keeps working. `NotFound`: what was
+  named does not exist (the server answers 404).
 - `StoreError`: the store refused or could not do a write or read.
 - `ModelError`: a model provider failed.
-- `StepFailed`: a tool's step failed (recorded, and raised again on a re-run).
+- `StepFailed`, `ToolArgumentError`, `MCPServerError`: a tool call failed.
 Lower libraries' exceptions (sqlite3, psycopg, SDKs) are translated into
 these at the boundary and never escape raw.
+
+    DuragentError
+    ├── UsageError
+    │   ├── InvalidOption (ValueError)
+    │   │   └── InvalidStoreURL
+    │   ├── InvalidType (TypeError)
+    │   ├── InvalidTransition
+    │   ├── InvalidValue
+    │   ├── InvalidArguments
+    │   ├── NotFound
+    │   │   ├── TaskNotFound
+    │   │   ├── QueueNotFound
+    │   │   ├── ScheduleNotFound
+    │   │   └── SessionNotFound
+    │   ├── ScheduleUnreadable
+    │   ├── UnknownAgent
+    │   ├── DuplicateRequest
+    │   ├── TaskBusy
+    │   ├── NoStore
+    │   ├── MissingExtra
+    │   └── MissingCredential
+    ├── WaitTimedOut (TimeoutError)
+    │   └── ControlPending
+    ├── IncompatibleEntry
+    ├── StoreError
+    │   ├── StaleLease
+    │   ├── Conflict
+    │   ├── StoreVersionError
+    │   ├── StoreLocked
+    │   ├── StoreCorrupt
+    │   ├── StoreNotFound
+    │   └── StoreUnavailable
+    │       ├── StoreFull
+    │       └── CommitOutcomeUnknown
+    ├── ModelError
+    │   ├── RetryableModelError
+    │   └── MalformedModelOutput
+    ├── StepFailed
+    ├── ToolArgumentError (ValueError)
+    └── MCPServerError
+
+The server adds its own (duragent.server: `LimitReached`, `BadRequest`, both
+UsageErrors); `duragent.fetch.BlockedAddress` is a PermissionError.
 
 Every error pickles with its message and attributes (a worker process can
 hand one to another), whatever its `__init__` takes: see `DuragentError.__reduce__`.
@@ -93,12 +137,50 @@ class InvalidTransition(UsageError):
         super().__init__(f"{msg}: {detail}" if detail else msg)
 
 
-class TaskNotFound(UsageError):
+class NotFound(UsageError):
+    """What the call names does not exist (or not for the caller): a task, queue,
+    schedule or session. The server answers 404."""
+
+
+class TaskNotFound(NotFound):
     """No task with this id (or none the caller may see)."""
 
     def __init__(self, task_id: str) -> None:
         self.task_id = task_id
         super().__init__(f"no task with id {task_id!r}")
+
+
+class QueueNotFound(NotFound):
+    """No queue of that name has limits."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"no queue named {name!r} has limits")
+
+
+class ScheduleNotFound(NotFound):
+    """No schedule of that name (for that owner)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"no schedule named {name!r}")
+
+
+class SessionNotFound(NotFound):
+    """No session of that id for that owner."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        super().__init__(f"no session {session_id!r}")
+
+
+class ScheduleUnreadable(UsageError):
+    """A stored schedule that no longer validates (written by older code, or by hand):
+    it never fires, and the only thing to do with it is to delete it."""
+
+    def __init__(self, key: str, why: str) -> None:
+        self.key = key
+        super().__init__(f"schedule {key} is stored with invalid fields ({why}); delete it")
 
 
 class UnknownAgent(UsageError):
@@ -341,3 +423,12 @@ class StepFailed(DuragentError):
         super().__init__(f"step {step!r} failed: {error}")
         self.step = step
         self.error = error
+
+
+class ToolArgumentError(DuragentError, ValueError):
+    """The model's arguments don't fit the tool's signature (the call's result tells
+    the model so). A ValueError too, as it was before it was a DuragentError."""
+
+
+class MCPServerError(DuragentError):
+    """The MCP server could not be reached, or refused a request."""

@@ -17,15 +17,15 @@ from __future__ import annotations
 import asyncio
 import shlex
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from duragent.errors import DuragentError, MissingExtra, UsageError
-from duragent.runtime.tools import Replay, Tool, ToolArgumentError
+from duragent.errors import MCPServerError, MissingExtra, ToolArgumentError, UsageError
+from duragent.runtime.tools import Replay, Tool
 
 if TYPE_CHECKING:
     from duragent.runtime.context import ToolContext
@@ -34,10 +34,6 @@ T = TypeVar("T")
 IDEMPOTENCY_ARG = "idempotency_key"
 IDEMPOTENCY_META = "io.duragent/idempotency-key"
 POLICIES = ("never", "safe", "resume")
-
-
-class MCPServerError(DuragentError):
-    """The MCP server could not be reached, or refused a request."""
 
 
 class _AnyArgs(BaseModel):
@@ -71,7 +67,7 @@ class MCPServer:
         import contextlib
 
         @contextlib.asynccontextmanager
-        async def session() -> Any:
+        async def session() -> AsyncIterator[Any]:
             if self.spec.startswith("stdio:"):
                 command, *args = shlex.split(self.spec[len("stdio:") :])
                 params = StdioServerParameters(
@@ -256,4 +252,4 @@ def _unused(**_: Any) -> None:  # pragma: no cover - MCPTool.invoke replaces it
     raise RuntimeError("an MCP tool is called through its server")
 
 
-__all__ = ["MCPServer", "MCPServerError", "MCPTool", "mcp_tools"]
+__all__ = ["MCPServer", "MCPTool", "mcp_tools"]

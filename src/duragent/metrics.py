@@ -18,7 +18,7 @@ import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from duragent.errors import Conflict, MissingExtra, StaleLease
 from duragent.payloads import status_of
@@ -35,7 +35,10 @@ from duragent.store.commits import (
 from duragent.store.protocol import Store
 from duragent.store.queues import QUEUES_SCOPE
 from duragent.store.signals import ControlCallback
-from duragent.types import ApiMessage, Document, Entry, EntryKind, NewEntry, Task, UiMessage
+from duragent.types import ApiMessage, Document, Entry, EntryKind, NewEntry, Task, UIMessage
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
 
 log = logging.getLogger("duragent.metrics")
 
@@ -168,7 +171,7 @@ class MeteredStore:
     async def model_view_data(self, task_id: str) -> list[dict[str, Any]]:
         return await self._store.model_view_data(task_id)
 
-    async def ui_messages(self, task_id: str) -> list[UiMessage]:
+    async def ui_messages(self, task_id: str) -> list[UIMessage]:
         return await self._store.ui_messages(task_id)
 
     async def get_document(self, scope: str, key: str) -> Document | None:
@@ -333,7 +336,7 @@ class Metrics:
 
     # --- serving ---
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> Any:
+    def serve(self, port: int, host: str = "127.0.0.1") -> WSGIServer:
         """Serve /metrics on host:port from a thread; returns the server (shutdown() it)."""
         self._loop = asyncio.get_running_loop()
         server, _thread = prom.start_http_server(port, addr=host, registry=self.registry)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from duragent.errors import MissingExtra
 
@@ -30,6 +30,10 @@ try:  # guarded: the core install has no OpenTelemetry
     from opentelemetry import propagate, trace
 except ImportError:  # pragma: no cover - exercised without the extra
     trace = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span
 
 TRACEPARENT = "traceparent"
 
@@ -67,7 +71,7 @@ class OTelTracer:
 
     # --- task runs ---
 
-    def _parent(self, task: Any) -> Any:
+    def _parent(self, task: Any) -> Context:
         assert trace is not None
         carrier = {k: v for k, v in task.config.get("trace", {}).items() if isinstance(v, str)}
         if TRACEPARENT in carrier:
@@ -117,7 +121,7 @@ class OTelTracer:
             run.span.set_status(trace.Status(trace.StatusCode.ERROR, error or ""))
         run.span.end()
 
-    def _child(self, run: _Run, name: str, attributes: dict[str, Any]) -> Any:
+    def _child(self, run: _Run, name: str, attributes: dict[str, Any]) -> Span:
         parent = run.round or run.span
         ctx = trace.set_span_in_context(parent)
         return self.tracer.start_span(name, context=ctx, attributes=attributes)

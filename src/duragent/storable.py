@@ -21,7 +21,7 @@ from typing import Any
 from duragent.errors import InvalidValue
 
 MAX_JSON_DEPTH = 64
-"""Levels of arrays and objects a task's input or context may nest (documented in the README)."""
+"""Levels of arrays and objects a task's input or context may nest (docs/workers-server-cli.md)."""
 
 _UNSTORABLE_CHARS = re.compile("[\x00\ud800-\udfff]")
 

@@ -10,12 +10,13 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from duragent.errors import InvalidTransition
+from duragent.model_internals import constructed, hidden_value, updated, with_hidden_value
 
 JSON = Any
 
@@ -173,7 +174,7 @@ class Task(BaseModel):
         committed (its progress entries); else None. `Runtime.get` reads it from the
         log, so no commit writes anything more for it; a row as a store returns it
         has none (see `with_partial_output`)."""
-        text = self.__dict__.get(_PARTIAL)
+        text = hidden_value(self, _PARTIAL)
         return None if text is None else str(text)
 
     @property
@@ -255,72 +256,21 @@ class NewEntry:
             raise TypeError(f"an entry's payload must be a dict, not {type(self.payload).__name__}")
 
 
-# --- the commit path's copies, without pydantic's generic machinery ------------
-#
-# A round copies its task several times (each patch, the seq it reached, the
-# runner's prediction) and builds an Entry per appended entry. `model_copy` and
-# `model_construct` are general (extra fields, private attributes, defaults)
-# and cost two to three times what these few dict operations do.
-#
-# A copy shares its original's fields set (pydantic's record of the fields
-# given) when that set holds every field, so nothing can be added to it: a set
-# per copy is one more object for the garbage collector to trace, and with many
-# tasks in flight most copies live long enough to be traced. Rows a store
-# wrote or read have every field given (see `given_in_full`).
+# --- the commit path's entries -----------------------------------------------
 
-_new = object.__new__
-_setattr = object.__setattr__
-_M = TypeVar("_M", bound=BaseModel)
-# Every field of an entry: the fields set all stored entries share, which none adds to.
+# Every field of an entry: the fields set all stored entries share, which none
+# adds to (see duragent.model_internals).
 _ENTRY_FIELDS = {"task_id", "seq", "kind", "round", "payload", "created_at"}
-_FIELD_COUNTS: dict[type, int] = {}
 
-
-def _field_count(cls: type[BaseModel]) -> int:
-    count = _FIELD_COUNTS.get(cls)
-    if count is None:
-        count = _FIELD_COUNTS[cls] = len(cls.model_fields)
-    return count
-
-
-# Where a task read by `Runtime.get` keeps its partial output: in its __dict__ but
-# not a field, so no store writes it and no copy on the commit path pays for it.
+# Where a task read by `Runtime.get` keeps its partial output: beside its fields,
+# not one of them, so no store writes it and no copy on the commit path pays for it.
 _PARTIAL = "_partial_output"
 
 
 def with_partial_output(task: Task, text: str | None) -> Task:
     """A copy of `task` whose `partial_output` is `text` (the row read stays as it is:
     a store may hand the same object to others)."""
-    copy = updated(task, {})
-    if text is not None:
-        copy.__dict__[_PARTIAL] = text
-    return copy
-
-
-def given_in_full(model: _M) -> _M:
-    """`model`, its fields set holding every field, as a row read back from JSON has."""
-    _setattr(model, "__pydantic_fields_set__", set(type(model).model_fields))
-    return model
-
-
-def _bare(cls: type[_M], values: dict[str, Any], fields_set: set[str]) -> _M:
-    """An instance of `cls` holding `values`, with neither extras nor private attributes."""
-    model = _new(cls)
-    _setattr(model, "__dict__", values)
-    _setattr(model, "__pydantic_fields_set__", fields_set)
-    _setattr(model, "__pydantic_extra__", None)
-    _setattr(model, "__pydantic_private__", None)
-    return model
-
-
-def updated(model: _M, update: dict[str, Any]) -> _M:
-    """`model.model_copy(update=update)`: a shallow copy, values taken as given."""
-    if model.__pydantic_extra__ is not None or model.__pydantic_private__ is not None:
-        return model.model_copy(update=update)
-    fields_set = model.__pydantic_fields_set__
-    if len(fields_set) != _field_count(type(model)):
-        fields_set = fields_set | update.keys()
-    return _bare(type(model), {**model.__dict__, **update}, fields_set)
+    return updated(task, {}) if text is None else with_hidden_value(task, _PARTIAL, text)
 
 
 def stored_entry(
@@ -335,7 +285,7 @@ def stored_entry(
         "payload": payload,
         "created_at": at,
     }
-    return _bare(Entry, values, _ENTRY_FIELDS)
+    return constructed(Entry, values, _ENTRY_FIELDS)
 
 
 # --- API messages: the OpenAI chat shape -----------------------------------
@@ -421,8 +371,8 @@ class UINotice(BaseModel):
     message: str
 
 
-UiMessage = Annotated[UIText | UIToolCard | UIError | UINotice, Field(discriminator="type")]
-UI_MESSAGE: TypeAdapter[UiMessage] = TypeAdapter(UiMessage)
+UIMessage = Annotated[UIText | UIToolCard | UIError | UINotice, Field(discriminator="type")]
+UI_MESSAGE: TypeAdapter[UIMessage] = TypeAdapter(UIMessage)
 
 
 # --- documents --------------------------------------------------------------

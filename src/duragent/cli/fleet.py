@@ -31,6 +31,7 @@ from duragent.runtime.schedules import (
     put_schedule,
     set_paused,
 )
+from duragent.store.purge import PurgeResult
 from duragent.store.queues import Queue
 from duragent.terminal import safe
 from duragent.types import TaskStatus
@@ -101,7 +102,7 @@ def purge(
     """Delete finished tasks for good, with their logs, documents and sub-tasks."""
     age = parse_age(older_than)
 
-    async def go() -> Any:
+    async def go() -> PurgeResult:
         async with operator_runtime(store) as rt:
             return await rt.purge(
                 before=age,
@@ -126,7 +127,7 @@ def erase_owner(
     if not yes:
         typer.confirm(f"delete every task and schedule of {owner!r}?", abort=True)
 
-    async def go() -> Any:
+    async def go() -> PurgeResult:
         async with operator_runtime(store) as rt:
             return await rt.erase_owner(owner)
 

@@ -38,10 +38,10 @@ from duragent.cli._common import (
     run_async,
 )
 from duragent.cli._format import count, lease_left
+from duragent.cli.transcript import Transcript
 from duragent.errors import DuragentError, UsageError
 from duragent.fetch import NetworkPolicy
 from duragent.llm import ChatModel, resolve_model
-from duragent.payloads import api_of, progress_of, result_of, rollback_of, status_of
 from duragent.runtime.agent import Agent
 from duragent.runtime.pins import pinned_base_url, pinned_reach
 from duragent.runtime.runtime import Runtime
@@ -49,7 +49,7 @@ from duragent.runtime.waits import open_waits
 from duragent.runtime.worker import lease_alive
 from duragent.terminal import safe
 from duragent.toolsets import PERMISSIONS, WORKDIR_KEY, check_permissions, toolset
-from duragent.types import Entry, EntryKind, Task, TaskStatus, utcnow
+from duragent.types import Task, TaskStatus, utcnow
 
 app = typer.Typer()
 
@@ -206,101 +206,6 @@ def _continue_hint(task_id: str, flags: list[str]) -> str:
     return "duragent continue " + shlex.join([task_id, *flags])
 
 
-# --- showing a task as it runs -----------------------------------------------------
-
-# The UI errors that say a task ended; `Session.summary` says that, with the error.
-ENDINGS = ("The task failed.", "The task is blocked.")
-
-
-def _args(arguments: str, limit: int = 120) -> str:
-    try:
-        value = json.loads(arguments or "{}")
-        text = ", ".join(f"{k}={v!r}" for k, v in value.items())
-    except (ValueError, AttributeError):
-        text = arguments
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _first_line(text: str, limit: int = 160) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-@dataclass
-class Transcript:
-    """Prints committed entries: the model's text as it streams, tool cards, notices."""
-
-    console: Console
-    streamed: dict[int, str] = field(default_factory=dict)  # round -> text shown so far
-    tools: dict[str, str] = field(default_factory=dict)  # call id -> tool name
-    open_line: bool = False
-
-    def end_line(self) -> None:
-        if self.open_line:
-            self.console.print()
-            self.open_line = False
-
-    def _text(self, text: str) -> None:
-        if text:
-            self.console.print(safe(text), end="", soft_wrap=True)
-            self.open_line = not text.endswith("\n")
-
-    def show(self, e: Entry) -> None:
-        p = e.payload
-        if e.kind is EntryKind.PROGRESS and "call_id" not in p:
-            text = progress_of(e).get("text", "")
-            if e.round not in self.streamed:
-                self.end_line()
-            self.streamed[e.round] = self.streamed.get(e.round, "") + text
-            self._text(text)
-        elif e.kind is EntryKind.ROLLBACK and rollback_of(e).get("scope") == "progress":
-            if self.streamed.pop(e.round, None) is not None:
-                self.end_line()
-                self.console.print("[dim](the interrupted answer above is discarded)[/]")
-        elif e.kind is EntryKind.API_MESSAGE and (m := api_of(e))["role"] == "assistant":
-            shown = self.streamed.pop(e.round, "")
-            content = m.get("content") or ""
-            if shown and content.startswith(shown):
-                self._text(content[len(shown) :])
-            else:
-                self.end_line()
-                self._text(content)
-            self.end_line()
-            for call in m.get("tool_calls") or ():
-                name = call["function"]["name"]
-                self.tools[call["id"]] = name
-                args = _args(call["function"]["arguments"])
-                self.console.print(f"[cyan]⚙ {safe(name)}[/]({safe(args)})")
-        elif e.kind is EntryKind.TOOL_RESULT:
-            self.end_line()
-            result = result_of(e)
-            name = self.tools.get(result["tool_call_id"], "tool")
-            outcome = result.get("outcome", "ok")
-            mark, style = {
-                "ok": ("✓", "green"),
-                "interrupted": ("⚠", "yellow"),
-                "denied": ("✗", "yellow"),
-            }.get(outcome, ("✗", "red"))
-            said = safe(_first_line(result["content"]))
-            self.console.print(f"  [{style}]{mark} {safe(name)} {outcome}[/]: {said}")
-        elif e.kind is EntryKind.STATUS and status_of(e).get("takeover"):
-            self.end_line()
-            self.console.print("[yellow]• took the task over from its previous owner[/]")
-        elif e.kind is EntryKind.UI_MESSAGE:
-            self.end_line()
-            if p.get("type") == "error":
-                if p.get("message") in ENDINGS:
-                    return  # the summary says how the task ended, with its error: once
-                message = str(p.get("message", ""))
-                detail = f": {p['detail']}" if p.get("detail") else ""
-                if detail:
-                    message = message.rstrip(".")
-                self.console.print(f"[red]✗ {safe(message + detail)}[/]")
-            elif p.get("type") == "notice":
-                self.console.print(f"[yellow]• {safe(p.get('message', ''))}[/]")
-
-
 # --- driving a task ----------------------------------------------------------------
 
 
@@ -326,13 +231,16 @@ class _Stdin:
 
 
 @dataclass
-class Session:
+class TerminalRun:
+    """A task driven from this terminal: Ctrl-C pauses or aborts it, its questions
+    are asked here, and how it ended is said at the end."""
+
     rt: Runtime
     task_id: str
     console: Console
     flags: list[str]
     interrupts: int = 0
-    stopping: list[asyncio.Future[Any]] = field(default_factory=list)
+    stopping: list[asyncio.Future[None]] = field(default_factory=list)
     interrupted: asyncio.Event = field(default_factory=asyncio.Event)
     stdin: _Stdin | None = None
     transcript: Transcript = field(init=False)
@@ -344,9 +252,9 @@ class Session:
         self.interrupts += 1
         self.interrupted.set()
         if self.task_id:  # else: acted on as soon as the task exists
-            self.act()
+            self.pause_or_abort()
 
-    def act(self) -> None:
+    def pause_or_abort(self) -> None:
         """Pause on the first Ctrl-C, abort on the second."""
         self.transcript.end_line()
         if self.interrupts == 1:
@@ -523,9 +431,9 @@ async def _drive(
     loop = asyncio.get_running_loop()
     try:
         async with Runtime(store, agents=[agent], lease_ttl=15.0, poll_interval=0.25) as rt:
-            session = Session(rt, existing or "", console, flags)
+            run = TerminalRun(rt, existing or "", console, flags)
             # Handle Ctrl-C from before the task exists: none is ever lost half-way.
-            loop.add_signal_handler(signal.SIGINT, session.on_sigint)
+            loop.add_signal_handler(signal.SIGINT, run.on_sigint)
             after = 0
             if existing is None:
                 sub = await rt.submit(
@@ -536,19 +444,19 @@ async def _drive(
                     context={WORKDIR_KEY: str(grants.root)},
                     deadline=deadline,
                 )
-                session.task_id = sub.task_id
+                run.task_id = sub.task_id
                 console.print(f"task {sub.task_id}")
                 if not sub.created:  # the request id's task already exists: pick it up
                     after = await _restart(rt, sub.task_id, console)
-                for n in range(1, session.interrupts + 1):  # Ctrl-C before the task existed
-                    session.interrupts = n
-                    session.act()
+                for n in range(1, run.interrupts + 1):  # Ctrl-C before the task existed
+                    run.interrupts = n
+                    run.pause_or_abort()
             else:
                 if repin:
                     await _repin(rt, existing, console)
                 after = await _restart(rt, existing, console)
-            task = await session.follow(after)
-            return session.summary(task)
+            task = await run.follow(after)
+            return run.summary(task)
     finally:
         with contextlib.suppress(ValueError, RuntimeError):
             loop.remove_signal_handler(signal.SIGINT)
@@ -595,9 +503,9 @@ async def _repin(rt: Runtime, task_id: str, console: Console) -> None:
         console.print(f"task {task_id} is re-pinned to the flags given (--force)")
 
 
-def _go(make: Coroutine[Any, Any, int]) -> None:
-    """Run a command; an error is one line (see `run_async`)."""
-    raise typer.Exit(run_async(make))
+def _exit_with(command: Coroutine[Any, Any, int]) -> None:
+    """Run a command and exit with its code; an error is one line (see `run_async`)."""
+    raise typer.Exit(run_async(command))
 
 
 # --- the commands --------------------------------------------------------------------
@@ -675,7 +583,7 @@ def run_command(
             deadline=limit,
         )
 
-    _go(go())
+    _exit_with(go())
 
 
 @app.command("continue")
@@ -749,4 +657,4 @@ def continue_command(
             repin=bool(clashes),
         )
 
-    _go(go())
+    _exit_with(go())

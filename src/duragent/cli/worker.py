@@ -23,7 +23,7 @@ from duragent.cli._common import (
 )
 from duragent.errors import InvalidOption
 from duragent.runtime.agent import Agent, agents_by_name
-from duragent.runtime.calls import describe
+from duragent.runtime.calls import exception_text
 
 if TYPE_CHECKING:
     from duragent.store.protocol import Store
@@ -73,7 +73,7 @@ def load_agents(spec: str) -> list[Agent]:
 
 def _failed(spec: str, doing: str, exc: Exception) -> InvalidOption:
     """One line for an agents module that raised: what was done, and the error."""
-    what = " ".join(describe(exc).split())
+    what = " ".join(exception_text(exc).split())
     return InvalidOption(
         f"--agents {spec!r}: {doing} raised {what} ({DEBUG_ENV}=1 shows the traceback)"
     )

@@ -72,7 +72,7 @@ class WorkingView:
                 return i
         return None
 
-    def _at(self, i: int) -> Any:
+    def _at(self, i: int) -> BaseModel | dict[str, Any] | None:
         typed = self._typed[i]
         return typed if typed is not None else self._data[i]
 

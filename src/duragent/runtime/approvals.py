@@ -19,9 +19,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from duragent.errors import Conflict, InvalidArguments, UsageError
+from duragent.errors import Conflict, InvalidArguments, ToolArgumentError, UsageError
 from duragent.payloads import WaitCheckpoint
-from duragent.runtime.tools import Tool, ToolArgumentError
+from duragent.runtime.tools import Tool
 from duragent.types import JSON, utcnow
 
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from duragent.runtime.context import ToolContext
+from duragent.runtime.context import ToolContext, WaitForInput
 from duragent.runtime.tools import tool
 
 PLAN_KEY = "plan"
@@ -22,7 +20,7 @@ async def update_plan(steps: list[str], ctx: ToolContext) -> str:
 
 
 @tool(name="ask_user")
-async def ask_user(question: str, ctx: ToolContext) -> Any:
+async def ask_user(question: str, ctx: ToolContext) -> WaitForInput:
     """Ask the user a question and wait for the answer.
 
     Args:

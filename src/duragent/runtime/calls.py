@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from duragent.errors import ToolArgumentError
 from duragent.llm.base import parse_arguments
 from duragent.payloads import WaitCheckpoint
 from duragent.runtime.agent import Agent
@@ -17,7 +18,7 @@ from duragent.runtime.context import SleepUntil, SpawnSubtask, Suspend, ToolCont
 from duragent.runtime.host import TaskHost
 from duragent.runtime.log import INTERRUPTED, RoundState, started_entry
 from duragent.runtime.steps import StepInterrupted, StepRecord
-from duragent.runtime.tools import Tool, ToolArgumentError
+from duragent.runtime.tools import Tool
 from duragent.store.commits import DocumentWrite
 from duragent.types import ToolCallData, utcnow
 
@@ -151,10 +152,16 @@ async def _run_call(
         # said as such, so the model can try a smaller job; a TimeoutError the
         # tool raised itself, with a message, is reported like any error.
         limit = tool.timeout
-        said = timed_out(limit) if limit is not None and not str(exc) else f"Error: {describe(exc)}"
+        said = (
+            timed_out(limit)
+            if limit is not None and not str(exc)
+            else f"Error: {exception_text(exc)}"
+        )
         return Outcome(cid, said, "error", documents=ctx.staged_documents())
     except Exception as exc:
-        return Outcome(cid, f"Error: {describe(exc)}", "error", documents=ctx.staged_documents())
+        return Outcome(
+            cid, f"Error: {exception_text(exc)}", "error", documents=ctx.staged_documents()
+        )
     if isinstance(value, SpawnSubtask) and value.agent not in host.agents:
         known = ", ".join(sorted(host.agents))
         return Outcome(
@@ -164,7 +171,7 @@ async def _run_call(
         )
     if isinstance(value, Suspend):
         return Outcome(cid, suspend=value, documents=ctx.staged_documents())
-    return Outcome(cid, render(value), "ok", documents=ctx.staged_documents())
+    return Outcome(cid, tool_result_text(value), "ok", documents=ctx.staged_documents())
 
 
 def resumed_wait(cid: str, wait: WaitCheckpoint, rs: RoundState) -> Outcome | None:
@@ -186,10 +193,12 @@ def resumed_wait(cid: str, wait: WaitCheckpoint, rs: RoundState) -> Outcome | No
         reason = decision.get("reason") or "no reason given"
         return Outcome(cid, f"The user denied this call: {reason}", "denied")
     # input / subtask are resolved by whoever answers; still open means still waiting
-    return Outcome(cid, suspend=reconstruct(wait))
+    return Outcome(cid, suspend=suspension_for(wait))
 
 
-def render(value: Any) -> str:
+def tool_result_text(value: Any) -> str:
+    """What a tool's (or a sub-task's) return value says in its result message:
+    a string as it is, a pydantic model or anything else as JSON."""
     if isinstance(value, str):
         return value
     if hasattr(value, "model_dump_json"):
@@ -201,7 +210,8 @@ def timed_out(limit: float) -> str:
     return f"Error: Tool call timed out after {limit:g} s (the tool's time limit)."
 
 
-def describe(exc: BaseException) -> str:
+def exception_text(exc: BaseException) -> str:
+    """`TypeName: message` (or the bare type name), as a failed call or task reports it."""
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
@@ -210,7 +220,8 @@ def parse_dt(text: str) -> datetime:
     return datetime.fromisoformat(text)
 
 
-def reconstruct(wait: WaitCheckpoint) -> Suspend:
+def suspension_for(wait: WaitCheckpoint) -> Suspend:
+    """The suspension a call still waiting (for input or a sub-task) stays in on resume."""
     if wait["wait"] == "subtask":
         return SpawnSubtask(wait.get("agent", ""), None)
     return WaitForInput(wait.get("question", ""))

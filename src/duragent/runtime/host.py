@@ -1,8 +1,8 @@
 """What a running tool call may use of the runner of its task.
 
 `ToolContext`, its durable steps and `run_call` (runtime/calls.py) are handed the
-task's runner (`TaskRunner`, runtime/engine.py); they see it through these
-protocols, so they depend on what they use and not on the engine, which
+rounds of the task's runner (`Rounds`, runtime/round.py); they see them through
+these protocols, so they depend on what they use and not on the runner, which
 imports them.
 """
 

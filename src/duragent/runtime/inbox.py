@@ -1,4 +1,4 @@
-"""Messages into a live task: double texting (README "Steering a task", docs/architecture.md §3).
+"""Messages into a live task: double texting (docs/steering.md, docs/architecture.md §3).
 
 A sent message is one commit: a record in the log (a `message` checkpoint and a
 notice) and its place in the task row's inbox (`config["inbox"]`), made under

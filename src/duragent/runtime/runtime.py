@@ -9,7 +9,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic_core import to_jsonable_python
 
@@ -53,13 +53,11 @@ from duragent.types import (
     Entry,
     Task,
     TaskStatus,
-    UiMessage,
+    UIMessage,
     utcnow,
     with_partial_output,
 )
 from duragent.webhooks import WebhookDelivery, check_url
-
-T = TypeVar("T")
 
 log = logging.getLogger("duragent.runtime")
 
@@ -543,7 +541,7 @@ class Runtime(ManyTasks, SendsMessages, Sessions):
             await self.store.get_task(task_id)  # a missing or purged task: TaskNotFound
         return view
 
-    async def ui_messages(self, task_id: str) -> builtins.list[UiMessage]:
+    async def ui_messages(self, task_id: str) -> builtins.list[UIMessage]:
         entries = await self.store.entries(task_id)
         if not entries:
             await self.store.get_task(task_id)  # a missing or purged task: TaskNotFound

@@ -23,13 +23,15 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from duragent.errors import (
     Conflict,
     InvalidOption,
+    ScheduleNotFound,
+    ScheduleUnreadable,
     StoreError,
     TaskNotFound,
     UsageError,
@@ -41,29 +43,15 @@ from duragent.store.commits import Commit, DocumentWrite
 from duragent.store.protocol import Store
 from duragent.types import JSON, Document, utcnow
 
+if TYPE_CHECKING:
+    from croniter import croniter  # untyped: Any to mypy, named for the reader
+
 SCHEDULES_SCOPE = "duragent:schedules"
 
 # The shortest and longest `every`: below a second a schedule is a busy loop
 # (and below a microsecond its step is zero), past ten years a time overflows.
 MIN_EVERY = 1.0
 MAX_EVERY = 10 * 365 * 86400.0
-
-
-class ScheduleUnreadable(UsageError):
-    """A stored schedule that no longer validates (written by older code, or by hand):
-    it never fires, and the only thing to do with it is to delete it."""
-
-    def __init__(self, key: str, why: str) -> None:
-        self.key = key
-        super().__init__(f"schedule {key} is stored with invalid fields ({why}); delete it")
-
-
-class ScheduleNotFound(TaskNotFound):
-    """No schedule of that name (for that owner). A TaskNotFound, so it maps to 404."""
-
-    def __init__(self, name: str) -> None:
-        self.task_id = name
-        UsageError.__init__(self, f"no schedule named {name!r}")
 
 
 Overlap = Literal["skip", "queue", "allow"]
@@ -118,7 +106,7 @@ class Schedule(BaseModel):
         return f"schedule:{self.name}:{tick.isoformat()}"
 
 
-def _croniter(expr: str, start: datetime) -> Any:
+def _croniter(expr: str, start: datetime) -> croniter:
     try:
         from croniter import croniter
     except ImportError as exc:  # pragma: no cover - depends on the installed extras

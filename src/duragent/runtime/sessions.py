@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from duragent.errors import TaskNotFound, UsageError
+from duragent.errors import SessionNotFound
 from duragent.store.commits import TaskQuery
 from duragent.types import ApiMessage, Task, TaskStatus
 
@@ -24,14 +24,6 @@ if TYPE_CHECKING:
 
 ALL = list(TaskStatus)
 MAX_TURNS = 1000  # the turns one session read returns (the latest ones)
-
-
-class SessionNotFound(TaskNotFound):
-    """No session of that id for that owner. A TaskNotFound, so it maps to 404."""
-
-    def __init__(self, session_id: str) -> None:
-        self.task_id = session_id
-        UsageError.__init__(self, f"no session {session_id!r}")
 
 
 @dataclass

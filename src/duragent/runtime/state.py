@@ -32,7 +32,6 @@ class MonotonicClock:
 
 
 SaveFn = Callable[[dict[str, Any]], Awaitable[None]]
-StatusCallback = Callable[[Any, Any], None]
 
 
 class DebouncedState:
@@ -45,7 +44,6 @@ class DebouncedState:
         max_wait: float = 5.0,
         retry_delay: float = 0.5,
         clock: Clock | None = None,
-        on_status_change: StatusCallback | None = None,
     ) -> None:
         self.state = dict(initial)
         self._save_fn = save
@@ -53,9 +51,7 @@ class DebouncedState:
         self.max_wait = max_wait
         self.retry_delay = retry_delay
         self.clock = clock or MonotonicClock()
-        self.on_status_change = on_status_change
         self.dirty = False
-        self.saves = 0
         self._first_pending: float | None = None
         self._timer: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -66,11 +62,7 @@ class DebouncedState:
             self._loop = asyncio.get_running_loop()
 
     def update(self, **changes: Any) -> None:
-        old_status = self.state.get("status")
         self.state.update(changes)
-        new_status = self.state.get("status")
-        if "status" in changes and new_status != old_status and self.on_status_change:
-            self.on_status_change(old_status, new_status)
         self._schedule()
 
     def _schedule(self) -> None:
@@ -112,7 +104,6 @@ class DebouncedState:
             self._first_pending = None
             try:
                 await self._save_fn(snapshot)
-                self.saves += 1
             except asyncio.CancelledError:
                 self.dirty = True
                 raise

@@ -1,4 +1,4 @@
-"""Steering a task after the fact: its history round by round, and forks (README "Steering a task").
+"""Steering a task after the fact: its history round by round, and forks (docs/steering.md).
 
 History is read from the log: each round's facts come from `read_round`, the
 same reader recovery uses. A fork is a new task, never a change to the old one:

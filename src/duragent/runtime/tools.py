@@ -11,7 +11,7 @@ from typing import Any, Literal, get_args, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from duragent.errors import InvalidOption, InvalidType
+from duragent.errors import InvalidOption, InvalidType, ToolArgumentError
 from duragent.llm.base import ToolSpec
 from duragent.runtime.context import ToolContext
 
@@ -20,10 +20,6 @@ from duragent.runtime.context import ToolContext
 # "resume": re-run after a crash; steps it recorded with ctx.step are skipped.
 Replay = Literal["never", "safe", "resume"]
 ApprovalRule = bool | Callable[[dict[str, Any]], bool]
-
-
-class ToolArgumentError(ValueError):
-    """The model's arguments don't fit the tool's signature."""
 
 
 @dataclass

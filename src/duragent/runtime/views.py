@@ -25,7 +25,7 @@ from duragent.types import (
     Entry,
     EntryKind,
     Task,
-    UiMessage,
+    UIMessage,
     UIText,
     UIToolCard,
     task_scope,
@@ -48,7 +48,7 @@ def _arguments(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"_value": value}
 
 
-def ui_view(entries: list[Entry]) -> list[UiMessage]:
+def ui_view(entries: list[Entry]) -> list[UIMessage]:
     """What a person sees, in commit order.
 
     Stored UI entries (notices, errors) come as they are; user and assistant
@@ -61,7 +61,7 @@ def ui_view(entries: list[Entry]) -> list[UiMessage]:
     def void(seq: int) -> bool:
         return is_voided(seq, voided)
 
-    out: list[UiMessage] = []
+    out: list[UIMessage] = []
     cards: dict[str, UIToolCard] = {}
     streaming: dict[int, UIText] = {}
     answered: set[int] = set()

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -24,6 +24,61 @@ from duragent.server.schemas import AgentOut, AgentsOut, Health, Me
 from duragent.server.streams import StreamSlots, TooManyStreams, too_many_streams
 
 STATIC = Path(__file__).parent / "static"
+
+
+# The service's own routes: who is asking, what runs here, the page.
+service = APIRouter()
+
+
+@service.get("/v1/health", response_model=Health, tags=["service"], summary="Liveness (no auth)")
+async def health(rt: RuntimeDep) -> Health:
+    return Health(store=rt.store.url.split("://", 1)[0], worker=rt.run_worker)
+
+
+@service.get(
+    "/v1/me",
+    response_model=Me,
+    tags=["service"],
+    summary="Who the token belongs to",
+    responses=problem_responses(401),
+)
+async def me(user: UserDep) -> Me:
+    return Me(user=user)
+
+
+@service.get(
+    "/v1/agents",
+    response_model=AgentsOut,
+    tags=["service"],
+    summary="Agents, their tools and replay policies",
+    responses=problem_responses(401),
+)
+async def agents(user: UserDep, rt: RuntimeDep) -> AgentsOut:
+    return AgentsOut(agents=[AgentOut.of(a) for _, a in sorted(rt.agents.items())])
+
+
+@service.get("/openapi.json", include_in_schema=False)
+async def openapi(request: Request, rt: RuntimeDep) -> JSONResponse:
+    schema = request.app.openapi()
+    if request.scope.get("state", {}).get("user") is not None:  # the gate checked it
+        schema = problems.with_agent_names(schema, list(rt.agents))
+    return JSONResponse(schema)
+
+
+@service.get("/", include_in_schema=False)
+async def index() -> FileResponse:
+    return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+# Browsers ask for /favicon.ico whatever the page says; the page names the SVG.
+@service.get("/favicon.ico", include_in_schema=False)
+@service.get("/favicon.svg", include_in_schema=False)
+async def favicon() -> FileResponse:
+    return FileResponse(
+        STATIC / "favicon.svg",
+        media_type="image/svg+xml",
+        headers={"Cache-Control": "public, max-age=86400"},
+    )
 
 
 def create_app(
@@ -53,7 +108,7 @@ def create_app(
         description="Durable AI agent tasks: start, watch, pause, resume, abort, answer.",
         lifespan=lifespan,
         # No /docs or /redoc: they load scripts from a CDN on the origin the token
-        # lives on. /openapi.json is served below.
+        # lives on. /openapi.json is served by `service`.
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
@@ -66,56 +121,8 @@ def create_app(
     problems.install(app)
     app.add_exception_handler(TooManyStreams, too_many_streams)
     app.add_middleware(Gate, tokens=tokens, limits=limits)
-    app.include_router(tasks.router)
-    app.include_router(events.router)
-    app.include_router(steering.router)
-    app.include_router(fleet.router)
-    app.include_router(sessions.router)
-
-    @app.get("/v1/health", response_model=Health, tags=["service"], summary="Liveness (no auth)")
-    async def health(rt: RuntimeDep) -> Health:
-        return Health(store=rt.store.url.split("://", 1)[0], worker=rt.run_worker)
-
-    @app.get(
-        "/v1/me",
-        response_model=Me,
-        tags=["service"],
-        summary="Who the token belongs to",
-        responses=problem_responses(401),
-    )
-    async def me(user: UserDep) -> Me:
-        return Me(user=user)
-
-    @app.get(
-        "/v1/agents",
-        response_model=AgentsOut,
-        tags=["service"],
-        summary="Agents, their tools and replay policies",
-        responses=problem_responses(401),
-    )
-    async def agents(user: UserDep, rt: RuntimeDep) -> AgentsOut:
-        return AgentsOut(agents=[AgentOut.of(a) for _, a in sorted(rt.agents.items())])
-
-    @app.get("/openapi.json", include_in_schema=False)
-    async def openapi(request: Request) -> JSONResponse:
-        schema = app.openapi()
-        if request.scope.get("state", {}).get("user") is not None:  # the gate checked it
-            schema = problems.with_agent_names(schema, list(runtime.agents))
-        return JSONResponse(schema)
-
-    @app.get("/", include_in_schema=False)
-    async def index() -> FileResponse:
-        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
-
-    # Browsers ask for /favicon.ico whatever the page says; the page names the SVG.
-    @app.get("/favicon.ico", include_in_schema=False)
-    @app.get("/favicon.svg", include_in_schema=False)
-    async def favicon() -> FileResponse:
-        return FileResponse(
-            STATIC / "favicon.svg",
-            media_type="image/svg+xml",
-            headers={"Cache-Control": "public, max-age=86400"},
-        )
-
+    for router in (tasks.router, events.router, steering.router, fleet.router, sessions.router):
+        app.include_router(router)
+    app.include_router(service)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app

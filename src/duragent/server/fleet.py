@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from duragent.errors import QueueNotFound
 from duragent.runtime.runtime import Runtime
 from duragent.runtime.schedules import MAX_EVERY, MIN_EVERY, Schedule
 from duragent.server.deps import AdminDep, RuntimeDep, UserDep, is_admin
@@ -21,7 +22,7 @@ from duragent.server.limits import LimitReached, ServerLimits, check_task_sizes
 from duragent.server.problems import BadRequest, problem_responses
 from duragent.server.schemas import iso_time_only
 from duragent.server.strict_json import StrictJsonRoute
-from duragent.store.queues import Queue, QueueNotFound
+from duragent.store.queues import Queue
 
 router = APIRouter(prefix="/v1", tags=["queues and schedules"], route_class=StrictJsonRoute)
 

@@ -18,11 +18,12 @@ import math
 import time
 from collections import OrderedDict, deque
 from http import HTTPStatus
-from typing import Any, Protocol
+from typing import Protocol
 from urllib.parse import unquote_to_bytes
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from duragent.server.limits import ServerLimits, human_bytes
@@ -166,7 +167,7 @@ class Gate:
 
         await self.app(scope, receive_limited, send_with_headers)
 
-    def _answer_from_head(self, scope: Scope) -> Any:
+    def _answer_from_head(self, scope: Scope) -> JSONResponse | None:
         """A response decided by the request line and headers, or None to go on.
         The token comes first: a client without one learns nothing else."""
         headers = Headers(scope=scope)
@@ -188,7 +189,7 @@ class Gate:
             return problem(413, TOO_LARGE, detail, headers=CLOSE)
         return None
 
-    def _authenticate(self, scope: Scope, headers: Headers) -> Any:
+    def _authenticate(self, scope: Scope, headers: Headers) -> JSONResponse | None:
         """None when the request may go on (the user noted in the scope), else the refusal.
 
         A valid token is always checked and admitted, throttled address or not:

@@ -20,17 +20,19 @@ from duragent.errors import (
     IncompatibleEntry,
     InvalidArguments,
     InvalidTransition,
+    NotFound,
+    QueueNotFound,
+    ScheduleNotFound,
+    ScheduleUnreadable,
+    SessionNotFound,
     StoreError,
     TaskBusy,
     TaskNotFound,
     UnknownAgent,
     UsageError,
 )
-from duragent.runtime.schedules import ScheduleNotFound, ScheduleUnreadable
-from duragent.runtime.sessions import SessionNotFound
 from duragent.server.limits import LimitReached
 from duragent.server.schemas import Problem
-from duragent.store.queues import QueueNotFound
 
 log = logging.getLogger("duragent.server")
 
@@ -65,6 +67,7 @@ _MAPPING: list[tuple[type[Exception], int, str]] = [
     (QueueNotFound, 404, "Queue not found"),
     (SessionNotFound, 404, "Session not found"),
     (TaskNotFound, 404, "Task not found"),
+    (NotFound, 404, "Not found"),
     (InvalidTransition, 409, "Invalid status transition"),
     (TaskBusy, 409, "Task is busy"),
     (Conflict, 409, "Conflict"),

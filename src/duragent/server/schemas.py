@@ -26,7 +26,7 @@ from duragent.runtime.presence import Sighting
 from duragent.runtime.runtime import TaskTree
 from duragent.runtime.sessions import SessionSummary
 from duragent.runtime.views import Steps
-from duragent.types import ApiMessage, Entry, Task, TaskStatus, UiMessage, Usage
+from duragent.types import ApiMessage, Entry, Task, TaskStatus, UIMessage, Usage
 
 
 class Problem(BaseModel):
@@ -351,7 +351,7 @@ class TaskPageOut(BaseModel):
 
 class MessagesOut(BaseModel):
     view: Literal["model", "ui"]
-    messages: list[ApiMessage] | list[UiMessage]
+    messages: list[ApiMessage] | list[UIMessage]
 
 
 class EntriesOut(BaseModel):

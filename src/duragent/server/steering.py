@@ -1,5 +1,5 @@
 """REST routes for steering a task: its history round by round, forks, and messages
-into a live task (README "Steering a task")."""
+into a live task (docs/steering.md)."""
 
 from __future__ import annotations
 

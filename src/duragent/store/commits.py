@@ -4,7 +4,7 @@ commit `Store.commit_soon` queues, what a write returns, and a task query."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -65,7 +65,7 @@ class PendingCommit:
         self.failed: BaseException | None = None
         self.future: asyncio.Future[CommitResult] | None = None
 
-    def __await__(self) -> Any:
+    def __await__(self) -> Generator[Any, None, CommitResult]:
         # Shielded: a caller that stops waiting (a timeout) leaves the commit queued.
         assert self.future is not None
         return asyncio.shield(self.future).__await__()

@@ -257,13 +257,7 @@ class JSONLStore(MemoryStore):
 
     def _replay(self) -> int:
         """Load the log into memory, cut off a torn tail; return the file's size."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path + COMPACT_SUFFIX)  # a compaction that died before its rename
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            data = b""
+        data = self._read_log()
         if b"\n" not in data:
             if not (_header().startswith(data) or _V1_HEADER.startswith(data)):
                 raise StoreCorrupt(f"{self.path}:1: not a duragent JSONL log (bad header line)")
@@ -272,44 +266,55 @@ class JSONLStore(MemoryStore):
             return len(_header())
         lines = data.split(b"\n")
         version = self._check_header(lines[0])
-        sealed = version >= 2
+        valid_end, kept = self._apply_commits(lines, sealed=version >= 2)
+        if version < 2:
+            self.truncated_bytes = len(data) - valid_end
+            return self._upgrade_log(version, kept)
+        if _holds_a_whole_line(lines[-1]):
+            # An unfinished line is a prefix of what was written; this one holds a whole
+            # line and more, so its newline was changed.
+            start = len(data) - len(lines[-1])
+            raise _damaged(self.path, len(lines), start, "checksum mismatch", valid_end)
+        if valid_end < len(data):
+            self.truncated_bytes = len(data) - valid_end
+            with open(self.path, "r+b") as f:
+                f.truncate(valid_end)
+                f.flush()
+                os.fsync(f.fileno())
+        return valid_end
+
+    def _read_log(self) -> bytes:
+        """The log file's bytes (none if there is no file yet)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path + COMPACT_SUFFIX)  # a compaction that died before its rename
+        try:
+            with open(self.path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return b""
+
+    def _apply_commits(self, lines: list[bytes], *, sealed: bool) -> tuple[int, list[bytes]]:
+        """Apply each group of records its commit marker closes; the offset where the
+        last committed group ends, and (format 1) the committed lines to rewrite.
+        `lines` is the log split at newlines: the header first, the unended rest last."""
         offset = valid_end = len(lines[0]) + 1
         group: list[tuple[int, dict[str, Any]]] = []
-        kept: list[bytes] = []  # format 1: the committed lines, to rewrite as format 2
+        kept: list[bytes] = []
         pending: list[bytes] = []
         unreadable: tuple[int, int, str] | None = None  # first bad line since the last marker
         for number, line in enumerate(lines[1:-1], start=2):
             start, offset = offset, offset + len(line) + 1
-            body = line
-            if sealed:
-                unsealed = _unseal(line)
-                if unsealed is None:
-                    if b"\0" in line:
-                        # Zeros where power loss left a hole: torn, if nothing committed follows.
-                        unreadable = unreadable or (number, start, "unreadable line")
-                        continue
-                    # A whole line that is not what was written: a changed byte. (A process
-                    # killed mid-write leaves its line unfinished: that one is not read here.)
-                    what = "checksum mismatch" if _parses(line) else "unreadable line"
-                    raise _damaged(self.path, number, start, what, valid_end)
-                body = unsealed
-            try:
-                record = json.loads(body)
-                kind = record["t"]
-            except (ValueError, TypeError, KeyError) as exc:
-                if sealed:  # its checksum held, so a writer wrote it this way
-                    raise _damaged(
-                        self.path, number, start, f"bad record: {exc}", valid_end
-                    ) from None
-                unreadable = unreadable or (number, start, f"unreadable line: {exc}")
+            record = self._record(line, number, start, sealed=sealed, valid_end=valid_end)
+            if isinstance(record, str):
+                unreadable = unreadable or (number, start, record)
                 continue
-            if kind != "commit":
+            if record["t"] != "commit":
                 group.append((number, record))
                 pending.append(line)
                 continue
             if unreadable is not None:
                 # A commit marker after a bad line: the damage is not a torn tail.
-                raise _damaged(self.path, *unreadable[:2], unreadable[2], valid_end)
+                raise _damaged(self.path, *unreadable, valid_end)
             if record.get("records") != len(group):
                 raise _damaged(
                     self.path,
@@ -325,21 +330,33 @@ class JSONLStore(MemoryStore):
                 kept.append(line)
             group, pending = [], []
             valid_end = offset
-        if not sealed:
-            self.truncated_bytes = len(data) - valid_end
-            return self._upgrade_log(version, kept)
-        if _holds_a_whole_line(lines[-1]):
-            # An unfinished line is a prefix of what was written; this one holds a whole
-            # line and more, so its newline was changed.
-            start = len(data) - len(lines[-1])
-            raise _damaged(self.path, len(lines), start, "checksum mismatch", valid_end)
-        if valid_end < len(data):
-            self.truncated_bytes = len(data) - valid_end
-            with open(self.path, "r+b") as f:
-                f.truncate(valid_end)
-                f.flush()
-                os.fsync(f.fileno())
-        return valid_end
+        return valid_end, kept
+
+    def _record(
+        self, line: bytes, number: int, start: int, *, sealed: bool, valid_end: int
+    ) -> dict[str, Any] | str:
+        """The record on line `number` (at byte `start`), or why it cannot be read when
+        that may still be a torn tail; StoreCorrupt when it cannot be."""
+        body = line
+        if sealed:
+            unsealed = _unseal(line)
+            if unsealed is None:
+                if b"\0" in line:
+                    # Zeros where power loss left a hole: torn, if nothing committed follows.
+                    return "unreadable line"
+                # A whole line that is not what was written: a changed byte. (A process
+                # killed mid-write leaves its line unfinished: that one is not read here.)
+                what = "checksum mismatch" if _parses(line) else "unreadable line"
+                raise _damaged(self.path, number, start, what, valid_end)
+            body = unsealed
+        try:
+            record: dict[str, Any] = json.loads(body)
+            record["t"]  # raises unless it is an object that names its record type
+        except (ValueError, TypeError, KeyError) as exc:
+            if sealed:  # its checksum held, so a writer wrote it this way
+                raise _damaged(self.path, number, start, f"bad record: {exc}", valid_end) from None
+            return f"unreadable line: {exc}"
+        return record
 
     def _upgrade_log(self, version: int, lines: list[bytes]) -> int:
         """Rewrite a format-1 log's committed lines with checksums; the new size.

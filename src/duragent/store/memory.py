@@ -24,7 +24,7 @@ from duragent.types import (
     EntryKind,
     Task,
     TaskStatus,
-    UiMessage,
+    UIMessage,
 )
 
 _T = TypeVar("_T")
@@ -302,7 +302,7 @@ class MemoryStore(TxWrites):
         rows = self._entries.get(task_id, ())
         return view_data(view_text((s, k, p) for s, k, _r, p, _c in rows if k in VIEW_KINDS))
 
-    async def ui_messages(self, task_id: str) -> list[UiMessage]:
+    async def ui_messages(self, task_id: str) -> list[UIMessage]:
         rows = self._entries.get(task_id, ())
         return build_ui_view((s, p) for s, k, _r, p, _c in rows if k == EntryKind.UI_MESSAGE)
 

@@ -77,7 +77,7 @@ from duragent.store.postgres_writer import PgWriter
 from duragent.store.signals import ControlCallback, ControlWatchers
 from duragent.store.tx import TxWrites
 from duragent.store.views import VIEW_KINDS, build_ui_view, parse_messages, view_data, view_text
-from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UiMessage, utcnow
+from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UIMessage, utcnow
 
 __all__ = [
     "CHANNEL",
@@ -390,7 +390,9 @@ class PostgresStore(TxWrites):
         while held:
             at = utcnow() + timedelta(seconds=ttl)
 
-            def renew(tx: PgTx, held: dict[str, int] = held, at: datetime = at) -> Any:
+            def renew(
+                tx: PgTx, held: dict[str, int] = held, at: datetime = at
+            ) -> tuple[dict[str, Task], set[str], set[str]]:
                 return tx.renew_leases(worker_id, held, at)
 
             (renewed, gone, busy), tx = await loop.run_in_executor(
@@ -561,7 +563,7 @@ class PostgresStore(TxWrites):
     async def model_view_data(self, task_id: str) -> list[dict[str, Any]]:
         return view_data(await self._read(lambda conn: _view_text(conn, task_id)))
 
-    async def ui_messages(self, task_id: str) -> list[UiMessage]:
+    async def ui_messages(self, task_id: str) -> list[UIMessage]:
         code = [EntryKind.UI_MESSAGE.value]
         return await self._read(
             lambda conn: build_ui_view(_task_rows(conn, task_id, "seq, payload", code))

@@ -21,7 +21,7 @@ from duragent.store.commits import (
     TaskQuery,
 )
 from duragent.store.signals import ControlCallback
-from duragent.types import ApiMessage, Document, Entry, EntryKind, NewEntry, Task, UiMessage
+from duragent.types import ApiMessage, Document, Entry, EntryKind, NewEntry, Task, UIMessage
 
 
 @runtime_checkable
@@ -134,7 +134,7 @@ class Store(Protocol):
         """`model_view` as plain dicts in their wire form, decoded but not validated."""
         ...
 
-    async def ui_messages(self, task_id: str) -> list[UiMessage]:
+    async def ui_messages(self, task_id: str) -> list[UIMessage]:
         """The task's conversation as the page and the API show it (voided rounds kept)."""
         ...
 

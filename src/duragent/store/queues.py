@@ -20,21 +20,13 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from duragent.errors import InvalidOption, TaskNotFound, UsageError, invalid_option
+from duragent.errors import InvalidOption, QueueNotFound, invalid_option
 from duragent.store.commits import Commit, DocumentWrite
 from duragent.store.protocol import Store
 from duragent.types import Task, TaskStatus
 
 QUEUES_SCOPE = "duragent:queues"
 MAX_SECONDS = 10 * 365 * 86400.0  # the longest ttl or rate period: later times overflow
-
-
-class QueueNotFound(TaskNotFound):
-    """No queue of that name has limits. A TaskNotFound, so it maps to 404."""
-
-    def __init__(self, name: str) -> None:
-        self.task_id = name
-        UsageError.__init__(self, f"no queue named {name!r} has limits")
 
 
 class Queue(BaseModel):

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from duragent.errors import Conflict, InvalidOption, StaleLease
+from duragent.model_internals import updated, validated_set
 from duragent.store.commits import TaskPatch
 from duragent.types import (
     PATCHABLE,
@@ -17,7 +18,6 @@ from duragent.types import (
     TaskStatus,
     Usage,
     check_transition,
-    updated,
 )
 
 
@@ -64,7 +64,7 @@ def apply_patch(task: Task, patch: TaskPatch, now: datetime) -> tuple[Task, NewE
     patched = updated(task, plain)
     for name, value in changes.items():
         if name not in plain:
-            Task.__pydantic_validator__.validate_assignment(patched, name, value)
+            validated_set(patched, name, value)
     return patched, status_entry
 
 

@@ -22,7 +22,7 @@ from duragent.types import (
     EntryKind,
     NewEntry,
     Task,
-    UiMessage,
+    UIMessage,
     dump_message,
 )
 
@@ -94,7 +94,7 @@ class SeedPersistence:
         await self.save_api_messages(task_id, [])
 
     # UI messages
-    async def save_user_messages(self, task_id: str, messages: Sequence[UiMessage]) -> None:
+    async def save_user_messages(self, task_id: str, messages: Sequence[UIMessage]) -> None:
         task = await self.store.get_task(task_id)
         entries = [_void(task_id, task.last_seq, "ui")] if task.last_seq else []
         entries += [
@@ -103,7 +103,7 @@ class SeedPersistence:
         ]
         await self.store.commit(Commit(entries=entries))
 
-    async def load_user_messages(self, task_id: str) -> list[UiMessage]:
+    async def load_user_messages(self, task_id: str) -> list[UIMessage]:
         return await self.store.ui_messages(task_id)
 
     async def delete_user_messages(self, task_id: str) -> None:

@@ -73,7 +73,7 @@ from duragent.types import (
     Entry,
     EntryKind,
     Task,
-    UiMessage,
+    UIMessage,
     utcnow,
 )
 
@@ -561,7 +561,7 @@ class SQLiteStore(TxWrites):
     async def model_view_data(self, task_id: str) -> list[dict[str, Any]]:
         return view_data(await self._read(lambda conn: _view_text(conn, task_id)))
 
-    async def ui_messages(self, task_id: str) -> list[UiMessage]:
+    async def ui_messages(self, task_id: str) -> list[UIMessage]:
         sql = f"SELECT seq, payload FROM entry_rows WHERE {ENTRY_RANGE} AND kind=? ORDER BY eid"
         params = (*entry_range(task_id), KIND_CODES[EntryKind.UI_MESSAGE])
         return await self._read(  # type: ignore[no-any-return]

@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from duragent.errors import StoreError
+from duragent.model_internals import set_field
 from duragent.store.codec import MAX_SEQ, dumps, entry_key, packed, to_ts, ts_to_dt
 from duragent.store.commits import CopyEntries
 from duragent.store.queues import QUEUES_SCOPE, Candidate
@@ -269,7 +270,7 @@ class SqliteTx:
             # The file keeps an entry's time to the millisecond; so does the entry
             # the commit hands back (made for this transaction alone), so that
             # it equals the entry read later.
-            e.__dict__["created_at"] = kept
+            set_field(e, "created_at", kept)
             row = (entry_key(self.task_num(e.task_id), e.seq), KIND_CODES[e.kind], e.round)
             rows.append((*row, dumps(packed(e.kind, e.payload)), ms))
         if self.deferred is not None:

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from duragent.errors import Conflict, InvalidTransition, StaleLease, TaskNotFound
+from duragent.model_internals import given_in_full, set_field, updated
 from duragent.store.commits import (
     Commit,
     CommitResult,
@@ -30,9 +31,7 @@ from duragent.types import (
     NewEntry,
     Task,
     TaskStatus,
-    given_in_full,
     stored_entry,
-    updated,
     utcnow,
 )
 
@@ -206,9 +205,7 @@ class _Touched:
             out.append(stored_entry(e.task_id, seq, e.kind, e.round, e.payload, now))
         for task_id, seq in last.items():
             if task_id in self.dirty:  # this transaction's own copy: set it in place
-                row = self.rows[task_id]
-                row.__dict__["last_seq"] = seq
-                row.__pydantic_fields_set__.add("last_seq")  # a no-op on a shared set
+                set_field(self.rows[task_id], "last_seq", seq)
             else:
                 self.put(updated(self.get(task_id), {"last_seq": seq}))
         return out

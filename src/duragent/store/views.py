@@ -12,7 +12,7 @@ from duragent.errors import StoreCorrupt
 from duragent.heap import collector_paused
 from duragent.llm.messages import in_call_order
 from duragent.payloads import is_marker, is_voided, voided_ranges
-from duragent.types import API_KINDS, API_MESSAGES, UI_MESSAGE, ApiMessage, EntryKind, UiMessage
+from duragent.types import API_KINDS, API_MESSAGES, UI_MESSAGE, ApiMessage, EntryKind, UIMessage
 
 # The kinds a model's view is built from: API messages and rollback markers.
 VIEW_KINDS = tuple(k.value for k in (*API_KINDS, EntryKind.ROLLBACK))
@@ -84,7 +84,7 @@ def view_data(text: str) -> list[dict[str, Any]]:
     return in_call_order(data)
 
 
-def build_ui_view(rows: Iterable[tuple[int, str]]) -> list[UiMessage]:
+def build_ui_view(rows: Iterable[tuple[int, str]]) -> list[UIMessage]:
     """UI messages in seq order; only a `scope: "ui"` rollback (a deleted message) hides them."""
     data = [(seq, payload, json.loads(payload)) for seq, payload in rows]
     hidden = voided_ranges((d for _s, _p, d in data), "ui")
