@@ -41,7 +41,7 @@ from bench.common import (
 from duragent import Runtime
 from duragent.runtime.steering import Edit, fork_log
 from duragent.store import open_store
-from duragent.store.base import CopyEntries
+from duragent.store.commits import CopyEntries
 from duragent.types import EntryKind, NewEntry, Task
 
 

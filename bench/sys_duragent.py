@@ -43,7 +43,7 @@ from duragent.llm.base import ModelRequest, ResponseAssembler
 from duragent.runtime.engine import TaskRunner
 from duragent.runtime.log import api_entry, result_entries
 from duragent.runtime.submit import new_task
-from duragent.store.base import Commit, TaskPatch
+from duragent.store.commits import Commit, TaskPatch
 from duragent.types import (
     AssistantMessage,
     EntryKind,

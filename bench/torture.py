@@ -228,7 +228,7 @@ def _gaps(seqs: list[int]) -> str:
 
 async def dump_store(url: str) -> StoreDump:
     from duragent import open_store
-    from duragent.store.base import TaskQuery
+    from duragent.store.commits import TaskQuery
     from duragent.types import dump_message
 
     store = open_store(url)

@@ -14,7 +14,7 @@ import pytest
 
 from duragent.runtime.presence import WORKERS_SCOPE
 from duragent.store import open_store
-from duragent.store.base import Commit, DocumentWrite
+from duragent.store.commits import Commit, DocumentWrite
 from duragent.types import Task, utcnow
 from support.browser import (
     Page,

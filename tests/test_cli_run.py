@@ -13,7 +13,7 @@ import pytest
 
 from duragent.cli.run import Grants, Options
 from duragent.store import open_store
-from duragent.store.base import Commit, TaskPatch
+from duragent.store.commits import Commit, TaskPatch
 from duragent.toolsets import WORKDIR_KEY
 from duragent.types import EntryKind, Task, TaskStatus
 from support.cli_run import (

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from duragent import Runtime
 from duragent.cli import app
 from duragent.store import open_store
-from duragent.store.base import Commit, DocumentWrite
-from duragent.store.sqlite_schema import SQLITE_SCHEMA_VERSION as SCHEMA_VERSION
+from duragent.store.commits import Commit, DocumentWrite
+from duragent.store.sqlite_schema import SCHEMA_VERSION
 from duragent.types import Task, TaskStatus, task_scope
 from server_agents import agents
 from support.server_live import CLI, child_env, duragent, stop

@@ -18,7 +18,7 @@ from duragent import Agent, Runtime, ScriptedModel, TaskStatus, Timing, ToolCall
 from duragent.runtime.presence import WORKERS_SCOPE, block_unserved, served_agents
 from duragent.runtime.submit import new_task
 from duragent.runtime.worker import Worker, WorkerOptions
-from duragent.store.base import Store
+from duragent.store.protocol import Store
 from duragent.types import EntryKind, ToolMessage
 
 

@@ -16,7 +16,7 @@ from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, ToolCo
 from duragent.heap import collector_paused
 from duragent.runtime.commits import Commits
 from duragent.runtime.engine import TaskRunner
-from duragent.store.base import view_data
+from duragent.store.views import view_data
 
 # Messages with tool calls: containers the collector tracks, as in a real history.
 HISTORY = json.dumps(

@@ -31,7 +31,8 @@ from duragent.runtime.schedules import (
 )
 from duragent.runtime.worker import Worker, WorkerOptions
 from duragent.store import open_store
-from duragent.store.base import Commit, DocumentWrite, Store, TaskQuery
+from duragent.store.commits import Commit, DocumentWrite, TaskQuery
+from duragent.store.protocol import Store
 from duragent.store.queues import QUEUES_SCOPE, define_queue
 from duragent.types import TaskStatus
 from duragent.webhooks import OUTBOX, WebhookDelivery, WebhookSender

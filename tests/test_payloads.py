@@ -31,7 +31,7 @@ from duragent.payloads import (
     voided_ranges,
 )
 from duragent.runtime.submit import new_task
-from duragent.store.base import Commit
+from duragent.store.commits import Commit
 from duragent.types import EntryKind, NewEntry, UIText
 
 

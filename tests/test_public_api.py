@@ -191,7 +191,7 @@ def test_every_public_name_has_a_docstring() -> None:
 
 
 def test_every_store_protocol_method_has_a_docstring() -> None:
-    from duragent.store.base import Store
+    from duragent.store.protocol import Store
 
     methods = [
         name for name, value in vars(Store).items() if not name.startswith("_") and callable(value)

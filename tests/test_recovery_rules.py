@@ -34,7 +34,8 @@ from duragent.runtime.approvals import edited_note
 from duragent.runtime.engine import TaskRunner
 from duragent.runtime.log import INTERRUPTED
 from duragent.runtime.submit import new_task
-from duragent.store.base import Commit, Store
+from duragent.store.commits import Commit
+from duragent.store.protocol import Store
 from duragent.types import (
     AssistantMessage,
     Entry,

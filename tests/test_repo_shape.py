@@ -241,7 +241,6 @@ ALLOWLIST: frozenset[str] = frozenset(
         "runtime/round.py:RoundRunner._run_calls",
         "runtime/runtime.py",
         "runtime/runtime.py:Runtime.submit",
-        "store/base.py",
         "store/postgres.py",
         "store/postgres_tx.py",
         "store/postgres_writer.py",

@@ -21,9 +21,10 @@ from conftest import PG_URL, opened_store
 from duragent import Agent, BuiltinTools, Runtime, ScriptedModel, ToolCall, ToolContext, tool
 from duragent.errors import TaskNotFound
 from duragent.store import Commit, TaskPatch
-from duragent.store.base import PendingCommit, Store
+from duragent.store.commits import PendingCommit
 from duragent.store.memory import MemoryStore
 from duragent.store.postgres import PostgresStore
+from duragent.store.protocol import Store
 from duragent.store.sqlite import SQLiteStore
 from duragent.types import EntryKind, NewEntry, Task, TaskStatus
 

@@ -26,7 +26,7 @@ from duragent import (
 )
 from duragent.errors import MalformedModelOutput, ModelError, RetryableModelError, UnknownAgent
 from duragent.llm.base import Finish, ModelRequest, StreamEvent, TextDelta, UsageDelta
-from duragent.store.base import Store
+from duragent.store.protocol import Store
 from duragent.types import AssistantMessage, EntryKind, ToolMessage, UINotice, UIToolCard
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from duragent import Runtime
 from duragent.server import TokenStore, create_app
-from duragent.store.base import Commit
+from duragent.store.commits import Commit
 from duragent.store.sqlite_schema import KIND_CODES
 from duragent.types import EntryKind, NewEntry, TaskStatus
 from server_agents import agents

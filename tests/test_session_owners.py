@@ -17,11 +17,12 @@ import httpx
 import pytest
 
 from conftest import drop_schema, require_postgres
-from duragent.store import SCHEMA_VERSION, Store, open_store
+from duragent.store import Store, open_store
 from duragent.store.jsonl import JSONLStore
+from duragent.store.memory import SCHEMA_VERSION as MEMORY_SCHEMA_VERSION
 from duragent.store.sqlite import SQLiteStore
 from duragent.store.sqlite_schema import MIGRATIONS as SQLITE_MIGRATIONS
-from duragent.store.sqlite_schema import SQLITE_SCHEMA_VERSION
+from duragent.store.sqlite_schema import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from duragent.types import Task, session_scope, task_scope
 from support.server_live import LiveServer, live_server
 
@@ -223,7 +224,7 @@ async def test_a_version_1_postgres_schema_gets_per_owner_session_scopes() -> No
         await check_migrated(store, tasks)
         await store.close()
         again = PostgresStore(url, schema=schema)
-        assert again.migrated_from == SCHEMA_VERSION
+        assert again.migrated_from == again.schema_version
         await check_migrated(again, tasks)
         await again.close()
     finally:
@@ -252,8 +253,8 @@ async def test_a_version_1_jsonl_log_gets_per_owner_session_scopes(tmp_path: Pat
     await check_migrated(store, tasks)
     await store.close()
     header = json.loads((directory / "log.jsonl").read_text().split("\n", 1)[0])
-    assert header["schema_version"] == SCHEMA_VERSION  # rewritten once, not on every open
+    assert header["schema_version"] == MEMORY_SCHEMA_VERSION  # rewritten once, not on every open
     again = open_store(f"jsonl:///{directory}")
-    assert isinstance(again, JSONLStore) and again.migrated_from == SCHEMA_VERSION
+    assert isinstance(again, JSONLStore) and again.migrated_from == MEMORY_SCHEMA_VERSION
     await check_migrated(again, tasks)
     await again.close()

@@ -34,7 +34,7 @@ from duragent import (
 )
 from duragent.payloads import is_voided, voided_ranges
 from duragent.store import Store, open_store
-from duragent.store.base import Commit, TaskPatch
+from duragent.store.commits import Commit, TaskPatch
 from duragent.store.memory import MemoryStore
 from duragent.types import (
     AssistantMessage,

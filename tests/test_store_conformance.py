@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from conftest import opened_store, require_postgres
 from duragent.errors import Conflict, InvalidTransition, StaleLease, StoreError, TaskNotFound
 from duragent.store import Commit, DocumentWrite, Store, TaskPatch, TaskQuery, iter_entries
-from duragent.store.base import MAX_SEQ
+from duragent.store.codec import MAX_SEQ
 from duragent.store.postgres import PostgresStore
 from duragent.store.sqlite import SQLiteStore
 from duragent.types import (

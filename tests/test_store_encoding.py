@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from duragent.store.base import dumps
+from duragent.store.codec import dumps
 
 text = st.text(st.characters(exclude_categories=["Cs"]), max_size=20)  # no lone surrogates
 scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | text

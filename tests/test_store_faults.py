@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root
 from conftest import require_postgres
 from duragent import Agent, BuiltinTools, ScriptedModel, TaskStatus, Worker, WorkerOptions
 from duragent.runtime.submit import new_task
-from duragent.store.base import Store
+from duragent.store.protocol import Store
 
 HERE = Path(__file__).parent
 

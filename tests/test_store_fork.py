@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from conftest import drop_schema, opened_store, require_postgres
 from duragent.errors import Conflict, TaskNotFound
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
-from duragent.store.base import CopyEntries, EntryHead
+from duragent.store.commits import CopyEntries, EntryHead
 from duragent.store.jsonl import JSONLStore
 from duragent.store.postgres import PostgresStore
 from duragent.store.purge import purge

@@ -24,8 +24,10 @@ import pytest
 from conftest import drop_schema, require_postgres
 from duragent.errors import Conflict, StaleLease, StoreError, StoreUnavailable
 from duragent.store import Commit, DocumentWrite, TaskPatch, postgres_tx, postgres_writer
-from duragent.store.base import SEQ_BITS, Store, apply_patch
+from duragent.store.codec import SEQ_BITS
 from duragent.store.postgres import PostgresStore
+from duragent.store.protocol import Store
+from duragent.store.rules import apply_patch
 from duragent.store.sqlite import SQLiteStore
 from duragent.store.sqlite_schema import Durability
 from duragent.types import EntryKind, NewEntry, Task, TaskStatus, Usage, utcnow

@@ -19,9 +19,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from duragent.errors import StoreCorrupt, StoreLocked, StoreVersionError
-from duragent.store import SCHEMA_VERSION, Commit, DocumentWrite, TaskPatch, open_store
+from duragent.store import Commit, DocumentWrite, TaskPatch, open_store
 from duragent.store.files import LOG_NAME
 from duragent.store.jsonl import JSONLStore, compact
+from duragent.store.memory import SCHEMA_VERSION
 from duragent.types import (
     AssistantMessage,
     EntryKind,

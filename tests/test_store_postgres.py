@@ -21,10 +21,11 @@ from psycopg.rows import dict_row
 
 from conftest import drop_schema, require_postgres
 from duragent.errors import CommitOutcomeUnknown, StaleLease, StoreVersionError
-from duragent.store import SCHEMA_VERSION, Commit, DocumentWrite, TaskPatch, open_store
-from duragent.store.base import CopyEntries
+from duragent.store import Commit, DocumentWrite, TaskPatch, open_store
+from duragent.store.commits import CopyEntries
 from duragent.store.postgres import PostgresStore, split_url
 from duragent.store.postgres_schema import MIGRATIONS as PG_MIGRATIONS
+from duragent.store.postgres_schema import SCHEMA_VERSION
 from duragent.types import EntryKind, NewEntry, Task, UIText, dump_message
 from support.pgproxy import commit_answer_loser
 from support.store_model import SETTINGS, op, run

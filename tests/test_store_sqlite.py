@@ -16,9 +16,9 @@ import pytest
 
 from duragent.errors import StoreCorrupt, StoreError, StoreVersionError
 from duragent.store import Commit, TaskPatch, TaskQuery, open_store
-from duragent.store.base import CopyEntries
+from duragent.store.commits import CopyEntries
 from duragent.store.sqlite import SQLiteStore
-from duragent.store.sqlite_schema import MIGRATIONS, SQLITE_SCHEMA_VERSION, WAL_READY_FRAMES
+from duragent.store.sqlite_schema import MIGRATIONS, SCHEMA_VERSION, WAL_READY_FRAMES
 from duragent.store.sqlite_tx import TaskNumbers
 from duragent.types import EntryKind, NewEntry, Task, TaskStatus
 
@@ -33,7 +33,7 @@ async def test_newer_schema_version_is_refused_naming_both_versions(tmp_path: Pa
     conn.close()
     with pytest.raises(StoreVersionError) as info:
         open_store(f"sqlite:///{path}")
-    assert "99" in str(info.value) and str(SQLITE_SCHEMA_VERSION) in str(info.value)
+    assert "99" in str(info.value) and str(SCHEMA_VERSION) in str(info.value)
     conn = sqlite3.connect(path)
     assert conn.execute("SELECT value FROM meta").fetchone()[0] == "99"  # untouched
 
@@ -46,7 +46,7 @@ async def test_older_store_is_migrated_on_open(tmp_path: Path) -> None:
     await store.create_task(Task(agent="a"))
     await store.close()
     again = open_store(f"sqlite:///{path}")
-    assert isinstance(again, SQLiteStore) and again.migrated_from == SQLITE_SCHEMA_VERSION
+    assert isinstance(again, SQLiteStore) and again.migrated_from == SCHEMA_VERSION
     await again.close()
 
 
@@ -363,7 +363,7 @@ async def test_opening_an_up_to_date_store_never_waits_for_another_writer(
         opener.start()
         opener.join(10)
         assert opened, "opening waited for another connection's write transaction"
-        assert opened[0].migrated_from == SQLITE_SCHEMA_VERSION
+        assert opened[0].migrated_from == SCHEMA_VERSION
     finally:
         holder.execute("ROLLBACK")
         holder.close()

@@ -25,9 +25,9 @@ from duragent import Runtime
 from duragent.errors import InvalidOption, InvalidTransition, StaleLease, TaskNotFound
 from duragent.model_internals import given_in_full, updated
 from duragent.store import Commit, DocumentWrite, Store, TaskPatch
-from duragent.store.base import claim
 from duragent.store.postgres import PostgresStore
 from duragent.store.queues import QUEUES_SCOPE, Queue, define_queue
+from duragent.store.rules import claim
 from duragent.store.sqlite import SQLiteStore
 from duragent.store.tx import HeldRows, Notes, hold_row, may_become_claimable
 from duragent.types import (

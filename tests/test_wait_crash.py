@@ -33,7 +33,7 @@ from duragent import (
     tool,
 )
 from duragent.errors import StoreUnavailable
-from duragent.store.base import Commit, CommitResult
+from duragent.store.commits import Commit, CommitResult
 from duragent.store.sqlite import SQLiteStore
 from duragent.types import EntryKind, Task
 from support.crashlib import kill_at, spawn

@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from duragent import Agent, BuiltinTools, Runtime, ScriptedModel, TaskStatus, ToolCall, tool
-from duragent.store.base import LeaseRenewal
+from duragent.store.commits import LeaseRenewal
 from duragent.store.memory import MemoryStore
 from duragent.types import EntryKind, Task
 from support.workerlib import WorkerProc, ledger_lines, one_result_per_call

@@ -12,9 +12,9 @@ from duragent.llm.base import ModelRequest
 from duragent.llm.messages import WorkingView, wire_messages
 from duragent.llm.scripted import ScriptedModel
 from duragent.store import Commit, Store
-from duragent.store.base import view_data
 from duragent.store.memory import MemoryStore
 from duragent.store.sqlite import SQLiteStore
+from duragent.store.views import view_data
 from duragent.types import (
     AssistantMessage,
     EntryKind,

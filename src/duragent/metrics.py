@@ -16,14 +16,26 @@ import asyncio
 import logging
 import time
 from collections import Counter as Tally
-from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from duragent.errors import Conflict, MissingExtra, StaleLease
 from duragent.payloads import status_of
-from duragent.store.base import Commit, CommitResult, LeaseRenewal, PendingCommit, Store
+from duragent.store.commits import (
+    Commit,
+    CommitResult,
+    CopyEntries,
+    EntryHead,
+    LeaseRenewal,
+    PendingCommit,
+    TaskPage,
+    TaskQuery,
+)
+from duragent.store.protocol import Store
 from duragent.store.queues import QUEUES_SCOPE
-from duragent.types import EntryKind, Task
+from duragent.store.signals import ControlCallback
+from duragent.types import ApiMessage, Document, Entry, EntryKind, NewEntry, Task, UIMessage
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -46,9 +58,19 @@ class MeteredStore:
         self._store = store
         self._metrics = metrics
         self._renewed_at: dict[str, float] = {}
+        self.url = store.url
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
+    @property
+    def notifies_across_processes(self) -> bool:
+        return self._store.notifies_across_processes
+
+    @property
+    def schema_version(self) -> int:
+        return self._store.schema_version
+
+    @property
+    def migrated_from(self) -> int | None:
+        return self._store.migrated_from
 
     async def commit(self, commit: Commit) -> CommitResult:
         start = time.perf_counter()
@@ -104,6 +126,91 @@ class MeteredStore:
         for task_id in renewal.lost:
             self._renewed_at.pop(task_id, None)
         return renewal
+
+    # --- the rest passes through as it is ---
+
+    async def open(self) -> None:
+        await self._store.open()
+
+    async def close(self) -> None:
+        await self._store.close()
+
+    async def create_task(self, task: Task, entries: Sequence[NewEntry] = ()) -> tuple[Task, bool]:
+        return await self._store.create_task(task, entries)
+
+    async def create_fork(
+        self, task: Task, log: Sequence[NewEntry | CopyEntries]
+    ) -> tuple[Task, bool]:
+        return await self._store.create_fork(task, log)
+
+    async def get_task(self, task_id: str) -> Task:
+        return await self._store.get_task(task_id)
+
+    async def list_tasks(self, query: TaskQuery | None = None) -> TaskPage:
+        return await self._store.list_tasks(query)
+
+    async def count_tasks(self, query: TaskQuery | None = None) -> dict[tuple[str, str], int]:
+        return await self._store.count_tasks(query)
+
+    async def entries(
+        self,
+        task_id: str,
+        *,
+        after_seq: int = 0,
+        kinds: Iterable[EntryKind] | None = None,
+        limit: int | None = None,
+    ) -> list[Entry]:
+        return await self._store.entries(task_id, after_seq=after_seq, kinds=kinds, limit=limit)
+
+    async def entry_heads(self, task_id: str, *, kinds: Iterable[EntryKind]) -> list[EntryHead]:
+        return await self._store.entry_heads(task_id, kinds=kinds)
+
+    async def model_view(self, task_id: str) -> list[ApiMessage]:
+        return await self._store.model_view(task_id)
+
+    async def model_view_data(self, task_id: str) -> list[dict[str, Any]]:
+        return await self._store.model_view_data(task_id)
+
+    async def ui_messages(self, task_id: str) -> list[UIMessage]:
+        return await self._store.ui_messages(task_id)
+
+    async def get_document(self, scope: str, key: str) -> Document | None:
+        return await self._store.get_document(scope, key)
+
+    async def list_documents(self, scope: str) -> list[Document]:
+        return await self._store.list_documents(scope)
+
+    async def claim_tasks(self, worker_id: str, n: int = 1, **kw: Any) -> list[Task]:
+        return await self._store.claim_tasks(worker_id, n, **kw)
+
+    async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task:
+        return await self._store.renew_lease(task_id, worker_id, epoch, ttl)
+
+    async def release_lease(self, task_id: str, epoch: int) -> None:
+        await self._store.release_lease(task_id, epoch)
+
+    async def next_wake_at(
+        self, agents: Iterable[str] | None = None, queues: Iterable[str] | None = None
+    ) -> datetime | None:
+        return await self._store.next_wake_at(agents, queues)
+
+    async def delete_task(self, task_id: str) -> None:
+        await self._store.delete_task(task_id)
+
+    async def purge_tasks(self, query: TaskQuery) -> int:
+        return await self._store.purge_tasks(query)
+
+    async def reclaim_space(self) -> None:
+        await self._store.reclaim_space()
+
+    async def wait_for_change(self, timeout: float) -> None:
+        await self._store.wait_for_change(timeout)
+
+    async def wait_for_work(self, timeout: float) -> None:
+        await self._store.wait_for_work(timeout)
+
+    def watch_controls(self, callback: ControlCallback) -> Callable[[], None]:
+        return self._store.watch_controls(callback)
 
 
 class Metrics:
@@ -171,7 +278,7 @@ class Metrics:
             registry=r,
         )
         self._metered = MeteredStore(store, self)
-        self.store: Store = cast(Store, self._metered)
+        self.store: Store = self._metered
         self._inner = store
         self._loop: asyncio.AbstractEventLoop | None = None
         self._open: dict[tuple[str, str], tuple[float, str]] = {}  # (task, what) -> start, label

@@ -41,7 +41,7 @@ from duragent.errors import UsageError
 from duragent.payloads import progress_of
 from duragent.runtime.runtime import Runtime
 from duragent.runtime.worker import lease_alive
-from duragent.store import SCHEMA_VERSION, Store, TaskQuery, open_store
+from duragent.store import Store, TaskQuery, open_store
 from duragent.terminal import clean, safe
 from duragent.types import EntryKind, Task, TaskStatus, session_scope, task_scope
 
@@ -368,10 +368,8 @@ def migrate(store: str = STORE) -> None:
         s = open_store(store)  # file stores migrate on opening, servers on open()
         await s.open()
         try:
-            found = getattr(s, "migrated_from", None)
             # Each backend has its own schema history.
-            current = getattr(s, "schema_version", SCHEMA_VERSION)
-            return (found if isinstance(found, int) else None), int(current)
+            return s.migrated_from, s.schema_version
         finally:
             await s.close()
 

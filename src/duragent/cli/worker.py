@@ -27,7 +27,7 @@ from duragent.runtime.calls import exception_text
 
 if TYPE_CHECKING:
     from duragent.runtime.worker import WorkerOptions
-    from duragent.store.base import Store
+    from duragent.store.protocol import Store
 
 log = logging.getLogger(__name__)
 app = typer.Typer()

@@ -25,7 +25,8 @@ from typing import Any
 
 from duragent.errors import Conflict, InvalidOption
 from duragent.llm.base import ChatModel, ModelRequest, StreamEvent, UsageDelta
-from duragent.store.base import Commit, DocumentWrite, Store
+from duragent.store.commits import Commit, DocumentWrite
+from duragent.store.protocol import Store
 
 RATE_SCOPE = "duragent:rate-limits"
 

@@ -19,7 +19,7 @@ from duragent.runtime.host import TaskHost
 from duragent.runtime.log import INTERRUPTED, RoundState, started_entry
 from duragent.runtime.steps import StepInterrupted, StepRecord
 from duragent.runtime.tools import Tool
-from duragent.store.base import DocumentWrite
+from duragent.store.commits import DocumentWrite
 from duragent.types import ToolCallData, utcnow
 
 # Replay policies under which a call cut off by a crash is run again: "safe" (the

@@ -22,15 +22,9 @@ from duragent.model_internals import set_field
 from duragent.runtime.callbacks import EntriesHook
 from duragent.runtime.control import Abandoned, Controls
 from duragent.runtime.state import Clock, DebouncedState, SaveFn
-from duragent.store.base import (
-    Commit,
-    CommitResult,
-    DocumentWrite,
-    PendingCommit,
-    Store,
-    TaskPatch,
-    apply_patch,
-)
+from duragent.store.commits import Commit, CommitResult, DocumentWrite, PendingCommit, TaskPatch
+from duragent.store.protocol import Store
+from duragent.store.rules import apply_patch
 from duragent.types import NewEntry, Task, TaskStatus, utcnow
 from duragent.webhooks import outbox_events
 
@@ -178,7 +172,7 @@ class Commits:
         None, and nothing queued, when the store cannot queue commits or a
         commit is in flight (its answer would land over the row taken here).
         """
-        commit_soon = getattr(self.store, "commit_soon", None)
+        commit_soon = self.store.commit_soon
         if commit_soon is None or self.detached or self._lock.locked():
             return None
         commit, state = self._make_commit(entries, patch)

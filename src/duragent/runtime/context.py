@@ -9,7 +9,8 @@ from typing import Any
 
 from duragent.runtime.host import TaskHost
 from duragent.runtime.steps import CallSteps, StepRecord
-from duragent.store.base import DocumentWrite, Store
+from duragent.store.commits import DocumentWrite
+from duragent.store.protocol import Store
 from duragent.types import session_scope, task_scope, utcnow
 
 # --- durable waits: a tool returns one of these instead of a result ----------

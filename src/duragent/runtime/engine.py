@@ -34,7 +34,7 @@ from duragent.runtime.ending import Ending
 from duragent.runtime.recovery import Recovery
 from duragent.runtime.round import Rounds, TraceHook
 from duragent.runtime.state import Clock, DebouncedState
-from duragent.store.base import Store
+from duragent.store.protocol import Store
 from duragent.types import BlockReason, Task, TaskStatus, utcnow
 
 log = logging.getLogger("duragent.engine")

@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from duragent.runtime.state import DebouncedState
-from duragent.store.base import CommitResult, Store
+from duragent.store.commits import CommitResult
+from duragent.store.protocol import Store
 from duragent.types import NewEntry, Task
 
 

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from duragent.errors import InvalidOption, StoreError, check_seconds
 from duragent.runtime.agent import Agent
 from duragent.runtime.schedules import fire_due
-from duragent.store.base import Store
+from duragent.store.protocol import Store
 from duragent.store.purge import expire_by_ttl, ttl_expiries, ttl_queues
 from duragent.types import Document, Task, utcnow
 

@@ -42,7 +42,7 @@ from typing import Any, Literal, get_args
 
 from duragent.errors import UsageError
 from duragent.runtime.log import RoundState, api_entry, notice, result_entries, rollback
-from duragent.store.base import Commit, TaskPatch
+from duragent.store.commits import Commit, TaskPatch
 from duragent.types import EntryKind, NewEntry, Task, TaskStatus, UserMessage, new_id
 
 MultitaskStrategy = Literal["enqueue", "reject", "interrupt", "rollback"]

@@ -19,14 +19,14 @@ from duragent.runtime.schedules import (
     put_schedule,
     set_paused,
 )
-from duragent.store.base import Commit, DocumentWrite, TaskQuery
+from duragent.store.commits import Commit, DocumentWrite, TaskQuery
 from duragent.store.purge import PurgeResult, erase_owner, purge
 from duragent.store.queues import Queue, define_queue, delete_queue, list_queues
 from duragent.types import TaskStatus, session_scope
 
 if TYPE_CHECKING:
     from duragent.runtime.agent import Agent
-    from duragent.store.base import Store
+    from duragent.store.protocol import Store
     from duragent.types import Task
 
 

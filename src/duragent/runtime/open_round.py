@@ -14,7 +14,7 @@ from typing import Any
 from duragent.llm.base import ResponseAssembler
 from duragent.payloads import rollback_marker
 from duragent.runtime.log import RoundState
-from duragent.store.base import DocumentWrite
+from duragent.store.commits import DocumentWrite
 from duragent.types import EntryKind, NewEntry, Task
 
 

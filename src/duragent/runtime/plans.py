@@ -15,7 +15,8 @@ from typing import Any
 from duragent.errors import UsageError
 from duragent.runtime.builtin import PLAN_KEY
 from duragent.runtime.log import notice
-from duragent.store.base import Commit, DocumentWrite, Store
+from duragent.store.commits import Commit, DocumentWrite
+from duragent.store.protocol import Store
 from duragent.types import Task, task_scope
 
 MAX_STEPS = 200

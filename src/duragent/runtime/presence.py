@@ -30,7 +30,8 @@ from typing import Any
 
 from duragent.errors import Conflict
 from duragent.runtime.log import ui_entry
-from duragent.store.base import Commit, DocumentWrite, Store, TaskPatch, TaskQuery
+from duragent.store.commits import Commit, DocumentWrite, TaskPatch, TaskQuery
+from duragent.store.protocol import Store
 from duragent.types import BlockReason, Task, TaskStatus, UIError, utcnow
 
 log = logging.getLogger("duragent.presence")

@@ -18,7 +18,7 @@ from duragent.runtime.plans import write_plan
 from duragent.runtime.presence import exited
 from duragent.runtime.views import Steps, build_steps, partial_output, ui_view
 from duragent.runtime.worker import lease_alive
-from duragent.store.base import Commit, TaskPage, TaskPatch, TaskQuery
+from duragent.store.commits import Commit, TaskPage, TaskPatch, TaskQuery
 from duragent.types import (
     ApiMessage,
     Entry,
@@ -31,7 +31,7 @@ from duragent.types import (
 if TYPE_CHECKING:
     from duragent.runtime.agent import Agent
     from duragent.runtime.worker import Worker
-    from duragent.store.base import Store
+    from duragent.store.protocol import Store
 
 log = logging.getLogger("duragent.runtime")
 

@@ -31,7 +31,7 @@ from duragent.runtime.open_round import OpenRound
 from duragent.runtime.round_calls import RoundCalls
 from duragent.runtime.state import DebouncedState
 from duragent.runtime.waits import open_round
-from duragent.store.base import Store
+from duragent.store.protocol import Store
 from duragent.types import (
     ApiMessage,
     EntryKind,

@@ -25,7 +25,7 @@ from duragent.runtime.ending import Ending
 from duragent.runtime.log import RoundState, result_entries, wait_entry, wait_reason
 from duragent.runtime.open_round import OpenRound, Parking
 from duragent.runtime.submit import new_task
-from duragent.store.base import DocumentWrite
+from duragent.store.commits import DocumentWrite
 from duragent.types import NewEntry, Task, TaskStatus, ToolCallData, ToolMessage
 
 

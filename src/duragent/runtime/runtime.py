@@ -35,7 +35,8 @@ from duragent.runtime.submit import new_task
 from duragent.runtime.waits import person_answers, resolve
 from duragent.runtime.worker import Worker, WorkerOptions, lease_alive
 from duragent.store import open_store
-from duragent.store.base import Commit, Store, TaskPatch, TaskQuery
+from duragent.store.commits import Commit, TaskPatch, TaskQuery
+from duragent.store.protocol import Store
 from duragent.store.queues import Queue, define_queue
 from duragent.types import ApiMessage, Task, TaskStatus, utcnow
 from duragent.webhooks import WebhookDelivery, check_url

@@ -39,7 +39,8 @@ from duragent.errors import (
 )
 from duragent.runtime.agent import Agent
 from duragent.runtime.submit import new_task
-from duragent.store.base import Commit, DocumentWrite, Store
+from duragent.store.commits import Commit, DocumentWrite
+from duragent.store.protocol import Store
 from duragent.types import JSON, Document, utcnow
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from duragent.runtime.worker import Worker
-    from duragent.store.base import Store
+    from duragent.store.protocol import Store
 
 
 class SendsMessages:

@@ -16,11 +16,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from duragent.errors import SessionNotFound
-from duragent.store.base import TaskQuery
+from duragent.store.commits import TaskQuery
 from duragent.types import ApiMessage, Task, TaskStatus
 
 if TYPE_CHECKING:
-    from duragent.store.base import Store
+    from duragent.store.protocol import Store
 
 ALL = list(TaskStatus)
 MAX_TURNS = 1000  # the turns one session read returns (the latest ones)

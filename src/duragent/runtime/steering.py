@@ -24,12 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from duragent.errors import UsageError
 from duragent.payloads import api_of, is_voided, rollback_marker, rollback_of, voided_ranges
 from duragent.runtime.log import notice, read_round
-from duragent.store.base import (
-    CopyEntries,
-    EntryHead,
-    Store,
-    iter_entries,
-)
+from duragent.store.commits import CopyEntries, EntryHead
+from duragent.store.protocol import Store, iter_entries
 from duragent.types import (
     API_KINDS,
     Entry,

@@ -16,12 +16,12 @@ from duragent.errors import Conflict, ControlPending, InvalidTransition, WaitTim
 from duragent.runtime.agent import Agent, BuiltinTools
 from duragent.runtime.engine import Control, TaskRunner
 from duragent.runtime.worker import lease_alive
-from duragent.store.base import Commit, TaskPatch, TaskQuery
+from duragent.store.commits import Commit, TaskPatch, TaskQuery
 from duragent.types import Task, TaskStatus
 
 if TYPE_CHECKING:
     from duragent.runtime.worker import Worker
-    from duragent.store.base import Store
+    from duragent.store.protocol import Store
 
 ACTIVE = (TaskStatus.PENDING, TaskStatus.RUNNING, TaskStatus.WAITING)
 

@@ -19,7 +19,7 @@ from duragent.payloads import (
 )
 from duragent.runtime.builtin import PLAN_KEY
 from duragent.runtime.log import read_round
-from duragent.store.base import Store, iter_entries
+from duragent.store.protocol import Store, iter_entries
 from duragent.types import (
     UI_MESSAGE,
     Entry,

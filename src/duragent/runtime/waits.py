@@ -26,7 +26,8 @@ from duragent.runtime.log import (
     result_entries,
     wait_reason,
 )
-from duragent.store.base import Store, TaskPatch
+from duragent.store.commits import TaskPatch
+from duragent.store.protocol import Store
 from duragent.types import NewEntry, Task, TaskStatus
 
 

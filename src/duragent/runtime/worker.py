@@ -32,7 +32,8 @@ from duragent.runtime.housekeeping import Housekeeper
 from duragent.runtime.housekeeping import stop as stop_housekeeping
 from duragent.runtime.presence import announce, block_unserved, withdraw
 from duragent.runtime.state import Clock
-from duragent.store.base import Store, TaskQuery
+from duragent.store.commits import TaskQuery
+from duragent.store.protocol import Store
 from duragent.types import Entry, EntryKind, Task, TaskStatus, utcnow
 from duragent.webhooks import WebhookDelivery, WebhookSender
 
@@ -314,11 +315,11 @@ class Worker:
         """
         if len(self._jobs) >= self.options.concurrency:
             return None
-        if not getattr(self.store, "notifies_across_processes", False):
+        if not self.store.notifies_across_processes:
             return None
 
         # A store that can tell commits creating work apart wakes us only for those.
-        wait = getattr(self.store, "wait_for_work", self.store.wait_for_change)
+        wait = self.store.wait_for_work
 
         async def changed() -> None:
             with contextlib.suppress(StoreError):  # then it is only a shorter wait

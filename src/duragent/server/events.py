@@ -25,7 +25,7 @@ from duragent.server.limits import MAX_SEQ
 from duragent.server.problems import BadRequest, problem_responses
 from duragent.server.streams import SlotStreamingResponse, StreamSlots
 from duragent.server.strict_json import StrictJsonRoute
-from duragent.store.base import Store
+from duragent.store.protocol import Store
 from duragent.types import Entry
 
 router = APIRouter(prefix="/v1/tasks", tags=["events"], route_class=StrictJsonRoute)

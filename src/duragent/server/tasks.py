@@ -34,7 +34,7 @@ from duragent.server.schemas import (
     WaitingOn,
 )
 from duragent.server.strict_json import StrictJsonRoute
-from duragent.store.base import decode_cursor, encode_cursor
+from duragent.store.codec import decode_cursor, encode_cursor
 from duragent.types import Task, TaskStatus
 
 MetaPair = Annotated[str, StringConstraints(max_length=400, pattern=r"^[^:\x00]+:[^\x00]*$")]
@@ -42,7 +42,7 @@ MetaPair = Annotated[str, StringConstraints(max_length=400, pattern=r"^[^:\x00]+
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"], route_class=StrictJsonRoute)
 
 _READ = problem_responses(401, 404, 422)
-# What store.base.encode_cursor makes: "<created_at timestamp>|<task id>".
+# What store.codec.encode_cursor makes: "<created_at timestamp>|<task id>".
 CURSOR_PATTERN = r"^[0-9]{1,12}\.[0-9]{1,9}\|[^|]{1,200}$"
 _CONTROL = problem_responses(400, 401, 404, 409, 422)
 

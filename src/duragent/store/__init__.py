@@ -6,23 +6,20 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from duragent.errors import InvalidStoreURL, MissingExtra
-from duragent.store.base import (
-    SCHEMA_VERSION,
+from duragent.store.commits import (
     Commit,
     CommitResult,
     DocumentWrite,
-    Store,
     TaskPage,
     TaskPatch,
     TaskQuery,
-    iter_entries,
 )
+from duragent.store.protocol import Store, iter_entries
 
 DEFAULT_URL = "sqlite:///duragent.db"
 
 __all__ = [
     "DEFAULT_URL",
-    "SCHEMA_VERSION",
     "Commit",
     "CommitResult",
     "DocumentWrite",

@@ -38,7 +38,7 @@ from duragent.errors import (
     StoreUnavailable,
     StoreVersionError,
 )
-from duragent.store.base import SCHEMA_VERSION, kind_as_stored
+from duragent.store.codec import kind_as_stored
 from duragent.store.files import (
     DIR_MODE,
     FILE_MODE,
@@ -47,7 +47,7 @@ from duragent.store.files import (
     is_full,
     require_parent,
 )
-from duragent.store.memory import MemoryStore, _MemoryTx
+from duragent.store.memory import SCHEMA_VERSION, MemoryStore, _MemoryTx
 from duragent.store.open_files import hold
 from duragent.store.session_scopes import LEGACY_PREFIX, migrated_scope
 from duragent.types import Document, Entry, EntryKind, Task
@@ -186,6 +186,8 @@ class JSONLStore(MemoryStore):
     before acknowledging, so a commit also survives power loss.
     """
 
+    migrated_from: int  # the schema version the log was written with
+
     def __init__(self, directory: str, *, durability: Durability = "normal") -> None:
         if durability not in ("normal", "full"):
             raise InvalidOption(f"durability must be 'normal' or 'full', not {durability!r}")
@@ -211,7 +213,7 @@ class JSONLStore(MemoryStore):
         except BaseException:
             self._held.release()
             raise
-        self.migrated_from = SCHEMA_VERSION  # the schema version the log was written with
+        self.migrated_from = SCHEMA_VERSION  # until the header says otherwise
         try:
             self._size = self._replay()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)

@@ -10,28 +10,13 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from duragent.errors import TaskNotFound
-from duragent.store.base import (
-    VIEW_KINDS,
-    ChangeSignal,
-    ControlCallback,
-    ControlWatchers,
-    CopyEntries,
-    EntryHead,
-    PendingCommit,
-    TaskPage,
-    TaskQuery,
-    build_model_view,
-    build_ui_view,
-    claim_order,
-    claimable,
-    decode_cursor,
-    encode_cursor,
-    entry_kind,
-    view_data,
-    view_text,
-)
+from duragent.store.codec import decode_cursor, encode_cursor, entry_kind
+from duragent.store.commits import CopyEntries, EntryHead, PendingCommit, TaskPage, TaskQuery
 from duragent.store.queues import QUEUES_SCOPE, Candidate, candidate_of
+from duragent.store.rules import claim_order, claimable
+from duragent.store.signals import ChangeSignal, ControlCallback, ControlWatchers
 from duragent.store.tx import Notes, TxWrites
+from duragent.store.views import VIEW_KINDS, build_model_view, build_ui_view, view_data, view_text
 from duragent.types import (
     ApiMessage,
     Document,
@@ -43,6 +28,14 @@ from duragent.types import (
 )
 
 _T = TypeVar("_T")
+
+# The version of the state a memory store holds, which a JSONL log (replayed
+# into one, jsonl.py) records in its header and migrates on opening.
+# Version 2: session documents are scoped per owner (`session:<owner>:<id>`).
+# Version 3: queues, priorities and metadata on tasks.
+# Versions 4 and 5 changed PostgreSQL's entries only (postgres_schema.py); they
+# were one number then, so a JSONL log is at 5, its header rewritten once.
+SCHEMA_VERSION = 5
 
 
 def request_key(owner: str | None, request_id: str) -> tuple[str, str]:
@@ -184,6 +177,10 @@ class _MemoryTx:
 
 class MemoryStore(TxWrites):
     """Holds everything as JSON text, so what comes back is a fresh copy, as from disk."""
+
+    notifies_across_processes = False  # one process: nothing else commits
+    schema_version = SCHEMA_VERSION
+    migrated_from: int | None = None  # new on every open: nothing to migrate
 
     def __init__(self, url: str = "memory://") -> None:
         self.url = url
@@ -392,6 +389,9 @@ class MemoryStore(TxWrites):
 
     async def reclaim_space(self) -> None:
         return None
+
+    async def wait_for_work(self, timeout: float) -> None:
+        await self.wait_for_change(timeout)  # every commit may be work: no way to tell
 
     async def wait_for_change(self, timeout: float) -> None:
         await self._signal.wait(timeout)

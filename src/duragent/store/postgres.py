@@ -40,27 +40,16 @@ from duragent.errors import (
     StoreUnavailable,
     TaskNotFound,
 )
-from duragent.store.base import (
+from duragent.store.codec import (
     MAX_SEQ,
     SEQ_BITS,
-    VIEW_KINDS,
-    ControlCallback,
-    ControlWatchers,
-    EntryHead,
-    LeaseRenewal,
-    PendingCommit,
-    TaskPage,
-    TaskQuery,
-    build_ui_view,
     decode_cursor,
     encode_cursor,
     entry_kind,
     entry_range,
-    parse_messages,
     unpacked,
-    view_data,
-    view_text,
 )
+from duragent.store.commits import EntryHead, LeaseRenewal, PendingCommit, TaskPage, TaskQuery
 from duragent.store.postgres_notify import (
     CHANNEL,
     CONTROL_CHANNEL,
@@ -69,7 +58,14 @@ from duragent.store.postgres_notify import (
     Signals,
     control_payload,
 )
-from duragent.store.postgres_schema import ENTRY_RANGE, MIGRATIONS, Conn, lock_key, migrate
+from duragent.store.postgres_schema import (
+    ENTRY_RANGE,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    Conn,
+    lock_key,
+    migrate,
+)
 from duragent.store.postgres_tx import (
     PREPARED_GONE,
     PgTx,
@@ -78,7 +74,9 @@ from duragent.store.postgres_tx import (
     row_task,
 )
 from duragent.store.postgres_writer import PgWriter
+from duragent.store.signals import ControlCallback, ControlWatchers
 from duragent.store.tx import TxWrites
+from duragent.store.views import VIEW_KINDS, build_ui_view, parse_messages, view_data, view_text
 from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UIMessage, utcnow
 
 __all__ = [
@@ -136,6 +134,8 @@ class PostgresStore(TxWrites):
     # wait_for_change (and wait_for_work) hear other processes' commits through
     # LISTEN/NOTIFY, so a worker can sleep on them instead of polling.
     notifies_across_processes = True
+    schema_version = SCHEMA_VERSION
+    migrated_from: int | None = None  # set on opening: the version the schema was at (0: new)
 
     def __init__(
         self,

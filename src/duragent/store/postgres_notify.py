@@ -18,7 +18,7 @@ from collections.abc import Callable
 import psycopg
 from psycopg import sql
 
-from duragent.store.base import ChangeSignal, ControlCallback
+from duragent.store.signals import ChangeSignal, ControlCallback
 
 # A commit notifies one channel with the store's namespace as payload: WORK_CHANNEL
 # when it may have made a task claimable (see PgTx.work), CHANNEL otherwise.

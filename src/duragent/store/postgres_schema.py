@@ -14,7 +14,7 @@ from psycopg import sql
 from psycopg.rows import DictRow
 
 from duragent.errors import StoreVersionError
-from duragent.store.base import SCHEMA_VERSION, SEQ_BITS
+from duragent.store.codec import SEQ_BITS
 from duragent.store.session_scopes import LEGACY_PREFIX, UNCLAIMED_PREFIX, migrated_scope
 
 Conn = psycopg.Connection[DictRow]
@@ -117,7 +117,7 @@ FORK_REFERENCES: list[Step] = [
 MIGRATIONS[4] = FORK_REFERENCES
 
 # Version 5: entries keyed by one integer, `eid` = the task's number << 32 |
-# seq (store/base.py `entry_key`), as on SQLite: the 34-character task id was
+# seq (store/codec.py `entry_key`), as on SQLite: the 34-character task id was
 # in every entry's row and in its key, 40% of the entries' bytes beside the
 # payloads. Tasks get a number; a fork's reference is one key (`src`). The
 # view still gives `task_num` and `seq`; readers select a task's entries by an
@@ -146,10 +146,10 @@ ENTRY_KEYS: list[Step] = [
         FROM entries e""",
 ]
 MIGRATIONS[5] = ENTRY_KEYS
-assert max(MIGRATIONS) == SCHEMA_VERSION
+SCHEMA_VERSION = max(MIGRATIONS)
 
 # A task's entries with seqs in a range, by `eid`: served by the primary key.
-# Its parameters come from `entry_range(task_id, first, last)` (store/base.py).
+# Its parameters come from `entry_range(task_id, first, last)` (store/codec.py).
 ENTRY_RANGE = (
     f"eid BETWEEN ((SELECT num FROM tasks WHERE id = %s) << {SEQ_BITS}) + %s"
     f" AND ((SELECT num FROM tasks WHERE id = %s) << {SEQ_BITS}) + %s"

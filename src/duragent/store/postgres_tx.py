@@ -25,7 +25,8 @@ from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from duragent.errors import StoreError
-from duragent.store.base import MAX_SEQ, SEQ_BITS, CopyEntries, dumps, entry_range, packed
+from duragent.store.codec import MAX_SEQ, SEQ_BITS, dumps, entry_range, packed
+from duragent.store.commits import CopyEntries
 from duragent.store.postgres_schema import ENTRY_RANGE, Conn, lock_key
 from duragent.store.queues import QUEUES_SCOPE, Candidate
 from duragent.store.tx import HeldRows, Notes, hold_row, task_columns

@@ -30,7 +30,7 @@ import psycopg_pool
 from psycopg.pq import TransactionStatus
 
 from duragent.errors import CommitOutcomeUnknown, StoreError, StoreUnavailable
-from duragent.store.base import PendingCommit, mark_failed
+from duragent.store.commits import PendingCommit, mark_failed
 from duragent.store.postgres_flight import Flight
 from duragent.store.postgres_notify import CHANNEL, CONTROL_CHANNEL, WORK_CHANNEL, control_payload
 from duragent.store.postgres_schema import Conn

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from duragent.errors import InvalidOption
-from duragent.store.base import Store, TaskQuery
+from duragent.store.commits import TaskQuery
+from duragent.store.protocol import Store
 from duragent.store.queues import QUEUES_SCOPE, Queue, queue_from_value
 from duragent.types import TERMINAL, Document, TaskStatus, utcnow
 

@@ -21,7 +21,8 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from duragent.errors import InvalidOption, QueueNotFound, invalid_option
-from duragent.store.base import Commit, DocumentWrite, Store
+from duragent.store.commits import Commit, DocumentWrite
+from duragent.store.protocol import Store
 from duragent.types import Task, TaskStatus
 
 QUEUES_SCOPE = "duragent:queues"

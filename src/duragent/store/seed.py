@@ -13,7 +13,8 @@ from typing import Any
 
 from duragent.errors import TaskNotFound
 from duragent.payloads import VoidScope, rollback_marker
-from duragent.store.base import Commit, Store, TaskPatch, TaskQuery
+from duragent.store.commits import Commit, TaskPatch, TaskQuery
+from duragent.store.protocol import Store
 from duragent.types import (
     API_MESSAGE,
     UI_MESSAGE,

@@ -31,34 +31,23 @@ from duragent.errors import (
     StoreUnavailable,
     TaskNotFound,
 )
-from duragent.store.base import (
+from duragent.store.codec import (
     MAX_SEQ,
-    VIEW_KINDS,
-    ChangeSignal,
-    ControlCallback,
-    ControlWatchers,
-    EntryHead,
-    PendingCommit,
-    TaskPage,
-    TaskQuery,
-    build_ui_view,
     decode_cursor,
     encode_cursor,
     entry_key,
     entry_range,
     from_ts,
-    mark_failed,
-    parse_messages,
     unpacked,
-    view_data,
-    view_text,
 )
+from duragent.store.commits import EntryHead, PendingCommit, TaskPage, TaskQuery, mark_failed
 from duragent.store.open_files import hold, sqlite_paths
+from duragent.store.signals import ChangeSignal, ControlCallback, ControlWatchers
 from duragent.store.sqlite_schema import (
     ENTRY_RANGE,
     KIND_CODES,
     KINDS_BY_CODE,
-    SQLITE_SCHEMA_VERSION,
+    SCHEMA_VERSION,
     Durability,
     connect,
     migrate,
@@ -77,6 +66,7 @@ from duragent.store.sqlite_tx import (
 from duragent.store.sqlite_wake import WakeUps
 from duragent.store.turns import Turn, watch
 from duragent.store.tx import TxWrites
+from duragent.store.views import VIEW_KINDS, build_ui_view, parse_messages, view_data, view_text
 from duragent.types import (
     ApiMessage,
     Document,
@@ -116,6 +106,9 @@ class SQLiteStore(TxWrites):
     waits for an fsync or for another process's write lock.
     """
 
+    schema_version = SCHEMA_VERSION
+    migrated_from: int | None = None  # set on opening: the version the file was at (0: new)
+
     def __init__(
         self,
         path: str = "duragent.db",
@@ -146,7 +139,6 @@ class SQLiteStore(TxWrites):
         self._busy_ms = -1
         self._full = durability == "full"
         self._wal_short = self._full  # until the first write transaction readies it
-        self.schema_version = SQLITE_SCHEMA_VERSION
         self._reader_conn = connect(path, durability)
         self._pending: list[_Job] = []
         self._flushing = False  # a batch runs or is about to (one at a time)

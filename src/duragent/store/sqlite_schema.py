@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from duragent.errors import StoreCorrupt, StoreError, StoreUnavailable, StoreVersionError
-from duragent.store.base import SEQ_BITS
+from duragent.store.codec import SEQ_BITS
 from duragent.store.files import (
     absolute_hint,
     create_private_file,
@@ -256,7 +256,7 @@ ENTRY_MILLISECONDS: list[Step] = [
     *_entry_rows("created_ms"),
 ]
 MIGRATIONS[7] = ENTRY_MILLISECONDS
-SQLITE_SCHEMA_VERSION = max(MIGRATIONS)
+SCHEMA_VERSION = max(MIGRATIONS)
 
 # A task's entries with seqs in a range, by `eid`: served by the table's key.
 # Its parameters come from `entry_range(task_id, first, last)`.
@@ -401,13 +401,13 @@ def _current_version(conn: sqlite3.Connection) -> int | None:
 
 
 def migrate(conn: sqlite3.Connection, path: str) -> int:
-    """Bring the file to SQLITE_SCHEMA_VERSION; refuse a file written by a newer duragent.
+    """Bring the file to SCHEMA_VERSION; refuse a file written by a newer duragent.
 
     A file already at this version is only read: opening it takes no write
     lock, so it never waits for another process's write transaction.
     """
-    if _current_version(conn) == SQLITE_SCHEMA_VERSION:
-        return SQLITE_SCHEMA_VERSION
+    if _current_version(conn) == SCHEMA_VERSION:
+        return SCHEMA_VERSION
     try:
         conn.execute("BEGIN IMMEDIATE")
         # Without a rowid, a text key needs no index of its own: one page less
@@ -418,10 +418,10 @@ def migrate(conn: sqlite3.Connection, path: str) -> int:
         )
         row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         found = int(row["value"]) if row else 0
-        if found > SQLITE_SCHEMA_VERSION:
+        if found > SCHEMA_VERSION:
             conn.execute("ROLLBACK")
-            raise StoreVersionError(path, found, SQLITE_SCHEMA_VERSION)
-        for version in range(found + 1, SQLITE_SCHEMA_VERSION + 1):
+            raise StoreVersionError(path, found, SCHEMA_VERSION)
+        for version in range(found + 1, SCHEMA_VERSION + 1):
             for step in MIGRATIONS[version]:
                 if isinstance(step, str):
                     conn.execute(step)
@@ -430,7 +430,7 @@ def migrate(conn: sqlite3.Connection, path: str) -> int:
         conn.execute(
             "INSERT INTO meta(key, value) VALUES('schema_version', ?)"
             " ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-            (str(SQLITE_SCHEMA_VERSION),),
+            (str(SCHEMA_VERSION),),
         )
         conn.execute("COMMIT")
         return found

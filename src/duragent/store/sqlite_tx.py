@@ -11,7 +11,8 @@ from typing import Any
 
 from duragent.errors import StoreError
 from duragent.model_internals import set_field
-from duragent.store.base import MAX_SEQ, CopyEntries, dumps, entry_key, packed, to_ts, ts_to_dt
+from duragent.store.codec import MAX_SEQ, dumps, entry_key, packed, to_ts, ts_to_dt
+from duragent.store.commits import CopyEntries
 from duragent.store.queues import QUEUES_SCOPE, Candidate
 from duragent.store.sqlite_schema import KIND_CODES, ms_to_dt, to_ms
 from duragent.store.tx import HeldRows, Notes, hold_row, task_columns

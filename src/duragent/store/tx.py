@@ -15,21 +15,16 @@ from typing import Any, Protocol, TypeVar
 
 from duragent.errors import Conflict, InvalidTransition, StaleLease, TaskNotFound
 from duragent.model_internals import given_in_full, set_field, updated
-from duragent.store.base import (
+from duragent.store.commits import (
     Commit,
     CommitResult,
     CopyEntries,
     LeaseRenewal,
     PendingCommit,
-    apply_patch,
-    check_fence,
-    check_new_child,
-    claim,
     follows,
-    released,
-    renewed,
 )
 from duragent.store.queues import QUEUES_SCOPE, Candidate, ClaimBudget, queue_from_value
+from duragent.store.rules import apply_patch, check_fence, check_new_child, claim, released, renewed
 from duragent.types import (
     Document,
     Entry,
