@@ -238,9 +238,6 @@ MAX_FUNCTION_LINES = 80  # from the `def` line to the function's last line
 # "path:Qualified.name" for a function.
 ALLOWLIST: frozenset[str] = frozenset(
     {
-        "runtime/round.py:RoundRunner._run_calls",
-        "runtime/runtime.py",
-        "runtime/runtime.py:Runtime.submit",
         "store/postgres.py",
         "store/postgres_tx.py",
         "store/postgres_writer.py",

@@ -106,32 +106,60 @@ async def _run_call(
         return Outcome(cid, f"Error: {exc}", "error")
     attempt = 1
     if rs is not None and cid in rs.intents:
-        wait = rs.waits.get(cid)
-        if wait is not None and cid not in rs.started:
-            resolved = resumed_wait(cid, wait, rs)
-            if resolved is not None:
-                return resolved
-            # Approved: record that it starts, so a crash while it runs is
-            # treated like any interrupted call, never silently re-run.
-            await host.commit([started_entry(host.task.id, r, cid)])
-        elif wait is None and tool.needs_approval(arguments):
-            # Its approval was never asked: the round stopped (a pause, an
-            # interrupting message) or crashed before its wait was written, and a
-            # call that needs approval never starts before one. Ask now.
-            return Outcome(
-                cid, suspend=approval_request(tool, call, arguments, host.called_at(cid))
-            )
-        else:
-            # The call was running when its worker stopped: re-run only if both
-            # the stored intent and the current definition say it is safe.
-            if tool.asks_only or (rs.intents[cid].get("replay") in RERUN and tool.replay in RERUN):
-                attempt = 2  # (a tool that only asks to wait asks again: same question)
-            else:
-                partial = "".join(rs.tool_partial.get(cid, []))
-                text = INTERRUPTED + (f" Partial output: {partial}" if partial else "")
-                return Outcome(cid, text, "interrupted")
+        decided = await _resumed_call(host, r, call, tool, arguments, rs)
+        if isinstance(decided, Outcome):
+            return decided
+        attempt = decided
     elif tool.needs_approval(arguments):
         return Outcome(cid, suspend=approval_request(tool, call, arguments, host.called_at(cid)))
+    return await _invoke(host, r, call, tool, arguments, rs, attempt)
+
+
+async def _resumed_call(
+    host: CallHost,
+    r: int,
+    call: ToolCallData,
+    tool: Tool,
+    arguments: dict[str, Any],
+    rs: RoundState,
+) -> Outcome | int:
+    """A call the log already holds an intent for: what became of it (an outcome
+    from the log), or the attempt to run it as (an approved call, a safe re-run)."""
+    cid = call.id
+    wait = rs.waits.get(cid)
+    if wait is not None and cid not in rs.started:
+        resolved = resumed_wait(cid, wait, rs)
+        if resolved is not None:
+            return resolved
+        # Approved: record that it starts, so a crash while it runs is
+        # treated like any interrupted call, never silently re-run.
+        await host.commit([started_entry(host.task.id, r, cid)])
+        return 1
+    if wait is None and tool.needs_approval(arguments):
+        # Its approval was never asked: the round stopped (a pause, an
+        # interrupting message) or crashed before its wait was written, and a
+        # call that needs approval never starts before one. Ask now.
+        return Outcome(cid, suspend=approval_request(tool, call, arguments, host.called_at(cid)))
+    # The call was running when its worker stopped: re-run only if both
+    # the stored intent and the current definition say it is safe.
+    if tool.asks_only or (rs.intents[cid].get("replay") in RERUN and tool.replay in RERUN):
+        return 2  # (a tool that only asks to wait asks again: same question)
+    partial = "".join(rs.tool_partial.get(cid, []))
+    text = INTERRUPTED + (f" Partial output: {partial}" if partial else "")
+    return Outcome(cid, text, "interrupted")
+
+
+async def _invoke(
+    host: CallHost,
+    r: int,
+    call: ToolCallData,
+    tool: Tool,
+    arguments: dict[str, Any],
+    rs: RoundState | None,
+    attempt: int,
+) -> Outcome:
+    """Run the tool (attempt 1, or 2 for a safe re-run) and say its outcome."""
+    cid, name = call.id, call.function.name
     steps = None
     if rs is not None and (cid in rs.steps or cid in rs.steps_started):
         steps = StepRecord(rs.steps.get(cid, {}), rs.steps_started.get(cid, set()))
