@@ -47,7 +47,7 @@ async def once(pages: int, readied: bool, commits: int) -> dict[str, float]:
         store = open_store(f"sqlite:///{path}?durability=full")
         assert isinstance(store, SQLiteStore)
         store._writer_conn.execute(f"PRAGMA wal_autocheckpoint={pages}")
-        store._wal_short = readied  # before the first write transaction
+        store._writer.wal_short = readied  # before the first write transaction
         task, _ = await store.create_task(Task(agent="bench"))
         longest = 0
         times = []
