@@ -7,7 +7,7 @@ migrations are in postgres_schema.py. Each committed change sends a NOTIFY
 (postgres_notify.py), so waiters on any machine wake without polling. Reads
 run on pooled connections in worker threads, and so do lease renewals, on a
 thread of their own (`renew_leases`), so they never queue behind task commits.
-Writes and reads retry after a lost connection or a deadlock (`PgWriter._run`,
+Writes and reads retry after a lost connection or a deadlock (`PgWriter.run_batch`,
 `_execute`).
 """
 
@@ -237,9 +237,7 @@ class PostgresStore(TxWrites):
         self._closed = True  # no new work from here on
         if self._shut:
             return
-        while not self._writer.stop():  # commits already asked for still land
-            self._writer.rescue()
-            await asyncio.sleep(0.001)
+        await self._writer.finish()  # commits already asked for still land
         await asyncio.to_thread(self._writer.close)
         if self._listener is not None:
             await self._listener.stop()
