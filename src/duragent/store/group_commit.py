@@ -41,6 +41,9 @@ class Job(Generic[TxT]):
     future: asyncio.Future[Any]
     loop: asyncio.AbstractEventLoop
     link: PendingCommit | None = None  # a commit_soon's, told of its failure at once
+    # The asyncio task that asked: commits of several tasks waiting together
+    # say other work is under way on the loop (see sqlite_writer.py `run_here`).
+    origin: asyncio.Task[Any] | None = None
 
 
 class GroupCommit(Generic[TxT, NotesT]):
@@ -99,7 +102,7 @@ class GroupCommit(Generic[TxT, NotesT]):
         with self._lock:
             if self._stopped:  # under the lock `stop` and `idle` use
                 raise StoreError(f"{self.where} is closed")
-            self._pending.append(Job(fn, future, loop, link))
+            self._pending.append(Job(fn, future, loop, link, asyncio.current_task(loop)))
             start = not self._busy
             self._busy = True
             if start:

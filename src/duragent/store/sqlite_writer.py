@@ -77,16 +77,18 @@ class SqliteWriter(GroupCommit[SqliteTx, BatchNotes]):
         """Run the next batch inline when nothing else could run meanwhile.
 
         Without fsyncs (NORMAL) a batch is a fraction of a millisecond of CPU,
-        less than a hand-off to a thread. At FULL a batch that is one commit,
-        nobody else's queued beside it, has nobody to overlap its fsync with
-        (its caller waits for it): inline too. A batch of several commits
-        means other tasks are committing: the writer thread runs it, the GIL
-        released during the fsync, so they run meanwhile. (Whether the loop
-        has other callbacks ready is not asked: no public API tells.)
+        less than a hand-off to a thread. At FULL a batch whose commits all
+        come from one asyncio task has nobody to overlap its fsync with (that
+        task waits for it; a round's closing commit and the next model call's
+        share one): inline too. Commits of several tasks waiting together
+        mean other work is under way: the writer thread runs the batch, the
+        GIL released during the fsync, so that work runs meanwhile. (Whether
+        the loop has other callbacks ready would tell more, but no public API
+        says; asyncio's private `_ready` list is not there on uvloop.)
         Only if another process holds the write lock does the batch go to the
         thread, which waits for the lock.
         """
-        if self.full and len(self._pending) > 1:
+        if self.full and not self._one_caller():
             return False
         batch = self.take()
         if not batch:
@@ -100,6 +102,12 @@ class SqliteWriter(GroupCommit[SqliteTx, BatchNotes]):
         outcomes, notes = self._run_batch(batch)
         self.landed_here(loop, batch, outcomes, notes)
         return True
+
+    def _one_caller(self) -> bool:
+        """The next batch's commits all come from one asyncio task."""
+        with self._lock:
+            batch = self._pending[: self.max_batch]
+        return all(job.origin is batch[0].origin for job in batch)
 
     def run_batch(
         self, batch: list[Job[SqliteTx]], failed: BaseException | None
