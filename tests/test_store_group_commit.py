@@ -23,7 +23,7 @@ import pytest
 
 from conftest import drop_schema, require_postgres
 from duragent.errors import Conflict, StaleLease, StoreError, StoreUnavailable
-from duragent.store import Commit, DocumentWrite, TaskPatch, postgres_tx, postgres_writer
+from duragent.store import Commit, DocumentWrite, TaskPatch, postgres_message, postgres_writer
 from duragent.store.base import SEQ_BITS, Store, apply_patch
 from duragent.store.postgres import PostgresStore
 from duragent.store.sqlite import SQLiteStore
@@ -524,13 +524,13 @@ async def test_postgres_a_batch_writes_a_task_row_once_and_its_entries_in_one_in
     for t in tasks:  # each row now cached as this process wrote it
         await store.commit(Commit(entries=[progress(t.id, "0")], fence={t.id: 1}))
     sent: list[list[str]] = []
-    real = postgres_tx.commit_message
+    real = postgres_message.commit_message
 
     def recorded(conn: Any, statements: list[Any]) -> Any:
         sent.append([st.query.split(" ", 1)[0] for st in statements])
         return real(conn, statements)
 
-    monkeypatch.setattr(postgres_tx, "commit_message", recorded)  # the thread's send_and_commit
+    monkeypatch.setattr(postgres_message, "commit_message", recorded)  # send_and_commit
     monkeypatch.setattr(postgres_writer, "commit_message", recorded)  # a batch sent from the loop
     results = await asyncio.gather(
         *(

@@ -23,7 +23,8 @@ from conftest import drop_schema, require_postgres
 from duragent.errors import CommitOutcomeUnknown, StaleLease, StoreVersionError
 from duragent.store import SCHEMA_VERSION, Commit, DocumentWrite, TaskPatch, open_store
 from duragent.store.base import CopyEntries
-from duragent.store.postgres import PostgresStore, split_url
+from duragent.store.postgres import PostgresStore
+from duragent.store.postgres_connect import split_url
 from duragent.store.postgres_schema import MIGRATIONS as PG_MIGRATIONS
 from duragent.types import EntryKind, NewEntry, Task, UIText, dump_message
 from support.pgproxy import commit_answer_loser

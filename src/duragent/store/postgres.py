@@ -16,34 +16,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from operator import itemgetter
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 import psycopg_pool
-from psycopg import conninfo as pg_conninfo
 from psycopg import sql
-from psycopg.rows import DictRow, dict_row, tuple_row
-from psycopg.types.json import Jsonb
 
 from duragent.errors import (
     CommitOutcomeUnknown,
-    Conflict,
     StoreError,
     StoreUnavailable,
     TaskNotFound,
 )
 from duragent.store.base import (
     MAX_SEQ,
-    SEQ_BITS,
-    VIEW_KINDS,
     ControlCallback,
     ControlWatchers,
     EntryHead,
@@ -59,8 +49,20 @@ from duragent.store.base import (
     parse_messages,
     unpacked,
     view_data,
-    view_text,
 )
+from duragent.store.postgres_connect import (
+    CONNECTION_OPTIONS,
+    POOL_NAME,
+    PooledConnection,
+    connection_lost,
+    quiet_pool_reconnects,
+    redact,
+    split_url,
+    translate,
+    turned_away,
+    with_application_name,
+)
+from duragent.store.postgres_message import PREPARED_GONE, Statement
 from duragent.store.postgres_notify import (
     CHANNEL,
     CONTROL_CHANNEL,
@@ -69,14 +71,9 @@ from duragent.store.postgres_notify import (
     Signals,
     control_payload,
 )
+from duragent.store.postgres_queries import delete_trees, model_view_text, task_filters, task_rows
 from duragent.store.postgres_schema import ENTRY_RANGE, MIGRATIONS, Conn, lock_key, migrate
-from duragent.store.postgres_tx import (
-    PREPARED_GONE,
-    PgTx,
-    Statement,
-    row_document,
-    row_task,
-)
+from duragent.store.postgres_tx import PgTx, row_document, row_task
 from duragent.store.postgres_writer import PgWriter
 from duragent.store.tx import TxWrites
 from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UiMessage, utcnow
@@ -88,40 +85,9 @@ __all__ = [
     "PostgresStore",
     "lock_key",
     "migrate",
-    "redact",
-    "split_url",
 ]
 
 _T = TypeVar("_T")
-
-# PostgresStore options that are ours, not libpq's, when given in the URL query.
-_OWN_OPTIONS = ("schema", "min_size", "max_size", "retries")
-
-# How every connection of the store is opened. `prepare_threshold=None`: psycopg
-# never prepares a query itself. Once it has (after a query's fifth run), it
-# answers every ROLLBACK, a savepoint's too, with `DEALLOCATE ALL`, which drops
-# the statements the writer prepared (postgres_tx.py) while its list of them
-# still names them; and rollbacks are routine here (a refused commit in a batch).
-_CONNECTION: dict[str, Any] = {
-    "autocommit": True,
-    "row_factory": dict_row,
-    "prepare_threshold": None,
-}
-
-
-class _Connection(psycopg.Connection[DictRow]):
-    """The pool's connections. Its first is the one the store opened with (given
-    as `handed`): opening a store starts one server backend, not two (a
-    backend's start-up is most of what opening a store costs, 4-6 ms here;
-    two at once on a 2-core host took 9-11)."""
-
-    @classmethod
-    def connect(  # type: ignore[override]
-        cls, conninfo: str = "", *, handed: list[_Connection] | None = None, **kwargs: Any
-    ) -> _Connection:
-        if handed:
-            return handed.pop()
-        return super().connect(conninfo, **kwargs)
 
 
 class PostgresStore(TxWrites):
@@ -147,9 +113,9 @@ class PostgresStore(TxWrites):
         retries: int = 3,
         connect_timeout: float = 10.0,
     ) -> None:
-        _quiet_pool_reconnects()
+        quiet_pool_reconnects()
         conninfo, own = split_url(url)
-        conninfo, self.application_name = _with_application_name(conninfo)
+        conninfo, self.application_name = with_application_name(conninfo)
         schema = own.get("schema", schema)
         self.url = url
         self.schema = schema
@@ -161,25 +127,25 @@ class PostgresStore(TxWrites):
             # Connected here, not by the pool, so a server that refuses (a wrong
             # password, an unknown database) says why at once instead of after
             # the pool's timeout; migrated on; then the pool's first connection.
-            first = _Connection.connect(
-                conninfo, connect_timeout=max(1, round(connect_timeout)), **_CONNECTION
+            first = PooledConnection.connect(
+                conninfo, connect_timeout=max(1, round(connect_timeout)), **CONNECTION_OPTIONS
             )
         except psycopg.Error as exc:
-            if _turned_away(exc):  # not worth waiting for: say what to fix
+            if turned_away(exc):  # not worth waiting for: say what to fix
                 raise StoreError(
                     f"{self._where}: the server refused the connection: {exc}"
                 ) from exc
-            raise _translate(exc, self._where) from exc
+            raise translate(exc, self._where) from exc
         handed = [first]
         self._pool: psycopg_pool.ConnectionPool[Conn] = psycopg_pool.ConnectionPool(
             conninfo,
-            connection_class=_Connection,
-            kwargs={**_CONNECTION, "handed": handed},
+            connection_class=PooledConnection,
+            kwargs={**CONNECTION_OPTIONS, "handed": handed},
             configure=lambda conn: None if conn is first else self._configure(conn),
             min_size=int(own.get("min_size", min_size)),
             max_size=int(own.get("max_size", max_size)),
             open=False,
-            name=_POOL,
+            name=POOL_NAME,
             timeout=connect_timeout,
         )
         try:
@@ -187,7 +153,7 @@ class PostgresStore(TxWrites):
                 self._configure(first)
                 self.migrated_from, self.namespace = migrate(first, schema, self._where)
             except psycopg.Error as exc:
-                raise _translate(exc, self._where) from exc
+                raise translate(exc, self._where) from exc
             self._pool.open(wait=False)
             try:
                 self._pool.wait(timeout=connect_timeout)
@@ -212,9 +178,9 @@ class PostgresStore(TxWrites):
             where=self._where,
             retries=self.retries,
             translate=lambda exc: (
-                _translate(exc, self._where) if isinstance(exc, psycopg.Error) else exc
+                translate(exc, self._where) if isinstance(exc, psycopg.Error) else exc
             ),
-            lost=_connection_lost,
+            lost=connection_lost,
             on_commit=self._committed,
         )
 
@@ -305,7 +271,7 @@ class PostgresStore(TxWrites):
             except psycopg_pool.PoolClosed as exc:  # a read from another thread met the close
                 raise StoreError(f"{self._where} is closed") from exc
             except psycopg.Error as exc:
-                lost = _connection_lost(exc)
+                lost = connection_lost(exc)
                 if committing and lost:
                     raise CommitOutcomeUnknown(
                         f"{self._where}: the connection was lost while committing; the commit "
@@ -313,13 +279,13 @@ class PostgresStore(TxWrites):
                     ) from exc
                 if exc.sqlstate == PREPARED_GONE and not reprepared:
                     # The connection lost the statements prepared on it; they
-                    # are prepared again on this try (postgres_tx.py), at once.
+                    # are prepared again on this try (postgres_message.py), at once.
                     reprepared = True
                     attempt -= 1
                     continue
                 retryable = lost or exc.sqlstate in ("40001", "40P01")
                 if not retryable or attempt > self.retries:
-                    raise _translate(exc, self._where) from exc
+                    raise translate(exc, self._where) from exc
                 if lost:
                     # The pool may hold more connections the server dropped.
                     with contextlib.suppress(Exception):
@@ -415,10 +381,10 @@ class PostgresStore(TxWrites):
         conn = self._lease_conn
         if conn is None or conn.closed or conn.broken:
             self._drop_lease_connection()
-            conn = _Connection.connect(
+            conn = PooledConnection.connect(
                 self._conninfo,
                 connect_timeout=max(1, round(self._connect_timeout)),
-                **_CONNECTION,
+                **CONNECTION_OPTIONS,
             )
             try:
                 self._configure(conn)
@@ -441,7 +407,7 @@ class PostgresStore(TxWrites):
 
     async def delete_task(self, task_id: str) -> None:
         def delete(tx: PgTx) -> None:
-            if not _delete_trees(tx, [task_id]):
+            if not delete_trees(tx, [task_id]):
                 raise TaskNotFound(task_id)
 
         await self._write(delete)
@@ -451,13 +417,13 @@ class PostgresStore(TxWrites):
 
         The space is reused by new rows once autovacuum has seen the deletions.
         """
-        where, params = _task_filters(query)
+        where, params = task_filters(query)
         text = "SELECT id FROM tasks" + (" WHERE " + " AND ".join(where) if where else "")
         text += " LIMIT %s FOR UPDATE SKIP LOCKED"
 
         def purge(tx: PgTx) -> int:
             rows = tx.conn.execute(text, [*params, query.limit]).fetchall()
-            return _delete_trees(tx, [r["id"] for r in rows]) if rows else 0
+            return delete_trees(tx, [r["id"] for r in rows]) if rows else 0
 
         return await self._write(purge)
 
@@ -477,7 +443,7 @@ class PostgresStore(TxWrites):
 
     async def list_tasks(self, query: TaskQuery | None = None) -> TaskPage:
         q = query or TaskQuery()
-        where, params = _task_filters(q)
+        where, params = task_filters(q)
         if q.cursor:
             ts, cid = decode_cursor(q.cursor)
             where.append("(created_at, id) < (%s, %s)")
@@ -497,7 +463,7 @@ class PostgresStore(TxWrites):
         return await self._read(read)
 
     async def count_tasks(self, query: TaskQuery | None = None) -> dict[tuple[str, str], int]:
-        where, params = _task_filters(query or TaskQuery())
+        where, params = task_filters(query or TaskQuery())
         text = "SELECT queue, status, count(*) AS n FROM tasks"
         if where:
             text += " WHERE " + " AND ".join(where)
@@ -549,20 +515,20 @@ class PostgresStore(TxWrites):
         return await self._read(
             lambda conn: [
                 EntryHead(seq, EntryKind(kind), rnd, role)
-                for seq, kind, rnd, role in _task_rows(conn, task_id, columns, codes)
+                for seq, kind, rnd, role in task_rows(conn, task_id, columns, codes)
             ]
         )
 
     async def model_view(self, task_id: str) -> list[ApiMessage]:
-        return parse_messages(await self._read(lambda conn: _view_text(conn, task_id)))
+        return parse_messages(await self._read(lambda conn: model_view_text(conn, task_id)))
 
     async def model_view_data(self, task_id: str) -> list[dict[str, Any]]:
-        return view_data(await self._read(lambda conn: _view_text(conn, task_id)))
+        return view_data(await self._read(lambda conn: model_view_text(conn, task_id)))
 
     async def ui_messages(self, task_id: str) -> list[UiMessage]:
         code = [EntryKind.UI_MESSAGE.value]
         return await self._read(
-            lambda conn: build_ui_view(_task_rows(conn, task_id, "seq, payload", code))
+            lambda conn: build_ui_view(task_rows(conn, task_id, "seq, payload", code))
         )
 
     async def get_document(self, scope: str, key: str) -> Document | None:
@@ -691,191 +657,3 @@ class PostgresStore(TxWrites):
                 await asyncio.wait_for(listener.ready.wait(), timeout)
             return
         await signal.wait(timeout)
-
-
-def _task_rows(conn: Conn, task_id: str, columns: str, kinds: list[str]) -> list[Any]:
-    """A task's entries of `kinds` as tuples of `columns` (the seq first), in seq order.
-
-    Read without ORDER BY and sorted here: the range's bounds come from a
-    subquery, so the planner cannot size it, and on a table without fresh
-    statistics it chose a bitmap scan and a sort on the server (6.8 ms for
-    10,000 rows, against 3.6 for the index in order). The rows come in the
-    table's order, nearly sorted already: a few comparisons each here. Tuples,
-    not dicts: a long task's view is 10,000 rows.
-    """
-    with conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(
-            f"SELECT {columns} FROM entry_rows WHERE {ENTRY_RANGE} AND kind = ANY(%s)",
-            (*entry_range(task_id), kinds),
-        )
-        rows = cur.fetchall()
-    rows.sort(key=itemgetter(0))
-    return rows
-
-
-# The view's payloads joined by the server, and whether a rollback marker is
-# among them. One value instead of a row per message: a 10,000-entry task's
-# view took 14 ms read as rows and joined here, 10.6 as this (the server's
-# part grows from 3.4 to 7.6 ms; this process's shrinks from 10.6 to 3).
-_JOINED_VIEW = (
-    "SELECT '[' || coalesce(string_agg(payload, ',' ORDER BY eid), '') || ']',"
-    f" coalesce(bool_or(kind = '{EntryKind.ROLLBACK.value}'), false)"
-    f" FROM entry_rows WHERE {ENTRY_RANGE} AND kind = ANY(%s)"
-)
-
-
-def _view_text(conn: Conn, task_id: str) -> str:
-    """The payloads of the task's model view as one JSON array text."""
-    kinds = list(VIEW_KINDS)
-    with conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(_JOINED_VIEW, (*entry_range(task_id), kinds))
-        row = cur.fetchone()
-    if row is not None and not row[1]:
-        return str(row[0])  # nothing voided (the common case): that is the view
-    return view_text(_task_rows(conn, task_id, "seq, kind, payload", kinds))
-
-
-def _delete_trees(tx: PgTx, roots: list[str]) -> int:
-    """Delete tasks with their sub-tasks, entries and documents; return how many."""
-    rows = tx.conn.execute(
-        "WITH RECURSIVE tree(id) AS (SELECT id FROM tasks WHERE id = ANY(%s)"
-        " UNION SELECT t.id FROM tasks t JOIN tree ON t.parent_id = tree.id)"
-        " SELECT id FROM tree",
-        (roots,),
-    ).fetchall()
-    doomed = [r["id"] for r in rows]
-    if doomed:
-        # Forks that reference these tasks' payloads get them back first. The
-        # rows are locked before: a fork of one of them holds its row (FOR UPDATE
-        # in `apply_fork`) until it commits, so its references are seen here.
-        tx.conn.execute("SELECT 1 FROM tasks WHERE id = ANY(%s) ORDER BY id FOR UPDATE", (doomed,))
-        # A doomed task's entries: the keys from its number << 32 on.
-        span = f"BETWEEN d.num << {SEQ_BITS} AND (d.num << {SEQ_BITS}) + {MAX_SEQ}"
-        tx.conn.execute(
-            "UPDATE entries e SET payload = s.payload, src = NULL FROM entries s, tasks d"
-            f" WHERE d.id = ANY(%s) AND e.src {span} AND s.eid = e.src",
-            (doomed,),
-        )
-        tx.conn.execute(
-            f"DELETE FROM entries e USING tasks d WHERE d.id = ANY(%s) AND e.eid {span}",
-            (doomed,),
-        )
-        scopes = [f"task:{tid}" for tid in doomed]
-        tx.conn.execute("DELETE FROM documents WHERE scope = ANY(%s)", (scopes,))
-        tx.conn.execute("DELETE FROM tasks WHERE id = ANY(%s)", (doomed,))
-        tx.changed = True
-    return len(doomed)
-
-
-def _task_filters(q: TaskQuery) -> tuple[list[str], list[Any]]:
-    """The WHERE terms and parameters of a task query (metadata through its GIN index)."""
-    where: list[str] = []
-    params: list[Any] = []
-    for column, value in q.equal_filters():
-        where.append(f"{column} = %s")
-        params.append(value)
-    where += [f"{column} IS NULL" for column in q.null_filters()]
-    statuses = q.statuses()
-    if statuses is not None:
-        where.append("status = ANY(%s)")
-        params.append(statuses)
-    for column, op, bound in q.range_filters():
-        where.append(f"{column} {op} %s")
-        params.append(bound)
-    if q.metadata:
-        where.append("metadata @> %s")
-        params.append(Jsonb(q.metadata))
-    return where, params
-
-
-def _connection_lost(exc: psycopg.Error) -> bool:
-    """True when the failure was the connection itself, not an error the server reported."""
-    if not isinstance(exc, psycopg.OperationalError):
-        return False
-    state = exc.sqlstate
-    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
-
-
-class _ReconnectsAtDebug(logging.Filter):
-    """psycopg's pool logs every failed attempt to connect as a warning: a line a
-    second or more while the server is out of reach. The store's callers say
-    once that they wait for it (runtime/outage.py); the pool's attempts are
-    demoted to DEBUG, kept only where that logger is enabled for DEBUG."""
-
-    def __init__(self, logger: logging.Logger) -> None:
-        super().__init__()
-        self.logger = logger
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        if (
-            record.msg == "error connecting in %r: %s"
-            and isinstance(args, tuple)
-            and args[0] == _POOL
-        ):
-            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-            return self.logger.isEnabledFor(logging.DEBUG)
-        return True
-
-
-_POOL = "duragent"  # the name of the store's connection pool
-
-
-def _quiet_pool_reconnects() -> None:
-    pool_log = logging.getLogger("psycopg.pool")
-    if not any(isinstance(f, _ReconnectsAtDebug) for f in pool_log.filters):
-        pool_log.addFilter(_ReconnectsAtDebug(pool_log))
-
-
-# What a server says when it turns a connection away for a while (starting,
-# stopping, full), unlike a wrong role, password or database, which stay wrong.
-_BUSY_SERVER = ("the database system is", "too many clients", "connection slots are reserved")
-
-
-def _turned_away(exc: psycopg.Error) -> bool:
-    """Whether the server answered the connection with a refusal that waiting will
-    not change. libpq gives such a refusal as text only: the server's FATAL."""
-    text = str(exc)
-    return "FATAL:" in text and not any(busy in text for busy in _BUSY_SERVER)
-
-
-def _translate(exc: psycopg.Error, where: str) -> StoreError:
-    if isinstance(exc, psycopg.errors.UniqueViolation):
-        return Conflict(f"{where}: {exc.diag.message_primary or exc}")
-    if _connection_lost(exc):
-        return StoreUnavailable(f"{where} cannot be reached: {exc}")
-    if isinstance(exc, psycopg.OperationalError):
-        return StoreUnavailable(f"{where}: {exc}")
-    return StoreError(f"{where}: PostgreSQL error: {exc}")
-
-
-def split_url(url: str) -> tuple[str, dict[str, str]]:
-    """Separate duragent's own query options (schema, pool sizes) from libpq's."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    own = {k: v for k, v in query if k in _OWN_OPTIONS}
-    rest = [(k, v) for k, v in query if k not in _OWN_OPTIONS]
-    scheme = "postgresql" if parts.scheme in ("postgres", "postgresql") else parts.scheme
-    # quote, not urlencode's default quote_plus: libpq decodes %20, not '+'.
-    query_text = urlencode(rest, quote_via=quote)
-    return urlunsplit((scheme, parts.netloc, parts.path, query_text, parts.fragment)), own
-
-
-def _with_application_name(conninfo: str) -> tuple[str, str]:
-    """The conninfo with an application_name (the given one wins), and that name."""
-    given = pg_conninfo.conninfo_to_dict(conninfo).get("application_name")
-    if given is not None:
-        return conninfo, str(given)
-    if os.environ.get("PGAPPNAME"):
-        return conninfo, os.environ["PGAPPNAME"]
-    name = f"duragent-{os.getpid()}"
-    return pg_conninfo.make_conninfo(conninfo, application_name=name), name
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))

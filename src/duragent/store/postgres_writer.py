@@ -32,14 +32,8 @@ from duragent.store.base import mark_failed
 from duragent.store.group_commit import GroupCommit, Job, Outcome
 from duragent.store.postgres_flight import Flight
 from duragent.store.postgres_landed import LostInFlight, landed_in
-from duragent.store.postgres_notify import CHANNEL, CONTROL_CHANNEL, WORK_CHANNEL, control_payload
-from duragent.store.postgres_schema import Conn
-from duragent.store.postgres_tx import (
+from duragent.store.postgres_message import (
     PREPARED_GONE,
-    BufferedPgTx,
-    Deferred,
-    NeedsServer,
-    PgTx,
     StaleRow,
     Statement,
     check_commit,
@@ -47,6 +41,9 @@ from duragent.store.postgres_tx import (
     send,
     send_and_commit,
 )
+from duragent.store.postgres_notify import CHANNEL, CONTROL_CHANNEL, WORK_CHANNEL, control_payload
+from duragent.store.postgres_schema import Conn
+from duragent.store.postgres_tx import BufferedPgTx, Deferred, NeedsServer, PgTx
 from duragent.types import Task
 
 Changes = tuple[bool, bool]  # a committed batch: (it changed anything, it made work)
@@ -381,7 +378,7 @@ class PgWriter(GroupCommit[PgTx, Changes]):
             return self._unknown()
         if exc.sqlstate == PREPARED_GONE and not tries.reprepared:
             # The connection lost the statements prepared on it; they are
-            # prepared again on this try (postgres_tx.py), at once.
+            # prepared again on this try (postgres_message.py), at once.
             tries.reprepared = True
             tries.attempt -= 1
             return None
@@ -511,7 +508,7 @@ def _notifications(namespace: str, txs: list[PgTx]) -> list[Statement]:
 
 _COMMIT = [Statement("COMMIT", None, False)]
 # Failures that leave nothing behind and pass when the batch runs again: a
-# serialization failure, a deadlock, a prepared statement gone (postgres_tx.py).
+# serialization failure, a deadlock, a prepared statement gone (postgres_message.py).
 _AGAIN = ("40001", "40P01", PREPARED_GONE)
 
 
