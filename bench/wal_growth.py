@@ -45,6 +45,7 @@ async def once(pages: int, readied: bool, commits: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "w.db")
         store = open_store(f"sqlite:///{path}?durability=full")
+        await store.open()
         assert isinstance(store, SQLiteStore)
         store._writer_conn.execute(f"PRAGMA wal_autocheckpoint={pages}")
         store._writer.wal_short = readied  # before the first write transaction

@@ -51,6 +51,7 @@ async def test_two_workers_share_one_request_budget(tmp_path: Path) -> None:
 
 async def test_tokens_are_debited_after_the_call(tmp_path: Path) -> None:
     store = open_store(f"sqlite:///{tmp_path}/r.db")
+    await store.open()
     try:
         model = RateLimited(
             ScriptedModel(lambda m: "a fairly long answer " * 20), store, tokens_per_minute=60_000
@@ -71,6 +72,7 @@ async def test_burst_seconds_smooths_the_budget(tmp_path: Path) -> None:
     """120 a minute with burst_seconds=1: two at once, then one every half second,
     never a whole minute's 120 in a burst."""
     store = open_store(f"sqlite:///{tmp_path}/r.db")
+    await store.open()
     try:
         model = RateLimited(
             ScriptedModel(lambda m: "ok"), store, requests_per_minute=120, burst_seconds=1

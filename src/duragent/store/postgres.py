@@ -93,7 +93,8 @@ _T = TypeVar("_T")
 class PostgresStore(TxWrites):
     """`PostgresStore("postgresql://user@host/db", schema=None, max_size=10)`.
 
-    The schema is created and migrated on construction; `schema` keeps several
+    Nothing is connected until `open()` (or `async with store:`), which
+    creates or migrates the schema; `schema` keeps several
     independent stores in one database. Every connection carries an
     `application_name` (`duragent-<pid>` unless the URL or $PGAPPNAME names
     one), so an operator can tell in `pg_stat_activity` which process holds it.
@@ -123,6 +124,30 @@ class PostgresStore(TxWrites):
         self._conninfo = conninfo
         self._connect_timeout = connect_timeout
         self._where = f"PostgreSQL store {redact(url)}" + (f" (schema {schema})" if schema else "")
+        self._min_size = int(own.get("min_size", min_size))
+        self._max_size = int(own.get("max_size", max_size))
+        self.migrated_from: int | None = None  # the schema version found, once open
+        self.namespace = ""  # the NOTIFY namespace, once open
+        # Made by `open`: the pool and the writer.
+        self._pool: psycopg_pool.ConnectionPool[Conn]
+        self._writer: PgWriter
+        self._signals: Signals | None = None
+        self._listener: Listener | None = None
+        self._controls = ControlWatchers()
+        self._leases: ThreadPoolExecutor | None = None
+        self._lease_conn: Conn | None = None  # the lease thread's own (see renew_leases)
+        self._opened = False
+        self._closed = False
+        self._shut = False  # closed, all of it (see close)
+
+    # --- lifecycle ---
+
+    async def open(self) -> None:
+        """Connect, create or migrate the schema, open the pool; again, nothing."""
+        if self._opened:
+            return
+        self._check_open()
+        conninfo, connect_timeout = self._conninfo, self._connect_timeout
         try:
             # Connected here, not by the pool, so a server that refuses (a wrong
             # password, an unknown database) says why at once instead of after
@@ -137,13 +162,13 @@ class PostgresStore(TxWrites):
                 ) from exc
             raise translate(exc, self._where) from exc
         handed = [first]
-        self._pool: psycopg_pool.ConnectionPool[Conn] = psycopg_pool.ConnectionPool(
+        pool: psycopg_pool.ConnectionPool[Conn] = psycopg_pool.ConnectionPool(
             conninfo,
             connection_class=PooledConnection,
             kwargs={**CONNECTION_OPTIONS, "handed": handed},
             configure=lambda conn: None if conn is first else self._configure(conn),
-            min_size=int(own.get("min_size", min_size)),
-            max_size=int(own.get("max_size", max_size)),
+            min_size=self._min_size,
+            max_size=self._max_size,
             open=False,
             name=POOL_NAME,
             timeout=connect_timeout,
@@ -151,29 +176,23 @@ class PostgresStore(TxWrites):
         try:
             try:
                 self._configure(first)
-                self.migrated_from, self.namespace = migrate(first, schema, self._where)
+                self.migrated_from, self.namespace = migrate(first, self.schema, self._where)
             except psycopg.Error as exc:
                 raise translate(exc, self._where) from exc
-            self._pool.open(wait=False)
+            pool.open(wait=False)
             try:
-                self._pool.wait(timeout=connect_timeout)
+                pool.wait(timeout=connect_timeout)
             except psycopg_pool.PoolTimeout as exc:
                 raise StoreUnavailable(f"{self._where}: could not open connections: {exc}") from exc
         except BaseException:
-            self._pool.close()
+            pool.close()
             raise
         finally:
             with contextlib.suppress(IndexError):  # not taken: a failure, or min_size=0
                 handed.pop().close()
-        self._signals: Signals | None = None
-        self._listener: Listener | None = None
-        self._controls = ControlWatchers()
-        self._leases: ThreadPoolExecutor | None = None
-        self._lease_conn: Conn | None = None  # the lease thread's own (see renew_leases)
-        self._closed = False
-        self._shut = False  # closed, all of it (see close)
+        self._pool = pool
         self._writer = PgWriter(
-            self._pool,
+            pool,
             self.namespace,
             where=self._where,
             retries=self.retries,
@@ -183,6 +202,7 @@ class PostgresStore(TxWrites):
             lost=connection_lost,
             on_commit=self._committed,
         )
+        self._opened = True
 
     def _configure(self, conn: Conn) -> None:
         # One round trip: without parameters both go as one simple query.
@@ -191,17 +211,13 @@ class PostgresStore(TxWrites):
             setup.append(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
         conn.execute(sql.SQL("; ").join(setup))
 
-    # --- lifecycle ---
-
-    async def open(self) -> None:
-        return None
-
     async def close(self) -> None:
         """Land the commits already asked for, then let go of the connections and
         threads. A close that was cancelled (a timeout around it) is finished by
         the next; each step can run again."""
         self._closed = True  # no new work from here on
-        if self._shut:
+        if self._shut or not self._opened:
+            self._shut = True
             return
         await self._writer.finish()  # commits already asked for still land
         await asyncio.to_thread(self._writer.close)
@@ -217,6 +233,7 @@ class PostgresStore(TxWrites):
         self._shut = True
 
     async def __aenter__(self) -> PostgresStore:
+        await self.open()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -294,17 +311,17 @@ class PostgresStore(TxWrites):
                     time.sleep(min(0.05 * 2**attempt, 1.0))
 
     async def _read(self, job: Callable[[Conn], _T]) -> _T:
-        self._check_open()
+        self._check_opened()
         result, _ = await asyncio.to_thread(self._execute, job, False)
         return result
 
     async def _write(self, job: Callable[[PgTx], _T]) -> _T:
         """Run `job` in the next group transaction (see postgres_writer.py)."""
-        self._check_open()
+        self._check_opened()
         return await self._writer.submit(job, None)  # type: ignore[no-any-return]
 
     def _enqueue(self, job: Callable[[PgTx], _T], link: PendingCommit) -> asyncio.Future[_T]:
-        self._check_open()
+        self._check_opened()
         return self._writer.submit(job, link)
 
     def _committed(self, loop: asyncio.AbstractEventLoop, work: bool) -> None:
@@ -317,15 +334,23 @@ class PostgresStore(TxWrites):
     @property
     def batches(self) -> int:
         """Transactions the writer ran (commits / batches = commits per transaction)."""
-        return self._writer.batches
+        return self._writer.batches if self._opened else 0
 
     @property
     def jobs_done(self) -> int:
-        return self._writer.jobs_done
+        return self._writer.jobs_done if self._opened else 0
 
     def _check_open(self) -> None:
         if self._closed:
             raise StoreError(f"store {redact(self.url)} is closed")
+
+    def _check_opened(self) -> None:
+        self._check_open()
+        if not self._opened:
+            raise StoreError(
+                f"store {redact(self.url)} is not open: use `async with store:` or"
+                " `await store.open()`"
+            )
 
     # --- writes ---
 
@@ -337,7 +362,7 @@ class PostgresStore(TxWrites):
         Task commits queue for the shared worker threads; a renewal waiting
         behind them would drift past the lease on a busy worker.
         """
-        self._check_open()
+        self._check_opened()
         held = dict(leases)
         if not held:
             return LeaseRenewal(kept={}, lost=set())
@@ -615,7 +640,7 @@ class PostgresStore(TxWrites):
         """Call `callback(task_id)` when a control request is committed on a task,
         by any process (LISTEN/NOTIFY), and `callback(None)` whenever listening
         (re)starts. Returns the function that stops the calls."""
-        self._check_open()
+        self._check_opened()
         remove = self._controls.add(callback)
         self._listen(changes=False)
         return remove
@@ -648,7 +673,7 @@ class PostgresStore(TxWrites):
         return listener
 
     async def _wait(self, timeout: float, *, work: bool) -> None:
-        self._check_open()
+        self._check_opened()
         signals = self._local_signals()
         signal = signals.work if work else signals.change
         listener = self._listen(changes=not work)

@@ -48,7 +48,7 @@ from duragent.store.base import (
     view_data,
     view_text,
 )
-from duragent.store.open_files import hold, sqlite_paths
+from duragent.store.open_files import Held, hold, sqlite_paths
 from duragent.store.sqlite_schema import (
     ENTRY_RANGE,
     KIND_CODES,
@@ -103,31 +103,20 @@ class SQLiteStore(TxWrites):
         self.durability: Durability = durability
         self.poll_interval = poll_interval
         self.max_batch = max_batch
-        # From before the file exists until close: no tool of ours touches it.
-        self._held = hold(sqlite_paths(path))
-        try:
-            self._writer_conn = connect(path, durability)
-            self.migrated_from = migrate(self._writer_conn, path)
-        except BaseException:
-            self._held.release()
-            raise
         self.schema_version = SQLITE_SCHEMA_VERSION
-        self._reader_conn = connect(path, durability)
+        self.migrated_from: int | None = None  # the version the file had, once open
         self._rows = RowCache()
         self._nums = TaskNumbers()  # task id -> its number in the entries table
-        self._writer = SqliteWriter(
-            self._writer_conn,
-            where=f"store {self.url}",
-            full=durability == "full",
-            rows=self._rows,
-            nums=self._nums,
-            announce=self._batch_landed,
-            max_batch=max_batch,
-        )
+        # Made by `open`: the file's connections, its writer, its hold.
+        self._writer_conn: sqlite3.Connection
+        self._reader_conn: sqlite3.Connection
+        self._writer: SqliteWriter
+        self._held: Held
         self._signal: ChangeSignal | None = None
         self._work_signal: ChangeSignal | None = None
         self._controls = ControlWatchers()
         self._wake = WakeUps(path)
+        self._opened = False
         self._closed = False
         self._shut = False  # closed, all of it (see close)
         self._claims_were_full = False  # the last claim got all it asked for
@@ -135,7 +124,36 @@ class SQLiteStore(TxWrites):
     # --- lifecycle ---
 
     async def open(self) -> None:
-        return None
+        """Open the file (creating it), migrate it, start the writer; again, nothing."""
+        if self._opened:
+            return
+        if self._closed:
+            raise StoreError(f"store {self.url} is closed")
+        # From before the file exists until close: no tool of ours touches it.
+        held = hold(sqlite_paths(self.path))
+        try:
+            writer_conn = connect(self.path, self.durability)
+            try:
+                self.migrated_from = migrate(writer_conn, self.path)
+                self._reader_conn = connect(self.path, self.durability)
+            except BaseException:
+                writer_conn.close()
+                raise
+        except BaseException:
+            held.release()
+            raise
+        self._held = held
+        self._writer_conn = writer_conn
+        self._writer = SqliteWriter(
+            writer_conn,
+            where=f"store {self.url}",
+            full=self.durability == "full",
+            rows=self._rows,
+            nums=self._nums,
+            announce=self._batch_landed,
+            max_batch=self.max_batch,
+        )
+        self._opened = True
 
     async def close(self) -> None:
         """Land the commits already asked for, then close the files. A close that
@@ -145,7 +163,8 @@ class SQLiteStore(TxWrites):
         # under the lock it queues with, so a commit from another thread was
         # queued before that (and lands) or is refused.
         self._closed = True
-        if self._shut:
+        if self._shut or not self._opened:
+            self._shut = True
             return
         await self._writer.finish()  # commits already asked for still land
         self._wake.close()
@@ -155,6 +174,7 @@ class SQLiteStore(TxWrites):
         self._shut = True
 
     async def __aenter__(self) -> SQLiteStore:
+        await self.open()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -173,26 +193,38 @@ class SQLiteStore(TxWrites):
         return self._work_signal
 
     async def _write(self, fn: Callable[[SqliteTx], Any]) -> Any:
+        if not self._opened:
+            raise self._not_open()
         return await self._writer.submit(fn, None)
 
     def _enqueue(
         self, fn: Callable[[SqliteTx], Any], link: PendingCommit | None
     ) -> asyncio.Future[Any]:
+        if not self._opened:
+            raise self._not_open()
         return self._writer.submit(fn, link)
+
+    def _not_open(self) -> StoreError:
+        if self._closed:
+            return StoreError(f"store {self.url} is closed")
+        return StoreError(
+            f"store {self.url} is not open: use `async with store:` or `await store.open()`"
+        )
 
     def rescue(self) -> None:
         """Hand a turn held by a loop that is not running to the writer thread
         (store/turns.py, `GroupCommit.rescue`)."""
-        self._writer.rescue()
+        if self._opened:
+            self._writer.rescue()
 
     @property
     def batches(self) -> int:
         """Transactions the writer ran: commits / batches = group size."""
-        return self._writer.batches
+        return self._writer.batches if self._opened else 0
 
     @property
     def jobs_done(self) -> int:
-        return self._writer.jobs_done
+        return self._writer.jobs_done if self._opened else 0
 
     def _batch_landed(self, notes: BatchNotes | None, ok: bool) -> None:
         """A batch's callers were answered (it is durable): wake the waiters of
@@ -206,8 +238,8 @@ class SQLiteStore(TxWrites):
     # --- reads: inline; WAL readers never wait for writers ---
 
     async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
-        if self._closed:
-            raise StoreError(f"store {self.url} is closed")
+        if self._closed or not self._opened:
+            raise self._not_open()
         try:
             return fn(self._reader_conn)
         except sqlite3.Error as exc:
@@ -487,8 +519,8 @@ class SQLiteStore(TxWrites):
             self._controls.fire(task_id)
 
     def _listen(self, *, changes: bool) -> bool:
-        if self._closed:
-            raise StoreError(f"store {self.url} is closed")
+        if self._closed or not self._opened:
+            raise self._not_open()
         return self._wake.listen(self._heard, changes=changes)
 
     async def wait_for_change(self, timeout: float) -> None:
