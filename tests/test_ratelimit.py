@@ -28,6 +28,8 @@ async def call(model: RateLimited) -> int:
 async def test_two_workers_share_one_request_budget(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/r.db"
     one, two = open_store(url), open_store(url)
+    await one.open()
+    await two.open()
     try:
         # 6 a minute: the bucket holds 6, and refills one every 10 seconds.
         a = RateLimited(ScriptedModel(lambda m: "ok"), one, key="acct", requests_per_minute=6)

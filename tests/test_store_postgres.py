@@ -65,7 +65,9 @@ def side(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def sends_from(s: PostgresStore, side: str) -> PostgresStore:
+async def sends_from(s: PostgresStore, side: str) -> PostgresStore:
+    """`s`, opened, its writer sending batches on cached rows from `side`."""
+    await s.open()
     s._writer.on_loop = side == "loop"
     return s
 
@@ -295,7 +297,7 @@ async def test_store_reconnects_after_its_backends_are_terminated(
 ) -> None:
     app = f"duragent-test-{uuid.uuid4().hex[:8]}"
     url = f"{pg_url}?application_name={app}"
-    s = sends_from(PostgresStore(url, schema=schema, min_size=2, max_size=4), side)
+    s = await sends_from(PostgresStore(url, schema=schema, min_size=2, max_size=4), side)
     try:
         task, _ = await s.create_task(Task(agent="a"))
         await s.commit(Commit(entries=[ui(task.id, "before")]))
@@ -390,7 +392,7 @@ async def test_commit_cut_off_before_commit_is_retried_once(
     """The backend dies mid-transaction (waiting on a row lock): nothing was committed,
     so the store runs the commit again on a new connection, and it lands exactly once."""
     app = f"duragent-test-{uuid.uuid4().hex[:8]}"
-    s = sends_from(
+    s = await sends_from(
         PostgresStore(f"{pg_url}?application_name={app}", schema=schema, max_size=2), side
     )
     try:
@@ -436,7 +438,7 @@ async def test_a_transaction_cut_off_with_its_commit_in_flight_is_found_not_land
     the backend, finds the task row as the commit found it, so it did not land,
     and runs it again: it lands exactly once."""
     app = f"duragent-test-{uuid.uuid4().hex[:8]}"
-    s = sends_from(
+    s = await sends_from(
         PostgresStore(f"{pg_url}?application_name={app}", schema=schema, max_size=2), side
     )
     try:
@@ -465,7 +467,9 @@ async def test_a_commit_whose_answer_was_lost_is_found_landed_and_not_run_again(
     await s0.close()  # the schema exists before the proxy is in the way
     with commit_answer_loser("127.0.0.1", 5432) as proxy:
         url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
-        s = sends_from(PostgresStore(f"{url}?sslmode=disable", schema=schema, max_size=2), side)
+        s = await sends_from(
+            PostgresStore(f"{url}?sslmode=disable", schema=schema, max_size=2), side
+        )
         try:
             task, _ = await s.create_task(Task(agent="a"))
             await s.commit(Commit(entries=[ui(task.id, "first")]))

@@ -277,13 +277,7 @@ class JSONLStore(MemoryStore):
 
     def _replay(self) -> int:
         """Load the log into memory, cut off a torn tail; return the file's size."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path + COMPACT_SUFFIX)  # a compaction that died before its rename
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            data = b""
+        data = self._read_log()
         if b"\n" not in data:
             if not (_header().startswith(data) or _V1_HEADER.startswith(data)):
                 raise StoreCorrupt(f"{self.path}:1: not a duragent JSONL log (bad header line)")
@@ -348,11 +342,27 @@ class JSONLStore(MemoryStore):
         if not sealed:
             self.truncated_bytes = len(data) - valid_end
             return self._upgrade_log(version, kept)
-        if _holds_a_whole_line(lines[-1]):
+        return self._cut_tail(data, len(lines), valid_end)
+
+    def _read_log(self) -> bytes:
+        """The log's bytes (none if there is no log yet)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path + COMPACT_SUFFIX)  # a compaction that died before its rename
+        try:
+            with open(self.path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return b""
+
+    def _cut_tail(self, data: bytes, lines: int, valid_end: int) -> int:
+        """Cut off what follows the last commit marker (ending at `valid_end`), a
+        torn tail; the file's size. `lines`: how many lines `data` splits into."""
+        last = data[data.rfind(b"\n") + 1 :]
+        if _holds_a_whole_line(last):
             # An unfinished line is a prefix of what was written; this one holds a whole
             # line and more, so its newline was changed.
-            start = len(data) - len(lines[-1])
-            raise _damaged(self.path, len(lines), start, "checksum mismatch", valid_end)
+            start = len(data) - len(last)
+            raise _damaged(self.path, lines, start, "checksum mismatch", valid_end)
         if valid_end < len(data):
             self.truncated_bytes = len(data) - valid_end
             with open(self.path, "r+b") as f:
