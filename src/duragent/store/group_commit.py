@@ -116,10 +116,6 @@ class GroupCommit(Generic[TxT, NotesT]):
             watch(loop, future, self.rescue)
         return future
 
-    def queued(self) -> bool:
-        """Whether commits wait for the next batch."""
-        return bool(self._pending)
-
     def take(self, loop: asyncio.AbstractEventLoop | None = None) -> list[Job[TxT]] | None:
         """The next batch, taken off the queue; [] when none waits (the writer is
         then idle). With `loop`: None, and nothing taken, unless every job of
