@@ -54,6 +54,7 @@ async def one(kind: str, size: int, claims: int, batch: int) -> tuple[float, flo
     if kind == "sqlite":
         with tempfile.TemporaryDirectory() as tmp:
             store = open_store(f"sqlite:///{os.path.join(tmp, 'claims.db')}")
+            await store.open()
             try:
                 await fill(store, size + 2 * claims)
                 return await measure(store, claims, batch)
@@ -61,6 +62,7 @@ async def one(kind: str, size: int, claims: int, batch: int) -> tuple[float, flo
                 await store.close()
     with throwaway_schema("bench_claims") as schema:
         store = open_store(f"{PG_URL}?schema={schema}")
+        await store.open()
         try:
             await fill(store, size + 2 * claims)
             return await measure(store, claims, batch)

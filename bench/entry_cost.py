@@ -23,6 +23,7 @@ PAYLOAD = {"role": "assistant", "content": "x" * 200}
 
 async def measure(url: str, size: int, samples: int) -> float:
     store = open_store(url)
+    await store.open()
     task, _ = await store.create_task(Task(agent="bench"))
     entry = NewEntry(task_id=task.id, kind=EntryKind.API_MESSAGE, payload=PAYLOAD)
     for start in range(0, size, 5000):

@@ -94,6 +94,7 @@ async def _until(store: Store, task_id: str, cond: object, timeout: float = 60) 
 async def pickup(url: str, n: int) -> list[float]:
     """Seconds from a task's creation to the worker's claim, n times."""
     store = open_store(url)
+    await store.open()
     worker = _worker(url, ttl=30.0)
     out = []
     try:
@@ -118,6 +119,7 @@ async def pickup(url: str, n: int) -> list[float]:
 async def control(url: str, n: int) -> list[float]:
     """Seconds from an abort's commit to the worker's `aborted` commit, n times."""
     store = open_store(url)
+    await store.open()
     worker = _worker(url, ttl=30.0)
     out = []
     try:
@@ -155,6 +157,7 @@ async def control(url: str, n: int) -> list[float]:
 
 async def leases(url: str, per_worker: int = 30, ttl: float = 2.0) -> dict[str, float]:
     store = open_store(url)
+    await store.open()
     workers = [_worker(url, ttl=ttl, concurrency=per_worker) for _ in range(2)]
     ids = []
     lowest = float("inf")

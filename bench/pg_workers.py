@@ -202,6 +202,7 @@ async def _submit_all(url: str, tasks: int) -> None:
     from duragent.store import Commit, open_store
 
     store = open_store(url)
+    await store.open()
     try:
         made = [new_task(AGENTS[0], f"job {i}") for i in range(tasks)]
         await store.commit(Commit(new_tasks=[t for t, _ in made], entries=[e for _, e in made]))

@@ -45,9 +45,10 @@ async def once(pages: int, readied: bool, commits: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "w.db")
         store = open_store(f"sqlite:///{path}?durability=full")
+        await store.open()
         assert isinstance(store, SQLiteStore)
         store._writer_conn.execute(f"PRAGMA wal_autocheckpoint={pages}")
-        store._wal_short = readied  # before the first write transaction
+        store._writer.wal_short = readied  # before the first write transaction
         task, _ = await store.create_task(Task(agent="bench"))
         longest = 0
         times = []

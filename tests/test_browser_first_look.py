@@ -72,6 +72,7 @@ async def held_by_a_worker_gone_silent(store_url: str) -> str:
     """A running task of alice's under a 10-minute lease whose worker last checked in
     two minutes ago (a SIGKILL's aftermath, its lease still running)."""
     store = open_store(store_url)
+    await store.open()
     try:
         task, _ = await store.create_task(Task(agent="gone", owner="alice", input="hi"))
         worker = "dead-host:4242:0badc0de"

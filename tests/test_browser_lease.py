@@ -22,6 +22,7 @@ async def held_by_a_dead_worker(store_url: str, ttl: float) -> str:
     """A running task of alice's whose worker is gone: the state a SIGKILL leaves.
     Its agent is one no worker of the server runs, so nobody takes it over."""
     store = open_store(store_url)
+    await store.open()
     try:
         task, _ = await store.create_task(Task(agent="gone", owner="alice", input="hi"))
         claimed = await store.claim_task("dead-host:4242", task_id=task.id, ttl=ttl)

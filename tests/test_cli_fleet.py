@@ -88,6 +88,7 @@ def test_queue_and_schedule_commands(tmp_path: Path) -> None:
     code, out = cli("schedule", "rm", "nightly", "--store", url, "--owner", "alice")
     assert code == 0
     store = open_store(url)
+    asyncio.run(store.open())
     try:
         from duragent.runtime.schedules import list_schedules
 
@@ -126,6 +127,7 @@ def test_queue_set_ls_rm_as_a_real_process(tmp_path: Path) -> None:
     assert duragent("queue", "set", "mail", "--store", url, "--rate", "ten").returncode == 2
     assert duragent("queue", "set", "mail", "--store", url, "--ttl", "soon").returncode == 2
     store = open_store(url)
+    asyncio.run(store.open())
     try:
         (q,) = asyncio.run(list_queues(store))
         assert (q.concurrency, q.per_owner, q.rate) == (

@@ -339,6 +339,7 @@ async def test_continue_takes_its_directory_from_the_pin_never_from_the_context(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     s = open_store(store)
+    await s.open()
     try:  # what an API client could do: name another directory in the context
         task = await s.get_task(task_id)
         await s.commit(

@@ -36,6 +36,7 @@ def entry(task_id: str, kind: EntryKind, text: str) -> NewEntry:
 async def fill(directory: Path) -> dict[str, str]:
     """A store with a finished task, a live one, a deleted one and a busy document."""
     store = JSONLStore(str(directory))
+    await store.open()
     try:
         ids = {}
         for name in ("finished", "live", "deleted"):
@@ -73,6 +74,7 @@ async def fill(directory: Path) -> dict[str, str]:
 
 async def snapshot(directory: Path, ids: dict[str, str]) -> dict[str, Any]:
     store = JSONLStore(str(directory))
+    await store.open()
     try:
         out: dict[str, Any] = {}
         for name in ("finished", "live"):
@@ -121,6 +123,7 @@ async def test_compact_removes_what_no_reader_needs_and_keeps_the_rest(tmp_path:
 
     # The compacted store is a working store: the next commit continues the log.
     store = JSONLStore(str(directory))
+    await store.open()
     try:
         live = await store.get_task(ids["live"])
         r = await store.commit(
@@ -145,6 +148,7 @@ async def test_compact_refuses_a_store_another_process_has_open(tmp_path: Path) 
     log = directory / LOG_NAME
     content = log.read_bytes()
     holder = JSONLStore(str(directory))  # this process owns it now
+    await holder.open()
     try:
         result = compact(f"jsonl:///{directory}")
     finally:

@@ -47,6 +47,7 @@ async def _run_to_end(url: str, agent: str) -> str:
 
 async def _wait(url: str, task_id: str, done: object, timeout: float = 30) -> Task:
     store = open_store(url)
+    await store.open()
     try:
         async with asyncio.timeout(timeout):
             while True:
@@ -208,6 +209,7 @@ def test_a_task_for_an_agent_no_worker_knows_shows_blocked(
 
     async def orphan() -> str:
         store = open_store(url)
+        await store.open()
         try:
             task, first = new_task(Agent(name="ghost", model="scripted:none"), "boo")
             return (await store.create_task(task, [first]))[0].id
@@ -224,6 +226,7 @@ def test_a_task_for_an_agent_no_worker_knows_shows_blocked(
 
 async def _with_document(url: str, tid: str) -> None:
     store = open_store(url)
+    await store.open()
     try:
         await store.commit(Commit(documents=[DocumentWrite(task_scope(tid), "notes", {"n": 1})]))
     finally:

@@ -16,6 +16,7 @@ POINTS = ["progress", "intents", "tool_running", "result"]
 
 async def snapshot(url: str) -> tuple[str, dict[int, str]]:
     store = open_store(url)
+    await store.open()
     try:
         page = await store.list_tasks()
         assert len(page.tasks) == 1, "exactly one task, even across restarts (request_id)"
@@ -41,6 +42,7 @@ async def test_sigkill_at_each_point_then_resume(tmp_path: Path, point: str, kin
     assert f"DONE completed {task_id}" in out
 
     store = open_store(url)
+    await store.open()
     try:
         task = await store.get_task(task_id)
         assert task.status is TaskStatus.COMPLETED and task.output == "All work done."

@@ -125,3 +125,17 @@ async def test_a_finished_runner_is_freed_without_the_cyclic_collector(
         assert rt.worker.runner(task.id) is None  # the worker let go of it
         alive = [o for o in gc.get_objects() if isinstance(o, TaskRunner | Commits)]
         assert alive == []
+
+
+@pytest.mark.usefixtures("collector_on")
+def test_a_pause_ending_inside_another_leaves_the_collector_off_until_the_last_ends() -> None:
+    """Two parses overlapping (threads of one worker): the first to end must not
+    turn the collector on under the other."""
+    outer = collector_paused()
+    inner = collector_paused()
+    outer.__enter__()
+    inner.__enter__()
+    outer.__exit__(None, None, None)
+    assert not gc.isenabled()
+    inner.__exit__(None, None, None)
+    assert gc.isenabled()

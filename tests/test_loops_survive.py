@@ -45,6 +45,7 @@ CHAT = Agent(name="chat", model=ScriptedModel(["ok"]), builtin_tools=BuiltinTool
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[Store]:
     s = open_store(f"sqlite:///{tmp_path}/loops.db")
+    await s.open()
     try:
         yield s
     finally:
@@ -260,6 +261,7 @@ async def test_a_poisoned_task_row_does_not_stop_the_other_leases(tmp_path: Path
         builtin_tools=BuiltinTools(plan=False),
     )
     store = open_store(f"sqlite:///{path}")
+    await store.open()
     worker = Worker(store, [agent], WorkerOptions(lease_ttl=1.5, heartbeat=0.1, poll_interval=0.05))
     try:
         async with Runtime(store, agents=[agent], run_worker=False) as rt:

@@ -168,6 +168,7 @@ async def test_repin_refuses_an_ended_task(tmp_path: Path) -> None:
 
 async def until_status(url: str, task_id: str, status: TaskStatus, timeout: float = 60) -> Task:
     store = open_store(url)
+    await store.open()
     try:
         async with asyncio.timeout(timeout):
             while (task := await store.get_task(task_id)).status is not status:

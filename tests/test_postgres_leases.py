@@ -21,6 +21,7 @@ async def test_renewals_succeed_while_every_pooled_connection_is_busy() -> None:
     url = require_postgres()
     schema = f"test_{uuid.uuid4().hex[:12]}"
     store = PostgresStore(url, schema=schema, min_size=1, max_size=1, connect_timeout=10)
+    await store.open()
     taken, release = threading.Event(), threading.Event()
 
     def long_transaction() -> None:
@@ -54,6 +55,7 @@ async def test_a_renewal_skips_a_row_a_commit_holds_instead_of_waiting_for_it() 
     url = require_postgres()
     schema = f"test_{uuid.uuid4().hex[:12]}"
     store = PostgresStore(url, schema=schema, connect_timeout=10)
+    await store.open()
     try:
         ids, epochs = [], {}
         for _ in range(3):

@@ -37,7 +37,9 @@ async def pair() -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
     # retries=0: a statement prepared again must not need a retry of the budget
     # meant for lost connections and deadlocks.
     one = PostgresStore(url, schema=schema, min_size=1, max_size=1, retries=0)
+    await one.open()
     other = PostgresStore(url, schema=schema)
+    await other.open()
     try:
         yield one, other
     finally:

@@ -131,6 +131,7 @@ async def ui_of(tmp_path: Path, task_id: str) -> list[Any]:
 
 async def results_of(tmp_path: Path, task_id: str) -> list[dict[str, Any]]:
     store = open_store(f"sqlite:///{tmp_path}/e2e.db")
+    await store.open()
     try:
         entries = await store.entries(task_id, kinds=[EntryKind.TOOL_RESULT])
         return [e.payload for e in entries]
@@ -377,6 +378,7 @@ async def test_sigkill_mid_stream_then_restart_resends_the_same_request(
     server.wait_hangups(1)
 
     store = open_store(url)
+    await store.open()
     try:
         (task,) = (await store.list_tasks()).tasks
         before = {e.seq: dump([e.kind, e.round, e.payload]) for e in await store.entries(task.id)}
@@ -398,6 +400,7 @@ async def test_sigkill_mid_stream_then_restart_resends_the_same_request(
     assert provider.key_sent(resent) == SECRET
 
     store = open_store(url)
+    await store.open()
     try:
         done = await store.get_task(task.id)
         entries = await store.entries(task.id)

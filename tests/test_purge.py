@@ -107,6 +107,7 @@ async def test_queue_ttl_expires_its_finished_tasks(store: Store) -> None:
 async def test_sqlite_purge_leaves_no_orphans_and_the_file_shrinks(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     store = open_store(f"sqlite:///{path}")
+    await store.open()
     trees = [await finished_tree(store, owner=f"o{i % 3}") for i in range(60)]
     for tid, *_ in trees[:3]:  # fat logs, so freed pages are many
         task = await store.get_task(tid)
@@ -150,6 +151,7 @@ async def test_postgres_purge_leaves_no_orphans() -> None:
     url = require_postgres()
     schema = f"test_{uuid.uuid4().hex[:12]}"
     store = open_store(f"{url}?schema={schema}")
+    await store.open()
     try:
         for i in range(30):
             await finished_tree(store, owner=f"o{i % 3}")

@@ -29,6 +29,7 @@ async def pending(store):
 
 async def main(url, worker, out, ready, gate):
     store = open_store(url)
+    await store.open()
     await pending(store)  # connected: only the claims are left to do
     open(ready, "w").close()
     while not os.path.exists(gate):  # start together, so claims really contend
@@ -75,6 +76,7 @@ async def test_a_limit_of_three_holds_under_four_processes(
 ) -> None:
     url = shared_url
     store = open_store(url)
+    await store.open()
     await define_queue(store, Queue("q", concurrency=3))
     for i in range(120):
         await store.create_task(Task(agent="a", queue="q", input=i))

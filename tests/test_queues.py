@@ -210,6 +210,7 @@ def durable_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]
 
 async def test_queue_definitions_and_buckets_survive_a_reopen(durable_url: str) -> None:
     store = open_store(durable_url)
+    await store.open()
     await define_queue(store, Queue("mail", concurrency=1, rate=(2, 3600), ttl=60))
     await define_queue(store, Queue("gone", per_owner=1))
     await delete_queue(store, "gone")
@@ -220,6 +221,7 @@ async def test_queue_definitions_and_buckets_survive_a_reopen(durable_url: str) 
     await store.close()
 
     store = open_store(durable_url)
+    await store.open()
     try:
         (q,) = await list_queues(store)
         assert q.definition() == {

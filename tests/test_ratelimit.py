@@ -28,6 +28,8 @@ async def call(model: RateLimited) -> int:
 async def test_two_workers_share_one_request_budget(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/r.db"
     one, two = open_store(url), open_store(url)
+    await one.open()
+    await two.open()
     try:
         # 6 a minute: the bucket holds 6, and refills one every 10 seconds.
         a = RateLimited(ScriptedModel(lambda m: "ok"), one, key="acct", requests_per_minute=6)
@@ -51,6 +53,7 @@ async def test_two_workers_share_one_request_budget(tmp_path: Path) -> None:
 
 async def test_tokens_are_debited_after_the_call(tmp_path: Path) -> None:
     store = open_store(f"sqlite:///{tmp_path}/r.db")
+    await store.open()
     try:
         model = RateLimited(
             ScriptedModel(lambda m: "a fairly long answer " * 20), store, tokens_per_minute=60_000
@@ -71,6 +74,7 @@ async def test_burst_seconds_smooths_the_budget(tmp_path: Path) -> None:
     """120 a minute with burst_seconds=1: two at once, then one every half second,
     never a whole minute's 120 in a burst."""
     store = open_store(f"sqlite:///{tmp_path}/r.db")
+    await store.open()
     try:
         model = RateLimited(
             ScriptedModel(lambda m: "ok"), store, requests_per_minute=120, burst_seconds=1

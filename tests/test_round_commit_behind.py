@@ -73,6 +73,7 @@ async def test_a_round_closed_behind_the_next_model_call_shares_its_transaction(
         return [ToolCall("step", {"n": done + 1})] if done < ROUNDS else "finished"
 
     store = SQLiteStore(str(tmp_path / "s.db"), durability=durability)  # type: ignore[arg-type]
+    await store.open()
     agent = Agent(
         name="a", model=ScriptedModel(script), tools=[step], builtin_tools=BuiltinTools(plan=False)
     )
@@ -196,6 +197,7 @@ async def test_a_runner_cancelled_right_after_its_last_tool_still_stores_the_res
         return [ToolCall("charge", {})] if len(messages) == 1 else "done"
 
     store = SQLiteStore(str(tmp_path / "s.db"))
+    await store.open()
     agent = Agent(
         name="a",
         model=ScriptedModel(script),
@@ -230,6 +232,7 @@ async def test_a_hook_that_stops_waiting_for_landed_changes_nothing(tmp_path: Pa
                 await asyncio.wait_for(info["landed"], 1e-9)  # gives up at once
 
     store = SQLiteStore(str(tmp_path / "s.db"), durability="full")
+    await store.open()
     agent = Agent(
         name="a", model=ScriptedModel(script), tools=[step], builtin_tools=BuiltinTools(plan=False)
     )
@@ -353,6 +356,7 @@ async def test_a_late_answer_to_an_earlier_queued_commit_never_unlinks_the_next_
             ended.set()
 
     store = SettlesQueuedCommitsLate(str(tmp_path / "s.db"))
+    await store.open()
     refuse_poison(store, "sqlite")
     agent = Agent(
         name="a", model=Answering(script), tools=[step], builtin_tools=BuiltinTools(plan=False)

@@ -133,6 +133,7 @@ async def test_runtime_schedule_lifecycle(tmp_path: Path) -> None:
 async def test_ticks_are_exactly_once_across_a_worker_sigkill(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/ticks.db"
     store = open_store(url)
+    await store.open()
     start = datetime.now(UTC) + timedelta(seconds=1)
     await put_schedule(
         store, new_schedule("beat", "chat", "x", every=1, start_at=start, overlap="allow")

@@ -177,10 +177,12 @@ async def test_a_version_2_sqlite_store_gets_per_owner_session_scopes(tmp_path: 
     conn.close()
 
     store = open_store(f"sqlite:///{path}")
+    await store.open()
     assert isinstance(store, SQLiteStore) and store.migrated_from == 2
     await check_migrated(store, tasks)
     await store.close()
     again = open_store(f"sqlite:///{path}")
+    await again.open()
     assert isinstance(again, SQLiteStore) and again.migrated_from == SQLITE_SCHEMA_VERSION
     await check_migrated(again, tasks)
     await again.close()
@@ -220,10 +222,12 @@ async def test_a_version_1_postgres_schema_gets_per_owner_session_scopes() -> No
                     (scope, key, value, version),
                 )
         store = PostgresStore(url, schema=schema)
+        await store.open()
         assert store.migrated_from == 1
         await check_migrated(store, tasks)
         await store.close()
         again = PostgresStore(url, schema=schema)
+        await again.open()
         assert again.migrated_from == again.schema_version
         await check_migrated(again, tasks)
         await again.close()
@@ -249,12 +253,14 @@ async def test_a_version_1_jsonl_log_gets_per_owner_session_scopes(tmp_path: Pat
     (directory / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
 
     store = open_store(f"jsonl:///{directory}")
+    await store.open()
     assert isinstance(store, JSONLStore) and store.migrated_from == 1
     await check_migrated(store, tasks)
     await store.close()
     header = json.loads((directory / "log.jsonl").read_text().split("\n", 1)[0])
     assert header["schema_version"] == MEMORY_SCHEMA_VERSION  # rewritten once, not on every open
     again = open_store(f"jsonl:///{directory}")
+    await again.open()
     assert isinstance(again, JSONLStore) and again.migrated_from == MEMORY_SCHEMA_VERSION
     await check_migrated(again, tasks)
     await again.close()

@@ -36,6 +36,7 @@ async def test_store_waits_poll_when_the_wake_registration_cannot_be_made(
 ) -> None:
     (tmp_path / ".s.db.wake").symlink_to("/proc")
     store = SQLiteStore(str(tmp_path / "s.db"))
+    await store.open()
     try:
         unwatch = store.watch_controls(lambda task_id: None)
         await store.wait_for_work(0.01)
@@ -50,7 +51,9 @@ async def test_a_registration_removed_from_disk_is_made_again_at_the_next_wait(
     tmp_path: Path,
 ) -> None:
     store = SQLiteStore(str(tmp_path / "s.db"))
+    await store.open()
     other = SQLiteStore(str(tmp_path / "s.db"))  # another process's end of the file
+    await other.open()
     try:
         await store.wait_for_change(0.001)
         wake_dir = tmp_path / ".s.db.wake"
@@ -74,7 +77,9 @@ async def test_a_closed_store_neither_sends_nor_opens_a_socket(tmp_path: Path) -
     listen after its close must not bind: either would open a socket that
     nobody closes."""
     store = SQLiteStore(str(tmp_path / "s.db"))
+    await store.open()
     other = SQLiteStore(str(tmp_path / "s.db"))  # another process's end of the file
+    await other.open()
     try:
         await other.wait_for_change(0.001)
         await store.wait_for_change(0.001)
@@ -181,6 +186,7 @@ async def test_a_flood_of_datagrams_does_not_starve_the_event_loop(
 
 async def test_the_socket_is_a_file_only_the_owner_can_reach(tmp_path: Path) -> None:
     store = SQLiteStore(str(tmp_path / "s.db"))
+    await store.open()
     try:
         await store.wait_for_work(0.001)
         wake_dir = tmp_path / ".s.db.wake"
@@ -219,6 +225,7 @@ async def test_no_wake_folder_for_a_database_that_is_no_plain_file(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     store = SQLiteStore(path)
+    await store.open()
     try:
         await store.wait_for_change(0.001)
         store._announce(work=True, controlled=[])

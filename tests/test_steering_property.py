@@ -122,6 +122,7 @@ def test_a_forks_view_is_the_sources_through_round_n_with_its_edit(
 
     async def go() -> None:
         store = open_store("memory://")
+        await store.open()
         assert isinstance(store, MemoryStore)
         await store.open()
         source = await build(store, rounds)

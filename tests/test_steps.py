@@ -41,6 +41,7 @@ def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 async def outcome_of(url: str) -> tuple[str, str, str]:
     """(status, outcome, content) of the one task's one tool call."""
     store = open_store(url)
+    await store.open()
     try:
         (task,) = (await store.list_tasks()).tasks
         (result,) = await store.entries(task.id, kinds=[EntryKind.TOOL_RESULT])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -32,6 +33,7 @@ async def small_log(directory: Path) -> tuple[str, int]:
     """A JSONL store with three commits after the task's creation; the task id and the
     size of the log before the last commit."""
     store = JSONLStore(str(directory))
+    await store.open()
     task, _ = await store.create_task(Task(agent="a"))
     await store.commit(Commit(entries=[ui(task.id, "one")]))
     await store.commit(Commit(documents=[DocumentWrite("s", "k", {"v": 1})]))
@@ -64,7 +66,7 @@ async def test_every_changed_byte_after_the_header_is_reported_not_read(tmp_path
         changed[at] ^= 0x01  # never a NUL nor a newline in a JSON line
         log.write_bytes(bytes(changed))
         with pytest.raises(StoreCorrupt) as info:
-            JSONLStore(str(damaged))
+            await JSONLStore(str(damaged)).open()
         line = original[:at].count(b"\n") + 1
         start = original.rindex(b"\n", 0, at) + 1 if original[at : at + 1] != b"\n" else None
         message = str(info.value)
@@ -85,11 +87,12 @@ async def test_the_advice_in_the_error_keeps_the_commits_before_the_damage(
     data[at] = ord("T")
     log.write_bytes(bytes(data))
     with pytest.raises(StoreCorrupt, match="checksum mismatch") as info:
-        JSONLStore(str(tmp_path))
+        await JSONLStore(str(tmp_path)).open()
     command = str(info.value).split("by cutting the file there: ", 1)[1].split(" (", 1)[0]
     assert command == f"truncate -s {before_last} {log}"
     subprocess.run(shlex.split(command), check=True)
     store = JSONLStore(str(tmp_path))
+    await store.open()
     assert await texts(store, task_id) == ["one"]
     assert await store.get_document("s", "k") is not None
     await store.close()
@@ -104,6 +107,7 @@ async def test_a_power_loss_hole_at_the_tail_is_still_a_torn_tail(tmp_path: Path
     data[before_last + 40 :] = bytes(len(data) - before_last - 40)
     log.write_bytes(bytes(data))
     store = JSONLStore(str(tmp_path))
+    await store.open()
     assert await texts(store, task_id) == ["one"]
     assert store.truncated_bytes == len(data) - before_last
     await store.close()
@@ -129,6 +133,7 @@ async def test_a_format_1_log_opens_and_is_rewritten_with_checksums(tmp_path: Pa
     torn = b'{"t":"entry","task_id":"' + task_id.encode()  # a crash mid-write, years ago
     log.write_bytes(v1 + torn)
     store = JSONLStore(str(tmp_path))
+    await store.open()
     assert store.log_upgraded_from == 1 and store.truncated_bytes == len(torn)
     assert await texts(store, task_id) == ["one", "two", "three"]
     await store.commit(Commit(entries=[ui(task_id, "four")]))
@@ -138,6 +143,7 @@ async def test_a_format_1_log_opens_and_is_rewritten_with_checksums(tmp_path: Pa
     assert all(_unseal(line) is not None for line in lines[1:-1])
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
     again = JSONLStore(str(tmp_path))
+    await again.open()
     assert again.log_upgraded_from is None
     assert await texts(again, task_id) == ["one", "two", "three", "four"]
     await again.close()
@@ -145,7 +151,7 @@ async def test_a_format_1_log_opens_and_is_rewritten_with_checksums(tmp_path: Pa
     broken = v1.replace(b'"text":"one"', b'"text":"one', 1)
     log.write_bytes(broken)
     with pytest.raises(StoreCorrupt, match="unreadable line"):
-        JSONLStore(str(tmp_path))
+        await JSONLStore(str(tmp_path)).open()
     assert log.read_bytes() == broken
 
 
@@ -158,7 +164,7 @@ async def test_a_newer_log_format_is_refused_naming_both_versions(tmp_path: Path
     changed = b"\n".join([json.dumps(header).encode(), *lines[1:]])
     log.write_bytes(changed)
     with pytest.raises(StoreVersionError) as info:
-        JSONLStore(str(tmp_path))
+        await JSONLStore(str(tmp_path)).open()
     assert f"version {LOG_VERSION + 1}" in str(info.value)
     assert f"up to version {LOG_VERSION}" in str(info.value)
     assert log.read_bytes() == changed
@@ -183,12 +189,14 @@ def mode(path: Path) -> int:
 async def test_store_files_are_private_even_with_a_permissive_umask(tmp_path: Path) -> None:
     with umask(0o022):
         sqlite = open_store(f"sqlite:///{tmp_path}/s.db")
+        await sqlite.open()
         await sqlite.create_task(Task(agent="a"))
         for name in ("s.db", "s.db-wal", "s.db-shm"):
             assert mode(tmp_path / name) == 0o600, name
         await sqlite.close()
 
         jsonl = open_store(f"jsonl:///{tmp_path}/j")
+        await jsonl.open()
         assert isinstance(jsonl, JSONLStore)
         await jsonl.create_task(Task(agent="a"))
         assert mode(tmp_path / "j") == 0o700
@@ -210,8 +218,10 @@ async def test_three_slashes_are_relative_four_absolute_for_both_file_stores(
     monkeypatch.chdir(work)
     for url in ("sqlite:///rel.db", "jsonl:///rel-dir", f"sqlite:///{tmp_path}/abs.db"):
         store = open_store(url)
+        await store.open()
         await store.close()
     store = open_store(f"jsonl:///{tmp_path}/abs-dir")  # four slashes: absolute
+    await store.open()
     await store.close()
     assert (work / "rel.db").is_file() and (work / "rel-dir" / LOG_NAME).is_file()
     assert (tmp_path / "abs.db").is_file() and (tmp_path / "abs-dir" / LOG_NAME).is_file()
@@ -219,6 +229,7 @@ async def test_three_slashes_are_relative_four_absolute_for_both_file_stores(
     # meant (its parent does not exist), with a warning saying what to write.
     with pytest.warns(FutureWarning, match=f"jsonl:///{tmp_path}/old for an absolute path"):
         store = open_store(f"jsonl://{tmp_path}/old")
+        await store.open()
     assert isinstance(store, JSONLStore) and store.directory == str(tmp_path / "old")
     await store.close()
 
@@ -228,12 +239,12 @@ def test_a_missing_directory_is_named_not_called_corrupt(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(StoreNotFound, match=f"directory does not exist: {tmp_path}/nope") as e:
-        open_store("sqlite:///nope/x.db")
+        asyncio.run(open_store("sqlite:///nope/x.db").open())
     assert "sqlite:////nope/x.db" in str(e.value)  # what to write for an absolute path
     with pytest.raises(StoreNotFound, match=f"directory does not exist: {tmp_path}/a/b"):
-        open_store(f"sqlite:///{tmp_path}/a/b/x.db")
+        asyncio.run(open_store(f"sqlite:///{tmp_path}/a/b/x.db").open())
     with pytest.raises(StoreNotFound, match=f"directory does not exist: {tmp_path}/a/b"):
-        open_store(f"jsonl:///{tmp_path}/a/b/store")
+        asyncio.run(open_store(f"jsonl:///{tmp_path}/a/b/store").open())
     assert os.listdir(tmp_path) == []  # nothing was created
 
 
@@ -252,6 +263,7 @@ async def main():
     for url in sys.argv[2:]:
         try:
             store = open_store(url)
+            await store.open()
         except Exception as exc:
             out[url] = [type(exc).__name__, str(exc)]
             continue
@@ -280,6 +292,7 @@ async def existing_stores(directory: Path) -> tuple[str, str]:
     sqlite, jsonl = f"sqlite:///{directory}/old.db", f"jsonl:///{directory}/old-log"
     for url in (sqlite, jsonl):
         store = open_store(url)
+        await store.open()
         await store.create_task(Task(agent="a"))
         await store.close()
     return sqlite, jsonl

@@ -23,8 +23,10 @@ import pytest
 
 from conftest import drop_schema, require_postgres
 from duragent.errors import Conflict, StaleLease, StoreError, StoreUnavailable
-from duragent.store import Commit, DocumentWrite, TaskPatch, postgres_tx, postgres_writer
+from duragent.store import Commit, DocumentWrite, TaskPatch, postgres_message, postgres_writer
 from duragent.store.codec import SEQ_BITS
+from duragent.store.protocol import Store
+from duragent.store.rules import apply_patch
 from duragent.store.postgres import PostgresStore
 from duragent.store.protocol import Store
 from duragent.store.rules import apply_patch
@@ -209,6 +211,7 @@ async def test_sqlite_full_groups_concurrent_commits_into_shared_transactions(
     tmp_path: Path,
 ) -> None:
     store = SQLiteStore(str(tmp_path / "s.db"), durability="full")
+    await store.open()
     try:
         tasks = [await claimed(store, f"w{i}") for i in range(20)]
         before = store.batches, store.jobs_done
@@ -230,6 +233,7 @@ async def test_sqlite_a_batch_writes_its_waiting_rows_before_a_statement_that_re
     a job of the batch that reads or deletes rows sees what the commits before
     it in the batch did."""
     store = SQLiteStore(str(tmp_path / "s.db"), durability=durability)
+    await store.open()
     try:
         doomed, kept = await claimed(store, "w1"), await claimed(store, "w2")
         before = store.batches
@@ -266,7 +270,9 @@ async def test_sqlite_row_changed_by_another_connection_is_reread_not_overwritte
     """The writer takes a task row from its cache, without reading it, only while
     no other connection has committed to the file since (`PRAGMA data_version`)."""
     a = SQLiteStore(str(tmp_path / "s.db"), durability=durability)
+    await a.open()
     b = SQLiteStore(str(tmp_path / "s.db"), durability=durability)  # another writer
+    await b.open()
     try:
         task = await claimed(a)
         await a.commit(Commit(entries=[progress(task.id, "1")], fence={task.id: 1}))  # a's copy
@@ -308,7 +314,9 @@ async def test_sqlite_row_cached_before_another_connections_commit_is_not_truste
     """A row this process cached before another connection changed it stays
     suspect after later batches of this process, not only in the first one."""
     a = SQLiteStore(str(tmp_path / "s.db"), durability=durability)
+    await a.open()
     b = SQLiteStore(str(tmp_path / "s.db"), durability=durability)  # another writer
+    await b.open()
     try:
         x, y = await claimed(a), await claimed(a, "w2")
         await a.commit(Commit(entries=[progress(x.id, "x1")], fence={x.id: 1}))  # a caches x
@@ -338,7 +346,9 @@ async def pg_pair() -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
     url = require_postgres()
     schema = f"test_{uuid.uuid4().hex[:12]}"
     a = PostgresStore(url, schema=schema)
+    await a.open()
     b = PostgresStore(url, schema=schema)  # another process, as far as `a` can tell
+    await b.open()
     try:
         yield a, b
     finally:
@@ -526,13 +536,13 @@ async def test_postgres_a_batch_writes_a_task_row_once_and_its_entries_in_one_in
     for t in tasks:  # each row now cached as this process wrote it
         await store.commit(Commit(entries=[progress(t.id, "0")], fence={t.id: 1}))
     sent: list[list[str]] = []
-    real = postgres_tx.commit_message
+    real = postgres_message.commit_message
 
     def recorded(conn: Any, statements: list[Any]) -> Any:
         sent.append([st.query.split(" ", 1)[0] for st in statements])
         return real(conn, statements)
 
-    monkeypatch.setattr(postgres_tx, "commit_message", recorded)  # the thread's send_and_commit
+    monkeypatch.setattr(postgres_message, "commit_message", recorded)  # send_and_commit
     monkeypatch.setattr(postgres_writer, "commit_message", recorded)  # a batch sent from the loop
     results = await asyncio.gather(
         *(
@@ -632,6 +642,7 @@ def pg_store_of_its_own() -> Iterator[tuple[str, PostgresStore]]:
     url = require_postgres()
     schema = f"test_{uuid.uuid4().hex[:12]}"
     store = PostgresStore(url, schema=schema)
+    asyncio.run(store.open())
     try:
         yield url, store
     finally:
@@ -761,6 +772,7 @@ def store_of_its_own(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator
     else:
         durability: Durability = "full" if request.param == "sqlite-full" else "normal"
         store = SQLiteStore(str(tmp_path / "own.db"), durability=durability)
+    asyncio.run(store.open())
     try:
         yield store
     finally:
@@ -894,10 +906,14 @@ def _writes_held(store: Store, task_id: str) -> Iterator[Callable[[], None]]:
 
 
 def _reopened(store: Store) -> Store:
+    again: Store
     if isinstance(store, PostgresStore):
-        return PostgresStore(require_postgres(), schema=store.namespace)
-    assert isinstance(store, SQLiteStore)
-    return SQLiteStore(store.path)
+        again = PostgresStore(require_postgres(), schema=store.namespace)
+    else:
+        assert isinstance(store, SQLiteStore)
+        again = SQLiteStore(store.path)
+    asyncio.run(again.open())
+    return again
 
 
 def test_commits_asked_for_once_the_close_started_are_refused_and_earlier_ones_land(

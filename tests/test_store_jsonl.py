@@ -46,25 +46,27 @@ def texts(entries: list[Any]) -> list[str]:
     return [e.payload["text"] for e in entries if e.kind is EntryKind.UI_MESSAGE]
 
 
-def open_jsonl(directory: Path, **options: Any) -> JSONLStore:
+async def open_jsonl(directory: Path, **options: Any) -> JSONLStore:
     store = open_store(f"jsonl:///{directory}", **options)
     assert isinstance(store, JSONLStore)
+    await store.open()
     return store
 
 
 async def test_url_options_reach_the_store(tmp_path: Path) -> None:
-    store = open_jsonl(tmp_path, durability="full")
+    store = await open_jsonl(tmp_path, durability="full")
     assert store.durability == "full" and store.directory == str(tmp_path)
     await store.close()
     from_query = open_store(f"jsonl:///{tmp_path}?durability=full")
+    await from_query.open()
     assert isinstance(from_query, JSONLStore) and from_query.durability == "full"
     await from_query.close()
     with pytest.raises(ValueError, match="durability"):
-        open_store(f"jsonl:///{tmp_path}?durability=sometimes")
+        await open_store(f"jsonl:///{tmp_path}?durability=sometimes").open()
 
 
 async def test_state_survives_reopen(tmp_path: Path) -> None:
-    store = open_jsonl(tmp_path)
+    store = await open_jsonl(tmp_path)
     task, _ = await store.create_task(Task(agent="a", owner="o", request_id="r"))
     await store.commit(
         Commit(
@@ -76,7 +78,7 @@ async def test_state_survives_reopen(tmp_path: Path) -> None:
     await store.commit(Commit(documents=[DocumentWrite("s", "gone", delete=True)]))
     before = await store.get_task(task.id)
     await store.close()
-    again = open_jsonl(tmp_path)
+    again = await open_jsonl(tmp_path)
     assert await again.get_task(task.id) == before
     assert texts(await again.entries(task.id)) == ["one"]
     assert [d.key for d in await again.list_documents("s")] == ["d"]
@@ -91,7 +93,7 @@ async def test_every_cut_inside_the_last_commit_reopens_to_before_or_after(
 ) -> None:
     """A crash can stop the last write at any byte: the commit is all there or not at all."""
     src = tmp_path / "src"
-    store = open_jsonl(src)
+    store = await open_jsonl(src)
     task, _ = await store.create_task(Task(agent="a"))
     await store.commit(Commit(entries=[ui(task.id, "kept")]))
     size_before = (src / LOG_NAME).stat().st_size
@@ -109,7 +111,7 @@ async def test_every_cut_inside_the_last_commit_reopens_to_before_or_after(
         d = tmp_path / f"cut{cut}"
         d.mkdir()
         (d / LOG_NAME).write_bytes(full[:cut])
-        s = open_jsonl(d)
+        s = await open_jsonl(d)
         got = texts(await s.entries(task.id))
         doc = await s.get_document("s", "k")
         context = (await s.get_task(task.id)).context
@@ -123,7 +125,7 @@ async def test_every_cut_inside_the_last_commit_reopens_to_before_or_after(
         # Appending after the cut must leave a log that opens cleanly.
         await s.commit(Commit(entries=[ui(task.id, "after")]))
         await s.close()
-        reopened = open_jsonl(d)
+        reopened = await open_jsonl(d)
         assert texts(await reopened.entries(task.id))[-1] == "after"
         await reopened.close()
 
@@ -134,9 +136,10 @@ async def test_second_process_gets_store_locked_naming_the_owner_pid(tmp_path: P
         [
             sys.executable,
             "-c",
-            "import sys\n"
+            "import asyncio, sys\n"
             "from duragent.store.jsonl import JSONLStore\n"
             "s = JSONLStore(sys.argv[1])\n"
+            "asyncio.run(s.open())\n"
             "print('ready', flush=True)\n"
             "sys.stdin.readline()\n",
             str(tmp_path),
@@ -149,20 +152,20 @@ async def test_second_process_gets_store_locked_naming_the_owner_pid(tmp_path: P
         assert holder.stdout is not None and holder.stdin is not None
         assert holder.stdout.readline().strip() == "ready"
         with pytest.raises(StoreLocked, match=f"owned by pid {holder.pid}"):
-            open_jsonl(tmp_path)
+            await open_jsonl(tmp_path)
         holder.stdin.write("done\n")
         holder.stdin.close()
         assert holder.wait(30) == 0
     finally:
         holder.kill()
-    store = open_jsonl(tmp_path)  # the owner exited: its lock went with it
+    store = await open_jsonl(tmp_path)  # the owner exited: its lock went with it
     with pytest.raises(StoreLocked, match=f"owned by pid {os.getpid()}"):
-        open_jsonl(tmp_path)  # one owner, even within a process
+        await open_jsonl(tmp_path)  # one owner, even within a process
     await store.close()
 
 
 async def test_newer_version_is_refused_naming_both_versions(tmp_path: Path) -> None:
-    store = open_jsonl(tmp_path)
+    store = await open_jsonl(tmp_path)
     await store.create_task(Task(agent="a"))
     await store.close()
     log = tmp_path / LOG_NAME
@@ -173,13 +176,13 @@ async def test_newer_version_is_refused_naming_both_versions(tmp_path: Path) -> 
     changed = b"\n".join([json.dumps(header).encode(), *lines[1:]])
     log.write_bytes(changed)
     with pytest.raises(StoreVersionError) as info:
-        open_jsonl(tmp_path)
+        await open_jsonl(tmp_path)
     assert "99" in str(info.value) and f"version {SCHEMA_VERSION}" in str(info.value)
     assert log.read_bytes() == changed  # untouched
 
 
 async def test_damage_before_the_last_commit_names_file_and_line(tmp_path: Path) -> None:
-    store = open_jsonl(tmp_path)
+    store = await open_jsonl(tmp_path)
     task, _ = await store.create_task(Task(agent="a"))
     for i in range(3):
         await store.commit(Commit(entries=[ui(task.id, str(i))]))
@@ -189,14 +192,14 @@ async def test_damage_before_the_last_commit_names_file_and_line(tmp_path: Path)
     lines[3] = b'{"t":"entry", garbage'
     log.write_bytes(b"\n".join(lines))
     with pytest.raises(StoreCorrupt, match=f"{LOG_NAME}:4: unreadable line"):
-        open_jsonl(tmp_path)
+        await open_jsonl(tmp_path)
     log.write_bytes(b"hello, not a log\n")
     with pytest.raises(StoreCorrupt, match=f"{LOG_NAME}:1: not a duragent JSONL log"):
-        open_jsonl(tmp_path)
+        await open_jsonl(tmp_path)
 
 
 async def test_compact_keeps_every_fact_and_seq(tmp_path: Path) -> None:
-    store = open_jsonl(tmp_path)
+    store = await open_jsonl(tmp_path)
     done, _ = await store.create_task(Task(agent="a", owner="o", request_id="r1"))
     live, _ = await store.create_task(Task(agent="a"))
     gone, _ = await store.create_task(Task(agent="a"))
@@ -264,7 +267,7 @@ async def test_compact_keeps_every_fact_and_seq(tmp_path: Path) -> None:
     assert result.entries_dropped == 20  # the finished task's progress, nothing else
     assert result.bytes_after < size_before / 2
     assert (tmp_path / LOG_NAME).stat().st_size == result.bytes_after
-    again = open_jsonl(tmp_path)
+    again = await open_jsonl(tmp_path)
     assert await facts(again) == before
     live_kinds = [e.kind for e in await again.entries(live.id)]
     assert live_kinds.count(EntryKind.PROGRESS) == 20  # a live task may still need them
@@ -275,13 +278,13 @@ async def test_compact_keeps_every_fact_and_seq(tmp_path: Path) -> None:
     r = await again.commit(Commit(entries=[ui(live.id, "after compaction")]))
     assert r.entries[0].seq == before[live.id]["task"].last_seq + 1
     await again.close()
-    reopened = open_jsonl(tmp_path)
+    reopened = await open_jsonl(tmp_path)
     assert texts(await reopened.entries(live.id))[-1] == "after compaction"
     await reopened.close()
 
 
 async def test_compact_refuses_an_open_store(tmp_path: Path) -> None:
-    store = open_jsonl(tmp_path)
+    store = await open_jsonl(tmp_path)
     with pytest.raises(StoreLocked):
         compact(str(tmp_path))
     await store.close()
@@ -293,6 +296,7 @@ async def test_compact_refuses_an_open_store(tmp_path: Path) -> None:
 def test_jsonl_store_matches_model_and_its_replay(ops: list[tuple[Any, ...]]) -> None:
     async def check(directory: str) -> None:
         store = JSONLStore(directory)
+        await store.open()
         try:
             await run(store, ops)
             ids = [t.id for t in (await store.list_tasks()).tasks]
@@ -300,6 +304,7 @@ def test_jsonl_store_matches_model_and_its_replay(ops: list[tuple[Any, ...]]) ->
         finally:
             await store.close()
         replayed = JSONLStore(directory)
+        await replayed.open()
         for tid, (task, entries) in live.items():
             assert await replayed.get_task(tid) == task
             assert await replayed.entries(tid) == entries
@@ -327,6 +332,7 @@ def ui(task_id, text):
 
 async def write(directory, ack_path, durability, task_id):
     store = JSONLStore(directory, durability=durability)
+    await store.open()
     doc = await store.get_document("s", "last")
     n = doc.value if doc else 0
     ack = os.open(ack_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -387,6 +393,7 @@ async def test_sigkill_at_random_moments_keeps_exactly_the_marked_commits(
             durability = "full" if (trial // 20) % 3 == 2 else "normal"
             if trial % 20 == 0:
                 s = JSONLStore(str(directory))
+                await s.open()
                 task_id = (await s.create_task(Task(agent="a")))[0].id
                 await s.close()
                 acked = [0]
@@ -426,6 +433,7 @@ async def test_sigkill_at_random_moments_keeps_exactly_the_marked_commits(
             progressed += acked[-1] > before
             marked = _markers(directory / LOG_NAME) - 1  # minus the task's creation
             store = JSONLStore(str(directory))
+            await store.open()
             try:
                 truncations += store.truncated_bytes > 0
                 got = texts(await store.entries(task_id))

@@ -20,6 +20,7 @@ from duragent.store import open_store, Commit, TaskPatch
 
 async def main(url, worker, out, barrier, n):
     store = open_store(url)
+    await store.open()
     got = []
     while True:
         task = await store.claim_task(worker, ttl=3600)
@@ -51,6 +52,7 @@ asyncio.run(main(*sys.argv[1:]))
 async def test_four_processes_claim_each_task_exactly_once(shared_url: str, tmp_path: Path) -> None:
     url = shared_url
     store = open_store(url)
+    await store.open()
     ids = set()
     for i in range(500):
         t, _ = await store.create_task(Task(agent="a", input=i))
@@ -78,6 +80,7 @@ async def test_four_processes_claim_each_task_exactly_once(shared_url: str, tmp_
     # Every claimer got work (the barrier guarantees it), so the claims contended.
     assert all(json.loads(out.read_text()) for out in outs)
     store = open_store(url)
+    await store.open()
     for tid in list(ids)[:20]:
         t = await store.get_task(tid)
         assert t.lease.epoch == 1 and t.status.value == "completed"
@@ -90,6 +93,7 @@ from duragent.store import open_store, Commit, TaskPatch
 
 async def main(url, task_id, other_id):
     store = open_store(url)
+    await store.open()
     control = {"action": "pause", "rollback": False, "reason": None}
     # Two commits at once: one batch of two (at durability=full, on the writer thread).
     await asyncio.gather(
@@ -107,6 +111,7 @@ async def test_a_commit_in_another_process_wakes_waiters_and_control_watchers(
     shared_url: str,
 ) -> None:
     store = open_store(shared_url)
+    await store.open()
     try:
         task, _ = await store.create_task(Task(agent="a", input="x"))
         other, _ = await store.create_task(Task(agent="a", input="y"))

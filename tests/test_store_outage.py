@@ -63,6 +63,7 @@ async def test_a_wait_keeps_waiting_through_a_cut_and_returns_the_tasks_result(
     agent = Agent(name="a", model=ScriptedModel(["all done"]))
     # connect_timeout: how long one attempt waits for a connection from the pool.
     through = PostgresStore(proxy.url(url), schema=schema, connect_timeout=1)
+    await through.open()
     try:
         async with Runtime(through, agents=[agent], run_worker=False) as client:
             submitted = await client.submit("a", "hi")
@@ -80,6 +81,7 @@ async def test_a_wait_keeps_waiting_through_a_cut_and_returns_the_tasks_result(
             assert not waiting.done(), waiting.exception()
             # Meanwhile a worker that reaches the server runs the task to its end.
             direct = PostgresStore(url, schema=schema)
+            await direct.open()
             try:
                 async with Runtime(direct, agents=[agent]) as worker:
                     ended = await worker.wait(submitted.task_id, timeout=60)
@@ -110,6 +112,7 @@ async def test_a_worker_started_while_postgres_is_out_of_reach_waits_for_it_then
         await until(lambda: proxy.refused >= 3, "tried again")
         assert worker.proc.poll() is None, worker.err
         store = PostgresStore(url, schema=schema)
+        await store.open()
         try:
             async with Runtime(store, agents=AGENTS, run_worker=False) as rt:
                 submitted = await rt.submit("chat", "hello")

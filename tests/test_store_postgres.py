@@ -23,7 +23,8 @@ from conftest import drop_schema, require_postgres
 from duragent.errors import CommitOutcomeUnknown, StaleLease, StoreVersionError
 from duragent.store import Commit, DocumentWrite, TaskPatch, open_store
 from duragent.store.commits import CopyEntries
-from duragent.store.postgres import PostgresStore, split_url
+from duragent.store.postgres import PostgresStore
+from duragent.store.postgres_connect import split_url
 from duragent.store.postgres_schema import MIGRATIONS as PG_MIGRATIONS
 from duragent.store.postgres_schema import SCHEMA_VERSION
 from duragent.types import EntryKind, NewEntry, Task, UIText, dump_message
@@ -54,6 +55,7 @@ def schema(pg_url: str) -> Iterator[str]:
 @pytest.fixture
 async def store(pg_url: str, schema: str) -> AsyncIterator[PostgresStore]:
     s = PostgresStore(pg_url, schema=schema)
+    await s.open()
     yield s
     await s.close()
 
@@ -64,7 +66,9 @@ def side(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def sends_from(s: PostgresStore, side: str) -> PostgresStore:
+async def sends_from(s: PostgresStore, side: str) -> PostgresStore:
+    """`s`, opened, its writer sending batches on cached rows from `side`."""
+    await s.open()
     s._writer.on_loop = side == "loop"
     return s
 
@@ -96,6 +100,7 @@ def test_libpq_options_keep_their_spaces() -> None:
 
 async def test_open_store_reads_schema_from_the_url(pg_url: str, schema: str) -> None:
     s = open_store(f"{pg_url}?schema={schema}")
+    await s.open()
     assert isinstance(s, PostgresStore) and s.namespace == schema
     await s.create_task(Task(agent="a"))
     await s.close()
@@ -114,7 +119,9 @@ async def test_connections_are_named_after_the_process_unless_the_url_names_them
     monkeypatch.delenv("PGAPPNAME", raising=False)
     own = f"duragent-test-{uuid.uuid4().hex[:8]}"
     default = PostgresStore(pg_url, schema=schema)
+    await default.open()
     named = PostgresStore(f"{pg_url}?application_name={own}", schema=schema)
+    await named.open()
     try:
         assert default.application_name == f"duragent-{os.getpid()}"
         assert named.application_name == own
@@ -148,6 +155,7 @@ async def test_the_connection_a_store_opens_with_is_its_pools_first(
 
     monkeypatch.setattr(psycopg.Connection, "__init__", counted)
     s = PostgresStore(pg_url, schema=schema, min_size=min_size, max_size=4)
+    await s.open()
     try:
         assert len(made) == max(min_size, 1)
         if min_size == 0:
@@ -166,6 +174,7 @@ async def test_every_connection_of_a_store_is_set_to_utc_and_its_schema(
     pg_url: str, schema: str
 ) -> None:
     s = PostgresStore(pg_url, schema=schema, min_size=2, max_size=2)
+    await s.open()
     try:
         with s._pool.connection() as first, s._pool.connection() as second:
             for conn in (first, second):
@@ -181,6 +190,7 @@ async def test_newer_schema_version_is_refused_naming_both_versions(
     pg_url: str, schema: str
 ) -> None:
     s = PostgresStore(pg_url, schema=schema)
+    await s.open()
     assert s.migrated_from == 0
     await s.close()
     with admin(pg_url) as conn:
@@ -190,7 +200,7 @@ async def test_newer_schema_version_is_refused_naming_both_versions(
             ).format(psycopg.sql.Identifier(schema))
         )
     with pytest.raises(StoreVersionError) as info:
-        PostgresStore(pg_url, schema=schema)
+        await PostgresStore(pg_url, schema=schema).open()
     assert "99" in str(info.value) and f"version {SCHEMA_VERSION}" in str(info.value)
     with admin(pg_url) as conn:
         row = conn.execute(
@@ -207,18 +217,20 @@ async def test_newer_schema_version_is_refused_naming_both_versions(
             (str(SCHEMA_VERSION),),
         )
     again = PostgresStore(pg_url, schema=schema)
+    await again.open()
     assert again.migrated_from == SCHEMA_VERSION
     await again.close()
 
 
 MIGRATOR = r"""
-import os, sys, time
+import asyncio, os, sys, time
 from duragent.store.postgres import PostgresStore
 url, gate, schemas = sys.argv[1], sys.argv[2], sys.argv[3:]
 while not os.path.exists(gate):  # start together, so the migrations really overlap
     time.sleep(0.001)
 for schema in schemas:
     store = PostgresStore(url, schema=schema, min_size=1, max_size=1)
+    asyncio.run(store.open())
     print(schema, store.migrated_from, flush=True)
     store._pool.close()
 """
@@ -286,7 +298,7 @@ async def test_store_reconnects_after_its_backends_are_terminated(
 ) -> None:
     app = f"duragent-test-{uuid.uuid4().hex[:8]}"
     url = f"{pg_url}?application_name={app}"
-    s = sends_from(PostgresStore(url, schema=schema, min_size=2, max_size=4), side)
+    s = await sends_from(PostgresStore(url, schema=schema, min_size=2, max_size=4), side)
     try:
         task, _ = await s.create_task(Task(agent="a"))
         await s.commit(Commit(entries=[ui(task.id, "before")]))
@@ -306,6 +318,7 @@ async def test_the_writer_keeps_one_pooled_connection_between_commits(
     pg_url: str, schema: str
 ) -> None:
     s = PostgresStore(pg_url, schema=schema, min_size=1, max_size=4)
+    await s.open()
     try:
         task, _ = await s.create_task(Task(agent="a"))
         before = s._pool.get_stats().get("requests_num", 0)
@@ -322,6 +335,7 @@ async def test_a_pool_of_one_connection_serves_reads_between_commits(
 ) -> None:
     """The writer keeps no connection the readers would wait for (a pool timeout)."""
     s = PostgresStore(pg_url, schema=schema, min_size=1, max_size=1, connect_timeout=2)
+    await s.open()
     try:
         task, _ = await s.create_task(Task(agent="a"))
         for i in range(5):
@@ -335,6 +349,7 @@ async def test_columns_follow_each_commit_of_a_cached_row(pg_url: str, schema: s
     """A commit on a row this process wrote last sends only the columns it changes:
     the row's columns still read what the task is after every commit."""
     s = PostgresStore(pg_url, schema=schema)
+    await s.open()
     try:
         task, _ = await s.create_task(Task(agent="a"))
         claimed = await s.claim_task("w", task_id=task.id, ttl=60)
@@ -378,7 +393,7 @@ async def test_commit_cut_off_before_commit_is_retried_once(
     """The backend dies mid-transaction (waiting on a row lock): nothing was committed,
     so the store runs the commit again on a new connection, and it lands exactly once."""
     app = f"duragent-test-{uuid.uuid4().hex[:8]}"
-    s = sends_from(
+    s = await sends_from(
         PostgresStore(f"{pg_url}?application_name={app}", schema=schema, max_size=2), side
     )
     try:
@@ -424,7 +439,7 @@ async def test_a_transaction_cut_off_with_its_commit_in_flight_is_found_not_land
     the backend, finds the task row as the commit found it, so it did not land,
     and runs it again: it lands exactly once."""
     app = f"duragent-test-{uuid.uuid4().hex[:8]}"
-    s = sends_from(
+    s = await sends_from(
         PostgresStore(f"{pg_url}?application_name={app}", schema=schema, max_size=2), side
     )
     try:
@@ -453,7 +468,9 @@ async def test_a_commit_whose_answer_was_lost_is_found_landed_and_not_run_again(
     await s0.close()  # the schema exists before the proxy is in the way
     with commit_answer_loser("127.0.0.1", 5432) as proxy:
         url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
-        s = sends_from(PostgresStore(f"{url}?sslmode=disable", schema=schema, max_size=2), side)
+        s = await sends_from(
+            PostgresStore(f"{url}?sslmode=disable", schema=schema, max_size=2), side
+        )
         try:
             task, _ = await s.create_task(Task(agent="a"))
             await s.commit(Commit(entries=[ui(task.id, "first")]))
@@ -479,6 +496,7 @@ async def test_connection_lost_during_a_documents_commit_reports_the_outcome_unk
     is not run again and the caller gets CommitOutcomeUnknown."""
     app = f"duragent-test-{uuid.uuid4().hex[:8]}"
     s = PostgresStore(f"{pg_url}?application_name={app}", schema=schema, max_size=2)
+    await s.open()
     try:
         await s.create_task(Task(agent="a"))  # the schema exists
         _slow_commit(pg_url, schema, "INSERT ON documents", once=False)
@@ -534,9 +552,12 @@ async def test_wait_for_change_wakes_on_another_connections_commit(
 ) -> None:
     app = f"duragent-test-{uuid.uuid4().hex[:8]}"
     waiter_store = PostgresStore(f"{pg_url}?application_name={app}", schema=schema)
+    await waiter_store.open()
     writer = PostgresStore(pg_url, schema=schema)
+    await writer.open()
     other_schema = f"test_{uuid.uuid4().hex[:12]}"
     other = PostgresStore(pg_url, schema=other_schema)
+    await other.open()
     try:
         task, _ = await writer.create_task(Task(agent="a"))
         assert not waiter_store.listening  # LISTEN starts with the first wait
@@ -572,7 +593,9 @@ async def test_wait_for_work_wakes_only_for_commits_that_can_make_work(
     cluster) wake change waiters but not work waiters; creating, claiming and
     releasing a task wake both."""
     waiter = PostgresStore(pg_url, schema=schema)
+    await waiter.open()
     writer = PostgresStore(pg_url, schema=schema)
+    await writer.open()
 
     async def heard(commit: Callable[[], Any]) -> bool:
         """Whether `commit` wakes wait_for_work (it always wakes wait_for_change)."""
@@ -626,7 +649,9 @@ async def test_zombie_commits_racing_a_takeover_never_roll_the_lease_back(
     """The fence is checked under the row lock the write takes: a zombie commit that
     read the old epoch cannot land after the takeover and put the old owner back."""
     zombie = PostgresStore(pg_url, schema=schema, max_size=8)
+    await zombie.open()
     claimer = PostgresStore(pg_url, schema=schema, max_size=2)
+    await claimer.open()
     refused = 0
     try:
         for attempt in range(30):
@@ -675,7 +700,9 @@ async def test_zombie_commits_queued_behind_a_takeover_are_refused(
     sent and queue behind it; once the takeover commits, every one is refused."""
     app = f"duragent-test-{uuid.uuid4().hex[:8]}"
     zombie = PostgresStore(f"{pg_url}?application_name={app}-z", schema=schema, max_size=8)
+    await zombie.open()
     claimer = PostgresStore(f"{pg_url}?application_name={app}-c", schema=schema, max_size=2)
+    await claimer.open()
     gate = admin(pg_url)
     key = int(uuid.uuid4().int % 2**31)
     try:
@@ -745,6 +772,7 @@ def test_postgres_store_matches_model(ops: list[tuple[Any, ...]]) -> None:
 
     async def check() -> None:
         s = PostgresStore(url, schema=name, max_size=2)
+        await s.open()
         try:
             await run(s, ops)
         finally:
@@ -790,6 +818,7 @@ async def test_a_version_4_store_keeps_every_entry_and_fork_reference_through_ve
     every task in order, a fork's entries still read their source's payloads
     (and get them back when the source is purged), and new entries follow."""
     store = PostgresStore(pg_url, schema=schema)
+    await store.open()
     tasks = [Task(agent="a") for _ in range(3)]
     for n, task in enumerate(tasks):
         await store.create_task(task, [ui(task.id, f"u{n}")])
@@ -817,6 +846,7 @@ async def test_a_version_4_store_keeps_every_entry_and_fork_reference_through_ve
     assert row is not None and row["n"] == 1
 
     again = PostgresStore(pg_url, schema=schema)
+    await again.open()
     try:
         assert again.migrated_from == 4
         assert {t: await again.entries(t) for t in before} == before
@@ -847,6 +877,7 @@ async def test_a_tasks_entries_are_read_in_seq_order_whatever_the_tables_order(
     the model view, the entry heads and the UI messages are still in seq order."""
     sep = "&" if "?" in pg_url else "?"
     store = PostgresStore(f"{pg_url}{sep}options=-c%20enable_indexscan%3Doff", schema=schema)
+    await store.open()
     try:
         task = Task(agent="a")
         said = [{"role": "user", "content": f"m{i}"} for i in range(3)]

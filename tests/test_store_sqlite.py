@@ -26,13 +26,14 @@ from duragent.types import EntryKind, NewEntry, Task, TaskStatus
 async def test_newer_schema_version_is_refused_naming_both_versions(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     store = open_store(f"sqlite:///{path}")
+    await store.open()
     await store.close()
     conn = sqlite3.connect(path)
     conn.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
     conn.commit()
     conn.close()
     with pytest.raises(StoreVersionError) as info:
-        open_store(f"sqlite:///{path}")
+        await open_store(f"sqlite:///{path}").open()
     assert "99" in str(info.value) and str(SCHEMA_VERSION) in str(info.value)
     conn = sqlite3.connect(path)
     assert conn.execute("SELECT value FROM meta").fetchone()[0] == "99"  # untouched
@@ -42,10 +43,12 @@ async def test_older_store_is_migrated_on_open(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     sqlite3.connect(path).close()  # version 0: an empty file
     store = open_store(f"sqlite:///{path}")
+    await store.open()
     assert isinstance(store, SQLiteStore) and store.migrated_from == 0
     await store.create_task(Task(agent="a"))
     await store.close()
     again = open_store(f"sqlite:///{path}")
+    await again.open()
     assert isinstance(again, SQLiteStore) and again.migrated_from == SCHEMA_VERSION
     await again.close()
 
@@ -54,13 +57,14 @@ def test_a_file_that_is_not_a_database_gives_a_clear_error(tmp_path: Path) -> No
     path = tmp_path / "junk.db"
     path.write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(StoreCorrupt, match="not a readable duragent SQLite store"):
-        open_store(f"sqlite:///{path}")
+        asyncio.run(open_store(f"sqlite:///{path}").open())
     assert path.read_bytes() == b"this is not sqlite" * 100
 
 
 @pytest.mark.parametrize(("url_suffix", "expected"), [("", 1), ("?durability=full", 2)])
 async def test_durability_sets_synchronous(tmp_path: Path, url_suffix: str, expected: int) -> None:
     store = open_store(f"sqlite:///{tmp_path}/d.db{url_suffix}")
+    await store.open()
     assert isinstance(store, SQLiteStore)
     assert store._writer_conn.execute("PRAGMA synchronous").fetchone()[0] == expected
     assert store._writer_conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -76,6 +80,7 @@ async def test_a_full_store_writes_over_its_wal_instead_of_growing_it(tmp_path: 
     first commit made it."""
     path = tmp_path / "f.db"
     store = open_store(f"sqlite:///{path}?durability=full")
+    await store.open()
     assert isinstance(store, SQLiteStore)
     task = Task(agent="a")
     await store.create_task(task)
@@ -120,6 +125,7 @@ async def test_a_wal_holding_a_killed_process_commits_is_readied_without_losing_
     assert holds > 32  # the killed process's commits are in the WAL only
 
     store = open_store(f"sqlite:///{path}?durability=full")
+    await store.open()
     assert isinstance(store, SQLiteStore)
     entry = NewEntry(task_id=task_id, kind=EntryKind.CHECKPOINT, payload={"n": "after"})
     await store.commit(Commit(entries=[entry]))
@@ -129,6 +135,7 @@ async def test_a_wal_holding_a_killed_process_commits_is_readied_without_losing_
     await store.close()
 
     again = open_store(f"sqlite:///{path}")
+    await again.open()
     payloads = [e.payload["n"] for e in await again.entries(task_id)]
     await again.close()
     assert payloads == [*range(20), "after"]
@@ -148,6 +155,7 @@ async def test_the_wal_readied_is_the_stores_own_after_the_process_changes_direc
     bystander.write_bytes(b"another database's log")
     monkeypatch.chdir(home)
     store = open_store("sqlite:///s.db?durability=full")
+    await store.open()
     assert isinstance(store, SQLiteStore)
     monkeypatch.chdir(elsewhere)
     await store.create_task(Task(agent="a"))
@@ -167,6 +175,7 @@ from duragent.types import EntryKind, NewEntry, Task
 
 async def main():
     store = open_store(sys.argv[1])
+    await store.open()
     task, _ = await store.create_task(Task(agent="a"))
     for n in range(int(sys.argv[2])):
         entry = NewEntry(task_id=task.id, kind=EntryKind.CHECKPOINT, payload={"n": n})
@@ -229,6 +238,7 @@ async def test_a_version_1_store_with_data_is_migrated_losing_nothing(tmp_path: 
     conn.close()
 
     store = open_store(f"sqlite:///{path}")
+    await store.open()
     assert isinstance(store, SQLiteStore) and store.migrated_from == 1
     for i, t in enumerate(tasks):
         loaded = await store.get_task(t.id)
@@ -281,6 +291,7 @@ async def test_claims_and_wake_ups_do_not_read_every_running_task(
     """The expired-lease part of a claim and of next_wake_at reads the lease index:
     with 2,000 tasks running, as few SQLite steps as with 20 (counted, not timed)."""
     store = open_store(f"sqlite:///{tmp_path}/c.db")
+    await store.open()
     assert isinstance(store, SQLiteStore)
     await store.commit(Commit(new_tasks=[Task(agent="a") for _ in range(running + 50)]))
     for _ in range(running):
@@ -316,6 +327,7 @@ async def test_a_commit_that_keeps_a_tasks_status_and_lease_writes_no_index_page
     queue and lease indexes alone; one that changes the status must update them."""
     path = tmp_path / "i.db"
     store = open_store(f"sqlite:///{path}")
+    await store.open()
     assert isinstance(store, SQLiteStore)
     await store.create_task(Task(agent="a"))
     task = await store.claim_task("w", ttl=3600)
@@ -351,15 +363,22 @@ async def test_opening_an_up_to_date_store_never_waits_for_another_writer(
     """Opening reads the schema version and takes no write lock: a store opens at
     once while another process is in the middle of a write transaction."""
     path = tmp_path / "o.db"
-    await SQLiteStore(str(path)).close()
+    async with SQLiteStore(str(path)):
+        pass  # made, migrated and closed
     holder = sqlite3.connect(path, isolation_level=None)
     opened: list[SQLiteStore] = []
     try:
         holder.execute("BEGIN IMMEDIATE")
         holder.execute("INSERT INTO meta(key, value) VALUES ('held', 'by another process')")
+
         # Waiting for the lock would take the busy timeout (30 s): a thread, so
         # the test can tell and release it.
-        opener = threading.Thread(target=lambda: opened.append(SQLiteStore(str(path))))
+        def opener_runs() -> None:
+            store = SQLiteStore(str(path))
+            asyncio.run(store.open())
+            opened.append(store)
+
+        opener = threading.Thread(target=opener_runs)
         opener.start()
         opener.join(10)
         assert opened, "opening waited for another connection's write transaction"
@@ -373,7 +392,8 @@ async def test_opening_an_up_to_date_store_never_waits_for_another_writer(
 
 async def test_a_new_store_file_gives_freed_pages_back_incrementally(tmp_path: Path) -> None:
     path = tmp_path / "n.db"
-    await SQLiteStore(str(path)).close()
+    async with SQLiteStore(str(path)):
+        pass  # made, migrated and closed
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # INCREMENTAL
     conn.close()
@@ -381,7 +401,8 @@ async def test_a_new_store_file_gives_freed_pages_back_incrementally(tmp_path: P
 
 async def test_a_new_store_files_meta_table_has_no_index_of_its_own(tmp_path: Path) -> None:
     path = tmp_path / "n.db"
-    await SQLiteStore(str(path)).close()
+    async with SQLiteStore(str(path)):
+        pass  # made, migrated and closed
     conn = sqlite3.connect(path)
     assert conn.execute("SELECT name FROM sqlite_master WHERE tbl_name='meta'").fetchall() == [
         ("meta",)
@@ -448,6 +469,7 @@ async def test_a_version_5_store_keeps_every_entry_and_fork_reference_through_ve
     (and get them back when the source is purged), and new entries follow."""
     path = tmp_path / "v5.db"
     store = open_store(f"sqlite:///{path}")
+    await store.open()
     assert isinstance(store, SQLiteStore)
     tasks = [Task(agent="a") for _ in range(3)]
     for n, task in enumerate(tasks):
@@ -472,6 +494,7 @@ async def test_a_version_5_store_keeps_every_entry_and_fork_reference_through_ve
     conn.close()
 
     again = open_store(f"sqlite:///{path}")
+    await again.open()
     assert isinstance(again, SQLiteStore) and again.migrated_from == 5
     assert {t: await again.entries(t) for t in before} == before
     assert {t: await again.model_view_data(t) for t in views} == views
@@ -495,6 +518,7 @@ async def test_a_version_6_store_keeps_every_entry_through_version_7_to_the_mill
     seconds) down to its millisecond, as a new entry's is."""
     path = tmp_path / "v6.db"
     store = open_store(f"sqlite:///{path}")
+    await store.open()
     assert isinstance(store, SQLiteStore)
     task, fork = Task(agent="a"), Task(agent="a")
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
@@ -519,6 +543,7 @@ async def test_a_version_6_store_keeps_every_entry_through_version_7_to_the_mill
     conn.close()
 
     again = open_store(f"sqlite:///{path}")
+    await again.open()
     assert isinstance(again, SQLiteStore) and again.migrated_from == 6
     after = {t: await again.entries(t) for t in before}
     assert [e.created_at for e in after[task.id]] == [on_a_ms, between.replace(microsecond=123000)]
@@ -557,6 +582,7 @@ async def test_a_long_tasks_entries_are_appended_to_full_pages(tmp_path: Path) -
     pages left a quarter empty."""
     path = tmp_path / "a.db"
     store = open_store(f"sqlite:///{path}")
+    await store.open()
     assert isinstance(store, SQLiteStore)
     other = Task(agent="a")  # the task before it in the table
     await store.create_task(
@@ -594,6 +620,7 @@ def test_a_read_from_another_thread_that_meets_the_close_is_told_the_store_close
     is open, then the store closed its files under it. It is answered
     StoreError "closed", not StoreCorrupt, which would say the file is damaged."""
     store = SQLiteStore(str(tmp_path / "r.db"))
+    asyncio.run(store.open())
     asyncio.run(store.create_task(Task(agent="a")))
     inside, closed = threading.Event(), threading.Event()
     outcome: list[object] = []
@@ -625,6 +652,7 @@ async def test_a_view_payload_that_is_no_text_is_reported_as_corrupt(tmp_path: P
     (two ways of reading it), and the entries still read."""
     path = tmp_path / "b.db"
     store = SQLiteStore(str(path))
+    await store.open()
     try:
         task, _ = await store.create_task(Task(agent="a"))
         user = {"role": "user", "content": "hi"}
@@ -658,6 +686,7 @@ async def test_the_map_of_task_numbers_stays_bounded_and_commits_land_on_their_t
     numbers of are bounded, and a task forgotten has its number read again."""
     monkeypatch.setattr(TaskNumbers, "limit", 4)
     store = open_store(f"sqlite:///{tmp_path}/s.db")
+    await store.open()
     assert isinstance(store, SQLiteStore)
     try:
         tasks = []

@@ -41,6 +41,7 @@ async def a_task(url: str) -> str:
 
 async def still_there(url: str, task_id: str) -> None:
     store = open_store(url)
+    await store.open()
     try:
         assert (await store.get_task(task_id)).input == "keep me"
     finally:
@@ -79,6 +80,7 @@ async def test_every_spelling_of_an_open_sqlite_store_is_refused(tmp_path: Path,
     before = (tmp_path / "duragent.db").read_bytes()
     tools = file_tools(tmp_path)
     store = open_store(url)  # open, as a worker's is while its tools run
+    await store.open()
     try:
         for how, path in names.items():
             args: dict[str, Any] = {"path": path}
@@ -108,6 +110,7 @@ async def test_list_dir_leaves_an_open_stores_files_out(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("hi")
     tools = file_tools(tmp_path)
     store = open_store(url)
+    await store.open()
     try:
         await store.wait_for_change(0.01)  # listening: its wake-up directory exists
         assert (tmp_path / ".duragent.db.wake").is_dir()
@@ -131,6 +134,7 @@ async def test_an_open_jsonl_store_is_refused_whole(tmp_path: Path) -> None:
     (tmp_path / "log-link").symlink_to("log")
     tools = file_tools(tmp_path)
     store = open_store(url)
+    await store.open()
     try:
         for path in ("log", "log/log.jsonl", "log/lock", "log/log.jsonl.compact", "log-link/lock"):
             for tool, extra in (("read_file", {}), ("write_file", {"content": "x"})):
@@ -151,6 +155,7 @@ async def test_a_hard_link_made_after_the_check_is_refused_at_the_open(tmp_path:
     url = f"sqlite:///{tmp_path}/duragent.db"
     await a_task(url)
     store = open_store(url)
+    await store.open()
     try:
         os.link(tmp_path / "duragent.db", tmp_path / "late.db")
         for flags in (os.O_RDONLY, os.O_WRONLY | os.O_CREAT):
@@ -200,6 +205,7 @@ async def test_a_model_cannot_destroy_the_store_its_run_is_kept_in(tmp_path: Pat
 
 async def still_there_by_status(url: str, task_id: str) -> None:
     store = open_store(url)
+    await store.open()
     try:
         assert (await store.get_task(task_id)).status is TaskStatus.COMPLETED
     finally:

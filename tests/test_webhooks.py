@@ -232,6 +232,7 @@ def test_signature_rejects_tampering_and_old_timestamps() -> None:
 
 async def outbox_of(url: str) -> int:
     store = open_store(url)
+    await store.open()
     try:
         return len(await store.list_documents(OUTBOX))
     finally:

@@ -156,6 +156,7 @@ def continue_hint(out: str) -> list[str]:
 
 async def stored(store: str, task_id: str) -> tuple[Task, list[Any]]:
     s = open_store(store)
+    await s.open()
     try:
         return await s.get_task(task_id), await s.entries(task_id)
     finally:

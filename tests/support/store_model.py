@@ -118,6 +118,7 @@ async def run(store: Store, ops: list[tuple[Any, ...]]) -> None:
 
 async def _with_store(url: str, ops: list[tuple[Any, ...]]) -> None:
     store = open_store(url)
+    await store.open()
     try:
         await run(store, ops)
     finally:

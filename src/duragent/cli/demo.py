@@ -161,6 +161,7 @@ def _spawn(url: str, ledger: str, hold: bool) -> subprocess.Popen[str]:
 async def _log(url: str) -> tuple[Task, list[Entry]]:
     """The demo task and its entries."""
     store = open_store(url)
+    await store.open()
     try:
         task = (await store.list_tasks()).tasks[0]
         return task, await store.entries(task.id)
@@ -359,6 +360,7 @@ def demo(
 
 async def _last_seq(url: str) -> int:
     store = open_store(url)
+    await store.open()
     try:
         page = await store.list_tasks()
         return page.tasks[0].last_seq if page.tasks else 0

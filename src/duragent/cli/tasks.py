@@ -365,7 +365,7 @@ def migrate(store: str = STORE) -> None:
 
     async def go() -> tuple[int | None, int]:
         prepare_store(store)  # migrating a store that is not there yet makes it
-        s = open_store(store)  # file stores migrate on opening, servers on open()
+        s = open_store(store)  # every store migrates on open()
         await s.open()
         try:
             # Each backend has its own schema history.

@@ -48,7 +48,7 @@ from duragent.store.files import (
     require_parent,
 )
 from duragent.store.memory import SCHEMA_VERSION, MemoryStore, _MemoryTx
-from duragent.store.open_files import hold
+from duragent.store.open_files import Held, hold
 from duragent.store.session_scopes import LEGACY_PREFIX, migrated_scope
 from duragent.types import Document, Entry, EntryKind, Task
 
@@ -198,7 +198,26 @@ class JSONLStore(MemoryStore):
         self.durability: Durability = durability
         self.truncated_bytes = 0  # how much torn tail the last open cut off
         self.log_upgraded_from: int | None = None  # the line format an upgrade on open left
+        self._opened = False
         self._closed = False
+        # Made by `open`: the log's descriptors, the directory's hold, its size.
+        self._held: Held
+        self._lock_fd: int
+        self._fd: int
+        self._size = 0
+        self.migrated_from = SCHEMA_VERSION  # the schema version the log was written with
+
+    async def open(self) -> None:
+        """Create the directory if needed, lock it, replay the log and migrate it;
+        again, nothing."""
+        self._open_files()
+
+    def _open_files(self) -> None:
+        if self._opened:
+            return
+        if self._closed:
+            raise StoreError(f"store {self.url} is closed")
+        directory = self.directory
         # The store is the directory: created here (0700), its parent never.
         require_parent(directory, "create it first (duragent creates the store, not its parents)")
         # The whole directory, until close: no tool of ours touches it.
@@ -213,7 +232,6 @@ class JSONLStore(MemoryStore):
         except BaseException:
             self._held.release()
             raise
-        self.migrated_from = SCHEMA_VERSION  # until the header says otherwise
         try:
             self._size = self._replay()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
@@ -225,6 +243,7 @@ class JSONLStore(MemoryStore):
             os.close(self._lock_fd)
             self._held.release()
             raise
+        self._opened = True
         if self.migrated_from < SCHEMA_VERSION:
             self._migrate()
 
@@ -246,11 +265,14 @@ class JSONLStore(MemoryStore):
         if self._closed:
             return
         self._closed = True
+        if not self._opened:
+            return
         os.close(self._fd)
         os.close(self._lock_fd)  # closing the descriptor releases the flock
         self._held.release()
 
     async def __aenter__(self) -> JSONLStore:
+        await self.open()
         return self
 
     # --- replay ---
@@ -473,6 +495,10 @@ class JSONLStore(MemoryStore):
     def _check_open(self) -> None:
         if self._closed:
             raise StoreError(f"store {self.url} is closed")
+        if not self._opened:
+            raise StoreError(
+                f"store {self.url} is not open: use `async with store:` or `await store.open()`"
+            )
 
     def _append(self, lines: list[str]) -> None:
         """Write one commit: its records, then its marker. On failure, leave no trace."""
@@ -583,6 +609,7 @@ def _tx_lines(tx: _MemoryTx) -> list[str]:
 def compact(path: str) -> CompactResult:
     """Compact the JSONL store in directory `path` (which no process may have open)."""
     store = JSONLStore(path, durability="full")
+    store._open_files()
     try:
         return store.compact()
     finally:

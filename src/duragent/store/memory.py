@@ -192,6 +192,7 @@ class MemoryStore(TxWrites):
         self._controls = ControlWatchers()
 
     async def open(self) -> None:
+        """Nothing to connect to: a memory store is usable from its construction."""
         return None
 
     async def close(self) -> None:

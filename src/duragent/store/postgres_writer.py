@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -29,17 +27,13 @@ import psycopg
 import psycopg_pool
 from psycopg.pq import TransactionStatus
 
-from duragent.errors import CommitOutcomeUnknown, StoreError, StoreUnavailable
-from duragent.store.commits import PendingCommit, mark_failed
+from duragent.errors import CommitOutcomeUnknown, StoreUnavailable
+from duragent.store.commits import mark_failed
+from duragent.store.group_commit import GroupCommit, Job, Outcome
 from duragent.store.postgres_flight import Flight
-from duragent.store.postgres_notify import CHANNEL, CONTROL_CHANNEL, WORK_CHANNEL, control_payload
-from duragent.store.postgres_schema import Conn
-from duragent.store.postgres_tx import (
+from duragent.store.postgres_landed import LostInFlight, landed_in
+from duragent.store.postgres_message import (
     PREPARED_GONE,
-    BufferedPgTx,
-    Deferred,
-    NeedsServer,
-    PgTx,
     StaleRow,
     Statement,
     check_commit,
@@ -47,21 +41,14 @@ from duragent.store.postgres_tx import (
     send,
     send_and_commit,
 )
-from duragent.store.turns import Turn, watch
-from duragent.store.tx import task_columns
+from duragent.store.postgres_notify import CHANNEL, CONTROL_CHANNEL, WORK_CHANNEL, control_payload
+from duragent.store.postgres_schema import Conn
+from duragent.store.postgres_tx import BufferedPgTx, Deferred, NeedsServer, PgTx
 from duragent.types import Task
 
-Outcome = tuple[bool, Any]  # (ok, result or exception)
+Changes = tuple[bool, bool]  # a committed batch: (it changed anything, it made work)
 
 HOLD_SECONDS = 60.0  # the longest the writer keeps a pooled connection
-
-
-@dataclass(slots=True)
-class _Job:
-    fn: Callable[[PgTx], Any]
-    future: asyncio.Future[Any]
-    loop: asyncio.AbstractEventLoop
-    link: PendingCommit | None = None  # a commit_soon's, told of its failure at once
 
 
 class _Run:
@@ -70,7 +57,7 @@ class _Run:
 
     __slots__ = ("batch", "deferred", "outcomes", "queued", "rows", "txs", "written")
 
-    def __init__(self, batch: list[_Job], rows: Mapping[str, Task]) -> None:
+    def __init__(self, batch: list[Job[PgTx]], rows: Mapping[str, Task]) -> None:
         self.batch = batch
         self.rows = rows  # this process's copies, as the last batch left them
         self.queued: list[Statement] = [Statement("BEGIN", None, False)]
@@ -105,7 +92,17 @@ class _Retry(Exception):
     """The batch's transaction was lost before COMMIT was sent: run it again."""
 
 
-class PgWriter:
+@dataclass(slots=True)
+class _Tries:
+    """Where the attempts at one batch are (`PgWriter.run_batch`)."""
+
+    attempt: int = 0
+    cached: bool = True  # jobs run on this process's copies of their rows
+    reprepared: bool = False  # the prepared statements were made again once
+    committing: bool = False  # COMMIT was sent on its own, its answer not read
+
+
+class PgWriter(GroupCommit[PgTx, Changes]):
     """One writer thread per store; `submit` from any event loop."""
 
     def __init__(
@@ -120,52 +117,22 @@ class PgWriter:
         on_commit: Callable[[asyncio.AbstractEventLoop, bool], None],
         max_batch: int = 256,
     ) -> None:
+        super().__init__(where=where, max_batch=max_batch, thread_name="duragent-pg-writer")
         self.pool = pool
         self.namespace = namespace
-        self.where = where  # the store, as error messages name it
         self.retries = retries
         self.translate = translate
         self.lost = lost
         self.on_commit = on_commit  # (loop, work) after a batch that changed something
-        self.max_batch = max_batch
-        self.batches = 0  # transactions committed or attempted: jobs_done / batches = group size
-        self.jobs_done = 0
         self.rereads = 0  # batches run again, reading their rows, because a copy was stale
-        self.flights = 0  # batches sent from their event loop, answered or not (`_fly`)
+        self.flights = 0  # batches sent from their event loop, answered or not (`run_here`)
         self.rows: dict[str, Task] = {}  # task rows as this process last committed them
-        self._lock = threading.Lock()
-        self._pending: list[_Job] = []
-        self._busy = False
-        self._stopped = False  # no new work: the store is closing (see stop)
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="duragent-pg-writer")
         self._held: Conn | None = None  # the writer thread's connection (see _connection)
         self._held_since = 0.0
-        # Whether a batch on cached rows is sent from its event loop (`_fly`);
+        # Whether a batch on cached rows is sent from its event loop (`run_here`);
         # off, every batch runs on the writer thread.
         self.on_loop = True
         self._flight: Flight | None = None  # the batch sent from a loop, answer unread
-        self._turn = Turn()  # the loop whose `_next` runs the next batch (store/turns.py)
-
-    def submit(self, fn: Callable[[PgTx], Any], link: PendingCommit | None) -> asyncio.Future[Any]:
-        """Queue `fn` for the next transaction; the future answers once it committed."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        with self._lock:
-            if self._stopped:
-                raise StoreError(f"{self.where} is closed")
-            self._pending.append(_Job(fn, future, loop, link))
-            start = not self._busy
-            self._busy = True
-            if start:
-                turn = self._turn.give(loop)
-            elsewhere = self._turn.loop not in (None, loop)
-        if start:
-            # call_soon, not now: every coroutine already runnable in this tick
-            # gets to add its commit to the same transaction.
-            loop.call_soon(self._next, loop, turn)
-        elif elsewhere:  # that loop may have stopped with the turn, or stop later
-            watch(loop, future, self.rescue)
-        return future
 
     def rescue(self) -> None:
         """Hand to the writer thread a turn an event loop holds and cannot use
@@ -176,38 +143,29 @@ class PgWriter:
         reading its answer (a closed loop runs no callback again, so the two
         never read the socket at once); its callers, on that loop, are gone,
         and it lands or fails as any batch. A next step still waiting in a
-        loop that is not running is taken over at once: if that loop runs
-        again, the step finds the turn gone and does nothing."""
+        loop that is not running is taken over at once (`GroupCommit.rescue`)."""
         flight = self._flight
-        if flight is not None:
-            if not flight.loop.is_closed():
-                return
-            with self._lock:
-                if self._flight is not flight:
-                    return
-                self._flight = None
-                self._turn.take()
-            self._executor.submit(flight.finish)
+        if flight is None:
+            super().rescue()
+            return
+        if not flight.loop.is_closed():
             return
         with self._lock:
-            if not self._busy or self._flight is not None or not self._turn.stranded():
+            if self._flight is not flight:
                 return
+            self._flight = None
             self._turn.take()
-        self._executor.submit(self._drain)
+        self.submit_to_thread(flight.finish)
 
-    def _next(self, loop: asyncio.AbstractEventLoop, turn: int) -> None:
-        """Run the next batch: on this loop if it can (`_fly`), else on the thread."""
-        with self._lock:
-            if not self._turn.holds(turn):
-                return  # taken from this loop meanwhile (`rescue`)
-        if not self._fly(loop):
-            self._to_thread()
+    def flying(self) -> bool:
+        return self._flight is not None
 
-    def _to_thread(self, handed: tuple[list[_Job], BaseException] | None = None) -> None:
-        """The writer thread takes the turn (`_drain`)."""
-        with self._lock:
-            self._turn.take()
-        self._executor.submit(self._drain, handed)
+    def back_to_loop(self) -> bool:
+        return self.on_loop
+
+    def announce(self, loop: asyncio.AbstractEventLoop, notes: Changes | None, ok: bool) -> None:
+        if notes is not None and notes[0]:
+            self.on_commit(loop, notes[1])
 
     def renewed(self, rows: Mapping[str, Task]) -> None:
         """Take in rows as lease renewals left them: renewals run beside the writer
@@ -224,19 +182,9 @@ class PgWriter:
             if mine is not None and _same_but_expiry(mine, fresh):
                 self.rows[task_id] = fresh
 
-    def stop(self) -> bool:
-        """Take no new work, if none is left: whether it stopped. Until then
-        the commits already asked for still land (the store's `close()` waits).
-        Decided under the lock `submit` queues with: a commit from another
-        thread is queued before this, and lands, or refused."""
-        with self._lock:
-            if self._busy:
-                return False
-            self._stopped = True
-            return True
-
     def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        """After `finish`: the connection kept between batches back to the pool."""
+        self.shutdown()
         conn, self._held = self._held, None
         if conn is not None:
             self.pool.putconn(conn)
@@ -275,7 +223,7 @@ class PgWriter:
 
     # --- on the event loop: a batch on cached rows, sent from where its commits came ---
 
-    def _fly(self, loop: asyncio.AbstractEventLoop) -> bool:
+    def run_here(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Send the next batch from `loop` (postgres_flight.py) if it can go
         from here: its jobs are all this loop's and all run on cached rows, and
         the writer holds an idle connection. False: the thread must run it.
@@ -289,22 +237,17 @@ class PgWriter:
             or time.monotonic() - self._held_since >= HOLD_SECONDS
         ):
             return False
-        with self._lock:
-            batch = self._pending[: self.max_batch]
-            if not batch:
-                self._busy = False
-                self._turn.take()
-                return True
-            if any(job.loop is not loop for job in batch):
-                return False
-            del self._pending[: len(batch)]
+        batch = self.take(loop)
+        if batch is None:
+            return False
+        if not batch:
+            return True
         try:
             plan = self._plan(batch)
         except Exception:  # the thread runs it again and tells its callers
             plan = None
         if plan is None or not conn.lock.acquire(blocking=False):
-            with self._lock:
-                self._pending[:0] = batch
+            self.put_back(batch)
             return False
         statements, outcomes, txs = plan
         self._held = None
@@ -321,14 +264,15 @@ class PgWriter:
                     error = exc
             if error is None:
                 self._release(conn)
-                self._landed_here(loop, batch, outcomes, txs)
+                self._keep_rows(txs)
+                self.landed_here(loop, batch, outcomes, _changes(txs))
                 return
             if isinstance(error, psycopg.Error) and self.lost(error):
-                lost = _LostInFlight(outcomes, txs, pid, sent_at)
+                lost = LostInFlight(outcomes, txs, pid, sent_at)
                 lost.__cause__ = error
                 error = lost
             self._held = conn  # for the thread's attempt, which hands it back to the pool
-            self._to_thread((batch, error))
+            self.to_thread((batch, error))
 
         try:
             message = commit_message(conn, statements)
@@ -336,14 +280,16 @@ class PgWriter:
         except Exception as exc:  # nothing went out: the thread runs the batch again
             conn.lock.release()
             self._held = conn
-            self._to_thread((batch, exc))
+            self.to_thread((batch, exc))
             return True
         self.flights += 1
         self._flight = Flight(loop, conn.pgconn, answered)
         self._flight.start()
         return True
 
-    def _plan(self, batch: list[_Job]) -> tuple[list[Statement], list[Outcome], list[PgTx]] | None:
+    def _plan(
+        self, batch: list[Job[PgTx]]
+    ) -> tuple[list[Statement], list[Outcome], list[PgTx]] | None:
         """The batch's transaction, `BEGIN` to the notifications, when every job runs
         on this process's copies of its rows; None when one must run on the server."""
         run = _Run(batch, self.rows)
@@ -356,185 +302,105 @@ class PgWriter:
         run.queued += run.deferred.statements() + _notifications(self.namespace, run.txs)
         return run.queued, run.outcomes, run.txs
 
-    def _landed_here(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        batch: list[_Job],
-        outcomes: list[Outcome],
-        txs: list[PgTx],
-    ) -> None:
-        """A batch sent from `loop` committed: answer its callers, then run the next.
-        If `loop` closed while it was in flight (the writer thread read the answer,
-        `rescue`), nobody waits there: the thread runs the next."""
-        self._keep_rows(txs)
-        self._ended(batch, outcomes)
-        if loop.is_closed():
-            self._to_thread()
-            return
-        changed = any(tx.changed for tx in txs)
-        work = any(tx.work for tx in txs)
-        try:
-            self._settle(loop, list(zip(batch, outcomes, strict=True)), changed, work)
-        finally:
-            # After the callers just answered, which may add their next commits.
-            with self._lock:
-                turn = self._turn.give(loop)
-            loop.call_soon(self._next, loop, turn)
-
-    # --- the writer thread ---
-
-    def _drain(self, handed: tuple[list[_Job], BaseException] | None = None) -> None:
-        """Run batches until none is left, the first the one `handed` over by the
-        loop with its failure (`_fly`); give the rest back to their loop when
-        they all come from one (it sends them from there, if it can)."""
-        while True:
-            failed: BaseException | None = None
-            if handed is not None:
-                (batch, failed), handed = handed, None
-            else:
-                with self._lock:
-                    batch = self._pending[: self.max_batch]
-                    del self._pending[: self.max_batch]
-                    if not batch:
-                        self._busy = False
-                        return
-            try:
-                outcomes, changed, work = self._run(batch, failed)
-            except BaseException as exc:  # never leave a caller waiting
-                outcomes, changed, work = [(False, exc)] * len(batch), False, False
-            self._ended(batch, outcomes)
-            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, Outcome]]] = {}
-            for job, outcome in zip(batch, outcomes, strict=True):
-                by_loop.setdefault(job.loop, []).append((job, outcome))
-            for loop, settled in by_loop.items():
-                # One wake-up per loop: each call_soon_threadsafe writes to its self-pipe.
-                with contextlib.suppress(RuntimeError):  # closed: nobody waits there now
-                    loop.call_soon_threadsafe(self._settle, loop, settled, changed, work)
-            with self._lock:
-                if not self._pending:
-                    self._busy = False
-                    return
-                first = self._pending[0].loop
-                if self.on_loop and all(job.loop is first for job in self._pending):
-                    turn = self._turn.give(first)  # a loop that stops with it is rescued
-                    try:
-                        first.call_soon_threadsafe(self._next, first, turn)
-                    except RuntimeError:  # closed: run them here
-                        self._turn.take()
-                    else:
-                        return
-
-    def _ended(self, batch: list[_Job], outcomes: list[Outcome]) -> None:
-        """A batch's outcomes are known: tell its commits' links (before the next
-        batch runs) and count it."""
-        mark_failed([job.link for job in batch], outcomes)
-        self.batches += 1
-        self.jobs_done += len(batch)
-
-    def _settle(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        settled: list[tuple[_Job, Outcome]],
-        changed: bool,
-        work: bool,
-    ) -> None:
-        for job, (ok, value) in settled:
-            _settle(job.future, ok, value)
-        if changed:
-            self.on_commit(loop, work)
-
-    def _run(
-        self, batch: list[_Job], failed: BaseException | None = None
-    ) -> tuple[list[Outcome], bool, bool]:
-        """The batch's outcomes, whether it changed anything and whether it made work.
+    def run_batch(
+        self, batch: list[Job[PgTx]], failed: BaseException | None
+    ) -> tuple[list[Outcome], Changes | None]:
+        """The batch's outcomes, and whether it changed anything and made work.
 
         Retried like any write: whatever failed before COMMIT was sent (a lost
         connection, a deadlock) left nothing behind. A connection lost while
         COMMIT was in flight may or may not have committed, and is reported so.
-        `failed`: how the first attempt, made on the event loop (`_fly`), failed.
+        `failed`: how the first attempt, made on the event loop (`run_here`), failed.
         """
-        attempt = 0
-        cached = True
-        reprepared = False
+        tries = _Tries()
         while True:
-            attempt += 1
-            committing = False
+            tries.attempt += 1
+            tries.committing = False
             try:
-                with self._connection() as conn:
-                    try:
-                        if failed is not None:
-                            exc, failed = failed, None
-                            raise exc
-                        outcomes, txs, committed = self._attempt(conn, batch, cached)
-                        changed = any(tx.changed for tx in txs)
-                        if not committed:
-                            committing = True
-                            send(conn, _COMMIT)
-                    except BaseException:
-                        if not committing and not conn.closed:
-                            with contextlib.suppress(psycopg.Error):
-                                conn.execute("ROLLBACK")
-                        raise
+                outcomes, txs = self._attempt_on_connection(batch, tries, failed)
             except psycopg_pool.PoolTimeout as exc:
                 self.rows.clear()
-                busy: BaseException = StoreUnavailable(
-                    f"{self.where}: no connection available: {exc}"
-                )
-                return [(False, busy)] * len(batch), False, False
-            except _LostInFlight as flight:
+                busy = StoreUnavailable(f"{self.where}: no connection available: {exc}")
+                return [(False, busy)] * len(batch), None
+            except LostInFlight as flight:
                 # The whole transaction went as one message, COMMIT included, and
                 # the connection broke before its answer: look whether it landed.
                 self.rows.clear()
-                landed = self._landed(flight.txs, flight.backend_pid, flight.sent_at)
+                landed = landed_in(self.pool, flight.txs, flight.backend_pid, flight.sent_at)
                 if landed:
                     outcomes, txs = flight.outcomes, flight.txs
-                    changed = any(tx.changed for tx in txs)
-                elif landed is False and attempt <= self.retries:
+                elif landed is False and tries.attempt <= self.retries:
                     with contextlib.suppress(Exception):
                         self.pool.check()  # the pool may hold more dropped connections
                     continue
                 else:
-                    err = CommitOutcomeUnknown(
-                        f"{self.where}: the connection was lost while committing; the commit "
-                        "may or may not have been applied, re-read the task to find out"
-                    )
-                    return [(False, err)] * len(batch), False, False
+                    return [(False, self._unknown())] * len(batch), None
             except StaleRow:
                 self.rereads += 1
                 self.rows.clear()
-                cached = False  # again, reading every row under its lock
+                tries.cached = False  # again, reading every row under its lock
                 continue
             except psycopg.Error as exc:
                 self.rows.clear()
-                lost = self.lost(exc)
-                if committing and lost:
-                    err = CommitOutcomeUnknown(
-                        f"{self.where}: the connection was lost while committing; the commit "
-                        "may or may not have been applied, re-read the task to find out"
-                    )
-                    return [(False, err)] * len(batch), False, False
-                if exc.sqlstate == PREPARED_GONE and not reprepared:
-                    # The connection lost the statements prepared on it; they
-                    # are prepared again on this try (postgres_tx.py), at once.
-                    reprepared = True
-                    attempt -= 1
-                    continue
-                if cached and not lost and exc.sqlstate not in _AGAIN:
-                    # A statement of the batch failed: find whose, job by job.
-                    cached = False
-                    continue
-                if not (lost or exc.sqlstate in _AGAIN) or attempt > self.retries:
-                    failed = self.translate(exc)
-                    return [(False, failed)] * len(batch), False, False
-                if lost:
-                    # The pool may hold more connections the server dropped.
-                    with contextlib.suppress(Exception):
-                        self.pool.check()
-                if attempt > 1:
-                    time.sleep(min(0.05 * 2**attempt, 1.0))
+                final = self._after_error(exc, tries)
+                if final is not None:
+                    return [(False, final)] * len(batch), None
                 continue
+            finally:
+                failed = None
             self._keep_rows(txs)
-            return outcomes, changed, any(tx.work for tx in txs)
+            return outcomes, _changes(txs)
+
+    def _attempt_on_connection(
+        self, batch: list[Job[PgTx]], tries: _Tries, failed: BaseException | None
+    ) -> tuple[list[Outcome], list[PgTx]]:
+        """One attempt at the batch, committed; `failed`, if given, is raised as
+        its failure (the attempt made on the event loop)."""
+        with self._connection() as conn:
+            try:
+                if failed is not None:
+                    raise failed
+                outcomes, txs, committed = self._attempt(conn, batch, tries.cached)
+                if not committed:
+                    tries.committing = True
+                    send(conn, _COMMIT)
+            except BaseException:
+                if not tries.committing and not conn.closed:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+                raise
+        return outcomes, txs
+
+    def _after_error(self, exc: psycopg.Error, tries: _Tries) -> BaseException | None:
+        """What failed attempt `exc` ends in: the error every job gets, or None to try again."""
+        lost = self.lost(exc)
+        if tries.committing and lost:
+            return self._unknown()
+        if exc.sqlstate == PREPARED_GONE and not tries.reprepared:
+            # The connection lost the statements prepared on it; they are
+            # prepared again on this try (postgres_message.py), at once.
+            tries.reprepared = True
+            tries.attempt -= 1
+            return None
+        if tries.cached and not lost and exc.sqlstate not in _AGAIN:
+            # A statement of the batch failed: find whose, job by job.
+            tries.cached = False
+            return None
+        if not (lost or exc.sqlstate in _AGAIN) or tries.attempt > self.retries:
+            return self.translate(exc)
+        if lost:
+            # The pool may hold more connections the server dropped.
+            with contextlib.suppress(Exception):
+                self.pool.check()
+        if tries.attempt > 1:
+            time.sleep(min(0.05 * 2**tries.attempt, 1.0))
+        return None
+
+    def _unknown(self) -> CommitOutcomeUnknown:
+        return CommitOutcomeUnknown(
+            f"{self.where}: the connection was lost while committing; the commit "
+            "may or may not have been applied, re-read the task to find out"
+        )
 
     def _keep_rows(self, txs: list[PgTx]) -> None:
         """Keep the rows a committed batch wrote, as the next batch's copies."""
@@ -544,7 +410,7 @@ class PgWriter:
             self.rows.clear()
 
     def _attempt(
-        self, conn: Conn, batch: list[_Job], cached: bool
+        self, conn: Conn, batch: list[Job[PgTx]], cached: bool
     ) -> tuple[list[Outcome], list[PgTx], bool]:
         """Run the jobs in one transaction; whether it is committed already (every
         job ran on cached rows: the whole transaction went as one message)."""
@@ -599,14 +465,14 @@ class PgWriter:
                 send_and_commit(conn, queued)
             except psycopg.Error as exc:
                 if self.lost(exc):
-                    raise _LostInFlight(outcomes, txs, pid, sent_at) from exc
+                    raise LostInFlight(outcomes, txs, pid, sent_at) from exc
                 raise
             return outcomes, txs, True
         send(conn, queued)
         return outcomes, txs, False
 
     def _on_cached_rows(
-        self, job: _Job, row: Callable[[str], Task | None]
+        self, job: Job[PgTx], row: Callable[[str], Task | None]
     ) -> tuple[BufferedPgTx, Outcome] | None:
         """Run `job` on this process's copies of its rows: its writes and outcome,
         or None when it must run on the connection (it reads there)."""
@@ -620,84 +486,9 @@ class PgWriter:
             # process may have changed since: ask the row as stored.
             return None if btx.based_on else (btx, (False, exc))
 
-    def _landed(self, txs: list[PgTx], backend_pid: int, sent_at: datetime) -> bool | None:
-        """Whether a transaction whose connection broke with its COMMIT in flight
-        committed: True, False, or None when that cannot be told.
 
-        Its backend is ended first and waited for, so it cannot commit after the
-        look (a broken connection may leave it running); only a backend that
-        started before the message was sent is ours (after a server restart the
-        pid may be another session's). Then the task rows the transaction wrote
-        tell, by their whole `data` (the stamp and the time of the write among
-        it): each as it wrote them (landed), or each as it found them, absent
-        if it inserted them (not landed). A transaction that changed anything
-        else only, or rows another process moved meanwhile (a message sent to
-        the task as soon as the row was free, say), cannot be told apart: None,
-        reported as `CommitOutcomeUnknown`.
-        """
-        before: dict[str, Task | None] = {}
-        after: dict[str, Task] = {}
-        for tx in txs:
-            if tx.changed and not tx.written:
-                return None
-            for task_id, task in tx.written.items():
-                before.setdefault(task_id, tx.based_on.get(task_id))
-                after[task_id] = task
-        if not after:
-            return True  # it changed nothing: landed or not, nothing is lost
-        with contextlib.suppress(Exception):
-            self.pool.check()  # what broke that connection may have broken the others
-        try:
-            with self.pool.connection() as conn:
-                conn.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE pid = %s AND backend_start <= %s",
-                    (backend_pid, sent_at),
-                )
-                for _ in range(500):
-                    # Any backend with that pid, whenever it started: with the
-                    # clocks apart, ours may look younger than the message (not
-                    # ended above); a stranger's only makes the answer None.
-                    row = conn.execute(
-                        "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend_pid,)
-                    ).fetchone()
-                    if row is None:
-                        break
-                    time.sleep(0.01)
-                else:
-                    return None  # still there after 5 s
-                rows = conn.execute(
-                    "SELECT id, data FROM tasks WHERE id = ANY(%s)", (list(after),)
-                ).fetchall()
-        except psycopg.Error:
-            return None
-        # `data` holds the whole row (its stamp too) as the last write left it.
-        stored = {r["id"]: r["data"] for r in rows}
-
-        def as_stored(t: Task) -> str:
-            return str(task_columns(t, lambda when: when)["data"])
-
-        if all(stored.get(i) == as_stored(t) for i, t in after.items()):
-            return True
-        if all(
-            (i not in stored) if t is None else stored.get(i) == as_stored(t)
-            for i, t in before.items()
-        ):
-            return False
-        return None
-
-
-class _LostInFlight(Exception):
-    """The connection broke while a whole transaction, COMMIT included, was in flight."""
-
-    def __init__(
-        self, outcomes: list[Outcome], txs: list[PgTx], backend_pid: int, sent_at: datetime
-    ) -> None:
-        super().__init__("connection lost with a commit in flight")
-        self.outcomes = outcomes
-        self.txs = txs
-        self.backend_pid = backend_pid
-        self.sent_at = sent_at
+def _changes(txs: list[PgTx]) -> Changes:
+    return any(tx.changed for tx in txs), any(tx.work for tx in txs)
 
 
 def _notifications(namespace: str, txs: list[PgTx]) -> list[Statement]:
@@ -717,7 +508,7 @@ def _notifications(namespace: str, txs: list[PgTx]) -> list[Statement]:
 
 _COMMIT = [Statement("COMMIT", None, False)]
 # Failures that leave nothing behind and pass when the batch runs again: a
-# serialization failure, a deadlock, a prepared statement gone (postgres_tx.py).
+# serialization failure, a deadlock, a prepared statement gone (postgres_message.py).
 _AGAIN = ("40001", "40P01", PREPARED_GONE)
 
 
@@ -729,12 +520,3 @@ def _same_but_expiry(mine: Task, fresh: Task) -> bool:
         b.epoch,
         b.owner,
     )
-
-
-def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
-    if future.done():
-        return
-    if ok:
-        future.set_result(value)
-    else:
-        future.set_exception(value)

@@ -15,10 +15,7 @@ import contextlib
 import json
 import os
 import sqlite3
-import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -28,21 +25,13 @@ from duragent.errors import (
     InvalidStoreURL,
     StoreCorrupt,
     StoreError,
-    StoreUnavailable,
     TaskNotFound,
 )
-from duragent.store.codec import (
-    MAX_SEQ,
-    decode_cursor,
-    encode_cursor,
-    entry_key,
-    entry_range,
-    from_ts,
-    unpacked,
-)
-from duragent.store.commits import EntryHead, PendingCommit, TaskPage, TaskQuery, mark_failed
-from duragent.store.open_files import hold, sqlite_paths
+from duragent.store.codec import MAX_SEQ, decode_cursor, encode_cursor, entry_key, entry_range, from_ts, unpacked
+from duragent.store.commits import EntryHead, PendingCommit, TaskPage, TaskQuery
 from duragent.store.signals import ChangeSignal, ControlCallback, ControlWatchers
+from duragent.store.views import VIEW_KINDS, build_ui_view, parse_messages, view_data, view_text
+from duragent.store.open_files import Held, hold, sqlite_paths
 from duragent.store.sqlite_schema import (
     ENTRY_RANGE,
     KIND_CODES,
@@ -52,10 +41,8 @@ from duragent.store.sqlite_schema import (
     connect,
     migrate,
     ms_to_dt,
-    ready_wal,
 )
 from duragent.store.sqlite_tx import (
-    Deferred,
     RowCache,
     SqliteTx,
     TaskNumbers,
@@ -64,9 +51,8 @@ from duragent.store.sqlite_tx import (
     row_task,
 )
 from duragent.store.sqlite_wake import WakeUps
-from duragent.store.turns import Turn, watch
+from duragent.store.sqlite_writer import BatchNotes, SqliteWriter, translate
 from duragent.store.tx import TxWrites
-from duragent.store.views import VIEW_KINDS, build_ui_view, parse_messages, view_data, view_text
 from duragent.types import (
     ApiMessage,
     Document,
@@ -78,36 +64,12 @@ from duragent.types import (
 )
 
 
-@dataclass(slots=True)
-class _Job:
-    fn: Callable[[SqliteTx], Any]
-    future: asyncio.Future[Any]
-    loop: asyncio.AbstractEventLoop
-    link: PendingCommit | None = None  # a commit_soon's, told of its failure at once
-
-
-@dataclass(slots=True)
-class _BatchNotes:
-    """What a committed batch announces: whether it made work, which tasks got
-    a control request."""
-
-    work: bool = False
-    controlled: list[str] = field(default_factory=list)
-
-
-class _Refused(Exception):
-    """A job of an unguarded batch failed: undo the batch, run it guarded."""
-
-
 class SQLiteStore(TxWrites):
     """Writes are grouped: every commit asked for while a transaction is in
     flight (or in the same event-loop tick) shares the next transaction (one
     fsync). At FULL, transactions run on one writer thread, so the loop never
     waits for an fsync or for another process's write lock.
     """
-
-    schema_version = SCHEMA_VERSION
-    migrated_from: int | None = None  # set on opening: the version the file was at (0: new)
 
     def __init__(
         self,
@@ -124,33 +86,20 @@ class SQLiteStore(TxWrites):
         self.durability: Durability = durability
         self.poll_interval = poll_interval
         self.max_batch = max_batch
-        self.batches = 0  # transactions the writer ran: commits / batches = group size
-        self.jobs_done = 0
-        # From before the file exists until close: no tool of ours touches it.
-        self._held = hold(sqlite_paths(path))
-        try:
-            self._writer_conn = connect(path, durability)
-            self.migrated_from = migrate(self._writer_conn, path)
-        except BaseException:
-            self._held.release()
-            raise
-        # Set per batch: 0 inline (the loop never waits for another process's
-        # lock), 30 s on the writer thread (see _kick).
-        self._busy_ms = -1
-        self._full = durability == "full"
-        self._wal_short = self._full  # until the first write transaction readies it
-        self._reader_conn = connect(path, durability)
-        self._pending: list[_Job] = []
-        self._flushing = False  # a batch runs or is about to (one at a time)
-        self._turn = Turn()  # the loop whose `_kick` runs the next batch (store/turns.py)
-        self._lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="duragent-sqlite-writer")
+        self.schema_version = SCHEMA_VERSION
+        self.migrated_from: int | None = None  # the version the file had, once open
         self._rows = RowCache()
         self._nums = TaskNumbers()  # task id -> its number in the entries table
+        # Made by `open`: the file's connections, its writer, its hold.
+        self._writer_conn: sqlite3.Connection
+        self._reader_conn: sqlite3.Connection
+        self._writer: SqliteWriter
+        self._held: Held
         self._signal: ChangeSignal | None = None
         self._work_signal: ChangeSignal | None = None
         self._controls = ControlWatchers()
         self._wake = WakeUps(path)
+        self._opened = False
         self._closed = False
         self._shut = False  # closed, all of it (see close)
         self._claims_were_full = False  # the last claim got all it asked for
@@ -158,25 +107,49 @@ class SQLiteStore(TxWrites):
     # --- lifecycle ---
 
     async def open(self) -> None:
-        return None
+        """Open the file (creating it), migrate it, start the writer; again, nothing."""
+        if self._opened:
+            return
+        if self._closed:
+            raise StoreError(f"store {self.url} is closed")
+        # From before the file exists until close: no tool of ours touches it.
+        held = hold(sqlite_paths(self.path))
+        try:
+            writer_conn = connect(self.path, self.durability)
+            try:
+                self.migrated_from = migrate(writer_conn, self.path)
+                self._reader_conn = connect(self.path, self.durability)
+            except BaseException:
+                writer_conn.close()
+                raise
+        except BaseException:
+            held.release()
+            raise
+        self._held = held
+        self._writer_conn = writer_conn
+        self._writer = SqliteWriter(
+            writer_conn,
+            where=f"store {self.url}",
+            full=self.durability == "full",
+            rows=self._rows,
+            nums=self._nums,
+            announce=self._batch_landed,
+            max_batch=self.max_batch,
+        )
+        self._opened = True
 
     async def close(self) -> None:
         """Land the commits already asked for, then close the files. A close that
         was cancelled (a timeout around it) is finished by the next."""
         # No new work from here on, as on PostgreSQL: a steady stream of commits
-        # from other loops cannot keep the store open. `_enqueue` checks it
-        # under the lock taken below, so a commit from another thread was
+        # from other loops cannot keep the store open. The writer refuses them
+        # under the lock it queues with, so a commit from another thread was
         # queued before that (and lands) or is refused.
         self._closed = True
-        if self._shut:
+        if self._shut or not self._opened:
+            self._shut = True
             return
-        while True:  # commits already asked for still land
-            with self._lock:
-                if not self._pending and not self._flushing:
-                    break
-            self.rescue()
-            await asyncio.sleep(0.001)
-        await asyncio.to_thread(self._executor.shutdown)
+        await self._writer.finish()  # commits already asked for still land
         self._wake.close()
         self._writer_conn.close()
         self._reader_conn.close()
@@ -184,6 +157,7 @@ class SQLiteStore(TxWrites):
         self._shut = True
 
     async def __aenter__(self) -> SQLiteStore:
+        await self.open()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -202,265 +176,59 @@ class SQLiteStore(TxWrites):
         return self._work_signal
 
     async def _write(self, fn: Callable[[SqliteTx], Any]) -> Any:
-        return await self._enqueue(fn, None)
+        if not self._opened:
+            raise self._not_open()
+        return await self._writer.submit(fn, None)
 
     def _enqueue(
         self, fn: Callable[[SqliteTx], Any], link: PendingCommit | None
     ) -> asyncio.Future[Any]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        with self._lock:
-            if self._closed:  # under the lock `close()` waits for the queue with
-                raise StoreError(f"store {self.url} is closed")
-            self._pending.append(_Job(fn, future, loop, link))
-            start = not self._flushing
-            self._flushing = True
-            if start:
-                turn = self._turn.give(loop)
-            elsewhere = self._turn.loop not in (None, loop)
-        if start:
-            # call_soon, not now: every coroutine already runnable in this tick
-            # gets to add its commit to the same transaction.
-            loop.call_soon(self._kick, turn)
-        elif elsewhere:  # that loop may have stopped with the turn, or stop later
-            watch(loop, future, self.rescue)
-        return future
+        if not self._opened:
+            raise self._not_open()
+        return self._writer.submit(fn, link)
+
+    def _not_open(self) -> StoreError:
+        if self._closed:
+            return StoreError(f"store {self.url} is closed")
+        return StoreError(
+            f"store {self.url} is not open: use `async with store:` or `await store.open()`"
+        )
 
     def rescue(self) -> None:
-        """Hand to the writer thread a turn held by an event loop that is not
-        running (store/turns.py): else every later commit, and closing the
-        store, waits for ever. If that loop runs again, its `_kick` finds the
-        turn gone and does nothing."""
-        with self._lock:
-            if not self._flushing or not self._turn.stranded():
-                return
-            self._turn.take()
-        self._executor.submit(self._drain)
+        """Hand a turn held by a loop that is not running to the writer thread
+        (store/turns.py, `GroupCommit.rescue`)."""
+        if self._opened:
+            self._writer.rescue()
 
-    def _to_thread(self) -> None:
-        """The writer thread takes the turn (`_drain`)."""
-        with self._lock:
-            self._turn.take()
-        self._executor.submit(self._drain)
+    @property
+    def batches(self) -> int:
+        """Transactions the writer ran: commits / batches = group size."""
+        return self._writer.batches if self._opened else 0
 
-    def _kick(self, turn: int) -> None:
-        """Run the next batch inline or on the writer thread.
+    @property
+    def jobs_done(self) -> int:
+        return self._writer.jobs_done if self._opened else 0
 
-        Inline when nothing else could run meanwhile: without fsyncs (NORMAL)
-        a batch is a fraction of a millisecond of CPU, less than a hand-off to
-        a thread, and at FULL a batch with no other callback ready has nobody
-        to overlap its fsync with (its callers wait for it; a round's closing
-        commit and the next model call's share one). Otherwise the writer
-        thread runs it, the GIL released during the fsync, so other tasks run
-        meanwhile.
-        """
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            if not self._turn.holds(turn):
-                return  # taken from this loop meanwhile (`rescue`)
-        idle = not getattr(loop, "_ready", True)
-        if not self._full or idle:
-            self._flush()
-        else:
-            self._to_thread()
-
-    def _busy_wait(self, ms: int) -> None:
-        if self._busy_ms != ms:
-            self._writer_conn.execute(f"PRAGMA busy_timeout={ms}")
-            self._busy_ms = ms
-
-    def _flush(self) -> None:
-        """One batch on the loop; only if another process holds the write lock
-        does it go to the writer thread, which waits for the lock."""
-        with self._lock:
-            batch = self._pending[: self.max_batch]
-            del self._pending[: self.max_batch]
-        conn = self._writer_conn
-        self._busy_wait(0)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError:
-            with self._lock:
-                self._pending[:0] = batch
-            self._to_thread()
-            return
-        outcomes, notes = self._run_batch(conn, batch)
-        self._settle_batch(list(zip(batch, outcomes, strict=True)), notes)
-        with self._lock:
-            if not self._pending:
-                self._flushing = False
-                self._turn.take()
-                return
-            loop = asyncio.get_running_loop()
-            turn = self._turn.give(loop)
-        loop.call_soon(self._kick, turn)
-
-    def _drain(self) -> None:
-        """The writer thread: run batches until nothing waits. The fsync of each
-        COMMIT happens here with the GIL released, so the event loop keeps
-        running other tasks (and queueing the next batch) meanwhile; a caller
-        is answered only after its batch is durable."""
-        self._busy_wait(30000)  # here waiting for another process is the point
-        while True:
-            with self._lock:
-                batch = self._pending[: self.max_batch]
-                del self._pending[: self.max_batch]
-                if not batch:
-                    self._flushing = False
-                    return
-            notes: _BatchNotes | None = None
-            try:
-                outcomes, notes = self._run_batch_blocking(batch)
-            except BaseException as exc:  # never leave a caller waiting
-                outcomes = [(False, exc)] * len(batch)
-            mark_failed([job.link for job in batch], outcomes)  # before the next batch runs
-            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, tuple[bool, Any]]]] = {}
-            for job, outcome in zip(batch, outcomes, strict=True):
-                by_loop.setdefault(job.loop, []).append((job, outcome))
-            for loop, settled in by_loop.items():
-                # One wake-up per loop: each call_soon_threadsafe writes to its self-pipe.
-                # The batch is durable by now; its announcement goes with the
-                # first loop's settlement only, so other processes hear it once.
-                with contextlib.suppress(RuntimeError):  # that loop is closed
-                    loop.call_soon_threadsafe(self._settle_batch, settled, notes)
-                notes = None
-
-    def _run_batch_blocking(
-        self, batch: list[_Job]
-    ) -> tuple[list[tuple[bool, Any]], _BatchNotes | None]:
-        conn = self._writer_conn
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            return [(False, _translate(exc))] * len(batch), None
-        return self._run_batch(conn, batch)
-
-    def _run_batch(
-        self, conn: sqlite3.Connection, batch: list[_Job]
-    ) -> tuple[list[tuple[bool, Any]], _BatchNotes | None]:
-        """Run the jobs in the open transaction and commit; return their outcomes
-        and what the committed ones announce (None when nothing committed).
-
-        A refused job (stale lease, conflict) is undone alone. Refusals are
-        rare, so several jobs first run one after another with nothing between
-        them; only if one is refused is the batch undone to its start (one
-        savepoint for all) and run again with each job in a savepoint of its
-        own, which spares two statements per job in the common case. Run
-        unguarded, the jobs' task-row updates and entries wait (sqlite_tx.py
-        `Deferred`) and are written together before the commit: a task two
-        commits of the batch change is written once, all entries in one
-        statement. A job alone in its batch needs neither savepoint: its failure
-        rolls the transaction back.
-        """
-        try:
-            if self._wal_short:  # the write lock is held, and nothing written yet
-                self._wal_short = False
-                ready_wal(conn)
-            # The write lock is held: nobody commits until this batch does. A
-            # cached row confirmed at this data_version needs no stamp read
-            # (RowCache.fresh); this connection's own commits never move it.
-            version = conn.execute("PRAGMA data_version").fetchone()[0]
-            if len(batch) == 1:
-                run = self._run_jobs(conn, batch, guard=False, data_version=version)
-            else:
-                conn.execute("SAVEPOINT batch")
-                try:
-                    run = self._run_jobs(conn, batch, guard=None, data_version=version)
-                except _Refused:
-                    conn.execute("ROLLBACK TO batch")
-                    run = self._run_jobs(conn, batch, guard=True, data_version=version)
-                conn.execute("RELEASE batch")
-            outcomes, written, numbered, notes = run
-            if conn.in_transaction:
-                conn.execute("COMMIT")
-            for task in written.values():
-                self._rows.put(task, version)
-            self._nums.update(numbered)
-        except Exception as exc:  # the transaction itself failed: nothing was written
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            self._rows.rows.clear()
-            self._nums.clear()
-            outcomes = [(False, _translate(exc))] * len(batch)
-        mark_failed([job.link for job in batch], outcomes)  # also on the inline path
-        self.batches += 1
-        self.jobs_done += len(batch)
-        return outcomes, notes if any(ok for ok, _ in outcomes) else None
-
-    def _run_jobs(
-        self, conn: sqlite3.Connection, batch: list[_Job], *, guard: bool | None, data_version: int
-    ) -> tuple[list[tuple[bool, Any]], dict[str, Task], dict[str, int], _BatchNotes]:
-        """Run the jobs; `guard`: each in a savepoint (True), alone in the
-        transaction (False), or unguarded, raising _Refused at a job's failure
-        (None) for the caller to undo the batch and run it guarded. `data_version`:
-        the writer connection's, for the row cache (RowCache.fresh)."""
-        outcomes: list[tuple[bool, Any]] = []
-        written: dict[str, Task] = {}
-        numbered: dict[str, int] = {}
-        notes = _BatchNotes()
-        # Unguarded, the rows and entries the jobs write wait to be written together.
-        deferred = Deferred() if guard is None else None
-        for job in batch:
-            if guard:
-                conn.execute("SAVEPOINT job")
-            tx = SqliteTx(
-                conn, self._rows, self._nums, written, deferred, data_version=data_version
-            )
-            try:
-                outcomes.append((True, job.fn(tx)))
-            except Exception as exc:  # the job's own failure: undo only this job
-                if guard is None:
-                    self._forget([*written, *tx.written])
-                    raise _Refused from exc
-                conn.execute("ROLLBACK TO job" if guard else "ROLLBACK")
-                self._forget(tx.written)
-                outcomes.append((False, _translate(exc)))
-                mark_failed([job.link], outcomes[-1:])  # before a job that follows it runs
-                if not guard:
-                    break
-            else:
-                written.update(tx.written)
-                numbered.update(tx.new_nums)
-                notes.work = notes.work or tx.notes.work
-                notes.controlled += tx.notes.controlled
-            if guard:
-                conn.execute("RELEASE job")
-        if deferred is not None:
-            try:
-                deferred.write(conn)
-            except Exception as exc:  # whose write failed is for the guarded run to find
-                self._forget(written)
-                raise _Refused from exc
-        return outcomes, written, numbered, notes
-
-    def _forget(self, task_ids: Iterable[str]) -> None:
-        """Drop from the row cache the rows of writes that never reached the file."""
-        for task_id in task_ids:
-            self._rows.rows.pop(task_id, None)
-
-    def _settle_batch(
-        self, settled: list[tuple[_Job, tuple[bool, Any]]], notes: _BatchNotes | None
-    ) -> None:
-        """Answer the callers (their batch is durable), then wake the waiters of
-        this process and, with `notes`, of the other processes on the file."""
-        for job, (ok, value) in settled:
-            _settle(job.future, ok, value)
-        if notes is not None:
+    def _batch_landed(self, notes: BatchNotes | None, ok: bool) -> None:
+        """A batch's callers were answered (it is durable): wake the waiters of
+        this process and, with `notes`, once, of the other processes on the file."""
+        if notes is not None and not notes.announced:
+            notes.announced = True
             self._announce(notes.work, notes.controlled)
-        elif any(ok for _, (ok, _) in settled):
+        elif ok:
             self._changed().notify()
 
     # --- reads: inline; WAL readers never wait for writers ---
 
     async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
-        if self._closed:
-            raise StoreError(f"store {self.url} is closed")
+        if self._closed or not self._opened:
+            raise self._not_open()
         try:
             return fn(self._reader_conn)
         except sqlite3.Error as exc:
             if self._closed:  # a read from another thread that met the close
                 raise StoreError(f"store {self.url} is closed") from exc
-            raise _translate(exc) from exc
+            raise translate(exc) from exc
 
     # --- the protocol ---
 
@@ -734,8 +502,8 @@ class SQLiteStore(TxWrites):
             self._controls.fire(task_id)
 
     def _listen(self, *, changes: bool) -> bool:
-        if self._closed:
-            raise StoreError(f"store {self.url} is closed")
+        if self._closed or not self._opened:
+            raise self._not_open()
         return self._wake.listen(self._heard, changes=changes)
 
     async def wait_for_change(self, timeout: float) -> None:
@@ -810,28 +578,6 @@ def _view_text(conn: sqlite3.Connection, task_id: str) -> str:
         raise StoreCorrupt(
             f"a payload in the view of task {task_id} is missing or no text"
         ) from exc
-
-
-def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
-    if future.done():
-        return
-    if ok:
-        future.set_result(value)
-    else:
-        future.set_exception(value)
-
-
-def _translate(exc: BaseException) -> BaseException:
-    if isinstance(exc, sqlite3.OperationalError):
-        msg = str(exc)
-        if "locked" in msg or "busy" in msg:
-            return StoreUnavailable(f"the SQLite store is busy: {msg}")
-        if "disk" in msg or "I/O" in msg:
-            return StoreUnavailable(f"the SQLite store could not write: {msg}")
-        return StoreError(f"SQLite error: {msg}")
-    if isinstance(exc, sqlite3.DatabaseError):
-        return StoreCorrupt(f"the SQLite store cannot be read: {exc}")
-    return exc
 
 
 def sqlite_path_from_url(url: str) -> str:
