@@ -17,11 +17,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from duragent import Agent, Runtime, ScriptedModel
 from duragent.types import EntryKind, TaskStatus
 from support.cli_run import KEY_ENV, MODEL, SECRET, Serve, serve, stored, task_id_in
 from support.llm_servers import ToolCall
-from support.server_live import child_env
+from support.server_live import child_env, run_script
 
 __all__ = ["serve"]  # the fixture this module uses from support.cli_run
 
@@ -197,3 +199,13 @@ def test_run_with_its_store_in_the_workdir_cannot_overwrite_it(
         assert w["outcome"] == "error"
         assert "is duragent's task store: no tool may read, write or list it" in w["content"]
         assert str(work) not in w["content"]
+
+
+@pytest.mark.slow
+def test_a_missing_directory_is_one_line_not_a_corrupt_store(tmp_path: Path) -> None:
+    listed = run_script("ls", "--store", "sqlite:///nodir/x.db", cwd=tmp_path)
+    assert listed.returncode == 1
+    (line,) = listed.stderr.strip().splitlines()  # one line, not a traceback
+    assert line.startswith("error: "), line
+    assert f"directory does not exist: {tmp_path}/nodir" in line and "sqlite:////nodir" in line
+    assert "corrupt" not in line.lower() and not (tmp_path / "nodir").exists()
