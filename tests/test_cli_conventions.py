@@ -98,6 +98,7 @@ async def _status(url: str, task_id: str) -> TaskStatus:
 # --- item 15: controls of a task whose worker died ------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("action", "status"), [("pause", "paused"), ("abort", "aborted")])
 def test_a_control_of_a_task_whose_worker_died_says_what_it_waits_for_and_applies(
     url: str, action: str, status: str
@@ -111,6 +112,7 @@ def test_a_control_of_a_task_whose_worker_died_says_what_it_waits_for_and_applie
     assert asyncio.run(_status(url, task_id)).value == status
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("action", ["pause", "abort"])
 def test_a_control_that_times_out_is_one_line_saying_it_is_recorded(url: str, action: str) -> None:
     task_id = asyncio.run(_held_by_a_dead_worker(url, ttl=600.0))
@@ -162,6 +164,7 @@ def test_wait_with_a_timeout_says_what_it_waited_for(url: str) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.slow
 def test_an_agents_module_that_raises_is_one_line_naming_it(url: str, tmp_path: Path) -> None:
     (tmp_path / "broken_agents.py").write_text("AGENTS = []\n1 / 0\n")
     result = run("worker", "--store", url, "--agents", "broken_agents:AGENTS", cwd=tmp_path)
@@ -177,6 +180,7 @@ def test_an_agents_module_that_raises_is_one_line_naming_it(url: str, tmp_path: 
     assert "ZeroDivisionError" in debug.stderr
 
 
+@pytest.mark.slow
 def test_a_library_warning_is_one_line(url: str) -> None:
     result = run(
         "schedule", "add", "s", "--agent", "nosuch", "--input", "go", "--every", "60",
@@ -190,6 +194,7 @@ def test_a_library_warning_is_one_line(url: str) -> None:
     assert error.startswith("error: no agent named 'nosuch'; known agents: warned")
 
 
+@pytest.mark.slow
 def test_two_agents_with_one_name_are_refused(url: str) -> None:
     with pytest.raises(UsageError, match="two agents are named 'twin'"):
         Runtime(url, twins())
@@ -197,6 +202,7 @@ def test_two_agents_with_one_name_are_refused(url: str) -> None:
     assert "two agents are named 'twin'" in one_line_error(result)
 
 
+@pytest.mark.slow
 def test_a_schedule_for_an_agent_nobody_serves_is_refused(url: str) -> None:
     add = ("schedule", "add", "nightly", "--input", "go", "--every", "3600", "--store", url)
     error = one_line_error(run(*add, "--agent", "nosuchagent"))
@@ -221,6 +227,7 @@ def test_a_schedule_for_an_agent_nobody_serves_is_refused(url: str) -> None:
     assert [s["agent"] for s in listed] == ["quick"]
 
 
+@pytest.mark.slow
 def test_an_unknown_scripted_model_is_refused_with_the_known_ones(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="the scripted models are scripted:demo, scripted:none"):
         resolve_model("scripted:nope")
@@ -235,6 +242,7 @@ def test_an_unknown_scripted_model_is_refused_with_the_known_ones(tmp_path: Path
 # --- item 18: conventions -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_version_flag() -> None:
     result = run("--version")
     assert result.returncode == 0 and result.stdout.strip() == __version__
@@ -258,6 +266,7 @@ def busy_store(url: str) -> dict[str, str]:
     return asyncio.run(go())
 
 
+@pytest.mark.slow
 def test_every_listing_and_show_prints_json(url: str, busy_store: dict[str, str]) -> None:
     def as_json(*args: str) -> Any:
         result = run(*args, "--json", "--store", url)
@@ -280,6 +289,7 @@ def test_every_listing_and_show_prints_json(url: str, busy_store: dict[str, str]
     assert as_json("tree", waiting)["task"]["id"] == waiting
 
 
+@pytest.mark.slow
 def test_listings_and_show_are_readable_at_80_columns(url: str, busy_store: dict[str, str]) -> None:
     def at_80(*args: str) -> str:
         result = run(*args, "--store", url, env={"COLUMNS": "80"})
@@ -331,6 +341,7 @@ def test_ls_fits_80_columns_with_each_id_whole(tmp_path: Path) -> None:
     assert LONG_AGENT[:20] in listed.stdout  # cut short, so the output has room
 
 
+@pytest.mark.slow
 def test_run_says_one_round_and_send_to_a_finished_task_names_the_fork_command(
     tmp_path: Path,
 ) -> None:
@@ -347,6 +358,7 @@ def test_run_says_one_round_and_send_to_a_finished_task_names_the_fork_command(
     assert "submit(" not in error
 
 
+@pytest.mark.slow
 def test_a_failed_run_says_its_error_once(tmp_path: Path) -> None:
     server = ScriptedOpenAIServer(["never sent"]).start()
     server.fail_next(1, status=400, message="the request is malformed")
@@ -364,6 +376,7 @@ def test_a_failed_run_says_its_error_once(tmp_path: Path) -> None:
     assert "failed.:" not in result.stdout
 
 
+@pytest.mark.slow
 def test_worker_says_where_it_runs_and_keeps_http_requests_out_of_its_log(
     url: str, tmp_path: Path
 ) -> None:
@@ -395,6 +408,7 @@ def test_worker_says_where_it_runs_and_keeps_http_requests_out_of_its_log(
     assert "HTTP Request" not in text, text
 
 
+@pytest.mark.slow
 def test_serve_on_a_port_in_use_fails_in_one_line_before_starting(url: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -91,6 +91,7 @@ def files_under(path: Path) -> list[str]:
     return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
 
 
+@pytest.mark.slow
 def test_commands_that_read_or_act_never_create_a_store(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
@@ -118,6 +119,7 @@ def test_commands_that_read_or_act_never_create_a_store(tmp_path: Path) -> None:
     assert not (tmp_path / "data").exists()  # not even the default store's folder
 
 
+@pytest.mark.slow
 def test_duragent_store_names_the_store_and_the_flag_wins(tmp_path: Path) -> None:
     agent = Agent(name="a", model=ScriptedModel(["ok"]), plan_tool=False)
 
@@ -138,6 +140,7 @@ def test_duragent_store_names_the_store_and_the_flag_wins(tmp_path: Path) -> Non
     assert "DURAGENT_STORE" in help_text[1]
 
 
+@pytest.mark.slow
 def test_run_keeps_its_store_out_of_the_folder_its_tools_may_touch(
     serve: Serve, tmp_path: Path
 ) -> None:
@@ -165,6 +168,7 @@ def test_run_keeps_its_store_out_of_the_folder_its_tools_may_touch(
     assert listing == "notes.txt  (5 bytes)"
 
 
+@pytest.mark.slow
 def test_run_with_its_store_in_the_workdir_cannot_overwrite_it(
     serve: Serve, tmp_path: Path
 ) -> None:

@@ -41,6 +41,7 @@ def collector_on() -> Iterator[None]:
         gc.disable()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("collector_on")
 def test_views_parsed_again_and_again_in_cycles_are_collected_as_they_go() -> None:
     """A worker resumes long tasks one after another; a view that ends up in
