@@ -191,10 +191,10 @@ def load_factor() -> float:
 
 @dataclass
 class OwnTime:
-    """One test's own time so far, in seconds."""
+    """One test's time so far, in seconds."""
 
-    own: float = 0.0
-    shared_setup: float = 0.0  # setup of fixtures wider than the test, not its own
+    spent: float = 0.0  # in its setup, call and teardown
+    shared_setup: float = 0.0  # of that, setting up fixtures wider than the test
     passed: bool = True
     modules_before: int = field(default_factory=lambda: len(sys.modules))
 
@@ -240,7 +240,7 @@ def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
     yield
     clock = _clock(item)
     if clock is not None:
-        clock.own += time.perf_counter() - start - clock.shared_setup
+        clock.spent += time.perf_counter() - start
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -249,7 +249,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     yield
     clock = _clock(item)
     if clock is not None:
-        clock.own += time.perf_counter() - start
+        clock.spent += time.perf_counter() - start
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -262,7 +262,7 @@ def pytest_runtest_teardown(
     # Only when the next test has the same parent is nothing wider than this
     # test torn down here (a module's last test also closes the module's fixtures).
     if clock is not None and nextitem is not None and nextitem.parent is item.parent:
-        clock.own += time.perf_counter() - start
+        clock.spent += time.perf_counter() - start
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -280,16 +280,16 @@ def pytest_runtest_makereport(
     if len(sys.modules) > clock.modules_before:
         return  # it imported a module first (an SDK, the server): a one-off cost, not its own
     lane = item.config.stash[FAST_LANE]
-    limit = 2 * FAST_TEST_SECONDS * lane.factor_at_start
-    if clock.own <= limit:
+    own = clock.spent - clock.shared_setup
+    if own <= 2 * FAST_TEST_SECONDS * lane.factor_at_start:
         return
     # Over the limit the start allowed: measure the load again before failing.
     factor = max(lane.factor_at_start, load_factor())
-    if clock.own <= 2 * FAST_TEST_SECONDS * factor:
+    if own <= 2 * FAST_TEST_SECONDS * factor:
         return
     report.outcome = "failed"
     report.longrepr = (
-        f"{item.nodeid} took {clock.own:.2f} s, over twice the fast lane's "
+        f"{item.nodeid} took {own:.2f} s, over twice the fast lane's "
         f"{FAST_TEST_SECONDS} s (scaled by {factor:.1f} for this machine's load): "
         "mark it @pytest.mark.slow or make it faster."
     )
