@@ -68,7 +68,7 @@ async def test_a_round_closed_behind_the_next_model_call_shares_its_transaction(
 
     store = SQLiteStore(str(tmp_path / "s.db"), durability=durability)  # type: ignore[arg-type]
     agent = Agent(name="a", model=ScriptedModel(script), tools=[step], plan_tool=False)
-    async with Runtime(store, agents=[agent]) as rt:
+    async with store, Runtime(store, agents=[agent]) as rt:
         sub = await rt.submit("a", "go")
         task = await sub.wait(30)
         assert task.status is TaskStatus.COMPLETED and task.iterations == ROUNDS + 1
@@ -189,7 +189,7 @@ async def test_a_runner_cancelled_right_after_its_last_tool_still_stores_the_res
 
     store = SQLiteStore(str(tmp_path / "s.db"))
     agent = Agent(name="a", model=ScriptedModel(script), tools=[charge], plan_tool=False)
-    async with Runtime(store, agents=[agent]) as rt:
+    async with store, Runtime(store, agents=[agent]) as rt:
         box["rt"] = rt
         sub = await rt.submit("a", "go")
         while "job" not in box:
@@ -218,7 +218,7 @@ async def test_a_hook_that_stops_waiting_for_landed_changes_nothing(tmp_path: Pa
 
     store = SQLiteStore(str(tmp_path / "s.db"), durability="full")
     agent = Agent(name="a", model=ScriptedModel(script), tools=[step], plan_tool=False)
-    async with Runtime(store, agents=[agent], trace=trace) as rt:
+    async with store, Runtime(store, agents=[agent], trace=trace) as rt:
         task = await (await rt.submit("a", "go")).wait(30)
         assert task.status is TaskStatus.COMPLETED and task.iterations == 4
         answers = await store.entries(task.id, kinds=[EntryKind.API_MESSAGE])
@@ -340,7 +340,7 @@ async def test_a_late_answer_to_an_earlier_queued_commit_never_unlinks_the_next_
     store = SettlesQueuedCommitsLate(str(tmp_path / "s.db"))
     refuse_poison(store, "sqlite")
     agent = Agent(name="a", model=Answering(script), tools=[step], plan_tool=False)
-    async with Runtime(store, agents=[agent], trace=trace) as rt:
+    async with store, Runtime(store, agents=[agent], trace=trace) as rt:
         sub = await rt.submit("a", "go")
         await asyncio.wait_for(ended.wait(), 30)
         # Round 1's success is told only as round 2's result is queued, and
