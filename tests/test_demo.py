@@ -114,9 +114,10 @@ def test_the_demo_tells_the_same_story_every_time(tmp_path: Path) -> None:
 def rest(proc: subprocess.Popen[str]) -> tuple[str, str]:
     """The rest of its output, from the same buffered stream `started` read."""
     assert proc.stdout is not None and proc.stderr is not None
-    out = proc.stdout.read()
-    proc.wait(timeout=120)
-    return out, proc.stderr.read()
+    with proc.stdout, proc.stderr:  # closed here, not left to the collector
+        out = proc.stdout.read()
+        proc.wait(timeout=120)
+        return out, proc.stderr.read()
 
 
 def started(proc: subprocess.Popen[str]) -> str:
