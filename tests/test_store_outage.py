@@ -100,6 +100,7 @@ async def test_a_wait_keeps_waiting_through_a_cut_and_returns_the_tasks_result(
     assert any("answers again" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 async def test_a_worker_started_while_postgres_is_out_of_reach_waits_for_it_then_runs_tasks(
     schema: str, proxy: Forwarder
 ) -> None:
