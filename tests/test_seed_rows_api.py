@@ -181,6 +181,7 @@ async def test_duragent_sessions_and_session_show_an_owners_conversations(tmp_pa
 # --- an entry a later version wrote ---------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_task_a_later_version_wrote_is_blocked_and_named_over_rest_and_cli(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
