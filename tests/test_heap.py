@@ -97,6 +97,7 @@ def collector_off() -> Iterator[None]:
         gc.enable()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("collector_off")
 @pytest.mark.parametrize("store", ["memory", "sqlite"])
 async def test_a_finished_runner_is_freed_without_the_cyclic_collector(

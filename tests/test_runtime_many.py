@@ -116,6 +116,7 @@ def quick_agent() -> Agent:
     return Agent(name="q", model=ScriptedModel(["done"]), plan_tool=False)
 
 
+@pytest.mark.slow
 async def test_a_queue_ttl_purges_a_finished_task_when_it_comes_due(store: Store) -> None:
     """Not at the worker's next periodic look (every 60 s): at the task's expiry."""
     async with Runtime(store, agents=[quick_agent()], queues=[Queue("q", ttl=0.5)]) as rt:
