@@ -158,9 +158,9 @@ def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 # A test not marked slow must take at most FAST_TEST_SECONDS: its setup, call and
 # teardown, without the setup of fixtures it shares with other tests (a session's
 # server is paid once, not by whichever test comes first) and without the cyclic
-# collector's pauses. A loaded machine must
-# not fail a test, so the limit is scaled by how much slower than on a quiet
-# machine a fixed CPU-bound loop runs, and a test fails only beyond twice that.
+# collector's pauses. A loaded machine must not fail a test, so the limit is
+# scaled by how much slower than on a quiet machine a fixed CPU-bound loop runs,
+# and a test fails only beyond twice that.
 
 FAST_TEST_SECONDS = 0.25
 # The reference loop's best time on the development machine, quiet (Python 3.11).
