@@ -1,13 +1,19 @@
 from __future__ import annotations
 
 import functools
+import gc
 import os
+import statistics
+import sys
 import tempfile
+import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import pluggy
 import pytest
 
 from duragent.store import Store, open_store
@@ -146,3 +152,168 @@ def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     schema = f"test_{uuid.uuid4().hex[:12]}"
     yield f"{require_postgres()}?schema={schema}"
     drop_schema(schema)
+
+
+# --- The fast lane's time limit ------------------------------------------------
+# A test not marked slow must take at most FAST_TEST_SECONDS: its setup, call and
+# teardown, without the setup of fixtures it shares with other tests (a session's
+# server is paid once, not by whichever test comes first) and without the cyclic
+# collector's pauses. A loaded machine must not fail a test, so the limit is
+# scaled by how much slower than on a quiet machine a fixed CPU-bound loop runs,
+# and a test fails only beyond twice that.
+
+FAST_TEST_SECONDS = 0.25
+# The reference loop's best time on the development machine, quiet (Python 3.11).
+# A faster machine keeps the 0.25 s (the factor never goes below 1).
+REFERENCE_QUIET_SECONDS = 0.017
+
+
+def reference_loop_seconds() -> float:
+    """The median time of five runs of a fixed CPU-bound loop."""
+    runs = []
+    for _ in range(5):
+        start = time.perf_counter()
+        total = 0
+        for i in range(200_000):
+            total += i * i % 7
+        runs.append(time.perf_counter() - start)
+    return statistics.median(runs)
+
+
+def load_factor() -> float:
+    """How many times slower than a quiet machine this one runs now (at least 1).
+
+    The loop measures this moment; the one-minute load average per core covers
+    the test that just ran too, when the load came and went while it ran.
+    """
+    measured = reference_loop_seconds() / REFERENCE_QUIET_SECONDS
+    runnable = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return max(1.0, measured, runnable)
+
+
+class CollectorTime:
+    """Seconds spent in the cyclic garbage collector (a gc callback), so far."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._started: float | None = None
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self.total += time.perf_counter() - self._started
+            self._started = None
+
+
+COLLECTOR = CollectorTime()
+
+
+@dataclass
+class OwnTime:
+    """One test's time so far, in seconds."""
+
+    spent: float = 0.0  # in its setup, call and teardown
+    shared_setup: float = 0.0  # of that, setting up fixtures wider than the test
+    # A full collection late in a long run walks every object the earlier tests
+    # left alive: its pause is the run's, not the test's.
+    collector_before: float = field(default_factory=lambda: COLLECTOR.total)
+    passed: bool = True
+    modules_before: int = field(default_factory=lambda: len(sys.modules))
+
+
+@dataclass
+class FastLane:
+    factor_at_start: float
+    current: OwnTime | None = None
+
+
+FAST_LANE = pytest.StashKey[FastLane]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not (config.option.usepdb or config.option.trace):  # a debugger's pauses are not the test's
+        config.stash[FAST_LANE] = FastLane(factor_at_start=load_factor())
+        gc.callbacks.append(COLLECTOR)
+
+
+def _clock(item: pytest.Item) -> OwnTime | None:
+    lane = item.config.stash.get(FAST_LANE, None)
+    if lane is None or item.get_closest_marker("slow") is not None:
+        return None
+    return lane.current
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(
+    fixturedef: pytest.FixtureDef[object], request: pytest.FixtureRequest
+) -> Generator[None, None, None]:
+    start = time.perf_counter()
+    yield
+    lane = request.config.stash.get(FAST_LANE, None)
+    if lane is not None and lane.current is not None and fixturedef.scope != "function":
+        lane.current.shared_setup += time.perf_counter() - start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    lane = item.config.stash.get(FAST_LANE, None)
+    if lane is not None:
+        lane.current = OwnTime()
+    start = time.perf_counter()
+    yield
+    clock = _clock(item)
+    if clock is not None:
+        clock.spent += time.perf_counter() - start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    start = time.perf_counter()
+    yield
+    clock = _clock(item)
+    if clock is not None:
+        clock.spent += time.perf_counter() - start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, None, None]:
+    start = time.perf_counter()
+    yield
+    clock = _clock(item)
+    # Only when the next test has the same parent is nothing wider than this
+    # test torn down here (a module's last test also closes the module's fixtures).
+    if clock is not None and nextitem is not None and nextitem.parent is item.parent:
+        clock.spent += time.perf_counter() - start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
+    outcome = yield
+    report = outcome.get_result()
+    clock = _clock(item)
+    if clock is None:
+        return
+    clock.passed = clock.passed and report.passed
+    if report.when != "teardown" or not clock.passed:
+        return
+    if len(sys.modules) > clock.modules_before:
+        return  # it imported a module first (an SDK, the server): a one-off cost, not its own
+    lane = item.config.stash[FAST_LANE]
+    own = clock.spent - clock.shared_setup - (COLLECTOR.total - clock.collector_before)
+    if own <= 2 * FAST_TEST_SECONDS * lane.factor_at_start:
+        return
+    # Over the limit the start allowed: measure the load again before failing.
+    factor = max(lane.factor_at_start, load_factor())
+    if own <= 2 * FAST_TEST_SECONDS * factor:
+        return
+    report.outcome = "failed"
+    report.longrepr = (
+        f"{item.nodeid} took {own:.2f} s, over twice the fast lane's "
+        f"{FAST_TEST_SECONDS} s (scaled by {factor:.1f} for this machine's load): "
+        "mark it @pytest.mark.slow or make it faster."
+    )

@@ -9,12 +9,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from conventions_agents import twins
@@ -30,10 +35,19 @@ from duragent import (
 from duragent.llm import resolve_model
 from duragent.runtime.presence import announce
 from duragent.store import open_store
-from duragent.types import TaskStatus
+from duragent.types import Task, TaskStatus
 from server_agents import agents
 from support.llm_servers import ScriptedOpenAIServer
-from support.server_live import CLI, child_env, duragent, stop
+from support.server_live import (
+    CLI,
+    child_env,
+    duragent,
+    duragent_script,
+    free_port,
+    run_script,
+    stop,
+    wait_healthy,
+)
 
 
 def run(
@@ -92,6 +106,7 @@ async def _status(url: str, task_id: str) -> TaskStatus:
 # --- item 15: controls of a task whose worker died ------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("action", "status"), [("pause", "paused"), ("abort", "aborted")])
 def test_a_control_of_a_task_whose_worker_died_says_what_it_waits_for_and_applies(
     url: str, action: str, status: str
@@ -105,6 +120,7 @@ def test_a_control_of_a_task_whose_worker_died_says_what_it_waits_for_and_applie
     assert asyncio.run(_status(url, task_id)).value == status
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("action", ["pause", "abort"])
 def test_a_control_that_times_out_is_one_line_saying_it_is_recorded(url: str, action: str) -> None:
     task_id = asyncio.run(_held_by_a_dead_worker(url, ttl=600.0))
@@ -158,6 +174,7 @@ def test_wait_with_a_timeout_says_what_it_waited_for(url: str) -> None:
     asyncio.run(go())
 
 
+@pytest.mark.slow
 def test_an_agents_module_that_raises_is_one_line_naming_it(url: str, tmp_path: Path) -> None:
     (tmp_path / "broken_agents.py").write_text("AGENTS = []\n1 / 0\n")
     result = run("worker", "--store", url, "--agents", "broken_agents:AGENTS", cwd=tmp_path)
@@ -173,6 +190,7 @@ def test_an_agents_module_that_raises_is_one_line_naming_it(url: str, tmp_path: 
     assert "ZeroDivisionError" in debug.stderr
 
 
+@pytest.mark.slow
 def test_a_library_warning_is_one_line(url: str) -> None:
     result = run(
         "schedule", "add", "s", "--agent", "nosuch", "--input", "go", "--every", "60",
@@ -186,6 +204,7 @@ def test_a_library_warning_is_one_line(url: str) -> None:
     assert error.startswith("error: no agent named 'nosuch'; known agents: warned")
 
 
+@pytest.mark.slow
 def test_two_agents_with_one_name_are_refused(url: str) -> None:
     with pytest.raises(UsageError, match="two agents are named 'twin'"):
         Runtime(url, twins())
@@ -193,6 +212,7 @@ def test_two_agents_with_one_name_are_refused(url: str) -> None:
     assert "two agents are named 'twin'" in one_line_error(result)
 
 
+@pytest.mark.slow
 def test_a_schedule_for_an_agent_nobody_serves_is_refused(url: str) -> None:
     add = ("schedule", "add", "nightly", "--input", "go", "--every", "3600", "--store", url)
     error = one_line_error(run(*add, "--agent", "nosuchagent"))
@@ -217,6 +237,7 @@ def test_a_schedule_for_an_agent_nobody_serves_is_refused(url: str) -> None:
     assert [s["agent"] for s in listed] == ["quick"]
 
 
+@pytest.mark.slow
 def test_an_unknown_scripted_model_is_refused_with_the_known_ones(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="the scripted models are scripted:demo, scripted:none"):
         resolve_model("scripted:nope")
@@ -231,6 +252,7 @@ def test_an_unknown_scripted_model_is_refused_with_the_known_ones(tmp_path: Path
 # --- item 18: conventions -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_version_flag() -> None:
     result = run("--version")
     assert result.returncode == 0 and result.stdout.strip() == __version__
@@ -254,6 +276,7 @@ def busy_store(url: str) -> dict[str, str]:
     return asyncio.run(go())
 
 
+@pytest.mark.slow
 def test_every_listing_and_show_prints_json(url: str, busy_store: dict[str, str]) -> None:
     def as_json(*args: str) -> Any:
         result = run(*args, "--json", "--store", url)
@@ -276,6 +299,7 @@ def test_every_listing_and_show_prints_json(url: str, busy_store: dict[str, str]
     assert as_json("tree", waiting)["task"]["id"] == waiting
 
 
+@pytest.mark.slow
 def test_listings_and_show_are_readable_at_80_columns(url: str, busy_store: dict[str, str]) -> None:
     def at_80(*args: str) -> str:
         result = run(*args, "--store", url, env={"COLUMNS": "80"})
@@ -293,6 +317,41 @@ def test_listings_and_show_are_readable_at_80_columns(url: str, busy_store: dict
     assert "Hello from quick." in shown
 
 
+LONG_AGENT = "a-rather-long-agent-name-for-the-weekly-reports"
+
+
+async def tasks_to_list(url: str) -> list[str]:
+    """A completed task with a long answer, and an aborted one with a long reason."""
+    agent = Agent(name=LONG_AGENT, model=ScriptedModel(["A long answer, word after word. " * 20]))
+    async with Runtime(url, agents=[agent], poll_interval=0.05) as rt:
+        done = await rt.submit(LONG_AGENT, "go", owner="someone-with-a-long-name@example.com")
+        assert (await done.wait(timeout=60)).status is TaskStatus.COMPLETED
+        stopped = await rt.submit(LONG_AGENT, "go", start_at=timedelta(hours=1))
+        await rt.abort(stopped.task_id, reason="the operator stopped it, because " * 5)
+    return [done.task_id, stopped.task_id]
+
+
+@pytest.mark.slow
+def test_ls_fits_80_columns_with_each_id_whole(tmp_path: Path) -> None:
+    ids = asyncio.run(tasks_to_list(f"sqlite:///{tmp_path}/s.db"))
+    listed = run_script(
+        "ls", "--store", "sqlite:///s.db", cwd=tmp_path, env=child_env(COLUMNS="80")
+    )
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), listed.stdout
+    words = [line.split() for line in lines]
+    for task_id in ids:
+        # The whole id, as one word to copy, on the first line of its task.
+        (line,) = [w for w in words if w and w[0] == task_id]
+        shown = run_script("show", line[0], "--store", "sqlite:///s.db", cwd=tmp_path)
+        assert shown.returncode == 0 and task_id in shown.stdout, shown.stderr
+    assert "completed" in listed.stdout and "aborted" in listed.stdout
+    assert "A long answer" in listed.stdout and "the operator stopped it" in listed.stdout
+    assert LONG_AGENT[:20] in listed.stdout  # cut short, so the output has room
+
+
+@pytest.mark.slow
 def test_run_says_one_round_and_send_to_a_finished_task_names_the_fork_command(
     tmp_path: Path,
 ) -> None:
@@ -309,6 +368,7 @@ def test_run_says_one_round_and_send_to_a_finished_task_names_the_fork_command(
     assert "submit(" not in error
 
 
+@pytest.mark.slow
 def test_a_failed_run_says_its_error_once(tmp_path: Path) -> None:
     server = ScriptedOpenAIServer(["never sent"]).start()
     server.fail_next(1, status=400, message="the request is malformed")
@@ -326,6 +386,7 @@ def test_a_failed_run_says_its_error_once(tmp_path: Path) -> None:
     assert "failed.:" not in result.stdout
 
 
+@pytest.mark.slow
 def test_worker_says_where_it_runs_and_keeps_http_requests_out_of_its_log(
     url: str, tmp_path: Path
 ) -> None:
@@ -359,6 +420,7 @@ def test_worker_says_where_it_runs_and_keeps_http_requests_out_of_its_log(
     assert "HTTP Request" not in text, text
 
 
+@pytest.mark.slow
 def test_serve_on_a_port_in_use_fails_in_one_line_before_starting(url: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -371,3 +433,170 @@ def test_serve_on_a_port_in_use_fails_in_one_line_before_starting(url: str) -> N
         "uses it or pick another --port"
     )
     assert "startup complete" not in result.stdout + result.stderr
+
+
+# --- a store URL whose extra is not installed, and --help ----------------------------
+
+
+def without_psycopg(tmp_path: Path) -> dict[str, str]:
+    """An environment where `import psycopg` fails, like an install without the extra."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "psycopg.py").write_text("raise ImportError(\"No module named 'psycopg'\")\n")
+    env = child_env()
+    env["PYTHONPATH"] = f"{shadow}:{env['PYTHONPATH']}"
+    return env
+
+
+PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+PIP = "pip install 'duragent[postgres]'"
+
+
+@pytest.mark.slow
+def test_postgres_without_the_extra_is_one_line_naming_the_pip_command(tmp_path: Path) -> None:
+    env = without_psycopg(tmp_path)
+    code = (
+        "from duragent.errors import MissingExtra\n"
+        "from duragent.store import open_store\n"
+        "try:\n"
+        f"    open_store({PG_URL!r})\n"
+        "except MissingExtra as exc:\n"
+        "    print(exc)\n"
+    )
+    library = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert library.returncode == 0, library.stderr
+    assert PIP in library.stdout and "postgresql:// store" in library.stdout
+    listed = run_script("ls", "--store", PG_URL, cwd=tmp_path, env=env)
+    assert listed.returncode == 2
+    assert PIP in one_line_error(listed)
+    # A command without its own error handling gets the same one line from the entry.
+    worker = run_script(
+        "worker", "--store", PG_URL, "--agents", "worker_agents:AGENTS", cwd=tmp_path, env=env
+    )
+    assert worker.returncode == 2
+    assert PIP in one_line_error(worker)
+
+
+@pytest.mark.slow
+def test_help_shows_flags_as_flags(tmp_path: Path) -> None:
+    for command in ([], ["demo"], ["show"], ["pause"], ["run"], ["schedule", "add"], ["queue"]):
+        shown = run_script(*command, "--help", cwd=tmp_path)
+        assert shown.returncode == 0, shown.stderr
+        assert "<bool>" not in shown.stdout, shown.stdout
+    demo = run_script("demo", "--help", cwd=tmp_path).stdout
+    assert "--crash" in demo and "--no-crash" in demo and "--keep" in demo
+
+
+# --- --agents from the current directory ------------------------------------------
+
+MY_AGENTS = """
+print("myagents imported", flush=True)
+from duragent import Agent, ScriptedModel
+AGENTS = [Agent(name="here", model=ScriptedModel(["done"]))]
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A user's project directory holding myagents.py; not on PYTHONPATH."""
+    (tmp_path / "myagents.py").write_text(MY_AGENTS)
+    assert str(tmp_path) not in child_env()["PYTHONPATH"].split(os.pathsep)
+    return tmp_path
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[str]]]:
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def spawn(
+    started: list[subprocess.Popen[str]], *args: str, cwd: Path, env: dict[str, str]
+) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [duragent_script(), *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    started.append(proc)
+    return proc
+
+
+def first_line(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    return proc.stdout.readline().strip()
+
+
+@pytest.mark.slow
+def test_worker_imports_agents_from_the_current_directory(
+    project: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    worker = spawn(
+        started,
+        "worker",
+        "--store",
+        "sqlite:///s.db",
+        "--agents",
+        "myagents:AGENTS",
+        cwd=project,
+        env=child_env(),
+    )
+    line = first_line(worker)
+    assert line == "myagents imported", line + (worker.stdout.read() if worker.stdout else "")
+    task = asyncio.run(submit_and_wait(f"sqlite:///{project}/s.db"))
+    assert task.status is TaskStatus.COMPLETED and task.output == "done"
+    worker.send_signal(signal.SIGTERM)  # its handlers are in place: it ran a task
+    assert worker.wait(60) == 0
+
+
+async def submit_and_wait(url: str) -> Task:
+    agent = Agent(name="here", model=ScriptedModel(["done"]))
+    async with Runtime(url, agents=[agent], run_worker=False) as rt:
+        sub = await rt.submit("here", "hi")
+        async with asyncio.timeout(60):
+            while not (task := await rt.get(sub.task_id)).status.terminal:
+                await rt.store.wait_for_change(1.0)
+    return task
+
+
+@pytest.mark.slow
+def test_serve_imports_agents_from_the_current_directory(
+    project: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    port = free_port()
+    log = project / "serve.log"
+    with log.open("w") as out:  # the child writes through its own copy of the descriptor
+        proc = subprocess.Popen(
+            [
+                duragent_script(),
+                *("serve", "--store", "sqlite:///s.db", "--agents", "myagents:AGENTS"),
+                *("--port", str(port), "--workers", "1"),
+            ],
+            cwd=project,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=child_env(DURAGENT_TOKENS="alice:alice-token-0123456789"),
+        )
+    started.append(proc)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, proc, log)
+    agents = httpx.get(
+        f"{url}/v1/agents", headers={"Authorization": "Bearer alice-token-0123456789"}, timeout=10
+    )
+    assert agents.status_code == 200, agents.text
+    assert "here" in agents.text
+    assert log.read_text().startswith("myagents imported")

@@ -31,6 +31,7 @@ from support.cli_run import (
     workdir,
 )
 from support.llm_servers import Answer, ToolCall
+from support.server_live import child_env, run_script
 
 __all__ = ["serve", "workdir"]  # the fixtures this module uses from support.cli_run
 
@@ -534,3 +535,32 @@ def test_a_flag_that_contradicts_the_pin_is_named(
 def test_a_task_without_tools_still_pins_its_base_url(tmp_path: Path) -> None:
     _, _, clashes = flags(base_url="http://127.0.0.1:10/v1").against(pinned_task(tmp_path, []))
     assert clashes == ["--base-url http://127.0.0.1:10/v1 (pinned: http://127.0.0.1:9/v1)"]
+
+
+@pytest.mark.slow
+def test_run_against_an_unreachable_model_prints_only_the_clean_message(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = child_env(OPENAI_API_KEY="sk-test-not-used")
+    result = run_script(
+        "run",
+        "say hi",
+        "--model",
+        "openai:gpt-4o-mini",
+        "--base-url",
+        f"http://127.0.0.1:{port}/v1",
+        "--store",
+        "sqlite:///run.db",
+        "--agent-tools",
+        "none",
+        cwd=tmp_path,
+        env=env,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "could not reach OpenAI" in result.stdout
+    assert "Traceback" not in result.stderr + result.stdout
+    assert result.stderr.strip() == "", result.stderr
+    # With DURAGENT_DEBUG=1 the library's log comes back, traceback and all.
+    debug = run_script(*result.args[1:], cwd=tmp_path, env={**env, "DURAGENT_DEBUG": "1"})
+    assert debug.returncode == 1 and "Traceback" in debug.stderr

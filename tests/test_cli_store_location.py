@@ -17,11 +17,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from duragent import Agent, BuiltinTools, Runtime, ScriptedModel
 from duragent.types import EntryKind, TaskStatus
 from support.cli_run import KEY_ENV, MODEL, SECRET, Serve, serve, stored, task_id_in
 from support.llm_servers import ToolCall
-from support.server_live import child_env
+from support.server_live import child_env, run_script
 
 __all__ = ["serve"]  # the fixture this module uses from support.cli_run
 
@@ -89,6 +91,7 @@ def files_under(path: Path) -> list[str]:
     return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
 
 
+@pytest.mark.slow
 def test_commands_that_read_or_act_never_create_a_store(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
@@ -116,6 +119,7 @@ def test_commands_that_read_or_act_never_create_a_store(tmp_path: Path) -> None:
     assert not (tmp_path / "data").exists()  # not even the default store's folder
 
 
+@pytest.mark.slow
 def test_duragent_store_names_the_store_and_the_flag_wins(tmp_path: Path) -> None:
     agent = Agent(name="a", model=ScriptedModel(["ok"]), builtin_tools=BuiltinTools(plan=False))
 
@@ -136,6 +140,7 @@ def test_duragent_store_names_the_store_and_the_flag_wins(tmp_path: Path) -> Non
     assert "DURAGENT_STORE" in help_text[1]
 
 
+@pytest.mark.slow
 def test_run_keeps_its_store_out_of_the_folder_its_tools_may_touch(
     serve: Serve, tmp_path: Path
 ) -> None:
@@ -163,6 +168,7 @@ def test_run_keeps_its_store_out_of_the_folder_its_tools_may_touch(
     assert listing == "notes.txt  (5 bytes)"
 
 
+@pytest.mark.slow
 def test_run_with_its_store_in_the_workdir_cannot_overwrite_it(
     serve: Serve, tmp_path: Path
 ) -> None:
@@ -197,3 +203,13 @@ def test_run_with_its_store_in_the_workdir_cannot_overwrite_it(
         assert w["outcome"] == "error"
         assert "is duragent's task store: no tool may read, write or list it" in w["content"]
         assert str(work) not in w["content"]
+
+
+@pytest.mark.slow
+def test_a_missing_directory_is_one_line_not_a_corrupt_store(tmp_path: Path) -> None:
+    listed = run_script("ls", "--store", "sqlite:///nodir/x.db", cwd=tmp_path)
+    assert listed.returncode == 1
+    (line,) = listed.stderr.strip().splitlines()  # one line, not a traceback
+    assert line.startswith("error: "), line
+    assert f"directory does not exist: {tmp_path}/nodir" in line and "sqlite:////nodir" in line
+    assert "corrupt" not in line.lower() and not (tmp_path / "nodir").exists()

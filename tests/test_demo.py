@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from support.server_live import run_script
+
 FINAL = (
     "Your trip is set: flight DA 101 Berlin→Lisbon (€420), 3 nights at Hotel Durable, "
     "and the forecast is sunny, 24°C."
@@ -112,9 +114,10 @@ def test_the_demo_tells_the_same_story_every_time(tmp_path: Path) -> None:
 def rest(proc: subprocess.Popen[str]) -> tuple[str, str]:
     """The rest of its output, from the same buffered stream `started` read."""
     assert proc.stdout is not None and proc.stderr is not None
-    out = proc.stdout.read()
-    proc.wait(timeout=120)
-    return out, proc.stderr.read()
+    with proc.stdout, proc.stderr:  # closed here, not left to the collector
+        out = proc.stdout.read()
+        proc.wait(timeout=120)
+        return out, proc.stderr.read()
 
 
 def started(proc: subprocess.Popen[str]) -> str:
@@ -158,3 +161,23 @@ def test_a_second_demo_on_a_kept_store_refuses_in_one_line(tmp_path: Path) -> No
     # Once the first is done, the store is free again.
     again = demo(tmp_path, "--keep", "--no-crash")
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+@pytest.mark.slow
+def test_demo_never_deletes_a_store_it_did_not_make(tmp_path: Path) -> None:
+    precious = tmp_path / "precious.db"
+    precious.write_bytes(b"my own data")
+    refused = run_script("demo", "--no-crash", "--store", "precious.db", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "not a store this demo made" in refused.stdout and "--fresh" in refused.stdout
+    assert precious.read_bytes() == b"my own data"
+
+    kept = run_script("demo", "--no-crash", "--keep", "--store", "demo.db", cwd=tmp_path)
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    again = run_script("demo", "--no-crash", "--store", "demo.db", cwd=tmp_path)  # its own: fine
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert not (tmp_path / "demo.db").exists()
+
+    fresh = run_script("demo", "--no-crash", "--fresh", "--store", "precious.db", cwd=tmp_path)
+    assert fresh.returncode == 0, fresh.stdout + fresh.stderr
+    assert not precious.exists()

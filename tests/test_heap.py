@@ -42,6 +42,7 @@ def collector_on() -> Iterator[None]:
         gc.disable()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("collector_on")
 def test_views_parsed_again_and_again_in_cycles_are_collected_as_they_go() -> None:
     """A worker resumes long tasks one after another; a view that ends up in
@@ -97,6 +98,7 @@ def collector_off() -> Iterator[None]:
         gc.enable()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("collector_off")
 @pytest.mark.parametrize("store", ["memory", "sqlite"])
 async def test_a_finished_runner_is_freed_without_the_cyclic_collector(

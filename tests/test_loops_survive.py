@@ -130,6 +130,7 @@ async def test_rest_refuses_an_every_below_a_second(client: httpx.AsyncClient) -
     assert r.status_code == 201, r.text
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_an_every_below_a_second_in_one_line(tmp_path: Path) -> None:
     got = subprocess.run(
         [
@@ -209,6 +210,7 @@ async def test_a_poisoned_queue_ttl_does_not_stop_other_queues_purges(tmp_path: 
         assert (await store.list_tasks(TaskQuery())).tasks == []
 
 
+@pytest.mark.slow
 async def test_a_poisoned_webhook_event_does_not_stop_the_others(store: Store) -> None:
     receiver = Receiver()
     try:

@@ -61,6 +61,7 @@ def _state(model: BaseModel) -> tuple[Any, ...]:
     return (dict(model.__dict__), set(model.__pydantic_fields_set__), model.model_dump_json())
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(update=task_updates)
 def test_updated_is_model_copy(update: dict[str, Any]) -> None:

@@ -15,7 +15,6 @@ import pytest
 
 from duragent import Agent, BuiltinTools, Runtime
 from duragent.errors import UsageError
-from duragent.llm.openai import OpenAIChat
 from duragent.runtime.worker import lease_alive
 from duragent.store import open_store
 from duragent.toolsets import toolset
@@ -27,9 +26,16 @@ SECRET = "sk-pins-SECRET-42"
 
 
 def agent_at(url: str, **kw: object) -> Agent:
-    """The same agent, its model requests sent to `url`."""
-    model = OpenAIChat("gpt-4o-mini", base_url=url, api_key=SECRET)
-    return Agent(name="pinned", model=model, builtin_tools=BuiltinTools(plan=False), **kw)  # type: ignore[arg-type]
+    """The same agent, its model requests sent to `url`. A model string, not a model:
+    the Runtime that builds the model from it closes it (its HTTP client's sockets)."""
+    options = {"base_url": url, "api_key": SECRET}
+    return Agent(
+        name="pinned",
+        model="openai:gpt-4o-mini",
+        model_options=options,
+        builtin_tools=BuiltinTools(plan=False),
+        **kw,  # type: ignore[arg-type]
+    )
 
 
 def is_blocked(task: Task) -> bool:

@@ -27,7 +27,7 @@ from duragent.llm.anthropic import AnthropicChat
 from duragent.llm.openai import OpenAIChat
 from duragent.store import open_store
 from duragent.types import EntryKind, TaskStatus, UIError, UINotice
-from support.crashlib import dump, finish, read_until
+from support.crashlib import close_pipes, dump, finish, read_until
 from support.llm_servers import (
     Answer,
     RecordedRequest,
@@ -374,6 +374,7 @@ async def test_sigkill_mid_stream_then_restart_resends_the_same_request(
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait(10)
+        close_pipes(child)
     assert child.returncode == -signal.SIGKILL
     server.wait_hangups(1)
 

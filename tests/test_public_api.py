@@ -24,8 +24,20 @@ def test_all_matches_the_public_names() -> None:
         and name != "annotations"
     }
     assert public == set(duragent.__all__) - {"__version__"}
-    for name in duragent.__all__:
-        assert getattr(duragent, name) is not None
+    assert len(duragent.__all__) == len(set(duragent.__all__)), "a name is listed twice"
+
+
+def test_star_import_gives_every_name_in_all_and_each_is_duragents_own() -> None:
+    namespace: dict[str, Any] = {}
+    exec("from duragent import *", namespace)  # raises if a listed name does not resolve
+    namespace.pop("__builtins__")
+    assert set(namespace) == set(duragent.__all__)
+    for name, value in namespace.items():
+        if name == "__version__":
+            continue
+        # Defined in duragent, not a lower library's class passed through the front door.
+        home = getattr(value, "__module__", None) or ""
+        assert home.split(".")[0] == "duragent", f"duragent.{name} comes from {home!r}"
 
 
 def test_the_design_examples_names_are_exported() -> None:

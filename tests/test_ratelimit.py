@@ -70,6 +70,7 @@ async def test_tokens_are_debited_after_the_call(tmp_path: Path) -> None:
         await store.close()
 
 
+@pytest.mark.slow
 async def test_burst_seconds_smooths_the_budget(tmp_path: Path) -> None:
     """120 a minute with burst_seconds=1: two at once, then one every half second,
     never a whole minute's 120 in a burst."""

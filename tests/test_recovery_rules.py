@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from pydantic import BaseModel
 
 from duragent import (
@@ -221,6 +222,7 @@ async def test_a_cut_off_call_is_run_again_only_if_its_intent_and_its_tool_both_
 # --- open waits seen on a claim a sibling's timer caused ----------------------
 
 
+@pytest.mark.slow
 async def test_open_input_and_subtask_waits_are_kept_when_a_sibling_timer_wakes_the_task(
     store: Store,
 ) -> None:

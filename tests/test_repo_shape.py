@@ -194,6 +194,7 @@ def _say(graph: dict[str, dict[str, int]], cycle: list[str]) -> str:
     )
 
 
+@pytest.mark.slow
 def test_no_import_cycle_at_import_time() -> None:
     graph = _import_graph({"module"})
     assert [_say(graph, c) for c in _cycles(graph)] == []

@@ -73,11 +73,10 @@ async def test_a_round_closed_behind_the_next_model_call_shares_its_transaction(
         return [ToolCall("step", {"n": done + 1})] if done < ROUNDS else "finished"
 
     store = SQLiteStore(str(tmp_path / "s.db"), durability=durability)  # type: ignore[arg-type]
-    await store.open()
     agent = Agent(
         name="a", model=ScriptedModel(script), tools=[step], builtin_tools=BuiltinTools(plan=False)
     )
-    async with Runtime(store, agents=[agent]) as rt:
+    async with store, Runtime(store, agents=[agent]) as rt:
         sub = await rt.submit("a", "go")
         task = await sub.wait(30)
         assert task.status is TaskStatus.COMPLETED and task.iterations == ROUNDS + 1
@@ -197,14 +196,13 @@ async def test_a_runner_cancelled_right_after_its_last_tool_still_stores_the_res
         return [ToolCall("charge", {})] if len(messages) == 1 else "done"
 
     store = SQLiteStore(str(tmp_path / "s.db"))
-    await store.open()
     agent = Agent(
         name="a",
         model=ScriptedModel(script),
         tools=[charge],
         builtin_tools=BuiltinTools(plan=False),
     )
-    async with Runtime(store, agents=[agent]) as rt:
+    async with store, Runtime(store, agents=[agent]) as rt:
         box["rt"] = rt
         sub = await rt.submit("a", "go")
         while "job" not in box:
@@ -232,11 +230,10 @@ async def test_a_hook_that_stops_waiting_for_landed_changes_nothing(tmp_path: Pa
                 await asyncio.wait_for(info["landed"], 1e-9)  # gives up at once
 
     store = SQLiteStore(str(tmp_path / "s.db"), durability="full")
-    await store.open()
     agent = Agent(
         name="a", model=ScriptedModel(script), tools=[step], builtin_tools=BuiltinTools(plan=False)
     )
-    async with Runtime(store, agents=[agent], trace=trace) as rt:
+    async with store, Runtime(store, agents=[agent], trace=trace) as rt:
         task = await (await rt.submit("a", "go")).wait(30)
         assert task.status is TaskStatus.COMPLETED and task.iterations == 4
         answers = await store.entries(task.id, kinds=[EntryKind.API_MESSAGE])
@@ -361,7 +358,7 @@ async def test_a_late_answer_to_an_earlier_queued_commit_never_unlinks_the_next_
     agent = Agent(
         name="a", model=Answering(script), tools=[step], builtin_tools=BuiltinTools(plan=False)
     )
-    async with Runtime(store, agents=[agent], trace=trace) as rt:
+    async with store, Runtime(store, agents=[agent], trace=trace) as rt:
         sub = await rt.submit("a", "go")
         await asyncio.wait_for(ended.wait(), 30)
         # Round 1's success is told only as round 2's result is queued, and

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import warnings
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,7 @@ import pytest
 
 from duragent import (
     Agent,
+    BuiltinTools,
     InvalidTransition,
     Limits,
     RetryPolicy,
@@ -24,10 +28,16 @@ from duragent import (
     Turn,
     tool,
 )
-from duragent.errors import MalformedModelOutput, ModelError, RetryableModelError, UnknownAgent
+from duragent.errors import (
+    MalformedModelOutput,
+    ModelError,
+    RetryableModelError,
+    TaskNotFound,
+    UnknownAgent,
+)
 from duragent.llm.base import Finish, ModelRequest, StreamEvent, TextDelta, UsageDelta
 from duragent.store.protocol import Store
-from duragent.types import AssistantMessage, EntryKind, ToolMessage, UINotice, UIToolCard
+from duragent.types import AssistantMessage, EntryKind, Task, ToolMessage, UINotice, UIToolCard
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -382,6 +392,71 @@ async def test_tool_context_state_documents_and_steps(url: str) -> None:
         assert steps.completed[1].actions[0]["observation"] == "noted"
         assert steps.pending == ["answer"] and steps.output == "The sky is blue."
     assert statuses == [("pending", "running"), ("running", "completed")]
+
+
+@tool
+def remember_sync(fact: str, ctx: ToolContext) -> str:
+    """Remember a fact (a sync tool: it runs in a thread)."""
+    ctx.update_state(facts=[*ctx.context.get("facts", []), fact])
+    return "noted"
+
+
+@pytest.mark.slow
+async def test_a_sync_tool_updates_state_without_error_or_warning(store: Store) -> None:
+    model = ScriptedModel([[ToolCall("remember_sync", {"fact": "sky"})], "done"])
+    agent = Agent(name="a", model=model, tools=[remember_sync], timing=Timing(state_debounce=0.01))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        async with Runtime(store, agents=[agent]) as rt:
+            task = await (await rt.submit("a", "x")).wait(30)
+            view = await rt.messages(task.id)
+        gc.collect()  # an un-awaited coroutine warns when it is collected
+    assert [m.content for m in view if isinstance(m, ToolMessage)] == ["noted"]
+    assert task.status is TaskStatus.COMPLETED and task.context == {"facts": ["sky"]}
+    never_awaited = [w for w in caught if "never awaited" in str(w.message)]
+    assert never_awaited == []
+
+
+async def test_status_hook_reports_every_change_from_pending_to_completed(store: Store) -> None:
+    seen: list[tuple[str, str]] = []
+    model = ScriptedModel([[ToolCall("remember_sync", {"fact": "x"})], "ok"])
+    agent = Agent(name="a", model=model, tools=[remember_sync])
+    async with Runtime(
+        store, agents=[agent], on_status_change=lambda t, a, b: seen.append((a.value, b.value))
+    ) as rt:
+        await (await rt.submit("a", "x")).wait(30)
+    assert seen == [("pending", "running"), ("running", "completed")]
+
+
+def quick_agent() -> Agent:
+    return Agent(name="q", model=ScriptedModel(["done"]), builtin_tools=BuiltinTools(plan=False))
+
+
+async def test_the_views_of_a_missing_or_purged_task_raise_task_not_found(store: Store) -> None:
+    async with Runtime(store, agents=[quick_agent()]) as rt:
+        for read in (rt.model_view, rt.ui_messages, rt.messages, rt.get, rt.history):
+            with pytest.raises(TaskNotFound):
+                await read("t_nosuchtask")
+        sub = await rt.submit("q", "hi")
+        await sub.wait(20)
+        assert await rt.model_view(sub.task_id)  # a task that is there has its view
+        await rt.purge(before=timedelta(0), agent="q")
+        for read in (rt.model_view, rt.ui_messages, rt.messages, rt.get, rt.history):
+            with pytest.raises(TaskNotFound):
+                await read(sub.task_id)
+
+
+async def test_an_async_status_hook_is_awaited_for_every_change_in_order(store: Store) -> None:
+    seen: list[tuple[str, str]] = []
+
+    async def hook(task: Task, old: TaskStatus, new: TaskStatus) -> None:
+        await asyncio.sleep(0)  # a real coroutine: it only counts once awaited
+        seen.append((old.value, new.value))
+
+    async with Runtime(store, agents=[quick_agent()], on_status_change=hook) as rt:
+        sub = await rt.submit("q", "hi")
+        await sub.wait(20)
+    assert seen == [("pending", "running"), ("running", "completed")]
 
 
 class FlakyModel:

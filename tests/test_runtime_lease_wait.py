@@ -83,6 +83,7 @@ async def test_a_holder_whose_process_exited_on_this_host_is_taken_over_at_once(
     assert said(caplog, "waiting for task") == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "where",
     ["another boot", "another pid namespace", "a live process", "an unknown place"],

@@ -11,6 +11,7 @@ import pytest
 
 from duragent import (
     Agent,
+    BuiltinTools,
     Queue,
     Runtime,
     ScriptedModel,
@@ -20,8 +21,8 @@ from duragent import (
     tool,
 )
 from duragent.errors import TaskNotFound, UsageError
-from duragent.store import Commit, DocumentWrite
-from duragent.types import session_scope
+from duragent.store import Commit, DocumentWrite, Store
+from duragent.types import session_scope, utcnow
 
 running_now = 0
 most_at_once = 0
@@ -110,3 +111,25 @@ async def test_purge_and_erase_owner(tmp_path: Path) -> None:
         assert await rt.schedules(owner="bob") == []
         assert await rt.store.list_documents(session_scope("bob", "s1")) == []
         assert len(await rt.store.list_documents(session_scope("ann", "s1"))) == 1
+
+
+def quick_agent() -> Agent:
+    return Agent(name="q", model=ScriptedModel(["done"]), builtin_tools=BuiltinTools(plan=False))
+
+
+@pytest.mark.slow
+async def test_a_queue_ttl_purges_a_finished_task_when_it_comes_due(store: Store) -> None:
+    """Not at the worker's next periodic look (every 60 s): at the task's expiry."""
+    async with Runtime(store, agents=[quick_agent()], queues=[Queue("q", ttl=0.5)]) as rt:
+        sub = await rt.submit("q", "hi")
+        task = await sub.wait(20)
+        due = task.updated_at + timedelta(seconds=0.5)
+        deadline = asyncio.get_running_loop().time() + 15  # far below the 60 s cycle
+        while True:
+            try:
+                await rt.get(task.id)
+            except TaskNotFound:
+                break
+            assert asyncio.get_running_loop().time() < deadline, "not purged at its ttl"
+            await asyncio.sleep(0.05)
+        assert utcnow() >= due  # not before its time either

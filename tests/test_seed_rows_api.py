@@ -73,6 +73,7 @@ async def test_put_plan_sets_the_pending_steps_of_my_task_only(
     assert (await runtime.steps(tid)).pending == ["ask bob", "send it"]
 
 
+@pytest.mark.slow
 async def test_duragent_plan_sets_and_clears_the_steps(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/cli.db"
     async with Runtime(url, agents(), run_worker=False) as rt:
@@ -93,6 +94,7 @@ async def test_duragent_plan_sets_and_clears_the_steps(tmp_path: Path) -> None:
 # --- the answer so far -------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_rest_and_cli_show_a_running_tasks_answer_so_far(tmp_path: Path) -> None:
     agent, held, release, trace = streaming(2)
     url = f"sqlite:///{tmp_path}/partial.db"
@@ -153,6 +155,7 @@ async def test_sessions_over_rest_are_the_callers_own(
     assert len((await runtime.session("s1", owner="alice")).tasks) == 2
 
 
+@pytest.mark.slow
 async def test_duragent_sessions_and_session_show_an_owners_conversations(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/sessions.db"
     async with Runtime(url, agents()) as rt:
@@ -178,6 +181,7 @@ async def test_duragent_sessions_and_session_show_an_owners_conversations(tmp_pa
 # --- an entry a later version wrote ---------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_task_a_later_version_wrote_is_blocked_and_named_over_rest_and_cli(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

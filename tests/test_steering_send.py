@@ -108,6 +108,48 @@ async def test_rollback_voids_the_round_and_goes_on_with_the_message(store: Stor
     assert hist.rounds[0].voided and gate.runs == 1
 
 
+def rollback_agent(release: asyncio.Event, entered: asyncio.Event) -> Agent:
+    @tool
+    async def send() -> str:
+        """Send (never replayed: its result stays)."""
+        return "sent"
+
+    @tool(replay="safe")
+    async def lookup() -> str:
+        """Look up (harmless to repeat)."""
+        entered.set()
+        await release.wait()
+        return "looked up"
+
+    def say(messages: list[Any]) -> Any:
+        last = messages[-1]
+        if isinstance(last, UserMessage) and last.content == "go":
+            return [ToolCall("send"), ToolCall("lookup")]
+        return f"re {getattr(last, 'content', '')!r}"
+
+    return Agent(
+        name="r",
+        model=ScriptedModel(say),
+        tools=[send, lookup],
+        builtin_tools=BuiltinTools(plan=False),
+        timing=Timing(tool_grace=0.0),
+    )
+
+
+async def test_a_round_rolled_back_by_a_new_message_says_so_not_paused(store: Store) -> None:
+    release, entered = asyncio.Event(), asyncio.Event()
+    async with Runtime(store, agents=[rollback_agent(release, entered)]) as rt:
+        sub = await rt.submit("r", "go", owner="u")
+        await entered.wait()
+        await rt.send(sub.task_id, "never mind", owner="u", multitask_strategy="rollback")
+        task = await sub.wait(20)
+        view = await rt.model_view(task.id)
+    assert task.status is TaskStatus.COMPLETED
+    rolled = [m.content for m in view if isinstance(m, ToolMessage) and "Rolled back" in m.content]
+    assert len(rolled) == 1, view
+    assert "a new message came in" in rolled[0] and "paused" not in rolled[0]
+
+
 async def test_reject_refuses_while_a_turn_runs_and_accepts_when_paused(store: Store) -> None:
     gate = Gate()
     async with Runtime(store, agents=[agent(gate, multitask_strategy="reject")]) as rt:

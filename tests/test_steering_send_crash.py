@@ -13,7 +13,7 @@ from conftest import PG_URL, drop_schema, require_postgres
 from duragent import Runtime, TaskStatus
 from duragent.types import EntryKind, UserMessage
 from send_child import make_agent
-from support.crashlib import kill_at, ledger_lines, read_until, spawn
+from support.crashlib import close_pipes, kill_at, ledger_lines, read_until, spawn
 
 STRATEGIES = ["enqueue", "interrupt", "rollback"]
 
@@ -82,5 +82,6 @@ async def test_sigkill_after_a_message_is_sent_and_before_it_is_taken(
         await rt.send(sub.task_id, "m1")
         child.send_signal(signal.SIGKILL)
         child.wait(10)
+        close_pipes(child)
         assert child.returncode == -signal.SIGKILL
     await check_after_restart(store_url, sub.task_id, ledger)

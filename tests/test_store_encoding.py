@@ -7,6 +7,7 @@ import json
 import math
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,12 +27,14 @@ with_floats = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(value=json_values)
 def test_text_is_json_dumps_compact(value: Any) -> None:
     assert dumps(value) == json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(value=with_floats)
 def test_every_value_reads_back_equal(value: Any) -> None:

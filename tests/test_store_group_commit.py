@@ -25,8 +25,6 @@ from conftest import drop_schema, require_postgres
 from duragent.errors import Conflict, StaleLease, StoreError, StoreUnavailable
 from duragent.store import Commit, DocumentWrite, TaskPatch, postgres_message, postgres_writer
 from duragent.store.codec import SEQ_BITS
-from duragent.store.protocol import Store
-from duragent.store.rules import apply_patch
 from duragent.store.postgres import PostgresStore
 from duragent.store.protocol import Store
 from duragent.store.rules import apply_patch

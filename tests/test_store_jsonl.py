@@ -158,6 +158,9 @@ async def test_second_process_gets_store_locked_naming_the_owner_pid(tmp_path: P
         assert holder.wait(30) == 0
     finally:
         holder.kill()
+        holder.wait(30)
+        if holder.stdout is not None:
+            holder.stdout.close()
     store = await open_jsonl(tmp_path)  # the owner exited: its lock went with it
     with pytest.raises(StoreLocked, match=f"owned by pid {os.getpid()}"):
         await open_jsonl(tmp_path)  # one owner, even within a process
@@ -451,5 +454,6 @@ async def test_sigkill_at_random_moments_keeps_exactly_the_marked_commits(
     finally:
         zygote.stdin.close()
         zygote.wait(30)
+        zygote.stdout.close()
     print(f"{trials} kills, {truncations} torn tails cut off, {progressed} trials made progress")
     assert progressed > trials // 2, "the writers were mostly killed before committing"

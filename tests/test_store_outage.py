@@ -54,6 +54,7 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 60) -
         await asyncio.sleep(0.02)
 
 
+@pytest.mark.slow
 async def test_a_wait_keeps_waiting_through_a_cut_and_returns_the_tasks_result(
     schema: str, proxy: Forwarder, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -101,6 +102,7 @@ async def test_a_wait_keeps_waiting_through_a_cut_and_returns_the_tasks_result(
     assert any("answers again" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 async def test_a_worker_started_while_postgres_is_out_of_reach_waits_for_it_then_runs_tasks(
     schema: str, proxy: Forwarder
 ) -> None:
@@ -142,6 +144,7 @@ async def test_a_worker_started_while_postgres_is_out_of_reach_waits_for_it_then
         worker.stop()
 
 
+@pytest.mark.slow
 def test_a_worker_the_server_refuses_says_why_at_once(schema: str) -> None:
     """Not reached is waited for; turned away (an unknown role) is a mistake to fix."""
     url = urlsplit(require_postgres())

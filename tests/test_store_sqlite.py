@@ -120,6 +120,8 @@ async def test_a_wal_holding_a_killed_process_commits_is_readied_without_losing_
     finally:
         child.kill()  # SIGKILL: no checkpoint, the WAL stays
         child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
     wal = Path(f"{path}-wal")
     holds = wal.stat().st_size
     assert holds > 32  # the killed process's commits are in the WAL only
@@ -284,7 +286,7 @@ async def _claim_steps(store: SQLiteStore) -> tuple[int, int]:
             conn.set_progress_handler(None, 0)
 
 
-@pytest.mark.parametrize("running", [20, 2000])
+@pytest.mark.parametrize("running", [20, pytest.param(2000, marks=pytest.mark.slow)])
 async def test_claims_and_wake_ups_do_not_read_every_running_task(
     tmp_path: Path, running: int
 ) -> None:
@@ -574,6 +576,7 @@ async def test_a_version_6_store_keeps_every_entry_through_version_7_to_the_mill
     await again.close()
 
 
+@pytest.mark.slow
 async def test_a_long_tasks_entries_are_appended_to_full_pages(tmp_path: Path) -> None:
     """A task's entries go to the end of the entries table: a commit of one
     entry writes one page of it (two when the last is full), and the pages

@@ -694,6 +694,7 @@ async def test_a_claim_takes_no_more_than_asked_though_the_limit_refused_some(
     assert [(await store.get_task(t.id)).status for t in made] == [R, P, R, P]
 
 
+@pytest.mark.slow
 async def test_a_claim_reads_four_pages_at_most() -> None:
     """Refused candidates make the page larger (n + 8, then eight times, three
     times over), never without end: past the fourth page the claim takes what

@@ -27,7 +27,7 @@ from duragent import (
 from duragent.errors import UsageError
 from duragent.store import open_store
 from duragent.webhooks import OUTBOX, SECRET_ENV, WebhookDelivery, sign, verify_signature
-from support.crashlib import finish, kill_at, spawn
+from support.crashlib import close_pipes, finish, kill_at, spawn
 from webhook_receiver import Received, Receiver
 
 SECRET = "whsec-test-secret"
@@ -270,6 +270,7 @@ async def test_sigkill_during_delivery_sends_it_again(
         await asyncio.to_thread(receiver.wait_for, lambda reqs: len(reqs) == 1)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
+        close_pipes(proc)
         assert await outbox_of(url) == 1  # not acknowledged, so still owed
         out = finish(spawn("webhook_agent.py", url, receiver.url, "deliver"))
         assert "DELIVERED" in out

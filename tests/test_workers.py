@@ -16,8 +16,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from duragent import Agent, BuiltinTools, Runtime, ScriptedModel, TaskStatus, ToolCall, tool
+from duragent.runtime.presence import WORKERS_SCOPE, block_unserved, served_agents
+from duragent.runtime.submit import new_task
+from duragent.runtime.worker import Worker, WorkerOptions
 from duragent.store.commits import LeaseRenewal
 from duragent.store.memory import MemoryStore
+from duragent.store.protocol import Store
 from duragent.types import EntryKind, Task
 from support.workerlib import WorkerProc, ledger_lines, one_result_per_call
 from worker_agents import AGENTS
@@ -198,6 +202,81 @@ async def test_worker_never_claims_agents_it_does_not_know(tmp_path: Path) -> No
             assert (await mine.wait(30)).status is TaskStatus.COMPLETED
             assert (await rt.get(foreign.task_id)).status is TaskStatus.PENDING
             assert rt.worker is not None and rt.worker.claimed == 1
+
+
+async def _pending(store: Store, agent: str) -> str:
+    task, first = new_task(Agent(name=agent, model="scripted:none"), "hello")
+    stored, _ = await store.create_task(task, [first])
+    return stored.id
+
+
+@pytest.mark.slow
+async def test_a_task_no_worker_can_run_is_blocked_after_the_grace_period(store: Store) -> None:
+    lost = await _pending(store, "nobody-knows-me")
+    agent = Agent(name="known", model=ScriptedModel(["fine"]))
+    async with Runtime(store, agents=[agent], missing_agent_grace=0.2) as rt:
+        done = await (await rt.submit("known", "x")).wait(30)
+        task = await rt.wait(lost, timeout=30, until=lambda t: t.status is TaskStatus.BLOCKED)
+        ui = await rt.ui_messages(lost)
+    assert done.status is TaskStatus.COMPLETED  # the known agent's task is not held up
+    assert task.status_reason == "missing_definition"
+    assert task.error is not None and "'nobody-knows-me'" in task.error
+    assert "start a worker that defines it" in task.error
+    assert any(getattr(m, "detail", None) == task.error for m in ui)
+    statuses = [e.payload for e in await store.entries(lost) if e.kind is EntryKind.STATUS]
+    assert statuses[-1]["to"] == "blocked" and statuses[-1]["reason"] == "missing_definition"
+
+
+async def test_a_live_worker_that_knows_the_agent_keeps_its_task_unblocked(store: Store) -> None:
+    """Worker B knows agent "b" but every slot of it is busy: its pending task is
+    not blocked by worker A, whatever the grace; once B is gone, it is."""
+    release = asyncio.Event()
+
+    @tool
+    async def hold() -> str:
+        """Hold the only slot."""
+        await release.wait()
+        return "held"
+
+    b_agent = Agent(
+        name="b",
+        model=ScriptedModel(lambda m: [ToolCall("hold")] if len(m) < 2 else "ok"),
+        tools=[hold],
+    )
+    busy = await _pending(store, "b")
+    waiting = await _pending(store, "b")
+    worker_b = Worker(store, [b_agent], WorkerOptions(concurrency=1, missing_agent_grace=3600))
+    job = asyncio.ensure_future(worker_b.run())
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while "b" not in await served_agents(store) or not worker_b.runners:
+            assert loop.time() < deadline, "worker B did not start"
+            await asyncio.sleep(0.01)
+        queued = waiting if busy in worker_b.runners else busy
+        assert (await store.get_task(queued)).status is TaskStatus.PENDING
+        assert await block_unserved(store, ["a"], grace=0) == []  # B is alive and knows "b"
+    finally:
+        release.set()
+        await worker_b.stop(graceful=False)
+        await job
+    assert await store.get_document(WORKERS_SCOPE, worker_b.id) is None  # B withdrew
+    blocked = await block_unserved(store, ["a"], grace=0)
+    assert queued in blocked
+    for tid in blocked:
+        task = await store.get_task(tid)
+        assert (task.status, task.status_reason) == (TaskStatus.BLOCKED, "missing_definition")
+
+
+async def test_the_grace_period_counts_from_when_the_task_became_pending(store: Store) -> None:
+    lost = await _pending(store, "ghost")
+    assert await block_unserved(store, [], grace=3600) == []  # too soon
+    assert await block_unserved(store, [], grace=0) == [lost]
+    assert await block_unserved(store, [], grace=0) == []  # blocked once, not again
+    # Resumed (someone says the worker is back): the grace starts again.
+    async with Runtime(store, agents=[], run_worker=False) as rt:
+        await rt.resume(lost)
+    assert await block_unserved(store, [], grace=3600) == []
 
 
 @pytest.mark.slow

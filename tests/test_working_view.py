@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from typing import Any
 
 import pytest
 
+from duragent import Agent, BuiltinTools, Runtime, TaskStatus, ToolCall, tool
 from duragent.errors import StoreCorrupt
 from duragent.llm.base import ModelRequest
 from duragent.llm.messages import WorkingView, wire_messages
@@ -143,3 +145,69 @@ async def test_a_damaged_payload_in_the_view_is_store_corrupt(store: Store) -> N
     await _damage(store, task.id, res.entries[1].seq, '{"role": "assistant", "cont')
     with pytest.raises(StoreCorrupt, match="not valid JSON"):
         await store.model_view_data(task.id)
+
+
+def relay_agent(seen: list[list[str]]) -> Agent:
+    """Three calls in one round, finishing last to first: each waits for the next."""
+    done = {name: asyncio.Event() for name in ("a", "b", "c")}
+
+    @tool
+    async def step(name: str) -> str:
+        """One leg of the relay."""
+        after = {"a": "b", "b": "c"}.get(name)
+        if after is not None:
+            await done[after].wait()
+        done[name].set()
+        return f"leg {name}"
+
+    def say(messages: list[Any]) -> Any:
+        results = [m.content for m in messages if isinstance(m, ToolMessage)]
+        if not results:
+            return [ToolCall("step", {"name": n}) for n in ("a", "b", "c")]
+        seen.append(results)
+        return "relayed"
+
+    return Agent(
+        name="relay", model=ScriptedModel(say), tools=[step], builtin_tools=BuiltinTools(plan=False)
+    )
+
+
+async def test_parallel_results_reach_the_model_in_call_order(store: Store) -> None:
+    seen: list[list[str]] = []
+    async with Runtime(store, agents=[relay_agent(seen)]) as rt:
+        sub = await rt.submit("relay", "go")
+        task = await sub.wait(20)
+        view = await rt.model_view(task.id)
+        finished = [  # the log keeps them as they finished
+            e.payload["content"]
+            for e in await store.entries(task.id)
+            if e.kind is EntryKind.TOOL_RESULT
+        ]
+        resumed = WorkingView(await store.model_view_data(task.id))  # what a takeover reads
+    assert task.status is TaskStatus.COMPLETED
+    assert finished == ["leg c", "leg b", "leg a"]
+    in_order = ["leg a", "leg b", "leg c"]
+    assert seen == [in_order]  # the model call after the round
+    assert [m.content for m in view if isinstance(m, ToolMessage)] == in_order
+    assert [m.content for m in resumed.messages() if isinstance(m, ToolMessage)] == in_order
+
+
+def test_a_result_re_run_after_a_takeover_goes_to_its_call_s_place() -> None:
+    """Calls a, b, c; a and c were answered before a crash, b is run again by the
+    next owner: the model sees a, b, c (the view from the store, then b appended)."""
+    calls = [
+        {"id": c, "type": "function", "function": {"name": "step", "arguments": "{}"}}
+        for c in "abc"
+    ]
+    view = WorkingView(
+        [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "a", "content": "leg a"},
+            {"role": "tool", "tool_call_id": "c", "content": "leg c"},
+        ]
+    )
+    view.append(ToolMessage(tool_call_id="b", content="leg b"))
+    sent = view.messages()
+    assert [m.tool_call_id for m in sent if isinstance(m, ToolMessage)] == ["a", "b", "c"]
+    assert [m.get("tool_call_id") for m in sent.wire()][2:] == ["a", "b", "c"]

@@ -94,8 +94,13 @@ class Cli:
             self.proc.kill()
             raise AssertionError(f"still running after {timeout}s; output:\n{self.out}") from None
         with self._cond:
-            self._cond.wait_for(lambda: self._closed, 10)
-        return self.proc.returncode, self.out, self.err()
+            drained = self._cond.wait_for(lambda: self._closed, 10)
+        ended = self.proc.returncode, self.out, self.err()
+        # Closed here, not left to the collector (stdout only once the drain is done with it).
+        for stream in (self.proc.stdin, self.proc.stderr, self.proc.stdout if drained else None):
+            if stream is not None:
+                stream.close()
+        return ended
 
 
 @pytest.fixture

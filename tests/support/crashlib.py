@@ -52,13 +52,22 @@ def kill_at(proc: subprocess.Popen[str], marker: str, timeout: float = 60) -> st
     except AssertionError:
         proc.kill()
         err = proc.stderr.read() if proc.stderr else ""
+        close_pipes(proc)
         raise AssertionError(f"child never reached {marker!r}:\n{err}") from None
     finally:
         watchdog.cancel()
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
+    close_pipes(proc)
     assert proc.returncode == -signal.SIGKILL
     return line
+
+
+def close_pipes(proc: subprocess.Popen[str]) -> None:
+    """Close our ends of a finished child's pipes (not left to the collector)."""
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 120) -> str:

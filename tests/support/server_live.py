@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -37,18 +38,41 @@ def duragent(
     *args: str, log: Path, env: dict[str, str] | None = None, nofile: int | None = None
 ) -> subprocess.Popen[bytes]:
     """The CLI in a child process; `nofile` caps its open files (soft and hard limit)."""
-    out = log.open("wb")
 
     def limit_files() -> None:
         if nofile is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
-    return subprocess.Popen(
-        [sys.executable, "-c", CLI, *args],
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        env=env or child_env(),
-        preexec_fn=limit_files if nofile is not None else None,
+    with log.open("wb") as out:  # the child writes through its own copy of the descriptor
+        return subprocess.Popen(
+            [sys.executable, "-c", CLI, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env or child_env(),
+            preexec_fn=limit_files if nofile is not None else None,
+        )
+
+
+def duragent_script() -> str:
+    """The installed `duragent` script: unlike `python -m duragent` or `python -c`,
+    it does not put the current directory on sys.path by itself."""
+    beside = Path(sys.executable).parent / "duragent"
+    found = str(beside) if beside.exists() else shutil.which("duragent")
+    assert found, "the duragent script is not installed (pip install -e .)"
+    return found
+
+
+def run_script(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """The installed `duragent` script run to its end in `cwd`, 200 columns wide."""
+    return subprocess.run(
+        [duragent_script(), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={"COLUMNS": "200", **(env or child_env())},
+        timeout=timeout,
     )
 
 

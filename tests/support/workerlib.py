@@ -106,6 +106,12 @@ class WorkerProc:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(10)
+        # The pumps end at their pipe's end of file; then the pipe is closed here
+        # (not left to the collector, which warns of an unclosed file).
+        for thread, stream in zip(self._threads, (self.proc.stdout, self.proc.stderr), strict=True):
+            thread.join(10)
+            if stream is not None and not thread.is_alive():
+                stream.close()
 
 
 async def one_result_per_call(rt: Runtime, task_id: str) -> None:

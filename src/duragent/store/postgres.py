@@ -32,10 +32,15 @@ from duragent.errors import (
     StoreUnavailable,
     TaskNotFound,
 )
-from duragent.store.codec import MAX_SEQ, decode_cursor, encode_cursor, entry_kind, entry_range, unpacked
+from duragent.store.codec import (
+    MAX_SEQ,
+    decode_cursor,
+    encode_cursor,
+    entry_kind,
+    entry_range,
+    unpacked,
+)
 from duragent.store.commits import EntryHead, LeaseRenewal, PendingCommit, TaskPage, TaskQuery
-from duragent.store.signals import ControlCallback, ControlWatchers
-from duragent.store.views import build_ui_view, parse_messages, view_data
 from duragent.store.postgres_connect import (
     CONNECTION_OPTIONS,
     POOL_NAME,
@@ -68,7 +73,9 @@ from duragent.store.postgres_schema import (
 )
 from duragent.store.postgres_tx import PgTx, row_document, row_task
 from duragent.store.postgres_writer import PgWriter
+from duragent.store.signals import ControlCallback, ControlWatchers
 from duragent.store.tx import TxWrites
+from duragent.store.views import build_ui_view, parse_messages, view_data
 from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UIMessage, utcnow
 
 __all__ = [

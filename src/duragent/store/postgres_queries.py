@@ -15,9 +15,9 @@ from psycopg.types.json import Jsonb
 
 from duragent.store.codec import MAX_SEQ, SEQ_BITS, entry_range
 from duragent.store.commits import TaskQuery
-from duragent.store.views import VIEW_KINDS, view_text
 from duragent.store.postgres_schema import ENTRY_RANGE, Conn
 from duragent.store.postgres_tx import PgTx
+from duragent.store.views import VIEW_KINDS, view_text
 from duragent.types import EntryKind
 
 

@@ -27,11 +27,18 @@ from duragent.errors import (
     StoreError,
     TaskNotFound,
 )
-from duragent.store.codec import MAX_SEQ, decode_cursor, encode_cursor, entry_key, entry_range, from_ts, unpacked
+from duragent.store.codec import (
+    MAX_SEQ,
+    decode_cursor,
+    encode_cursor,
+    entry_key,
+    entry_range,
+    from_ts,
+    unpacked,
+)
 from duragent.store.commits import EntryHead, PendingCommit, TaskPage, TaskQuery
-from duragent.store.signals import ChangeSignal, ControlCallback, ControlWatchers
-from duragent.store.views import VIEW_KINDS, build_ui_view, parse_messages, view_data, view_text
 from duragent.store.open_files import Held, hold, sqlite_paths
+from duragent.store.signals import ChangeSignal, ControlCallback, ControlWatchers
 from duragent.store.sqlite_schema import (
     ENTRY_RANGE,
     KIND_CODES,
@@ -53,6 +60,7 @@ from duragent.store.sqlite_tx import (
 from duragent.store.sqlite_wake import WakeUps
 from duragent.store.sqlite_writer import BatchNotes, SqliteWriter, translate
 from duragent.store.tx import TxWrites
+from duragent.store.views import VIEW_KINDS, build_ui_view, parse_messages, view_data, view_text
 from duragent.types import (
     ApiMessage,
     Document,
