@@ -211,3 +211,19 @@ def test_every_store_protocol_method_has_a_docstring() -> None:
     assert methods
     missing = [name for name in methods if not inspect.getdoc(getattr(Store, name))]
     assert not missing, f"Store methods without a docstring: {missing}"
+
+
+def test_store_classes_and_model_adapters_are_reached_through_their_packages() -> None:
+    """The modules that hold them are internal (a leading underscore); the packages
+    name them, imported on first use, and a name they do not have is an AttributeError."""
+    import duragent.llm
+    import duragent.store
+
+    for name in ("MemoryStore", "SQLiteStore", "JSONLStore", "PostgresStore"):
+        assert getattr(duragent.store, name).__name__ == name
+    for name in ("OpenAIChat", "AnthropicChat"):
+        assert getattr(duragent.llm, name).__name__ == name
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        duragent.store.Nope  # noqa: B018
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        duragent.llm.Nope  # noqa: B018

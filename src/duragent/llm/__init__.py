@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from duragent.errors import InvalidOption
 from duragent.llm.base import (
@@ -18,6 +19,10 @@ from duragent.llm.base import (
     UsageDelta,
 )
 from duragent.llm.scripted import ScriptedModel, ToolCall, Turn
+
+if TYPE_CHECKING:
+    from duragent.llm.anthropic import AnthropicChat  # noqa: F401
+    from duragent.llm.openai import OpenAIChat  # noqa: F401
 
 __all__ = [
     "ChatModel",
@@ -70,3 +75,16 @@ def resolve_model(spec: str | ChatModel, **options: Any) -> ChatModel:
     raise InvalidOption(
         f"unknown model provider {provider!r} in {spec!r}; use openai, anthropic or scripted"
     )
+
+
+# The provider adapters, for direct construction (a model string is the usual
+# way). Imported on first use, so this package never loads a provider's SDK
+# unless asked; not in __all__ for the same reason.
+_ADAPTERS = {"OpenAIChat": "duragent.llm.openai", "AnthropicChat": "duragent.llm.anthropic"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _ADAPTERS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'duragent.llm' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

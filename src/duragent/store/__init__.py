@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 from duragent.errors import InvalidStoreURL, MissingExtra
@@ -15,6 +16,30 @@ from duragent.store.commits import (
     TaskQuery,
 )
 from duragent.store.protocol import Store, iter_entries
+
+if TYPE_CHECKING:
+    from duragent.store.jsonl import JSONLStore  # noqa: F401
+    from duragent.store.memory import MemoryStore  # noqa: F401
+    from duragent.store.postgres import PostgresStore  # noqa: F401
+    from duragent.store.sqlite import SQLiteStore  # noqa: F401
+
+# The store classes, for type hints and direct construction (`open_store(url)` is
+# the usual way). Imported on first use, so importing this package loads neither
+# sqlite3's store nor psycopg; they are not in __all__ for the same reason.
+_STORE_CLASSES = {
+    "MemoryStore": "duragent.store.memory",
+    "SQLiteStore": "duragent.store.sqlite",
+    "JSONLStore": "duragent.store.jsonl",
+    "PostgresStore": "duragent.store.postgres",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _STORE_CLASSES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'duragent.store' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 DEFAULT_URL = "sqlite:///duragent.db"
 
