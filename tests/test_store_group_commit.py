@@ -1050,3 +1050,42 @@ def test_postgres_a_close_cancelled_while_a_commit_is_held_is_finished_by_the_ne
         asyncio.run(go())
     assert store._pool.closed
     assert store._writer._executor._shutdown
+
+
+# --- where a SQLite FULL batch runs --------------------------------------------
+
+
+async def test_a_full_sqlite_batch_runs_on_the_loop_only_for_a_task_committing_alone(
+    tmp_path: Path,
+) -> None:
+    """One task committing alone has nobody to overlap its fsync with: its batches
+    run on the event loop. Once several tasks commit to the store, a batch goes to
+    the writer thread (the GIL released during its fsync, so they run meanwhile),
+    and stays there until the store has again had one committer for a while."""
+    store = SQLiteStore(str(tmp_path / "s.db"), durability="full")
+    async with store:
+        a, b = await claimed(store, "w1"), await claimed(store, "w2")
+        ran_on: list[str] = []
+        writer = store._writer
+        real = writer._run_batch
+
+        def spy(batch: Any) -> Any:
+            here = threading.current_thread() is threading.main_thread()
+            ran_on.append("loop" if here else "thread")
+            return real(batch)
+
+        writer._run_batch = spy  # type: ignore[method-assign]
+
+        async def commits(task: Task, n: int) -> None:
+            for i in range(n):
+                await store.commit(Commit(entries=[progress(task.id, str(i))], fence={task.id: 1}))
+
+        await commits(a, 3)
+        assert ran_on == ["loop"] * 3
+        ran_on.clear()
+        await asyncio.gather(commits(a, 3), commits(b, 3))
+        assert "thread" in ran_on
+        assert await texts_of(store, a.id) == ["0", "1", "2"] * 2
+        ran_on.clear()
+        await commits(a, 20)  # the two committers are still among the last batches'
+        assert ran_on[0] == "thread" and ran_on[-1] == "loop"

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from duragent.errors import StoreCorrupt, StoreError, StoreUnavailable
 from duragent.store.group_commit import GroupCommit, Job, Outcome
 from duragent.store.sqlite_schema import ready_wal
 from duragent.store.sqlite_tx import Deferred, RowCache, SqliteTx, TaskNumbers
 from duragent.types import Task
+
+# How many of the store's last batches must come from the same one asyncio task
+# for a FULL batch to run inline (run_here).
+RECENT = 16
 
 
 @dataclass(slots=True)
@@ -64,6 +70,8 @@ class SqliteWriter(GroupCommit[SqliteTx, BatchNotes]):
         # Set per batch: 0 inline (the loop never waits for another process's
         # lock), 30 s on the writer thread.
         self._busy_ms = -1
+        # Which asyncio tasks the last batches' commits came from (run_here).
+        self._recent: deque[asyncio.Task[Any] | None] = deque(maxlen=RECENT)
 
     def announce(self, loop: asyncio.AbstractEventLoop, notes: BatchNotes | None, ok: bool) -> None:
         self._announce(notes, ok)
@@ -77,22 +85,32 @@ class SqliteWriter(GroupCommit[SqliteTx, BatchNotes]):
         """Run the next batch inline when nothing else could run meanwhile.
 
         Without fsyncs (NORMAL) a batch is a fraction of a millisecond of CPU,
-        less than a hand-off to a thread. At FULL a batch whose commits all
-        come from one asyncio task has nobody to overlap its fsync with (that
-        task waits for it; a round's closing commit and the next model call's
-        share one): inline too. Commits of several tasks waiting together
-        mean other work is under way: the writer thread runs the batch, the
-        GIL released during the fsync, so that work runs meanwhile. (Whether
-        the loop has other callbacks ready would tell more, but no public API
-        says; asyncio's private `_ready` list is not there on uvloop.)
+        less than a hand-off to a thread. At FULL a batch runs inline only when
+        its commits, and those of the store's last `RECENT` batches, all come
+        from one asyncio task: a task committing alone (a round's closing commit
+        and the next model call's share one) has nobody to overlap its fsync
+        with. When several tasks commit to this store (several runners, a
+        stream's progress beside another task's round), other work is under
+        way: the writer thread runs the batch, the GIL released during the
+        fsync, so that work runs meanwhile. (Whether the loop has callbacks
+        ready would tell more, but no public API says; asyncio's private
+        `_ready` list is not there on uvloop.) A batch holding another loop's
+        commits always goes to the thread, which answers each loop on its own.
         Only if another process holds the write lock does the batch go to the
         thread, which waits for the lock.
         """
-        if self.full and not self._one_caller():
+        batch = self.take(loop)
+        if batch is None:
             return False
-        batch = self.take()
         if not batch:
             return True
+        origins = {job.origin for job in batch}
+        # (a tuple first: the writer thread extends the deque too; copying it is one step)
+        alone = len(origins) == 1 and origins.issuperset(tuple(self._recent))
+        self._recent.extend(origins)
+        if self.full and not alone:
+            self.put_back(batch)
+            return False
         self._busy_wait(0)
         try:
             self.conn.execute("BEGIN IMMEDIATE")
@@ -103,16 +121,11 @@ class SqliteWriter(GroupCommit[SqliteTx, BatchNotes]):
         self.landed_here(loop, batch, outcomes, notes)
         return True
 
-    def _one_caller(self) -> bool:
-        """The next batch's commits all come from one asyncio task."""
-        with self._lock:
-            batch = self._pending[: self.max_batch]
-        return all(job.origin is batch[0].origin for job in batch)
-
     def run_batch(
         self, batch: list[Job[SqliteTx]], failed: BaseException | None
     ) -> tuple[list[Outcome], BatchNotes | None]:
         self._busy_wait(30000)  # here waiting for another process is the point
+        self._recent.extend({job.origin for job in batch})
         try:
             self.conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
