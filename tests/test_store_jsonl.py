@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from duragent.errors import StoreCorrupt, StoreLocked, StoreVersionError
+from duragent.errors import StoreCorrupt, StoreError, StoreLocked, StoreVersionError
 from duragent.store import Commit, DocumentWrite, TaskPatch, open_store
 from duragent.store.files import LOG_NAME
 from duragent.store.jsonl import JSONLStore, compact
@@ -457,3 +457,16 @@ async def test_sigkill_at_random_moments_keeps_exactly_the_marked_commits(
         zygote.stdout.close()
     print(f"{trials} kills, {truncations} torn tails cut off, {progressed} trials made progress")
     assert progressed > trials // 2, "the writers were mostly killed before committing"
+
+
+async def test_a_jsonl_store_read_before_it_is_opened_says_so(tmp_path: Path) -> None:
+    """Its log is replayed by open(): read before that, it would look empty."""
+    async with JSONLStore(str(tmp_path / "s")) as store:
+        task, _ = await store.create_task(Task(agent="a"))
+    unopened = JSONLStore(str(tmp_path / "s"))
+    with pytest.raises(StoreError, match="is not open"):
+        await unopened.list_tasks()
+    with pytest.raises(StoreError, match="is not open"):
+        await unopened.get_task(task.id)
+    async with unopened:
+        assert (await unopened.get_task(task.id)).id == task.id

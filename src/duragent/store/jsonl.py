@@ -490,6 +490,13 @@ class JSONLStore(MemoryStore):
             self._close_files()
             raise StoreUnavailable(f"could not migrate the JSONL store {self.path}: {exc}") from exc
 
+    def _readable(self) -> None:
+        # Before open() nothing is replayed: a read would find an empty store.
+        if not self._opened and not self._closed:
+            raise StoreError(
+                f"store {self.url} is not open: use `async with store:` or `await store.open()`"
+            )
+
     # --- writing ---
 
     def _check_open(self) -> None:

@@ -205,6 +205,9 @@ class MemoryStore(TxWrites):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def _readable(self) -> None:
+        """Reads may run (a memory store's always may; JSONL's only once open)."""
+
     def _run(self, job: Callable[[_MemoryTx], _T]) -> _T:
         """Run a job in one transaction: all of its writes are installed, or none."""
         tx = _MemoryTx(self)
@@ -228,12 +231,14 @@ class MemoryStore(TxWrites):
         return future
 
     async def get_task(self, task_id: str) -> Task:
+        self._readable()
         raw = self._tasks.get(task_id)
         if raw is None:
             raise TaskNotFound(task_id)
         return Task.model_validate_json(raw)
 
     async def list_tasks(self, query: TaskQuery | None = None) -> TaskPage:
+        self._readable()
         q = query or TaskQuery()
         tasks = [Task.model_validate_json(raw) for raw in self._tasks.values()]
         tasks.sort(key=lambda t: (t.created_at.timestamp(), t.id), reverse=True)
@@ -252,6 +257,7 @@ class MemoryStore(TxWrites):
         return TaskPage(out, encode_cursor(out[-1]) if more and out else None)
 
     async def count_tasks(self, query: TaskQuery | None = None) -> dict[tuple[str, str], int]:
+        self._readable()
         q = query or TaskQuery()
         counts: Counter[tuple[str, str]] = Counter()
         for raw in self._tasks.values():
@@ -268,6 +274,7 @@ class MemoryStore(TxWrites):
         kinds: Iterable[EntryKind] | None = None,
         limit: int | None = None,
     ) -> list[Entry]:
+        self._readable()
         wanted = None if kinds is None else {EntryKind(k).value for k in kinds}
         out = []
         for seq, kind, rnd, payload, created in self._entries.get(task_id, ()):
@@ -288,6 +295,7 @@ class MemoryStore(TxWrites):
         return out
 
     async def entry_heads(self, task_id: str, *, kinds: Iterable[EntryKind]) -> list[EntryHead]:
+        self._readable()
         wanted = {EntryKind(k).value for k in kinds}
         return [
             EntryHead(seq, EntryKind(kind), rnd, json.loads(payload).get("role"))
@@ -296,22 +304,27 @@ class MemoryStore(TxWrites):
         ]
 
     async def model_view(self, task_id: str) -> list[ApiMessage]:
+        self._readable()
         rows = self._entries.get(task_id, ())
         return build_model_view((s, k, p) for s, k, _r, p, _c in rows if k in VIEW_KINDS)
 
     async def model_view_data(self, task_id: str) -> list[dict[str, Any]]:
+        self._readable()
         rows = self._entries.get(task_id, ())
         return view_data(view_text((s, k, p) for s, k, _r, p, _c in rows if k in VIEW_KINDS))
 
     async def ui_messages(self, task_id: str) -> list[UIMessage]:
+        self._readable()
         rows = self._entries.get(task_id, ())
         return build_ui_view((s, p) for s, k, _r, p, _c in rows if k == EntryKind.UI_MESSAGE)
 
     async def get_document(self, scope: str, key: str) -> Document | None:
+        self._readable()
         raw = self._docs.get((scope, key))
         return None if raw is None else Document.model_validate_json(raw)
 
     async def list_documents(self, scope: str) -> list[Document]:
+        self._readable()
         return [
             Document.model_validate_json(raw)
             for (s, _k), raw in sorted(self._docs.items())
@@ -321,6 +334,7 @@ class MemoryStore(TxWrites):
     async def next_wake_at(
         self, agents: Iterable[str] | None = None, queues: Iterable[str] | None = None
     ) -> datetime | None:
+        self._readable()
         names = None if agents is None else set(agents)
         only = None if queues is None else set(queues)
         wakes = []
