@@ -17,6 +17,7 @@ from duragent import (
     RetryPolicy,
     ScriptedModel,
     Timing,
+    WorkerOptions,
 )
 
 
@@ -48,7 +49,7 @@ def test_options_are_frozen_and_keyword_only() -> None:
 @pytest.mark.parametrize(
     ("build", "named"),
     [
-        (lambda: Limits(max_iterations=0), "Limits.max_iterations"),
+        (lambda: Limits(max_iterations=-1), "Limits.max_iterations"),
         (
             lambda: Limits(max_iterations=2.5),  # type: ignore[arg-type]
             "Limits.max_iterations",
@@ -60,7 +61,7 @@ def test_options_are_frozen_and_keyword_only() -> None:
         (lambda: Timing(state_debounce=math.inf), "Timing.state_debounce"),
         (lambda: Timing(state_max_wait="5"), "Timing.state_max_wait"),  # type: ignore[arg-type]
         (lambda: RetryPolicy(max_retries=-1), "RetryPolicy.max_retries"),
-        (lambda: RetryPolicy(base_delay=0), "RetryPolicy.base_delay"),
+        (lambda: RetryPolicy(base_delay=-1), "RetryPolicy.base_delay"),
         (lambda: RetryPolicy(max_delay=math.inf), "RetryPolicy.max_delay"),
         (lambda: BuiltinTools(plan=1), "BuiltinTools.plan"),  # type: ignore[arg-type]
     ],
@@ -80,3 +81,13 @@ def test_zero_means_at_once_where_waiting_is_optional() -> None:
 def test_an_option_of_the_wrong_kind_says_which_to_build() -> None:
     with pytest.raises(InvalidOption, match=r"Agent.limits is a Limits\(...\)"):
         Agent(name="a", model="scripted:none", limits={"max_iterations": 3})  # type: ignore[arg-type]
+
+
+def test_values_the_flat_knobs_took_are_still_taken() -> None:
+    """Zero meant something before the grouping, and still does: no retry delay,
+    a task that fails at its first round; a worker may wait for its tasks forever."""
+    assert RetryPolicy(base_delay=0, max_delay=0).max_delay == 0
+    assert Limits(max_iterations=0).max_iterations == 0
+    assert WorkerOptions(shutdown_grace=None).shutdown_grace is None
+    with pytest.raises(InvalidOption, match="concurrency is a whole number of tasks >= 1"):
+        WorkerOptions(concurrency=0)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from duragent.errors import InvalidOption, check_count, check_delay, check_seconds
+from duragent.errors import InvalidOption, check_count, check_delay
 from duragent.llm import ChatModel, resolve_model
 from duragent.runtime.builtin import ask_user, update_plan
 from duragent.runtime.deadlines import deadline_at
@@ -34,8 +34,8 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         check_count("RetryPolicy.max_retries", self.max_retries, least=0)
-        check_seconds("RetryPolicy.base_delay", self.base_delay)
-        check_seconds("RetryPolicy.max_delay", self.max_delay)
+        check_delay("RetryPolicy.base_delay", self.base_delay)  # 0: retry at once
+        check_delay("RetryPolicy.max_delay", self.max_delay)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +49,7 @@ class Limits:
     (`blocked(restart_limit)`) until someone resumes it. 0: block at the first."""
 
     def __post_init__(self) -> None:
-        check_count("Limits.max_iterations", self.max_iterations, least=1)
+        check_count("Limits.max_iterations", self.max_iterations, least=0)  # 0: fails at once
         check_count("Limits.max_restarts", self.max_restarts, least=0)
 
 

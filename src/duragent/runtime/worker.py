@@ -21,7 +21,6 @@ from duragent.errors import (
     StoreError,
     TaskNotFound,
     UsageError,
-    check_count,
     check_delay,
     check_seconds,
 )
@@ -64,9 +63,9 @@ class WorkerOptions:
     is noticed at once)."""
     worker_id: str | None = None
     """This worker's name in leases and logs; default host:pid:random."""
-    shutdown_grace: float = 30.0
+    shutdown_grace: float | None = 30.0
     """How long a graceful `stop` waits for running tasks to reach a safe point
-    before it cancels them."""
+    before it cancels them (None: as long as they take)."""
     missing_agent_grace: float = 60.0
     """Seconds a task may wait for an agent no live worker serves before it is
     blocked(missing_definition) (presence.py)."""
@@ -88,8 +87,16 @@ class WorkerOptions:
             self.lease_ttl
         ):
             raise InvalidOption("heartbeat must be shorter than lease_ttl (leases would lapse)")
-        check_count("concurrency", self.concurrency, least=1)
-        check_delay("shutdown_grace", self.shutdown_grace)
+        if (
+            isinstance(self.concurrency, bool)
+            or not isinstance(self.concurrency, int)
+            or self.concurrency < 1
+        ):
+            raise InvalidOption(
+                f"concurrency is a whole number of tasks >= 1, not {self.concurrency!r}"
+            )
+        if self.shutdown_grace is not None:
+            check_delay("shutdown_grace", self.shutdown_grace)
         if self.queues is not None:
             object.__setattr__(self, "queues", tuple(queue_names(self.queues)))
 
