@@ -287,16 +287,18 @@ async def serve_forever(
     store, trace, stop_metrics = await _with_metrics(
         store_url, agents, lease_ttl, metrics_port, metrics_host
     )
-    runtime = Runtime(
-        store,
-        agents,
-        run_worker=workers > 0,
-        concurrency=max(workers, 1),
-        lease_ttl=lease_ttl,
-        poll_interval=0.2,
-        trace=trace,
-    )
     try:
+        # Built inside the try: a Runtime that refuses its options still closes
+        # what _with_metrics opened.
+        runtime = Runtime(
+            store,
+            agents,
+            run_worker=workers > 0,
+            concurrency=max(workers, 1),
+            lease_ttl=lease_ttl,
+            poll_interval=0.2,
+            trace=trace,
+        )
         async with runtime:
             api = server.create_app(
                 runtime, tokens, server.ServerLimits(**(limits or {})), admins=admins or ()

@@ -29,7 +29,7 @@ RERUN = frozenset({"safe", "resume"})
 
 
 class CallHost(TaskHost, Protocol):
-    """What `run_call` uses of its task's runner (`TaskRunner`, runtime/engine.py):
+    """What `run_call` uses of its task's runner (`Rounds`, runtime/round.py):
     the task's agent, for its tools, and the agents a sub-task may be spawned for."""
 
     @property

@@ -228,7 +228,7 @@ class PgWriter(GroupCommit[PgTx, Changes]):
         from here: its jobs are all this loop's and all run on cached rows, and
         the writer holds an idle connection. False: the thread must run it.
         Its answer is read on the loop; if it reports a failure, the thread
-        takes the batch over (`_run`), with the failure as its first attempt's."""
+        takes the batch over (`run_batch`), with the failure as its first attempt's."""
         conn = self._held
         if (
             not self.on_loop

@@ -59,7 +59,9 @@ class Store(Protocol):
         ...
 
     async def open(self) -> None:
-        """Open (creating or migrating the schema if needed); call before anything else."""
+        """Connect, creating or migrating the schema if needed; call before anything
+        else (`async with store:` does). A constructor only checks its arguments;
+        opening an open store does nothing."""
         ...
 
     async def close(self) -> None:
