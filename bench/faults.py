@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from duragent import Agent, Limits, ScriptedModel, Timing, ToolCall, ToolContext, tool
-from duragent.llm.scripted import Turn
+from duragent.llm._scripted import Turn
 from duragent.types import AssistantMessage
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: bench/..
@@ -235,7 +235,7 @@ def _errors(schema: str) -> list[str]:
 
 
 async def _submit(url: str, tasks: int) -> None:
-    from duragent.runtime.submit import new_task
+    from duragent.runtime._submit import new_task
     from duragent.store import Commit, open_store
 
     store = open_store(url)
@@ -289,7 +289,7 @@ def run_faults(
 ) -> Outcome:
     """One run. `fault_seconds`: stop killing after that long and let the tasks
     finish (to show they recover once the store works); default: kill until the end."""
-    from duragent.store.postgres import PostgresStore
+    from duragent.store._postgres import PostgresStore
 
     schema = f"faults_{uuid.uuid4().hex[:10]}"
     app = f"faults-worker-{uuid.uuid4().hex[:8]}"

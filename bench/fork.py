@@ -39,9 +39,9 @@ from bench.common import (
     tool_output,
 )
 from duragent import Runtime
-from duragent.runtime.steering import Edit, fork_log
+from duragent.runtime._steering import Edit, fork_log
 from duragent.store import open_store
-from duragent.store.commits import CopyEntries
+from duragent.store._commits import CopyEntries
 from duragent.types import EntryKind, NewEntry, Task
 
 

@@ -198,7 +198,7 @@ def _start_worker(url: str, concurrency: int, rounds: int) -> subprocess.Popen[b
 
 
 async def _submit_all(url: str, tasks: int) -> None:
-    from duragent.runtime.submit import new_task
+    from duragent.runtime._submit import new_task
     from duragent.store import Commit, open_store
 
     store = open_store(url)
@@ -211,7 +211,7 @@ async def _submit_all(url: str, tasks: int) -> None:
 
 
 def run_once(workers: int, tasks: int, rounds: int, concurrency: int, timeout: float) -> Run:
-    from duragent.store.postgres import PostgresStore
+    from duragent.store._postgres import PostgresStore
 
     schema = f"bench_{uuid.uuid4().hex[:10]}"
     url = f"{PG_URL}?schema={schema}"

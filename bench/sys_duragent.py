@@ -39,11 +39,11 @@ from duragent import (
     open_store,
     tool,
 )
-from duragent.llm.base import ModelRequest, ResponseAssembler
-from duragent.runtime.engine import TaskRunner
-from duragent.runtime.log import api_entry, result_entries
-from duragent.runtime.submit import new_task
-from duragent.store.commits import Commit, TaskPatch
+from duragent.llm._base import ModelRequest, ResponseAssembler
+from duragent.runtime._engine import TaskRunner
+from duragent.runtime._log import api_entry, result_entries
+from duragent.runtime._submit import new_task
+from duragent.store._commits import Commit, TaskPatch
 from duragent.types import (
     AssistantMessage,
     EntryKind,

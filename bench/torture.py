@@ -228,7 +228,7 @@ def _gaps(seqs: list[int]) -> str:
 
 async def dump_store(url: str) -> StoreDump:
     from duragent import open_store
-    from duragent.store.commits import TaskQuery
+    from duragent.store._commits import TaskQuery
     from duragent.types import dump_message
 
     store = open_store(url)
@@ -367,7 +367,7 @@ def available_stores() -> dict[str, str | None]:
     """Each backend, and why it cannot be tortured here (None = available)."""
     out: dict[str, str | None] = {"sqlite": None}
     try:
-        import duragent.store.jsonl
+        import duragent.store._jsonl
 
         out["jsonl"] = None
     except ImportError as exc:
@@ -375,7 +375,7 @@ def available_stores() -> dict[str, str | None]:
     pg = postgres_unreachable(PG_URL)
     if pg is None:
         try:
-            import duragent.store.postgres  # noqa: F401
+            import duragent.store._postgres  # noqa: F401
         except ImportError as exc:
             pg = f"no postgres store in this build ({exc})"
     out["postgres"] = pg

@@ -1,4 +1,4 @@
-"""Why a SQLite store at FULL readies its WAL and checkpoints it every 200 pages (sqlite_schema.py).
+"""Why a SQLite store at FULL readies its WAL and checkpoints it every 200 pages (_sqlite_schema.py).
 
     python -m bench.wal_growth [--runs 5] [--commits 400]
 
@@ -26,8 +26,8 @@ from typing import Any
 
 from bench.common import fmt
 from duragent.store import Commit, TaskPatch, open_store
-from duragent.store.sqlite import SQLiteStore
-from duragent.store.sqlite_schema import FULL_WAL_PAGES
+from duragent.store._sqlite import SQLiteStore
+from duragent.store._sqlite_schema import FULL_WAL_PAGES
 from duragent.types import EntryKind, NewEntry, Task
 
 PAYLOAD = {"role": "assistant", "content": "x" * 200}

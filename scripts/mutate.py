@@ -38,20 +38,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The fast lane's files that cover each module of the core.
 TESTS: dict[str, list[str]] = {
-    "src/duragent/store/tx.py": [
+    "src/duragent/store/_tx.py": [
         "tests/test_transitions.py",
         "tests/test_store_conformance.py",
         "tests/test_store_group_commit.py",
         "tests/test_store_fork.py",
     ],
-    "src/duragent/payloads.py": ["tests/test_payloads.py", "tests/test_store_encoding.py"],
+    "src/duragent/_payloads.py": ["tests/test_payloads.py", "tests/test_store_encoding.py"],
     # test_recovery_rules.py first: it kills most of these mutants, and -x stops there.
-    "src/duragent/runtime/recovery.py": [
+    "src/duragent/runtime/_recovery.py": [
         "tests/test_recovery_rules.py",
         "tests/test_crash_recovery.py",
         "tests/test_engine_defects.py",
     ],
-    "src/duragent/runtime/calls.py": [
+    "src/duragent/runtime/_calls.py": [
         "tests/test_recovery_rules.py",
         "tests/test_runtime.py",
         "tests/test_approvals.py",

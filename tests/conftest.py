@@ -91,7 +91,7 @@ def drop_schema(schema: str) -> None:
 
 
 async def _postgres(tmp_path: Path) -> Store:
-    from duragent.store.postgres import PostgresStore
+    from duragent.store._postgres import PostgresStore
 
     class ThrowawayPostgresStore(PostgresStore):
         """A store in its own schema, dropped on close: every test starts empty."""

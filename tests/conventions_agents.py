@@ -9,7 +9,7 @@ from duragent import Agent, BuiltinTools
 
 
 def agents() -> list[Agent]:
-    from duragent.llm.openai import OpenAIChat
+    from duragent.llm._openai import OpenAIChat
 
     model = OpenAIChat(
         "gpt-4o-mini", base_url=os.environ["CONVENTIONS_BASE_URL"], api_key="sk-unused"

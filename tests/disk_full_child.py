@@ -23,7 +23,7 @@ import threading
 from typing import Any
 
 from duragent import Agent, Runtime, ScriptedModel, ToolCall, ToolContext, tool
-from duragent.llm.scripted import Turn
+from duragent.llm._scripted import Turn
 
 _SOFT, _HARD = resource.getrlimit(resource.RLIMIT_FSIZE)
 failed_writes: list[int] = []

@@ -27,10 +27,10 @@ async def get_weather(city: str) -> str:
 
 def build_model() -> ChatModel:
     if PROVIDER == "openai":
-        from duragent.llm.openai import OpenAIChat
+        from duragent.llm._openai import OpenAIChat
 
         return OpenAIChat("gpt-4o-mini", base_url=BASE_URL)
-    from duragent.llm.anthropic import AnthropicChat
+    from duragent.llm._anthropic import AnthropicChat
 
     return AnthropicChat("claude-sonnet-5", base_url=BASE_URL, max_tokens=512)
 

@@ -27,8 +27,8 @@ from duragent import (
     UsageError,
     tool,
 )
-from duragent.payloads import WaitCheckpoint
-from duragent.runtime.waits import open_waits
+from duragent._payloads import WaitCheckpoint
+from duragent.runtime._waits import open_waits
 from duragent.types import AssistantMessage, EntryKind, UIToolCard, utcnow
 from support.readme import first_block_under
 
@@ -255,7 +255,7 @@ async def test_an_undecided_approval_is_denied_when_its_time_is_up(store: Store)
 
 def forward(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     """Move the clock approvals are checked by `seconds` ahead (not the store's)."""
-    import duragent.runtime.approvals as approvals
+    import duragent.runtime._approvals as approvals
 
     monkeypatch.setattr(approvals, "utcnow", lambda: utcnow() + timedelta(seconds=seconds))
 

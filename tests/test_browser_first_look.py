@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from duragent.runtime.presence import WORKERS_SCOPE
+from duragent.runtime._presence import WORKERS_SCOPE
 from duragent.store import open_store
-from duragent.store.commits import Commit, DocumentWrite
+from duragent.store._commits import Commit, DocumentWrite
 from duragent.types import Task, utcnow
 from support.browser import (
     Page,

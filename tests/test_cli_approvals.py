@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from duragent import Runtime
 from duragent.cli import app
-from duragent.runtime.waits import open_waits
+from duragent.runtime._waits import open_waits
 from duragent.types import TaskStatus
 from server_agents import agents
 

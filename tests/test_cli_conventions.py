@@ -33,7 +33,7 @@ from duragent import (
     __version__,
 )
 from duragent.llm import resolve_model
-from duragent.runtime.presence import announce
+from duragent.runtime._presence import announce
 from duragent.store import open_store
 from duragent.types import Task, TaskStatus
 from server_agents import agents

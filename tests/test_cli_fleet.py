@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from duragent import Runtime, TaskStatus
 from duragent.cli import app
 from duragent.store import open_store
-from duragent.store.queues import list_queues
+from duragent.store._queues import list_queues
 from server_agents import agents
 
 runner = CliRunner()
@@ -90,7 +90,7 @@ def test_queue_and_schedule_commands(tmp_path: Path) -> None:
     store = open_store(url)
     asyncio.run(store.open())
     try:
-        from duragent.runtime.schedules import list_schedules
+        from duragent.runtime._schedules import list_schedules
 
         assert asyncio.run(list_schedules(store)) == []
     finally:

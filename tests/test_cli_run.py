@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from duragent.cli.run import Grants, Options
+from duragent.cli._run import Grants, Options
 from duragent.store import open_store
-from duragent.store.commits import Commit, TaskPatch
+from duragent.store._commits import Commit, TaskPatch
 from duragent.toolsets import WORKDIR_KEY
 from duragent.types import EntryKind, Task, TaskStatus
 from support.cli_run import (

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from duragent.server.auth import TokenStore
+from duragent.server._auth import TokenStore
 from support.server_live import (
     CLI,
     TOKENS,
@@ -47,7 +47,7 @@ def test_serve_without_the_extra_says_how_to_install_it(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "pip install 'duragent[server]'" in result.stderr
     # The core package and the other commands don't need it.
-    code = "import duragent, duragent.cli.tasks, duragent.cli.serve; print(duragent.Runtime)"
+    code = "import duragent, duragent.cli._tasks, duragent.cli._serve; print(duragent.Runtime)"
     ok = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert ok.returncode == 0, ok.stderr
     made = run(

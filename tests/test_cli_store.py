@@ -12,8 +12,8 @@ import pytest
 
 from duragent.errors import TaskNotFound
 from duragent.store import Commit, DocumentWrite, TaskPatch
-from duragent.store.files import LOG_NAME
-from duragent.store.jsonl import JSONLStore
+from duragent.store._files import LOG_NAME
+from duragent.store._jsonl import JSONLStore
 from duragent.types import EntryKind, NewEntry, Task
 
 PROGRESS = 4  # progress entries written to each task

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from duragent import Runtime
 from duragent.cli import app
 from duragent.store import open_store
-from duragent.store.commits import Commit, DocumentWrite
-from duragent.store.sqlite_schema import SCHEMA_VERSION
+from duragent.store._commits import Commit, DocumentWrite
+from duragent.store._sqlite_schema import SCHEMA_VERSION
 from duragent.types import Task, TaskStatus, task_scope
 from server_agents import agents
 from support.server_live import CLI, child_env, duragent, stop
@@ -205,7 +205,7 @@ def test_a_task_for_an_agent_no_worker_knows_shows_blocked(
     url: str, worker: subprocess.Popen[bytes]
 ) -> None:
     from duragent import Agent
-    from duragent.runtime.submit import new_task
+    from duragent.runtime._submit import new_task
 
     async def orphan() -> str:
         store = open_store(url)

@@ -32,8 +32,8 @@ from duragent import (
     tool,
 )
 from duragent.errors import UsageError
-from duragent.runtime.presence import served_agents
-from duragent.store.protocol import Store
+from duragent.runtime._presence import served_agents
+from duragent.store._protocol import Store
 from duragent.types import AssistantMessage, Task, ToolMessage, UserMessage, utcnow
 
 
@@ -506,7 +506,7 @@ async def test_a_fork_does_not_copy_the_sources_deadline(store: Store) -> None:
 async def test_a_waiting_task_is_claimable_once_its_wake_up_is_due(store: Store) -> None:
     """Store level: whatever it waits for, a waiting task with `wake_at` due is claimed
     (that is how a deadline reaches a task waiting for input), and one without is not."""
-    from duragent.store.commits import Commit, TaskPatch
+    from duragent.store._commits import Commit, TaskPatch
 
     async def parked(wake_at: datetime | None) -> str:
         task = Task(agent="a")

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "duragent"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 # A path ending in .py, as the map writes them: relative to src/duragent
-# (`store/sqlite.py`), or to the repository for these top-level directories.
+# (`store/_sqlite.py`), or to the repository for these top-level directories.
 PY_PATH = re.compile(r"(?<![\w./-])((?:[A-Za-z_][\w-]*/)*[A-Za-z_]\w*\.py)\b")
 FROM_THE_ROOT = ("tests/", "bench/", "scripts/", "src/", "docs/")
 
@@ -34,7 +34,7 @@ def named_paths(text: str) -> set[str]:
 
 
 def test_the_module_list_is_read_from_the_files() -> None:
-    assert {"store/tx.py", "runtime/worker.py", "types.py"} <= set(modules())
+    assert {"store/_tx.py", "runtime/_worker.py", "types.py"} <= set(modules())
     assert not any(m.endswith(("__init__.py", "__main__.py")) for m in modules())
 
 

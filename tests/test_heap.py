@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, ToolContext, tool
-from duragent.heap import collector_paused
-from duragent.runtime.commits import Commits
-from duragent.runtime.engine import TaskRunner
-from duragent.store.views import view_data
+from duragent._heap import collector_paused
+from duragent.runtime._commits import Commits
+from duragent.runtime._engine import TaskRunner
+from duragent.store._views import view_data
 
 # Messages with tool calls: containers the collector tracks, as in a real history.
 HISTORY = json.dumps(

@@ -25,8 +25,8 @@ from duragent.errors import (
     UsageError,
 )
 from duragent.llm import resolve_model
-from duragent.llm.anthropic import AnthropicChat, to_anthropic_messages
-from duragent.llm.base import (
+from duragent.llm._anthropic import AnthropicChat, to_anthropic_messages
+from duragent.llm._base import (
     Finish,
     ModelRequest,
     Response,
@@ -571,7 +571,7 @@ async def test_no_log_line_shows_the_key(
 def test_missing_sdk_says_which_extra_to_install() -> None:
     code = (
         "import sys; sys.modules['anthropic'] = None\n"
-        "from duragent.llm.anthropic import AnthropicChat\n"
+        "from duragent.llm._anthropic import AnthropicChat\n"
         "from duragent.errors import MissingExtra\n"
         "try:\n"
         "    AnthropicChat('claude-sonnet-5', api_key='k')\n"

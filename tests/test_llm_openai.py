@@ -26,7 +26,7 @@ from duragent.errors import (
     UsageError,
 )
 from duragent.llm import resolve_model
-from duragent.llm.base import (
+from duragent.llm._base import (
     Finish,
     ModelRequest,
     Response,
@@ -37,7 +37,7 @@ from duragent.llm.base import (
     ToolSpec,
     UsageDelta,
 )
-from duragent.llm.openai import OpenAIChat, retry_after
+from duragent.llm._openai import OpenAIChat, retry_after
 from duragent.types import (
     AssistantMessage,
     FunctionCall,
@@ -521,7 +521,7 @@ async def test_no_log_line_shows_the_key(
 def test_missing_sdk_says_which_extra_to_install() -> None:
     code = (
         "import sys; sys.modules['openai'] = None\n"
-        "from duragent.llm.openai import OpenAIChat\n"
+        "from duragent.llm._openai import OpenAIChat\n"
         "from duragent.errors import MissingExtra\n"
         "try:\n"
         "    OpenAIChat('gpt-4o-mini', api_key='k')\n"

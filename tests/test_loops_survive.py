@@ -22,18 +22,18 @@ import pytest
 
 from duragent import Agent, BuiltinTools, Queue, Runtime, ScriptedModel, ToolCall, tool
 from duragent.errors import InvalidOption
-from duragent.runtime.housekeeping import Housekeeper
-from duragent.runtime.schedules import (
+from duragent.runtime._housekeeping import Housekeeper
+from duragent.runtime._schedules import (
     SCHEDULES_SCOPE,
     new_schedule,
     put_schedule,
     schedule_key,
 )
-from duragent.runtime.worker import Worker, WorkerOptions
+from duragent.runtime._worker import Worker, WorkerOptions
 from duragent.store import open_store
-from duragent.store.commits import Commit, DocumentWrite, TaskQuery
-from duragent.store.protocol import Store
-from duragent.store.queues import QUEUES_SCOPE, define_queue
+from duragent.store._commits import Commit, DocumentWrite, TaskQuery
+from duragent.store._protocol import Store
+from duragent.store._queues import QUEUES_SCOPE, define_queue
 from duragent.types import TaskStatus
 from duragent.webhooks import OUTBOX, WebhookDelivery, WebhookSender
 from support.api import assert_problem, auth, client, runtime  # noqa: F401

@@ -1,4 +1,4 @@
-"""duragent.model_internals gives what pydantic's own methods give: its copies
+"""duragent._model_internals gives what pydantic's own methods give: its copies
 (`updated`, `constructed`, `stored_entry`) what `model_copy` and `model_construct`
 give (the same fields, the same fields set, the same JSON, the original left as
 it was), its setters what assignment gives. These are the invariants it relies
@@ -10,11 +10,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
-from duragent.model_internals import (
+from duragent._model_internals import (
     constructed,
     given_in_full,
     hidden_value,

@@ -133,7 +133,7 @@ async def test_runs_of_one_task_across_a_restart_share_one_trace(tmp_path: Path)
 
 
 def test_without_an_active_span_nothing_is_stored_with_the_task() -> None:
-    from duragent.runtime.submit import new_task
+    from duragent.runtime._submit import new_task
 
     task, _ = new_task(Agent(name="w", model="scripted:none"), "hi")
     assert "trace" not in task.config

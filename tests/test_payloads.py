@@ -19,7 +19,7 @@ from duragent import (
     ToolContext,
     tool,
 )
-from duragent.payloads import (
+from duragent._payloads import (
     IntentPayload,
     ProgressPayload,
     ResultPayload,
@@ -30,8 +30,8 @@ from duragent.payloads import (
     validate_checkpoint,
     voided_ranges,
 )
-from duragent.runtime.submit import new_task
-from duragent.store.commits import Commit
+from duragent.runtime._submit import new_task
+from duragent.store._commits import Commit
 from duragent.types import EntryKind, NewEntry, UIText
 
 

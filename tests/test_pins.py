@@ -1,5 +1,5 @@
 """A task is pinned to where its data goes and what its tools may touch
-(runtime/pins.py): a worker whose agent would send it elsewhere, or root its
+(runtime/_pins.py): a worker whose agent would send it elsewhere, or root its
 tools elsewhere, blocks it instead, until it is re-pinned on purpose."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from duragent import Agent, BuiltinTools, Runtime
 from duragent.errors import UsageError
-from duragent.runtime.worker import lease_alive
+from duragent.runtime._worker import lease_alive
 from duragent.store import open_store
 from duragent.toolsets import toolset
 from duragent.types import Task, TaskStatus

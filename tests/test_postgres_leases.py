@@ -11,7 +11,7 @@ import pytest
 
 from conftest import drop_schema, require_postgres
 from duragent.errors import StoreUnavailable
-from duragent.store.postgres import PostgresStore
+from duragent.store._postgres import PostgresStore
 from duragent.types import Task
 
 pytestmark = pytest.mark.postgres

@@ -19,8 +19,8 @@ import pytest
 from conftest import drop_schema, require_postgres
 from duragent.errors import StaleLease
 from duragent.store import Commit
-from duragent.store.postgres import PostgresStore
-from duragent.store.postgres_tx import PgTx
+from duragent.store._postgres import PostgresStore
+from duragent.store._postgres_tx import PgTx
 from duragent.types import EntryKind, NewEntry, Task
 
 pytestmark = pytest.mark.postgres

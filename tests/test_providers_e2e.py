@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from duragent import Agent, BuiltinTools, ChatModel, Runtime, Task, tool
-from duragent.cli.tasks import export_task
-from duragent.llm.anthropic import AnthropicChat
-from duragent.llm.openai import OpenAIChat
+from duragent.cli._tasks import export_task
+from duragent.llm._anthropic import AnthropicChat
+from duragent.llm._openai import OpenAIChat
 from duragent.store import open_store
 from duragent.types import EntryKind, TaskStatus, UIError, UINotice
 from support.crashlib import close_pipes, dump, finish, read_until

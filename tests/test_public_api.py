@@ -168,7 +168,7 @@ def test_open_store_names_a_bad_url_as_a_duragent_error() -> None:
 
 
 def test_misuses_raise_duragent_errors_that_say_what_is_wrong() -> None:
-    from duragent.runtime.schedules import new_schedule
+    from duragent.runtime._schedules import new_schedule
 
     def spread(*args: int) -> int:
         """Takes anything."""
@@ -203,7 +203,7 @@ def test_every_public_name_has_a_docstring() -> None:
 
 
 def test_every_store_protocol_method_has_a_docstring() -> None:
-    from duragent.store.protocol import Store
+    from duragent.store._protocol import Store
 
     methods = [
         name for name, value in vars(Store).items() if not name.startswith("_") and callable(value)

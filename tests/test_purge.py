@@ -14,8 +14,8 @@ import pytest
 from conftest import drop_schema, require_postgres
 from duragent.errors import TaskNotFound
 from duragent.store import Commit, DocumentWrite, Store, TaskPatch, open_store
-from duragent.store.purge import erase_owner, expire_by_ttl, purge
-from duragent.store.queues import Queue, define_queue
+from duragent.store._purge import erase_owner, expire_by_ttl, purge
+from duragent.store._queues import Queue, define_queue
 from duragent.types import EntryKind, NewEntry, Task, task_scope
 
 

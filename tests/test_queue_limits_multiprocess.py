@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from duragent.store import open_store
-from duragent.store.queues import Queue, define_queue
+from duragent.store._queues import Queue, define_queue
 from duragent.types import Task
 
 CLAIMER = r"""

@@ -14,7 +14,7 @@ import pytest
 from conftest import drop_schema, require_postgres
 from duragent.errors import QueueNotFound
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
-from duragent.store.queues import Queue, define_queue, delete_queue, list_queues
+from duragent.store._queues import Queue, define_queue, delete_queue, list_queues
 from duragent.types import Task
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from duragent import ScriptedModel
-from duragent.llm.base import ModelRequest, UsageDelta
-from duragent.llm.ratelimit import RATE_SCOPE, RateLimited
+from duragent.llm._base import ModelRequest, UsageDelta
+from duragent.llm._ratelimit import RATE_SCOPE, RateLimited
 from duragent.store import open_store
 from duragent.types import UserMessage
 

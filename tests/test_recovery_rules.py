@@ -1,8 +1,8 @@
 """Recovery's rules, one by one, on every store (issue 38, "Tests that prove the core").
 
 A worker that died mid-round leaves a log; the next one to claim the task
-decides every call of the open round from that log alone (runtime/recovery.py,
-runtime/calls.py). Each test here writes such a log as a crash would have left
+decides every call of the open round from that log alone (runtime/_recovery.py,
+runtime/_calls.py). Each test here writes such a log as a crash would have left
 it (the task row and its entries, committed with `Store.create_task`), lets a
 real `Runtime` claim the task, and checks what it made of each call: run again
 or not, the result and outcome label stored, what the model saw next.
@@ -31,12 +31,12 @@ from duragent import (
     ToolContext,
     tool,
 )
-from duragent.runtime.approvals import edited_note
-from duragent.runtime.engine import TaskRunner
-from duragent.runtime.log import INTERRUPTED
-from duragent.runtime.submit import new_task
-from duragent.store.commits import Commit
-from duragent.store.protocol import Store
+from duragent.runtime._approvals import edited_note
+from duragent.runtime._engine import TaskRunner
+from duragent.runtime._log import INTERRUPTED
+from duragent.runtime._submit import new_task
+from duragent.store._commits import Commit
+from duragent.store._protocol import Store
 from duragent.types import (
     AssistantMessage,
     Entry,

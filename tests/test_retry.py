@@ -26,7 +26,7 @@ from duragent import (
     tool,
 )
 from duragent.errors import TaskNotFound
-from duragent.store.protocol import Store
+from duragent.store._protocol import Store
 from duragent.types import EntryKind, ToolMessage, UINotice
 
 

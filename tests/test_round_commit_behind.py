@@ -21,11 +21,11 @@ from conftest import PG_URL, opened_store
 from duragent import Agent, BuiltinTools, Runtime, ScriptedModel, ToolCall, ToolContext, tool
 from duragent.errors import TaskNotFound
 from duragent.store import Commit, TaskPatch
-from duragent.store.commits import PendingCommit
-from duragent.store.memory import MemoryStore
-from duragent.store.postgres import PostgresStore
-from duragent.store.protocol import Store
-from duragent.store.sqlite import SQLiteStore
+from duragent.store._commits import PendingCommit
+from duragent.store._memory import MemoryStore
+from duragent.store._postgres import PostgresStore
+from duragent.store._protocol import Store
+from duragent.store._sqlite import SQLiteStore
 from duragent.types import EntryKind, NewEntry, Task, TaskStatus
 
 ROUNDS = 12

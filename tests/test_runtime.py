@@ -35,8 +35,8 @@ from duragent.errors import (
     TaskNotFound,
     UnknownAgent,
 )
-from duragent.llm.base import Finish, ModelRequest, StreamEvent, TextDelta, UsageDelta
-from duragent.store.protocol import Store
+from duragent.llm._base import Finish, ModelRequest, StreamEvent, TextDelta, UsageDelta
+from duragent.store._protocol import Store
 from duragent.types import AssistantMessage, EntryKind, Task, ToolMessage, UINotice, UIToolCard
 
 

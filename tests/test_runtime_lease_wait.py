@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from duragent import Agent, BuiltinTools, Runtime, ScriptedModel
-from duragent.runtime.presence import WORKERS_SCOPE, process_identity
+from duragent.runtime._presence import WORKERS_SCOPE, process_identity
 from duragent.store import open_store
-from duragent.store.commits import Commit, DocumentWrite
+from duragent.store._commits import Commit, DocumentWrite
 from duragent.types import Task, TaskStatus, utcnow
 
 HOLDER = "elsewhere:4242:0badc0de"

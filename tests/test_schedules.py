@@ -13,7 +13,7 @@ import pytest
 
 from duragent import Agent, Runtime, ScriptedModel
 from duragent.errors import ScheduleNotFound
-from duragent.runtime.schedules import (
+from duragent.runtime._schedules import (
     Overlap,
     fire_due,
     get_schedule,

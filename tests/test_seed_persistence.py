@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from duragent.store import Store
-from duragent.store.seed import SeedPersistence
+from duragent.store._seed import SeedPersistence
 from duragent.types import AssistantMessage, Task, TaskStatus, UIError, UIText, UserMessage
 
 

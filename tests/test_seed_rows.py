@@ -25,9 +25,9 @@ from duragent import (
     tool,
 )
 from duragent.errors import IncompatibleEntry, SessionNotFound, TaskNotFound, UsageError
-from duragent.store.commits import Commit
-from duragent.store.protocol import Store
-from duragent.store.sqlite_schema import KIND_CODES
+from duragent.store._commits import Commit
+from duragent.store._protocol import Store
+from duragent.store._sqlite_schema import KIND_CODES
 from duragent.types import BlockReason, Entry, EntryKind, NewEntry, Task, UINotice
 from support.seed_rows import FutureKind, streaming
 

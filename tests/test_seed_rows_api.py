@@ -15,8 +15,8 @@ import pytest
 
 from duragent import Runtime
 from duragent.server import TokenStore, create_app
-from duragent.store.commits import Commit
-from duragent.store.sqlite_schema import KIND_CODES
+from duragent.store._commits import Commit
+from duragent.store._sqlite_schema import KIND_CODES
 from duragent.types import EntryKind, NewEntry, TaskStatus
 from server_agents import agents
 from support.api import TOKENS, assert_problem, auth, client, runtime, start, wait_for

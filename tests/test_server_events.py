@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from duragent import Runtime
-from duragent.server.events import entry_events
+from duragent.server._events import entry_events
 from server_agents import agents
 from support.server_live import LiveServer, duragent, live_server, stop
 

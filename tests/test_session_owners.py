@@ -18,11 +18,13 @@ import pytest
 
 from conftest import drop_schema, require_postgres
 from duragent.store import Store, open_store
-from duragent.store.jsonl import JSONLStore
-from duragent.store.memory import SCHEMA_VERSION as MEMORY_SCHEMA_VERSION
-from duragent.store.sqlite import SQLiteStore
-from duragent.store.sqlite_schema import MIGRATIONS as SQLITE_MIGRATIONS
-from duragent.store.sqlite_schema import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
+from duragent.store._jsonl import JSONLStore
+from duragent.store._memory import SCHEMA_VERSION as MEMORY_SCHEMA_VERSION
+from duragent.store._sqlite import SQLiteStore
+from duragent.store._sqlite_schema import (
+    MIGRATIONS as SQLITE_MIGRATIONS,
+    SCHEMA_VERSION as SQLITE_SCHEMA_VERSION,
+)
 from duragent.types import Task, session_scope, task_scope
 from support.server_live import LiveServer, live_server
 
@@ -192,8 +194,8 @@ async def test_a_version_1_postgres_schema_gets_per_owner_session_scopes() -> No
     import psycopg
     from psycopg import sql
 
-    from duragent.store.postgres import PostgresStore
-    from duragent.store.postgres_schema import MIGRATIONS as PG_MIGRATIONS
+    from duragent.store._postgres import PostgresStore
+    from duragent.store._postgres_schema import MIGRATIONS as PG_MIGRATIONS
 
     url = require_postgres()
     schema = f"test_v1_{uuid.uuid4().hex[:12]}"

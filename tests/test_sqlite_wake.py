@@ -15,9 +15,9 @@ import pytest
 
 import duragent
 from duragent import Runtime
-from duragent.store import sqlite_wake
-from duragent.store.sqlite import SQLiteStore
-from duragent.store.sqlite_wake import WakeUps
+from duragent.store import _sqlite_wake as sqlite_wake
+from duragent.store._sqlite import SQLiteStore
+from duragent.store._sqlite_wake import WakeUps
 from worker_agents import AGENTS
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from duragent.runtime.state import DebouncedState
+from duragent.runtime._state import DebouncedState
 
 
 class FakeClock:

@@ -21,7 +21,7 @@ from duragent import (
     ToolContext,
     tool,
 )
-from duragent.runtime.waits import open_waits
+from duragent.runtime._waits import open_waits
 from duragent.store import Commit, TaskPatch
 from duragent.types import AssistantMessage, ToolMessage
 

@@ -14,8 +14,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from duragent import (
     Agent,
@@ -32,10 +31,10 @@ from duragent import (
     UsageError,
     tool,
 )
-from duragent.payloads import is_voided, voided_ranges
+from duragent._payloads import is_voided, voided_ranges
 from duragent.store import Store, open_store
-from duragent.store.commits import Commit, TaskPatch
-from duragent.store.memory import MemoryStore
+from duragent.store._commits import Commit, TaskPatch
+from duragent.store._memory import MemoryStore
 from duragent.types import (
     AssistantMessage,
     EntryKind,

@@ -27,7 +27,7 @@ from duragent import (
     UsageError,
     tool,
 )
-from duragent.runtime.inbox import MultitaskStrategy
+from duragent.runtime._inbox import MultitaskStrategy
 from duragent.types import EntryKind, Task, ToolMessage, UserMessage
 from support.readme import first_block_under
 from support.sending import Gate, roles, script

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from duragent import Agent, BuiltinTools, Runtime, ScriptedModel, UsageError
+from duragent._storable import MAX_JSON_DEPTH, check_storable
 from duragent.errors import InvalidValue
-from duragent.storable import MAX_JSON_DEPTH, check_storable
 from duragent.store import Store
 
 

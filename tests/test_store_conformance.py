@@ -18,9 +18,9 @@ from pydantic import BaseModel
 from conftest import opened_store, require_postgres
 from duragent.errors import Conflict, InvalidTransition, StaleLease, StoreError, TaskNotFound
 from duragent.store import Commit, DocumentWrite, Store, TaskPatch, TaskQuery, iter_entries
-from duragent.store.codec import MAX_SEQ
-from duragent.store.postgres import PostgresStore
-from duragent.store.sqlite import SQLiteStore
+from duragent.store._codec import MAX_SEQ
+from duragent.store._postgres import PostgresStore
+from duragent.store._sqlite import SQLiteStore
 from duragent.types import (
     AssistantMessage,
     EntryKind,

@@ -8,10 +8,9 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from duragent.store.codec import dumps
+from duragent.store._codec import dumps
 
 text = st.text(st.characters(exclude_categories=["Cs"]), max_size=20)  # no lone surrogates
 scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | text

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root
 
 from conftest import require_postgres
 from duragent import Agent, BuiltinTools, ScriptedModel, TaskStatus, Worker, WorkerOptions
-from duragent.runtime.submit import new_task
-from duragent.store.protocol import Store
+from duragent.runtime._submit import new_task
+from duragent.store._protocol import Store
 
 HERE = Path(__file__).parent
 

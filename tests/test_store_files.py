@@ -18,8 +18,8 @@ import pytest
 
 from duragent.errors import StoreCorrupt, StoreFull, StoreNotFound, StoreVersionError
 from duragent.store import Commit, DocumentWrite, open_store
-from duragent.store.files import LOG_NAME
-from duragent.store.jsonl import LOCK_NAME, LOG_VERSION, JSONLStore, _unseal
+from duragent.store._files import LOG_NAME
+from duragent.store._jsonl import LOCK_NAME, LOG_VERSION, JSONLStore, _unseal
 from duragent.types import EntryKind, NewEntry, Task, UIText, dump_message
 
 

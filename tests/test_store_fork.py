@@ -20,11 +20,11 @@ from pydantic import BaseModel
 from conftest import drop_schema, opened_store, require_postgres
 from duragent.errors import Conflict, TaskNotFound
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
-from duragent.store.commits import CopyEntries, EntryHead
-from duragent.store.jsonl import JSONLStore
-from duragent.store.postgres import PostgresStore
-from duragent.store.purge import purge
-from duragent.store.sqlite import SQLiteStore
+from duragent.store._commits import CopyEntries, EntryHead
+from duragent.store._jsonl import JSONLStore
+from duragent.store._postgres import PostgresStore
+from duragent.store._purge import purge
+from duragent.store._sqlite import SQLiteStore
 from duragent.types import (
     AssistantMessage,
     EntryKind,

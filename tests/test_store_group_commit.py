@@ -23,13 +23,19 @@ import pytest
 
 from conftest import drop_schema, require_postgres
 from duragent.errors import Conflict, StaleLease, StoreError, StoreUnavailable
-from duragent.store import Commit, DocumentWrite, TaskPatch, postgres_message, postgres_writer
-from duragent.store.codec import SEQ_BITS
-from duragent.store.postgres import PostgresStore
-from duragent.store.protocol import Store
-from duragent.store.rules import apply_patch
-from duragent.store.sqlite import SQLiteStore
-from duragent.store.sqlite_schema import Durability
+from duragent.store import (
+    Commit,
+    DocumentWrite,
+    TaskPatch,
+    _postgres_message as postgres_message,
+    _postgres_writer as postgres_writer,
+)
+from duragent.store._codec import SEQ_BITS
+from duragent.store._postgres import PostgresStore
+from duragent.store._protocol import Store
+from duragent.store._rules import apply_patch
+from duragent.store._sqlite import SQLiteStore
+from duragent.store._sqlite_schema import Durability
 from duragent.types import EntryKind, NewEntry, Task, TaskStatus, Usage, utcnow
 
 

@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from duragent.errors import StoreCorrupt, StoreError, StoreLocked, StoreVersionError
 from duragent.store import Commit, DocumentWrite, TaskPatch, open_store
-from duragent.store.files import LOG_NAME
-from duragent.store.jsonl import JSONLStore, compact
-from duragent.store.memory import SCHEMA_VERSION
+from duragent.store._files import LOG_NAME
+from duragent.store._jsonl import JSONLStore, compact
+from duragent.store._memory import SCHEMA_VERSION
 from duragent.types import (
     AssistantMessage,
     EntryKind,
@@ -137,7 +136,7 @@ async def test_second_process_gets_store_locked_naming_the_owner_pid(tmp_path: P
             sys.executable,
             "-c",
             "import asyncio, sys\n"
-            "from duragent.store.jsonl import JSONLStore\n"
+            "from duragent.store._jsonl import JSONLStore\n"
             "s = JSONLStore(sys.argv[1])\n"
             "asyncio.run(s.open())\n"
             "print('ready', flush=True)\n"
@@ -326,7 +325,7 @@ def test_jsonl_store_matches_model_and_its_replay(ops: list[tuple[Any, ...]]) ->
 ZYGOTE = r"""
 import asyncio, os, sys
 from duragent.store import Commit, DocumentWrite, TaskPatch
-from duragent.store.jsonl import JSONLStore
+from duragent.store._jsonl import JSONLStore
 from duragent.types import EntryKind, NewEntry
 
 def ui(task_id, text):

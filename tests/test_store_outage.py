@@ -21,7 +21,7 @@ import pytest
 
 from conftest import drop_schema, require_postgres
 from duragent import Agent, Runtime, ScriptedModel, TaskStatus
-from duragent.store.postgres import PostgresStore
+from duragent.store._postgres import PostgresStore
 from support.pgproxy import Forwarder, forwarder
 from support.workerlib import WorkerProc
 from worker_agents import AGENTS

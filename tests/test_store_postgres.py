@@ -15,18 +15,16 @@ from typing import Any
 
 import psycopg
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 from psycopg.rows import dict_row
 
 from conftest import drop_schema, require_postgres
 from duragent.errors import CommitOutcomeUnknown, StaleLease, StoreVersionError
 from duragent.store import Commit, DocumentWrite, TaskPatch, open_store
-from duragent.store.commits import CopyEntries
-from duragent.store.postgres import PostgresStore
-from duragent.store.postgres_connect import split_url
-from duragent.store.postgres_schema import MIGRATIONS as PG_MIGRATIONS
-from duragent.store.postgres_schema import SCHEMA_VERSION
+from duragent.store._commits import CopyEntries
+from duragent.store._postgres import PostgresStore
+from duragent.store._postgres_connect import split_url
+from duragent.store._postgres_schema import MIGRATIONS as PG_MIGRATIONS, SCHEMA_VERSION
 from duragent.types import EntryKind, NewEntry, Task, UIText, dump_message
 from support.pgproxy import commit_answer_loser
 from support.store_model import SETTINGS, op, run
@@ -224,7 +222,7 @@ async def test_newer_schema_version_is_refused_naming_both_versions(
 
 MIGRATOR = r"""
 import asyncio, os, sys, time
-from duragent.store.postgres import PostgresStore
+from duragent.store._postgres import PostgresStore
 url, gate, schemas = sys.argv[1], sys.argv[2], sys.argv[3:]
 while not os.path.exists(gate):  # start together, so the migrations really overlap
     time.sleep(0.001)

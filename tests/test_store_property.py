@@ -7,8 +7,7 @@ import tempfile
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from support.store_model import SETTINGS, _with_store, op
 

@@ -16,10 +16,10 @@ import pytest
 
 from duragent.errors import StoreCorrupt, StoreError, StoreVersionError
 from duragent.store import Commit, TaskPatch, TaskQuery, open_store
-from duragent.store.commits import CopyEntries
-from duragent.store.sqlite import SQLiteStore
-from duragent.store.sqlite_schema import MIGRATIONS, SCHEMA_VERSION, WAL_READY_FRAMES
-from duragent.store.sqlite_tx import TaskNumbers
+from duragent.store._commits import CopyEntries
+from duragent.store._sqlite import SQLiteStore
+from duragent.store._sqlite_schema import MIGRATIONS, SCHEMA_VERSION, WAL_READY_FRAMES
+from duragent.store._sqlite_tx import TaskNumbers
 from duragent.types import EntryKind, NewEntry, Task, TaskStatus
 
 

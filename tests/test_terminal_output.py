@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 
 from duragent import Agent, BuiltinTools, Runtime, ScriptedModel, Timing, ToolCall
-from duragent.terminal import clean, safe
+from duragent._terminal import clean, safe
 from duragent.types import TaskStatus
-from support.llm_servers import Answer, ScriptedOpenAIServer
-from support.llm_servers import ToolCall as WireToolCall
+from support.llm_servers import Answer, ScriptedOpenAIServer, ToolCall as WireToolCall
 from support.server_live import child_env
 
 # A window-title change (OSC, ended by BEL and by ST), a screen clear (CSI), an

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from duragent import Agent, BuiltinTools, Runtime, ScriptedModel, ToolCall
-from duragent.fetch import BlockedAddress, NetworkPolicy, local_kind
-from duragent.runtime.tools import Tool
+from duragent._fetch import BlockedAddress, NetworkPolicy, local_kind
+from duragent.runtime._tools import Tool
 from duragent.toolsets import toolset
 from duragent.types import EntryKind, TaskStatus
 from support.http import Handler, answer, serving

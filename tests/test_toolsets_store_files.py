@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from duragent import Agent, BuiltinTools, Runtime, ScriptedModel, ToolCall
-from duragent.runtime.tools import Tool
+from duragent.runtime._tools import Tool
 from duragent.store import open_store
 from duragent.toolsets import toolset
 from duragent.types import EntryKind, TaskStatus
@@ -123,7 +123,7 @@ async def test_list_dir_leaves_an_open_stores_files_out(tmp_path: Path) -> None:
     # Closed, it is no one's store: a file like any other.
     shown = (await call(tools, "list_dir")).splitlines()
     assert "duragent.db" in " ".join(shown) and "hard.db" in " ".join(shown)
-    from duragent.store.open_files import is_store_path
+    from duragent.store._open_files import is_store_path
 
     assert not is_store_path(tmp_path / "duragent.db")
 

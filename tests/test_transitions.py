@@ -22,14 +22,14 @@ from pydantic import BaseModel, PrivateAttr
 
 from conftest import opened_store, require_postgres
 from duragent import Runtime
+from duragent._model_internals import given_in_full, updated
 from duragent.errors import InvalidOption, InvalidTransition, StaleLease, TaskNotFound
-from duragent.model_internals import given_in_full, updated
 from duragent.store import Commit, DocumentWrite, Store, TaskPatch
-from duragent.store.postgres import PostgresStore
-from duragent.store.queues import QUEUES_SCOPE, Queue, define_queue
-from duragent.store.rules import claim
-from duragent.store.sqlite import SQLiteStore
-from duragent.store.tx import HeldRows, Notes, hold_row, may_become_claimable
+from duragent.store._postgres import PostgresStore
+from duragent.store._queues import QUEUES_SCOPE, Queue, define_queue
+from duragent.store._rules import claim
+from duragent.store._sqlite import SQLiteStore
+from duragent.store._tx import HeldRows, Notes, hold_row, may_become_claimable
 from duragent.types import (
     API_KINDS,
     PATCHABLE,
@@ -183,7 +183,7 @@ def test_a_claim_is_a_transition_to_running(status: TaskStatus) -> None:
     assert claimed.restarts == (1 if status is R else 0)
 
 
-# --- what a write means to waiters in other processes (store/tx.py Notes) ----
+# --- what a write means to waiters in other processes (store/_tx.py Notes) ----
 
 
 @pytest.mark.parametrize(
@@ -591,7 +591,7 @@ async def test_a_release_is_a_transition_to_pending(store: Store) -> None:
     assert (await status_changes(store, task.id))[-1] == ("running", "waiting")
 
 
-# --- gaps of the claim and create paths (store/tx.py) ------------------------
+# --- gaps of the claim and create paths (store/_tx.py) ------------------------
 
 
 async def test_a_claim_that_reads_a_larger_page_never_returns_a_task_twice(store: Store) -> None:
@@ -676,7 +676,7 @@ async def test_the_lease_columns_follow_the_row(kind: str, tmp_path: Path) -> No
             await store.release_lease(task.id, 2)
 
 
-# --- the claim's pages, limits and defaults (store/tx.py apply_claim) --------
+# --- the claim's pages, limits and defaults (store/_tx.py apply_claim) --------
 
 
 async def test_a_claim_takes_no_more_than_asked_though_the_limit_refused_some(

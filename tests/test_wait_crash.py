@@ -33,8 +33,8 @@ from duragent import (
     tool,
 )
 from duragent.errors import StoreUnavailable
-from duragent.store.commits import Commit, CommitResult
-from duragent.store.sqlite import SQLiteStore
+from duragent.store._commits import Commit, CommitResult
+from duragent.store._sqlite import SQLiteStore
 from duragent.types import EntryKind, Task
 from support.crashlib import kill_at, spawn
 from wait_child import MONTH, QUESTION, waiter

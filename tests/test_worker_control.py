@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from conftest import drop_schema, require_postgres
 from duragent import Agent, Runtime, ScriptedModel, TaskStatus, ToolCall, tool
 from duragent.store import Commit, TaskPatch
-from duragent.store.memory import MemoryStore
+from duragent.store._memory import MemoryStore
 from duragent.types import AssistantMessage, EntryKind
 from support.workerlib import WorkerProc, workers  # noqa: F401  (the fixture)
 from worker_agents import AGENTS

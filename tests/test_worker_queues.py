@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from duragent import Runtime, TaskStatus, UsageError
-from duragent.runtime.worker import Worker, WorkerOptions
+from duragent.runtime._worker import Worker, WorkerOptions
 from duragent.store import Commit, Store, TaskQuery
-from duragent.store.queues import Queue
+from duragent.store._queues import Queue
 from duragent.types import EntryKind, Task
 from support.workerlib import WorkerProc, workers  # noqa: F401  (the fixture)
 from worker_agents import AGENTS

@@ -16,12 +16,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from duragent import Agent, BuiltinTools, Runtime, ScriptedModel, TaskStatus, ToolCall, tool
-from duragent.runtime.presence import WORKERS_SCOPE, block_unserved, served_agents
-from duragent.runtime.submit import new_task
-from duragent.runtime.worker import Worker, WorkerOptions
-from duragent.store.commits import LeaseRenewal
-from duragent.store.memory import MemoryStore
-from duragent.store.protocol import Store
+from duragent.runtime._presence import WORKERS_SCOPE, block_unserved, served_agents
+from duragent.runtime._submit import new_task
+from duragent.runtime._worker import Worker, WorkerOptions
+from duragent.store._commits import LeaseRenewal
+from duragent.store._memory import MemoryStore
+from duragent.store._protocol import Store
 from duragent.types import EntryKind, Task
 from support.workerlib import WorkerProc, ledger_lines, one_result_per_call
 from worker_agents import AGENTS

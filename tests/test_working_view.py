@@ -10,13 +10,13 @@ import pytest
 
 from duragent import Agent, BuiltinTools, Runtime, TaskStatus, ToolCall, tool
 from duragent.errors import StoreCorrupt
-from duragent.llm.base import ModelRequest
-from duragent.llm.messages import WorkingView, wire_messages
-from duragent.llm.scripted import ScriptedModel
+from duragent.llm._base import ModelRequest
+from duragent.llm._messages import WorkingView, wire_messages
+from duragent.llm._scripted import ScriptedModel
 from duragent.store import Commit, Store
-from duragent.store.memory import MemoryStore
-from duragent.store.sqlite import SQLiteStore
-from duragent.store.views import view_data
+from duragent.store._memory import MemoryStore
+from duragent.store._sqlite import SQLiteStore
+from duragent.store._views import view_data
 from duragent.types import (
     AssistantMessage,
     EntryKind,

@@ -63,11 +63,11 @@ from duragent.runtime import (
     WorkerOptions,
     tool,
 )
-from duragent.runtime.callbacks import TaskCallbacks
-from duragent.runtime.schedules import Schedule
-from duragent.runtime.sessions import Session, SessionSummary
+from duragent.runtime._callbacks import TaskCallbacks
+from duragent.runtime._schedules import Schedule
+from duragent.runtime._sessions import Session, SessionSummary
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
-from duragent.store.queues import Queue
+from duragent.store._queues import Queue
 from duragent.types import (
     AssistantMessage,
     BlockReason,

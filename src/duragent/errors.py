@@ -51,7 +51,7 @@ these at the boundary and never escape raw.
     └── MCPServerError
 
 The server adds its own (duragent.server: `LimitReached`, `BadRequest`, both
-UsageErrors); `duragent.fetch.BlockedAddress` is a PermissionError.
+UsageErrors); `duragent._fetch.BlockedAddress` is a PermissionError.
 
 Every error pickles with its message and attributes (a worker process can
 hand one to another), whatever its `__init__` takes: see `DuragentError.__reduce__`.

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from duragent.errors import MCPServerError, MissingExtra, ToolArgumentError, UsageError
-from duragent.runtime.tools import Replay, Tool
+from duragent.runtime._tools import Replay, Tool
 
 if TYPE_CHECKING:
-    from duragent.runtime.context import ToolContext
+    from duragent.runtime._context import ToolContext
 
 T = TypeVar("T")
 IDEMPOTENCY_ARG = "idempotency_key"

@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from duragent._payloads import status_of
 from duragent.errors import Conflict, MissingExtra, StaleLease
-from duragent.payloads import status_of
-from duragent.store.commits import (
+from duragent.store._commits import (
     Commit,
     CommitResult,
     CopyEntries,
@@ -32,9 +32,9 @@ from duragent.store.commits import (
     TaskPage,
     TaskQuery,
 )
-from duragent.store.protocol import Store
-from duragent.store.queues import QUEUES_SCOPE
-from duragent.store.signals import ControlCallback
+from duragent.store._protocol import Store
+from duragent.store._queues import QUEUES_SCOPE
+from duragent.store._signals import ControlCallback
 from duragent.types import ApiMessage, Document, Entry, EntryKind, NewEntry, Task, UIMessage
 
 if TYPE_CHECKING:

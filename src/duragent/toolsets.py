@@ -4,13 +4,13 @@ Everything that bounds these tools is fixed when the toolset is built, by
 whoever runs the worker, and never read from a task's `context` (API clients
 write it): the file tools' root directory, the network policy, and which tools
 may run without asking the user first. Each task records them as its pin
-(runtime/pins.py); a worker whose toolset differs does not run it.
+(runtime/_pins.py); a worker whose toolset differs does not run it.
 
 File tools only touch paths inside the root: `..` is refused, and a path is
 resolved (symlinks included) before it is checked, so a link inside the root
 cannot lead out of it. They never touch a store this process has open (its
 database, journals, wake-up directory, JSONL log and lock, on any spelling:
-see store/open_files.py): `list_dir` leaves those out and the others refuse.
+see store/_open_files.py): `list_dir` leaves those out and the others refuse.
 What they answer (results and errors alike, which API users read) names paths
 relative to the root only: never the server's absolute paths, nor where a link
 points. Reading, listing and fetching are replay-safe; writing is never re-run
@@ -29,10 +29,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path, PurePath
 from typing import TypeVar
 
+from duragent._fetch import NetworkPolicy, fetch
 from duragent.errors import UsageError
-from duragent.fetch import NetworkPolicy, fetch
-from duragent.runtime.tools import Tool, tool
-from duragent.store.open_files import is_store_inode, is_store_path, store_files
+from duragent.runtime._tools import Tool, tool
+from duragent.store._open_files import is_store_inode, is_store_path, store_files
 
 T = TypeVar("T")
 
@@ -253,7 +253,7 @@ def toolset(
     if names and not base.is_dir():
         raise UsageError(f"the file tools' root {str(base)!r} is not a directory")
     policy = network or NetworkPolicy()
-    # Pinned on every task of an agent with these tools (runtime/pins.py).
+    # Pinned on every task of an agent with these tools (runtime/_pins.py).
     reach = {
         "workdir": str(base),
         "allow": sorted(allowed),

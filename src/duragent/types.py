@@ -15,8 +15,8 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from duragent._model_internals import constructed, hidden_value, updated, with_hidden_value
 from duragent.errors import InvalidTransition
-from duragent.model_internals import constructed, hidden_value, updated, with_hidden_value
 
 JSON = Any
 
@@ -57,7 +57,7 @@ class BlockReason(StrEnum):
     RESTART_LIMIT = "restart_limit"
     MISSING_DEFINITION = "missing_definition"
     INCOMPATIBLE_STORE = "incompatible_store"
-    PINNED = "pinned"  # the worker's agent would break the task's pin (runtime/pins.py)
+    PINNED = "pinned"  # the worker's agent would break the task's pin (runtime/_pins.py)
 
 
 _S = TaskStatus
@@ -180,7 +180,7 @@ class Task(BaseModel):
     @property
     def deadline(self) -> datetime | None:
         """The wall-clock limit the task fails at, if any (kept in `config`, see
-        duragent.runtime.deadlines)."""
+        duragent.runtime._deadlines)."""
         record = self.config.get("deadline")
         if not isinstance(record, dict) or not record.get("at"):
             return None
@@ -259,7 +259,7 @@ class NewEntry:
 # --- the commit path's entries -----------------------------------------------
 
 # Every field of an entry: the fields set all stored entries share, which none
-# adds to (see duragent.model_internals).
+# adds to (see duragent._model_internals).
 _ENTRY_FIELDS = {"task_id", "seq", "kind", "round", "payload", "created_at"}
 
 # Where a task read by `Runtime.get` keeps its partial output: beside its fields,

@@ -36,8 +36,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from duragent.errors import Conflict, InvalidOption, StoreError, UsageError, check_seconds
-from duragent.store.commits import Commit, DocumentWrite
-from duragent.store.protocol import Store
+from duragent.store._commits import Commit, DocumentWrite
+from duragent.store._protocol import Store
 from duragent.types import Document, Task, TaskStatus, utcnow
 
 log = logging.getLogger("duragent.webhooks")

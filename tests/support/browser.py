@@ -26,9 +26,7 @@ TIMEOUT = 30_000  # ms, for every wait on a condition
 
 sync_api = pytest.importorskip("playwright.sync_api")
 if TYPE_CHECKING:  # the same names, typed; re-exported for the browser tests
-    from playwright.sync_api import Locator as Locator
-    from playwright.sync_api import Page as Page
-    from playwright.sync_api import expect as expect
+    from playwright.sync_api import Locator as Locator, Page as Page, expect as expect
 else:
     Page = sync_api.Page
     Locator = sync_api.Locator

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Literal
 
-from duragent.llm.scripted import ToolCall, Turn
+from duragent.llm._scripted import ToolCall, Turn
 
 __all__ = [
     "Answer",

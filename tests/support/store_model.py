@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, settings, strategies as st
 
 from duragent.errors import InvalidTransition, StaleLease
 from duragent.store import Commit, DocumentWrite, Store, TaskPatch, open_store

@@ -16,17 +16,17 @@ import sys
 import typer
 
 from duragent.cli import (
-    approvals,
-    demo,
-    fleet,
-    run,
-    serve,
-    sessions,
-    steering,
-    store,
-    tasks,
-    views,
-    worker,
+    _approvals as approvals,
+    _demo as demo,
+    _fleet as fleet,
+    _run as run,
+    _serve as serve,
+    _sessions as sessions,
+    _steering as steering,
+    _store as store,
+    _tasks as tasks,
+    _views as views,
+    _worker as worker,
 )
 from duragent.cli._common import DEBUG_ENV, Commands, debugging, fail, quiet_logs
 from duragent.errors import DuragentError

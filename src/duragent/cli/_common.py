@@ -27,10 +27,10 @@ from pydantic_core import to_jsonable_python
 from rich.console import Console
 from typer.core import TyperGroup
 
+from duragent._terminal import CleanFormatter, SafeConsole, clean
 from duragent.errors import DuragentError, MissingExtra, NoStore, UsageError
-from duragent.runtime.runtime import Runtime
-from duragent.store.files import DIR_MODE, absolute_hint, missing_store, url_path
-from duragent.terminal import CleanFormatter, SafeConsole, clean
+from duragent.runtime._runtime import Runtime
+from duragent.store._files import DIR_MODE, absolute_hint, missing_store, url_path
 
 T = TypeVar("T")
 
@@ -185,7 +185,7 @@ def emit_json(data: Any) -> None:
 
 
 def make_console(**options: Any) -> Console:
-    """The console every command prints with: it cleans what it writes (terminal.py)."""
+    """The console every command prints with: it cleans what it writes (_terminal.py)."""
     return SafeConsole(highlight=False, **options)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from duragent.payloads import (
+from duragent._payloads import (
     api_of,
     checkpoint_of,
     intent_of,
@@ -24,7 +24,7 @@ from duragent.payloads import (
     rollback_of,
     status_of,
 )
-from duragent.terminal import clean, safe
+from duragent._terminal import clean, safe
 from duragent.types import Entry, EntryKind, Task, utcnow
 
 STATUS_STYLE = {

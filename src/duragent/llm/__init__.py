@@ -6,7 +6,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from duragent.errors import InvalidOption
-from duragent.llm.base import (
+from duragent.llm._base import (
     ChatModel,
     Finish,
     ModelRequest,
@@ -18,11 +18,11 @@ from duragent.llm.base import (
     ToolSpec,
     UsageDelta,
 )
-from duragent.llm.scripted import ScriptedModel, ToolCall, Turn
+from duragent.llm._scripted import ScriptedModel, ToolCall, Turn
 
 if TYPE_CHECKING:
-    from duragent.llm.anthropic import AnthropicChat  # noqa: F401
-    from duragent.llm.openai import OpenAIChat  # noqa: F401
+    from duragent.llm._anthropic import AnthropicChat  # noqa: F401
+    from duragent.llm._openai import OpenAIChat  # noqa: F401
 
 __all__ = [
     "ChatModel",
@@ -65,11 +65,11 @@ def resolve_model(spec: str | ChatModel, **options: Any) -> ChatModel:
             )
         return ScriptedModel([], name=spec, **options)
     if provider == "openai":
-        from duragent.llm.openai import OpenAIChat
+        from duragent.llm._openai import OpenAIChat
 
         return OpenAIChat(name, **options)
     if provider == "anthropic":
-        from duragent.llm.anthropic import AnthropicChat
+        from duragent.llm._anthropic import AnthropicChat
 
         return AnthropicChat(name, **options)
     raise InvalidOption(
@@ -80,7 +80,7 @@ def resolve_model(spec: str | ChatModel, **options: Any) -> ChatModel:
 # The provider adapters, for direct construction (a model string is the usual
 # way). Imported on first use, so this package never loads a provider's SDK
 # unless asked; not in __all__ for the same reason.
-_ADAPTERS = {"OpenAIChat": "duragent.llm.openai", "AnthropicChat": "duragent.llm.anthropic"}
+_ADAPTERS = {"OpenAIChat": "duragent.llm._openai", "AnthropicChat": "duragent.llm._anthropic"}
 
 
 def __getattr__(name: str) -> Any:

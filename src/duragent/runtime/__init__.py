@@ -1,13 +1,13 @@
 """The durable agent runtime."""
 
-from duragent.runtime.agent import Agent, BuiltinTools, Limits, RetryPolicy, Timing
-from duragent.runtime.approvals import Decision
-from duragent.runtime.context import ToolContext
-from duragent.runtime.reading import TaskTree
-from duragent.runtime.runtime import Runtime, Submission
-from duragent.runtime.steering import Edit, History, RoundRecord
-from duragent.runtime.tools import Tool, tool
-from duragent.runtime.worker import Worker, WorkerOptions
+from duragent.runtime._agent import Agent, BuiltinTools, Limits, RetryPolicy, Timing
+from duragent.runtime._approvals import Decision
+from duragent.runtime._context import ToolContext
+from duragent.runtime._reading import TaskTree
+from duragent.runtime._runtime import Runtime, Submission
+from duragent.runtime._steering import Edit, History, RoundRecord
+from duragent.runtime._tools import Tool, tool
+from duragent.runtime._worker import Worker, WorkerOptions
 
 __all__ = [
     "Agent",

@@ -9,9 +9,9 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised without the extra installed
     raise MissingExtra("the HTTP service", "server") from exc
 
-from duragent.server.app import create_app
-from duragent.server.auth import TokenStore
-from duragent.server.limits import ServerLimits
-from duragent.server.token_file import WatchedTokenFile
+from duragent.server._app import create_app
+from duragent.server._auth import TokenStore
+from duragent.server._limits import ServerLimits
+from duragent.server._token_file import WatchedTokenFile
 
 __all__ = ["ServerLimits", "TokenStore", "WatchedTokenFile", "create_app"]

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 from duragent.errors import InvalidStoreURL, MissingExtra
-from duragent.store.commits import (
+from duragent.store._commits import (
     Commit,
     CommitResult,
     DocumentWrite,
@@ -15,22 +15,22 @@ from duragent.store.commits import (
     TaskPatch,
     TaskQuery,
 )
-from duragent.store.protocol import Store, iter_entries
+from duragent.store._protocol import Store, iter_entries
 
 if TYPE_CHECKING:
-    from duragent.store.jsonl import JSONLStore  # noqa: F401
-    from duragent.store.memory import MemoryStore  # noqa: F401
-    from duragent.store.postgres import PostgresStore  # noqa: F401
-    from duragent.store.sqlite import SQLiteStore  # noqa: F401
+    from duragent.store._jsonl import JSONLStore  # noqa: F401
+    from duragent.store._memory import MemoryStore  # noqa: F401
+    from duragent.store._postgres import PostgresStore  # noqa: F401
+    from duragent.store._sqlite import SQLiteStore  # noqa: F401
 
 # The store classes, for type hints and direct construction (`open_store(url)` is
 # the usual way). Imported on first use, so importing this package loads neither
 # sqlite3's store nor psycopg; they are not in __all__ for the same reason.
 _STORE_CLASSES = {
-    "MemoryStore": "duragent.store.memory",
-    "SQLiteStore": "duragent.store.sqlite",
-    "JSONLStore": "duragent.store.jsonl",
-    "PostgresStore": "duragent.store.postgres",
+    "MemoryStore": "duragent.store._memory",
+    "SQLiteStore": "duragent.store._sqlite",
+    "JSONLStore": "duragent.store._jsonl",
+    "PostgresStore": "duragent.store._postgres",
 }
 
 
@@ -80,12 +80,12 @@ def open_store(url: str | None = None, **options: Any) -> Store:
     opts: dict[str, Any] = {**query, **options}
     scheme = scheme.lower()
     if scheme == "memory":
-        from duragent.store.memory import MemoryStore
+        from duragent.store._memory import MemoryStore
 
         return MemoryStore(url)
     if scheme == "sqlite":
-        from duragent.store.files import url_path
-        from duragent.store.sqlite import SQLiteStore
+        from duragent.store._files import url_path
+        from duragent.store._sqlite import SQLiteStore
 
         path = url_path(url)
         if not path:
@@ -94,13 +94,13 @@ def open_store(url: str | None = None, **options: Any) -> Store:
             opts["poll_interval"] = float(opts["poll_interval"])
         return SQLiteStore(path, **opts)
     if scheme == "jsonl":
-        from duragent.store.files import jsonl_directory
-        from duragent.store.jsonl import JSONLStore
+        from duragent.store._files import jsonl_directory
+        from duragent.store._jsonl import JSONLStore
 
         return JSONLStore(jsonl_directory(url), **opts)
     if scheme in ("postgres", "postgresql"):
         try:
-            from duragent.store.postgres import PostgresStore
+            from duragent.store._postgres import PostgresStore
         except ImportError as exc:
             if "psycopg" not in f"{exc.name} {exc}":
                 raise

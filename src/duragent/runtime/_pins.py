@@ -1,0 +1,126 @@
+"""What a task is pinned to: where its data goes and what its tools may touch.
+
+A task records, when it is created, the provider URL its model requests go to
+(`config["request"]["base_url"]`, next to the pinned model and settings) and
+the reach of its tools (`config["tools"]`: the workdir, the permissions that run
+without asking, whether `http_get` may reach private addresses; set by
+duragent.toolsets). Never a secret: the API key stays in the process.
+
+Every worker compares the pin with the agent it would run the task with, and
+blocks the task (reason `pinned`) rather than send its conversation somewhere
+else or let its tools touch something else; `Runtime.repin(task_id)` (and
+`duragent continue --force`) pins the task to the agent as it is now. A task
+created before pins were recorded has no such keys and runs as it always did.
+`config` is written by the runtime only (API clients write `context`), so the
+pin can be trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from duragent.runtime._agent import Agent
+    from duragent.types import Task
+
+
+# Where the provider SDKs send requests when no base_url is given.
+_ENV_URL = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE_URL"}
+
+
+def base_url_of(agent: Agent) -> str | None:
+    """Where the agent's model requests go (None: the provider's public endpoint)."""
+    if isinstance(agent.model, str):
+        url = agent.model_options.get("base_url")
+    else:
+        url = getattr(agent.model, "base_url", None)
+    if url is None:  # the SDK reads its variable then: the pin says where that leads
+        env = _ENV_URL.get(agent.model_name.partition(":")[0])
+        url = (os.environ.get(env) or None) if env else None
+    return None if url is None else str(url)
+
+
+def tools_reach(agent: Agent) -> list[dict[str, Any]]:
+    """The distinct reaches of the agent's bounded tools (usually one toolset's)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for t in agent.tool_map.values():
+        if t.reach is not None:
+            seen.setdefault(json.dumps(t.reach, sort_keys=True), t.reach)
+    return [seen[k] for k in sorted(seen)]
+
+
+def _reaches_a_provider(agent: Agent) -> bool:
+    """Whether the agent's model sends requests over the network (a provider's
+    SDK, or a model object with a `base_url`); a scripted model does not."""
+    if isinstance(agent.model, str):
+        return agent.model_name.partition(":")[0] in _ENV_URL
+    return getattr(agent.model, "base_url", None) is not None
+
+
+def with_pins(agent: Agent, config: dict[str, Any]) -> dict[str, Any]:
+    """`config` with what the agent declares pinned: the base URL of a model
+    that talks to a provider, the reach of bounded tools. What it does not
+    declare is not pinned, so a process that only submits, naming the agent
+    with a stand-in definition (`scripted:none`, no tools), leaves those to the
+    workers' definition instead of blocking every task it creates."""
+    out = dict(config)
+    request = {k: v for k, v in (config.get("request") or {}).items() if k != "base_url"}
+    if _reaches_a_provider(agent):
+        request["base_url"] = base_url_of(agent)
+    out["request"] = request
+    out.pop("tools", None)  # a re-pin replaces the old reach
+    if reach := tools_reach(agent):
+        out["tools"] = reach
+    return out
+
+
+def pinned_base_url(task: Task) -> tuple[bool, str | None]:
+    """(whether the task pins a base URL, the URL)."""
+    request = task.config.get("request") or {}
+    return "base_url" in request, request.get("base_url")
+
+
+def pinned_reach(task: Task) -> list[dict[str, Any]] | None:
+    """The task's pinned tool reach; None for a task from before pins."""
+    reach = task.config.get("tools")
+    return reach if isinstance(reach, list) else None
+
+
+def _where(url: str | None) -> str:
+    return url or "the provider's public endpoint"
+
+
+def _reach_text(reach: list[dict[str, Any]]) -> str:
+    if not reach:
+        return "no file or network tools"
+    parts = []
+    for r in reach:
+        allow = ",".join(r.get("allow") or []) or "nothing"
+        net = ", private network" if r.get("private_network") else ""
+        parts.append(f"workdir {r.get('workdir')} (runs without asking: {allow}{net})")
+    return "; ".join(parts)
+
+
+def conflict(task: Task, agent: Agent) -> str | None:
+    """Why running `task` with `agent` would break its pin; None if it would not."""
+    problems = []
+    has_url, url = pinned_base_url(task)
+    if has_url and url != base_url_of(agent):
+        problems.append(
+            f"its model requests are pinned to {_where(url)}, but this worker's agent "
+            f"sends them to {_where(base_url_of(agent))}"
+        )
+    reach = pinned_reach(task)
+    if reach is not None and reach != tools_reach(agent):
+        problems.append(
+            f"its tools are pinned to {_reach_text(reach)}, but this worker's agent has "
+            f"{_reach_text(tools_reach(agent))}"
+        )
+    if not problems:
+        return None
+    return (
+        "; ".join(problems) + "; run it with the pinned settings, or re-pin it "
+        "(Runtime.repin(task_id), or `duragent continue ID --force`), then resume it"
+    )

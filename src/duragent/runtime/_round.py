@@ -1,0 +1,343 @@
+"""The round: the model's answer, then its tool calls. Every step is a commit.
+
+A round: model view -> stream the model (progress committed at most every
+`progress_interval`) -> commit the assistant message with its tool intents ->
+run the tools concurrently, committing each result (runtime/_round_calls.py) ->
+next round. The commit that brings the last result of a round also closes it
+(iterations + 1). An answer without tool calls ends the turn, unless messages
+wait in the inbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from duragent._payloads import IntentPayload, stored
+from duragent.errors import Conflict, ModelError
+from duragent.llm._base import ModelRequest, ResponseAssembler, TextDelta
+from duragent.llm._messages import WorkingView
+from duragent.runtime._agent import Agent
+from duragent.runtime._commits import Commits
+from duragent.runtime._control import Control, Controls, Interrupted
+from duragent.runtime._ending import Ending
+from duragent.runtime._inbox import delivery, due
+from duragent.runtime._log import api_entry, notice
+from duragent.runtime._open_round import OpenRound
+from duragent.runtime._round_calls import RoundCalls
+from duragent.runtime._state import DebouncedState
+from duragent.runtime._waits import open_round
+from duragent.store._protocol import Store
+from duragent.types import (
+    ApiMessage,
+    EntryKind,
+    NewEntry,
+    SystemMessage,
+    Task,
+    TaskStatus,
+    Usage,
+    UserMessage,
+    utcnow,
+)
+
+# Called at named points of a round ("progress", "intents", "tool_start",
+# "result", "final", "step"), after what precedes them is committed, and around
+# a run ("task_start", "task_end"), a round ("round_start") and a model call
+# ("model_start", "model_end"). One exception: the result that closes a round
+# may still be syncing (Commits.commit_behind); its "result" point carries
+# `landed`, an awaitable done once it is durable. For tests, demos, tracing
+# (duragent.otel) and metrics (duragent.metrics); a hook that never returns
+# holds the task there.
+TraceHook = Callable[..., Awaitable[None]]
+
+
+class Rounds:
+    """A runner's rounds: messages taken at a safe point, the model, the tools.
+    Owns the model's view of the task (`view`), the round open (`round`), the
+    trace hook; it is what a tool call sees of its runner (CallHost,
+    runtime/_calls.py)."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        agents: Mapping[str, Agent],
+        commits: Commits,
+        controls: Controls,
+        ending: Ending,
+        trace: TraceHook | None,
+    ) -> None:
+        self.agent = agent
+        self.agents = agents
+        self.commits = commits
+        self.controls = controls
+        self.ending = ending
+        self.trace = trace
+        self.store: Store = commits.store
+        self.commit = commits.commit
+        self.view = WorkingView()  # plain data; typed messages built when a model call reads them
+        self.round: OpenRound | None = None
+        self._tool_progress_at: dict[str, float] = {}
+
+    # --- what a tool call sees (CallHost) ---
+
+    @property
+    def task(self) -> Task:
+        """The task's row as its commits last took it."""
+        return self.commits.task
+
+    @property
+    def state(self) -> DebouncedState:
+        return self.commits.state
+
+    async def trace_point(self, point: str, **info: Any) -> None:
+        if self.trace is not None:
+            task = self.commits.task
+            await self.trace(point, task_id=task.id, round=task.iterations + 1, **info)
+
+    async def tool_progress(self, call_id: str, text: str) -> None:
+        now = time.monotonic()
+        if now - self._tool_progress_at.get(call_id, 0.0) < self.agent.timing.progress_interval:
+            return
+        self._tool_progress_at[call_id] = now
+        task = self.commits.task
+        payload = {"call_id": call_id, "text": text}
+        entry = NewEntry(
+            task_id=task.id, kind=EntryKind.PROGRESS, round=task.iterations + 1, payload=payload
+        )
+        await self.commit([entry])
+
+    def called_at(self, call_id: str) -> datetime:
+        """When call `call_id` of the open round was made (its intent committed)."""
+        made = self.round.called_at.get(call_id) if self.round is not None else None
+        return made or utcnow()
+
+    # --- messages at a safe point ---
+
+    async def take_messages(
+        self,
+        r: int,
+        *,
+        turn_end: bool = False,
+        before: Sequence[NewEntry] = (),
+        patch: Mapping[str, Any] | None = None,
+    ) -> list[UserMessage]:
+        """Commit the inbox messages due at this safe point as user messages of round
+        r (after `before`, with `patch`); [] when none is due, and nothing committed.
+
+        Guarded by the row's version: a message sent since this runner last saw the
+        row makes it read the row and decide again, so none is missed or taken twice.
+        """
+        while True:
+            items = due(self.commits.task, turn_end=turn_end)
+            if not items:
+                return []
+            entries, config, messages = delivery(self.commits.task, items, r)
+            version = self.commits.task.version
+            try:
+                await self.commit(
+                    [*before, *entries],
+                    {**(patch or {}), "config": config},
+                    expect_version=version,
+                )
+            except Conflict:
+                if not await self._moved(version):
+                    raise
+                continue
+            return messages
+
+    async def _moved(self, version: int) -> bool:
+        """After a Conflict: whether this task's row moved past `version` (a message
+        came in); if so the runner takes the row as it is now (same lease: if another
+        worker took the task, the next commit is refused by fencing)."""
+        row = await self.store.get_task(self.commits.task.id)
+        if row.version == version:
+            return False  # the conflict was someone else's (a parent's row)
+        self.commits.task = row
+        if row.control:
+            self.controls.request(Control.from_row(row.control))
+        return True
+
+    async def play(self) -> None:
+        """One round: the model's answer, then its tool calls (or the turn's end)."""
+        r = self.commits.task.iterations + 1
+        self.round = rnd = OpenRound(r)
+        await self.trace_point("round_start")
+        response = await self._ask_model(rnd)
+        if response is None:  # stopped by a control request while streaming
+            await self.ending.stop(self.controls.current or Control("pause"), rnd=rnd)
+            return
+        message = response.message()
+        usage = self.commits.task.usage + response.usage
+        tid = self.commits.task.id
+        if not response.tool_calls:
+            await self._end_turn(r, message, response.text, usage)
+            await self.trace_point("final")
+            return
+        intents = [
+            NewEntry(
+                task_id=tid,
+                kind=EntryKind.TOOL_INTENT,
+                round=r,
+                payload=stored(
+                    IntentPayload(
+                        call_id=c.id, name=c.function.name, replay=self._replay(c.function.name)
+                    )
+                ),
+            )
+            for c in response.tool_calls
+        ]
+        res = await self.commit(
+            [api_entry(tid, r, message), *intents],
+            {"usage": usage, "round_seq": self.commits.task.last_seq},
+        )
+        rnd.api_seqs.append(res.entries[0].seq)
+        made = zip(response.tool_calls, res.entries[1:], strict=True)
+        rnd.called_at = {c.id: e.created_at for c, e in made}
+        self.view.append(message)
+        await self.trace_point("intents", calls=[c.id for c in response.tool_calls])
+        await RoundCalls(self, rnd, response.tool_calls, None).run()
+
+    async def _end_turn(self, r: int, message: ApiMessage, text: str, usage: Usage) -> None:
+        """An answer without tool calls ends the turn: the task completes, unless
+        messages wait in its inbox; then it goes on with them, seeing the answer."""
+        final = api_entry(self.commits.task.id, r, message)
+        while True:
+            version = self.commits.task.version  # what the inbox was read at
+            users = await self.take_messages(
+                r + 1, turn_end=True, before=[final], patch={"usage": usage, "iterations": r}
+            )
+            if users:
+                self.view.extend([message, *users])
+                return
+            try:
+                await self.ending.finish(
+                    TaskStatus.COMPLETED,
+                    entries=[final],
+                    extra={"output": text, "usage": usage, "iterations": r},
+                    expect_version=version,
+                )
+                return
+            except Conflict:
+                if not await self._moved(version):
+                    raise
+
+    def _replay(self, name: str) -> str:
+        tool = self.agent.tool_map.get(name)
+        return tool.replay if tool is not None else "never"
+
+    # --- the model ---
+
+    def _request(self) -> ModelRequest:
+        pin = self.commits.task.config.get("request") or {}
+        head = [SystemMessage(content=self.agent.instructions)] if self.agent.instructions else []
+        return ModelRequest(
+            model=pin.get("model", self.agent.model_name),
+            messages=self.view.messages(head),
+            tools=[t.spec() for t in self.agent.tool_map.values()],
+            settings=pin.get("settings", self.agent.model_settings),
+        )
+
+    async def _ask_model(self, rnd: OpenRound) -> Any:
+        """Stream the model with retries; None if a control request stopped it."""
+        r, attempt = rnd.number, 0
+        while True:
+            try:
+                async with self.controls.interruptible():
+                    return await self._stream_once(rnd)
+            except Interrupted:
+                return None
+            except ModelError as exc:
+                if not exc.retryable:
+                    raise
+                attempt += 1
+                if attempt > self.agent.model_retry.max_retries:
+                    raise ModelError(f"the model failed {attempt} times in a row: {exc}") from exc
+                delay = exc.retry_after
+                if delay is None:
+                    base = self.agent.model_retry.base_delay * 2 ** (attempt - 1)
+                    delay = min(self.agent.model_retry.max_delay, base) * (
+                        0.5 + random.random() / 2
+                    )
+                entries = [
+                    notice(
+                        self.commits.task.id,
+                        r,
+                        f"Model error ({exc}); retry {attempt} of "
+                        f"{self.agent.model_retry.max_retries} in {delay:.1f} s.",
+                    )
+                ]
+                if rnd.progress:
+                    entries.insert(0, rnd.void_progress(self.commits.task.id, r, "retry"))
+                # Tokens a failed attempt used are billed all the same: count them.
+                spent = _usage_of(rnd.attempt)
+                patch = {"usage": self.commits.task.usage + spent} if spent else None
+                await self.commit(entries, patch)
+                try:
+                    async with self.controls.interruptible():
+                        await asyncio.sleep(delay)
+                except Interrupted:
+                    return None
+
+    async def _stream_once(self, rnd: OpenRound) -> Any:
+        r = rnd.number
+        assembler = ResponseAssembler()
+        rnd.attempt = assembler
+        pending: list[str] = []
+        last = time.monotonic()
+        interval = self.agent.timing.progress_interval
+        request = self._request()
+        await self.trace_point("model_start", model=request.model)
+        async for event in self.agent.chat_model.stream(request):
+            assembler.add(event)
+            if isinstance(event, TextDelta):
+                pending.append(event.text)
+                now = time.monotonic()
+                if now - last >= interval:
+                    await self._commit_progress(rnd, "".join(pending))
+                    pending, last = [], now
+        response = assembler.response(call_id_prefix=f"call_{r}")
+        await self.trace_point("model_end", usage=response.usage, finish=response.finish)
+        return response
+
+    async def _commit_progress(self, rnd: OpenRound, text: str) -> None:
+        entry = NewEntry(
+            task_id=self.commits.task.id,
+            kind=EntryKind.PROGRESS,
+            round=rnd.number,
+            payload={"text": text},
+        )
+        patch = None if rnd.progress else {"round_seq": self.commits.task.last_seq}
+        res = await self.commit([entry], patch)
+        rnd.progress.append(res.entries[0].seq)
+        await self.trace_point("progress", seq=res.entries[0].seq)
+
+    async def repark(self) -> bool:
+        """After a store error cut the commit of this round's waits: commit it now,
+        unless it landed after all (its waits are in the log); True when the task is
+        parked. Read from the store first: a commit whose answer was lost may have
+        landed, and is never applied twice."""
+        rnd = self.round
+        parking = rnd.parking if rnd is not None else None
+        if rnd is None or parking is None:
+            return False
+        row = await self.store.get_task(self.commits.task.id)
+        rs = await open_round(self.store, row)
+        if rs.round != parking.round or any(c in rs.results for c in parking.calls):
+            rnd.parking = None  # the log went on without it: recovery decides
+            return False
+        if not any(c in rs.waits for c in parking.calls):
+            self.commits.task = row
+            p = parking
+            await self.commit(p.entries, p.patch, new_tasks=p.new_tasks, documents=p.documents)
+        rnd.parking = None
+        return True
+
+
+def _usage_of(attempt: ResponseAssembler | None) -> Any:
+    """Usage a (failed) model attempt reported, if any."""
+    usage = attempt.usage if attempt is not None else None
+    return usage if usage and (usage.input_tokens or usage.output_tokens) else None

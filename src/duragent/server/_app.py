@@ -1,0 +1,135 @@
+"""The HTTP service: `create_app(runtime, tokens, limits)` -> a FastAPI app.
+
+The caller owns the runtime (opens and closes it); the app only starts its
+scheduler at startup when the runtime runs an in-process worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+
+from duragent.runtime._runtime import Runtime
+from duragent.server import (
+    _events as events,
+    _fleet as fleet,
+    _problems as problems,
+    _sessions as sessions,
+    _steering as steering,
+    _tasks as tasks,
+)
+from duragent.server._deps import RuntimeDep, UserDep, known_query
+from duragent.server._gate import Gate, TokenLookup
+from duragent.server._limits import ServerLimits
+from duragent.server._problems import problem_responses
+from duragent.server._schemas import AgentOut, AgentsOut, Health, Me
+from duragent.server._streams import StreamSlots, TooManyStreams, too_many_streams
+
+STATIC = Path(__file__).parent / "static"
+
+
+# The service's own routes: who is asking, what runs here, the page.
+service = APIRouter()
+
+
+@service.get("/v1/health", response_model=Health, tags=["service"], summary="Liveness (no auth)")
+async def health(rt: RuntimeDep) -> Health:
+    return Health(store=rt.store.url.split("://", 1)[0], worker=rt.run_worker)
+
+
+@service.get(
+    "/v1/me",
+    response_model=Me,
+    tags=["service"],
+    summary="Who the token belongs to",
+    responses=problem_responses(401),
+)
+async def me(user: UserDep) -> Me:
+    return Me(user=user)
+
+
+@service.get(
+    "/v1/agents",
+    response_model=AgentsOut,
+    tags=["service"],
+    summary="Agents, their tools and replay policies",
+    responses=problem_responses(401),
+)
+async def agents(user: UserDep, rt: RuntimeDep) -> AgentsOut:
+    return AgentsOut(agents=[AgentOut.of(a) for _, a in sorted(rt.agents.items())])
+
+
+@service.get("/openapi.json", include_in_schema=False)
+async def openapi(request: Request, rt: RuntimeDep) -> JSONResponse:
+    schema = request.app.openapi()
+    if request.scope.get("state", {}).get("user") is not None:  # the gate checked it
+        schema = problems.with_agent_names(schema, list(rt.agents))
+    return JSONResponse(schema)
+
+
+@service.get("/", include_in_schema=False)
+async def index() -> FileResponse:
+    return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+# Browsers ask for /favicon.ico whatever the page says; the page names the SVG.
+@service.get("/favicon.ico", include_in_schema=False)
+@service.get("/favicon.svg", include_in_schema=False)
+async def favicon() -> FileResponse:
+    return FileResponse(
+        STATIC / "favicon.svg",
+        media_type="image/svg+xml",
+        headers={"Cache-Control": "public, max-age=86400"},
+    )
+
+
+def create_app(
+    runtime: Runtime,
+    tokens: TokenLookup,
+    limits: ServerLimits | None = None,
+    *,
+    admins: Iterable[str] = (),
+) -> FastAPI:
+    """The app; `tokens` is a TokenStore or a WatchedTokenFile, `limits` what one
+    client may ask (ServerLimits() by default). `admins`: the users who may change
+    what every user shares (queue limits); with none, nobody may over HTTP."""
+    limits = limits or ServerLimits()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if runtime.run_worker:
+            await runtime.resume()  # start the scheduler: pick up pending and orphaned tasks
+        yield
+
+    from duragent import __version__
+
+    app = FastAPI(
+        dependencies=[Depends(known_query)],
+        title="duragent",
+        version=__version__,
+        description="Durable AI agent tasks: start, watch, pause, resume, abort, answer.",
+        lifespan=lifespan,
+        # No /docs or /redoc: they load scripts from a CDN on the origin the token
+        # lives on. /openapi.json is served by `service`.
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.runtime = runtime
+    app.state.tokens = tokens
+    app.state.limits = limits
+    app.state.admins = frozenset(admins)
+    app.state.streams = StreamSlots(limits.streams_per_user)
+    problems.install(app)
+    app.add_exception_handler(TooManyStreams, too_many_streams)
+    app.add_middleware(Gate, tokens=tokens, limits=limits)
+    for router in (tasks.router, events.router, steering.router, fleet.router, sessions.router):
+        app.include_router(router)
+    app.include_router(service)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app

@@ -1,0 +1,687 @@
+"""The PostgreSQL store: many workers on many machines share one database.
+
+Every write runs in a transaction its process's writer thread shares among
+the commits waiting at that moment (_postgres_writer.py), running the shared
+commit algorithm (store/_tx.py) over `PgTx` (_postgres_tx.py); the tables and
+migrations are in _postgres_schema.py. Each committed change sends a NOTIFY
+(_postgres_notify.py), so waiters on any machine wake without polling. Reads
+run on pooled connections in worker threads, and so do lease renewals, on a
+thread of their own (`renew_leases`), so they never queue behind task commits.
+Writes and reads retry after a lost connection or a deadlock (`PgWriter.run_batch`,
+`_execute`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg_pool
+from psycopg import sql
+
+from duragent.errors import (
+    CommitOutcomeUnknown,
+    StoreError,
+    StoreUnavailable,
+    TaskNotFound,
+)
+from duragent.store._codec import (
+    MAX_SEQ,
+    decode_cursor,
+    encode_cursor,
+    entry_kind,
+    entry_range,
+    unpacked,
+)
+from duragent.store._commits import EntryHead, LeaseRenewal, PendingCommit, TaskPage, TaskQuery
+from duragent.store._postgres_connect import (
+    CONNECTION_OPTIONS,
+    POOL_NAME,
+    PooledConnection,
+    connection_lost,
+    quiet_pool_reconnects,
+    redact,
+    split_url,
+    translate,
+    turned_away,
+    with_application_name,
+)
+from duragent.store._postgres_message import PREPARED_GONE, Statement
+from duragent.store._postgres_notify import (
+    CHANNEL,
+    CONTROL_CHANNEL,
+    WORK_CHANNEL,
+    Listener,
+    Signals,
+    control_payload,
+)
+from duragent.store._postgres_queries import delete_trees, model_view_text, task_filters, task_rows
+from duragent.store._postgres_schema import (
+    ENTRY_RANGE,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    Conn,
+    lock_key,
+    migrate,
+)
+from duragent.store._postgres_tx import PgTx, row_document, row_task
+from duragent.store._postgres_writer import PgWriter
+from duragent.store._signals import ControlCallback, ControlWatchers
+from duragent.store._tx import TxWrites
+from duragent.store._views import build_ui_view, parse_messages, view_data
+from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UIMessage, utcnow
+
+__all__ = [
+    "CHANNEL",
+    "MIGRATIONS",
+    "WORK_CHANNEL",
+    "PostgresStore",
+    "lock_key",
+    "migrate",
+]
+
+_T = TypeVar("_T")
+
+
+class PostgresStore(TxWrites):
+    """`PostgresStore("postgresql://user@host/db", schema=None, max_size=10)`.
+
+    Nothing is connected until `open()` (or `async with store:`), which
+    creates or migrates the schema; `schema` keeps several
+    independent stores in one database. Every connection carries an
+    `application_name` (`duragent-<pid>` unless the URL or $PGAPPNAME names
+    one), so an operator can tell in `pg_stat_activity` which process holds it.
+    """
+
+    # wait_for_change (and wait_for_work) hear other processes' commits through
+    # LISTEN/NOTIFY, so a worker can sleep on them instead of polling.
+    notifies_across_processes = True
+    schema_version = SCHEMA_VERSION
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str | None = None,
+        min_size: int = 1,
+        max_size: int = 10,
+        retries: int = 3,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        quiet_pool_reconnects()
+        conninfo, own = split_url(url)
+        conninfo, self.application_name = with_application_name(conninfo)
+        schema = own.get("schema", schema)
+        self.url = url
+        self.schema = schema
+        self.retries = int(own.get("retries", retries))
+        self._conninfo = conninfo
+        self._connect_timeout = connect_timeout
+        self._where = f"PostgreSQL store {redact(url)}" + (f" (schema {schema})" if schema else "")
+        self._min_size = int(own.get("min_size", min_size))
+        self._max_size = int(own.get("max_size", max_size))
+        self.migrated_from: int | None = None  # the schema version found, once open
+        self.namespace = ""  # the NOTIFY namespace, once open
+        # Made by `open`: the pool and the writer.
+        self._pool: psycopg_pool.ConnectionPool[Conn]
+        self._writer: PgWriter
+        self._signals: Signals | None = None
+        self._listener: Listener | None = None
+        self._controls = ControlWatchers()
+        self._leases: ThreadPoolExecutor | None = None
+        self._lease_conn: Conn | None = None  # the lease thread's own (see renew_leases)
+        self._opened = False
+        self._closed = False
+        self._shut = False  # closed, all of it (see close)
+
+    # --- lifecycle ---
+
+    async def open(self) -> None:
+        """Connect, create or migrate the schema, open the pool; again, nothing."""
+        if self._opened:
+            return
+        self._check_open()
+        conninfo, connect_timeout = self._conninfo, self._connect_timeout
+        try:
+            # Connected here, not by the pool, so a server that refuses (a wrong
+            # password, an unknown database) says why at once instead of after
+            # the pool's timeout; migrated on; then the pool's first connection.
+            first = PooledConnection.connect(
+                conninfo, connect_timeout=max(1, round(connect_timeout)), **CONNECTION_OPTIONS
+            )
+        except psycopg.Error as exc:
+            if turned_away(exc):  # not worth waiting for: say what to fix
+                raise StoreError(
+                    f"{self._where}: the server refused the connection: {exc}"
+                ) from exc
+            raise translate(exc, self._where) from exc
+        handed = [first]
+        pool: psycopg_pool.ConnectionPool[Conn] = psycopg_pool.ConnectionPool(
+            conninfo,
+            connection_class=PooledConnection,
+            kwargs={**CONNECTION_OPTIONS, "handed": handed},
+            configure=lambda conn: None if conn is first else self._configure(conn),
+            min_size=self._min_size,
+            max_size=self._max_size,
+            open=False,
+            name=POOL_NAME,
+            timeout=connect_timeout,
+        )
+        try:
+            try:
+                self._configure(first)
+                self.migrated_from, self.namespace = migrate(first, self.schema, self._where)
+            except psycopg.Error as exc:
+                raise translate(exc, self._where) from exc
+            pool.open(wait=False)
+            try:
+                pool.wait(timeout=connect_timeout)
+            except psycopg_pool.PoolTimeout as exc:
+                raise StoreUnavailable(f"{self._where}: could not open connections: {exc}") from exc
+        except BaseException:
+            pool.close()
+            raise
+        finally:
+            with contextlib.suppress(IndexError):  # not taken: a failure, or min_size=0
+                handed.pop().close()
+        self._pool = pool
+        self._writer = PgWriter(
+            pool,
+            self.namespace,
+            where=self._where,
+            retries=self.retries,
+            translate=lambda exc: (
+                translate(exc, self._where) if isinstance(exc, psycopg.Error) else exc
+            ),
+            lost=connection_lost,
+            on_commit=self._committed,
+        )
+        self._opened = True
+
+    def _configure(self, conn: Conn) -> None:
+        # One round trip: without parameters both go as one simple query.
+        setup: list[sql.Composable] = [sql.SQL("SET TIME ZONE 'UTC'")]
+        if self.schema is not None:
+            setup.append(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+        conn.execute(sql.SQL("; ").join(setup))
+
+    async def close(self) -> None:
+        """Land the commits already asked for, then let go of the connections and
+        threads. A close that was cancelled (a timeout around it) is finished by
+        the next; each step can run again."""
+        self._closed = True  # no new work from here on
+        if self._shut or not self._opened:
+            self._shut = True
+            return
+        await self._writer.finish()  # commits already asked for still land
+        await asyncio.to_thread(self._writer.close)
+        if self._listener is not None:
+            await self._listener.stop()
+            self._listener = None
+        await asyncio.to_thread(self._pool.close)
+        leases, self._leases = self._leases, None
+        if leases is not None:
+            # On the lease thread, after any renewal still running there.
+            leases.submit(self._drop_lease_connection)
+            leases.shutdown(wait=False)
+        self._shut = True
+
+    async def __aenter__(self) -> PostgresStore:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- running work: one retry policy for everything ---
+
+    def _execute(
+        self,
+        job: Callable[[Any], _T],
+        write: bool,
+        connection: Callable[[], contextlib.AbstractContextManager[Conn]] | None = None,
+    ) -> tuple[_T, PgTx | None]:
+        """Run `job` on a pooled connection, or `connection()`'s (inside a transaction if `write`).
+
+        Retried: anything that failed before COMMIT was sent. A lost connection
+        aborts the server-side transaction, and a deadlock or serialization
+        failure is rolled back by the server, so nothing of the attempt remains
+        and running the job again is the same as running it once. A prepared
+        statement the connection lost is prepared again on an immediate retry
+        that the `retries` budget does not count.
+        Not retried: a connection lost *while* COMMIT was in flight. The server
+        may have committed before the connection died, and a second attempt
+        could apply the commit twice, so the caller gets StoreUnavailable saying
+        the outcome is unknown and must re-read to find out.
+        """
+        attempt = 0
+        reprepared = False
+        while True:
+            attempt += 1
+            committing = False
+            try:
+                with (connection or self._pool.connection)() as conn:
+                    if not write:
+                        return job(conn), None
+                    tx = PgTx(conn, self.namespace)
+                    with conn.transaction():
+                        result = job(tx)
+                        notify = "SELECT pg_notify(%s, %s)"
+                        if tx.changed:
+                            # Delivered by the server only if and when this commits.
+                            channel = WORK_CHANNEL if tx.work else CHANNEL
+                            tx.pending.append(Statement(notify, (channel, self.namespace), False))
+                        for task_id in tx.notes.controlled:
+                            payload = control_payload(self.namespace, task_id)
+                            tx.pending.append(Statement(notify, (CONTROL_CHANNEL, payload), False))
+                        tx.flush()  # the job's writes and the notifications: one message
+                        committing = True
+                    return result, tx
+            except psycopg_pool.PoolTimeout as exc:
+                raise StoreUnavailable(f"{self._where}: no connection available: {exc}") from exc
+            except psycopg_pool.PoolClosed as exc:  # a read from another thread met the close
+                raise StoreError(f"{self._where} is closed") from exc
+            except psycopg.Error as exc:
+                lost = connection_lost(exc)
+                if committing and lost:
+                    raise CommitOutcomeUnknown(
+                        f"{self._where}: the connection was lost while committing; the commit "
+                        "may or may not have been applied, re-read the task to find out"
+                    ) from exc
+                if exc.sqlstate == PREPARED_GONE and not reprepared:
+                    # The connection lost the statements prepared on it; they
+                    # are prepared again on this try (_postgres_message.py), at once.
+                    reprepared = True
+                    attempt -= 1
+                    continue
+                retryable = lost or exc.sqlstate in ("40001", "40P01")
+                if not retryable or attempt > self.retries:
+                    raise translate(exc, self._where) from exc
+                if lost:
+                    # The pool may hold more connections the server dropped.
+                    with contextlib.suppress(Exception):
+                        self._pool.check()
+                if attempt > 1:
+                    time.sleep(min(0.05 * 2**attempt, 1.0))
+
+    async def _read(self, job: Callable[[Conn], _T]) -> _T:
+        self._check_opened()
+        result, _ = await asyncio.to_thread(self._execute, job, False)
+        return result
+
+    async def _write(self, job: Callable[[PgTx], _T]) -> _T:
+        """Run `job` in the next group transaction (see _postgres_writer.py)."""
+        self._check_opened()
+        return await self._writer.submit(job, None)  # type: ignore[no-any-return]
+
+    def _enqueue(self, job: Callable[[PgTx], _T], link: PendingCommit) -> asyncio.Future[_T]:
+        self._check_opened()
+        return self._writer.submit(job, link)
+
+    def _committed(self, loop: asyncio.AbstractEventLoop, work: bool) -> None:
+        # Local waiters need not wait for the round trip through the server.
+        # Control requests are not fired here: the listener hears them from
+        # the server, once each, in commit order (a watcher always listens).
+        if self._signals is not None and self._signals.loop is loop:
+            self._signals.fire(work=work)
+
+    @property
+    def batches(self) -> int:
+        """Transactions the writer ran (commits / batches = commits per transaction)."""
+        return self._writer.batches if self._opened else 0
+
+    @property
+    def jobs_done(self) -> int:
+        return self._writer.jobs_done if self._opened else 0
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"store {redact(self.url)} is closed")
+
+    def _check_opened(self) -> None:
+        self._check_open()
+        if not self._opened:
+            raise StoreError(
+                f"store {redact(self.url)} is not open: use `async with store:` or"
+                " `await store.open()`"
+            )
+
+    # --- writes ---
+
+    async def renew_leases(
+        self, worker_id: str, leases: Mapping[str, int], ttl: float
+    ) -> LeaseRenewal:
+        """Renew all of a worker's leases in one transaction, on a thread of its own.
+
+        Task commits queue for the shared worker threads; a renewal waiting
+        behind them would drift past the lease on a busy worker.
+        """
+        self._check_opened()
+        held = dict(leases)
+        if not held:
+            return LeaseRenewal(kept={}, lost=set())
+        if self._leases is None:
+            self._leases = ThreadPoolExecutor(1, thread_name_prefix="duragent-leases")
+
+        kept: dict[str, Task] = {}
+        lost: set[str] = set()
+        loop = asyncio.get_running_loop()
+        # Rows a task commit holds are skipped, not waited for (see PgTx.renew_leases),
+        # and tried again a moment later: a commit holds its rows for milliseconds.
+        # Whatever is still busy after a third of the lease waits for the next beat.
+        give_up = loop.time() + ttl / 3
+        while held:
+            at = utcnow() + timedelta(seconds=ttl)
+
+            def renew(
+                tx: PgTx, held: dict[str, int] = held, at: datetime = at
+            ) -> tuple[dict[str, Task], set[str], set[str]]:
+                return tx.renew_leases(worker_id, held, at)
+
+            (renewed, gone, busy), tx = await loop.run_in_executor(
+                self._leases, self._execute, renew, True, self._lease_connection
+            )
+            kept.update(renewed)
+            lost |= gone
+            if tx is not None and tx.changed:
+                self._local_signals().fire(work=tx.work)
+            held = {task_id: held[task_id] for task_id in busy}
+            if not held or loop.time() >= give_up:
+                break
+            await asyncio.sleep(0.005)
+        self._writer.renewed(kept)
+        return LeaseRenewal(kept=kept, lost=lost)
+
+    @contextlib.contextmanager
+    def _lease_connection(self) -> Iterator[Conn]:
+        """The lease thread's own connection, made again once lost.
+
+        Not from the pool: with every pooled connection held by task commits, a
+        renewal would wait behind them and a pool timeout would skip a heartbeat.
+        """
+        conn = self._lease_conn
+        if conn is None or conn.closed or conn.broken:
+            self._drop_lease_connection()
+            conn = PooledConnection.connect(
+                self._conninfo,
+                connect_timeout=max(1, round(self._connect_timeout)),
+                **CONNECTION_OPTIONS,
+            )
+            try:
+                self._configure(conn)
+            except BaseException:
+                conn.close()
+                raise
+            self._lease_conn = conn
+        try:
+            yield conn
+        except BaseException:
+            if conn.broken:
+                self._drop_lease_connection()
+            raise
+
+    def _drop_lease_connection(self) -> None:
+        conn, self._lease_conn = self._lease_conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    async def delete_task(self, task_id: str) -> None:
+        def delete(tx: PgTx) -> None:
+            if not delete_trees(tx, [task_id]):
+                raise TaskNotFound(task_id)
+
+        await self._write(delete)
+
+    async def purge_tasks(self, query: TaskQuery) -> int:
+        """Delete up to `query.limit` matching tasks (and their sub-tasks) in one transaction.
+
+        The space is reused by new rows once autovacuum has seen the deletions.
+        """
+        where, params = task_filters(query)
+        text = "SELECT id FROM tasks" + (" WHERE " + " AND ".join(where) if where else "")
+        text += " LIMIT %s FOR UPDATE SKIP LOCKED"
+
+        def purge(tx: PgTx) -> int:
+            rows = tx.conn.execute(text, [*params, query.limit]).fetchall()
+            return delete_trees(tx, [r["id"] for r in rows]) if rows else 0
+
+        return await self._write(purge)
+
+    async def reclaim_space(self) -> None:
+        """Nothing to do here: autovacuum makes deleted rows' space reusable."""
+
+    # --- reads ---
+
+    async def get_task(self, task_id: str) -> Task:
+        def read(conn: Conn) -> Task:
+            row = conn.execute("SELECT data, input FROM tasks WHERE id = %s", (task_id,)).fetchone()
+            if row is None:
+                raise TaskNotFound(task_id)
+            return row_task(row)
+
+        return await self._read(read)
+
+    async def list_tasks(self, query: TaskQuery | None = None) -> TaskPage:
+        q = query or TaskQuery()
+        where, params = task_filters(q)
+        if q.cursor:
+            ts, cid = decode_cursor(q.cursor)
+            where.append("(created_at, id) < (%s, %s)")
+            params.extend([datetime.fromtimestamp(ts, UTC), cid])
+        text = "SELECT data, input FROM tasks"
+        if where:
+            text += " WHERE " + " AND ".join(where)
+        text += " ORDER BY created_at DESC, id DESC LIMIT %s"
+        params.append(q.limit + 1)
+
+        def read(conn: Conn) -> TaskPage:
+            tasks = [row_task(r) for r in conn.execute(text, params)]
+            more = len(tasks) > q.limit
+            tasks = tasks[: q.limit]
+            return TaskPage(tasks, encode_cursor(tasks[-1]) if more and tasks else None)
+
+        return await self._read(read)
+
+    async def count_tasks(self, query: TaskQuery | None = None) -> dict[tuple[str, str], int]:
+        where, params = task_filters(query or TaskQuery())
+        text = "SELECT queue, status, count(*) AS n FROM tasks"
+        if where:
+            text += " WHERE " + " AND ".join(where)
+        text += " GROUP BY queue, status"
+
+        def read(conn: Conn) -> dict[tuple[str, str], int]:
+            rows = conn.execute(text, params)
+            return {(r["queue"], r["status"]): r["n"] for r in rows}
+
+        return await self._read(read)
+
+    async def entries(
+        self,
+        task_id: str,
+        *,
+        after_seq: int = 0,
+        kinds: Iterable[EntryKind] | None = None,
+        limit: int | None = None,
+    ) -> list[Entry]:
+        text = f"SELECT * FROM entry_rows WHERE {ENTRY_RANGE}"
+        # No seq is above MAX_SEQ: a larger cursor gives the empty range past it.
+        params: list[Any] = list(entry_range(task_id, min(after_seq, MAX_SEQ) + 1))
+        if kinds is not None:
+            text += " AND kind = ANY(%s)"
+            params.append([EntryKind(k).value for k in kinds])
+        text += " ORDER BY eid"
+        if limit is not None:
+            text += " LIMIT %s"
+            params.append(limit)
+
+        def read(conn: Conn) -> list[Entry]:
+            return [
+                Entry(
+                    task_id=task_id,
+                    seq=r["seq"],
+                    kind=(kind := entry_kind(task_id, r["seq"], r["kind"])),
+                    round=r["round"],
+                    payload=unpacked(kind, json.loads(r["payload"])),
+                    created_at=r["created_at"].astimezone(UTC),
+                )
+                for r in conn.execute(text, params)
+            ]
+
+        return await self._read(read)
+
+    async def entry_heads(self, task_id: str, *, kinds: Iterable[EntryKind]) -> list[EntryHead]:
+        columns = "seq, kind, round, payload::json ->> 'role'"
+        codes = [EntryKind(k).value for k in kinds]
+        return await self._read(
+            lambda conn: [
+                EntryHead(seq, EntryKind(kind), rnd, role)
+                for seq, kind, rnd, role in task_rows(conn, task_id, columns, codes)
+            ]
+        )
+
+    async def model_view(self, task_id: str) -> list[ApiMessage]:
+        return parse_messages(await self._read(lambda conn: model_view_text(conn, task_id)))
+
+    async def model_view_data(self, task_id: str) -> list[dict[str, Any]]:
+        return view_data(await self._read(lambda conn: model_view_text(conn, task_id)))
+
+    async def ui_messages(self, task_id: str) -> list[UIMessage]:
+        code = [EntryKind.UI_MESSAGE.value]
+        return await self._read(
+            lambda conn: build_ui_view(task_rows(conn, task_id, "seq, payload", code))
+        )
+
+    async def get_document(self, scope: str, key: str) -> Document | None:
+        def read(conn: Conn) -> Document | None:
+            row = conn.execute(
+                "SELECT * FROM documents WHERE scope = %s AND key = %s", (scope, key)
+            ).fetchone()
+            return None if row is None else row_document(row)
+
+        return await self._read(read)
+
+    async def list_documents(self, scope: str) -> list[Document]:
+        def read(conn: Conn) -> list[Document]:
+            rows = conn.execute("SELECT * FROM documents WHERE scope = %s ORDER BY key", (scope,))
+            return [row_document(r) for r in rows]
+
+        return await self._read(read)
+
+    async def next_wake_at(
+        self, agents: Iterable[str] | None = None, queues: Iterable[str] | None = None
+    ) -> datetime | None:
+        names = None if agents is None else list(agents)
+        only = None if queues is None else list(queues)
+
+        mine = (
+            "AND (%(all)s OR agent = ANY(%(names)s)) AND (%(any_queue)s OR queue = ANY(%(queues)s))"
+        )
+
+        def read(conn: Conn) -> datetime | None:
+            # Each part is a min() the planner reads off its index (tasks_due,
+            # tasks_leases), not a scan of every waiting or running row. A running
+            # task without a lease end counts as expired (the epoch), as in the claim.
+            row = conn.execute(
+                "SELECT min(t) AS t FROM ("
+                " SELECT min(wake_at) AS t FROM tasks WHERE status = 'waiting'"
+                f" AND wake_at IS NOT NULL {mine}"
+                " UNION ALL SELECT min(coalesce(lease_expires, 'epoch'::timestamptz))"
+                f" FROM tasks WHERE status = 'running' {mine}"
+                " UNION ALL SELECT min(wake_at) FROM tasks WHERE status = 'pending'"
+                f" AND wake_at IS NOT NULL {mine}) AS wakes",
+                {
+                    "all": names is None,
+                    "names": names or [],
+                    "any_queue": only is None,
+                    "queues": only or [],
+                },
+            ).fetchone()
+            value = None if row is None else row["t"]
+            return None if value is None else value.astimezone(UTC)
+
+        return await self._read(read)
+
+    # --- change notification ---
+
+    def _local_signals(self) -> Signals:
+        loop = asyncio.get_running_loop()
+        if self._signals is None or self._signals.loop is not loop:
+            self._signals = Signals(loop)
+        return self._signals
+
+    @property
+    def listening(self) -> bool:
+        """True while other processes' commits reach wait_for_change (LISTEN is active)."""
+        return self._listener is not None and self._listener.ready.is_set()
+
+    async def wait_for_change(self, timeout: float) -> None:
+        """Return after a commit by any process (via LISTEN/NOTIFY) or after `timeout`.
+
+        While the listening connection is (re)connecting, changes could go
+        unheard, so the call returns as soon as it listens again: callers re-read
+        after every return, which makes an early return harmless.
+        """
+        await self._wait(timeout, work=False)
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """Like wait_for_change, for the commits that may make a task claimable.
+
+        What a worker waits on: lease renewals and appended entries, most of
+        the commits of a busy cluster, do not wake it.
+        """
+        await self._wait(timeout, work=True)
+
+    def watch_controls(self, callback: ControlCallback) -> Callable[[], None]:
+        """Call `callback(task_id)` when a control request is committed on a task,
+        by any process (LISTEN/NOTIFY), and `callback(None)` whenever listening
+        (re)starts. Returns the function that stops the calls."""
+        self._check_opened()
+        remove = self._controls.add(callback)
+        self._listen(changes=False)
+        return remove
+
+    def _listen(self, *, changes: bool) -> Listener:
+        signals = self._local_signals()
+        listener = self._listener
+        if listener is None or listener.loop is not signals.loop:
+            listener = Listener(
+                self._conninfo,
+                self.namespace,
+                self._local_signals,
+                changes=changes,
+                on_control=self._controls.fire,
+            )
+        elif changes and not listener.changes:
+            # The first wait for any change: listen to every channel from now on.
+            # Waiting callers are woken (re-read, wait again) as after a lost
+            # connection, since the new one may miss what is committed meanwhile.
+            listener.task.cancel()
+            listener = Listener(
+                self._conninfo,
+                self.namespace,
+                self._local_signals,
+                changes=True,
+                on_control=self._controls.fire,
+            )
+            signals.fire(work=True)
+        self._listener = listener
+        return listener
+
+    async def _wait(self, timeout: float, *, work: bool) -> None:
+        self._check_opened()
+        signals = self._local_signals()
+        signal = signals.work if work else signals.change
+        listener = self._listen(changes=not work)
+        if not listener.ready.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(listener.ready.wait(), timeout)
+            return
+        await signal.wait(timeout)

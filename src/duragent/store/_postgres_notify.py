@@ -1,0 +1,121 @@
+"""Change notification for the PostgreSQL store: LISTEN/NOTIFY, and the local signals.
+
+A commit notifies one channel with its store's namespace (schema) as payload,
+delivered by the server only if and when the transaction commits. Each store
+keeps one listening connection per event loop; waiters wait on a local
+signal that both the listener and the store's own commits fire. A commit that
+sets a control request (pause/abort) on a task also notifies CONTROL_CHANNEL
+with the task's id, so its worker, wherever it runs, stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+
+import psycopg
+from psycopg import sql
+
+from duragent.store._signals import ChangeSignal, ControlCallback
+
+# A commit notifies one channel with the store's namespace as payload: WORK_CHANNEL
+# when it may have made a task claimable (see PgTx.work), CHANNEL otherwise.
+CHANNEL = "duragent_changes"
+WORK_CHANNEL = "duragent_work"
+CONTROL_CHANNEL = "duragent_control"
+
+
+def control_payload(namespace: str, task_id: str) -> str:
+    return json.dumps([namespace, task_id])
+
+
+class Signals:
+    """The change and work signals of one event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.change = ChangeSignal()
+        self.work = ChangeSignal()
+
+    def fire(self, *, work: bool) -> None:
+        self.change.notify()
+        if work:
+            self.work.notify()
+
+
+class Listener:
+    """One connection per store doing LISTEN; reconnects with backoff if it drops.
+
+    It listens to WORK_CHANNEL and CONTROL_CHANNEL (rare: one notification per
+    pause or abort of a running task), and to CHANNEL only if `changes`: a
+    process that only waits for work (a worker) is not sent the notification
+    of every commit in the cluster. `on_control` is told each controlled task
+    id, and None each time it (re)starts listening: what was committed while
+    it was not listening went unheard.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        namespace: str,
+        signals: Callable[[], Signals],
+        *,
+        changes: bool,
+        on_control: ControlCallback,
+    ) -> None:
+        self.conninfo = conninfo
+        self.namespace = namespace
+        self.signals = signals
+        self.changes = changes
+        self.on_control = on_control
+        self.loop = asyncio.get_running_loop()
+        self.ready = asyncio.Event()
+        self.task = self.loop.create_task(self._run())
+
+    async def _run(self) -> None:
+        channels = [WORK_CHANNEL, CONTROL_CHANNEL]
+        if self.changes:
+            channels.append(CHANNEL)
+        listen = sql.SQL("; ").join(
+            sql.SQL("LISTEN {}").format(sql.Identifier(c)) for c in channels
+        )
+        delay = 0.1
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+                async with conn:
+                    await conn.execute(listen)
+                    self.ready.set()
+                    self.on_control(None)
+                    delay = 0.1
+                    async for note in conn.notifies():
+                        if note.channel == CONTROL_CHANNEL:
+                            self._controlled(note.payload)
+                        elif note.payload == self.namespace:
+                            self.signals().fire(work=note.channel == WORK_CHANNEL)
+            except psycopg.Error:
+                pass
+            # Not listening: whatever changed meanwhile was unheard, so wake everyone.
+            self.ready.clear()
+            self.signals().fire(work=True)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def _controlled(self, payload: str) -> None:
+        try:
+            namespace, task_id = json.loads(payload)
+        except (ValueError, TypeError):
+            return  # not ours: some other program on this channel
+        if namespace == self.namespace and isinstance(task_id, str):
+            self.on_control(task_id)
+
+    async def stop(self) -> None:
+        if self.loop is not asyncio.get_running_loop():
+            if not self.loop.is_closed():
+                self.loop.call_soon_threadsafe(self.task.cancel)
+            return
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task

@@ -1,0 +1,116 @@
+"""The PostgreSQL store's reads and deletes that are more than one statement.
+
+A task's model view joined on the server, its entries as rows, a task query's
+WHERE terms, and the deletion of task trees (with the forks that reference
+them given their payloads back first).
+"""
+
+from __future__ import annotations
+
+from operator import itemgetter
+from typing import Any
+
+from psycopg.rows import tuple_row
+from psycopg.types.json import Jsonb
+
+from duragent.store._codec import MAX_SEQ, SEQ_BITS, entry_range
+from duragent.store._commits import TaskQuery
+from duragent.store._postgres_schema import ENTRY_RANGE, Conn
+from duragent.store._postgres_tx import PgTx
+from duragent.store._views import VIEW_KINDS, view_text
+from duragent.types import EntryKind
+
+
+def task_rows(conn: Conn, task_id: str, columns: str, kinds: list[str]) -> list[Any]:
+    """A task's entries of `kinds` as tuples of `columns` (the seq first), in seq order.
+
+    Read without ORDER BY and sorted here: the range's bounds come from a
+    subquery, so the planner cannot size it, and on a table without fresh
+    statistics it chose a bitmap scan and a sort on the server (6.8 ms for
+    10,000 rows, against 3.6 for the index in order). The rows come in the
+    table's order, nearly sorted already: a few comparisons each here. Tuples,
+    not dicts: a long task's view is 10,000 rows.
+    """
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(
+            f"SELECT {columns} FROM entry_rows WHERE {ENTRY_RANGE} AND kind = ANY(%s)",
+            (*entry_range(task_id), kinds),
+        )
+        rows = cur.fetchall()
+    rows.sort(key=itemgetter(0))
+    return rows
+
+
+# The view's payloads joined by the server, and whether a rollback marker is
+# among them. One value instead of a row per message: a 10,000-entry task's
+# view took 14 ms read as rows and joined here, 10.6 as this (the server's
+# part grows from 3.4 to 7.6 ms; this process's shrinks from 10.6 to 3).
+_JOINED_VIEW = (
+    "SELECT '[' || coalesce(string_agg(payload, ',' ORDER BY eid), '') || ']',"
+    f" coalesce(bool_or(kind = '{EntryKind.ROLLBACK.value}'), false)"
+    f" FROM entry_rows WHERE {ENTRY_RANGE} AND kind = ANY(%s)"
+)
+
+
+def model_view_text(conn: Conn, task_id: str) -> str:
+    """The payloads of the task's model view as one JSON array text."""
+    kinds = list(VIEW_KINDS)
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(_JOINED_VIEW, (*entry_range(task_id), kinds))
+        row = cur.fetchone()
+    if row is not None and not row[1]:
+        return str(row[0])  # nothing voided (the common case): that is the view
+    return view_text(task_rows(conn, task_id, "seq, kind, payload", kinds))
+
+
+def delete_trees(tx: PgTx, roots: list[str]) -> int:
+    """Delete tasks with their sub-tasks, entries and documents; return how many."""
+    rows = tx.conn.execute(
+        "WITH RECURSIVE tree(id) AS (SELECT id FROM tasks WHERE id = ANY(%s)"
+        " UNION SELECT t.id FROM tasks t JOIN tree ON t.parent_id = tree.id)"
+        " SELECT id FROM tree",
+        (roots,),
+    ).fetchall()
+    doomed = [r["id"] for r in rows]
+    if doomed:
+        # Forks that reference these tasks' payloads get them back first. The
+        # rows are locked before: a fork of one of them holds its row (FOR UPDATE
+        # in `apply_fork`) until it commits, so its references are seen here.
+        tx.conn.execute("SELECT 1 FROM tasks WHERE id = ANY(%s) ORDER BY id FOR UPDATE", (doomed,))
+        # A doomed task's entries: the keys from its number << 32 on.
+        span = f"BETWEEN d.num << {SEQ_BITS} AND (d.num << {SEQ_BITS}) + {MAX_SEQ}"
+        tx.conn.execute(
+            "UPDATE entries e SET payload = s.payload, src = NULL FROM entries s, tasks d"
+            f" WHERE d.id = ANY(%s) AND e.src {span} AND s.eid = e.src",
+            (doomed,),
+        )
+        tx.conn.execute(
+            f"DELETE FROM entries e USING tasks d WHERE d.id = ANY(%s) AND e.eid {span}",
+            (doomed,),
+        )
+        scopes = [f"task:{tid}" for tid in doomed]
+        tx.conn.execute("DELETE FROM documents WHERE scope = ANY(%s)", (scopes,))
+        tx.conn.execute("DELETE FROM tasks WHERE id = ANY(%s)", (doomed,))
+        tx.changed = True
+    return len(doomed)
+
+
+def task_filters(q: TaskQuery) -> tuple[list[str], list[Any]]:
+    """The WHERE terms and parameters of a task query (metadata through its GIN index)."""
+    where: list[str] = []
+    params: list[Any] = []
+    for column, value in q.equal_filters():
+        where.append(f"{column} = %s")
+        params.append(value)
+    where += [f"{column} IS NULL" for column in q.null_filters()]
+    statuses = q.statuses()
+    if statuses is not None:
+        where.append("status = ANY(%s)")
+        params.append(statuses)
+    for column, op, bound in q.range_filters():
+        where.append(f"{column} {op} %s")
+        params.append(bound)
+    if q.metadata:
+        where.append("metadata @> %s")
+        params.append(Jsonb(q.metadata))
+    return where, params

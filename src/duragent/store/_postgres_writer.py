@@ -1,0 +1,522 @@
+"""The PostgreSQL store's writer: the commits of a process grouped into one transaction.
+
+Every commit asked for while a transaction is in flight (or in the same
+event-loop tick) joins the next one, so one fsync and two round trips carry
+many commits: the writes of the whole batch go in one message (BEGIN, the
+statements, pg_notify), then COMMIT, with one UPDATE per task row however
+many of the batch's commits changed it and one INSERT for all their entries
+(_postgres_tx.py `Deferred`). A commit whose task row this process
+wrote last needs no read: its UPDATE is guarded by the row's stamp, and a row
+someone else changed meanwhile makes the batch run again with row locks (the
+way every commit ran before). A job needing a read (a claim, a document, a
+task created elsewhere) runs on the connection inside a savepoint, so a
+refused job (stale lease, conflict) leaves its batch-mates untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import psycopg_pool
+from psycopg.pq import TransactionStatus
+
+from duragent.errors import CommitOutcomeUnknown, StoreUnavailable
+from duragent.store._commits import mark_failed
+from duragent.store._group_commit import GroupCommit, Job, Outcome
+from duragent.store._postgres_flight import Flight
+from duragent.store._postgres_landed import LostInFlight, landed_in
+from duragent.store._postgres_message import (
+    PREPARED_GONE,
+    StaleRow,
+    Statement,
+    check_commit,
+    commit_message,
+    send,
+    send_and_commit,
+)
+from duragent.store._postgres_notify import CHANNEL, CONTROL_CHANNEL, WORK_CHANNEL, control_payload
+from duragent.store._postgres_schema import Conn
+from duragent.store._postgres_tx import BufferedPgTx, Deferred, NeedsServer, PgTx
+from duragent.types import Task
+
+Changes = tuple[bool, bool]  # a committed batch: (it changed anything, it made work)
+
+HOLD_SECONDS = 60.0  # the longest the writer keeps a pooled connection
+
+
+class _Run:
+    """One attempt at a batch as its jobs run: the statements still to send, the
+    jobs' outcomes and transactions, the rows as the jobs so far left them."""
+
+    __slots__ = ("batch", "deferred", "outcomes", "queued", "rows", "txs", "written")
+
+    def __init__(self, batch: list[Job[PgTx]], rows: Mapping[str, Task]) -> None:
+        self.batch = batch
+        self.rows = rows  # this process's copies, as the last batch left them
+        self.queued: list[Statement] = [Statement("BEGIN", None, False)]
+        self.outcomes: list[Outcome] = []
+        self.txs: list[PgTx] = []
+        self.written: dict[str, Task] = {}
+        self.deferred = Deferred()  # the row updates and entries of jobs run on cached rows
+        for job in batch:  # an earlier attempt's verdicts do not stand
+            if job.link is not None:
+                job.link.failed = None
+
+    def row(self, task_id: str) -> Task | None:
+        return self.written.get(task_id) or self.rows.get(task_id)
+
+    def next_job(self) -> None:
+        """Before the next job runs: tell the last one's link if it was refused
+        (a job that follows a refused one is refused before it runs)."""
+        if self.outcomes:
+            mark_failed([self.batch[len(self.outcomes) - 1].link], self.outcomes[-1:])
+
+    def took(self, btx: BufferedPgTx, outcome: Outcome) -> None:
+        """A job that ran on cached rows: its writes wait to go with the batch's."""
+        self.outcomes.append(outcome)
+        if outcome[0]:
+            self.queued += btx.statements
+            self.deferred.take_in(btx)
+            self.written.update(btx.written)
+            self.txs.append(btx)
+
+
+class _Retry(Exception):
+    """The batch's transaction was lost before COMMIT was sent: run it again."""
+
+
+@dataclass(slots=True)
+class _Tries:
+    """Where the attempts at one batch are (`PgWriter.run_batch`)."""
+
+    attempt: int = 0
+    cached: bool = True  # jobs run on this process's copies of their rows
+    reprepared: bool = False  # the prepared statements were made again once
+    committing: bool = False  # COMMIT was sent on its own, its answer not read
+
+
+class PgWriter(GroupCommit[PgTx, Changes]):
+    """One writer thread per store; `submit` from any event loop."""
+
+    def __init__(
+        self,
+        pool: psycopg_pool.ConnectionPool[Conn],
+        namespace: str,
+        *,
+        where: str,
+        retries: int,
+        translate: Callable[[BaseException], BaseException],
+        lost: Callable[[psycopg.Error], bool],
+        on_commit: Callable[[asyncio.AbstractEventLoop, bool], None],
+        max_batch: int = 256,
+    ) -> None:
+        super().__init__(where=where, max_batch=max_batch, thread_name="duragent-pg-writer")
+        self.pool = pool
+        self.namespace = namespace
+        self.retries = retries
+        self.translate = translate
+        self.lost = lost
+        self.on_commit = on_commit  # (loop, work) after a batch that changed something
+        self.rereads = 0  # batches run again, reading their rows, because a copy was stale
+        self.flights = 0  # batches sent from their event loop, answered or not (`run_here`)
+        self.rows: dict[str, Task] = {}  # task rows as this process last committed them
+        self._held: Conn | None = None  # the writer thread's connection (see _connection)
+        self._held_since = 0.0
+        # Whether a batch on cached rows is sent from its event loop (`run_here`);
+        # off, every batch runs on the writer thread.
+        self.on_loop = True
+        self._flight: Flight | None = None  # the batch sent from a loop, answer unread
+
+    def rescue(self) -> None:
+        """Hand to the writer thread a turn an event loop holds and cannot use
+        (store/_turns.py): else the writer stays busy, and every later commit,
+        and closing the store, waits for ever.
+
+        A batch in flight is taken over only from a loop that closed before
+        reading its answer (a closed loop runs no callback again, so the two
+        never read the socket at once); its callers, on that loop, are gone,
+        and it lands or fails as any batch. A next step still waiting in a
+        loop that is not running is taken over at once (`GroupCommit.rescue`)."""
+        flight = self._flight
+        if flight is None:
+            super().rescue()
+            return
+        if not flight.loop.is_closed():
+            return
+        with self._lock:
+            if self._flight is not flight:
+                return
+            self._flight = None
+            self._turn.take()
+        self.submit_to_thread(flight.finish)
+
+    def flying(self) -> bool:
+        return self._flight is not None
+
+    def back_to_loop(self) -> bool:
+        return self.on_loop
+
+    def announce(self, loop: asyncio.AbstractEventLoop, notes: Changes | None, ok: bool) -> None:
+        if notes is not None and notes[0]:
+            self.on_commit(loop, notes[1])
+
+    def renewed(self, rows: Mapping[str, Task]) -> None:
+        """Take in rows as lease renewals left them: renewals run beside the writer
+        (PostgresStore.renew_leases) and move only `lease.expires_at`, which the
+        guard of the next UPDATE compares. Without this, the first commit after
+        every renewal would miss its guard and its whole batch would run again.
+
+        Only a copy the renewal is the next version of is replaced. A copy left
+        older by a race with the writer thread is merely stale: its guarded
+        UPDATE matches nothing and the batch reads the row again.
+        """
+        for task_id, fresh in rows.items():
+            mine = self.rows.get(task_id)
+            if mine is not None and _same_but_expiry(mine, fresh):
+                self.rows[task_id] = fresh
+
+    def close(self) -> None:
+        """After `finish`: the connection kept between batches back to the pool."""
+        self.shutdown()
+        conn, self._held = self._held, None
+        if conn is not None:
+            self.pool.putconn(conn)
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[Conn]:
+        """A pooled connection, kept by the writer thread between batches.
+
+        A checkout and return cost a tenth of a commit's CPU. The connection
+        goes back to the pool after any failure (the pool replaces a broken
+        one), when it is not idle, after `HOLD_SECONDS` (so the pool's checks
+        and lifetimes apply to it) and when the store closes; with a pool of
+        one connection it goes back after every batch, for the readers.
+        """
+        conn, self._held = self._held, None
+        if conn is None:
+            conn = self.pool.getconn()
+            self._held_since = time.monotonic()
+        try:
+            yield conn
+        except BaseException:
+            self.pool.putconn(conn)
+            raise
+        self._release(conn)
+
+    def _release(self, conn: Conn) -> None:
+        """Keep the connection for the next batch, or give it back (see `_connection`)."""
+        if (
+            conn.info.transaction_status is TransactionStatus.IDLE
+            and self.pool.max_size > 1
+            and time.monotonic() - self._held_since < HOLD_SECONDS
+        ):
+            self._held = conn
+        else:
+            self.pool.putconn(conn)
+
+    # --- on the event loop: a batch on cached rows, sent from where its commits came ---
+
+    def run_here(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Send the next batch from `loop` (_postgres_flight.py) if it can go
+        from here: its jobs are all this loop's and all run on cached rows, and
+        the writer holds an idle connection. False: the thread must run it.
+        Its answer is read on the loop; if it reports a failure, the thread
+        takes the batch over (`run_batch`), with the failure as its first attempt's."""
+        conn = self._held
+        if (
+            not self.on_loop
+            or conn is None
+            or conn.info.transaction_status is not TransactionStatus.IDLE
+            or time.monotonic() - self._held_since >= HOLD_SECONDS
+        ):
+            return False
+        batch = self.take(loop)
+        if batch is None:
+            return False
+        if not batch:
+            return True
+        try:
+            plan = self._plan(batch)
+        except Exception:  # the thread runs it again and tells its callers
+            plan = None
+        if plan is None or not conn.lock.acquire(blocking=False):
+            self.put_back(batch)
+            return False
+        statements, outcomes, txs = plan
+        self._held = None
+        pid, sent_at = conn.info.backend_pid, datetime.now(UTC)
+
+        def answered(results: list[Any] | None, error: Exception | None) -> None:
+            self._flight = None
+            conn.lock.release()
+            if error is None:
+                assert results is not None
+                try:
+                    check_commit(message, statements, message.answered(results))
+                except Exception as exc:
+                    error = exc
+            if error is None:
+                self._release(conn)
+                self._keep_rows(txs)
+                self.landed_here(loop, batch, outcomes, _changes(txs))
+                return
+            if isinstance(error, psycopg.Error) and self.lost(error):
+                lost = LostInFlight(outcomes, txs, pid, sent_at)
+                lost.__cause__ = error
+                error = lost
+            self._held = conn  # for the thread's attempt, which hands it back to the pool
+            self.to_thread((batch, error))
+
+        try:
+            message = commit_message(conn, statements)
+            message.send(conn)
+        except Exception as exc:  # nothing went out: the thread runs the batch again
+            conn.lock.release()
+            self._held = conn
+            self.to_thread((batch, exc))
+            return True
+        self.flights += 1
+        self._flight = Flight(loop, conn.pgconn, answered)
+        self._flight.start()
+        return True
+
+    def _plan(
+        self, batch: list[Job[PgTx]]
+    ) -> tuple[list[Statement], list[Outcome], list[PgTx]] | None:
+        """The batch's transaction, `BEGIN` to the notifications, when every job runs
+        on this process's copies of its rows; None when one must run on the server."""
+        run = _Run(batch, self.rows)
+        for job in batch:
+            run.next_job()
+            ran = self._on_cached_rows(job, run.row)
+            if ran is None:
+                return None
+            run.took(*ran)
+        run.queued += run.deferred.statements() + _notifications(self.namespace, run.txs)
+        return run.queued, run.outcomes, run.txs
+
+    def run_batch(
+        self, batch: list[Job[PgTx]], failed: BaseException | None
+    ) -> tuple[list[Outcome], Changes | None]:
+        """The batch's outcomes, and whether it changed anything and made work.
+
+        Retried like any write: whatever failed before COMMIT was sent (a lost
+        connection, a deadlock) left nothing behind. A connection lost while
+        COMMIT was in flight may or may not have committed, and is reported so.
+        `failed`: how the first attempt, made on the event loop (`run_here`), failed.
+        """
+        tries = _Tries()
+        while True:
+            tries.attempt += 1
+            tries.committing = False
+            try:
+                outcomes, txs = self._attempt_on_connection(batch, tries, failed)
+            except psycopg_pool.PoolTimeout as exc:
+                self.rows.clear()
+                busy = StoreUnavailable(f"{self.where}: no connection available: {exc}")
+                return [(False, busy)] * len(batch), None
+            except LostInFlight as flight:
+                # The whole transaction went as one message, COMMIT included, and
+                # the connection broke before its answer: look whether it landed.
+                self.rows.clear()
+                landed = landed_in(self.pool, flight.txs, flight.backend_pid, flight.sent_at)
+                if landed:
+                    outcomes, txs = flight.outcomes, flight.txs
+                elif landed is False and tries.attempt <= self.retries:
+                    with contextlib.suppress(Exception):
+                        self.pool.check()  # the pool may hold more dropped connections
+                    continue
+                else:
+                    return [(False, self._unknown())] * len(batch), None
+            except StaleRow:
+                self.rereads += 1
+                self.rows.clear()
+                tries.cached = False  # again, reading every row under its lock
+                continue
+            except psycopg.Error as exc:
+                self.rows.clear()
+                final = self._after_error(exc, tries)
+                if final is not None:
+                    return [(False, final)] * len(batch), None
+                continue
+            finally:
+                failed = None
+            self._keep_rows(txs)
+            return outcomes, _changes(txs)
+
+    def _attempt_on_connection(
+        self, batch: list[Job[PgTx]], tries: _Tries, failed: BaseException | None
+    ) -> tuple[list[Outcome], list[PgTx]]:
+        """One attempt at the batch, committed; `failed`, if given, is raised as
+        its failure (the attempt made on the event loop)."""
+        with self._connection() as conn:
+            try:
+                if failed is not None:
+                    raise failed
+                outcomes, txs, committed = self._attempt(conn, batch, tries.cached)
+                if not committed:
+                    tries.committing = True
+                    send(conn, _COMMIT)
+            except BaseException:
+                if not tries.committing and not conn.closed:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+                raise
+        return outcomes, txs
+
+    def _after_error(self, exc: psycopg.Error, tries: _Tries) -> BaseException | None:
+        """What failed attempt `exc` ends in: the error every job gets, or None to try again."""
+        lost = self.lost(exc)
+        if tries.committing and lost:
+            return self._unknown()
+        if exc.sqlstate == PREPARED_GONE and not tries.reprepared:
+            # The connection lost the statements prepared on it; they are
+            # prepared again on this try (_postgres_message.py), at once.
+            tries.reprepared = True
+            tries.attempt -= 1
+            return None
+        if tries.cached and not lost and exc.sqlstate not in _AGAIN:
+            # A statement of the batch failed: find whose, job by job.
+            tries.cached = False
+            return None
+        if not (lost or exc.sqlstate in _AGAIN) or tries.attempt > self.retries:
+            return self.translate(exc)
+        if lost:
+            # The pool may hold more connections the server dropped.
+            with contextlib.suppress(Exception):
+                self.pool.check()
+        if tries.attempt > 1:
+            time.sleep(min(0.05 * 2**tries.attempt, 1.0))
+        return None
+
+    def _unknown(self) -> CommitOutcomeUnknown:
+        return CommitOutcomeUnknown(
+            f"{self.where}: the connection was lost while committing; the commit "
+            "may or may not have been applied, re-read the task to find out"
+        )
+
+    def _keep_rows(self, txs: list[PgTx]) -> None:
+        """Keep the rows a committed batch wrote, as the next batch's copies."""
+        for tx in txs:
+            self.rows.update(tx.written)
+        if len(self.rows) > 10_000:
+            self.rows.clear()
+
+    def _attempt(
+        self, conn: Conn, batch: list[Job[PgTx]], cached: bool
+    ) -> tuple[list[Outcome], list[PgTx], bool]:
+        """Run the jobs in one transaction; whether it is committed already (every
+        job ran on cached rows: the whole transaction went as one message)."""
+        run = _Run(batch, self.rows)
+        sent = False
+        alone = len(batch) == 1
+        for job in batch:
+            run.next_job()
+            ran = self._on_cached_rows(job, run.row) if cached else None
+            if ran is not None:
+                run.took(*ran)
+                continue
+            # The jobs before this one: not under its savepoint.
+            run.queued += run.deferred.statements()
+            if not alone:
+                run.queued.append(Statement("SAVEPOINT job", None, False))
+            send(conn, run.queued)
+            run.queued, sent = [], True
+            tx = PgTx(conn, self.namespace)
+            try:
+                value = job.fn(tx)
+                if not alone:
+                    tx.flush()  # under its savepoint: a failing write is this job's alone
+            except psycopg.Error as exc:
+                if alone or self.lost(exc) or exc.sqlstate in _AGAIN:
+                    # The whole batch is retried or fails: a prepared statement
+                    # gone is the connection's loss, not this job's failure.
+                    raise
+                conn.execute("ROLLBACK TO SAVEPOINT job")
+                run.outcomes.append((False, self.translate(exc)))
+            except Exception as exc:
+                if alone:
+                    # Nothing else to keep: report the refusal, write nothing.
+                    conn.execute("ROLLBACK")
+                    conn.execute("BEGIN")
+                else:
+                    conn.execute("ROLLBACK TO SAVEPOINT job")
+                run.outcomes.append((False, exc))
+            else:
+                if alone:
+                    run.queued = tx.take_pending()  # sent with the notifications, below
+                else:
+                    run.queued.append(Statement("RELEASE SAVEPOINT job", None, False))
+                run.written.update(tx.written)
+                run.outcomes.append((True, value))
+                run.txs.append(tx)
+        outcomes, txs = run.outcomes, run.txs
+        queued = run.queued + run.deferred.statements() + _notifications(self.namespace, txs)
+        if not sent:
+            pid, sent_at = conn.info.backend_pid, datetime.now(UTC)
+            try:
+                send_and_commit(conn, queued)
+            except psycopg.Error as exc:
+                if self.lost(exc):
+                    raise LostInFlight(outcomes, txs, pid, sent_at) from exc
+                raise
+            return outcomes, txs, True
+        send(conn, queued)
+        return outcomes, txs, False
+
+    def _on_cached_rows(
+        self, job: Job[PgTx], row: Callable[[str], Task | None]
+    ) -> tuple[BufferedPgTx, Outcome] | None:
+        """Run `job` on this process's copies of its rows: its writes and outcome,
+        or None when it must run on the connection (it reads there)."""
+        btx = BufferedPgTx(self.namespace, row)
+        try:
+            return btx, (True, job.fn(btx))
+        except NeedsServer:
+            return None
+        except Exception as exc:  # refused before writing anything...
+            # ...but if judged on this process's copy of a row, which another
+            # process may have changed since: ask the row as stored.
+            return None if btx.based_on else (btx, (False, exc))
+
+
+def _changes(txs: list[PgTx]) -> Changes:
+    return any(tx.changed for tx in txs), any(tx.work for tx in txs)
+
+
+def _notifications(namespace: str, txs: list[PgTx]) -> list[Statement]:
+    """The NOTIFYs a batch sends, delivered by the server only if and when it commits."""
+    out = []
+    if any(tx.changed for tx in txs):
+        channel = WORK_CHANNEL if any(tx.work for tx in txs) else CHANNEL
+        out.append(Statement("SELECT pg_notify(%s, %s)", (channel, namespace), False))
+    for tx in txs:
+        # One per control request, in commit order, to the listener of the
+        # task's owning worker.
+        for task_id in tx.notes.controlled:
+            payload = control_payload(namespace, task_id)
+            out.append(Statement("SELECT pg_notify(%s, %s)", (CONTROL_CHANNEL, payload), False))
+    return out
+
+
+_COMMIT = [Statement("COMMIT", None, False)]
+# Failures that leave nothing behind and pass when the batch runs again: a
+# serialization failure, a deadlock, a prepared statement gone (_postgres_message.py).
+_AGAIN = ("40001", "40P01", PREPARED_GONE)
+
+
+def _same_but_expiry(mine: Task, fresh: Task) -> bool:
+    a, b = mine.lease, fresh.lease
+    return (mine.version, mine.last_seq, a.epoch, a.owner) == (
+        fresh.version,
+        fresh.last_seq,
+        b.epoch,
+        b.owner,
+    )
