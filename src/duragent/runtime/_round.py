@@ -19,7 +19,7 @@ from typing import Any
 
 from duragent._payloads import IntentPayload, stored
 from duragent.errors import Conflict, ModelError
-from duragent.llm._base import ModelRequest, ResponseAssembler, TextDelta
+from duragent.llm._base import ModelRequest, Response, ResponseAssembler, TextDelta
 from duragent.llm._messages import WorkingView
 from duragent.runtime._agent import Agent
 from duragent.runtime._commits import Commits
@@ -241,7 +241,7 @@ class Rounds:
             settings=pin.get("settings", self.agent.model_settings),
         )
 
-    async def _ask_model(self, rnd: OpenRound) -> Any:
+    async def _ask_model(self, rnd: OpenRound) -> Response | None:
         """Stream the model with retries; None if a control request stopped it."""
         r, attempt = rnd.number, 0
         while True:
@@ -258,10 +258,9 @@ class Rounds:
                     raise ModelError(f"the model failed {attempt} times in a row: {exc}") from exc
                 delay = exc.retry_after
                 if delay is None:
-                    base = self.agent.model_retry.base_delay * 2 ** (attempt - 1)
-                    delay = min(self.agent.model_retry.max_delay, base) * (
-                        0.5 + random.random() / 2
-                    )
+                    policy = self.agent.model_retry
+                    base = policy.base_delay * 2 ** (attempt - 1)
+                    delay = min(policy.max_delay, base) * (0.5 + random.random() / 2)
                 entries = [
                     notice(
                         self.commits.task.id,
@@ -282,7 +281,7 @@ class Rounds:
                 except Interrupted:
                     return None
 
-    async def _stream_once(self, rnd: OpenRound) -> Any:
+    async def _stream_once(self, rnd: OpenRound) -> Response:
         r = rnd.number
         assembler = ResponseAssembler()
         rnd.attempt = assembler
@@ -337,7 +336,7 @@ class Rounds:
         return True
 
 
-def _usage_of(attempt: ResponseAssembler | None) -> Any:
+def _usage_of(attempt: ResponseAssembler | None) -> Usage | None:
     """Usage a (failed) model attempt reported, if any."""
     usage = attempt.usage if attempt is not None else None
     return usage if usage and (usage.input_tokens or usage.output_tokens) else None
