@@ -1,4 +1,5 @@
-"""Why a SQLite store at FULL readies its WAL and checkpoints it every 200 pages (_sqlite_schema.py).
+"""Why a SQLite store at FULL readies its WAL and checkpoints it every 200 pages
+(_sqlite_schema.py).
 
     python -m bench.wal_growth [--runs 5] [--commits 400]
 

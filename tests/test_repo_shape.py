@@ -235,7 +235,6 @@ MAX_MODULE_LINES = 700
 MAX_FUNCTION_LINES = 80  # from the `def` line to the function's last line
 
 
-
 def _functions(tree: ast.AST, prefix: str = "") -> list[tuple[str, int]]:
     """(qualified name, lines) of every function and method, nested ones too."""
     found = []
