@@ -19,7 +19,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import psycopg
@@ -612,7 +612,8 @@ class PostgresStore(TxWrites):
             if row is None or row["t"] is None:
                 return None
             # Claims go by the server's clock: its distance from now, on this host's.
-            return utcnow() + (row["t"] - row["server_now"])
+            ahead: timedelta = row["t"] - row["server_now"]
+            return utcnow() + ahead
 
         return await self._read(read)
 
