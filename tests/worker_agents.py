@@ -8,16 +8,39 @@ $HOLD_ONCE=1 holds only the first such call of the process (one task surely in
 flight, the others run as usual).
 $DROP_TOOLS removes tools from the agents (a later deploy that lost a
 definition). $TOOL_GRACE sets how long a pause waits for tools.
+$CLOCK_SKEW=<seconds> sets this process's wall clock, as duragent reads it,
+that far off (a worker on a host whose clock is wrong).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sys
+from datetime import datetime, timedelta
 from typing import Any
 
+import duragent.types
 from duragent import Agent, BuiltinTools, Limits, ScriptedModel, Timing, ToolCall, ToolContext, tool
 from duragent.types import AssistantMessage, ToolMessage, UserMessage
+
+
+def skew_clock(seconds: float) -> None:
+    """Every duragent module of this process reads `utcnow` `seconds` off: those
+    loaded already (their imported name replaced) and those loaded later."""
+    real = duragent.types.utcnow
+
+    def skewed() -> datetime:
+        return real() + timedelta(seconds=seconds)
+
+    for module in list(sys.modules.values()):
+        name = getattr(module, "__name__", "")
+        if name.startswith("duragent") and getattr(module, "utcnow", None) is real:
+            module.utcnow = skewed  # type: ignore[attr-defined]
+
+
+if os.environ.get("CLOCK_SKEW"):
+    skew_clock(float(os.environ["CLOCK_SKEW"]))
 
 
 def ledger(line: str) -> None:

@@ -25,6 +25,7 @@ from duragent.types import (
     Task,
     TaskStatus,
     UIMessage,
+    utcnow,
 )
 
 _T = TypeVar("_T")
@@ -136,6 +137,9 @@ class _MemoryTx:
             if claimable(task, now):
                 out.append(task)
         return [candidate_of(t) for t in sorted(out, key=claim_order)[:limit]]
+
+    def lease_now(self) -> datetime:
+        return utcnow()  # one process: the host's clock
 
     def load_queues(self) -> list[Document]:
         return [

@@ -378,17 +378,22 @@ class PostgresStore(TxWrites):
         # Whatever is still busy after a third of the lease waits for the next beat.
         give_up = loop.time() + ttl / 3
         while held:
-            at = utcnow() + timedelta(seconds=ttl)
 
             def renew(
-                tx: PgTx, held: dict[str, int] = held, at: datetime = at
+                tx: PgTx, held: dict[str, int] = held
             ) -> tuple[dict[str, Task], set[str], set[str]]:
-                return tx.renew_leases(worker_id, held, at)
+                return tx.renew_leases(worker_id, held, ttl)
 
+            sent = loop.time()
             (renewed, gone, busy), tx = await loop.run_in_executor(
                 self._leases, self._execute, renew, True, self._lease_connection
             )
-            kept.update(renewed)
+            # The server set each lease to ttl past its now(), which is no earlier
+            # than `sent`: once ttl has gone by here, the lease may be over.
+            if loop.time() - sent < ttl:
+                kept.update(renewed)
+            else:
+                lost |= set(renewed)
             lost |= gone
             if tx is not None and tx.changed:
                 self._local_signals().fire(work=tx.work)
@@ -590,7 +595,7 @@ class PostgresStore(TxWrites):
             # tasks_leases), not a scan of every waiting or running row. A running
             # task without a lease end counts as expired (the epoch), as in the claim.
             row = conn.execute(
-                "SELECT min(t) AS t FROM ("
+                "SELECT min(t) AS t, now() AS server_now FROM ("
                 " SELECT min(wake_at) AS t FROM tasks WHERE status = 'waiting'"
                 f" AND wake_at IS NOT NULL {mine}"
                 " UNION ALL SELECT min(coalesce(lease_expires, 'epoch'::timestamptz))"
@@ -604,8 +609,11 @@ class PostgresStore(TxWrites):
                     "queues": only or [],
                 },
             ).fetchone()
-            value = None if row is None else row["t"]
-            return None if value is None else value.astimezone(UTC)
+            if row is None or row["t"] is None:
+                return None
+            # Claims go by the server's clock: its distance from now, on this host's.
+            ahead: timedelta = row["t"] - row["server_now"]
+            return utcnow() + ahead
 
         return await self._read(read)
 

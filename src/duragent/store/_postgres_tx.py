@@ -69,6 +69,7 @@ class PgTx:
         # Rows taken from the writer's cache instead of read under a lock: their
         # UPDATE carries the row's stamp and must match exactly one row.
         self.based_on: dict[str, Task] = {}
+        self.server_now: datetime | None = None  # see lease_now
 
     @property
     def work(self) -> bool:
@@ -211,11 +212,12 @@ class PgTx:
         self.changed = True
 
     def renew_leases(
-        self, worker_id: str, held: dict[str, int], expires: datetime
+        self, worker_id: str, held: dict[str, int], ttl: float
     ) -> tuple[dict[str, Task], set[str], set[str]]:
-        """Renew every lease in `held` (task id -> epoch) whose row is free now.
+        """Renew every lease in `held` (task id -> epoch) whose row is free now,
+        to `ttl` seconds past the server's `now()` (see lease_now).
 
-        The same rule as base.renewed (the lease is still ours: same owner,
+        The same rule as _rules.renewed (the lease is still ours: same owner,
         same epoch), applied by the server to all rows at once: a busy worker's
         thirty leases cost one round trip, not sixty, so the renewal does not
         drift past the lease when the database is slow to answer.
@@ -235,20 +237,19 @@ class PgTx:
                 {"ids": ids},
             ).fetchall()
         }
-        stamp = expires.astimezone(UTC).isoformat().replace("+00:00", "Z")
         mine = [i for i in ids if i in free]
         rows = (
             self.conn.execute(
-                "UPDATE tasks SET lease_expires = %(expires)s,"
-                " data = jsonb_set(data::jsonb, '{lease,expires_at}', to_jsonb(%(stamp)s::text))"
-                "::text"
-                " FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS held(id, epoch)"
+                "UPDATE tasks SET lease_expires = lease.ends, data = jsonb_set(data::jsonb,"
+                " '{lease,expires_at}', to_jsonb(to_char(lease.ends AT TIME ZONE 'UTC',"
+                ' \'YYYY-MM-DD"T"HH24:MI:SS.US"Z"\')))::text'
+                " FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS held(id, epoch),"
+                " (SELECT now() + make_interval(secs => %(ttl)s) AS ends) AS lease"
                 " WHERE tasks.id = held.id AND tasks.lease_epoch = held.epoch"
                 " AND tasks.lease_owner = %(worker)s"
                 " RETURNING tasks.data, tasks.input",
                 {
-                    "expires": expires,
-                    "stamp": stamp,
+                    "ttl": float(ttl),
                     "ids": mine,
                     "epochs": [held[i] for i in mine],
                     "worker": worker_id,
@@ -337,13 +338,31 @@ class PgTx:
         rows = self.conn.execute(query, params).fetchall()
         return sorted((Candidate.from_row(r, self._task) for r in rows), key=Candidate.order)
 
+    def lease_now(self) -> datetime:
+        """The server's `now()`: the start of this transaction, the same value for
+        every statement in it, so the claimable rows the server picks and the
+        lease ends written here agree; and never later than the moment a
+        worker sent it, so a lease is never longer than its TTL as the worker
+        counts it (PostgresStore.renew_leases relies on that)."""
+        if self.server_now is None:
+            row = self.conn.execute("SELECT now() AS now").fetchone()
+            assert row is not None
+            self.server_now = row["now"].astimezone(UTC)
+        return self.server_now
+
     def load_queues(self) -> list[Document]:
         # FOR UPDATE: claims from limited queues take turns here, so each one
         # counts the running tasks after the previous one committed its claims.
+        # The server's time comes along (a claim's next question), with no
+        # round trip of its own: one row even when there is no queue.
         rows = self.conn.execute(
-            "SELECT * FROM documents WHERE scope = %s ORDER BY key FOR UPDATE", (QUEUES_SCOPE,)
+            "WITH q AS (SELECT * FROM documents WHERE scope = %s ORDER BY key FOR UPDATE)"
+            " SELECT now() AS server_now, q.* FROM (SELECT) AS one LEFT JOIN q ON true"
+            " ORDER BY q.key",
+            (QUEUES_SCOPE,),
         ).fetchall()
-        return [row_document(r) for r in rows]
+        self.server_now = rows[0]["server_now"].astimezone(UTC)
+        return [row_document(r) for r in rows if r["scope"] is not None]
 
     def running_counts(
         self, queues: Sequence[str]
@@ -491,6 +510,9 @@ class BufferedPgTx(PgTx):
         raise NeedsServer
 
     def load_queues(self) -> list[Document]:
+        raise NeedsServer
+
+    def lease_now(self) -> datetime:
         raise NeedsServer
 
     def running_counts(

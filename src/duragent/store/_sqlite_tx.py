@@ -16,7 +16,7 @@ from duragent.store._commits import CopyEntries
 from duragent.store._queues import QUEUES_SCOPE, Candidate
 from duragent.store._sqlite_schema import KIND_CODES, ms_to_dt, to_ms
 from duragent.store._tx import HeldRows, Notes, hold_row, task_columns
-from duragent.types import Document, Entry, Task
+from duragent.types import Document, Entry, Task, utcnow
 
 
 def row_task(row: sqlite3.Row) -> Task:
@@ -399,6 +399,9 @@ class SqliteTx:
                 " SELECT name FROM q WHERE name IS NOT NULL"
             )
         ]
+
+    def lease_now(self) -> datetime:
+        return utcnow()  # one machine: the host's clock
 
     def load_queues(self) -> list[Document]:
         rows = self.conn.execute("SELECT * FROM documents WHERE scope=?", (QUEUES_SCOPE,))

@@ -71,6 +71,11 @@ class Tx(Protocol):
     def running_counts(
         self, queues: Sequence[str]
     ) -> list[tuple[str, str | None, str | None, int]]: ...
+    def lease_now(self) -> datetime:
+        """The time leases are set and compared by in this transaction: the
+        host's clock on the one-machine stores, the server's on PostgreSQL, so
+        no worker's clock decides who owns a task (docs/stores.md)."""
+        ...
 
 
 def task_columns(
@@ -345,18 +350,20 @@ def apply_claim(
     agents: Sequence[str] | None,
     ttl: float,
     task_id: str | None,
-    now: datetime,
     queues: Sequence[str] | None = None,
 ) -> list[Task]:
     """Claim up to `n` runnable tasks in claim order, within every queue's limits
     (only from `queues`, when given).
 
+    What is expired, and when the new leases end, is measured by `tx.lease_now()`
+    (asked after `load_queues`, which on PostgreSQL brings the server's time along).
     Candidates come in pages; one a limit refuses is passed over (it stays
     queued), so a page may be read again larger, a few times at most.
     """
     if n < 1:
         return []
     docs = {d.key: d for d in tx.load_queues()}
+    now = tx.lease_now()
     budget = ClaimBudget((queue_from_value(d.value) for d in docs.values()), worker_id, now)
     if budget.queues:
         budget.count(tx.running_counts(sorted(budget.queues)))
@@ -523,12 +530,12 @@ class TxWrites:
         names = None if agents is None else list(agents)
         only = None if queues is None else sorted(set(queues))
         return await self._write(
-            lambda tx: apply_claim(tx, worker_id, n, names, ttl, task_id, utcnow(), only)
+            lambda tx: apply_claim(tx, worker_id, n, names, ttl, task_id, only)
         )
 
     async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task:
         return await self._write(
-            lambda tx: apply_renew(tx, task_id, worker_id, epoch, ttl, utcnow())
+            lambda tx: apply_renew(tx, task_id, worker_id, epoch, ttl, tx.lease_now())
         )
 
     async def renew_leases(
@@ -538,7 +545,11 @@ class TxWrites:
         held = dict(leases)
         if not held:
             return LeaseRenewal(kept={}, lost=set())
-        return await self._write(lambda tx: apply_renew_leases(tx, worker_id, held, ttl, utcnow()))
+        return await self._write(
+            lambda tx: apply_renew_leases(tx, worker_id, held, ttl, tx.lease_now())
+        )
 
     async def release_lease(self, task_id: str, epoch: int) -> None:
+        # The epoch decides a release, not a clock: the host's time is only its
+        # `updated_at` and its status entry's, like any commit's.
         await self._write(lambda tx: apply_release(tx, task_id, epoch, utcnow()))
