@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -41,6 +41,13 @@ from duragent.store._codec import (
     unpacked,
 )
 from duragent.store._commits import EntryHead, LeaseRenewal, PendingCommit, TaskPage, TaskQuery
+from duragent.store._postgres_bounds import (
+    DEFAULT_LEASE_TTL,
+    LeaseConnection,
+    WaitBounds,
+    bounded_conninfo,
+    session_setup,
+)
 from duragent.store._postgres_connect import (
     CONNECTION_OPTIONS,
     POOL_NAME,
@@ -114,11 +121,15 @@ class PostgresStore(TxWrites):
         max_size: int = 10,
         retries: int = 3,
         connect_timeout: float = 10.0,
+        lease_ttl: float | None = None,
     ) -> None:
         quiet_pool_reconnects()
         conninfo, own = split_url(url)
         conninfo, self.application_name = with_application_name(conninfo)
         schema = own.get("schema", schema)
+        # Every wait over the network is bounded by the workers' lease (_postgres_bounds.py).
+        self.bounds = WaitBounds(float(own.get("lease_ttl", lease_ttl or DEFAULT_LEASE_TTL)))
+        conninfo = bounded_conninfo(conninfo, self.bounds, connect_timeout)
         self.url = url
         self.schema = schema
         self.retries = int(own.get("retries", retries))
@@ -136,7 +147,7 @@ class PostgresStore(TxWrites):
         self._listener: Listener | None = None
         self._controls = ControlWatchers()
         self._leases: ThreadPoolExecutor | None = None
-        self._lease_conn: Conn | None = None  # the lease thread's own (see renew_leases)
+        self._lease_conn = LeaseConnection(self._connect_leases)  # the lease thread's own
         self._opened = False
         self._closed = False
         self._shut = False  # closed, all of it (see close)
@@ -153,9 +164,7 @@ class PostgresStore(TxWrites):
             # Connected here, not by the pool, so a server that refuses (a wrong
             # password, an unknown database) says why at once instead of after
             # the pool's timeout; migrated on; then the pool's first connection.
-            first = PooledConnection.connect(
-                conninfo, connect_timeout=max(1, round(connect_timeout)), **CONNECTION_OPTIONS
-            )
+            first = PooledConnection.connect(conninfo, **CONNECTION_OPTIONS)
         except psycopg.Error as exc:
             if turned_away(exc):  # not worth waiting for: say what to fix
                 raise StoreError(
@@ -176,8 +185,9 @@ class PostgresStore(TxWrites):
         )
         try:
             try:
-                self._configure(first)
+                self._configure(first, bounded=False)
                 self.migrated_from, self.namespace = migrate(first, self.schema, self._where)
+                first.execute(sql.SQL("; ").join(session_setup(conninfo, self.bounds)))
             except psycopg.Error as exc:
                 raise translate(exc, self._where) from exc
             pool.open(wait=False)
@@ -205,11 +215,13 @@ class PostgresStore(TxWrites):
         )
         self._opened = True
 
-    def _configure(self, conn: Conn) -> None:
-        # One round trip: without parameters both go as one simple query.
+    def _configure(self, conn: Conn, *, bounded: bool = True) -> None:
+        # One round trip: without parameters all go as one simple query.
         setup: list[sql.Composable] = [sql.SQL("SET TIME ZONE 'UTC'")]
         if self.schema is not None:
             setup.append(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+        if bounded:
+            setup += session_setup(self._conninfo, self.bounds)
         conn.execute(sql.SQL("; ").join(setup))
 
     async def close(self) -> None:
@@ -229,7 +241,7 @@ class PostgresStore(TxWrites):
         leases, self._leases = self._leases, None
         if leases is not None:
             # On the lease thread, after any renewal still running there.
-            leases.submit(self._drop_lease_connection)
+            leases.submit(self._lease_conn.drop)
             leases.shutdown(wait=False)
         self._shut = True
 
@@ -358,6 +370,21 @@ class PostgresStore(TxWrites):
     async def renew_leases(
         self, worker_id: str, leases: Mapping[str, int], ttl: float
     ) -> LeaseRenewal:
+        """`_renew_leases` within half of `ttl`: past that, the leases count as not
+        renewed (StoreUnavailable) and the lease connection is cut, so the lease
+        thread stops waiting on a link that may be dead."""
+        bound = WaitBounds(ttl).renewal_bound
+        try:
+            return await asyncio.wait_for(self._renew_leases(worker_id, leases, ttl), bound)
+        except TimeoutError:
+            self._lease_conn.cut()
+            raise StoreUnavailable(
+                f"{self._where}: lease renewal did not finish within {bound:g}s; not renewed"
+            ) from None
+
+    async def _renew_leases(
+        self, worker_id: str, leases: Mapping[str, int], ttl: float
+    ) -> LeaseRenewal:
         """Renew all of a worker's leases in one transaction, on a thread of its own.
 
         Task commits queue for the shared worker threads; a renewal waiting
@@ -386,7 +413,7 @@ class PostgresStore(TxWrites):
                 return tx.renew_leases(worker_id, held, at)
 
             (renewed, gone, busy), tx = await loop.run_in_executor(
-                self._leases, self._execute, renew, True, self._lease_connection
+                self._leases, self._execute, renew, True, self._lease_conn
             )
             kept.update(renewed)
             lost |= gone
@@ -399,39 +426,14 @@ class PostgresStore(TxWrites):
         self._writer.renewed(kept)
         return LeaseRenewal(kept=kept, lost=lost)
 
-    @contextlib.contextmanager
-    def _lease_connection(self) -> Iterator[Conn]:
-        """The lease thread's own connection, made again once lost.
-
-        Not from the pool: with every pooled connection held by task commits, a
-        renewal would wait behind them and a pool timeout would skip a heartbeat.
-        """
-        conn = self._lease_conn
-        if conn is None or conn.closed or conn.broken:
-            self._drop_lease_connection()
-            conn = PooledConnection.connect(
-                self._conninfo,
-                connect_timeout=max(1, round(self._connect_timeout)),
-                **CONNECTION_OPTIONS,
-            )
-            try:
-                self._configure(conn)
-            except BaseException:
-                conn.close()
-                raise
-            self._lease_conn = conn
+    def _connect_leases(self) -> Conn:
+        conn = PooledConnection.connect(self._conninfo, **CONNECTION_OPTIONS)
         try:
-            yield conn
+            self._configure(conn)
         except BaseException:
-            if conn.broken:
-                self._drop_lease_connection()
+            conn.close()
             raise
-
-    def _drop_lease_connection(self) -> None:
-        conn, self._lease_conn = self._lease_conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
+        return conn
 
     async def delete_task(self, task_id: str) -> None:
         def delete(tx: PgTx) -> None:
