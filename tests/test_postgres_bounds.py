@@ -14,12 +14,14 @@ from urllib.parse import urlsplit
 
 import psycopg
 import pytest
-from psycopg import conninfo as pg_conninfo
+from psycopg import conninfo as pg_conninfo, sql
 
 from conftest import drop_schema, require_postgres
+from duragent import Runtime
 from duragent.errors import StoreUnavailable
 from duragent.store._postgres import PostgresStore
 from duragent.store._postgres_bounds import WaitBounds
+from duragent.store._postgres_schema import Conn
 from duragent.types import Task
 from support.pgproxy import Forwarder, forwarder
 
@@ -50,13 +52,13 @@ def backend_alive(pid: int) -> bool:
     return row is not None
 
 
-def show(conn: psycopg.Connection, setting: str) -> str:
-    row = conn.execute(f"SHOW {setting}").fetchone()
+def show(conn: Conn, setting: str) -> str:
+    row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(setting))).fetchone()
     assert row is not None
-    return str(row[setting])  # type: ignore[call-overload]
+    return str(row[setting])
 
 
-def hold_row_in_open_transaction(store: PostgresStore, task_id: str) -> psycopg.Connection:
+def hold_row_in_open_transaction(store: PostgresStore, task_id: str) -> Conn:
     """A commit in flight on one of the store's sessions: its transaction open, the row locked."""
     conn = store._pool.getconn()
     conn.execute("BEGIN")
@@ -64,6 +66,7 @@ def hold_row_in_open_transaction(store: PostgresStore, task_id: str) -> psycopg.
     return conn
 
 
+@pytest.mark.slow
 async def test_the_store_sessions_carry_bounds_from_the_lease_and_the_url_wins() -> None:
     url = require_postgres()
     store = PostgresStore(url, lease_ttl=12)
@@ -90,6 +93,10 @@ async def test_the_store_sessions_carry_bounds_from_the_lease_and_the_url_wins()
             assert show(conn, "statement_timeout") == "0"
             assert show(conn, "lock_timeout") == "2s"
     assert WaitBounds(30).bound == 5 and WaitBounds(30).renewal_bound == 15
+    # A Runtime's lease bounds the store it opens, unless the URL names one.
+    assert Runtime(url, lease_ttl=18).store.bounds.bound == 3  # type: ignore[attr-defined]
+    named = Runtime(f"{url}{sep}lease_ttl=24", lease_ttl=18).store
+    assert named.bounds.bound == 4  # type: ignore[attr-defined]
 
 
 @pytest.mark.slow

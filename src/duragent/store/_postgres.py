@@ -127,14 +127,14 @@ class PostgresStore(TxWrites):
         conninfo, own = split_url(url)
         conninfo, self.application_name = with_application_name(conninfo)
         schema = own.get("schema", schema)
-        # Every wait over the network is bounded by the workers' lease (_postgres_bounds.py).
-        self.bounds = WaitBounds(float(own.get("lease_ttl", lease_ttl or DEFAULT_LEASE_TTL)))
-        conninfo = bounded_conninfo(conninfo, self.bounds, connect_timeout)
         self.url = url
         self.schema = schema
         self.retries = int(own.get("retries", retries))
-        self._conninfo = conninfo
         self._connect_timeout = connect_timeout
+        # Every wait over the network is bounded by the workers' lease (_postgres_bounds.py).
+        ttl = own.get("lease_ttl", lease_ttl)
+        self._ttl_given, self._given_conninfo = ttl is not None, conninfo
+        self._bound(float(ttl or DEFAULT_LEASE_TTL))
         self._where = f"PostgreSQL store {redact(url)}" + (f" (schema {schema})" if schema else "")
         self._min_size = int(own.get("min_size", min_size))
         self._max_size = int(own.get("max_size", max_size))
@@ -147,7 +147,7 @@ class PostgresStore(TxWrites):
         self._listener: Listener | None = None
         self._controls = ControlWatchers()
         self._leases: ThreadPoolExecutor | None = None
-        self._lease_conn = LeaseConnection(self._connect_leases)  # the lease thread's own
+        self._lease_conn = LeaseConnection(lambda: self._conninfo, self._configure)
         self._opened = False
         self._closed = False
         self._shut = False  # closed, all of it (see close)
@@ -214,6 +214,16 @@ class PostgresStore(TxWrites):
             on_commit=self._committed,
         )
         self._opened = True
+
+    def expect_lease_ttl(self, ttl: float) -> None:
+        """Bound the store's waits by workers' leases of `ttl` seconds (a Runtime's
+        `lease_ttl`): before `open`, unless the URL or the constructor named one."""
+        if not self._opened and not self._ttl_given:
+            self._bound(ttl)
+
+    def _bound(self, ttl: float) -> None:
+        self.bounds = WaitBounds(ttl)
+        self._conninfo = bounded_conninfo(self._given_conninfo, self.bounds, self._connect_timeout)
 
     def _configure(self, conn: Conn, *, bounded: bool = True) -> None:
         # One round trip: without parameters all go as one simple query.
@@ -425,15 +435,6 @@ class PostgresStore(TxWrites):
             await asyncio.sleep(0.005)
         self._writer.renewed(kept)
         return LeaseRenewal(kept=kept, lost=lost)
-
-    def _connect_leases(self) -> Conn:
-        conn = PooledConnection.connect(self._conninfo, **CONNECTION_OPTIONS)
-        try:
-            self._configure(conn)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
 
     async def delete_task(self, task_id: str) -> None:
         def delete(tx: PgTx) -> None:

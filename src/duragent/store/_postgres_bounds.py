@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from psycopg import conninfo as pg_conninfo, sql
 
+from duragent.store._postgres_connect import CONNECTION_OPTIONS, PooledConnection
 from duragent.store._postgres_schema import Conn
 
 DEFAULT_LEASE_TTL = 30.0  # WorkerOptions.lease_ttl's default
@@ -127,8 +128,9 @@ class LeaseConnection:
     descriptor number reused by some other file.
     """
 
-    def __init__(self, connect: Callable[[], Conn]) -> None:
-        self._connect = connect
+    def __init__(self, conninfo: Callable[[], str], configure: Callable[[Conn], None]) -> None:
+        self._conninfo = conninfo
+        self._configure = configure
         self._lock = threading.Lock()
         self._conn: Conn | None = None
         self._socket: socket.socket | None = None
@@ -138,7 +140,12 @@ class LeaseConnection:
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
             self.drop()
-            conn = self._connect()
+            conn = PooledConnection.connect(self._conninfo(), **CONNECTION_OPTIONS)
+            try:
+                self._configure(conn)
+            except BaseException:
+                conn.close()
+                raise
             with self._lock:
                 self._conn = conn
                 self._socket = socket.socket(fileno=os.dup(conn.fileno()))

@@ -19,7 +19,7 @@ from psycopg.rows import DictRow, dict_row
 from duragent.errors import Conflict, StoreError, StoreUnavailable
 
 # PostgresStore options that are ours, not libpq's, when given in the URL query.
-_OWN_OPTIONS = ("schema", "min_size", "max_size", "retries")
+_OWN_OPTIONS = ("schema", "min_size", "max_size", "retries", "lease_ttl")
 
 # How every connection of the store is opened. `prepare_threshold=None`: psycopg
 # never prepares a query itself. Once it has (after a query's fifth run), it
