@@ -177,3 +177,20 @@ async def test_a_renewal_stuck_behind_a_dead_link_is_not_renewed_within_its_boun
     finally:
         proxy.restore()
         await store.close()
+
+
+@pytest.mark.slow
+async def test_a_lock_wait_past_the_bound_is_store_unavailable_not_a_hang(schema: str) -> None:
+    url = require_postgres()
+    store = PostgresStore(url, schema=schema, lease_ttl=6)  # bound: 1 s
+    async with store:
+        task, _ = await store.create_task(Task(agent="a"))
+        with psycopg.connect(url, autocommit=True) as holder, holder.transaction():
+            tasks = sql.Identifier(schema, "tasks")
+            lock = sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(tasks)
+            holder.execute(lock, (task.id,))
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(StoreUnavailable, match="timeout"):
+                await asyncio.wait_for(store.delete_task(task.id), 15)
+            assert loop.time() - started < store.bounds.bound + SLACK

@@ -187,7 +187,7 @@ class PostgresStore(TxWrites):
             try:
                 self._configure(first, bounded=False)
                 self.migrated_from, self.namespace = migrate(first, self.schema, self._where)
-                first.execute(sql.SQL("; ").join(session_setup(conninfo, self.bounds)))
+                first.execute(sql.SQL("; ").join(session_setup(first, conninfo, self.bounds)))
             except psycopg.Error as exc:
                 raise translate(exc, self._where) from exc
             pool.open(wait=False)
@@ -231,7 +231,7 @@ class PostgresStore(TxWrites):
         if self.schema is not None:
             setup.append(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
         if bounded:
-            setup += session_setup(self._conninfo, self.bounds)
+            setup += session_setup(conn, self._conninfo, self.bounds)
         conn.execute(sql.SQL("; ").join(setup))
 
     async def close(self) -> None:

@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from psycopg import conninfo as pg_conninfo, sql
+from psycopg import conninfo as pg_conninfo, pq, sql
 
 from duragent.store._postgres_connect import CONNECTION_OPTIONS, PooledConnection
 from duragent.store._postgres_schema import Conn
@@ -100,16 +100,20 @@ def bounded_conninfo(conninfo: str, bounds: WaitBounds, connect_timeout: float) 
     settings["connect_timeout"] = max(2, min(settings["connect_timeout"], round(connect_timeout)))
     if os.environ.get("PGCONNECT_TIMEOUT"):
         given["connect_timeout"] = os.environ["PGCONNECT_TIMEOUT"]
+    if pq.version() < 120000:  # a libpq without tcp_user_timeout
+        given["tcp_user_timeout"] = None
     added = {key: value for key, value in settings.items() if key not in given}
     return pg_conninfo.make_conninfo(conninfo, **added) if added else conninfo
 
 
-def session_setup(conninfo: str, bounds: WaitBounds) -> list[sql.Composable]:
-    """The SET statements bounding a session, but for settings the URL's options name."""
+def session_setup(conn: Conn, conninfo: str, bounds: WaitBounds) -> list[sql.Composable]:
+    """The SET statements bounding `conn`'s session, but for settings the URL's options name."""
     options = pg_conninfo.conninfo_to_dict(conninfo).get("options")
     if options is None:
         options = os.environ.get("PGOPTIONS", "")
     named = {name.lower() for name in _OPTION_NAME.findall(str(options))}
+    if conn.info.server_version < 120000:  # no tcp_user_timeout before PostgreSQL 12
+        named.add("tcp_user_timeout")
     return [
         sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(value))
         for name, value in bounds.session_settings().items()
