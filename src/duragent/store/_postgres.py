@@ -187,7 +187,8 @@ class PostgresStore(TxWrites):
             try:
                 self._configure(first, bounded=False)
                 self.migrated_from, self.namespace = migrate(first, self.schema, self._where)
-                first.execute(sql.SQL("; ").join(session_setup(first, conninfo, self.bounds)))
+                if bounds := session_setup(first, conninfo, self.bounds):
+                    first.execute(sql.SQL("; ").join(bounds))
             except psycopg.Error as exc:
                 raise translate(exc, self._where) from exc
             pool.open(wait=False)
