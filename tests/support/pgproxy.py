@@ -83,14 +83,18 @@ class Forwarder:
 
     While cut, every connection through it is closed and each new one is
     accepted and closed at once (counted in `refused`): to its clients the
-    server is gone, as after a restart or a dropped network. `restore` lets
-    connections through again.
+    server is gone, as after a restart or a dropped network. While stalled,
+    nothing passes either way but nothing is closed: every peer waits, as on a
+    link that went silent (a partition); new connections are accepted and hang.
+    `restore` lets connections through again (what a stall held back, too).
     """
 
     def __init__(self, host: str, port: int, *, cut: bool = False) -> None:
         self.target = (host, port)
         self.refused = 0
         self._cut = cut
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._lock = threading.Lock()
         self._live: set[socket.socket] = set()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -113,9 +117,13 @@ class Forwarder:
         for s in live:
             _close(s)
 
+    def stall(self) -> None:
+        self._flowing.clear()
+
     def restore(self) -> None:
         with self._lock:
             self._cut = False
+        self._flowing.set()
 
     def _accept(self) -> None:
         while not self._closing:
@@ -141,12 +149,16 @@ class Forwarder:
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
+                self._flowing.wait()
+                if self._closing:
+                    break
                 sink.sendall(data)
         for s in (source, sink):
             _close(s)
 
     def close(self) -> None:
         self._closing = True
+        self._flowing.set()
         self._listener.close()
         self.cut()
 

@@ -133,6 +133,10 @@ class Runtime(ReadsTasks, StopsTasks, ManyTasks, SendsMessages, Sessions):
             store if store is not None and not isinstance(store, str) else open_store(store)
         )
         self._owns_store = store is None or isinstance(store, str)
+        # A PostgreSQL store bounds its waits over the network by the leases (_postgres_bounds.py).
+        expect_lease_ttl = getattr(self.store, "expect_lease_ttl", None)
+        if expect_lease_ttl is not None:
+            expect_lease_ttl(lease_ttl)
         self.run_worker = run_worker
         self.worker: Worker | None = None
         # Checked now, not when the worker starts on the first submit.

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -41,6 +41,13 @@ from duragent.store._codec import (
     unpacked,
 )
 from duragent.store._commits import EntryHead, LeaseRenewal, PendingCommit, TaskPage, TaskQuery
+from duragent.store._postgres_bounds import (
+    DEFAULT_LEASE_TTL,
+    LeaseConnection,
+    WaitBounds,
+    bounded_conninfo,
+    session_setup,
+)
 from duragent.store._postgres_connect import (
     CONNECTION_OPTIONS,
     POOL_NAME,
@@ -114,6 +121,7 @@ class PostgresStore(TxWrites):
         max_size: int = 10,
         retries: int = 3,
         connect_timeout: float = 10.0,
+        lease_ttl: float | None = None,
     ) -> None:
         quiet_pool_reconnects()
         conninfo, own = split_url(url)
@@ -122,8 +130,11 @@ class PostgresStore(TxWrites):
         self.url = url
         self.schema = schema
         self.retries = int(own.get("retries", retries))
-        self._conninfo = conninfo
         self._connect_timeout = connect_timeout
+        # Every wait over the network is bounded by the workers' lease (_postgres_bounds.py).
+        ttl = own.get("lease_ttl", lease_ttl)
+        self._ttl_given, self._given_conninfo = ttl is not None, conninfo
+        self._bound(float(ttl or DEFAULT_LEASE_TTL))
         self._where = f"PostgreSQL store {redact(url)}" + (f" (schema {schema})" if schema else "")
         self._min_size = int(own.get("min_size", min_size))
         self._max_size = int(own.get("max_size", max_size))
@@ -136,7 +147,7 @@ class PostgresStore(TxWrites):
         self._listener: Listener | None = None
         self._controls = ControlWatchers()
         self._leases: ThreadPoolExecutor | None = None
-        self._lease_conn: Conn | None = None  # the lease thread's own (see renew_leases)
+        self._lease_conn = LeaseConnection(lambda: self._conninfo, self._configure)
         self._opened = False
         self._closed = False
         self._shut = False  # closed, all of it (see close)
@@ -153,9 +164,7 @@ class PostgresStore(TxWrites):
             # Connected here, not by the pool, so a server that refuses (a wrong
             # password, an unknown database) says why at once instead of after
             # the pool's timeout; migrated on; then the pool's first connection.
-            first = PooledConnection.connect(
-                conninfo, connect_timeout=max(1, round(connect_timeout)), **CONNECTION_OPTIONS
-            )
+            first = PooledConnection.connect(conninfo, **CONNECTION_OPTIONS)
         except psycopg.Error as exc:
             if turned_away(exc):  # not worth waiting for: say what to fix
                 raise StoreError(
@@ -176,8 +185,10 @@ class PostgresStore(TxWrites):
         )
         try:
             try:
-                self._configure(first)
+                self._configure(first, bounded=False)
                 self.migrated_from, self.namespace = migrate(first, self.schema, self._where)
+                if bounds := session_setup(first, conninfo, self.bounds):
+                    first.execute(sql.SQL("; ").join(bounds))
             except psycopg.Error as exc:
                 raise translate(exc, self._where) from exc
             pool.open(wait=False)
@@ -205,11 +216,23 @@ class PostgresStore(TxWrites):
         )
         self._opened = True
 
-    def _configure(self, conn: Conn) -> None:
-        # One round trip: without parameters both go as one simple query.
+    def expect_lease_ttl(self, ttl: float) -> None:
+        """Bound the store's waits by workers' leases of `ttl` seconds (a Runtime's
+        `lease_ttl`): before `open`, unless the URL or the constructor named one."""
+        if not self._opened and not self._ttl_given:
+            self._bound(ttl)
+
+    def _bound(self, ttl: float) -> None:
+        self.bounds = WaitBounds(ttl)
+        self._conninfo = bounded_conninfo(self._given_conninfo, self.bounds, self._connect_timeout)
+
+    def _configure(self, conn: Conn, *, bounded: bool = True) -> None:
+        # One round trip: without parameters all go as one simple query.
         setup: list[sql.Composable] = [sql.SQL("SET TIME ZONE 'UTC'")]
         if self.schema is not None:
             setup.append(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+        if bounded:
+            setup += session_setup(conn, self._conninfo, self.bounds)
         conn.execute(sql.SQL("; ").join(setup))
 
     async def close(self) -> None:
@@ -229,7 +252,7 @@ class PostgresStore(TxWrites):
         leases, self._leases = self._leases, None
         if leases is not None:
             # On the lease thread, after any renewal still running there.
-            leases.submit(self._drop_lease_connection)
+            leases.submit(self._lease_conn.drop)
             leases.shutdown(wait=False)
         self._shut = True
 
@@ -358,6 +381,21 @@ class PostgresStore(TxWrites):
     async def renew_leases(
         self, worker_id: str, leases: Mapping[str, int], ttl: float
     ) -> LeaseRenewal:
+        """`_renew_leases` within half of `ttl`: past that, the leases count as not
+        renewed (StoreUnavailable) and the lease connection is cut, so the lease
+        thread stops waiting on a link that may be dead."""
+        bound = WaitBounds(ttl).renewal_bound
+        try:
+            return await asyncio.wait_for(self._renew_leases(worker_id, leases, ttl), bound)
+        except TimeoutError:
+            self._lease_conn.cut()
+            raise StoreUnavailable(
+                f"{self._where}: lease renewal did not finish within {bound:g}s; not renewed"
+            ) from None
+
+    async def _renew_leases(
+        self, worker_id: str, leases: Mapping[str, int], ttl: float
+    ) -> LeaseRenewal:
         """Renew all of a worker's leases in one transaction, on a thread of its own.
 
         Task commits queue for the shared worker threads; a renewal waiting
@@ -386,7 +424,7 @@ class PostgresStore(TxWrites):
 
             sent = loop.time()
             (renewed, gone, busy), tx = await loop.run_in_executor(
-                self._leases, self._execute, renew, True, self._lease_connection
+                self._leases, self._execute, renew, True, self._lease_conn
             )
             # The server set each lease to ttl past its now(), which is no earlier
             # than `sent`: once ttl has gone by here, the lease may be over.
@@ -403,40 +441,6 @@ class PostgresStore(TxWrites):
             await asyncio.sleep(0.005)
         self._writer.renewed(kept)
         return LeaseRenewal(kept=kept, lost=lost)
-
-    @contextlib.contextmanager
-    def _lease_connection(self) -> Iterator[Conn]:
-        """The lease thread's own connection, made again once lost.
-
-        Not from the pool: with every pooled connection held by task commits, a
-        renewal would wait behind them and a pool timeout would skip a heartbeat.
-        """
-        conn = self._lease_conn
-        if conn is None or conn.closed or conn.broken:
-            self._drop_lease_connection()
-            conn = PooledConnection.connect(
-                self._conninfo,
-                connect_timeout=max(1, round(self._connect_timeout)),
-                **CONNECTION_OPTIONS,
-            )
-            try:
-                self._configure(conn)
-            except BaseException:
-                conn.close()
-                raise
-            self._lease_conn = conn
-        try:
-            yield conn
-        except BaseException:
-            if conn.broken:
-                self._drop_lease_connection()
-            raise
-
-    def _drop_lease_connection(self) -> None:
-        conn, self._lease_conn = self._lease_conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
 
     async def delete_task(self, task_id: str) -> None:
         def delete(tx: PgTx) -> None:

@@ -19,7 +19,7 @@ from psycopg.rows import DictRow, dict_row
 from duragent.errors import Conflict, StoreError, StoreUnavailable
 
 # PostgresStore options that are ours, not libpq's, when given in the URL query.
-_OWN_OPTIONS = ("schema", "min_size", "max_size", "retries")
+_OWN_OPTIONS = ("schema", "min_size", "max_size", "retries", "lease_ttl")
 
 # How every connection of the store is opened. `prepare_threshold=None`: psycopg
 # never prepares a query itself. Once it has (after a query's fifth run), it
@@ -99,11 +99,17 @@ def turned_away(exc: psycopg.Error) -> bool:
     return "FATAL:" in text and not any(busy in text for busy in _BUSY_SERVER)
 
 
+# A statement or a lock wait that ran past the session's bound (_postgres_bounds.py).
+_WAIT_BOUNDED = ("57014", "55P03")
+
+
 def translate(exc: psycopg.Error, where: str) -> StoreError:
     if isinstance(exc, psycopg.errors.UniqueViolation):
         return Conflict(f"{where}: {exc.diag.message_primary or exc}")
     if connection_lost(exc):
         return StoreUnavailable(f"{where} cannot be reached: {exc}")
+    if exc.sqlstate in _WAIT_BOUNDED:  # a wait the store's bounds cut short: try again
+        return StoreUnavailable(f"{where}: {exc} (see WaitBounds, _postgres_bounds.py)")
     if isinstance(exc, psycopg.OperationalError):
         return StoreUnavailable(f"{where}: {exc}")
     return StoreError(f"{where}: PostgreSQL error: {exc}")
