@@ -159,8 +159,10 @@ def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 # teardown, without the setup of fixtures it shares with other tests (a session's
 # server is paid once, not by whichever test comes first) and without the cyclic
 # collector's pauses. A loaded machine must not fail a test, so the limit is
-# scaled by how much slower than on a quiet machine a fixed CPU-bound loop runs,
-# and a test fails only beyond twice that.
+# scaled by how much slower than on a quiet machine a fixed CPU-bound loop runs
+# and by how many processes wait for a core, and a test fails only beyond four
+# times that; one between twice and four times the limit is listed at the end of
+# the run (a test near the line must not pass or fail with the machine's load).
 
 FAST_TEST_SECONDS = 0.25
 # The reference loop's best time on the development machine, quiet (Python 3.11).
@@ -183,12 +185,15 @@ def reference_loop_seconds() -> float:
 def load_factor() -> float:
     """How many times slower than a quiet machine this one runs now (at least 1).
 
-    The loop measures this moment; the one-minute load average per core covers
-    the test that just ran too, when the load came and went while it ran.
+    The loop measures this moment, on one core; the one-minute load average per
+    core covers the test that just ran too, when the load came and went while it
+    ran, and the processes a test waits on (a server, a child): at one runnable
+    process per core, a test that needs two of them (itself and PostgreSQL)
+    already waits for one, so that counts twice.
     """
     measured = reference_loop_seconds() / REFERENCE_QUIET_SECONDS
     runnable = os.getloadavg()[0] / (os.cpu_count() or 1)
-    return max(1.0, measured, runnable)
+    return max(1.0, measured, 2 * runnable)
 
 
 class CollectorTime:
@@ -226,6 +231,7 @@ class OwnTime:
 class FastLane:
     factor_at_start: float
     current: OwnTime | None = None
+    near: list[str] = field(default_factory=list)  # over twice the limit, under four times
 
 
 FAST_LANE = pytest.StashKey[FastLane]()
@@ -307,13 +313,24 @@ def pytest_runtest_makereport(
     own = clock.spent - clock.shared_setup - (COLLECTOR.total - clock.collector_before)
     if own <= 2 * FAST_TEST_SECONDS * lane.factor_at_start:
         return
-    # Over the limit the start allowed: measure the load again before failing.
+    # Over the limit the start allowed: measure the load again before judging.
     factor = max(lane.factor_at_start, load_factor())
     if own <= 2 * FAST_TEST_SECONDS * factor:
         return
+    if own <= 4 * FAST_TEST_SECONDS * factor:
+        lane.near.append(f"{item.nodeid}: {own:.2f} s (load factor {factor:.1f})")
+        return
     report.outcome = "failed"
     report.longrepr = (
-        f"{item.nodeid} took {own:.2f} s, over twice the fast lane's "
+        f"{item.nodeid} took {own:.2f} s, over four times the fast lane's "
         f"{FAST_TEST_SECONDS} s (scaled by {factor:.1f} for this machine's load): "
         "mark it @pytest.mark.slow or make it faster."
     )
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    lane = terminalreporter.config.stash.get(FAST_LANE, None)
+    if lane is not None and lane.near:
+        terminalreporter.section("fast-lane tests over twice the 0.25 s limit")
+        for line in lane.near:
+            terminalreporter.write_line(line)
