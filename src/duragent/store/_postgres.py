@@ -19,7 +19,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -595,17 +595,16 @@ class PostgresStore(TxWrites):
         )
 
         def read(conn: Conn) -> datetime | None:
-            # Each part is a min() the planner reads off its index (tasks_due,
-            # tasks_leases), not a scan of every waiting or running row. A running
-            # task without a lease end counts as expired (the epoch), as in the claim.
+            # Each min() is read off an index (tasks_due, tasks_leases), not a scan; a
+            # running task without a lease end counts as expired (epoch), as in claims.
             row = conn.execute(
-                "SELECT min(t) AS t, now() AS server_now FROM ("
-                " SELECT min(wake_at) AS t FROM tasks WHERE status = 'waiting'"
-                f" AND wake_at IS NOT NULL {mine}"
-                " UNION ALL SELECT min(coalesce(lease_expires, 'epoch'::timestamptz))"
-                f" FROM tasks WHERE status = 'running' {mine}"
-                " UNION ALL SELECT min(wake_at) FROM tasks WHERE status = 'pending'"
-                f" AND wake_at IS NOT NULL {mine}) AS wakes",
+                "SELECT (SELECT min(wake_at) FROM tasks WHERE status = 'waiting'"
+                f" AND wake_at IS NOT NULL {mine}) AS waiting,"
+                " (SELECT min(wake_at) FROM tasks WHERE status = 'pending'"
+                f" AND wake_at IS NOT NULL {mine}) AS pending,"
+                " (SELECT min(coalesce(lease_expires, 'epoch'::timestamptz))"
+                f" FROM tasks WHERE status = 'running' {mine}) AS lease,"
+                " now() AS server_now",
                 {
                     "all": names is None,
                     "names": names or [],
@@ -613,11 +612,13 @@ class PostgresStore(TxWrites):
                     "queues": only or [],
                 },
             ).fetchone()
-            if row is None or row["t"] is None:
-                return None
-            # Claims go by the server's clock: its distance from now, on this host's.
-            ahead: timedelta = row["t"] - row["server_now"]
-            return utcnow() + ahead
+            assert row is not None  # (scalar sub-selects: always one row)
+            # Timers are set on their hosts' clocks and are given back as set; a lease
+            # ends on the server's clock: its distance from now, on this host's.
+            found = [t for t in (row["waiting"], row["pending"]) if t is not None]
+            if row["lease"] is not None:
+                found.append(utcnow() + (row["lease"] - row["server_now"]))
+            return min(found) if found else None
 
         return await self._read(read)
 
