@@ -8,42 +8,26 @@ does. The bounds come from the store's lease TTL (_postgres_bounds.py).
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 from psycopg import conninfo as pg_conninfo, sql
 
-from conftest import drop_schema, require_postgres
+from conftest import require_postgres
 from duragent import Runtime
 from duragent.errors import StoreUnavailable
 from duragent.store._postgres import PostgresStore
 from duragent.store._postgres_bounds import WaitBounds
 from duragent.store._postgres_schema import Conn
 from duragent.types import Task
-from support.pgproxy import Forwarder, forwarder
+from support.pgproxy import Forwarder, proxy, schema
+
+__all__ = ["proxy", "schema"]  # the fixtures this module uses from support.pgproxy
 
 pytestmark = pytest.mark.postgres
 
 LEASE = 3.0  # bound: 1 s; a renewal's bound: 1.5 s
 SLACK = 2.0  # the server checks timeouts on its own schedule; a loaded 2-core host
-
-
-@pytest.fixture
-def schema() -> Iterator[str]:
-    require_postgres()
-    name = f"test_{uuid.uuid4().hex[:12]}"
-    yield name
-    drop_schema(name)
-
-
-@pytest.fixture
-def proxy() -> Iterator[Forwarder]:
-    server = urlsplit(require_postgres())
-    with forwarder(server.hostname or "127.0.0.1", server.port or 5432) as fwd:
-        yield fwd
 
 
 def backend_alive(pid: int) -> bool:

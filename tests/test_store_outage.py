@@ -12,38 +12,24 @@ import asyncio
 import logging
 import subprocess
 import sys
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-from conftest import drop_schema, require_postgres
+from conftest import require_postgres
 from duragent import Agent, Runtime, ScriptedModel, TaskStatus
 from duragent.store._postgres import PostgresStore
-from support.pgproxy import Forwarder, forwarder
+from support.pgproxy import Forwarder, proxy, schema
 from support.workerlib import WorkerProc
 from worker_agents import AGENTS
+
+__all__ = ["proxy", "schema"]  # the fixtures this module uses from support.pgproxy
 
 pytestmark = pytest.mark.postgres
 
 WAITING = "the store cannot be reached"
-
-
-@pytest.fixture
-def schema() -> Iterator[str]:
-    require_postgres()
-    name = f"test_{uuid.uuid4().hex[:12]}"
-    yield name
-    drop_schema(name)
-
-
-@pytest.fixture
-def proxy() -> Iterator[Forwarder]:
-    server = urlsplit(require_postgres())
-    with forwarder(server.hostname or "127.0.0.1", server.port or 5432) as fwd:
-        yield fwd
 
 
 async def until(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:

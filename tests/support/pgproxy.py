@@ -13,7 +13,13 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import uuid
 from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import pytest
+
+from conftest import drop_schema, require_postgres
 
 READY_FOR_QUERY = b"Z\x00\x00\x00\x05"
 
@@ -176,3 +182,22 @@ def forwarder(host: str, port: int, *, cut: bool = False) -> Iterator[Forwarder]
         yield proxy
     finally:
         proxy.close()
+
+
+# Fixtures for the tests that put a proxy between a store and PostgreSQL (a test
+# module imports them and names them in its __all__).
+@pytest.fixture
+def schema() -> Iterator[str]:
+    """A schema of its own, dropped afterwards."""
+    require_postgres()
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    yield name
+    drop_schema(name)
+
+
+@pytest.fixture
+def proxy() -> Iterator[Forwarder]:
+    """A proxy on loopback to the test PostgreSQL server."""
+    server = urlsplit(require_postgres())
+    with forwarder(server.hostname or "127.0.0.1", server.port or 5432) as fwd:
+        yield fwd
