@@ -104,11 +104,7 @@ class SqliteWriter(GroupCommit[SqliteTx, BatchNotes]):
             return False
         if not batch:
             return True
-        origins = {job.origin for job in batch}
-        # (a tuple first: the writer thread extends the deque too; copying it is one step)
-        alone = len(origins) == 1 and origins.issuperset(tuple(self._recent))
-        self._recent.extend(origins)
-        if self.full and not alone:
+        if self.full and not self._alone(batch):
             self.put_back(batch)
             return False
         self._busy_wait(0)
@@ -121,11 +117,22 @@ class SqliteWriter(GroupCommit[SqliteTx, BatchNotes]):
         self.landed_here(loop, batch, outcomes, notes)
         return True
 
+    def _alone(self, batch: list[Job[SqliteTx]]) -> bool:
+        """Whether `batch` and the last `RECENT` batches all come from one asyncio
+        task; `batch` is then counted among the recent ones (FULL only: NORMAL
+        runs every batch it can on the loop and keeps no count)."""
+        origins = {job.origin for job in batch}
+        # (a tuple first: the writer thread extends the deque too; copying it is one step)
+        alone = len(origins) == 1 and origins.issuperset(tuple(self._recent))
+        self._recent.extend(origins)
+        return alone
+
     def run_batch(
         self, batch: list[Job[SqliteTx]], failed: BaseException | None
     ) -> tuple[list[Outcome], BatchNotes | None]:
         self._busy_wait(30000)  # here waiting for another process is the point
-        self._recent.extend({job.origin for job in batch})
+        if self.full:
+            self._alone(batch)  # counted among the recent batches all the same
         try:
             self.conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
