@@ -125,10 +125,12 @@ def check_delay(name: str, value: float, *, most: float = 10 * 365 * 86400.0) ->
     return float(value)
 
 
-def check_count(name: str, value: int, *, least: int) -> int:
-    """`value` as a whole number at least `least`; else InvalidOption naming `name`."""
+def check_count(name: str, value: int, *, least: int, of: str = "") -> int:
+    """`value` as a whole number at least `least` (of `of`, e.g. "tasks"); else
+    InvalidOption naming `name`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise InvalidOption(f"{name} is a whole number >= {least}, not {value!r}")
+        what = f"a whole number of {of}" if of else "a whole number"
+        raise InvalidOption(f"{name} is {what} >= {least}, not {value!r}")
     return value
 
 

@@ -21,6 +21,7 @@ from duragent.errors import (
     StoreError,
     TaskNotFound,
     UsageError,
+    check_count,
     check_delay,
     check_seconds,
 )
@@ -86,14 +87,7 @@ class WorkerOptions:
             self.lease_ttl
         ):
             raise InvalidOption("heartbeat must be shorter than lease_ttl (leases would lapse)")
-        if (
-            isinstance(self.concurrency, bool)
-            or not isinstance(self.concurrency, int)
-            or self.concurrency < 1
-        ):
-            raise InvalidOption(
-                f"concurrency is a whole number of tasks >= 1, not {self.concurrency!r}"
-            )
+        check_count("concurrency", self.concurrency, least=1, of="tasks")
         if self.shutdown_grace is not None:
             check_delay("shutdown_grace", self.shutdown_grace)
         if self.queues is not None:
