@@ -36,8 +36,6 @@ from duragent.store._postgres_bounds import WaitBounds
 from duragent.types import Task
 from support.netns import Link, ScratchCluster, Worker, partitionable
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
-
 LEASE = 12.0
 BOUNDS = WaitBounds(LEASE)  # bound: 2 s
 # What the kernel adds to its own figures: it counts tcp_user_timeout from its
@@ -84,6 +82,8 @@ def test_the_kernel_gives_up_on_a_silent_link_well_before_a_takeover() -> None:
     assert abort_after(WaitBounds(30)) == 5
 
 
+@pytest.mark.postgres
+@pytest.mark.slow
 async def test_a_partitioned_workers_sessions_are_gone_from_the_server_within_the_bound(
     net: tuple[Link, ScratchCluster],
 ) -> None:
@@ -129,6 +129,8 @@ async def test_a_partitioned_workers_sessions_are_gone_from_the_server_within_th
         await other.close()
 
 
+@pytest.mark.postgres
+@pytest.mark.slow
 async def test_a_call_into_the_dead_link_fails_within_the_bound_not_after_minutes(
     net: tuple[Link, ScratchCluster],
 ) -> None:

@@ -40,7 +40,18 @@ import pytest
 
 from conftest import IN_CI
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+def _pg_bin() -> Path:
+    """The newest PostgreSQL's programs installed (Debian's layout), else those on $PATH."""
+    installed = Path("/usr/lib/postgresql").glob("*/bin/initdb")
+    found = sorted((p for p in installed if p.parts[-3].isdigit()), key=lambda p: int(p.parts[-3]))
+    if found:
+        return found[-1].parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else Path("/nonexistent")
+
+
+PG_BIN = _pg_bin()
 
 
 def _ip(*args: str) -> None:
