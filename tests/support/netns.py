@@ -108,6 +108,7 @@ class Link:
 
     def create(self) -> None:
         ns, router, dev = self.namespace, self.router, self._devs
+        self.remove()  # what a killed run of a process with the same pid left behind
         _ip("netns", "add", ns)
         _ip("netns", "add", router)
         _ip("link", "add", dev["h"], "type", "veth", "peer", "name", dev["b"], "netns", router)

@@ -4,7 +4,7 @@
 one command a line on stdin, one JSON answer a line on stdout:
 
 - `open`: open the store and start listening (LISTEN, as a worker does);
-- `claim TASK`: claim the task for a lease of LEASE_TTL;
+- `claim TASK TTL`: claim the task for a lease of TTL seconds;
 - `hold TASK`: a commit in flight on one of the store's pooled sessions: its
   transaction open, the task's row locked (answers the backend's pid);
 - `get TASK`: read the task; answers how long that took and what it raised.
@@ -34,7 +34,7 @@ async def main(url: str, schema: str, lease_ttl: float) -> None:
             await asyncio.wait_for(store._listener.ready.wait(), 30)
             answer["application_name"] = store.application_name
         elif command == "claim":
-            claimed = await store.claim_task("w1", task_id=args[0], ttl=lease_ttl)
+            claimed = await store.claim_task("w1", task_id=args[0], ttl=float(args[1]))
             answer["claimed"] = claimed is not None
         elif command == "hold":
             conn = store._pool.getconn()
