@@ -25,6 +25,7 @@ concurrent test runs do not collide; everything is removed in a finalizer.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import select
@@ -58,6 +59,7 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
 
+@functools.cache
 def netns_unavailable() -> str | None:
     """Why this process cannot create a network namespace and a cluster, or None."""
     if shutil.which("ip") is None or shutil.which("tc") is None:
@@ -67,8 +69,10 @@ def netns_unavailable() -> str | None:
     probe = f"duragent-probe-{os.getpid()}"
     try:
         _ip("netns", "add", probe)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        return f"`ip netns add` is not permitted here: {exc}"
+    except subprocess.CalledProcessError as exc:
+        return f"`ip netns add` is not permitted here: {exc.stderr.decode().strip()}"
+    except OSError as exc:
+        return f"`ip netns add` failed: {exc}"
     _ip("netns", "delete", probe)
     return None
 
