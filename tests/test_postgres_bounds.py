@@ -178,3 +178,28 @@ async def test_a_lock_wait_past_the_bound_is_store_unavailable_not_a_hang(schema
             with pytest.raises(StoreUnavailable, match="timeout"):
                 await asyncio.wait_for(store.delete_task(task.id), 15)
             assert loop.time() - started < store.bounds.bound + SLACK
+
+
+@pytest.mark.slow
+async def test_the_listen_session_carries_the_bounds_but_no_statement_timeout(
+    schema: str,
+) -> None:
+    """Its keepalives and tcp_user_timeout end it on the server once its worker is
+    cut off (test_postgres_netns.py shows it); a statement_timeout bounds nothing
+    of a session that waits idle for notifications, so it is not set."""
+    store = PostgresStore(require_postgres(), schema=schema, lease_ttl=12)
+    async with store:
+        store.watch_controls(lambda task_id: None)
+        assert store._listener is not None
+        await asyncio.wait_for(store._listener.ready.wait(), 15)
+        with psycopg.connect(require_postgres(), autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT query FROM pg_stat_activity WHERE application_name = %s AND query LIKE %s",
+                (store.application_name, "%LISTEN%"),
+            ).fetchone()
+        assert row is not None
+        setup = row[0]  # the LISTEN session's one message: its settings, then LISTEN
+        assert "SET \"tcp_user_timeout\" = '2000ms'" in setup
+        assert "SET \"tcp_keepalives_idle\" = '1'" in setup
+        assert "SET \"idle_in_transaction_session_timeout\" = '2000ms'" in setup
+        assert "statement_timeout" not in setup

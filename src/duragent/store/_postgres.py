@@ -665,28 +665,26 @@ class PostgresStore(TxWrites):
         signals = self._local_signals()
         listener = self._listener
         if listener is None or listener.loop is not signals.loop:
-            listener = Listener(
-                self._conninfo,
-                self.namespace,
-                self._local_signals,
-                changes=changes,
-                on_control=self._controls.fire,
-            )
+            listener = self._listener_for(changes)
         elif changes and not listener.changes:
             # The first wait for any change: listen to every channel from now on.
             # Waiting callers are woken (re-read, wait again) as after a lost
             # connection, since the new one may miss what is committed meanwhile.
             listener.task.cancel()
-            listener = Listener(
-                self._conninfo,
-                self.namespace,
-                self._local_signals,
-                changes=True,
-                on_control=self._controls.fire,
-            )
+            listener = self._listener_for(True)
             signals.fire(work=True)
         self._listener = listener
         return listener
+
+    def _listener_for(self, changes: bool) -> Listener:
+        return Listener(
+            self._conninfo,
+            self.namespace,
+            self._local_signals,
+            changes=changes,
+            on_control=self._controls.fire,
+            bounds=self.bounds,
+        )
 
     async def _wait(self, timeout: float, *, work: bool) -> None:
         self._check_opened()

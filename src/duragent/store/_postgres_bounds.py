@@ -13,7 +13,8 @@ store, on both ends of the link, is bounded by one figure derived from the TTL:
   (whole seconds, at least 1); `tcp_user_timeout` = bound;
 - on each of the store's sessions (the server's side of the same link):
   `statement_timeout`, `lock_timeout` and `idle_in_transaction_session_timeout`
-  = bound, and the server's own `tcp_keepalives_*` and `tcp_user_timeout` as above;
+  = bound, and the server's own `tcp_keepalives_*` and `tcp_user_timeout` as above
+  (the LISTEN session too, but for its `statement_timeout`);
 - a lease renewal gets half the TTL (`renewal_bound`): one that has not
   finished by then counts as not renewed, and the lease connection under it is
   cut, so the next renewal starts on a new one.
@@ -35,7 +36,9 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
+import psycopg
 from psycopg import conninfo as pg_conninfo, pq, sql
 
 from duragent.store._postgres_connect import CONNECTION_OPTIONS, PooledConnection
@@ -106,8 +109,16 @@ def bounded_conninfo(conninfo: str, bounds: WaitBounds, connect_timeout: float) 
     return pg_conninfo.make_conninfo(conninfo, **added) if added else conninfo
 
 
-def session_setup(conn: Conn, conninfo: str, bounds: WaitBounds) -> list[sql.Composable]:
-    """The SET statements bounding `conn`'s session, but for settings the URL's options name."""
+def session_setup(
+    conn: psycopg.BaseConnection[Any], conninfo: str, bounds: WaitBounds, *, listening: bool = False
+) -> list[sql.Composable]:
+    """The SET statements bounding `conn`'s session, but for settings the URL's options name.
+
+    A `listening` session (the LISTEN connection, _postgres_notify.py) sits idle
+    between notifications: it gets all of them but `statement_timeout`, which
+    bounds no wait of its own; the keepalives and `tcp_user_timeout` end it on
+    the server when its worker is cut off, as they do the store's other sessions.
+    """
     options = pg_conninfo.conninfo_to_dict(conninfo).get("options")
     if options is None:
         options = os.environ.get("PGOPTIONS", "")
@@ -117,7 +128,7 @@ def session_setup(conn: Conn, conninfo: str, bounds: WaitBounds) -> list[sql.Com
     return [
         sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(value))
         for name, value in bounds.session_settings().items()
-        if name not in named
+        if name not in named and not (listening and name == "statement_timeout")
     ]
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import psycopg
 from psycopg import sql
 
+from duragent.store._postgres_bounds import WaitBounds, session_setup
 from duragent.store._signals import ChangeSignal, ControlCallback
 
 # A commit notifies one channel with the store's namespace as payload: WORK_CHANNEL
@@ -53,7 +54,9 @@ class Listener:
     process that only waits for work (a worker) is not sent the notification
     of every commit in the cluster. `on_control` is told each controlled task
     id, and None each time it (re)starts listening: what was committed while
-    it was not listening went unheard.
+    it was not listening went unheard. Its session carries the store's `bounds`
+    (_postgres_bounds.py, but for statement_timeout): a listener cut off from
+    the server does not leave its session behind there.
     """
 
     def __init__(
@@ -64,8 +67,10 @@ class Listener:
         *,
         changes: bool,
         on_control: ControlCallback,
+        bounds: WaitBounds,
     ) -> None:
         self.conninfo = conninfo
+        self.bounds = bounds
         self.namespace = namespace
         self.signals = signals
         self.changes = changes
@@ -86,7 +91,8 @@ class Listener:
             try:
                 conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
                 async with conn:
-                    await conn.execute(listen)
+                    setup = session_setup(conn, self.conninfo, self.bounds, listening=True)
+                    await conn.execute(sql.SQL("; ").join([*setup, listen]))
                     self.ready.set()
                     self.on_control(None)
                     delay = 0.1
