@@ -7,12 +7,12 @@ from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
-from duragent.runtime._inbox import MAX_MESSAGE_CHARS, MultitaskStrategy
+from duragent.runtime._inbox import MAX_MESSAGE_CHARS
 from duragent.runtime._steering import Edit as RuntimeEdit, History
 from duragent.server._deps import OwnedTask, RuntimeDep, UserDep
 from duragent.server._limits import ServerLimits, human_bytes, json_size
 from duragent.server._problems import problem_responses
-from duragent.server._schemas import TaskOut
+from duragent.server._schemas import Strategy, TaskOut
 from duragent.server._strict_json import StrictJsonRoute
 from duragent.server._tasks import task_out
 
@@ -56,7 +56,7 @@ class MessageRequest(BaseModel):
         pattern=r"\S",
         description="The user message (some text besides white space).",
     )
-    multitask_strategy: MultitaskStrategy | None = Field(
+    multitask_strategy: Strategy | None = Field(
         default=None,
         description="What the message does while a turn runs (default: the task's): "
         "enqueue (after the turn's answer), reject (409), interrupt (stop at the next "
