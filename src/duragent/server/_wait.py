@@ -61,7 +61,8 @@ class TaskWatch:
     def __init__(self, store: Store, recheck: float = RECHECK) -> None:
         self.store = store
         self.recheck = recheck
-        self.reads = 0  # store reads made for waiters (tests count them)
+        self.reads = 0  # store reads made for waiters, and
+        self.rounds = 0  # rounds of them (one per change heard): tests count both
         self._watched: dict[str, _Watched] = {}
         self._loop: asyncio.Task[None] | None = None
 
@@ -96,6 +97,7 @@ class TaskWatch:
             # still wakes the next round.
             heard = asyncio.ensure_future(self.store.wait_for_change(self.recheck))
             await asyncio.sleep(0)
+            self.rounds += 1
             try:
                 for task_id, w in list(self._watched.items()):
                     await self._read(task_id, w)
