@@ -17,6 +17,7 @@ import pytest
 
 from duragent import Agent, Runtime, tool
 from duragent.server import TokenStore, create_app
+from duragent.server._limits import ServerLimits
 from duragent.server._problem_types import PROBLEM_TYPES
 from duragent.server._schemas import AgentOut, AgentsOut, StatusReason
 from duragent.types import BlockReason, WaitReason
@@ -179,6 +180,8 @@ def test_every_route_documents_the_problems_it_can_answer(document: dict[str, An
                 assert "/problems/" in response["description"], (method, path, code)
     health = document["paths"]["/v1/health"]["get"]
     assert health["security"] == [] and document["servers"]
+    stream = document["paths"]["/v1/tasks/{task_id}/events"]["get"]
+    assert stream["security"] == [{"HTTPBearer": []}, {"StreamToken": []}]
 
 
 def test_the_document_is_the_same_with_a_token_and_names_no_agent() -> None:
@@ -235,3 +238,31 @@ def test_every_problem_type_is_documented() -> None:
     assert listed == set(PROBLEM_TYPES)
     for slug, (status, _, _) in PROBLEM_TYPES.items():
         assert re.search(rf"^\| `/problems/{slug}` \| {status} \|", page, re.MULTILINE), slug
+
+
+async def test_problems_carry_the_type_of_their_kind(tmp_path: Path) -> None:
+    limits = ServerLimits(max_body=1000, auth_failures_per_minute=1)
+    async with Runtime(f"sqlite:///{tmp_path}/p.db", agents(), run_worker=False) as rt:
+        app = create_app(rt, TokenStore.from_mapping(TOKENS), limits)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
+            h = {"Authorization": f"Bearer {TOKENS['alice']}"}
+            seen = {
+                "unauthorized": await c.get("/v1/tasks"),
+                "task-not-found": await c.get("/v1/tasks/t_none", headers=h),
+                "not-found": await c.get("/v1/nothing", headers=h),
+                "method-not-allowed": await c.delete("/v1/tasks", headers=h),
+                "body-too-large": await c.post("/v1/tasks", content=b"x" * 2000, headers=h),
+                "validation-error": await c.get("/v1/tasks?limit=0", headers=h),
+                "unknown-agent": await c.post(
+                    "/v1/tasks", json={"agent": "nobody", "input": "x"}, headers=h
+                ),
+            }
+            wrong = {"Authorization": "Bearer wrong-token-1234567"}
+            await c.get("/v1/tasks", headers=wrong)
+            seen["too-many-requests"] = await c.get("/v1/tasks", headers=wrong)
+    for kind, r in seen.items():
+        assert r.headers["content-type"] == "application/problem+json", (kind, r.text)
+        body = r.json()
+        assert body["type"] == f"/problems/{kind}", (kind, body)
+        assert r.status_code == body["status"] == PROBLEM_TYPES[kind][0], (kind, body)

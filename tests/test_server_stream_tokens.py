@@ -4,6 +4,7 @@ expires; it opens no other route and is no API token."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from duragent import Runtime
 from duragent.errors import UsageError
 from duragent.server import TokenStore, create_app
-from duragent.server._stream_tokens import SECRET_VAR, StreamTokens
+from duragent.server._stream_tokens import SECRET_VAR, HideStreamTokens, StreamTokens
 from duragent.types import TaskStatus
 from server_agents import agents
 from support.api import TOKENS, assert_problem, auth, start, wait_for
@@ -162,3 +163,23 @@ def test_the_secret_comes_from_the_environment_and_must_be_long(
     with pytest.raises(UsageError, match="at least 32") as refused:
         StreamTokens()
     assert "short-secret" not in str(refused.value)
+
+
+def test_the_access_log_shows_no_stream_token() -> None:
+    # uvicorn's access line: client, method, path with its query, version, status.
+    path = "/v1/tasks/t_1/events?after=3&stream_token=abc.def&x=1"
+    record = logging.LogRecord(
+        "uvicorn.access",
+        logging.INFO,
+        "",
+        0,
+        '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5", "GET", path, "1.1", 200),
+        None,
+    )
+    HideStreamTokens().filter(record)
+    line = record.getMessage()
+    assert "abc.def" not in line and "stream_token=…&x=1" in line and "after=3" in line
+    create_app(Runtime("memory://", agents()), TokenStore.from_mapping(TOKENS))
+    access = logging.getLogger("uvicorn.access").filters
+    assert any(isinstance(f, HideStreamTokens) for f in access)  # create_app installed it

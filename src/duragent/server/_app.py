@@ -30,7 +30,7 @@ from duragent.server._limits import ServerLimits
 from duragent.server._openapi import complete_openapi, operation_id
 from duragent.server._problems import problem_responses
 from duragent.server._schemas import AgentOut, AgentsOut, Health, Me
-from duragent.server._stream_tokens import StreamTokens
+from duragent.server._stream_tokens import StreamTokens, hide_tokens_in_access_log
 from duragent.server._streams import StreamSlots, TooManyStreams, too_many_streams
 
 STATIC = Path(__file__).parent / "static"
@@ -131,6 +131,7 @@ def create_app(
     app.state.admins = frozenset(admins)
     app.state.streams = StreamSlots(limits.streams_per_user)
     app.state.stream_tokens = stream_tokens or StreamTokens()
+    hide_tokens_in_access_log()
     app.state.task_watch = wait.TaskWatch(runtime.store)
     problems.install(app)
     complete_openapi(app)

@@ -96,6 +96,8 @@ def _complete_responses(op: dict[str, Any]) -> None:
     responses = op.setdefault("responses", {})
     if "security" not in op:
         op["security"] = []  # no token needed (the health check)
+    # A route's own `security` (openapi_extra) comes before its dependencies': once each.
+    op["security"] = [r for i, r in enumerate(op["security"]) if r not in op["security"][:i]]
     statuses = [429, 503]
     if op["security"]:
         statuses.append(401)

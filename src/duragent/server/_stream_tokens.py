@@ -6,7 +6,8 @@ only `/v1/tasks/<its task>/events`, only for its owner, only for a short time.
 It is `<payload>.<mac>`, the payload naming the task, the user and the expiry,
 the MAC an HMAC-SHA256 under the server's secret: DURAGENT_STREAM_SECRET when
 set (every server process behind one address needs the same), else random per
-process. Nothing is stored; the secret is never logged.
+process. Nothing is stored; the secret is never logged, nor is a token: the
+access log shows `stream_token=…`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import base64
 import hashlib
 import hmac
 import json
+import logging
 import os
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -91,3 +94,25 @@ class StreamTokens:
                 "for a new one"
             )
         return StreamGrant(body["t"], body["u"], float(body["e"]))
+
+
+_IN_QUERY = re.compile(r"(stream_token=)[^&\s]*")
+
+
+class HideStreamTokens(logging.Filter):
+    """Drops the token from the access log's request lines (uvicorn.access)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                _IN_QUERY.sub(r"\1…", a) if isinstance(a, str) else a for a in record.args
+            )
+        elif isinstance(record.msg, str):
+            record.msg = _IN_QUERY.sub(r"\1…", record.msg)
+        return True
+
+
+def hide_tokens_in_access_log() -> None:
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, HideStreamTokens) for f in access.filters):
+        access.addFilter(HideStreamTokens())
