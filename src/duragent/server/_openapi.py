@@ -98,7 +98,7 @@ def _complete_responses(op: dict[str, Any]) -> None:
         op["security"] = []  # no token needed (the health check)
     # A route's own `security` (openapi_extra) comes before its dependencies': once each.
     op["security"] = [r for i, r in enumerate(op["security"]) if r not in op["security"][:i]]
-    statuses = [429, 503]
+    statuses = [422, 429, 503]  # 422: any route refuses an unknown query parameter
     if op["security"]:
         statuses.append(401)
     if "requestBody" in op:
