@@ -110,6 +110,8 @@ class TaskWatch:
                 await asyncio.sleep(self.recheck)
             finally:
                 heard.cancel()
+                if heard.done() and not heard.cancelled():
+                    heard.exception()  # seen (a closed store's), not left to the loop's log
 
     async def _read(self, task_id: str, w: _Watched) -> None:
         try:
