@@ -21,6 +21,7 @@ from duragent.server._stream_tokens import SECRET_VAR, HideStreamTokens, StreamT
 from duragent.types import TaskStatus
 from server_agents import agents
 from support.api import TOKENS, assert_problem, auth, start, wait_for
+from support.server_live import live_server
 
 SECRET = "s" * 40
 
@@ -183,3 +184,31 @@ def test_the_access_log_shows_no_stream_token() -> None:
     create_app(Runtime("memory://", agents()), TokenStore.from_mapping(TOKENS))
     access = logging.getLogger("uvicorn.access").filters
     assert any(isinstance(f, HideStreamTokens) for f in access)  # create_app installed it
+
+
+@pytest.mark.slow
+async def test_a_browser_follows_a_running_task_with_a_stream_token(tmp_path: Path) -> None:
+    """A real server: the stream opened with the token goes on live to the end, and
+    the server's log (its access lines included) never shows the token."""
+    with live_server(tmp_path, workers=1, args=["--log-level", "info"]) as server:
+        async with httpx.AsyncClient(timeout=30) as c:
+            r = await c.post(
+                f"{server.url}/v1/tasks",
+                json={"agent": "streamer", "input": "go"},
+                headers=server.headers(),
+            )
+            tid = r.json()["id"]
+            r = await c.post(f"{server.url}/v1/tasks/{tid}/stream-token", headers=server.headers())
+            got = r.json()
+            kinds = []
+            async with c.stream("GET", server.url + got["events_url"]) as stream:
+                assert stream.status_code == 200
+                async for line in stream.aiter_lines():
+                    if line.startswith("event: "):
+                        kinds.append(line.removeprefix("event: "))
+            assert kinds[-1] == "end" and "progress" in kinds
+            done = await c.get(f"{server.url}/v1/tasks/{tid}", headers=server.headers())
+            assert done.json()["status"] == "completed"
+        log = server.log_text()
+    assert f"/v1/tasks/{tid}/events?stream_token=" in log  # the request was logged,
+    assert got["token"] not in log  # its token was not
