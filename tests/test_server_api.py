@@ -310,11 +310,12 @@ async def test_agents_lists_tools_and_replay_policies(client: httpx.AsyncClient)
     }
     (lookup,) = found["streamer"]["tools"]
     assert lookup["name"] == "lookup" and lookup["replay"] == "safe"
-    assert lookup["requires_approval"] is False
+    assert lookup["requires_approval"] is False and lookup["approval"] == "never"
     assert lookup["parameters"]["properties"] == {"topic": {"type": "string"}}
     assert "encyclopedia" in lookup["description"]
     (email,) = found["approver"]["tools"]
     assert email["replay"] == "never" and email["requires_approval"] is True
+    assert email["approval"] == "always"
     assert email["approval_timeout"] is None
     assert found["mailer"]["tools"][0]["approval_timeout"] == 600
     assert found["quick"]["model"] == "scripted"
@@ -356,8 +357,9 @@ async def test_another_users_task_is_404_exactly_like_a_missing_one(
     routes = task_routes(client._transport.app.openapi())  # type: ignore[attr-defined]
     names = {p.rsplit("/", 1)[-1] for _, p in routes}
     # A new route taking a task id must be added to this matrix (and the page).
-    expected = {"{task_id}", "messages", "entries", "steps", "tree", "events", "history"}
-    assert names == expected | {"pause", "resume", "abort", "respond", "retry", "fork", "plan"}
+    expected = {"{task_id}", "messages", "entries", "steps", "tree", "events", "history", "wait"}
+    controls = {"pause", "resume", "abort", "respond", "retry", "fork", "plan", "stream-token"}
+    assert names == expected | controls
     alice_task = await start(client, "approver")
     await wait_for(runtime, alice_task, TaskStatus.WAITING)
     before = await runtime.get(alice_task)
@@ -395,6 +397,10 @@ async def test_every_route_but_health_needs_a_token(client: httpx.AsyncClient) -
             r = await client.request(method.upper(), url)
             if path == "/v1/health":
                 assert r.status_code == 200
+                assert ops[method]["security"] == []
+            elif path.endswith("/events"):  # or a stream token (tests/test_server_stream_tokens.py)
+                assert_problem(r, 401, "Unauthorized")
+                assert ops[method]["security"] == [{"HTTPBearer": []}, {"StreamToken": []}]
             else:
                 assert_problem(r, 401, "Unauthorized")
                 assert ops[method].get("security") == [{"HTTPBearer": []}]

@@ -93,7 +93,7 @@ async def test_reconnect_with_last_event_id_misses_and_repeats_nothing(server: L
         assert len(got) > first
         seqs = [e.id for e in got]
         assert seqs == list(range(1, len(seqs) + 1)), "every seq exactly once, gap-free"
-        assert end.data == {"status": "completed", "last_seq": seqs[-1]}
+        assert end.data == {"kind": "end", "status": "completed", "last_seq": seqs[-1]}
         # The events are exactly the committed entries.
         stored = (
             await client.get(f"{server.url}/v1/tasks/{tid}/entries", headers=server.headers())

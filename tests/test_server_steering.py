@@ -135,10 +135,13 @@ async def test_a_message_into_a_running_task_is_taken_after_its_turn(
     said = [(m["role"], m.get("content")) for m in view["messages"]]
     assert said[-2:] == [("user", "and one more"), ("assistant", "Through the gate.")]
     assert [m for m in said if m == ("user", "and one more")] == [("user", "and one more")]
-    # A finished task takes no message: 409, with what to do instead.
+    # A finished task takes no message: 409, with what to do instead, in REST terms.
     r = await client.post(f"/v1/tasks/{tid}/messages", json={"text": "more"}, headers=auth("alice"))
     body = assert_problem(r, 409, "Invalid status transition")
-    assert "continue_session" in body["detail"]
+    assert body["type"] == "/problems/task-finished"
+    assert f"POST /v1/tasks/{tid}/fork" in body["detail"]
+    assert "/v1/sessions/" in body["detail"] and "continue_session=true" in body["detail"]
+    assert "submit(" not in body["detail"] and "Edit(" not in body["detail"]
 
 
 async def test_reject_is_409_and_continue_session_sends_into_the_live_task(
@@ -147,7 +150,7 @@ async def test_reject_is_409_and_continue_session_sends_into_the_live_task(
     tid = await held_task(client, runtime, "g2", session_id="s", multitask_strategy="reject")
     r = await client.post(f"/v1/tasks/{tid}/messages", json={"text": "hi"}, headers=auth("alice"))
     body = assert_problem(r, 409, "Task is busy")
-    assert "reject" in body["detail"]
+    assert "reject" in body["detail"] and body["type"] == "/problems/task-busy"
     again = {"agent": "holder", "input": "g2", "session_id": "s", "continue_session": True}
     r = await client.post("/v1/tasks", json=again, headers=auth("alice"))
     assert_problem(r, 409, "Task is busy")

@@ -22,12 +22,15 @@ from duragent.server import (
     _sessions as sessions,
     _steering as steering,
     _tasks as tasks,
+    _wait as wait,
 )
 from duragent.server._deps import RuntimeDep, UserDep, known_query
 from duragent.server._gate import Gate, TokenLookup
 from duragent.server._limits import ServerLimits
+from duragent.server._openapi import complete_openapi, operation_id
 from duragent.server._problems import problem_responses
 from duragent.server._schemas import AgentOut, AgentsOut, Health, Me
+from duragent.server._stream_tokens import StreamTokens, hide_tokens_in_access_log
 from duragent.server._streams import StreamSlots, TooManyStreams, too_many_streams
 
 STATIC = Path(__file__).parent / "static"
@@ -38,7 +41,7 @@ service = APIRouter()
 
 
 @service.get("/v1/health", response_model=Health, tags=["service"], summary="Liveness (no auth)")
-async def health(rt: RuntimeDep) -> Health:
+async def get_health(rt: RuntimeDep) -> Health:
     return Health(store=rt.store.url.split("://", 1)[0], worker=rt.run_worker)
 
 
@@ -49,7 +52,7 @@ async def health(rt: RuntimeDep) -> Health:
     summary="Who the token belongs to",
     responses=problem_responses(401),
 )
-async def me(user: UserDep) -> Me:
+async def get_me(user: UserDep) -> Me:
     return Me(user=user)
 
 
@@ -60,16 +63,14 @@ async def me(user: UserDep) -> Me:
     summary="Agents, their tools and replay policies",
     responses=problem_responses(401),
 )
-async def agents(user: UserDep, rt: RuntimeDep) -> AgentsOut:
+async def list_agents(user: UserDep, rt: RuntimeDep) -> AgentsOut:
     return AgentsOut(agents=[AgentOut.of(a) for _, a in sorted(rt.agents.items())])
 
 
+# The same document with a token or without: agent names are not in it (GET /v1/agents).
 @service.get("/openapi.json", include_in_schema=False)
-async def openapi(request: Request, rt: RuntimeDep) -> JSONResponse:
-    schema = request.app.openapi()
-    if request.scope.get("state", {}).get("user") is not None:  # the gate checked it
-        schema = problems.with_agent_names(schema, list(rt.agents))
-    return JSONResponse(schema)
+async def openapi(request: Request) -> JSONResponse:
+    return JSONResponse(request.app.openapi())
 
 
 @service.get("/", include_in_schema=False)
@@ -94,10 +95,13 @@ def create_app(
     limits: ServerLimits | None = None,
     *,
     admins: Iterable[str] = (),
+    stream_tokens: StreamTokens | None = None,
 ) -> FastAPI:
     """The app; `tokens` is a TokenStore or a WatchedTokenFile, `limits` what one
     client may ask (ServerLimits() by default). `admins`: the users who may change
-    what every user shares (queue limits); with none, nobody may over HTTP."""
+    what every user shares (queue limits); with none, nobody may over HTTP.
+    `stream_tokens`: what signs stream tokens (default: $DURAGENT_STREAM_SECRET, else
+    a secret made for this process)."""
     limits = limits or ServerLimits()
 
     @asynccontextmanager
@@ -119,16 +123,22 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        generate_unique_id_function=operation_id,
     )
     app.state.runtime = runtime
     app.state.tokens = tokens
     app.state.limits = limits
     app.state.admins = frozenset(admins)
     app.state.streams = StreamSlots(limits.streams_per_user)
+    app.state.stream_tokens = stream_tokens or StreamTokens()
+    hide_tokens_in_access_log()
+    app.state.task_watch = wait.TaskWatch(runtime.store)
     problems.install(app)
+    complete_openapi(app)
     app.add_exception_handler(TooManyStreams, too_many_streams)
-    app.add_middleware(Gate, tokens=tokens, limits=limits)
-    for router in (tasks.router, events.router, steering.router, fleet.router, sessions.router):
+    app.add_middleware(Gate, tokens=tokens, limits=limits, stream_tokens=app.state.stream_tokens)
+    routers = (tasks.router, wait.router, events.router, steering.router, fleet.router)
+    for router in (*routers, sessions.router):
         app.include_router(router)
     app.include_router(service)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

@@ -31,6 +31,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
 from duragent.errors import InvalidOption
+from duragent.server._problem_types import type_uri
 
 log = logging.getLogger("duragent.server")
 
@@ -52,7 +53,12 @@ def _too_many_body(limit: int) -> bytes:
         "(serve --max-connections-per-address)"
     )
     body = json.dumps(
-        {"type": "about:blank", "title": "Too many requests", "status": 429, "detail": detail}
+        {
+            "type": type_uri("too-many-requests"),
+            "title": "Too many requests",
+            "status": 429,
+            "detail": detail,
+        }
     ).encode()
     return TOO_MANY_FROM_HERE % (len(body), body)
 

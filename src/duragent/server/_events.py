@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Annotated
+from urllib.parse import quote
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
@@ -22,7 +24,10 @@ from fastapi.responses import StreamingResponse
 from duragent.errors import TaskNotFound
 from duragent.server._deps import OwnedTask, RuntimeDep, UserDep
 from duragent.server._limits import MAX_SEQ
+from duragent.server._openapi import stream_responses
 from duragent.server._problems import BadRequest, problem_responses
+from duragent.server._schemas import StreamTokenOut
+from duragent.server._stream_tokens import StreamTokens
 from duragent.server._streams import SlotStreamingResponse, StreamSlots
 from duragent.server._strict_json import StrictJsonRoute
 from duragent.store._protocol import Store
@@ -40,7 +45,8 @@ def format_event(entry: Entry) -> str:
 
 
 def _end(status: str | None, last_seq: int) -> str:
-    return f"event: end\ndata: {json.dumps({'status': status, 'last_seq': last_seq})}\n\n"
+    data = {"kind": "end", "status": status, "last_seq": last_seq}  # a StreamEnd
+    return f"event: end\ndata: {json.dumps(data)}\n\n"
 
 
 async def entry_events(
@@ -100,17 +106,14 @@ def _start_seq(last_event_id: str | None, after: int | None) -> int:
 @router.get(
     "/{task_id}/events",
     summary="Live committed entries (server-sent events)",
+    description="Each event's data is a TaskStreamEvent (`x-sse-events` names the schema "
+    "of each `event:`). A browser's EventSource, which cannot send the Authorization "
+    "header, passes `?stream_token=` from POST /v1/tasks/{task_id}/stream-token instead.",
     response_class=StreamingResponse,
-    responses={
-        200: {
-            "description": "`id: <seq>`, `event: <entry kind>`, `data: <entry JSON>`; "
-            "ends with `event: end` once the task is terminal",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
-        },
-        **problem_responses(400, 401, 404, 422, 429),
-    },
+    responses={**stream_responses(), **problem_responses(400, 401, 404, 422, 429)},
+    openapi_extra={"security": [{"HTTPBearer": []}, {"StreamToken": []}]},
 )
-async def task_events(
+async def stream_events(
     task: OwnedTask,
     runtime: RuntimeDep,
     user: UserDep,
@@ -121,6 +124,9 @@ async def task_events(
     last_event_id: Annotated[
         str | None, Header(alias="Last-Event-ID", max_length=40, include_in_schema=True)
     ] = None,
+    # Read by the gate (server/_gate.py); declared so the route takes it. In the
+    # document it is the StreamToken security scheme.
+    stream_token: Annotated[str | None, Query(include_in_schema=False)] = None,
 ) -> StreamingResponse:
     start = _start_seq(last_event_id, after)
     slots: StreamSlots = request.app.state.streams
@@ -130,4 +136,24 @@ async def task_events(
         release,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.post(
+    "/{task_id}/stream-token",
+    response_model=StreamTokenOut,
+    summary="A short-lived token that opens this task's event stream",
+    description="For a browser's EventSource: `new EventSource(events_url)`. The token "
+    "opens only this task's /events, and only until expires_at (a stream opened before "
+    "goes on); every other route refuses it. Ask for a new one to reconnect after that.",
+    responses=problem_responses(401, 404, 422),
+)
+async def create_stream_token(task: OwnedTask, user: UserDep, request: Request) -> StreamTokenOut:
+    tokens: StreamTokens = request.app.state.stream_tokens
+    grant = tokens.mint(task.id, user)
+    token = tokens.token(grant)
+    return StreamTokenOut(
+        token=token,
+        expires_at=datetime.fromtimestamp(grant.expires_at, UTC),
+        events_url=f"/v1/tasks/{quote(task.id, safe='')}/events?stream_token={token}",
     )

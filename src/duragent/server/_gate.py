@@ -15,25 +15,30 @@ connection, so the unread rest of the body is never received.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections import OrderedDict, deque
 from http import HTTPStatus
 from typing import Protocol
-from urllib.parse import unquote_to_bytes
+from urllib.parse import parse_qs, unquote_to_bytes
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from duragent.errors import TaskNotFound
 from duragent.server._limits import ServerLimits, human_bytes
 from duragent.server._problems import problem
+from duragent.server._stream_tokens import InvalidStreamToken, StreamTokens
 
 # Paths served without a token; everything else needs one. A token sent to
 # /openapi.json is checked (and counted when wrong): with it, the schema names the agents.
 PUBLIC_PATHS = frozenset({"/", "/v1/health", "/favicon.ico", "/favicon.svg"})
 PUBLIC_PREFIXES = ("/static/",)
 TOKEN_OPTIONAL = frozenset({"/openapi.json"})
+# The one route a stream token opens (server/_stream_tokens.py): a task's events.
+EVENTS_PATH = re.compile(r"/v1/tasks/([^/]+)/events")
 
 # The page loads only its own files: no inline script, no other origin, no framing.
 SECURITY_HEADERS = [
@@ -122,10 +127,17 @@ def bearer_token(headers: Headers) -> str | None:
 class Gate:
     """ASGI middleware; see the module docstring."""
 
-    def __init__(self, app: ASGIApp, tokens: TokenLookup, limits: ServerLimits) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        tokens: TokenLookup,
+        limits: ServerLimits,
+        stream_tokens: StreamTokens | None = None,
+    ) -> None:
         self.app = app
         self.tokens = tokens
         self.limits = limits
+        self.stream_tokens = stream_tokens
         self.throttle = WrongTokenThrottle(limits.auth_failures_per_minute)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -200,6 +212,10 @@ class Gate:
         token = bearer_token(headers)
         if token is None and scope["path"] in TOKEN_OPTIONAL:
             return None
+        if token is None and self.stream_tokens is not None:
+            stream = _stream_token(scope)
+            if stream is not None:
+                return self._admit_stream(scope, stream)
         user = None if token is None else self.tokens.user_for(token)
         if user is not None:
             scope.setdefault("state", {})["user"] = user
@@ -208,6 +224,10 @@ class Gate:
             # Not a guess: a missing token is not counted (a page before sign-in).
             detail = "this endpoint needs an 'Authorization: Bearer <token>' header"
             return problem(401, "Unauthorized", detail, headers=UNAUTHORIZED)
+        return self._wrong_token(scope, "the bearer token is not valid")
+
+    def _wrong_token(self, scope: Scope, detail: str) -> JSONResponse:
+        """401 for a wrong token, counted; 429 once its address sent too many."""
         client = (scope.get("client") or ("unknown", 0))[0]
         wait = self.throttle.retry_after(client)
         if wait is not None:
@@ -218,4 +238,28 @@ class Gate:
                 headers={**CLOSE, "Retry-After": str(wait)},
             )
         self.throttle.failed(client)
-        return problem(401, "Unauthorized", "the bearer token is not valid", headers=UNAUTHORIZED)
+        return problem(401, "Unauthorized", detail, headers=UNAUTHORIZED)
+
+    def _admit_stream(self, scope: Scope, token: str) -> JSONResponse | None:
+        """A stream token opens its own task's events, as its owner; a valid token
+        for another task answers 404, as that task's events would to its owner."""
+        assert self.stream_tokens is not None
+        try:
+            grant = self.stream_tokens.check(token)
+        except InvalidStreamToken as exc:
+            return self._wrong_token(scope, str(exc))
+        match = EVENTS_PATH.fullmatch(scope["path"])
+        asked = match.group(1) if match else ""
+        if asked != grant.task_id:
+            return problem(404, "Task not found", str(TaskNotFound(asked)), kind="task-not-found")
+        scope.setdefault("state", {})["user"] = grant.user
+        return None
+
+
+def _stream_token(scope: Scope) -> str | None:
+    """The ?stream_token= of a request for a task's events (elsewhere it opens nothing)."""
+    if EVENTS_PATH.fullmatch(scope["path"]) is None:
+        return None
+    query = scope.get("query_string", b"").decode("latin-1")
+    values = parse_qs(query, keep_blank_values=True).get("stream_token")
+    return values[0] if values else None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 from http import HTTPStatus
 from typing import Any
@@ -32,6 +31,7 @@ from duragent.errors import (
     UsageError,
 )
 from duragent.server._limits import LimitReached
+from duragent.server._problem_types import GENERIC, PROBLEM_TYPES, type_uri
 from duragent.server._schemas import Problem
 
 log = logging.getLogger("duragent.server")
@@ -59,24 +59,39 @@ class BadRequest(UsageError):
     """A request the server can parse but not act on (a bad cursor, a bad Last-Event-ID)."""
 
 
+class TaskFinished(InvalidTransition):
+    """A message sent to a finished task: said in REST terms (the library's own error
+    names Python calls)."""
+
+    def __init__(self, task_id: str, status: str) -> None:
+        super().__init__(
+            status,
+            "running",
+            "a finished task takes no messages; continue its conversation with "
+            "POST /v1/sessions/{session_id}/messages (or POST /v1/tasks with session_id "
+            f"and continue_session=true), or fork it with POST /v1/tasks/{task_id}/fork",
+        )
+
+
 # Most specific first: the first class the exception is an instance of decides.
-_MAPPING: list[tuple[type[Exception], int, str]] = [
-    (ScheduleNotFound, 404, "Schedule not found"),
-    (ScheduleUnreadable, 409, "Schedule unreadable"),
-    (LimitReached, 409, "Limit reached"),
-    (QueueNotFound, 404, "Queue not found"),
-    (SessionNotFound, 404, "Session not found"),
-    (TaskNotFound, 404, "Task not found"),
-    (NotFound, 404, "Not found"),
-    (InvalidTransition, 409, "Invalid status transition"),
-    (TaskBusy, 409, "Task is busy"),
-    (Conflict, 409, "Conflict"),
-    (DuplicateRequest, 409, "Request id already used"),
-    (IncompatibleEntry, 409, "Entry written by a newer version"),
-    (UnknownAgent, 400, "Unknown agent"),
-    (InvalidArguments, 422, "Invalid tool arguments"),
-    (UsageError, 400, "Bad request"),
-    (StoreError, 503, "Store unavailable"),
+_MAPPING: list[tuple[type[Exception], str]] = [
+    (ScheduleNotFound, "schedule-not-found"),
+    (ScheduleUnreadable, "schedule-unreadable"),
+    (LimitReached, "limit-reached"),
+    (QueueNotFound, "queue-not-found"),
+    (SessionNotFound, "session-not-found"),
+    (TaskNotFound, "task-not-found"),
+    (NotFound, "not-found"),
+    (TaskFinished, "task-finished"),
+    (InvalidTransition, "invalid-transition"),
+    (TaskBusy, "task-busy"),
+    (Conflict, "conflict"),
+    (DuplicateRequest, "request-id-reused"),
+    (IncompatibleEntry, "entry-too-new"),
+    (UnknownAgent, "unknown-agent"),
+    (InvalidArguments, "invalid-tool-arguments"),
+    (UsageError, "bad-request"),
+    (StoreError, "store-unavailable"),
 ]
 
 
@@ -87,8 +102,17 @@ def problem(
     *,
     headers: dict[str, str] | None = None,
     errors: list[dict[str, Any]] | None = None,
+    kind: str | None = None,
 ) -> JSONResponse:
-    body = Problem(title=title, status=status, detail=detail, errors=errors)
+    """A problem response; `kind` is its slug in PROBLEM_TYPES (default: the status's)."""
+    kind = kind or GENERIC.get(status)
+    body = Problem(
+        type=type_uri(kind) if kind else "about:blank",
+        title=title,
+        status=status,
+        detail=detail,
+        errors=errors,
+    )
     return JSONResponse(
         body.model_dump(exclude_none=True),
         status_code=status,
@@ -114,12 +138,13 @@ _SERVER_SIDE = "The server could not do this now; its log has the details."
 
 
 def _duragent_error(request: Request, exc: Exception) -> JSONResponse:
-    for cls, status, title in _MAPPING:
+    for cls, kind in _MAPPING:
         if isinstance(exc, cls):
+            status, title, _ = PROBLEM_TYPES[kind]
             if status >= 500:
                 log.error("%s %s: %s", request.method, request.url.path, exc)
-                return problem(status, title, _SERVER_SIDE)
-            return problem(status, title, str(exc))
+                return problem(status, title, _SERVER_SIDE, kind=kind)
+            return problem(status, title, str(exc), kind=kind)
     log.exception("unhandled duragent error", exc_info=exc)
     return problem(500, "Internal error", _SERVER_SIDE)
 
@@ -192,37 +217,7 @@ def _forbidden(request: Request, exc: Exception) -> JSONResponse:
     return problem(403, "Forbidden", exc.detail)
 
 
-def complete_openapi(app: FastAPI) -> None:
-    """Register the Problem schema the `problem_responses` refer to."""
-    build = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = build()
-            schemas = schema.setdefault("components", {}).setdefault("schemas", {})
-            schemas["Problem"] = Problem.model_json_schema()
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
-
-
-def with_agent_names(schema: dict[str, Any], agent_names: list[str]) -> dict[str, Any]:
-    """The schema naming the agents this server knows, so it says exactly what it
-    accepts (only for a signed-in caller: agent names are not public)."""
-    if not agent_names:
-        return schema
-    out = copy.deepcopy(schema)
-    schemas = out.get("components", {}).get("schemas", {})
-    for body in ("TaskCreate", "ScheduleCreate"):
-        agent = schemas.get(body, {}).get("properties", {}).get("agent")
-        if agent is not None:
-            agent["enum"] = sorted(agent_names)
-    return out
-
-
 def install(app: FastAPI) -> None:
-    complete_openapi(app)
     app.add_exception_handler(Exception, _unexpected_error)
     app.add_exception_handler(DuragentError, _duragent_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

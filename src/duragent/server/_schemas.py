@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -15,10 +15,12 @@ from pydantic import (
     Field,
     StringConstraints,
     TypeAdapter,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 
+from duragent._payloads import WaitKind
 from duragent.runtime._agent import Agent
 from duragent.runtime._approvals import Decision
 from duragent.runtime._inbox import MultitaskStrategy
@@ -28,11 +30,59 @@ from duragent.runtime._sessions import SessionSummary
 from duragent.runtime._views import Steps
 from duragent.types import ApiMessage, Entry, Task, TaskStatus, UIMessage, Usage
 
+# Enums the document defines once, as components (server/_openapi.py adds them).
+NAMED_ENUMS: dict[str, dict[str, Any]] = {}
+
+
+def named(alias: Any, name: str, description: str) -> WithJsonSchema:
+    """`Annotated[alias, named(alias, ...)]`: the Literal `alias` in the schema as a
+    reference to the component `name`, defined once."""
+    enum = list(get_args(alias))
+    NAMED_ENUMS[name] = {"type": "string", "enum": enum, "description": description}
+    # allOf: a bare $ref beside the field's title is looked up among pydantic's own models.
+    return WithJsonSchema({"allOf": [{"$ref": f"#/components/schemas/{name}"}]})
+
+
+Strategy = Annotated[
+    MultitaskStrategy,
+    named(
+        MultitaskStrategy,
+        "MultitaskStrategy",
+        "What a new message does while a turn runs: enqueue (after the turn's answer), "
+        "reject (409), interrupt (stop at the next safe point, then go on with it), "
+        "rollback (the same, the round in progress rolled back).",
+    ),
+]
+WaitKindName = Annotated[WaitKind, named(WaitKind, "WaitKind", "What an open wait waits for.")]
+StatusReason = Literal[
+    "input",
+    "timer",
+    "subtask",
+    "restart_limit",
+    "missing_definition",
+    "incompatible_store",
+    "pinned",
+    "deadline",
+]
+StatusReasonName = Annotated[
+    StatusReason,
+    named(
+        StatusReason,
+        "StatusReason",
+        "Why a task waits (input, timer, subtask), is blocked (restart_limit, "
+        "missing_definition, incompatible_store, pinned) or failed (deadline).",
+    ),
+]
+
 
 class Problem(BaseModel):
     """An error, as RFC 9457 problem details."""
 
-    type: str = "about:blank"
+    type: str = Field(
+        "about:blank",
+        description="The kind of error: `/problems/<slug>`, stable (docs/http-api.md lists "
+        "each); compare it, not the title.",
+    )
     title: str
     status: int
     detail: str | None = None
@@ -121,7 +171,7 @@ class TaskCreate(_Request):
         "while a task of the session is pending, running or waiting, the input is sent "
         "into it instead (202), as multitask_strategy says.",
     )
-    multitask_strategy: MultitaskStrategy | None = Field(
+    multitask_strategy: Strategy | None = Field(
         None,
         description="What a new message does while a turn of this session runs "
         "(default: the agent's): enqueue, reject, interrupt or rollback.",
@@ -203,7 +253,7 @@ class RespondRequest(_Request):
 
 class OpenWait(BaseModel):
     call_id: str
-    wait: str  # "approval", "input", "timer" or "subtask"
+    wait: WaitKindName
     question: str | None = None
     child_id: str | None = None
     wake_at: datetime | None = None
@@ -217,7 +267,7 @@ class OpenWait(BaseModel):
 class WaitingOn(BaseModel):
     """What a waiting task waits for, in short (the full wait: TaskOut.waiting_for)."""
 
-    wait: str  # "approval", "input", "timer" or "subtask"
+    wait: WaitKindName
     tool: str | None = Field(None, description="An approval's tool.")
 
 
@@ -225,7 +275,7 @@ class TaskSummary(BaseModel):
     id: str
     agent: str
     status: TaskStatus
-    status_reason: str | None
+    status_reason: StatusReasonName | None
     session_id: str | None
     parent_id: str | None
     iterations: int
@@ -409,7 +459,21 @@ class ToolOut(BaseModel):
     description: str
     parameters: dict[str, Any] = Field(description="JSON schema of the arguments.")
     replay: Literal["never", "safe", "resume"]
-    requires_approval: bool | Literal["conditional"]
+    approval: Literal["always", "never", "conditional"] = Field(
+        description="Whether a call waits for a person's approval: always, never, or "
+        "conditional (the tool's rule decides per call)."
+    )
+    requires_approval: Annotated[
+        bool | Literal["conditional"],
+        WithJsonSchema(
+            {
+                "anyOf": [{"type": "boolean"}, {"type": "string", "enum": ["conditional"]}],
+                "deprecated": True,
+                "description": "The same as `approval`, as true, false or 'conditional' "
+                "(kept for older clients).",
+            }
+        ),
+    ]
     approval_timeout: float | None = Field(
         None, description="Seconds an approval stays open before the call is denied."
     )
@@ -432,6 +496,7 @@ class AgentOut(BaseModel):
                     description=t.description,
                     parameters=t.parameters,
                     replay=t.replay,
+                    approval="conditional" if callable(rule) else "always" if rule else "never",
                     requires_approval="conditional" if callable(rule) else bool(rule),
                     approval_timeout=t.approval_timeout,
                 )
@@ -499,6 +564,39 @@ class SessionMessage(_Request):
         None, min_length=1, max_length=200, description="Default: the latest turn's agent."
     )
     request_id: str | None = Field(None, min_length=1, max_length=200)
-    multitask_strategy: MultitaskStrategy | None = Field(
+    multitask_strategy: Strategy | None = Field(
         None, description="While a turn runs: what the message does to it."
+    )
+
+
+# --- event streams, stream tokens and waits ---------------------------------------
+
+
+class StreamEnd(BaseModel):
+    """The data of a stream's last event (`event: end`)."""
+
+    kind: Literal["end"] = Field("end", description="Tells it from an entry's `kind`.")
+    status: TaskStatus | None = Field(
+        description="The task's final status (null: the task was deleted while watched)."
+    )
+    last_seq: int = Field(description="The seq of the last entry sent.")
+
+
+class StreamTokenOut(BaseModel):
+    token: str = Field(
+        description="Pass as ?stream_token= to this task's /events (only): for a browser's "
+        "EventSource, which cannot send an Authorization header."
+    )
+    expires_at: datetime = Field(
+        description="Opening a stream is refused after this; a stream opened before goes on."
+    )
+    events_url: str = Field(description="The task's event stream with the token, a path.")
+
+
+class TaskWaitOut(TaskOut):
+    """A task as /wait left it."""
+
+    timed_out: bool = Field(
+        description="True: the timeout came first (the task is as it is now, not yet what "
+        "`until` asked for); false: it is."
     )

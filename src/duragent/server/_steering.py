@@ -7,14 +7,16 @@ from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 
-from duragent.runtime._inbox import MAX_MESSAGE_CHARS, MultitaskStrategy
+from duragent.errors import InvalidTransition
+from duragent.runtime._inbox import MAX_MESSAGE_CHARS
 from duragent.runtime._steering import Edit as RuntimeEdit, History
 from duragent.server._deps import OwnedTask, RuntimeDep, UserDep
 from duragent.server._limits import ServerLimits, human_bytes, json_size
-from duragent.server._problems import problem_responses
-from duragent.server._schemas import TaskOut
+from duragent.server._problems import TaskFinished, problem_responses
+from duragent.server._schemas import Strategy, TaskOut
 from duragent.server._strict_json import StrictJsonRoute
 from duragent.server._tasks import task_out
+from duragent.types import TaskStatus
 
 # Strict JSON like every other route: NUL, lone surrogates, NaN are a 422 here too.
 router = APIRouter(prefix="/v1/tasks", tags=["steering"], route_class=StrictJsonRoute)
@@ -56,7 +58,7 @@ class MessageRequest(BaseModel):
         pattern=r"\S",
         description="The user message (some text besides white space).",
     )
-    multitask_strategy: MultitaskStrategy | None = Field(
+    multitask_strategy: Strategy | None = Field(
         default=None,
         description="What the message does while a turn runs (default: the task's): "
         "enqueue (after the turn's answer), reject (409), interrupt (stop at the next "
@@ -140,11 +142,16 @@ def _check_edit_size(edit: RuntimeEdit, limits: ServerLimits) -> None:
 async def send_message(
     task: OwnedTask, user: UserDep, runtime: RuntimeDep, body: MessageRequest
 ) -> TaskOut:
-    sent = await runtime.send(
-        task.id,
-        body.text,
-        owner=user,
-        multitask_strategy=body.multitask_strategy,
-        request_id=body.request_id,
-    )
+    try:
+        sent = await runtime.send(
+            task.id,
+            body.text,
+            owner=user,
+            multitask_strategy=body.multitask_strategy,
+            request_id=body.request_id,
+        )
+    except InvalidTransition as exc:
+        if TaskStatus(exc.old).terminal:  # the library's advice names Python calls
+            raise TaskFinished(task.id, exc.old) from exc
+        raise
     return await task_out(runtime, sent)

@@ -337,7 +337,7 @@ async def abort_task(
     "time limit answers 409.",
     responses=_CONTROL,
 )
-async def respond(task: OwnedTask, runtime: RuntimeDep, body: RespondRequest) -> TaskOut:
+async def respond_to_task(task: OwnedTask, runtime: RuntimeDep, body: RespondRequest) -> TaskOut:
     answered = await runtime.respond(
         task.id,
         approve=body.approve,
