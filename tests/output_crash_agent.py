@@ -3,7 +3,8 @@ task, and can block at a named point for the test to SIGKILL it.
 
     python tests/output_crash_agent.py STORE_URL LEDGER POINT
 
-POINT: "retry" (the round after a wrong answer was sent back, before the model is
+POINT: "input" (inside the second input guardrail, after the first one's verdict
+was committed), "retry" (the round after a wrong answer was sent back, before the model is
 asked again), "guardrail" (inside the second output guardrail, after the first
 one's verdict was committed) or "none". At the point the process prints
 `AT <point>` and blocks. Every model answer and guardrail run is appended to
@@ -54,6 +55,19 @@ def answer(n: int, value: dict[str, Any]) -> Any:
     return turn
 
 
+async def screen(text: str) -> GuardrailResult:
+    ledger("screen")
+    return GuardrailResult()
+
+
+async def vet(text: str) -> GuardrailResult:
+    ledger("vet")
+    if POINT == "input":
+        print("AT input", flush=True)
+        await asyncio.sleep(3600)
+    return GuardrailResult()
+
+
 async def first(city: City) -> GuardrailResult:
     ledger(f"first {city.name}")
     return GuardrailResult()
@@ -83,6 +97,7 @@ agent = Agent(
     name="cities",
     model=model,
     output_type=City,
+    input_guardrails=[screen, vet],
     output_guardrails=[first, second],
     builtin_tools=BuiltinTools(plan=False),
 )
