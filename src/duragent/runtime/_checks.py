@@ -34,6 +34,7 @@ from duragent.runtime._guardrails import (
 from duragent.runtime._log import RoundState, api_entry, notice
 from duragent.runtime._open_round import OpenRound
 from duragent.runtime._output import OutputInvalid, correction_text, parse_output
+from duragent.runtime._submit import input_text
 from duragent.store._protocol import Store
 from duragent.types import ApiMessage, EntryKind, NewEntry, TaskStatus, Usage, UserMessage
 
@@ -77,11 +78,14 @@ class Checks:
         task, store = self.host.commits.task, self.host.store
         heads = await store.entry_heads(task.id, kinds=[EntryKind.API_MESSAGE])
         seq = next((h.seq for h in heads if h.round == 1 and h.role == "user"), 0)
-        logged = await store.entries(task.id, after_seq=seq, kinds=[EntryKind.CHECKPOINT])
+        logged = await store.entries(task.id, after_seq=seq - 1)
         verdicts = committed_verdicts(logged, "input", seq)
+        # The input as submitted; a fork's edited first message, as the model reads it.
+        said = logged[0].payload.get("content") if logged and logged[0].seq == seq else None
+        value = task.input if said is None or said == input_text(task.input) else said
         for name, fn in self.agent.input_checks.items():
             verdict = verdicts.get(name)
-            result = as_result(verdict) if verdict else await run_guardrail(name, fn, task.input)
+            result = as_result(verdict) if verdict else await run_guardrail(name, fn, value)
             entries = [] if verdict else [verdict_entry(task.id, 1, "input", name, seq, result)]
             if not result.tripwire:
                 if entries:
