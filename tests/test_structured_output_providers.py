@@ -10,12 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pydantic import BaseModel
 
 from duragent import Agent, BuiltinTools, ChatModel, Runtime, tool
+from duragent.errors import UsageError
 from duragent.llm._anthropic import AnthropicChat
+from duragent.llm._base import ModelRequest, OutputSpec, ToolSpec
 from duragent.llm._openai import OpenAIChat
-from duragent.types import TaskStatus
+from duragent.types import TaskStatus, UserMessage
 from support.llm_servers import (
     RecordedRequest,
     ScriptedAnthropicServer,
@@ -141,3 +144,38 @@ async def test_anthropic_with_tools_must_call_one_of_them_or_the_answer_tool(
     else:
         assert body["response_format"]["type"] == "json_schema"
         assert [t["function"]["name"] for t in body["tools"]] == ["population"]
+
+
+async def test_settings_may_not_ask_for_another_format_or_tool_choice() -> None:
+    spec = OutputSpec(name="City", schema=City.model_json_schema(), strict=False)
+    request = ModelRequest(model="", messages=[UserMessage(content="?")], output=spec)
+    openai_chat = OpenAIChat("gpt-4o-mini", base_url="http://127.0.0.1:9/v1", api_key="k")
+    anthropic_chat = AnthropicChat("claude-test", base_url="http://127.0.0.1:9", api_key="k")
+    try:
+        assert (
+            openai_chat.request_body(request)["response_format"]["json_schema"]["strict"] is False
+        )
+        request.settings = {"response_format": {"type": "json_object"}}
+        with pytest.raises(UsageError, match="may not set response_format"):
+            openai_chat.request_body(request)
+        request.settings = {"tool_choice": {"type": "auto"}}
+        with pytest.raises(UsageError, match="may not set tool_choice"):
+            anthropic_chat.request_body(request)
+        request.settings = {}
+        request.tools = [ToolSpec("final_result", "mine", {"type": "object"})]
+        with pytest.raises(UsageError, match="rename the tool"):
+            anthropic_chat.request_body(request)
+    finally:
+        await openai_chat.aclose()
+        await anthropic_chat.aclose()
+
+
+async def test_a_request_without_an_output_type_asks_for_no_format(
+    provider: Provider, serve: Serve, chat: Chat, tmp_path: Path
+) -> None:
+    server = serve(["plain text"])
+    agent = Agent(name="plain", model=chat(server), builtin_tools=BuiltinTools(plan=False))
+    async with Runtime(f"sqlite:///{tmp_path}/s.db", agents=[agent], poll_interval=0.05) as rt:
+        assert await (await rt.submit("plain", "?")).result(timeout=30) == "plain text"
+    body = server.requests[0].json
+    assert "response_format" not in body and "tool_choice" not in body and "tools" not in body
