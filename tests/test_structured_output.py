@@ -21,6 +21,7 @@ from duragent import (
     Turn,
     tool,
 )
+from duragent.runtime._output import OutputInvalid, parse_output
 from duragent.types import AssistantMessage, EntryKind, TaskStatus, UserMessage
 
 
@@ -186,3 +187,19 @@ def test_a_schema_with_free_form_objects_is_sent_without_strict() -> None:
     assert "required" not in agent.output_pin["schema"] or agent.output_pin["schema"][
         "required"
     ] == ["tags"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '```json\n{"name": "Oslo", "population": 700000}\n```',
+        '```\n{"name": "Oslo", "population": 700000}\n```',
+        '  {"name": "Oslo", "population": 700000}\n',
+    ],
+)
+def test_an_answer_fenced_in_markdown_is_read(text: str) -> None:
+    value, typed = parse_output(City, text)
+    assert value == {"name": "Oslo", "population": 700_000}
+    assert typed == City(name="Oslo", population=700_000)
+    with pytest.raises(OutputInvalid):
+        parse_output(City, "```json\nnot json\n```")

@@ -95,7 +95,9 @@ def _make_strict(node: Any) -> bool:
 
 def parse_output(output_type: OutputType, text: str) -> tuple[Any, Any]:
     """(the answer as JSON, as the caller's type) from the model's text; raises
-    OutputInvalid with errors the model can act on."""
+    OutputInvalid with errors the model can act on. A model without native
+    structured output often fences its JSON in Markdown: one fence is taken off."""
+    text = _unfenced(text)
     if isinstance(output_type, dict):
         try:
             value = json.loads(text)
@@ -113,6 +115,14 @@ def parse_output(output_type: OutputType, text: str) -> tuple[Any, Any]:
     except ValidationError as exc:
         raise OutputInvalid(_errors_text(exc)) from None
     return typed.model_dump(mode="json"), typed
+
+
+def _unfenced(text: str) -> str:
+    body = text.strip()
+    if not (body.startswith("```") and body.endswith("```") and len(body) >= 6):
+        return text
+    head, _, rest = body[3:-3].partition("\n")
+    return rest if head.strip().isalnum() or not head.strip() else body[3:-3]
 
 
 def typed_output(output_type: OutputType, value: Any) -> Any:
