@@ -43,6 +43,10 @@ async def test_a_structured_answer_is_json_in_the_task_and_a_tripped_guardrail_i
         app = create_app(rt, TokenStore.from_mapping(TOKENS))
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+            listed = (await client.get("/v1/agents", headers=auth("alice"))).json()["agents"]
+            schemas = {a["name"]: a["output_schema"] for a in listed}
+            assert schemas["cities"]["required"] == ["name", "population"]
+
             ok = await start(client, "cities")
             await wait_for(rt, ok, TaskStatus.COMPLETED)
             body = (await client.get(f"/v1/tasks/{ok}", headers=auth("alice"))).json()
