@@ -17,6 +17,7 @@ from duragent import (
     ScriptedModel,
     Turn,
 )
+from duragent.cli._format import describe
 from duragent.types import EntryKind, Task, TaskStatus, UserMessage
 
 
@@ -148,3 +149,24 @@ def test_guardrails_are_functions_with_distinct_names() -> None:
         Agent(name="a", model="scripted:none", input_guardrails=["nope"])  # type: ignore[list-item]
     with pytest.raises(InvalidOption, match="needs a message"):
         GuardrailResult(tripwire=True, action="correct")
+
+
+async def test_duragent_show_says_each_verdict() -> None:
+    def screen(text: str) -> GuardrailResult:
+        return GuardrailResult()
+
+    def no_shouting(answer: str) -> GuardrailResult:
+        return GuardrailResult(tripwire=answer.isupper(), message="the answer shouts")
+
+    agent = agent_of(
+        ScriptedModel(["HELLO"]), input_guardrails=[screen], output_guardrails=[no_shouting]
+    )
+    async with Runtime("memory://", agents=[agent]) as rt:
+        task = await (await rt.submit(agent.name, "hi")).wait(timeout=30)
+        lines = [describe(e) for e in await rt.store.entries(task.id)]
+    assert "input guardrail screen on #1: passed" in lines
+    assert any(
+        line.startswith("output guardrail no_shouting on #")
+        and line.endswith("tripped (fail): the answer shouts")
+        for line in lines
+    )
