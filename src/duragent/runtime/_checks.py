@@ -80,7 +80,7 @@ class Checks:
         seq = next((h.seq for h in heads if h.round == 1 and h.role == "user"), 0)
         logged = await store.entries(task.id, after_seq=seq - 1)
         verdicts = committed_verdicts(logged, "input", seq)
-        # The input as submitted; a fork's edited first message, as the model reads it.
+        # The input as submitted; the first message as the model reads it, should they differ.
         said = logged[0].payload.get("content") if logged and logged[0].seq == seq else None
         value = task.input if said is None or said == input_text(task.input) else said
         for name, fn in self.agent.input_checks.items():
