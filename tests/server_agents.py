@@ -208,4 +208,16 @@ def agents() -> list[Agent]:
             tools=[send_email_within_10_minutes],
             builtin_tools=BuiltinTools(plan=False),
         ),
+        Agent(
+            # A structured answer (output_type): the page shows its JSON.
+            name="structured",
+            model=ScriptedModel([Turn(output={"city": "Oslo", "population": 700000})]),
+            output_type={
+                "title": "City",
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+                "required": ["city", "population"],
+            },
+            builtin_tools=BuiltinTools(plan=False),
+        ),
     ]

@@ -78,6 +78,7 @@ _EXAMPLES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "InvalidValue": (("NaN is not JSON",), {"path": ("input", 0)}),
     "DuplicateRequest": (("r-1", "t-1"), {}),
     "TaskBusy": (("t-1", "running"), {}),
+    "TaskFailed": (("t-1", "failed", "output guardrail tripped"), {}),
     "WaitTimedOut": (("t-1", "running", 5.0, "it to end"), {}),
     "ControlPending": (("t-1", "pause", 60.0, "host:1, lease ends in 20 s"), {}),
     "MissingExtra": (("the postgresql:// store", "postgres"), {}),

@@ -174,6 +174,23 @@ class DeliveredCheckpoint(TypedDict):
     message_id: str
 
 
+Stage = Literal["input", "output"]
+
+
+class GuardrailCheckpoint(TypedDict):
+    """A guardrail's verdict on the entry `checked_seq` (the task's input, or a final
+    answer), committed before anything acts on it (runtime/_guardrails.py)."""
+
+    type: Literal["guardrail"]
+    stage: Stage
+    name: str
+    checked_seq: int
+    tripwire: bool
+    message: str
+    action: Literal["fail", "correct"]
+    info: NotRequired[Any]
+
+
 Checkpoint = Annotated[
     WaitCheckpoint
     | DecisionCheckpoint
@@ -182,7 +199,8 @@ Checkpoint = Annotated[
     | StepStartedCheckpoint
     | ForkCheckpoint
     | MessageCheckpoint
-    | DeliveredCheckpoint,
+    | DeliveredCheckpoint
+    | GuardrailCheckpoint,
     Field(discriminator="type"),
 ]
 

@@ -32,6 +32,7 @@ these at the boundary and never escape raw.
     │   └── MissingCredential
     ├── WaitTimedOut (TimeoutError)
     │   └── ControlPending
+    ├── TaskFailed
     ├── IncompatibleEntry
     ├── StoreError
     │   ├── StaleLease
@@ -275,6 +276,17 @@ class WaitTimedOut(DuragentError, TimeoutError):
         # Built again from its arguments: an OSError (TimeoutError) made by __new__
         # alone forgets its message.
         return (type(self), self._made_of)
+
+
+class TaskFailed(DuragentError):
+    """`Runtime.result` of a task that ended without completing (failed, aborted,
+    blocked); `status` and `reason` say how, `task_id` which."""
+
+    def __init__(self, task_id: str, status: str, reason: str | None) -> None:
+        self.task_id, self.status, self.reason = task_id, status, reason
+        super().__init__(
+            f"task {task_id!r} ended {status}: {reason or 'no reason given'}; it has no result"
+        )
 
 
 class ControlPending(WaitTimedOut):

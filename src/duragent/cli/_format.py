@@ -123,6 +123,9 @@ def describe(e: Entry) -> str:
             if c.get("arguments") is not None:
                 verdict += f" with edited arguments {clip(c.get('arguments'), 50)}"
             return verdict + (f": {c['reason']}" if c["reason"] else "")
+        if c["type"] == "guardrail":
+            said = f"tripped ({c['action']}): {clip(c['message'])}" if c["tripwire"] else "passed"
+            return f"{c['stage']} guardrail {c['name']} on #{c['checked_seq']}: {said}"
         return f"{c['type']} {p.get('call_id', '')}".strip()  # started, step, fork, message, ...
     if e.kind is EntryKind.UI_MESSAGE:
         text = p.get("message") or p.get("text") or ""

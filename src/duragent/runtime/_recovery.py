@@ -81,6 +81,8 @@ class Recovery:
                     ]
                 )
             return
+        if not rs.assistant.tool_calls and await self.rounds.checks.resume(rs):
+            return  # a final answer whose guardrails had not all answered
         # The progress this runner streamed in the round, if it had it open, stays its own.
         held = self.rounds.round
         self.rounds.round = rnd = OpenRound.from_log(rs, held.progress if held else None)

@@ -366,6 +366,9 @@ def fork_request(source_id: str, at_round: int, edit: Edit | None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+_NOT_FORKED = ("forked_from", "deadline", "inbox", "output_failures")
+
+
 async def new_fork(
     store: Store,
     source: Task,
@@ -379,7 +382,11 @@ async def new_fork(
     log = await fork_log(store, source, fork_id, at_round, edit)
     config = {
         # A fork is a new task: the source's deadline and inbox are not its own.
-        **{k: v for k, v in source.config.items() if k not in ("forked_from", "deadline", "inbox")},
+        **{
+            k: v
+            for k, v in source.config.items()
+            if k not in ("forked_from", "deadline", "inbox", "output_failures")
+        },
         "forked_from": {"task_id": source.id, "round": at_round},
         "fork_request": fork_request(source.id, at_round, edit),
     }
