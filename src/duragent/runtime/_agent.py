@@ -10,6 +10,7 @@ from typing import Any
 from duragent.errors import InvalidOption, check_count, check_delay
 from duragent.llm import ChatModel, resolve_model
 from duragent.runtime._builtin import ask_user, update_plan
+from duragent.runtime._context_policy import ContextPolicy
 from duragent.runtime._deadlines import deadline_at
 from duragent.runtime._inbox import MultitaskStrategy, check_strategy
 from duragent.runtime._tools import Tool, make_tool
@@ -98,6 +99,7 @@ _OPTIONS: dict[str, type] = {
     "timing": Timing,
     "model_retry": RetryPolicy,
     "builtin_tools": BuiltinTools,
+    "context": ContextPolicy,
 }
 
 
@@ -130,6 +132,8 @@ class Agent:
     # Default wall-clock limit of this agent's tasks, from their submission
     # (seconds or a timedelta); submit(deadline=...) overrides it.
     deadline: float | timedelta | None = None
+    # How the task's view is kept inside the model's context window (compaction).
+    context: ContextPolicy = field(default_factory=ContextPolicy)
 
     def __post_init__(self) -> None:
         for name, kind in _OPTIONS.items():

@@ -354,6 +354,9 @@ async def _edited_copy(
     ]
 
 
+_NOT_INHERITED = ("forked_from", "deadline", "inbox", "compacted")
+
+
 def fork_request(source_id: str, at_round: int, edit: Edit | None) -> str:
     """What a fork asked for, as a digest kept on it: a request_id used again must
     ask for the same fork (else DuplicateRequest), never get another task."""
@@ -378,8 +381,9 @@ async def new_fork(
     fork_id = new_id()
     log = await fork_log(store, source, fork_id, at_round, edit)
     config = {
-        # A fork is a new task: the source's deadline and inbox are not its own.
-        **{k: v for k, v in source.config.items() if k not in ("forked_from", "deadline", "inbox")},
+        # A fork is a new task: the source's deadline and inbox are not its own, and
+        # its log holds the source's entries, not its compactions (its view is whole).
+        **{k: v for k, v in source.config.items() if k not in _NOT_INHERITED},
         "forked_from": {"task_id": source.id, "round": at_round},
         "fork_request": fork_request(source.id, at_round, edit),
     }
