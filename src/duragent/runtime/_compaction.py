@@ -309,16 +309,11 @@ class Compactor:
             tokens_before=before,
             tokens_after=after,
         )
-        rounds = f"Rounds {plan.from_round}-{plan.to_round}"
         if plan.how == "elided":
             payload["elided"] = plan.elided
-            text = (
-                f"{rounds}: {plan.elided} large tool results elided from the model's view "
-                "to fit the context window (kept in the log)"
-            )
         else:
             payload["summary"] = plan.summary
-            text = f"{rounds} summarised to fit the context window: {plan.summary}"
+        text = compaction_text(payload)
         entries = [
             NewEntry(task_id=task.id, kind=EntryKind.COMPACTION, round=r, payload=stored(payload)),
             notice(task.id, r, text),
@@ -331,6 +326,17 @@ class Compactor:
     def _model_name(self) -> str:
         pin = self.commits.task.config.get("request") or {}
         return str(pin.get("model", self.agent.model_name))
+
+
+def compaction_text(c: CompactionPayload) -> str:
+    """One line saying what a compaction did ("Rounds 1-40 summarised ...")."""
+    rounds = f"Rounds {c['from_round']}-{c['to_round']}"
+    if c["how"] == "elided":
+        return (
+            f"{rounds}: {c.get('elided', 0)} large tool results elided from the model's view "
+            "to fit the context window (kept in the log)"
+        )
+    return f"{rounds} summarised to fit the context window (kept in the log)"
 
 
 class _Plan:
