@@ -112,8 +112,8 @@ async def one(url: str, rounds: int, window: int | None) -> dict[str, Any]:
     }
 
 
-def fmt(values: list[float], digits: int = 2) -> str:
-    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+def fmt(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
 
 
 async def main(rounds: int, window: int, runs: int, postgres: bool) -> None:
@@ -131,15 +131,18 @@ async def main(rounds: int, window: int, runs: int, postgres: bool) -> None:
     store = "postgres" if postgres else "sqlite"
     print(f"{rounds:,} rounds, {store}, {runs} runs: median (min–max)")
     print(
-        "| task | ms per round | resume ms | view messages | entries | compactions | largest request (tokens) |"
+        "| task | ms per round | resume ms | view messages | entries | compactions"
+        " | largest request (tokens) |"
     )
     print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
     for label, rows in results.items():
         name = f"{window:,}-token window" if label == "windowed" else "no window (compaction off)"
+        last = rows[-1]
+        per_round = fmt([r["ms_per_round"] for r in rows])
+        resume = fmt([r["resume_ms"] for r in rows])
         print(
-            f"| {name} | {fmt([r['ms_per_round'] for r in rows])} | {fmt([r['resume_ms'] for r in rows])}"
-            f" | {rows[-1]['view_messages']:,} | {rows[-1]['entries']:,} | {rows[-1]['compactions']}"
-            f" | {max(r['max_request_tokens'] for r in rows):,} |"
+            f"| {name} | {per_round} | {resume} | {last['view_messages']:,} | {last['entries']:,}"
+            f" | {last['compactions']} | {max(r['max_request_tokens'] for r in rows):,} |"
         )
 
 
