@@ -152,9 +152,11 @@ async def test_elision_comes_first_and_a_summary_when_it_is_not_enough(store: St
     assert "last step" in summary.content
 
 
-async def test_an_overflow_answer_compacts_when_the_window_is_unknown(store: Store) -> None:
-    model = WindowedModel(ScriptedModel(long_task_script(40)), window=7_000, name="unknown-llm")
-    assert context_window("unknown-llm") is None
+@pytest.mark.parametrize("name", ["unknown-llm", "gpt-4o"])
+async def test_an_overflow_answer_teaches_the_window(store: Store, name: str) -> None:
+    # Unknown to the table, or a local server whose window is smaller than the table's.
+    model = WindowedModel(ScriptedModel(long_task_script(40)), window=7_000, name=name)
+    assert context_window(name) in (None, 128_000)
     task, _view = await run(store, agent_with(model))
     assert task.status is TaskStatus.COMPLETED, task.error
     assert model.refused >= 1  # it learned the window from the provider's answer

@@ -109,6 +109,7 @@ class Compactor:
         tools = [{"n": t.name, "d": t.description, "p": t.parameters} for t in _specs(agent)]
         self.budget = Budget(self.policy, len(agent.instructions) + len(json.dumps(tools)))
         self.learned: int | None = None  # a window a provider's overflow answer told
+        self._known: tuple[str | None, int | None] = (None, None)  # model name, its window
 
     # --- the budget ---
 
@@ -116,8 +117,13 @@ class Compactor:
         p = self.policy
         if p.window is not None:
             return p.window
-        table = {**WINDOWS, **p.windows} if p.windows else WINDOWS
-        return context_window(self._model_name(), table) or self.learned
+        if self.learned is not None:
+            return self.learned
+        name = self._model_name()
+        if self._known[0] != name:
+            table = {**WINDOWS, **p.windows} if p.windows else WINDOWS
+            self._known = (name, context_window(name, table))
+        return self._known[1]
 
     def sent(self, view: WorkingView, prompt_tokens: int) -> None:
         """A request of `view` was answered; the provider counted `prompt_tokens`."""
@@ -140,6 +146,8 @@ class Compactor:
             if overflow is not None:
                 raise overflow
             return None
+        if overflow is None and self.window() is None:
+            return None  # no window known (yet): the provider's answer will tell
         chars = self.budget.chars(view)
         if overflow is not None:
             self._learn(chars, overflow)
@@ -179,7 +187,7 @@ class Compactor:
         """What an overflow answer teaches: the request's true size, the window."""
         if overflow.tokens:
             self.budget.sent(chars, overflow.tokens)
-        if self.policy.window is None and context_window(self._model_name()) is None:
+        if self.policy.window is None:  # the provider knows its window better than a table
             guess = overflow.limit or int(self.budget.tokens(chars) * 0.9)
             self.learned = min(self.learned or guess, guess)
 
