@@ -229,3 +229,28 @@ def test_provider_overflow_answers_are_recognised_whatever_the_wording() -> None
 def test_a_bad_policy_is_refused_in_one_line(bad: dict[str, Any]) -> None:
     with pytest.raises(InvalidOption, match="ContextPolicy"):
         ContextPolicy(**bad)
+
+
+async def test_a_user_function_compacts_and_pinned_messages_stay(store: Store) -> None:
+    asked: list[int] = []
+
+    async def compact(old: list[dict[str, Any]]) -> str:
+        asked.append(len(old))
+        return f"My own summary: last step {last_step_in(json.dumps(old))}."
+
+    def pinned(m: Any) -> bool:
+        return m.get("role") == "tool" and m.get("content", "").startswith("page 2:")
+
+    model = WindowedModel(ScriptedModel(long_task_script(30)), window=6_000)
+    agent = agent_with(model, window=6_000, compact=compact, pinned=pinned, elide_over=100_000)
+    task, view = await run(store, agent)
+    assert task.status is TaskStatus.COMPLETED, task.error
+    assert asked and model.refused == 0
+    texts = [m.content or "" for m in view]
+    assert any(t.startswith("[Summary of rounds") and "My own summary" in t for t in texts)
+    # Pinned: kept however old, as text (a result without its call is refused by providers).
+    assert any(t.startswith("[Pinned tool result]\npage 2:") for t in texts)
+    called: set[str] = set()
+    for m in view:  # every result in the view answers a call the view holds
+        called |= {c.id for c in getattr(m, "tool_calls", None) or ()}
+        assert m.role != "tool" or m.tool_call_id in called

@@ -388,8 +388,10 @@ class _Plan:
         for i, it in enumerate(cut):
             m = it.message
             keep_first = first and i == 0 and policy.keep_first_user and m.get("role") == "user"
-            if keep_first or (policy.pinned is not None and policy.pinned(m)):
+            if keep_first:
                 kept.append(m)
+            elif policy.pinned is not None and policy.pinned(m):
+                kept.append(_standalone(m))
             else:
                 old.append(m)
         return cls(policy, kept, old, cut[-1].seq, from_round, to_round)
@@ -419,6 +421,24 @@ class _Plan:
 
     def head_chars(self) -> int:
         return sum(message_chars(m) for m in self._head)
+
+
+def _standalone(m: dict[str, Any]) -> dict[str, Any]:
+    """A pinned message as one that stands without its round (whose other messages
+    are summarised): a tool result without its call, or a call without its result,
+    is refused by the providers, so they are kept as text."""
+    if m.get("role") == "tool":
+        return {"role": "user", "content": f"[Pinned tool result]\n{m.get('content') or ''}"}
+    if m.get("role") == "assistant" and m.get("tool_calls"):
+        calls = "; ".join(
+            f"{c['function']['name']}({c['function'].get('arguments', '')})"
+            for c in m["tool_calls"]
+        )
+        return {
+            "role": "assistant",
+            "content": f"{m.get('content') or ''}\n[Called: {calls}]".strip(),
+        }
+    return m
 
 
 def _elidable(m: Mapping[str, Any], over: int) -> bool:
