@@ -239,7 +239,7 @@ async def test_a_user_function_compacts_and_pinned_messages_stay(store: Store) -
         return f"My own summary: last step {last_step_in(json.dumps(old))}."
 
     def pinned(m: Any) -> bool:
-        return m.get("role") == "tool" and m.get("content", "").startswith("page 2:")
+        return m.get("role") == "tool" and str(m.get("content", "")).startswith("page 2:")
 
     model = WindowedModel(ScriptedModel(long_task_script(30)), window=6_000)
     agent = agent_with(model, window=6_000, compact=compact, pinned=pinned, elide_over=100_000)
