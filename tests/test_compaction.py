@@ -184,6 +184,16 @@ async def test_compaction_off_leaves_an_overflow_to_fail_the_task(store: Store) 
     task, _view = await run(store, agent_with(model, enabled=False))
     assert task.status is TaskStatus.FAILED
     assert "prompt is too long" in (task.error or "")
+    assert "compaction is off" in (task.error or "")
+
+
+async def test_a_window_set_too_large_is_corrected_by_the_provider(store: Store) -> None:
+    # The agent says 100,000 tokens; the provider refuses past 3,000: each refusal
+    # compacts as far as it takes, and the task finishes.
+    model = WindowedModel(ScriptedModel(long_task_script(30)), window=3_000)
+    task, _view = await run(store, agent_with(model, window=100_000))
+    assert task.status is TaskStatus.COMPLETED, task.error
+    assert model.refused >= 1
 
 
 async def test_a_fork_before_a_compaction_sees_the_whole_view(store: Store) -> None:

@@ -110,6 +110,7 @@ class Compactor:
         self.budget = Budget(self.policy, len(agent.instructions) + len(json.dumps(tools)))
         self.learned: int | None = None  # a window a provider's overflow answer told
         self._known: tuple[str | None, int | None] = (None, None)  # model name, its window
+        self._overflow_round, self._overflows = 0, 0  # refusals of one round in a row
 
     # --- the budget ---
 
@@ -142,9 +143,9 @@ class Compactor:
         After an `overflow` that compaction cannot cure: ContextOverflow saying why.
         """
         p = self.policy
+        if overflow is not None:
+            self._overflowed(overflow, r)
         if not p.enabled:
-            if overflow is not None:
-                raise overflow
             return None
         if overflow is None and self.window() is None:
             return None  # no window known (yet): the provider's answer will tell
@@ -182,6 +183,28 @@ class Compactor:
         await self._commit(plan, r, "overflow" if overflow else "threshold", tokens, after, usage)
         await self.trace("compacted", how=plan.how, to_round=plan.to_round)
         return WorkingView(await self.commits.store.model_view_data(self.commits.task.id))
+
+    def _overflowed(self, overflow: ContextOverflow, r: int) -> None:
+        """Raise, saying what to change, when compacting is no cure for an overflow:
+        compaction is off, or the provider refused round `r` again and again."""
+        if not self.policy.enabled:
+            raise ContextOverflow(
+                f"{overflow}; compaction is off (Agent(context=ContextPolicy(enabled=False))): "
+                "turn it on, or use a model with a larger window",
+                tokens=overflow.tokens,
+                limit=overflow.limit,
+            ) from overflow
+        self._overflows = self._overflows + 1 if self._overflow_round == r else 1
+        self._overflow_round = r
+        if self._overflows > 3:
+            raise ContextOverflow(
+                f"{overflow}; the view was compacted {self._overflows - 1} times for round {r} "
+                "and the provider still refuses it as too long: set "
+                "Agent(context=ContextPolicy(window=...)) to the model's real window, or lower "
+                "its threshold and target",
+                tokens=overflow.tokens,
+                limit=overflow.limit,
+            ) from overflow
 
     def _learn(self, chars: int, overflow: ContextOverflow) -> None:
         """What an overflow answer teaches: the request's true size, the window."""
@@ -294,6 +317,15 @@ class Compactor:
                 async for event in model.stream(request):
                     assembler.add(event)
                 break
+            except ContextOverflow as exc:  # the summariser's own window is smaller
+                attempt += 1
+                if attempt > 3:
+                    raise ModelError(f"the summariser failed: {exc}") from exc
+                cap //= 2
+                request.messages = [
+                    request.messages[0],
+                    UserMessage(content=transcript(old, p.elide_over // 2, cap)),
+                ]
             except ModelError as exc:
                 attempt += 1
                 if not exc.retryable or attempt > retry.max_retries:

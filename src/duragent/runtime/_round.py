@@ -248,7 +248,7 @@ class Rounds:
 
     async def _ask_model(self, rnd: OpenRound) -> Response | None:
         """Stream the model with retries; None if a control request stopped it."""
-        r, attempt, overflows = rnd.number, 0, 0
+        r, attempt = rnd.number, 0
         while True:
             try:
                 async with self.controls.interruptible():
@@ -257,9 +257,6 @@ class Rounds:
                 return None
             except ContextOverflow as exc:
                 # Compacted and asked again; a compaction that cannot cure it raises.
-                overflows += 1
-                if overflows > 3:
-                    raise
                 compacted = await self.compactor.fit(self.view, r, exc)
                 if compacted is None:
                     return None  # stopped by a control request
