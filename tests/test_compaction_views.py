@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import httpx
@@ -52,3 +53,10 @@ def test_show_marks_the_compactions_with_their_summary(tmp_path: Path) -> None:
     assert "compaction: rounds 1–" in out and "summarised" in out
     assert "Read the pages; last page" in out  # the summary, visible
     assert "Rounds 1-" in out and "summarised to fit the context window" in out  # the notice
+    # Export holds every entry: each result whole, and the compactions.
+    result = CliRunner().invoke(app, ["export", tid, "--store", url])
+    assert result.exit_code == 0, result.output
+    entries = json.loads(result.output)["entries"]
+    results = [e["payload"]["content"] for e in entries if e["kind"] == "tool_result"]
+    assert len(results) == 12 and all(len(r) > 2_000 for r in results)
+    assert any(e["kind"] == "compaction" for e in entries)
