@@ -16,6 +16,7 @@ from duragent import (
     ContextPolicy,
     InvalidOption,
     Limits,
+    ModelError,
     Runtime,
     ScriptedModel,
     Store,
@@ -264,3 +265,30 @@ async def test_a_user_function_compacts_and_pinned_messages_stay(store: Store) -
     for m in view:  # every result in the view answers a call the view holds
         called |= {c.id for c in getattr(m, "tool_calls", None) or ()}
         assert m.role != "tool" or m.tool_call_id in called
+
+
+class FailingOnce:
+    """A summariser whose first call fails (a refused request), the rest answer."""
+
+    name = "summariser"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        self.calls += 1
+        if self.calls == 1:
+            raise ModelError("the summariser's provider refused the request")
+        text = f"Fetched pages; last step {last_step_in(request.messages[1].content)}."
+        async for event in ScriptedModel([text]).stream(ModelRequest(model="s", messages=[])):
+            yield event
+
+
+async def test_a_failed_summary_before_any_overflow_does_not_fail_the_task(store: Store) -> None:
+    summariser = FailingOnce()
+    model = WindowedModel(ScriptedModel(long_task_script(30)), window=6_000)
+    agent = agent_with(model, window=6_000, summarizer=summariser, elide_over=100_000)
+    task, _view = await run(store, agent)
+    assert task.status is TaskStatus.COMPLETED, task.error
+    assert summariser.calls >= 2 and model.refused == 0
+    assert await store.entries(task.id, kinds=[EntryKind.COMPACTION])

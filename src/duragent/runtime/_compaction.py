@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -38,6 +39,8 @@ from duragent.runtime._control import Controls, Interrupted
 from duragent.runtime._log import notice
 from duragent.store._views import view_start
 from duragent.types import EntryKind, NewEntry, SystemMessage, Usage, UserMessage
+
+log = logging.getLogger(__name__)
 
 # Marks a summary in the view, and a tool result shortened by elision.
 SUMMARY_TAG = "[Summary of rounds {a}-{b}, compacted to fit the context window]"
@@ -176,6 +179,12 @@ class Compactor:
                 async with self.controls.interruptible():
                     summary, usage = await self._summarise(plan.old, plan, window)
             except Interrupted:
+                return None
+            except ModelError as exc:
+                if overflow is not None:
+                    raise
+                # Not too long yet: the request goes as it is, and the next round tries again.
+                log.warning("task %s: compaction skipped: %s", self.commits.task.id, exc)
                 return None
             plan.finish(summary)
             await self.trace("compaction_summarised", to_round=plan.to_round)
