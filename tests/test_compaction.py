@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from collections.abc import AsyncIterator, Sequence
+from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +30,7 @@ from duragent import (
 from duragent.llm._base import ModelRequest, StreamEvent, UsageDelta
 from duragent.llm._windows import context_window, is_overflow, overflow_numbers
 from duragent.runtime._context_policy import SUMMARY_PROMPT
+from duragent.store import open_store
 from duragent.types import EntryKind
 
 SIZE = 3_000  # characters of each tool result
@@ -292,3 +296,35 @@ async def test_a_failed_summary_before_any_overflow_does_not_fail_the_task(store
     assert task.status is TaskStatus.COMPLETED, task.error
     assert summariser.calls >= 2 and model.refused == 0
     assert await store.entries(task.id, kinds=[EntryKind.COMPACTION])
+
+
+async def test_a_compacted_view_is_read_from_the_last_compaction_on(tmp_path: Path) -> None:
+    """Resume stays flat: entries before the last compaction are never read for the view.
+
+    Shown by making them unreadable after the task ended: rollback markers whose
+    payload is not JSON, which a view built from them would have to parse."""
+    url = f"sqlite:///{tmp_path}/flat.db"
+    store = open_store(url)
+    await store.open()
+    try:
+        model = WindowedModel(ScriptedModel(long_task_script(40)), window=6_000)
+        task, view = await run(store, agent_with(model, window=6_000))
+        assert task.status is TaskStatus.COMPLETED, task.error
+        upto = (await store.entries(task.id, kinds=[EntryKind.COMPACTION]))[-1].payload["upto"]
+    finally:
+        await store.close()
+    with closing(sqlite3.connect(f"{tmp_path}/flat.db")) as db, db:
+        (num,) = db.execute("SELECT num FROM tasks WHERE id = ?", (task.id,)).fetchone()
+        first = num << 32  # an entry's key: its task's number, then its seq
+        db.execute(
+            "UPDATE entries SET kind = 6, payload = 'not json' WHERE eid BETWEEN ? AND ?",
+            (first, first + upto),
+        )
+    store = open_store(url)
+    await store.open()
+    try:
+        assert await store.model_view(task.id) == view
+        with pytest.raises(ValueError):  # what a read of those entries meets
+            await store.entries(task.id)
+    finally:
+        await store.close()
