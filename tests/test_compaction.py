@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import closing
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from conftest import PG_URL, drop_schema, require_postgres
 from duragent import (
     Agent,
     ContextOverflow,
@@ -298,12 +300,19 @@ async def test_a_failed_summary_before_any_overflow_does_not_fail_the_task(store
     assert await store.entries(task.id, kinds=[EntryKind.COMPACTION])
 
 
-async def test_a_compacted_view_is_read_from_the_last_compaction_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_compacted_view_is_read_from_the_last_compaction_on(
+    tmp_path: Path, kind: str
+) -> None:
     """Resume stays flat: entries before the last compaction are never read for the view.
 
     Shown by making them unreadable after the task ended: rollback markers whose
     payload is not JSON, which a view built from them would have to parse."""
-    url = f"sqlite:///{tmp_path}/flat.db"
+    schema = f"flat_{uuid.uuid4().hex[:10]}"
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path}/flat.db"
+    else:
+        url = f"{require_postgres()}?schema={schema}"
     store = open_store(url)
     await store.open()
     try:
@@ -313,13 +322,21 @@ async def test_a_compacted_view_is_read_from_the_last_compaction_on(tmp_path: Pa
         upto = (await store.entries(task.id, kinds=[EntryKind.COMPACTION]))[-1].payload["upto"]
     finally:
         await store.close()
-    with closing(sqlite3.connect(f"{tmp_path}/flat.db")) as db, db:
-        (num,) = db.execute("SELECT num FROM tasks WHERE id = ?", (task.id,)).fetchone()
-        first = num << 32  # an entry's key: its task's number, then its seq
-        db.execute(
-            "UPDATE entries SET kind = 6, payload = 'not json' WHERE eid BETWEEN ? AND ?",
-            (first, first + upto),
-        )
+    spoil = "UPDATE entries SET kind = {k}, payload = 'not json' WHERE eid BETWEEN {a} AND {b}"
+    if kind == "sqlite":
+        with closing(sqlite3.connect(f"{tmp_path}/flat.db")) as db, db:
+            (num,) = db.execute("SELECT num FROM tasks WHERE id = ?", (task.id,)).fetchone()
+            first = num << 32  # an entry's key: its task's number, then its seq
+            db.execute(spoil.format(k=6, a=first, b=first + upto))
+    else:
+        import psycopg
+
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f"SET search_path TO {schema}")
+            row = conn.execute("SELECT num FROM tasks WHERE id = %s", (task.id,)).fetchone()
+            assert row is not None
+            first = row[0] << 32
+            conn.execute(spoil.format(k="'rollback'", a=first, b=first + upto))
     store = open_store(url)
     await store.open()
     try:
@@ -328,3 +345,5 @@ async def test_a_compacted_view_is_read_from_the_last_compaction_on(tmp_path: Pa
             await store.entries(task.id)
     finally:
         await store.close()
+        if kind == "postgres":
+            drop_schema(schema)
