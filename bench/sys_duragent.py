@@ -467,6 +467,26 @@ async def commit_cpu(config: str, workdir: str, commits: int) -> Any:
     return await once(config, commits, workdir)
 
 
+async def compaction(config: str, workdir: str, rounds: int, window: int) -> Any:
+    """One task through a `window`-token window and the same task without one
+    (bench/compaction.py): ms per round and resume, from the same run."""
+    from bench.compaction import one
+
+    url, schema = store_url(config, workdir)
+    try:
+        windowed = await one(url, rounds, window)
+    finally:
+        if schema is not None:
+            drop_schema(schema)
+    url, schema = store_url(config, os.path.join(workdir, "whole"))
+    os.makedirs(os.path.join(workdir, "whole"), exist_ok=True)
+    try:
+        return {"windowed": windowed, "whole": await one(url, rounds, None)}
+    finally:
+        if schema is not None:
+            drop_schema(schema)
+
+
 def run(workload: str, params: dict[str, Any]) -> Any:
     workloads: dict[str, Callable[..., Coroutine[Any, Any, Any]]] = {
         "rounds": rounds,
@@ -474,6 +494,7 @@ def run(workload: str, params: dict[str, Any]) -> Any:
         "resume": resume,
         "concurrent": concurrent,
         "streaming": streaming,
+        "compaction": compaction,
     }
     fn = workloads[workload]
     # `repeats` of a rounds run = tasks in this process; resume has its own repeats.

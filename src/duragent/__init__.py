@@ -5,6 +5,7 @@ from __future__ import annotations
 from duragent.errors import (
     CommitOutcomeUnknown,
     Conflict,
+    ContextOverflow,
     ControlPending,
     DuplicateRequest,
     DuragentError,
@@ -66,6 +67,7 @@ from duragent.runtime import (
     tool,
 )
 from duragent.runtime._callbacks import TaskCallbacks
+from duragent.runtime._context_policy import ContextPolicy
 from duragent.runtime._schedules import Schedule
 from duragent.runtime._sessions import Session, SessionSummary
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
@@ -97,6 +99,8 @@ __all__ = [
     "Commit",
     "CommitOutcomeUnknown",
     "Conflict",
+    "ContextOverflow",
+    "ContextPolicy",
     "ControlPending",
     "Decision",
     "Document",

@@ -87,6 +87,27 @@ class RollbackPayload(TypedDict):
     reason: NotRequired[str]
 
 
+class CompactionPayload(TypedDict):
+    """`compaction`: the model's view of every entry with seq <= `upto` is `head`.
+
+    The last compaction of a log wins; its head is what stands, in the model's
+    view, for everything before it (earlier compactions included). Nothing is
+    deleted: the page, history, export and forks read the entries themselves.
+    """
+
+    upto: int
+    head: list[ApiPayload]
+    how: str  # "elided" (large tool results shortened), "summarised", "custom"
+    from_round: int  # the rounds the head stands for
+    to_round: int
+    kept: NotRequired[int]  # the head's first messages kept verbatim (the first user message)
+    summary: NotRequired[str]
+    elided: NotRequired[int]  # how many tool results were shortened
+    reason: NotRequired[str]  # "threshold" or "overflow"
+    tokens_before: NotRequired[int]  # the estimates the decision was made on
+    tokens_after: NotRequired[int]
+
+
 StatusPayload = TypedDict(
     "StatusPayload",
     {
@@ -245,6 +266,10 @@ def progress_of(entry: Entry | NewEntry) -> ProgressPayload:
 
 def rollback_of(entry: Entry | NewEntry) -> RollbackPayload:
     return cast(RollbackPayload, entry.payload)
+
+
+def compaction_of(entry: Entry | NewEntry) -> CompactionPayload:
+    return cast(CompactionPayload, entry.payload)
 
 
 def status_of(entry: Entry | NewEntry) -> StatusPayload:

@@ -46,7 +46,8 @@ these at the boundary and never escape raw.
     │       └── CommitOutcomeUnknown
     ├── ModelError
     │   ├── RetryableModelError
-    │   └── MalformedModelOutput
+    │   ├── MalformedModelOutput
+    │   └── ContextOverflow
     ├── StepFailed
     ├── ToolArgumentError (ValueError)
     └── MCPServerError
@@ -436,6 +437,21 @@ class RetryableModelError(ModelError):
     """A provider failure worth asking again (rate limit, overload, a dropped connection)."""
 
     retryable = True
+
+
+class ContextOverflow(ModelError):
+    """The provider refused the request as longer than the model's context window.
+
+    Not retried as it is: the runtime compacts the task's view and asks again
+    (runtime/_compaction.py). `tokens` and `limit` when the provider said them.
+    """
+
+    def __init__(
+        self, message: str, *, tokens: int | None = None, limit: int | None = None
+    ) -> None:
+        self.tokens = tokens
+        self.limit = limit
+        super().__init__(message)
 
 
 class MalformedModelOutput(ModelError):

@@ -221,6 +221,9 @@ class EntryKind(StrEnum):
     ROLLBACK = "rollback"
     STATUS = "status"
     CHECKPOINT = "checkpoint"
+    # The model's view of entries up to a seq replaced by a shorter head (a summary,
+    # large tool results elided): runtime/_compaction.py; the entries stay stored.
+    COMPACTION = "compaction"
 
 
 # Entries whose payload is an API message and so part of the model's view.

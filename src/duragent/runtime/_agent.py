@@ -10,6 +10,7 @@ from typing import Any
 from duragent.errors import InvalidOption, check_count, check_delay
 from duragent.llm import ChatModel, resolve_model
 from duragent.runtime._builtin import ask_user, update_plan
+from duragent.runtime._context_policy import ContextPolicy
 from duragent.runtime._deadlines import deadline_at
 from duragent.runtime._guardrails import Guardrail, named_guardrails
 from duragent.runtime._inbox import MultitaskStrategy, check_strategy
@@ -100,6 +101,7 @@ _OPTIONS: dict[str, type] = {
     "timing": Timing,
     "model_retry": RetryPolicy,
     "builtin_tools": BuiltinTools,
+    "context": ContextPolicy,
 }
 
 
@@ -142,6 +144,8 @@ class Agent:
     # answer, each verdict committed (runtime/_guardrails.py).
     input_guardrails: Sequence[Guardrail] = ()
     output_guardrails: Sequence[Guardrail] = ()
+    # How the task's view is kept inside the model's context window (compaction).
+    context: ContextPolicy = field(default_factory=ContextPolicy)
 
     def __post_init__(self) -> None:
         for name, kind in _OPTIONS.items():

@@ -208,6 +208,11 @@ class Commits:
         if row.version >= self.task.version:  # a message may have moved it further
             self.took(row)
 
+    async def caught_up(self) -> None:
+        """Wait until every commit asked for so far has landed (the one queued behind)."""
+        async with self._lock:
+            await self._caught_up()
+
     async def _caught_up(self) -> None:
         """Wait for the commit queued behind; its failure is this runner's failure."""
         pending = self._behind

@@ -18,12 +18,13 @@ from datetime import datetime
 from typing import Any
 
 from duragent._payloads import IntentPayload, stored
-from duragent.errors import Conflict, ModelError
+from duragent.errors import Conflict, ContextOverflow, ModelError
 from duragent.llm._base import ModelRequest, Response, ResponseAssembler, TextDelta
 from duragent.llm._messages import WorkingView
 from duragent.runtime._agent import Agent
 from duragent.runtime._checks import Checks
 from duragent.runtime._commits import Commits
+from duragent.runtime._compaction import Compactor
 from duragent.runtime._control import Control, Controls, Interrupted
 from duragent.runtime._ending import Ending
 from duragent.runtime._inbox import delivery, due
@@ -84,6 +85,7 @@ class Rounds:
         self.round: OpenRound | None = None
         self._tool_progress_at: dict[str, float] = {}
         self.checks = Checks(self)  # guardrails and the output schema
+        self.compactor = Compactor(agent, commits, controls, self.trace_point)
 
     # --- what a tool call sees (CallHost) ---
 
@@ -171,6 +173,9 @@ class Rounds:
         await self.trace_point("round_start")
         if r == 1 and self.agent.input_checks and not await self.checks.check_input():
             return  # a guardrail failed the task
+        compacted = await self.compactor.fit(self.view, r)  # committed before it is used
+        if compacted is not None:
+            self.view = compacted
         response = await self._ask_model(rnd)
         if response is None:  # stopped by a control request while streaming
             await self.ending.stop(self.controls.current or Control("pause"), rnd=rnd)
@@ -263,6 +268,13 @@ class Rounds:
                     return await self._stream_once(rnd)
             except Interrupted:
                 return None
+            except ContextOverflow as exc:
+                # Compacted and asked again; a compaction that cannot cure it raises.
+                compacted = await self.compactor.fit(self.view, r, exc)
+                if compacted is None:
+                    return None  # stopped by a control request
+                self.view = compacted
+                continue
             except ModelError as exc:
                 if not exc.retryable:
                     raise
@@ -312,6 +324,7 @@ class Rounds:
                     await self._commit_progress(rnd, "".join(pending))
                     pending, last = [], now
         response = assembler.response(call_id_prefix=f"call_{r}")
+        self.compactor.sent(self.view, response.usage.input_tokens)
         await self.trace_point("model_end", usage=response.usage, finish=response.finish)
         return response
 
