@@ -13,10 +13,12 @@ psycopg's documented API instead: _postgres_message.py). What it does:
   message, a guarded UPDATE (one that must match exactly one row) wrapped so
   that matching no row divides by zero, which aborts the transaction on the
   server: the rest of the message, the `COMMIT` with it, is skipped;
-- reads the answer with psycopg's internal generator `psycopg.generators.execute`,
-  either blocking under the connection's internal `lock` (`exchange`) or on
-  an event loop's reader callbacks (`Flight`), and turns a failed result into
-  psycopg's error with the internal `psycopg.errors.error_from_result`.
+- queues the message on libpq (`Connection.pgconn.send_query`, psycopg's
+  documented low-level wrapper) and reads the answer with psycopg's internal
+  generator `psycopg.generators.execute`: blocking, under the connection's
+  internal `lock` and `wait` (`exchange`), or on an event loop's reader
+  callbacks, `psycopg.waiting`'s states (`Flight`); a failed result becomes
+  psycopg's error through the internal `psycopg.errors.error_from_result`.
 
 Preconditions (`refusal` checks them when a connection is set up; the store
 refuses to open otherwise):
