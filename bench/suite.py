@@ -66,6 +66,14 @@ ROUND_SYSTEMS: tuple[System, ...] = (
         "PostgreSQL",
         baseline="duragent/memory",
     ),
+    System(
+        "duragent/postgres-psycopg",
+        "duragent",
+        "postgres-psycopg",
+        "duragent",
+        "PostgreSQL, psycopg's documented API (?wire=psycopg)",
+        baseline="duragent/memory",
+    ),
     System("langgraph/none", "langgraph", "none", "LangGraph", "no checkpointer (no persistence)"),
     System(
         "langgraph/memory",

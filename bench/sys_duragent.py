@@ -54,10 +54,11 @@ from duragent.types import (
     UserMessage,
 )
 
-# sqlite-normal / sqlite-full / postgres / memory: the store URLs a config names;
+# sqlite-normal / sqlite-full / postgres / memory: the store URLs a config names
+# (postgres-psycopg: the PostgreSQL store on psycopg's documented API, `?wire=psycopg`);
 # "none": the same model and tool driven by a bare loop, nothing persisted and no
 # runtime (the shape of LangGraph's no-checkpointer row).
-CONFIGS = ("none", "memory", "sqlite-normal", "sqlite-full", "postgres")
+CONFIGS = ("none", "memory", "sqlite-normal", "sqlite-full", "postgres", "postgres-psycopg")
 
 
 def store_url(config: str, workdir: str) -> tuple[str, str | None]:
@@ -68,9 +69,10 @@ def store_url(config: str, workdir: str) -> tuple[str, str | None]:
         return f"sqlite:///{workdir}/duragent.db", None
     if config == "sqlite-full":
         return f"sqlite:///{workdir}/duragent.db?durability=full", None
-    if config == "postgres":
+    if config in ("postgres", "postgres-psycopg"):
         schema = new_schema("bench_duragent")
-        return f"{PG_URL}?schema={schema}", schema
+        wire = "&wire=psycopg" if config == "postgres-psycopg" else ""
+        return f"{PG_URL}?schema={schema}{wire}", schema
     raise ValueError(f"unknown duragent config {config!r}")
 
 
