@@ -60,6 +60,14 @@ class BlockReason(StrEnum):
     PINNED = "pinned"  # the worker's agent would break the task's pin (runtime/_pins.py)
 
 
+class FailReason(StrEnum):
+    """Why a task failed, where the runtime says (status_reason of a failed task)."""
+
+    DEADLINE = "deadline"  # its wall-clock limit passed (runtime/_ending.py)
+    GUARDRAIL = "guardrail"  # a guardrail tripped with action "fail" (runtime/_checks.py)
+    OUTPUT_INVALID = "output_invalid"  # the answer never matched output_type (runtime/_checks.py)
+
+
 _S = TaskStatus
 # Which status may follow which. Every status change in every store goes
 # through check_transition; nothing else decides this.

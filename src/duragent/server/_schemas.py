@@ -63,6 +63,8 @@ StatusReason = Literal[
     "incompatible_store",
     "pinned",
     "deadline",
+    "guardrail",
+    "output_invalid",
 ]
 StatusReasonName = Annotated[
     StatusReason,
@@ -70,7 +72,8 @@ StatusReasonName = Annotated[
         StatusReason,
         "StatusReason",
         "Why a task waits (input, timer, subtask), is blocked (restart_limit, "
-        "missing_definition, incompatible_store, pinned) or failed (deadline).",
+        "missing_definition, incompatible_store, pinned) or failed (deadline, guardrail, "
+        "output_invalid).",
     ),
 ]
 
