@@ -1,0 +1,170 @@
+"""Failover of the database server under running workers (issue 40 item 4).
+
+Each test makes its own pair of PostgreSQL clusters on free ports (bench/pg_pair.py):
+a primary and a streaming standby, the store's URL naming both hosts with
+`target_session_attrs=read-write`, so libpq finds whichever is writable. The
+primary is stopped as a crash would stop it (`-m immediate`) while worker
+processes run tasks with never-replay tools, and the standby is promoted. The
+5432 cluster the other tests share is never touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from bench import pg_pair
+
+from conftest import IN_CI
+from duragent import Runtime, TaskStatus
+from duragent.types import EntryKind
+from support.workerlib import HERE, WorkerProc, ledger_lines, one_result_per_call
+from worker_agents import AGENTS
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+
+def _pair(sync: bool, upstream: int | None = None) -> Iterator[pg_pair.Pair]:
+    reason = pg_pair.missing()
+    if reason is not None:
+        if IN_CI:
+            pytest.fail(f"CI must run the failover tests: {reason}")
+        pytest.skip(reason)
+    with pg_pair.pair(sync=sync, upstream=upstream) as made:
+        yield made
+
+
+@pytest.fixture
+def sync_pair() -> Iterator[pg_pair.Pair]:
+    """A primary and its synchronous standby, dropped at the end whatever happened."""
+    yield from _pair(sync=True)
+
+
+class ChildWorker(WorkerProc):
+    """tests/failover_worker.py: a worker that writes down every commit acknowledged to it."""
+
+    def __init__(self, url: str, acks: Path, *, poll: float = 0.5, **env: str) -> None:
+        self.acks = acks
+        self.proc = subprocess.Popen(
+            [
+                *(sys.executable, str(HERE / "failover_worker.py"), url, str(acks)),
+                *("--poll", str(poll), "--ttl", "3", "--concurrency", "8"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                **os.environ,
+                "PYTHONPATH": f"{HERE}:{os.environ.get('PYTHONPATH', '')}",
+                "PYTHONUNBUFFERED": "1",
+                **env,
+            },
+        )
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._threads = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, self.out), daemon=True),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, self.err), daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+
+@pytest.fixture
+def children() -> Iterator[list[ChildWorker]]:
+    procs: list[ChildWorker] = []
+    yield procs
+    for p in procs:
+        p.stop()
+        print(f"--- worker {p.pid} stderr:", *p.err[-40:], sep="\n")
+
+
+def acks_of(workers: list[ChildWorker]) -> list[tuple[float, str, int, str]]:
+    """Every entry a worker was told is committed: (when, task, seq, kind)."""
+    out = []
+    for w in workers:
+        for line in ledger_lines(w.acks):
+            when, task_id, seq, kind = line.split()
+            out.append((float(when), task_id, int(seq), kind))
+    return out
+
+
+async def until(condition: object, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
+        await asyncio.sleep(0.02)
+
+
+TASKS = 24
+
+
+async def test_sync_failover_under_running_workers_completes_every_task_and_loses_nothing(
+    sync_pair: pg_pair.Pair, children: list[ChildWorker], tmp_path: Path
+) -> None:
+    """Synchronous replication: every commit a worker was told of is on the standby
+    before the answer, so the promoted standby has all of them; the workers'
+    connections (pool, lease thread, LISTEN) find the new primary on their own."""
+    url = sync_pair.url(schema="fo")
+    ledger, release = tmp_path / "ledger.txt", tmp_path / "release"
+    async with Runtime(url, agents=AGENTS, run_worker=False) as rt:
+        ids = [(await rt.submit("sleeper", f"task {i}")).task_id for i in range(TASKS)]
+        # Each worker holds its first `nap` until after the failover (a tool surely
+        # mid-run across it); the others run, commit and start more meanwhile.
+        for n in range(2):
+            children.append(
+                ChildWorker(
+                    url,
+                    tmp_path / f"acks-{n}.txt",
+                    poll=600,
+                    LEDGER=str(ledger),
+                    HOLD="nap",
+                    HOLD_ONCE="1",
+                    HOLD_UNTIL=str(release),
+                )
+            )
+        for w in children:
+            await w.wait_output("AT nap")
+        await until(
+            lambda: sum(line.startswith("start nap ") for line in ledger_lines(ledger)) >= 6,
+            "tools running",
+        )
+        promote = sync_pair.fail_over()
+        release.touch()
+        tasks = [await rt.wait(task_id, timeout=120) for task_id in ids]
+        for task in tasks:
+            assert task.status is TaskStatus.COMPLETED, (task.id, task.status, task.error)
+            await one_result_per_call(rt, task.id)
+        # 0 acknowledged commits lost: each entry a worker was told of is stored, as told.
+        acks = acks_of(children)
+        stored: dict[tuple[str, int], str] = {}
+        for task_id in ids:
+            for e in await rt.store.entries(task_id):
+                stored[(task_id, e.seq)] = e.kind.value
+            done = await rt.store.entries(task_id, kinds=[EntryKind.STATUS])
+            assert sum(e.payload["to"] == "completed" for e in done) == 1
+        lost = [(t, s, k) for _, t, s, k in acks if stored.get((t, s)) != k]
+        assert acks and not lost, f"acknowledged but not on the new primary: {lost[:10]}"
+        # 0 duplicate runs of a never-replay tool.
+        starts = Counter(
+            line.split()[2] for line in ledger_lines(ledger) if line.startswith("start nap ")
+        )
+        assert len(starts) == TASKS and max(starts.values()) == 1, starts
+        # Their LISTEN connections found the new primary: with a poll interval of
+        # 600 s, only a notification wakes an idle worker for a new task.
+        late = await rt.submit("chat", "after the failover")
+        assert (await rt.wait(late.task_id, timeout=60)).status is TaskStatus.COMPLETED
+        assert sync_pair.promoted_at is not None
+        first = min(when for when, *_ in acks if when > sync_pair.promoted_at)
+        print(
+            f"promotion took {promote * 1000:.0f} ms; first acknowledged commit "
+            f"{(first - sync_pair.promoted_at) * 1000:.0f} ms after it began"
+        )
