@@ -26,6 +26,7 @@ from bench import pg_pair
 from conftest import IN_CI
 from duragent import Runtime, TaskStatus
 from duragent.types import EntryKind
+from support.pgproxy import Forwarder, forwarder
 from support.workerlib import HERE, WorkerProc, ledger_lines, one_result_per_call
 from worker_agents import AGENTS
 
@@ -168,3 +169,88 @@ async def test_sync_failover_under_running_workers_completes_every_task_and_lose
             f"promotion took {promote * 1000:.0f} ms; first acknowledged commit "
             f"{(first - sync_pair.promoted_at) * 1000:.0f} ms after it began"
         )
+
+
+@pytest.fixture
+def async_pair() -> Iterator[tuple[pg_pair.Pair, Forwarder]]:
+    """A primary and its asynchronous standby, which streams through a forwarder
+    the test can cut: commits made after the cut reach the primary only."""
+    reason = pg_pair.missing()
+    if reason is not None:
+        if IN_CI:
+            pytest.fail(f"CI must run the failover tests: {reason}")
+        pytest.skip(reason)
+    made = pg_pair.Pair(sync=False)
+    try:
+        with forwarder("127.0.0.1", made.primary.port) as link:
+            made.upstream = link.port
+            yield made.create(), link
+    finally:
+        made.drop()
+
+
+def replayed_all(made: pg_pair.Pair) -> bool:
+    """Whether the standby has replayed everything the primary has written so far."""
+    with made.primary.connect() as primary, made.standby.connect() as standby:
+        written = primary.execute("SELECT pg_current_wal_lsn()").fetchone()
+        assert written is not None
+        row = standby.execute("SELECT pg_last_wal_replay_lsn() >= %s", (written[0],)).fetchone()
+        return bool(row and row[0])
+
+
+async def test_async_failover_that_loses_acknowledged_commits_blocks_the_task_never_reruns(
+    async_pair: tuple[pg_pair.Pair, Forwarder], children: list[ChildWorker], tmp_path: Path
+) -> None:
+    """Asynchronous replication: commits the primary acknowledged after the
+    standby stopped receiving are gone once it is promoted. Here they are the
+    first nap's result and the second nap's intent, made while that nap runs;
+    the promoted standby still has the first nap's intent and nothing after.
+    Run on from that log, the second nap would run again (the model asked again
+    gives the same call). The worker that was told of the lost commits finds the
+    store's log behind them (a commit, the hand-back or its next claim of the
+    task) and blocks the task(lost_commits) instead: each nap ran once."""
+    made, link = async_pair
+    url = made.url(schema="fo")
+    ledger, release = tmp_path / "ledger.txt", tmp_path / "release"
+    async with Runtime(url, agents=AGENTS, run_worker=False) as rt:
+        sub = await rt.submit("twonaps", "nap twice")
+        worker = ChildWorker(
+            url,
+            tmp_path / "acks.txt",
+            LEDGER=str(ledger),
+            HOLD="nap",
+            HOLD_ONCE="1",
+            HOLD_UNTIL=str(release),
+            NAP2_SECONDS="2",
+        )
+        children.append(worker)
+        await worker.wait_output("AT nap")  # its intent is committed: the first nap runs
+        await until(lambda: replayed_all(made), "the standby has the first nap's intent")
+        link.cut()  # from here on, the standby receives nothing
+        release.touch()
+
+        def naps() -> Counter[str]:
+            return Counter(
+                line.split()[2] for line in ledger_lines(ledger) if line.startswith("start nap ")
+            )
+
+        await until(lambda: len(naps()) == 2, "the second nap runs")
+        made.fail_over()
+        task = await rt.wait(
+            sub.task_id,
+            timeout=120,
+            until=lambda t: t.status.terminal or t.status is TaskStatus.BLOCKED,
+        )
+        assert task.status is TaskStatus.BLOCKED, (task.status, task.error, worker.err[-20:])
+        assert task.status_reason == "lost_commits"
+        assert task.error is not None and "lost commits" in task.error
+        # The failover did lose entries the worker had been told are stored.
+        stored = {e.seq: e.kind.value for e in await rt.store.entries(sub.task_id)}
+        acked = [(s, k) for _, t, s, k in acks_of(children) if t == sub.task_id]
+        assert [(s, k) for s, k in acked if stored.get(s) != k], (acked, stored)
+        # Not run again from the shorter log, by this worker or any other.
+        children.append(ChildWorker(url, tmp_path / "acks-2.txt", LEDGER=str(ledger)))
+        await children[-1].wait_output("READY")
+        again = await rt.get(sub.task_id)
+        assert again.status is TaskStatus.BLOCKED
+    assert sorted(naps().values()) == [1, 1], naps()
