@@ -198,8 +198,21 @@ def replayed_all(made: pg_pair.Pair) -> bool:
         return bool(row and row[0])
 
 
+def stale_lease_over(made: pg_pair.Pair, task_id: str) -> bool:
+    """Whether the task's lease, as the standby has it, has ended by the standby's clock."""
+    with made.standby.connect("test") as standby:
+        row = standby.execute(
+            "SELECT lease_expires < now() FROM fo.tasks WHERE id = %s", (task_id,)
+        ).fetchone()
+        return bool(row and row[0])
+
+
+@pytest.mark.parametrize("stale_lease", ["live", "over"])
 async def test_async_failover_that_loses_acknowledged_commits_blocks_the_task_never_reruns(
-    async_pair: tuple[pg_pair.Pair, Forwarder], children: list[ChildWorker], tmp_path: Path
+    async_pair: tuple[pg_pair.Pair, Forwarder],
+    children: list[ChildWorker],
+    tmp_path: Path,
+    stale_lease: str,
 ) -> None:
     """Asynchronous replication: commits the primary acknowledged after the
     standby stopped receiving are gone once it is promoted. Here they are the
@@ -208,7 +221,10 @@ async def test_async_failover_that_loses_acknowledged_commits_blocks_the_task_ne
     Run on from that log, the second nap would run again (the model asked again
     gives the same call). The worker that was told of the lost commits finds the
     store's log behind them (a commit, the hand-back or its next claim of the
-    task) and blocks the task(lost_commits) instead: each nap ran once."""
+    task) and blocks the task(lost_commits) instead: each nap ran once.
+    `over`: the promoted standby's copy of the lease has ended, so the task is
+    claimable at once there, and is claimed again (by its worker, the only one).
+    """
     made, link = async_pair
     url = made.url(schema="fo")
     ledger, release = tmp_path / "ledger.txt", tmp_path / "release"
@@ -221,7 +237,7 @@ async def test_async_failover_that_loses_acknowledged_commits_blocks_the_task_ne
             HOLD="nap",
             HOLD_ONCE="1",
             HOLD_UNTIL=str(release),
-            NAP2_SECONDS="2",
+            NAP2_SECONDS="2" if stale_lease == "live" else "8",
         )
         children.append(worker)
         await worker.wait_output("AT nap")  # its intent is committed: the first nap runs
@@ -235,6 +251,8 @@ async def test_async_failover_that_loses_acknowledged_commits_blocks_the_task_ne
             )
 
         await until(lambda: len(naps()) == 2, "the second nap runs")
+        if stale_lease == "over":
+            await until(lambda: stale_lease_over(made, sub.task_id), "the standby's lease is over")
         made.fail_over()
         task = await rt.wait(
             sub.task_id,
