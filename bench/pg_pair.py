@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -47,9 +48,17 @@ def versions() -> list[str]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on, below the ephemeral range (32768 and up), so that
+    no connection's own end, or a proxy bound to port 0, takes it before the
+    cluster does."""
+    while True:
+        port = random.randrange(20_000, 32_000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def _run(*cmd: str) -> str:
@@ -111,11 +120,17 @@ class Pair:
         s.data.parent.mkdir(parents=True, exist_ok=True)
         _run("install", "-d", "-o", "postgres", "-g", "postgres", "-m", "700", str(s.data))
         upstream = self.upstream or p.port
-        _run(
-            *("su", "postgres", "-c"),
+        backup = (
             f"pg_basebackup -D {s.data} -h 127.0.0.1 -p {upstream} -U postgres -R"
-            f" -X stream -c fast -d 'application_name={s.name}'",
+            f" -X stream -c fast -d 'application_name={s.name}'"
         )
+        for attempt in range(3):  # it empties the directory again when it fails
+            try:
+                _run("su", "postgres", "-c", backup)
+                break
+            except RuntimeError:
+                if attempt == 2:
+                    raise
         # pg_createcluster adopts an existing data directory that holds its configuration.
         for name in ("postgresql.conf", "pg_hba.conf", "pg_ident.conf"):
             _run(
