@@ -207,29 +207,44 @@ def stale_lease_over(made: pg_pair.Pair, task_id: str) -> bool:
         return bool(row and row[0])
 
 
-@pytest.mark.parametrize("stale_lease", ["live", "over"])
+@pytest.mark.parametrize("lost", ["second-nap", "second-nap-lease-over", "claim"])
 async def test_async_failover_that_loses_acknowledged_commits_blocks_the_task_never_reruns(
     async_pair: tuple[pg_pair.Pair, Forwarder],
     children: list[ChildWorker],
     tmp_path: Path,
-    stale_lease: str,
+    lost: str,
 ) -> None:
     """Asynchronous replication: commits the primary acknowledged after the
-    standby stopped receiving are gone once it is promoted. Here they are the
-    first nap's result and the second nap's intent, made while that nap runs;
-    the promoted standby still has the first nap's intent and nothing after.
-    Run on from that log, the second nap would run again (the model asked again
-    gives the same call). The worker that was told of the lost commits finds the
-    store's log behind them (a commit, the hand-back or its next claim of the
-    task) and blocks the task(lost_commits) instead: each nap ran once.
-    `over`: the promoted standby's copy of the lease has ended, so the task is
-    claimable at once there, and is claimed again (by its worker, the only one).
+    standby stopped receiving are gone once it is promoted. Run on from the
+    shorter log, a never-replay tool whose intent was lost would run again (the
+    model, asked again, gives the same call). The worker that was told of the
+    lost commits finds the store's log behind them and blocks the
+    task(lost_commits) instead: no nap runs twice.
+
+    `second-nap`: lost are the first nap's result and the second nap's intent,
+    made while the second nap runs (found by the runner's next commit, or its
+    hand-back). `second-nap-lease-over`: the same, once the promoted standby's
+    copy of the lease has ended (the task is claimable there at once).
+    `claim`: lost are the worker's claim and the first nap's intent, made while
+    that nap runs; the promoted standby has the task pending, so the renewal
+    finds the lease gone and the worker claims the task again (the epoch it had
+    is the one the new claim gets): found by the worker, which remembers what
+    its runner of the task was told (`TaskRunner(acked=)`).
     """
     made, link = async_pair
     url = made.url(schema="fo")
     ledger, release = tmp_path / "ledger.txt", tmp_path / "release"
+
+    def naps() -> Counter[str]:
+        return Counter(
+            line.split()[2] for line in ledger_lines(ledger) if line.startswith("start nap ")
+        )
+
     async with Runtime(url, agents=AGENTS, run_worker=False) as rt:
         sub = await rt.submit("twonaps", "nap twice")
+        if lost == "claim":
+            await until(lambda: replayed_all(made), "the standby has the task")
+            link.cut()  # from here on, the standby receives nothing
         worker = ChildWorker(
             url,
             tmp_path / "acks.txt",
@@ -237,21 +252,16 @@ async def test_async_failover_that_loses_acknowledged_commits_blocks_the_task_ne
             HOLD="nap",
             HOLD_ONCE="1",
             HOLD_UNTIL=str(release),
-            NAP2_SECONDS="2" if stale_lease == "live" else "8",
+            NAP2_SECONDS="2" if lost == "second-nap" else "8",
         )
         children.append(worker)
         await worker.wait_output("AT nap")  # its intent is committed: the first nap runs
-        await until(lambda: replayed_all(made), "the standby has the first nap's intent")
-        link.cut()  # from here on, the standby receives nothing
-        release.touch()
-
-        def naps() -> Counter[str]:
-            return Counter(
-                line.split()[2] for line in ledger_lines(ledger) if line.startswith("start nap ")
-            )
-
-        await until(lambda: len(naps()) == 2, "the second nap runs")
-        if stale_lease == "over":
+        if lost != "claim":
+            await until(lambda: replayed_all(made), "the standby has the first nap's intent")
+            link.cut()
+            release.touch()
+            await until(lambda: len(naps()) == 2, "the second nap runs")
+        if lost == "second-nap-lease-over":
             await until(lambda: stale_lease_over(made, sub.task_id), "the standby's lease is over")
         made.fail_over()
         task = await rt.wait(
@@ -259,6 +269,7 @@ async def test_async_failover_that_loses_acknowledged_commits_blocks_the_task_ne
             timeout=120,
             until=lambda t: t.status.terminal or t.status is TaskStatus.BLOCKED,
         )
+        release.touch()
         assert task.status is TaskStatus.BLOCKED, (task.status, task.error, worker.err[-20:])
         assert task.status_reason == "lost_commits"
         assert task.error is not None and "lost commits" in task.error
@@ -266,9 +277,5 @@ async def test_async_failover_that_loses_acknowledged_commits_blocks_the_task_ne
         stored = {e.seq: e.kind.value for e in await rt.store.entries(sub.task_id)}
         acked = [(s, k) for _, t, s, k in acks_of(children) if t == sub.task_id]
         assert [(s, k) for s, k in acked if stored.get(s) != k], (acked, stored)
-        # Not run again from the shorter log, by this worker or any other.
-        children.append(ChildWorker(url, tmp_path / "acks-2.txt", LEDGER=str(ledger)))
-        await children[-1].wait_output("READY")
-        again = await rt.get(sub.task_id)
-        assert again.status is TaskStatus.BLOCKED
-    assert sorted(naps().values()) == [1, 1], naps()
+    assert naps() and max(naps().values()) == 1, naps()
+    assert len(naps()) == (1 if lost == "claim" else 2)
