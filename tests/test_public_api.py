@@ -84,6 +84,7 @@ _EXAMPLES: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
     "MissingExtra": (("the postgresql:// store", "postgres"), {}),
     "MissingCredential": (("OpenAI", "OPENAI_API_KEY"), {}),
     "StaleLease": (("t-1", 3, 4), {}),
+    "LostCommits": (("t-1", 3, 7), {}),
     "StoreVersionError": (("the store", 9, 3), {}),
     "StoreFull": (("/tmp/x.db", 0, "ENOSPC"), {}),
     "StoreNotFound": (("/no/such/dir", "create it first"), {}),

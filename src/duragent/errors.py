@@ -36,6 +36,7 @@ these at the boundary and never escape raw.
     ├── IncompatibleEntry
     ├── StoreError
     │   ├── StaleLease
+    │   ├── LostCommits
     │   ├── Conflict
     │   ├── StoreVersionError
     │   ├── StoreLocked
@@ -344,6 +345,24 @@ class IncompatibleEntry(DuragentError):
 
 class StoreError(DuragentError):
     """The store could not do what was asked."""
+
+
+class LostCommits(StoreError):
+    """The store holds a task behind what it told this writer was committed: commits
+    it acknowledged are gone (the database failed over to a replica that had not
+    received them: asynchronous replication). Nothing was written; the runner
+    blocks the task(lost_commits) rather than run it again from the shorter log
+    (docs/architecture.md, "Failover of the database server")."""
+
+    def __init__(self, task_id: str, stored: int, acknowledged: int) -> None:
+        self.task_id = task_id
+        self.stored = stored
+        self.acknowledged = acknowledged
+        super().__init__(
+            f"task {task_id!r}: the store's log ends at entry {stored}, but entries up to "
+            f"{acknowledged} had been committed and acknowledged: the store lost commits "
+            "(a failover to a replica that had not received them?)"
+        )
 
 
 class StaleLease(StoreError):

@@ -58,6 +58,7 @@ class BlockReason(StrEnum):
     MISSING_DEFINITION = "missing_definition"
     INCOMPATIBLE_STORE = "incompatible_store"
     PINNED = "pinned"  # the worker's agent would break the task's pin (runtime/_pins.py)
+    LOST_COMMITS = "lost_commits"  # the store lost commits it had acknowledged (a failover)
 
 
 class FailReason(StrEnum):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from duragent._payloads import rollback_marker, status_of
+from duragent.errors import LostCommits
 from duragent.llm._messages import WorkingView
 from duragent.runtime._ending import Ending
 from duragent.runtime._log import RoundState, notice, read_round
@@ -35,6 +36,8 @@ class Recovery:
 
     async def start(self) -> None:
         t = self.commits.task
+        if t.last_seq < self.commits.acked:  # this worker had been told of more
+            raise LostCommits(t.id, t.last_seq, self.commits.acked)
         entries = await self.store.entries(t.id, after_seq=t.round_seq)
         self._report_claim(entries)
         if t.restarts > self.agent.limits.max_restarts:

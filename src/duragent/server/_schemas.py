@@ -62,6 +62,7 @@ StatusReason = Literal[
     "missing_definition",
     "incompatible_store",
     "pinned",
+    "lost_commits",
     "deadline",
     "guardrail",
     "output_invalid",
@@ -72,7 +73,7 @@ StatusReasonName = Annotated[
         StatusReason,
         "StatusReason",
         "Why a task waits (input, timer, subtask), is blocked (restart_limit, "
-        "missing_definition, incompatible_store, pinned) or failed (deadline, guardrail, "
+        "missing_definition, incompatible_store, pinned, lost_commits) or failed (deadline, guardrail, "
         "output_invalid).",
     ),
 ]

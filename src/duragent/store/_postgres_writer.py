@@ -29,7 +29,7 @@ from psycopg.pq import TransactionStatus
 from duragent.errors import CommitOutcomeUnknown, StoreUnavailable
 from duragent.store._commits import mark_failed
 from duragent.store._group_commit import GroupCommit, Job, Outcome
-from duragent.store._postgres_landed import LostInFlight, landed_in
+from duragent.store._postgres_landed import LostInFlight, landed_in, server_of
 from duragent.store._postgres_message import (
     PREPARED_GONE,
     StaleRow,
@@ -249,7 +249,7 @@ class PgWriter(GroupCommit[PgTx, Changes]):
             self.put_back(batch)
             return False
         statements, outcomes, txs = plan
-        pid, sent_at = conn.info.backend_pid, datetime.now(UTC)
+        pid, sent_at, server = conn.info.backend_pid, datetime.now(UTC), server_of(conn)
 
         def landed(error: Exception | None) -> None:
             self._flight = None
@@ -259,7 +259,7 @@ class PgWriter(GroupCommit[PgTx, Changes]):
                 self.landed_here(loop, batch, outcomes, _changes(txs))
                 return
             if isinstance(error, psycopg.Error) and self.lost(error):
-                lost = LostInFlight(outcomes, txs, pid, sent_at)
+                lost = LostInFlight(outcomes, txs, pid, sent_at, server)
                 lost.__cause__ = error
                 error = lost
             self._held = conn  # for the thread's attempt, which hands it back to the pool
@@ -318,7 +318,9 @@ class PgWriter(GroupCommit[PgTx, Changes]):
                 # The whole transaction went as one message, COMMIT included, and
                 # the connection broke before its answer: look whether it landed.
                 self.rows.clear()
-                landed = landed_in(self.pool, flight.txs, flight.backend_pid, flight.sent_at)
+                landed = landed_in(
+                    self.pool, flight.txs, flight.backend_pid, flight.sent_at, flight.server
+                )
                 if landed:
                     outcomes, txs = flight.outcomes, flight.txs
                 elif landed is False and tries.attempt <= self.retries:
@@ -452,12 +454,12 @@ class PgWriter(GroupCommit[PgTx, Changes]):
         outcomes, txs = run.outcomes, run.txs
         queued = run.queued + run.deferred.statements() + notifications(self.namespace, txs)
         if not sent:
-            pid, sent_at = conn.info.backend_pid, datetime.now(UTC)
+            pid, sent_at, server = conn.info.backend_pid, datetime.now(UTC), server_of(conn)
             try:
                 send_and_commit(conn, queued)
             except psycopg.Error as exc:
                 if self.lost(exc):
-                    raise LostInFlight(outcomes, txs, pid, sent_at) from exc
+                    raise LostInFlight(outcomes, txs, pid, sent_at, server) from exc
                 raise
             return outcomes, txs, True
         send(conn, queued)
