@@ -30,16 +30,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import platform
-import socket
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -184,7 +185,9 @@ def _worker(url: str, args: argparse.Namespace) -> subprocess.Popen[bytes]:
         cmd += ["--concurrency", str(args.concurrency)]
     if args.lease_ttl is not None:
         cmd += ["--lease-ttl", str(args.lease_ttl)]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    logs = os.environ.get("BENCH_WORKER_LOG")  # a file the workers' stderr goes to
+    err = open(logs, "ab") if logs else subprocess.DEVNULL  # noqa: SIM115
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
 
 
 def _progress(schema: str) -> dict[str, Any]:
@@ -212,7 +215,12 @@ def _via(url: str, port: int) -> str:
     return urlunsplit(parts._replace(netloc=f"{netloc[0]}@{where}" if len(netloc) > 1 else where))
 
 
-def run_once(level: str, args: argparse.Namespace, port: int | None) -> Run:
+def run_once(
+    level: str,
+    args: argparse.Namespace,
+    port: int | None,
+    on_started: Callable[[], None] | None = None,
+) -> Run:
     from psycopg import sql
 
     from duragent.store._postgres import PostgresStore
@@ -230,6 +238,8 @@ def run_once(level: str, args: argparse.Namespace, port: int | None) -> Run:
                 raise RuntimeError("the workers did not start listening")
             time.sleep(0.05)
         load = os.getloadavg()[0]
+        if on_started is not None:
+            on_started()
         asyncio.run(_submit_all(url, args.tasks))
         deadline = time.monotonic() + args.timeout
         while True:
@@ -240,6 +250,8 @@ def run_once(level: str, args: argparse.Namespace, port: int | None) -> Run:
                 break
             time.sleep(0.1)
         seconds = (state["last"] - state["first"]).total_seconds()
+        if os.environ.get("BENCH_TIMELINE"):
+            _timeline(schema)
         return Run(
             level, args.tasks, state["done"], state["rounds"], seconds, state["restarts"], load
         )
@@ -253,6 +265,28 @@ def run_once(level: str, args: argparse.Namespace, port: int | None) -> Run:
                 p.kill()
         with _admin() as conn:
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+def _timeline(schema: str) -> None:
+    """Where a task's time went (debugging aid): gaps between its entries' stamps."""
+    from psycopg import sql
+
+    with _admin() as conn:
+        rows = conn.execute(
+            sql.SQL("SELECT task_num, created_at FROM {}.entry_rows ORDER BY task_num, seq").format(
+                sql.Identifier(schema)
+            )
+        ).fetchall()
+    by: dict[int, list[Any]] = {}
+    for r in rows:
+        by.setdefault(r["task_num"], []).append(r["created_at"])
+    t0 = min(v[0] for v in by.values())
+    for num, stamps in sorted(by.items())[:: max(1, len(by) // 8)]:
+        gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(stamps)]
+        print(
+            f"#     task {num}: starts +{(stamps[0] - t0).total_seconds():.2f}s, gaps "
+            + " ".join(f"{g:.2f}" for g in gaps)
+        )
 
 
 # --- the table -----------------------------------------------------------------------

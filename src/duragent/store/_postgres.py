@@ -48,6 +48,7 @@ from duragent.store._postgres_bounds import (
     bounded_conninfo,
     session_setup,
 )
+from duragent.store._postgres_claims import PgClaims
 from duragent.store._postgres_connect import (
     CONNECTION_OPTIONS,
     POOL_NAME,
@@ -85,19 +86,12 @@ from duragent.store._tx import TxWrites
 from duragent.store._views import build_ui_view, parse_messages, view_data
 from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UIMessage, utcnow
 
-__all__ = [
-    "CHANNEL",
-    "MIGRATIONS",
-    "WORK_CHANNEL",
-    "PostgresStore",
-    "lock_key",
-    "migrate",
-]
+__all__ = ["CHANNEL", "MIGRATIONS", "WORK_CHANNEL", "PostgresStore", "lock_key", "migrate"]
 
 _T = TypeVar("_T")
 
 
-class PostgresStore(TxWrites):
+class PostgresStore(PgClaims, TxWrites):
     """`PostgresStore("postgresql://user@host/db", schema=None, max_size=10)`.
 
     Nothing is connected until `open()` (or `async with store:`), which
@@ -248,6 +242,7 @@ class PostgresStore(TxWrites):
         if self._listener is not None:
             await self._listener.stop()
             self._listener = None
+        await asyncio.to_thread(self.close_claims)  # before the pool: its claim lands
         await asyncio.to_thread(self._pool.close)
         leases, self._leases = self._leases, None
         if leases is not None:

@@ -30,6 +30,7 @@ from psycopg.pq import TransactionStatus
 from duragent.errors import CommitOutcomeUnknown, StoreUnavailable
 from duragent.store._commits import mark_failed
 from duragent.store._group_commit import GroupCommit, Job, Outcome
+from duragent.store._postgres_copies import refresh_copies
 from duragent.store._postgres_flight import Flight
 from duragent.store._postgres_landed import LostInFlight, landed_in
 from duragent.store._postgres_message import (
@@ -100,6 +101,7 @@ class _Tries:
     cached: bool = True  # jobs run on this process's copies of their rows
     reprepared: bool = False  # the prepared statements were made again once
     committing: bool = False  # COMMIT was sent on its own, its answer not read
+    refreshed: bool = False  # the copies of the rows were read again once
 
 
 class PgWriter(GroupCommit[PgTx, Changes]):
@@ -337,6 +339,9 @@ class PgWriter(GroupCommit[PgTx, Changes]):
                     return [(False, self._unknown())] * len(batch), None
             except StaleRow:
                 self.rereads += 1
+                if tries.cached and not tries.refreshed and self._refresh():
+                    tries.refreshed = True  # again on fresh copies (_postgres_copies.py)
+                    continue
                 self.rows.clear()
                 tries.cached = False  # again, reading every row under its lock
                 continue
@@ -370,6 +375,14 @@ class PgWriter(GroupCommit[PgTx, Changes]):
                         conn.execute("ROLLBACK")
                 raise
         return outcomes, txs
+
+    def _refresh(self) -> bool:
+        """Read this process's copies of its rows again (_postgres_copies.py)."""
+        try:
+            with self._connection() as conn:
+                return refresh_copies(conn, self.rows)
+        except psycopg.Error:
+            return False
 
     def _after_error(self, exc: psycopg.Error, tries: _Tries) -> BaseException | None:
         """What failed attempt `exc` ends in: the error every job gets, or None to try again."""
