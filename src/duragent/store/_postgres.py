@@ -242,7 +242,7 @@ class PostgresStore(PgClaims, TxWrites):
         if self._listener is not None:
             await self._listener.stop()
             self._listener = None
-        await asyncio.to_thread(self.close_claims)  # before the pool: its claim lands
+        await asyncio.to_thread(self.close_threads)  # before the pool: their work lands
         await asyncio.to_thread(self._pool.close)
         leases, self._leases = self._leases, None
         if leases is not None:
@@ -331,7 +331,10 @@ class PostgresStore(PgClaims, TxWrites):
 
     async def _read(self, job: Callable[[Conn], _T]) -> _T:
         self._check_opened()
-        result, _ = await asyncio.to_thread(self._execute, job, False)
+        readers = self.readers()  # as many threads as pooled connections (_postgres_claims.py)
+        result, _ = await asyncio.get_running_loop().run_in_executor(
+            readers, self._execute, job, False
+        )
         return result
 
     async def _write(self, job: Callable[[PgTx], _T]) -> _T:

@@ -85,7 +85,8 @@ def claim_on(tx: ClaimTx, claim: Callable[[PgTx], list[Task]]) -> list[Task]:
 
 
 class PgClaims:
-    """PostgresStore's claims (see the module's docstring)."""
+    """PostgresStore's claims (see the module's docstring), and the threads its
+    reads run on."""
 
     if TYPE_CHECKING:
         _pool: psycopg_pool.ConnectionPool[Conn]
@@ -93,11 +94,13 @@ class PgClaims:
         _where: str
         namespace: str
         retries: int
+        _max_size: int
 
         def _check_opened(self) -> None: ...
         def _committed(self, loop: asyncio.AbstractEventLoop, work: bool) -> None: ...
 
     _claims: ThreadPoolExecutor | None = None
+    _readers: ThreadPoolExecutor | None = None
 
     async def claim_tasks(
         self,
@@ -130,11 +133,21 @@ class PgClaims:
             self._committed(loop, tx.work)
         return claimed
 
-    def close_claims(self) -> None:
-        """At the store's close: the claims' thread, after the claim it runs."""
-        claims, self._claims = self._claims, None
-        if claims is not None:
-            claims.shutdown(wait=True)
+    def readers(self) -> ThreadPoolExecutor:
+        """The threads reads run on: as many as the pool has connections. (asyncio's
+        default executor has cpu_count + 4: on a slow link, the reads of thirty
+        tasks starting at once queued for a handful of threads, each holding
+        one for a round trip, while pooled connections sat idle.)"""
+        if self._readers is None:
+            self._readers = ThreadPoolExecutor(self._max_size, thread_name_prefix="duragent-reads")
+        return self._readers
+
+    def close_threads(self) -> None:
+        """At the store's close: the claims' and reads' threads, after what they run."""
+        for pool in (self._claims, self._readers):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._claims = self._readers = None
 
     def _claim(self, job: Callable[[PgTx], list[Task]]) -> tuple[list[Task], ClaimTx]:
         """`claim_on` a pooled connection, retried as PostgresStore._execute retries."""
