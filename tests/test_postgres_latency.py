@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
@@ -26,11 +26,11 @@ pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-def counter() -> AsyncIterator[TurnCounter]:
+def counter() -> Iterator[TurnCounter]:
     require_postgres()
     parts = urlsplit(PG_URL)
     with turn_counter(parts.hostname or "127.0.0.1", parts.port or 5432) as c:
-        yield c  # type: ignore[misc]
+        yield c
 
 
 def _note(task_id: str, text: str) -> NewEntry:
