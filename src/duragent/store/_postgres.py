@@ -428,6 +428,7 @@ class PostgresStore(PgClaims, TxWrites):
             # than `sent`: once ttl has gone by here, the lease may be over.
             if loop.time() - sent < ttl:
                 kept.update(renewed)
+                self._writer.renewed(renewed)  # now: the next batch's guards match
             else:
                 lost |= set(renewed)
             lost |= gone
@@ -437,7 +438,6 @@ class PostgresStore(PgClaims, TxWrites):
             if not held or loop.time() >= give_up:
                 break
             await asyncio.sleep(0.005)
-        self._writer.renewed(kept)
         return LeaseRenewal(kept=kept, lost=lost)
 
     async def delete_task(self, task_id: str) -> None:

@@ -7,9 +7,12 @@ sent between the renewal's commit on the server and its answer here misses its
 guard. Run again reading every row under its lock, job by job, such a batch
 costs round trips in proportion to its jobs (a savepoint, a read, the writes):
 on a slow link, seconds for every heartbeat. Instead the copies are read again
-in one query and the batch runs once more on them, as one message; a copy is
-only ever a guess the guard checks, so a fresh one that is stale again merely
-sends the batch down the row-lock path after all.
+in one query and the batch runs again on them, as one message, up to three
+times (a renewal's second pass, for rows the failed batch held, can race the
+retry the same way); a copy is only ever a guess the guard checks, so a fresh
+one that is stale again merely sends the batch down the row-lock path after all.
+The renewal hands its rows to the writer after each of its passes, not once
+at its end, which keeps the window small.
 """
 
 from __future__ import annotations

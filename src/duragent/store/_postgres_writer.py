@@ -101,7 +101,7 @@ class _Tries:
     cached: bool = True  # jobs run on this process's copies of their rows
     reprepared: bool = False  # the prepared statements were made again once
     committing: bool = False  # COMMIT was sent on its own, its answer not read
-    refreshed: bool = False  # the copies of the rows were read again once
+    refreshed: int = 0  # times the copies of the rows were read again
 
 
 class PgWriter(GroupCommit[PgTx, Changes]):
@@ -339,8 +339,8 @@ class PgWriter(GroupCommit[PgTx, Changes]):
                     return [(False, self._unknown())] * len(batch), None
             except StaleRow:
                 self.rereads += 1
-                if tries.cached and not tries.refreshed and self._refresh():
-                    tries.refreshed = True  # again on fresh copies (_postgres_copies.py)
+                if tries.cached and tries.refreshed < 3 and self._refresh():
+                    tries.refreshed += 1  # again on fresh copies (_postgres_copies.py)
                     continue
                 self.rows.clear()
                 tries.cached = False  # again, reading every row under its lock
