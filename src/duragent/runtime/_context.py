@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from duragent.runtime._held import Held
 from duragent.runtime._host import TaskHost
 from duragent.runtime._steps import CallSteps, StepRecord
 from duragent.store._commits import DocumentWrite
@@ -150,6 +151,13 @@ class ToolContext:
         an "interrupted in step" result the model sees. Results must be JSON data.
         """
         return await self._steps.run(name, fn, args, kwargs, safe)
+
+    def held(self, scope: str) -> Held | None:
+        """Where a tool keeps what it opens for later calls (an MCP session): the
+        task's run's (`"task"`) or its worker's (`"worker"`); None where nothing
+        is kept (no worker, or its holder has closed)."""
+        holder = self._host.held if scope == "task" else self._host.worker_held
+        return None if holder is None or holder.closed else holder
 
     def wait_for_input(self, question: str) -> WaitForInput:
         return WaitForInput(question)

@@ -25,6 +25,7 @@ from duragent.runtime._agent import Agent
 from duragent.runtime._commits import Commits
 from duragent.runtime._control import Control, Controls, Interrupted
 from duragent.runtime._ending import Ending
+from duragent.runtime._held import Held
 from duragent.runtime._inbox import delivery, due
 from duragent.runtime._log import api_entry, notice
 from duragent.runtime._open_round import OpenRound
@@ -81,6 +82,8 @@ class Rounds:
         self.view = WorkingView()  # plain data; typed messages built when a model call reads them
         self.round: OpenRound | None = None
         self._tool_progress_at: dict[str, float] = {}
+        self.held = Held()  # closed when the runner's run ends (TaskRunner.run)
+        self.worker_held: Held | None = None
 
     # --- what a tool call sees (CallHost) ---
 
