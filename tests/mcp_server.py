@@ -62,6 +62,18 @@ def crash() -> str:
 
 
 @server.tool()
+def crash_once() -> str:
+    """Dies during its first call (the ledger has no run of it yet); answers after that."""
+    with open(LEDGER, "a+") as f:
+        f.seek(0)
+        ran = "crash_once" in f.read()
+    record(f"crash_once {os.getpid()}")
+    if not ran:
+        os._exit(1)
+    return "survived"
+
+
+@server.tool()
 def explode() -> str:
     """Always fails."""
     raise ValueError("the server refused")

@@ -176,3 +176,17 @@ async def test_a_call_the_server_died_in_is_not_sent_again_and_the_next_call_reo
     (first,), (second,) = counts([results[0]]), counts([results[2]])
     assert crashes == [f"crash {first[1]}"]
     assert second[0] == 1 and second[1] != first[1]
+
+
+async def test_a_replay_safe_call_the_server_died_in_is_sent_again_on_a_new_session(
+    tmp_path: Path,
+) -> None:
+    ledger = tmp_path / "l"
+    tools = mcp_tools(server_spec(ledger), replay="safe", only=["crash_once"])
+    model = ScriptedModel([[ToolCall("crash_once", {})], "Done."])
+    async with Runtime("memory://", agents=[Agent(name="m", model=model, tools=[tools])]) as rt:
+        task, results = await run_task(rt)
+    assert task.status is TaskStatus.COMPLETED
+    assert results[0]["outcome"] == "ok" and results[0]["content"] == "survived"
+    runs = ledger.read_text().splitlines()
+    assert len(runs) == 2 and runs[0].split()[1] != runs[1].split()[1]  # two processes
