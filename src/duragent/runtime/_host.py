@@ -40,6 +40,8 @@ class TaskHost(StepHost, Protocol):
 
     async def tool_progress(self, call_id: str, text: str) -> None: ...
 
+    async def tool_event(self, call_id: str, name: str, data: Any, n: int) -> None: ...
+
     @property
     def held(self) -> Held:
         """What the task's tools keep open until its run ends (runtime/_held.py)."""

@@ -44,6 +44,7 @@ from duragent.types import (
     UserMessage,
     utcnow,
 )
+from duragent.webhooks import custom_event
 
 # Called at named points of a round ("progress", "intents", "tool_start",
 # "result", "final", "step"), after what precedes them is committed, and around
@@ -112,6 +113,16 @@ class Rounds:
             task_id=task.id, kind=EntryKind.PROGRESS, round=task.iterations + 1, payload=payload
         )
         await self.commit([entry])
+
+    async def tool_event(self, call_id: str, name: str, data: Any, n: int) -> None:
+        """Commit the `n`-th custom event of call `call_id` (and its webhook event)."""
+        task = self.commits.task
+        payload = {"call_id": call_id, "event": name, "data": data, "n": n}
+        entry = NewEntry(
+            task_id=task.id, kind=EntryKind.PROGRESS, round=task.iterations + 1, payload=payload
+        )
+        await self.commit([entry], documents=custom_event(task, call_id, name, data))
+        await self.trace_point("tool_event", call_id=call_id, event=name, n=n)
 
     def called_at(self, call_id: str) -> datetime:
         """When call `call_id` of the open round was made (its intent committed)."""
