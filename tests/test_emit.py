@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -91,3 +92,27 @@ async def test_events_show_in_history_and_bad_ones_are_clear_errors() -> None:
     assert "an event name is a string of 1 to 100 characters" in errors[0]
     assert "its data must be JSON" in errors[1]
     assert "at most 16384" in errors[2]
+
+
+async def test_an_event_reaches_the_tasks_event_stream(tmp_path: Path) -> None:
+    import httpx
+
+    from duragent.server import TokenStore, create_app
+    from support.api import TOKENS, auth
+
+    @tool
+    async def work(ctx: ToolContext) -> str:
+        await ctx.emit("rows", {"count": 3})
+        return "ok"
+
+    agent = Agent(name="e", model=ScriptedModel([[ToolCall("work", {})], "Done."]), tools=[work])
+    async with Runtime(f"sqlite:///{tmp_path}/e.db", [agent]) as rt:
+        task = await (await rt.submit("e", "go", owner="alice")).wait(30)
+        app = create_app(rt, TokenStore.from_mapping(TOKENS))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
+            r = await c.get(f"/v1/tasks/{task.id}/events", headers=auth("alice"))
+    assert r.status_code == 200
+    frames = [f for f in r.text.split("\n\n") if "event: progress" in f]
+    payloads = [json.loads(f.split("data: ", 1)[1])["payload"] for f in frames]
+    assert payloads == [{"call_id": "call_0_0", "event": "rows", "data": {"count": 3}, "n": 1}]
