@@ -137,8 +137,22 @@ def fail_once(messages: list[object]) -> str | list[ToolCall]:
     return "Done after a retry."
 
 
+@tool(replay="safe")
+async def import_rows(path: str, ctx: ToolContext) -> str:
+    """Import a file's rows, telling each batch as a custom event."""
+    for batch in (1, 2):
+        await ctx.emit("batch_imported", {"path": path, "batch": batch})
+    return "2 batches"
+
+
 def agents() -> list[Agent]:
     return [
+        Agent(
+            name="importer",
+            model=ScriptedModel([[ToolCall("import_rows", {"path": "a.csv"})], "Imported."]),
+            tools=[import_rows],
+            builtin_tools=BuiltinTools(plan=False),
+        ),
         Agent(
             name="quick",
             model=ScriptedModel(["Hello from quick."]),
