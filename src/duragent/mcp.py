@@ -147,17 +147,22 @@ class MCPServer:
             try:
                 return await use(session.client)
             except BaseException as exc:
-                if _answered(exc) and session.usable():
+                lost = not session.usable()  # the server's side ended (before it is dropped)
+                if _answered(exc) and not lost:
                     raise  # the server answered with an error: the session is fine
                 # Gone, timed out or cancelled: the server's state is unknown.
                 await held.drop(self.key, session)
-                if attempt == 2 or not rerun or not isinstance(exc, Exception):
-                    if isinstance(exc, Exception) and not session.usable():
-                        raise MCPServerError(
-                            f"MCP server {self.spec!r} went away during the call ({_reason(exc)});"
-                            " it is not sent again (the tool is not replay-safe)"
-                        ) from exc
+                if not isinstance(exc, Exception):
                     raise
+                if rerun and attempt == 1:
+                    continue
+                if lost:
+                    why = "sent twice" if rerun else "not sent again: the tool is not replay-safe"
+                    raise MCPServerError(
+                        f"MCP server {self.spec!r} went away during the call ({_reason(exc)});"
+                        f" it was {why}"
+                    ) from exc
+                raise
         raise AssertionError("unreachable")  # pragma: no cover
 
 
