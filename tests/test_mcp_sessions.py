@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from duragent import Agent, BuiltinTools, Runtime, ScriptedModel, TaskStatus, To
 from duragent.mcp import MCPServer, Scope, mcp_tools
 from duragent.runtime._context import ToolContext
 from duragent.types import EntryKind, Task
+from support.crashlib import kill_at, spawn
 
 HERE = Path(__file__).parent
 pytestmark = pytest.mark.slow
@@ -190,3 +192,25 @@ async def test_a_replay_safe_call_the_server_died_in_is_sent_again_on_a_new_sess
     assert results[0]["outcome"] == "ok" and results[0]["content"] == "survived"
     runs = ledger.read_text().splitlines()
     assert len(runs) == 2 and runs[0].split()[1] != runs[1].split()[1]  # two processes
+
+
+def dead_or_zombie(pid: int) -> bool:
+    """Gone, or exited and waiting for its new parent (init) to reap it."""
+    try:
+        return "\tZ" in Path(f"/proc/{pid}/status").read_text().split("State:")[1][:4]
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def test_a_server_does_not_outlive_a_sigkilled_worker(tmp_path: Path) -> None:
+    line = kill_at(
+        spawn("mcp_worker_agent.py", f"sqlite:///{tmp_path}/w.db", str(tmp_path / "l")),
+        "AT hold",
+    )
+    assert line.split()[2] == "open", line
+    pid = int(line.split()[-1])
+    # The server reads the end of its stdin when its worker dies, and exits.
+    deadline = time.monotonic() + 30
+    while not dead_or_zombie(pid):
+        assert time.monotonic() < deadline, f"the MCP server {pid} outlived its worker"
+        time.sleep(0.05)
