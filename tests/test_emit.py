@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conftest import drop_schema, require_postgres
 from duragent import Agent, Runtime, ScriptedModel, ToolCall, ToolContext, tool
 from duragent.store import open_store
 from duragent.types import EntryKind
@@ -34,11 +37,21 @@ async def what_was_emitted(url: str) -> tuple[str, dict[str, Any], list[Any], li
         await store.close()
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """One store that the killed process and the one after it open."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/emit.db"
+        return
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    yield f"{require_postgres()}?schema={schema}"
+    drop_schema(schema)
+
+
 @pytest.mark.slow
 async def test_an_event_committed_before_a_sigkill_is_not_emitted_again_by_the_rerun(
-    tmp_path: Path,
+    url: str,
 ) -> None:
-    url = f"sqlite:///{tmp_path}/emit.db"
     kill_at(spawn("emit_agent.py", url, "after_emit", "safe"), "AT after_emit")
     out = finish(spawn("emit_agent.py", url, "none", "safe"))
     assert "DONE completed" in out
@@ -50,8 +63,7 @@ async def test_an_event_committed_before_a_sigkill_is_not_emitted_again_by_the_r
 
 
 @pytest.mark.slow
-async def test_an_event_of_an_interrupted_never_call_stays_once(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/emit.db"
+async def test_an_event_of_an_interrupted_never_call_stays_once(url: str) -> None:
     kill_at(spawn("emit_agent.py", url, "after_emit", "never"), "AT after_emit")
     out = finish(spawn("emit_agent.py", url, "none", "never"))
     assert "DONE completed" in out
