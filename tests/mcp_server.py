@@ -44,6 +44,35 @@ async def send(text: str, ctx: Context) -> str:
     return "sent"
 
 
+COUNTER = [0]
+
+
+@server.tool()
+def count() -> str:
+    """A counter kept by this process: how many times it was called, and the process id."""
+    COUNTER[0] += 1
+    return f"{COUNTER[0]} {os.getpid()}"
+
+
+@server.tool()
+def crash() -> str:
+    """The server process dies during the call (after recording that it ran)."""
+    record(f"crash {os.getpid()}")
+    os._exit(1)
+
+
+@server.tool()
+def crash_once() -> str:
+    """Dies during its first call (the ledger has no run of it yet); answers after that."""
+    with open(LEDGER, "a+") as f:
+        f.seek(0)
+        ran = "crash_once" in f.read()
+    record(f"crash_once {os.getpid()}")
+    if not ran:
+        os._exit(1)
+    return "survived"
+
+
 @server.tool()
 def explode() -> str:
     """Always fails."""

@@ -166,8 +166,22 @@ def read_pages(messages: list[Any]) -> Any:
     return "Read all 12 pages." if done >= 12 else [ToolCall("fetch_page", {"n": done + 1})]
 
 
+@tool(replay="safe")
+async def import_rows(path: str, ctx: ToolContext) -> str:
+    """Import a file's rows, telling each batch as a custom event."""
+    for batch in (1, 2):
+        await ctx.emit("batch_imported", {"path": path, "batch": batch})
+    return "2 batches"
+
+
 def agents() -> list[Agent]:
     return [
+        Agent(
+            name="importer",
+            model=ScriptedModel([[ToolCall("import_rows", {"path": "a.csv"})], "Imported."]),
+            tools=[import_rows],
+            builtin_tools=BuiltinTools(plan=False),
+        ),
         Agent(
             name="quick",
             model=ScriptedModel(["Hello from quick."]),

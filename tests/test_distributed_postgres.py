@@ -107,8 +107,13 @@ def backends(app: str) -> list[dict[str, Any]]:
         ).fetchall()
 
 
+def listens(query: str) -> list[str]:
+    """The LISTEN statements of a session's last message (its settings go with them)."""
+    return [s for s in query.split("; ") if s.startswith("LISTEN")]
+
+
 def listening(app: str) -> bool:
-    return any(b["query"].startswith("LISTEN") for b in backends(app))
+    return any(listens(b["query"]) for b in backends(app))
 
 
 def terminate(app: str) -> set[int]:
@@ -147,8 +152,8 @@ async def test_idle_worker_is_woken_by_notify_not_by_polling(
     await until(lambda: listening(worker.app), 30, "the worker LISTENs")
     # ...to the commits that can make work, and to control requests (pause/abort
     # of a task, rare), not to every commit in the cluster.
-    assert [b["query"] for b in backends(worker.app) if b["query"].startswith("LISTEN")] == [
-        'LISTEN "duragent_work"; LISTEN "duragent_control"'
+    assert [listens(b["query"]) for b in backends(worker.app) if listens(b["query"])] == [
+        ['LISTEN "duragent_work"', 'LISTEN "duragent_control"']
     ]
 
     def quiet_for_a_second() -> bool:

@@ -307,6 +307,7 @@ async def test_agents_lists_tools_and_replay_policies(client: httpx.AsyncClient)
         "flaky",
         "holder",
         "mailer",
+        "importer",
         "reader",
         "structured",
     }

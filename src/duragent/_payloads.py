@@ -72,10 +72,15 @@ class ApiPayload(TypedDict):
 
 
 class ProgressPayload(TypedDict, total=False):
-    """`progress`: streamed text of the model (no call id) or of a tool call."""
+    """`progress`: streamed text of the model (no call id) or of a tool call, or
+    a custom event a tool emitted (`ctx.emit`: `event`, `data`, and `n`, its
+    number among the call's events, which makes it once across re-runs)."""
 
     text: str
     call_id: str
+    event: str
+    data: Any
+    n: int
 
 
 class RollbackPayload(TypedDict):

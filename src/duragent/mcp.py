@@ -8,19 +8,29 @@ tool name. The call's idempotency key is sent in the request's `_meta`
 (`io.duragent/idempotency-key`) and, when the tool's input schema has an
 `idempotency_key` argument, as that argument (hidden from the model).
 
-Every call opens its own session (for `stdio:` that starts the server
-process), so no connection outlives a task's worker or crosses event loops.
+Sessions stay open between calls. With `scope="task"` (the default) each
+running task has one session per server, opened at its first call (for
+`stdio:` that starts the server process) and closed when the task's run ends:
+it finished, parked, or was handed back; a stateful server keeps its state
+across the calls of one run (not across a park or a crash: the next run opens
+a new session). `scope="worker"` shares one session per server among the
+tasks of a worker, closed when the worker stops: for stateless servers.
+`scope="call"` opens a session for every call. A session whose server went
+away (its process died, its connection dropped) is opened again at the next
+call; a call it cut off is reported as an error, and sent again on the new
+session only if its tool is replay-safe.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import shlex
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -29,11 +39,15 @@ from duragent.runtime._tools import Replay, Tool
 
 if TYPE_CHECKING:
     from duragent.runtime._context import ToolContext
+    from duragent.runtime._held import Held
 
 T = TypeVar("T")
 IDEMPOTENCY_ARG = "idempotency_key"
 IDEMPOTENCY_META = "io.duragent/idempotency-key"
 POLICIES = ("never", "safe", "resume")
+Scope = Literal["task", "worker", "call"]
+SCOPES = ("task", "worker", "call")
+log = logging.getLogger("duragent.mcp")
 
 
 class _AnyArgs(BaseModel):
@@ -42,11 +56,13 @@ class _AnyArgs(BaseModel):
 
 @dataclass(frozen=True)
 class MCPServer:
-    """Where a server is: `stdio:command args` or an http(s) streamable-HTTP URL."""
+    """Where a server is (`stdio:command args` or an http(s) streamable-HTTP URL)
+    and how long a session with it lives (`scope`, see the module's docstring)."""
 
     spec: str
     env: Mapping[str, str] | None = None
     timeout: float = 60.0
+    scope: Scope = "task"
 
     def __post_init__(self) -> None:
         if self.spec.startswith("stdio:"):
@@ -56,9 +72,17 @@ class MCPServer:
             raise UsageError(
                 f"an MCP server is 'stdio:command args' or an http(s):// URL, not {self.spec!r}"
             )
+        if self.scope not in SCOPES:
+            raise UsageError(f"scope must be 'task', 'worker' or 'call', not {self.scope!r}")
 
-    def connect(self) -> AbstractAsyncContextManager[Any]:
-        """An open, initialised ClientSession (an async context manager)."""
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """What its sessions are held under: one per server and environment."""
+        return ("mcp", self.spec, tuple(sorted((self.env or {}).items())))
+
+    def connect(self, on_end: Callable[[], None] | None = None) -> AbstractAsyncContextManager[Any]:
+        """An open, initialised ClientSession (an async context manager);
+        `on_end` is called when the server's side of it ends."""
         try:
             from mcp import ClientSession, StdioServerParameters, stdio_client
             from mcp.client.streamable_http import streamable_http_client
@@ -76,18 +100,35 @@ class MCPServer:
                 transport: Any = stdio_client(params)
             else:
                 transport = streamable_http_client(self.spec)
-            async with transport as (read, write), ClientSession(read, write) as s:
-                await s.initialize()
-                yield s
+            async with transport as (read, write):
+                watched = read if on_end is None else _Watched(read, on_end)
+                async with ClientSession(watched, write) as s:
+                    await s.initialize()
+                    yield s
 
         return session()
 
-    async def call(self, use: Callable[[Any], Awaitable[T]]) -> T:
-        """Run `use(session)` on a fresh session; lower errors become MCPServerError."""
+    async def call(
+        self,
+        use: Callable[[Any], Awaitable[T]],
+        ctx: ToolContext | None = None,
+        rerun: bool = False,
+    ) -> T:
+        """Run `use(session)`; lower errors become MCPServerError.
+
+        With a tool call's `ctx` the session is the one its task (or worker) holds
+        for this server, opened if it has none or the one it had ended. A call cut
+        off by a dropped connection is sent again on a new session only if `rerun`
+        (its tool is replay-safe); without `ctx`, or with scope "call", the call
+        has a session of its own.
+        """
+        held = None if ctx is None or self.scope == "call" else ctx.held(self.scope)
         try:
             async with asyncio.timeout(self.timeout):
-                async with self.connect() as session:
-                    return await use(session)
+                if held is None:
+                    async with self.connect() as session:
+                        return await use(session)
+                return await self._through(held, use, rerun)
         except (asyncio.CancelledError, MCPServerError, MissingExtra):
             raise
         except TimeoutError as exc:
@@ -97,6 +138,142 @@ class MCPServer:
             if not isinstance(exc, Exception):
                 raise
             raise MCPServerError(f"MCP server {self.spec!r} failed: {_reason(exc)}") from exc
+
+    async def _through(self, held: Held, use: Callable[[Any], Awaitable[T]], rerun: bool) -> T:
+        """`use` on the held session; one that failed under it is dropped (the next
+        call opens another) and, for a replay-safe tool, the call is sent once more."""
+        for attempt in (1, 2):
+            session = await held.get(self.key, lambda: _Session.open(self), _Session.usable)
+            try:
+                return await use(session.client)
+            except BaseException as exc:
+                lost = not session.usable()  # the server's side ended (before it is dropped)
+                if _answered(exc) and not lost:
+                    raise  # the server answered with an error: the session is fine
+                # Gone, timed out or cancelled: the server's state is unknown.
+                await held.drop(self.key, session)
+                if not isinstance(exc, Exception):
+                    raise
+                if rerun and attempt == 1:
+                    continue
+                if lost:
+                    why = "sent twice" if rerun else "not sent again: the tool is not replay-safe"
+                    raise MCPServerError(
+                        f"MCP server {self.spec!r} went away during the call ({_reason(exc)});"
+                        f" it was {why}"
+                    ) from exc
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _answered(exc: BaseException) -> bool:
+    """An error the server sent back (the session still works), not a lost connection."""
+    try:
+        from mcp.shared.exceptions import MCPError
+        from mcp.types import CONNECTION_CLOSED
+    except ImportError:  # pragma: no cover - the SDK raised it, so it is there
+        return False
+    return isinstance(exc, MCPError) and exc.code != CONNECTION_CLOSED
+
+
+class _Session:
+    """One open session, entered and left by a task of its own (anyio's task
+    groups must be left by the task that entered them), so calls from any task
+    may share it. It ends when closed or when the server's side ends."""
+
+    def __init__(self, server: MCPServer) -> None:
+        self.server = server
+        self.client: Any = None
+        self.lost = False
+        self._leave = asyncio.Event()
+        self._owner: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, server: MCPServer) -> _Session:
+        self = cls(server)
+        ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._owner = asyncio.create_task(self._own(ready), name=f"duragent-mcp {server.spec}")
+        try:
+            self.client = await ready
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    def usable(self) -> bool:
+        return not self.lost and self._owner is not None and not self._owner.done()
+
+    def _ended(self) -> None:
+        self.lost = True
+        self._leave.set()
+
+    async def _own(self, ready: asyncio.Future[Any]) -> None:
+        try:
+            async with self.server.connect(on_end=self._ended) as client:
+                if not ready.done():
+                    ready.set_result(client)
+                await self._leave.wait()
+        except asyncio.CancelledError:
+            if not ready.done():
+                ready.cancel()
+            raise
+        except Exception as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+            else:
+                log.debug("MCP session with %r ended: %s", self.server.spec, _reason(exc))
+        finally:
+            self.lost = True
+
+    async def aclose(self) -> None:
+        self._leave.set()
+        owner = self._owner
+        if owner is None:
+            return
+        if self.client is None:
+            owner.cancel()  # still opening
+        await asyncio.wait([owner])
+
+
+class _Watched:
+    """A session's read stream that says when it ends (the server went away)."""
+
+    def __init__(self, inner: Any, on_end: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_end = on_end
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def receive(self) -> Any:
+        import anyio
+
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._on_end()
+            raise
+
+    def __aiter__(self) -> _Watched:
+        return self
+
+    async def __anext__(self) -> Any:
+        import anyio
+
+        try:
+            return await self._inner.__anext__()
+        except (StopAsyncIteration, anyio.ClosedResourceError):
+            self._on_end()
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _Watched:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._inner.aclose()
 
 
 def _reason(exc: BaseException) -> str:
@@ -134,7 +311,8 @@ class MCPTool(Tool):
         async def use(session: Any) -> Any:
             return await session.call_tool(self.remote_name, args, meta=meta)
 
-        result = await self.server.call(use)
+        rerun = self.replay in ("safe", "resume")
+        result = await self.server.call(use, ctx, rerun)
         return _result(self.remote_name, result)
 
 
@@ -185,15 +363,17 @@ def mcp_tools(
     env: Mapping[str, str] | None = None,
     timeout: float = 60.0,
     only: list[str] | None = None,
+    scope: Scope = "task",
 ) -> list[Tool]:
     """The tools of an MCP server, as duragent tools.
 
     `server` is `"stdio:command args"` or a streamable-HTTP URL. `replay` is one
     policy for every tool, or a mapping from tool name to policy (tools not in it
     are `"never"`). `prefix` is put before each name (to tell servers apart),
-    `only` keeps the named tools. The tools are listed now, once.
+    `only` keeps the named tools. The tools are listed now, once. `scope` is
+    how long a session lives: `"task"` (the default), `"worker"` or `"call"`.
     """
-    where = MCPServer(server, env, timeout)
+    where = MCPServer(server, env, timeout, scope)
     if isinstance(replay, str):
         default, per_tool = replay, {}
     else:

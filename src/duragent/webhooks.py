@@ -77,17 +77,30 @@ def event_type(task: Task, changes: Mapping[str, Any]) -> str | None:
 
 def outbox_events(task: Task, changes: Mapping[str, Any]) -> list[DocumentWrite]:
     """The outbox write to add to the commit that applies `changes` to `task`."""
-    url = task.config.get("webhook")
-    if not url:
-        return []
     kind = event_type(task, changes)
     if kind is None:
+        return []
+    return _outbox(task, kind, {**task.model_dump(mode="json"), **_jsonable(changes)}, {})
+
+
+def custom_event(task: Task, call_id: str, name: str, data: Any) -> list[DocumentWrite]:
+    """The outbox write of a custom event a tool emitted (`ctx.emit`), to add to
+    the commit of its progress entry: a `task.event` with `event: {name, data, call_id}`."""
+    event = {"name": name, "data": data, "call_id": call_id}
+    return _outbox(task, "task.event", task.model_dump(mode="json"), {"event": event})
+
+
+def _outbox(
+    task: Task, kind: str, after: Mapping[str, Any], extra: Mapping[str, Any]
+) -> list[DocumentWrite]:
+    url = task.config.get("webhook")
+    if not url:
         return []
     now = utcnow()
     # Sortable by time, so the outbox is delivered roughly in order.
     event_id = f"evt_{now:%Y%m%d%H%M%S%f}_{uuid.uuid4().hex[:12]}"
-    after = {**task.model_dump(mode="json"), **_jsonable(changes)}
     body = {
+        **extra,
         "id": event_id,
         "type": kind,
         "created_at": now.isoformat(),

@@ -100,6 +100,8 @@ def describe(e: Entry) -> str:
     if e.kind is EntryKind.PROGRESS:
         pr = progress_of(e)
         who = f"tool {pr['call_id']} " if "call_id" in pr else ""
+        if "event" in pr:
+            return f"{who}event {pr['event']}: {clip(json.dumps(pr.get('data')), 70)}"
         return f"{who}streamed '{clip(pr.get('text', ''), 70)}'"
     if e.kind is EntryKind.STATUS:
         st = status_of(e)

@@ -164,7 +164,14 @@ async def _invoke(
     if rs is not None and (cid in rs.steps or cid in rs.steps_started):
         steps = StepRecord(rs.steps.get(cid, {}), rs.steps_started.get(cid, set()))
     ctx = ToolContext(
-        host, cid, r, attempt, replay=tool.replay, steps=steps, called_at=host.called_at(cid)
+        host,
+        cid,
+        r,
+        attempt,
+        replay=tool.replay,
+        steps=steps,
+        called_at=host.called_at(cid),
+        emitted=len(rs.events.get(cid, ())) if rs is not None else 0,
     )
     await host.trace_point(
         "tool_start", call_id=cid, tool=name, attempt=attempt, replay=tool.replay

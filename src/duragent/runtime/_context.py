@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from duragent.errors import UsageError
+from duragent.runtime._held import Held
 from duragent.runtime._host import TaskHost
 from duragent.runtime._steps import CallSteps, StepRecord
 from duragent.store._commits import DocumentWrite
 from duragent.store._protocol import Store
 from duragent.types import session_scope, task_scope, utcnow
+
+MAX_EVENT_BYTES = 16 * 1024  # a custom event's data, as JSON
 
 # --- durable waits: a tool returns one of these instead of a result ----------
 
@@ -93,6 +98,7 @@ class ToolContext:
         replay: str = "never",
         steps: StepRecord | None = None,
         called_at: datetime | None = None,
+        emitted: int = 0,
     ) -> None:
         self._host = host
         # When the model made this call (its intent's commit): ctx.sleep counts
@@ -115,6 +121,10 @@ class ToolContext:
             else None
         )
         self.partial: list[str] = []
+        # Custom events: how many this call emitted, and how many of them the log
+        # already holds from an earlier run of it (those are not committed again).
+        self._emits = 0
+        self._emitted = emitted
 
     @property
     def context(self) -> dict[str, Any]:
@@ -130,6 +140,30 @@ class ToolContext:
         """Partial output; committed as progress so an interrupted call can show it."""
         self.partial.append(text)
         await self._host.tool_progress(self.call_id, text)
+
+    async def emit(self, name: str, data: Any = None) -> None:
+        """Commit a custom event: `name` and JSON `data` (up to 16 KB), seen on the
+        task's event stream (a `progress` entry with `event`), on its page, in its
+        history and by its webhook (`task.event`).
+
+        Once per call: when a replay-safe call runs again after a crash, the
+        events its earlier run committed are not committed again (the n-th emit
+        of the re-run is the n-th of the first run).
+        """
+        if not isinstance(name, str) or not 0 < len(name) <= 100:
+            raise UsageError(f"an event name is a string of 1 to 100 characters, not {name!r}")
+        try:
+            size = len(json.dumps(data, allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"event {name!r}: its data must be JSON ({exc})") from None
+        if size > MAX_EVENT_BYTES:
+            raise UsageError(
+                f"event {name!r}: its data is {size} bytes of JSON; at most {MAX_EVENT_BYTES}"
+            )
+        self._emits += 1
+        if self._emits <= self._emitted:
+            return  # committed by an earlier run of this call
+        await self._host.tool_event(self.call_id, name, data, self._emits)
 
     async def step(
         self,
@@ -150,6 +184,13 @@ class ToolContext:
         an "interrupted in step" result the model sees. Results must be JSON data.
         """
         return await self._steps.run(name, fn, args, kwargs, safe)
+
+    def held(self, scope: str) -> Held | None:
+        """Where a tool keeps what it opens for later calls (an MCP session): the
+        task's run's (`"task"`) or its worker's (`"worker"`); None where nothing
+        is kept (no worker, or its holder has closed)."""
+        holder = self._host.held if scope == "task" else self._host.worker_held
+        return None if holder is None or holder.closed else holder
 
     def wait_for_input(self, question: str) -> WaitForInput:
         return WaitForInput(question)

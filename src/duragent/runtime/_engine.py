@@ -32,6 +32,7 @@ from duragent.runtime._commits import Commits, StatusHook
 from duragent.runtime._control import Abandoned, Control, Controls
 from duragent.runtime._deadlines import exceeded
 from duragent.runtime._ending import Ending
+from duragent.runtime._held import Held
 from duragent.runtime._recovery import Recovery
 from duragent.runtime._round import Rounds, TraceHook
 from duragent.runtime._state import Clock, DebouncedState
@@ -58,6 +59,7 @@ class TaskRunner:
         trace: TraceHook | None = None,
         on_entries: EntriesHook | None = None,
         acked: int = 0,
+        worker_held: Held | None = None,
     ) -> None:
         """`acked`: the last seq of the task this worker was told is stored, if it
         knows of more than `task` holds (its earlier runner's commits): a store
@@ -80,6 +82,7 @@ class TaskRunner:
         self.ending = Ending(self.commits, self.controls)
         agents = dict(agents or {agent.name: agent})
         self.rounds = Rounds(agent, agents, self.commits, self.controls, self.ending, trace)
+        self.rounds.worker_held = worker_held  # what tools share across the worker's tasks
         self.recovery = Recovery(self.rounds, self.ending)
         # How long a runner ended by a store error keeps trying to hand its
         # task back before leaving it to the lease (renewed meanwhile).
@@ -178,6 +181,9 @@ class TaskRunner:
             if deadline is not None:
                 deadline.cancel()
             await self.state.close()
+            # What its tools kept open (MCP sessions) closes as the run ends,
+            # whether the task ended, parked or was handed back.
+            await self.rounds.held.aclose()
         await rounds.trace_point("task_end", task=self.task)
         return self.task
 

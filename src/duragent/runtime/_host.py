@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from duragent.runtime._held import Held
 from duragent.runtime._state import DebouncedState
 from duragent.store._commits import CommitResult
 from duragent.store._protocol import Store
@@ -38,3 +39,15 @@ class TaskHost(StepHost, Protocol):
     def state(self) -> DebouncedState: ...
 
     async def tool_progress(self, call_id: str, text: str) -> None: ...
+
+    async def tool_event(self, call_id: str, name: str, data: Any, n: int) -> None: ...
+
+    @property
+    def held(self) -> Held:
+        """What the task's tools keep open until its run ends (runtime/_held.py)."""
+        ...
+
+    @property
+    def worker_held(self) -> Held | None:
+        """What tools keep open until the worker running the task stops, if one does."""
+        ...

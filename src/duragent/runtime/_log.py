@@ -15,6 +15,7 @@ from duragent._payloads import (
     Checkpoint,
     DecisionCheckpoint,
     IntentPayload,
+    ProgressPayload,
     ResultPayload,
     StartedCheckpoint,
     StepCheckpoint,
@@ -81,6 +82,8 @@ class RoundState:
     decisions: dict[str, DecisionCheckpoint] = field(default_factory=dict)
     progress_seqs: list[int] = field(default_factory=list)
     tool_partial: dict[str, list[str]] = field(default_factory=dict)
+    # Custom events tools emitted (ctx.emit), by call id, in order.
+    events: dict[str, list[ProgressPayload]] = field(default_factory=dict)
     started: set[str] = field(default_factory=set)
     # Durable steps inside tools (ctx.step): call id -> step name -> record.
     steps: dict[str, dict[str, StepCheckpoint]] = field(default_factory=dict)
@@ -113,7 +116,9 @@ def read_round(entries: Iterable[Entry], rnd: int) -> RoundState:
             continue
         if e.kind is EntryKind.PROGRESS:
             pr = progress_of(e)
-            if "call_id" in pr:
+            if "event" in pr:
+                st.events.setdefault(pr.get("call_id", ""), []).append(pr)
+            elif "call_id" in pr:
                 st.tool_partial.setdefault(pr["call_id"], []).append(pr.get("text", ""))
             elif not is_voided(e.seq, progress_voided):
                 st.progress_seqs.append(e.seq)

@@ -27,6 +27,7 @@ from duragent.runtime._commits import Commits
 from duragent.runtime._compaction import Compactor
 from duragent.runtime._control import Control, Controls, Interrupted
 from duragent.runtime._ending import Ending
+from duragent.runtime._held import Held
 from duragent.runtime._inbox import delivery, due
 from duragent.runtime._log import api_entry, notice
 from duragent.runtime._open_round import OpenRound
@@ -46,6 +47,7 @@ from duragent.types import (
     UserMessage,
     utcnow,
 )
+from duragent.webhooks import custom_event
 
 # Called at named points of a round ("progress", "intents", "tool_start",
 # "result", "final", "step"), after what precedes them is committed, and around
@@ -86,6 +88,8 @@ class Rounds:
         self._tool_progress_at: dict[str, float] = {}
         self.checks = Checks(self)  # guardrails and the output schema
         self.compactor = Compactor(agent, commits, controls, self.trace_point)
+        self.held = Held()  # closed when the runner's run ends (TaskRunner.run)
+        self.worker_held: Held | None = None
 
     # --- what a tool call sees (CallHost) ---
 
@@ -114,6 +118,16 @@ class Rounds:
             task_id=task.id, kind=EntryKind.PROGRESS, round=task.iterations + 1, payload=payload
         )
         await self.commit([entry])
+
+    async def tool_event(self, call_id: str, name: str, data: Any, n: int) -> None:
+        """Commit the `n`-th custom event of call `call_id` (and its webhook event)."""
+        task = self.commits.task
+        payload = {"call_id": call_id, "event": name, "data": data, "n": n}
+        entry = NewEntry(
+            task_id=task.id, kind=EntryKind.PROGRESS, round=task.iterations + 1, payload=payload
+        )
+        await self.commit([entry], documents=custom_event(task, call_id, name, data))
+        await self.trace_point("tool_event", call_id=call_id, event=name, n=n)
 
     def called_at(self, call_id: str) -> datetime:
         """When call `call_id` of the open round was made (its intent committed)."""

@@ -48,6 +48,13 @@ from duragent.types import (
 RoundStatus = Literal["complete", "open", "voided"]
 
 
+class CustomEvent(BaseModel):
+    """An event a tool emitted (`ctx.emit`): its name and JSON data."""
+
+    name: str
+    data: Any = None
+
+
 class CallRecord(BaseModel):
     """One tool call of a round and what became of it (no result yet: `outcome` is None)."""
 
@@ -61,6 +68,9 @@ class CallRecord(BaseModel):
     result: str | None = None
     outcome: str | None = Field(
         default=None, description="ok, error, denied or interrupted; None while unanswered."
+    )
+    events: list[CustomEvent] = Field(
+        default_factory=list, description="The custom events the call emitted (ctx.emit)."
     )
 
 
@@ -179,6 +189,10 @@ async def task_history(store: Store, task: Task) -> History:
                         else None,
                         result=None if res is None else res.get("content"),
                         outcome=None if res is None else res.get("outcome", "ok"),
+                        events=[
+                            CustomEvent(name=ev.get("event", ""), data=ev.get("data"))
+                            for ev in rs.events.get(call.id, ())
+                        ],
                     )
                 )
         users = [

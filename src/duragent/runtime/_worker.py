@@ -28,6 +28,7 @@ from duragent.errors import (
 from duragent.runtime._agent import Agent, agents_by_name
 from duragent.runtime._callbacks import TaskCallbacks
 from duragent.runtime._engine import Control, StatusHook, TaskRunner, TraceHook
+from duragent.runtime._held import Held
 from duragent.runtime._housekeeping import Housekeeper, stop as stop_housekeeping
 from duragent.runtime._presence import announce, block_unserved, withdraw
 from duragent.runtime._state import Clock
@@ -133,6 +134,9 @@ class Worker:
         self.clock = clock
         self.trace = trace
         self.runners: dict[str, TaskRunner] = {}
+        # What tools keep open for all of this worker's tasks (an MCP server with
+        # scope="worker"); closed when the worker stops, after its tasks.
+        self.held = Held()
         self._jobs: dict[str, asyncio.Task[Task]] = {}
         self._job_of: dict[int, asyncio.Task[Task]] = {}  # id(runner) -> its job
         self._checks: set[asyncio.Future[None]] = set()  # control requests being read
@@ -200,6 +204,7 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await job
         await self._stopped.wait()
+        await self.held.aclose()
         await self._hooks_done()
 
     # --- the loop ---
@@ -245,6 +250,8 @@ class Worker:
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sender
+            if not self._jobs:  # else stop() closes it once they end
+                await self.held.aclose()
             self._stopped.set()
 
     async def _adopt_lost_claims(self) -> None:
@@ -376,6 +383,7 @@ class Worker:
             on_entries=self._entries_committed if task.id in self.callbacks else None,
             # The claim added one entry to the log this worker knew of.
             acked=0 if known is None else known + 1,
+            worker_held=self.held,
         )
         self.runners[task.id] = runner
         self._done[task.id] = asyncio.Event()

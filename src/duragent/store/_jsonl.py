@@ -558,7 +558,7 @@ class JSONLStore(MemoryStore):
         Kept: every task's latest row, every entry with its original seq
         (voided ones too: they are the audit trail), every document. Dropped:
         superseded task rows and documents, deleted tasks, and the progress
-        entries of finished tasks (no recovery will ever read them; a live
+        entries of finished tasks but their custom events (no recovery will ever read them; a live
         task's progress may still be read to resume, so it stays).
         The new file is complete and fsynced before it replaces the old one,
         so a crash at any moment leaves one of the two intact.
@@ -572,7 +572,8 @@ class JSONLStore(MemoryStore):
             kept = []
             for row in self._entries.get(tid, ()):
                 seq, kind, rnd, payload, created = row
-                if finished and kind == EntryKind.PROGRESS:
+                # (a tool's custom event is kept: it is history, not a stream)
+                if finished and kind == EntryKind.PROGRESS and "event" not in json.loads(payload):
                     dropped += 1
                     continue
                 kept.append(row)

@@ -120,7 +120,7 @@ export class Timeline {
       for (const call of p.tool_calls || []) {
         const card = this.add({
           type: "tool", callId: call.id, name: call.function.name,
-          args: prettyArgs(call.function.arguments), state: "intent", partial: "", seq: e.seq,
+          args: prettyArgs(call.function.arguments), state: "intent", partial: "", events: [], seq: e.seq,
         });
         this.cards.set(call.id, card);
       }
@@ -139,6 +139,11 @@ export class Timeline {
   }
 
   progress(e, p) {
+    if ("event" in p) {  // a custom event a tool emitted (ctx.emit): shown as name and JSON
+      const card = this.cards.get(p.call_id);
+      if (card) { card.events.push({ name: p.event, data: p.data }); this.update(card); }
+      return;
+    }
     if ("call_id" in p) {
       const card = this.cards.get(p.call_id);
       if (card) { card.partial += p.text || ""; this.update(card); }
@@ -206,6 +211,12 @@ export class Timeline {
         ? h("div", { class: "tool-edited", title: "A person edited the arguments before approving" },
             "edited before approval; the model asked for ", h("code", { class: "tool-args-original" }, card.originalArgs))
         : null);
+    if (card.events && card.events.length) {
+      el.append(h("div", { class: "tool-events" }, ...card.events.map((ev) =>
+        h("div", { class: "tool-event", "data-event": ev.name },
+          h("span", { class: "event-name" }, ev.name), " ",
+          h("code", { class: "event-data" }, JSON.stringify(ev.data))))));
+    }
     if (card.partial && card.result == null) el.append(h("div", { class: "tool-partial" }, card.partial));
     if (card.result != null) el.append(h("pre", { class: `tool-result${card.resultVoided ? " voided" : ""}` }, card.result));
     if (card.state === "waiting" && card.wait) el.append(this.waitForm(card));
