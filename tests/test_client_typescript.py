@@ -1,0 +1,110 @@
+"""The TypeScript client (clients/typescript): its committed schema and types are what
+the app and openapi-typescript make now, it compiles under `tsc --strict`, and its
+own tests (`node --test`) pass against a live `duragent serve` started here."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from support.npm_tools import DIR as NPM, npm_tools
+from support.server_live import TOKENS, LiveServer, child_env, live_server
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "clients" / "typescript"
+BUILD = ROOT / "test-artifacts" / "typescript"
+
+
+def client_schema() -> ModuleType:
+    """scripts/client-schema, the script that writes the committed files."""
+    path = ROOT / "scripts" / "client-schema"
+    loader = importlib.machinery.SourceFileLoader("client_schema", str(path))
+    spec = importlib.util.spec_from_loader("client_schema", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def run(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 300) -> str:
+    done = subprocess.run(
+        [str(a) for a in args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    return out
+
+
+def test_the_committed_schema_and_types_are_current(tmp_path: Path) -> None:
+    tool = npm_tools() / "openapi-typescript"
+    script = client_schema()
+    committed = (ROOT / "clients" / "openapi.json").read_text()
+    assert script.document() == committed, (
+        "clients/openapi.json is stale: run scripts/client-schema"
+    )
+    document = tmp_path / "openapi.json"
+    document.write_text(committed)
+    types = (PACKAGE / "src" / "schema.ts").read_text()
+    assert script.types(document, tool) == types, (
+        "clients/typescript/src/schema.ts is stale: run scripts/client-schema"
+    )
+    assert json.loads(committed)["components"]["schemas"]["TaskStreamEvent"]
+
+
+@pytest.fixture(scope="module")
+def built() -> Path:
+    """The package and its tests compiled by the pinned tsc (strict), outside the tree."""
+    bin_dir = npm_tools()
+    shutil.rmtree(BUILD, ignore_errors=True)
+    out = BUILD / "dist"
+    run(
+        bin_dir / "tsc",
+        "-p",
+        PACKAGE,
+        "--outDir",
+        out,
+        "--typeRoots",
+        NPM / "node_modules" / "@types",
+    )
+    (out / "package.json").write_text('{"type": "module"}\n')
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, Path]]:
+    gates = tmp_path_factory.mktemp("gates")
+    env = child_env(DURAGENT_TEST_GATES=str(gates))
+    with live_server(tmp_path_factory.mktemp("serve"), env=env) as live:
+        yield live, gates
+
+
+def test_the_typescript_client_passes_its_tests_against_a_live_server(
+    built: Path, server: tuple[LiveServer, Path]
+) -> None:
+    live, gates = server
+    node = shutil.which("node")
+    assert node, "node is not installed (.ci/run installs it with npm)"
+    env = {
+        **os.environ,
+        "DURAGENT_URL": live.url,
+        "DURAGENT_TOKEN": TOKENS["alice"],
+        "DURAGENT_OTHER_TOKEN": TOKENS["bob"],
+        "DURAGENT_TEST_GATES": str(gates),
+    }
+    tests = sorted(str(p) for p in (built / "test").glob("*.test.js"))
+    assert tests, "no compiled tests"
+    out = run(node, "--test", "--test-reporter=tap", *tests, env=env)
+    assert "# fail 0" in out, out
+    passed = int(out.split("# pass ")[1].split()[0])
+    assert passed >= 8, out
