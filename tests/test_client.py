@@ -5,16 +5,19 @@ One server for the module; each test makes its own tasks."""
 
 from __future__ import annotations
 
+import pickle
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from duragent import errors
 from duragent.client import (
     AsyncClient,
     Client,
+    ClientError,
     StreamEnd,
     TaskNotFound,
     TaskOut,
@@ -22,16 +25,16 @@ from duragent.client import (
     TaskStreamEvent,
     TaskSummary,
     TaskWaitOut,
+    TooManyRequests,
 )
-from duragent.client._errors import BY_TYPE
+from duragent.client._errors import BY_TYPE, api_error
+from duragent.client._sse import SseDecoder
 from duragent.server import TokenStore, create_app
 from duragent.server._problem_types import PREFIX, PROBLEM_TYPES
 from duragent.types import Entry
 from support.pgproxy import forwarder
 from support.readme import first_block_under, run
 from support.server_live import TOKENS, LiveServer, child_env, live_server
-
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +86,7 @@ def test_every_problem_type_has_an_error_class_of_its_status_family() -> None:
 # --- the flows ---------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a live server
 async def test_a_stream_cut_mid_task_reconnects_and_loses_or_repeats_no_event(
     server: LiveServer, gates: Path
 ) -> None:
@@ -110,6 +114,7 @@ async def test_a_stream_cut_mid_task_reconnects_and_loses_or_repeats_no_event(
     assert any("gate" in str(e.payload) and "opened" in str(e.payload) for e in entries)
 
 
+@pytest.mark.slow  # a live server
 async def test_wait_returns_the_finished_task_or_times_out(server: LiveServer, gates: Path) -> None:
     async with client(server) as c:
         quick = await c.submit("quick", "hi")
@@ -127,6 +132,7 @@ async def test_wait_returns_the_finished_task_or_times_out(server: LiveServer, g
         assert (await c.wait(held.id, timeout=60)).status == "completed"
 
 
+@pytest.mark.slow  # a live server
 async def test_an_approval_is_granted_with_edited_arguments(server: LiveServer) -> None:
     async with client(server) as c:
         task = await c.submit("approver", "mail bob")
@@ -146,6 +152,7 @@ async def test_an_approval_is_granted_with_edited_arguments(server: LiveServer) 
     assert any("sent to carol@example.com" in r for r in results)
 
 
+@pytest.mark.slow  # a live server
 async def test_a_message_with_a_request_id_is_sent_once(server: LiveServer, gates: Path) -> None:
     name = gate()
     async with client(server) as c:
@@ -163,6 +170,7 @@ async def test_a_message_with_a_request_id_is_sent_once(server: LiveServer, gate
     assert finished.value.type == "/problems/task-finished"  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow  # a live server
 async def test_another_users_task_is_not_found(server: LiveServer) -> None:
     async with client(server) as alice, client(server, "bob") as bob:
         task = await alice.submit("quick", "mine")
@@ -178,6 +186,7 @@ async def test_another_users_task_is_not_found(server: LiveServer) -> None:
                 pass
 
 
+@pytest.mark.slow  # a live server
 async def test_fork_and_retry(server: LiveServer) -> None:
     async with client(server) as c:
         first = await c.submit("quick", "to fork")
@@ -194,6 +203,7 @@ async def test_fork_and_retry(server: LiveServer) -> None:
         assert (again.status, again.output) == ("completed", "Done after a retry.")
 
 
+@pytest.mark.slow  # a live server
 async def test_lists_filter_and_page(server: LiveServer) -> None:
     batch = uuid.uuid4().hex
     async with client(server) as c:
@@ -210,6 +220,7 @@ async def test_lists_filter_and_page(server: LiveServer) -> None:
         assert (await c.list(metadata={"batch": batch}, agent="slow")).tasks == []
 
 
+@pytest.mark.slow  # a live server
 def test_the_blocking_client_runs_the_same_calls(server: LiveServer) -> None:
     with Client(server.url, TOKENS["alice"]) as c:
         task = c.submit("streamer", "go")
@@ -224,6 +235,7 @@ def test_the_blocking_client_runs_the_same_calls(server: LiveServer) -> None:
     assert getattr(refused.value, "status", None) == 401
 
 
+@pytest.mark.slow  # a live server
 def test_the_readme_example_runs_against_a_live_server(server: LiveServer, tmp_path: Path) -> None:
     code = first_block_under("From your app")
     code = code.replace("http://127.0.0.1:8000", server.url).replace("YOUR-TOKEN", TOKENS["alice"])
@@ -231,3 +243,41 @@ def test_the_readme_example_runs_against_a_live_server(server: LiveServer, tmp_p
     done = run(code, tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "completed" in done.stdout
+
+
+# --- without a server ----------------------------------------------------------------
+
+
+def test_sse_lines_decode_into_events_and_comments_are_skipped() -> None:
+    decoder = SseDecoder()
+    lines = [": keep-alive", "", "retry: 1000", "", "id: 7", "event: progress"]
+    lines += ['data: {"a":', "data: 1}", "", "event: end", "data: {}", ""]
+    events = [e for line in lines if (e := decoder.feed(line)) is not None]
+    assert [(e.event, e.data, e.id) for e in events] == [
+        ("progress", '{"a":\n1}', "7"),
+        ("end", "{}", None),
+    ]
+    assert decoder.retry_ms == 1000
+
+
+def test_a_problem_error_pickles_and_an_unknown_type_falls_back_on_its_status() -> None:
+    error = api_error(404, {"type": "/problems/task-not-found", "detail": "no task 'x'"}, {})
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is TaskNotFound and str(copy) == str(error)
+    assert (copy.status, copy.type, copy.detail) == (404, "/problems/task-not-found", "no task 'x'")
+    newer = api_error(409, {"type": "/problems/something-new", "title": "New"}, {})
+    assert isinstance(newer, errors.Conflict) and newer.type == "/problems/something-new"
+    plain = api_error(503, "Service Unavailable", {})  # uvicorn's plain-text answer
+    assert isinstance(plain, errors.StoreUnavailable) and "Service Unavailable" in str(plain)
+    slow = api_error(429, {"type": "/problems/too-many-requests"}, {"retry-after": "3"})
+    assert isinstance(slow, TooManyRequests) and slow.retry_after == 3.0
+
+
+async def test_an_answer_that_is_not_the_apis_is_a_client_error() -> None:
+    def not_duragent(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text="<html>a captive portal</html>")
+
+    http = httpx.AsyncClient(base_url="http://x", transport=httpx.MockTransport(not_duragent))
+    async with AsyncClient(http=http) as c, http:
+        with pytest.raises(ClientError, match="is not a TaskOut"):
+            await c.get("t-1")

@@ -13,9 +13,9 @@ from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from duragent.client._errors import ServerUnreachable, api_error
+from duragent.client._errors import ClientError, ServerUnreachable, api_error
 from duragent.client._models import (
     StreamEnd,
     StreamTokenOut,
@@ -113,7 +113,13 @@ class AsyncClient:
             raise ServerUnreachable(f"{method} {path}: {exc!r}") from exc
         if r.status_code >= 400:
             raise _problem(r)
-        return model.model_validate_json(r.content)
+        try:
+            return model.model_validate_json(r.content)
+        except ValidationError as exc:  # not the API's answer (a proxy's page, another server)
+            raise ClientError(
+                f"{method} {path}: the answer ({r.status_code}) is not a {model.__name__}: "
+                f"{r.text[:200]!r}"
+            ) from exc
 
     # --- tasks ---------------------------------------------------------------------
 
