@@ -8,6 +8,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "clients" / "typescript"
 BUILD = ROOT / "test-artifacts" / "typescript"
+TS_BLOCK = re.compile(r"^```ts\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
 
 def client_schema() -> ModuleType:
@@ -108,3 +110,39 @@ def test_the_typescript_client_passes_its_tests_against_a_live_server(
     assert "# fail 0" in out, out
     passed = int(out.split("# pass ")[1].split()[0])
     assert passed >= 8, out
+
+
+def test_the_readmes_typescript_examples_type_check() -> None:
+    """Each ```ts block of README.md and the package's README compiles against the
+    package (strict), as a module of its own."""
+    examples = BUILD / "examples"
+    shutil.rmtree(examples, ignore_errors=True)
+    examples.mkdir(parents=True)
+    (examples / "package.json").write_text('{"type": "module"}\n')
+    package = os.path.relpath(PACKAGE / "src" / "index.js", examples)
+    files = []
+    for readme in (ROOT / "README.md", PACKAGE / "README.md"):
+        for block in TS_BLOCK.findall(readme.read_text()):
+            assert '"duragent-client"' in block, f"a {readme.name} example imports no client"
+            path = examples / f"example_{len(files)}.ts"
+            path.write_text(block.replace('"duragent-client"', json.dumps(package)))
+            files.append(path)
+    assert len(files) >= 2
+    run(
+        npm_tools() / "tsc",
+        "--noEmit",
+        "--strict",
+        "--target",
+        "ES2022",
+        "--module",
+        "NodeNext",
+        "--moduleResolution",
+        "NodeNext",
+        "--lib",
+        "ES2022,DOM",
+        "--types",
+        "node",
+        "--typeRoots",
+        NPM / "node_modules" / "@types",
+        *files,
+    )
