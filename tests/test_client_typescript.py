@@ -120,7 +120,7 @@ def test_the_readmes_typescript_examples_type_check() -> None:
     examples.mkdir(parents=True)
     (examples / "package.json").write_text('{"type": "module"}\n')
     package = os.path.relpath(PACKAGE / "src" / "index.js", examples)
-    files = []
+    files: list[Path] = []
     for readme in (ROOT / "README.md", PACKAGE / "README.md"):
         for block in TS_BLOCK.findall(readme.read_text()):
             assert '"duragent-client"' in block, f"a {readme.name} example imports no client"
