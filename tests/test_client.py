@@ -204,6 +204,21 @@ async def test_fork_and_retry(server: LiveServer) -> None:
 
 
 @pytest.mark.slow  # a live server
+async def test_pause_resume_and_abort(server: LiveServer) -> None:
+    async with client(server) as c:
+        task = await c.submit("slow", "tick")
+        await c.pause(task.id)
+        paused = await c.wait(task.id, until="input", timeout=60)
+        assert (paused.status, paused.timed_out) == ("paused", False)
+        assert (await c.resume(task.id)).status in {"pending", "running"}
+        await c.abort(task.id, reason="enough")
+        assert (await c.wait(task.id, timeout=60)).status == "aborted"
+        with pytest.raises(errors.InvalidTransition) as done:
+            await c.resume(task.id)
+    assert done.value.type == "/problems/invalid-transition"  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow  # a live server
 async def test_lists_filter_and_page(server: LiveServer) -> None:
     batch = uuid.uuid4().hex
     async with client(server) as c:
@@ -271,6 +286,11 @@ def test_a_problem_error_pickles_and_an_unknown_type_falls_back_on_its_status() 
     assert isinstance(plain, errors.StoreUnavailable) and "Service Unavailable" in str(plain)
     slow = api_error(429, {"type": "/problems/too-many-requests"}, {"retry-after": "3"})
     assert isinstance(slow, TooManyRequests) and slow.retry_after == 3.0
+
+
+async def test_the_blocking_client_refuses_to_block_a_running_loop() -> None:
+    with pytest.raises(errors.UsageError, match="AsyncClient"), Client("http://127.0.0.1:9") as c:
+        c.get("t-1")
 
 
 async def test_an_answer_that_is_not_the_apis_is_a_client_error() -> None:

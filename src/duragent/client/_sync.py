@@ -16,6 +16,7 @@ import httpx
 
 from duragent.client._async import AsyncClient
 from duragent.client._models import TaskStreamEvent, TaskSummary
+from duragent.errors import UsageError
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -25,7 +26,7 @@ def _blocking(
     method: Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, T]],
 ) -> Callable[Concatenate[Client, P], T]:
     def run(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self._runner.run(method(self._async, *args, **kwargs))
+        return self._run(method(self._async, *args, **kwargs))
 
     run.__name__ = method.__name__
     run.__doc__ = method.__doc__
@@ -65,9 +66,17 @@ class Client:
 
     def close(self) -> None:
         try:
-            self._runner.run(self._http.aclose())
+            self._run(self._http.aclose())
         finally:
             self._runner.close()
+
+    def _run(self, call: Coroutine[Any, Any, T]) -> T:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self._runner.run(call)
+        call.close()
+        raise UsageError("Client blocks its thread: inside async code, use AsyncClient")
 
     submit = _blocking(AsyncClient.submit)
     get = _blocking(AsyncClient.get)
@@ -94,8 +103,8 @@ class Client:
         try:
             while True:
                 try:
-                    yield self._runner.run(source.__anext__())
+                    yield self._run(source.__anext__())
                 except StopAsyncIteration:
                     return
         finally:
-            self._runner.run(source.aclose())
+            self._run(source.aclose())
