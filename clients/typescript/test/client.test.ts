@@ -165,6 +165,17 @@ test("fork and retry", async () => {
   assert.equal(again.output, "Done after a retry.");
 });
 
+test("pause, resume and abort", async () => {
+  const task = await alice.submit({ agent: "slow", input: "tick" });
+  await alice.pause(task.id);
+  const paused = await alice.wait(task.id, { until: "input", timeout: 60 });
+  assert.equal(paused.status, "paused");
+  await alice.resume(task.id);
+  await alice.abort(task.id, { reason: "enough" });
+  assert.equal((await alice.wait(task.id, { timeout: 60 })).status, "aborted");
+  await rejects(alice.resume(task.id), 409, "/problems/invalid-transition");
+});
+
 test("lists filter and page", async () => {
   const batch = randomUUID();
   const made: string[] = [];
