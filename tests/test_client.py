@@ -101,11 +101,12 @@ async def test_a_stream_cut_mid_task_reconnects_and_loses_or_repeats_no_event(
             async for event in c.stream(task.id):
                 events.append(event)
                 if len(events) == 1:
+                    before = proxy.accepted
                     proxy.cut()  # closes the stream's connection
                     proxy.restore()  # and lets the reconnect through
                     (gates / name).touch()
             done = await c.get(task.id)
-    assert proxy.accepted >= 3  # submit and the stream, then the stream again
+    assert proxy.accepted > before  # the stream was opened again
     end = events[-1]
     assert isinstance(end, StreamEnd) and end.status == "completed"
     entries = [e for e in events if isinstance(e, Entry)]
