@@ -205,6 +205,20 @@ async def test_fork_and_retry(server: LiveServer) -> None:
 
 
 @pytest.mark.slow  # a live server
+async def test_a_stream_left_early_closes_its_connection(server: LiveServer) -> None:
+    async with client(server) as c:
+        task = await c.submit("slow", "tick")
+        stream = c.stream(task.id)
+        async for _ in stream:
+            break
+        await stream.aclose()  # type: ignore[attr-defined]
+        # The stream's response is closed: its connection is back in the pool, idle.
+        pool = c._http._transport._pool  # type: ignore[attr-defined]
+        assert pool.connections and all(conn.is_idle() for conn in pool.connections)
+        await c.abort(task.id)
+
+
+@pytest.mark.slow  # a live server
 async def test_pause_resume_and_abort(server: LiveServer) -> None:
     async with client(server) as c:
         task = await c.submit("slow", "tick")

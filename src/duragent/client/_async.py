@@ -6,14 +6,15 @@ import asyncio
 import builtins
 import math
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from contextlib import aclosing
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from duragent.client._errors import ClientError, ServerUnreachable, api_error
 from duragent.client._models import (
@@ -27,7 +28,7 @@ from duragent.client._models import (
 )
 from duragent.client._sse import SseDecoder
 from duragent.errors import InvalidOption
-from duragent.types import Entry, TaskStatus
+from duragent.types import TaskStatus
 
 M = TypeVar("M", bound=BaseModel)
 Strategy = Literal["enqueue", "reject", "interrupt", "rollback"]
@@ -237,19 +238,20 @@ class AsyncClient:
         while True:
             received = False
             try:
-                async for event in self._stream_once(task_id, last):
-                    received, failures = True, 0
-                    yield event
-                    if isinstance(event, StreamEnd):
-                        return
-                    last = event.seq
+                async with aclosing(self._stream_once(task_id, last)) as events:
+                    async for event in events:
+                        received, failures = True, 0
+                        yield event
+                        if isinstance(event, StreamEnd):
+                            return
+                        last = event.seq
             except (httpx.TransportError, _StreamCut) as exc:
                 failures = 0 if received else failures + 1
                 if failures >= RECONNECTS:
                     raise ServerUnreachable(f"the event stream of {task_id}: {exc!r}") from exc
                 await asyncio.sleep(0 if received else min(0.1 * 2**failures, 1.0))
 
-    async def _stream_once(self, task_id: str, after: int) -> AsyncIterator[TaskStreamEvent]:
+    async def _stream_once(self, task_id: str, after: int) -> AsyncGenerator[TaskStreamEvent]:
         path = f"/v1/tasks/{_seg(task_id)}/events"
         headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after)}
         # No read limit: the server sends a keep-alive every 15 s while the task is quiet.
@@ -263,10 +265,13 @@ class AsyncClient:
                 sse = decoder.feed(line)
                 if sse is None:
                     continue
-                if sse.event == "end":
-                    yield StreamEnd.model_validate_json(sse.data)
+                try:
+                    event = _EVENT.validate_json(sse.data)
+                except ValidationError as exc:  # a newer server's kind of entry, say
+                    raise ClientError(f"an event this client cannot read: {exc}") from exc
+                yield event
+                if isinstance(event, StreamEnd):
                     return
-                yield Entry.model_validate_json(sse.data)
         raise _StreamCut("the stream ended before its end event")
 
     async def stream_token(self, task_id: str) -> StreamTokenOut:
@@ -341,6 +346,10 @@ class AsyncClient:
     async def abort(self, task_id: str, *, reason: str | None = None) -> TaskOut:
         body = _body(reason=reason)
         return await self._call("POST", f"/v1/tasks/{_seg(task_id)}/abort", TaskOut, json=body)
+
+
+# An entry's kind is an EntryKind, the end's the literal "end": the union tells them apart.
+_EVENT: TypeAdapter[TaskStreamEvent] = TypeAdapter(TaskStreamEvent)
 
 
 class _StreamCut(Exception):
