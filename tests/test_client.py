@@ -6,6 +6,8 @@ One server for the module; each test makes its own tasks."""
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -276,6 +278,19 @@ def test_the_readme_example_runs_against_a_live_server(server: LiveServer, tmp_p
 
 
 # --- without a server ----------------------------------------------------------------
+
+
+def test_the_client_imports_neither_fastapi_nor_the_server() -> None:
+    code = (
+        "import sys, duragent.client; "
+        "print([m for m in sys.modules if m.split('.')[0] in ('fastapi', 'uvicorn') "
+        "or m.startswith('duragent.server')])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=child_env()
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_sse_lines_decode_into_events_and_comments_are_skipped() -> None:

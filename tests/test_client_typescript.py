@@ -17,7 +17,7 @@ from types import ModuleType
 
 import pytest
 
-from support.npm_tools import DIR as NPM, npm_tools
+from support.npm_tools import DIR as NPM, PACKAGES, npm_tools
 from support.server_live import TOKENS, LiveServer, child_env, live_server
 
 pytestmark = pytest.mark.slow
@@ -62,6 +62,12 @@ def test_the_committed_schema_and_types_are_current(tmp_path: Path) -> None:
         "clients/typescript/src/schema.ts is stale: run scripts/client-schema"
     )
     assert json.loads(committed)["components"]["schemas"]["TaskStreamEvent"]
+
+
+def test_the_package_pins_the_tools_the_tests_use() -> None:
+    package = json.loads((PACKAGE / "package.json").read_text())
+    assert package["devDependencies"] == {n: PACKAGES[n] for n in ("typescript", "@types/node")}
+    assert "dependencies" not in package  # fetch is all it needs
 
 
 @pytest.fixture(scope="module")
