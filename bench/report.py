@@ -454,6 +454,24 @@ def _spreads(res: Results) -> str:
     return ", ".join(parts)
 
 
+def compaction_table(res: Results) -> str:
+    rows = [
+        "| task | ms per round | resume ms | view messages | entries | compactions "
+        "| largest request (tokens) |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for label, name in (("windowed", "16k-token window"), ("whole", "no window")):
+        runs = [r[label] for r in res.compaction]
+        last = runs[-1]
+        rows.append(
+            f"| {name} | {fmt([r['ms_per_round'] for r in runs])} "
+            f"| {fmt([r['resume_ms'] for r in runs])} | {last['view_messages']:,} "
+            f"| {last['entries']:,} | {last['compactions']} "
+            f"| {max(r['max_request_tokens'] for r in runs):,} |"
+        )
+    return "\n".join(rows)
+
+
 def render(res: Results, command: str, started: str, elapsed: float, only: list[str]) -> str:
     st = res.settings
     out = [
@@ -516,6 +534,21 @@ def render(res: Results, command: str, started: str, elapsed: float, only: list[
         ]
     if res.resume:
         out += [f"## Resume latency ({st.resume_runs} runs)", "", resume_table(res), ""]
+    if res.compaction:
+        out += [
+            f"## A {st.compaction_rounds:,}-round task through a 16k-token window "
+            f"({len(res.compaction)} runs, SQLite)",
+            "",
+            "One task of tool rounds (each result ~1,500 characters) with compaction "
+            "(`ContextPolicy(window=16_000)`; the summariser is a ScriptedModel too), and the "
+            "same task with compaction off and no window, in the same run. Per round: wall "
+            "time over the task; resume: `Recovery.start` on the finished task (its model "
+            "view and last round), median of 5; the compacted task reads its view from its "
+            "last compaction on.",
+            "",
+            compaction_table(res),
+            "",
+        ]
     if res.concurrent:
         out += [
             f"## Many concurrent tasks ({st.concurrent_runs} runs)",

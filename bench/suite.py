@@ -66,6 +66,14 @@ ROUND_SYSTEMS: tuple[System, ...] = (
         "PostgreSQL",
         baseline="duragent/memory",
     ),
+    System(
+        "duragent/postgres-psycopg",
+        "duragent",
+        "postgres-psycopg",
+        "duragent",
+        "PostgreSQL, psycopg's documented API (?wire=psycopg)",
+        baseline="duragent/memory",
+    ),
     System("langgraph/none", "langgraph", "none", "LangGraph", "no checkpointer (no persistence)"),
     System(
         "langgraph/memory",
@@ -175,6 +183,8 @@ class Settings:
     pg_workers: tuple[int, ...] = (1, 4)
     pg_worker_runs: int = 3
     commit_cpu_runs: int = 5
+    compaction_rounds: int = 1_000  # one task through a 16k-token window, and unwindowed
+    compaction_runs: int = 3
     commit_cpu_commits: int = 3000
 
     @classmethod
@@ -198,6 +208,8 @@ class Settings:
                 pg_worker_runs=1,
                 commit_cpu_runs=runs or 1,
                 commit_cpu_commits=500,
+                compaction_rounds=300,
+                compaction_runs=1,
             )
         return cls(
             runs=runs or 5,
@@ -228,6 +240,7 @@ class Results:
     streaming: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     pg_workers: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     commit_cpu: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # config -> runs
+    compaction: list[dict[str, Any]] = field(default_factory=list)  # per run
     failover: dict[str, list[float]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
@@ -536,6 +549,28 @@ def run_failover(res: Results, workdir: str, log: Log) -> None:
             log(f"  lease_ttl={ttl} trial {i + 1}/{trials}: {took:.2f} s")
 
 
+def run_compaction(res: Results, workdir: str, log: Log) -> None:
+    st = res.settings
+    for run in range(st.compaction_runs):
+        params = {
+            "config": "sqlite-normal",
+            "workdir": os.path.join(workdir, f"compaction-{run}"),
+            "rounds": st.compaction_rounds,
+            "window": 16_000,
+        }
+        key = "duragent/sqlite-normal"
+        out = _measured(res, log, "compaction", key, "duragent", "compaction", params)
+        if out is None:
+            continue
+        res.compaction.append(out)
+        w, u = out["windowed"], out["whole"]
+        log(
+            f"  run {run + 1}/{st.compaction_runs} windowed {w['ms_per_round']:.2f} ms/round, "
+            f"resume {w['resume_ms']:.1f} ms; unwindowed {u['ms_per_round']:.2f} ms/round, "
+            f"resume {u['resume_ms']:.1f} ms"
+        )
+
+
 WORKLOADS: dict[str, Callable[[Results, str, Log], None]] = {
     "rounds": run_rounds,
     "storage": run_storage,
@@ -545,6 +580,7 @@ WORKLOADS: dict[str, Callable[[Results, str, Log], None]] = {
     "pg_workers": run_pg_workers,
     "commit_cpu": run_commit_cpu,
     "failover": run_failover,
+    "compaction": run_compaction,
 }
 
 

@@ -54,10 +54,11 @@ from duragent.types import (
     UserMessage,
 )
 
-# sqlite-normal / sqlite-full / postgres / memory: the store URLs a config names;
+# sqlite-normal / sqlite-full / postgres / memory: the store URLs a config names
+# (postgres-psycopg: the PostgreSQL store on psycopg's documented API, `?wire=psycopg`);
 # "none": the same model and tool driven by a bare loop, nothing persisted and no
 # runtime (the shape of LangGraph's no-checkpointer row).
-CONFIGS = ("none", "memory", "sqlite-normal", "sqlite-full", "postgres")
+CONFIGS = ("none", "memory", "sqlite-normal", "sqlite-full", "postgres", "postgres-psycopg")
 
 
 def store_url(config: str, workdir: str) -> tuple[str, str | None]:
@@ -68,9 +69,10 @@ def store_url(config: str, workdir: str) -> tuple[str, str | None]:
         return f"sqlite:///{workdir}/duragent.db", None
     if config == "sqlite-full":
         return f"sqlite:///{workdir}/duragent.db?durability=full", None
-    if config == "postgres":
+    if config in ("postgres", "postgres-psycopg"):
         schema = new_schema("bench_duragent")
-        return f"{PG_URL}?schema={schema}", schema
+        wire = "&wire=psycopg" if config == "postgres-psycopg" else ""
+        return f"{PG_URL}?schema={schema}{wire}", schema
     raise ValueError(f"unknown duragent config {config!r}")
 
 
@@ -467,6 +469,26 @@ async def commit_cpu(config: str, workdir: str, commits: int) -> Any:
     return await once(config, commits, workdir)
 
 
+async def compaction(config: str, workdir: str, rounds: int, window: int) -> Any:
+    """One task through a `window`-token window and the same task without one
+    (bench/compaction.py): ms per round and resume, from the same run."""
+    from bench.compaction import one
+
+    url, schema = store_url(config, workdir)
+    try:
+        windowed = await one(url, rounds, window)
+    finally:
+        if schema is not None:
+            drop_schema(schema)
+    url, schema = store_url(config, os.path.join(workdir, "whole"))
+    os.makedirs(os.path.join(workdir, "whole"), exist_ok=True)
+    try:
+        return {"windowed": windowed, "whole": await one(url, rounds, None)}
+    finally:
+        if schema is not None:
+            drop_schema(schema)
+
+
 def run(workload: str, params: dict[str, Any]) -> Any:
     workloads: dict[str, Callable[..., Coroutine[Any, Any, Any]]] = {
         "rounds": rounds,
@@ -474,6 +496,7 @@ def run(workload: str, params: dict[str, Any]) -> Any:
         "resume": resume,
         "concurrent": concurrent,
         "streaming": streaming,
+        "compaction": compaction,
     }
     fn = workloads[workload]
     # `repeats` of a rounds run = tasks in this process; resume has its own repeats.

@@ -90,7 +90,7 @@ def drop_schema(schema: str) -> None:
                 raise
 
 
-async def _postgres(tmp_path: Path) -> Store:
+async def _postgres(tmp_path: Path, wire: str | None = None) -> Store:
     from duragent.store._postgres import PostgresStore
 
     class ThrowawayPostgresStore(PostgresStore):
@@ -103,8 +103,12 @@ async def _postgres(tmp_path: Path) -> Store:
                 assert self.schema is not None
                 drop_schema(self.schema)
 
-    url = require_postgres()
+    url = require_postgres() + ("" if wire is None else f"?wire={wire}")
     return ThrowawayPostgresStore(url, schema=f"test_{uuid.uuid4().hex[:12]}", max_size=4)
+
+
+async def _postgres_psycopg(tmp_path: Path) -> Store:
+    return await _postgres(tmp_path, "psycopg")
 
 
 STORE_FACTORIES: dict[str, StoreFactory] = {
@@ -114,12 +118,34 @@ STORE_FACTORIES: dict[str, StoreFactory] = {
     "jsonl": _jsonl,
     "postgres": _postgres,
 }
+# The PostgreSQL store on psycopg's documented API (`?wire=psycopg`), for the
+# suites run on both wires (tests/test_store_conformance.py, the crash tests),
+# not every test of the `store` fixture.
+WIRE_FACTORIES: dict[str, StoreFactory] = {"postgres-psycopg": _postgres_psycopg}
+
+
+PG_WIRES = ("raw", "psycopg")  # the PostgreSQL store's wires (_postgres_message.py)
+
+
+@pytest.fixture(params=PG_WIRES)
+def pg_wire(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test on both wires of the PostgreSQL store: $DURAGENT_PG_WIRE, which
+    the stores it opens and the processes it starts take theirs from."""
+    monkeypatch.setenv("DURAGENT_PG_WIRE", request.param)
+    return str(request.param)
+
+
+def pg_schema_url(kind: str, schema: str) -> str:
+    """The test server's URL for `schema`, on the wire `kind` names ("postgres":
+    raw, "postgres-psycopg": psycopg's), for fixtures that give the URLs of both."""
+    wire = "&wire=psycopg" if kind == "postgres-psycopg" else ""
+    return f"{require_postgres()}?schema={schema}{wire}"
 
 
 @asynccontextmanager
 async def opened_store(kind: str, tmp_path: Path) -> AsyncIterator[Store]:
     """A store of `kind` (a key of STORE_FACTORIES), opened, and closed on the way out."""
-    s = await STORE_FACTORIES[kind](tmp_path)
+    s = await {**STORE_FACTORIES, **WIRE_FACTORIES}[kind](tmp_path)
     await s.open()
     try:
         yield s

@@ -8,11 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from typing import Any
 
 from duragent import (
     Agent,
     BuiltinTools,
+    ContextPolicy,
+    Limits,
     ModelError,
     ScriptedModel,
     Timing,
@@ -137,6 +140,32 @@ def fail_once(messages: list[object]) -> str | list[ToolCall]:
     return "Done after a retry."
 
 
+@tool(replay="safe")
+def fetch_page(n: int) -> str:
+    """Fetch page n (long: the reader's window fits only a few)."""
+    return f"page {n}: " + "lorem ipsum " * 250
+
+
+def read_pages(messages: list[Any]) -> Any:
+    """Fetch pages 1..12, one a round; reads where it is from the calls in view and
+    from a summary's "last page N" (the reader's view is compacted as it goes)."""
+    if messages and messages[0].role == "system" and "compress" in messages[0].content:
+        pages = [
+            int(n)
+            for n in re.findall(r'"n": ?(\d+)|last page (\d+)', messages[1].content)
+            for n in n
+            if n
+        ]
+        return f"Read the pages; last page {max(pages, default=0)}."
+    done = 0
+    for m in messages:
+        if m.role == "user":
+            done = max([done, *(int(n) for n in re.findall(r"last page (\d+)", m.content))])
+        for c in getattr(m, "tool_calls", None) or ():
+            done = max(done, json.loads(c.function.arguments)["n"])
+    return "Read all 12 pages." if done >= 12 else [ToolCall("fetch_page", {"n": done + 1})]
+
+
 def agents() -> list[Agent]:
     return [
         Agent(
@@ -202,10 +231,31 @@ def agents() -> list[Agent]:
         ),
         notebook(),
         Agent(
+            # A long task through a small window: its view is compacted as it goes.
+            name="reader",
+            model=ScriptedModel(read_pages),
+            tools=[fetch_page],
+            limits=Limits(max_iterations=50),
+            builtin_tools=BuiltinTools(plan=False),
+            context=ContextPolicy(window=3_000, keep_rounds=1, elide_over=100_000),
+        ),
+        Agent(
             # Two approvals at once, each open for 10 minutes: edit, batch, expiry.
             name="mailer",
             model=ScriptedModel(mail_two),
             tools=[send_email_within_10_minutes],
+            builtin_tools=BuiltinTools(plan=False),
+        ),
+        Agent(
+            # A structured answer (output_type): the page shows its JSON.
+            name="structured",
+            model=ScriptedModel([Turn(output={"city": "Oslo", "population": 700000})]),
+            output_type={
+                "title": "City",
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+                "required": ["city", "population"],
+            },
             builtin_tools=BuiltinTools(plan=False),
         ),
     ]

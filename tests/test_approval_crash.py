@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from approval_child import mailer
-from conftest import PG_URL, drop_schema, require_postgres
+from conftest import drop_schema, pg_schema_url
 from duragent import Runtime, TaskStatus, ToolMessage
 from duragent.types import AssistantMessage, EntryKind
 from support.crashlib import finish, kill_at, read_until, spawn
@@ -26,14 +26,13 @@ from support.crashlib import finish, kill_at, read_until, spawn
 EDIT = {"to": "carol", "body": "hello"}
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", "postgres-psycopg"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path}/a.db"
         return
-    require_postgres()
     schema = f"test_{uuid.uuid4().hex[:12]}"
-    yield f"{PG_URL}?schema={schema}"
+    yield pg_schema_url(request.param, schema)
     drop_schema(schema)
 
 

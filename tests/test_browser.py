@@ -200,3 +200,19 @@ def test_retry_a_failed_task_from_the_page(page: Page, server: LiveServer) -> No
     expect(page.locator(".bubble.assistant").last).to_contain_text("Done after a retry.")
     expect(page.locator("#retry")).to_be_hidden()
     expect(page.locator("#task-error")).to_be_hidden()
+
+
+@pytest.mark.slow
+def test_a_structured_answer_shows_as_pretty_json(page: Page, server: LiveServer) -> None:
+    page.goto(server.url + "/")
+    sign_in(page, server)
+    start_task(page, "structured", "The largest city of Norway?")
+    expect(status(page)).to_have_attribute("data-status", "completed")
+    expect(page.locator("#task-output-panel")).to_be_visible()
+    expect(page.locator("#task-output")).to_have_text(
+        '{\n  "city": "Oslo",\n  "population": 700000\n}'
+    )
+    # A task whose answer is text has no output panel: the text is in the conversation.
+    start_task(page, "quick", "Hi")
+    expect(status(page)).to_have_attribute("data-status", "completed")
+    expect(page.locator("#task-output-panel")).to_be_hidden()

@@ -315,6 +315,7 @@ def check_task_log(task_id: str, entries: list[Entry]) -> tuple[int, list[int]]:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("pg_wire")  # both wires, the workers' too
 async def test_four_workers_500_tasks_two_sigkilled(
     rt: Runtime, workers: list[PgWorker], schema: str, tmp_path: Path
 ) -> None:

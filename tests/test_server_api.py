@@ -307,6 +307,8 @@ async def test_agents_lists_tools_and_replay_policies(client: httpx.AsyncClient)
         "flaky",
         "holder",
         "mailer",
+        "reader",
+        "structured",
     }
     (lookup,) = found["streamer"]["tools"]
     assert lookup["name"] == "lookup" and lookup["replay"] == "safe"

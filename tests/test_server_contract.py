@@ -20,7 +20,7 @@ from duragent.server import TokenStore, create_app
 from duragent.server._limits import ServerLimits
 from duragent.server._problem_types import PROBLEM_TYPES
 from duragent.server._schemas import AgentOut, AgentsOut, StatusReason
-from duragent.types import BlockReason, WaitReason
+from duragent.types import BlockReason, FailReason, WaitReason
 from server_agents import agents
 from support.npm_tools import npm_tools
 
@@ -222,8 +222,9 @@ def test_shapes_generators_need(document: dict[str, Any]) -> None:
     assert set(schemas["WaitKind"]["enum"]) == {"approval", "input", "timer", "subtask"}
     reason = schemas["TaskSummary"]["properties"]["status_reason"]
     assert {"$ref": "#/components/schemas/StatusReason"} in reason["anyOf"]
-    every_reason = {r.value for r in WaitReason} | {r.value for r in BlockReason} | {"deadline"}
+    every_reason = {r.value for r in (*WaitReason, *BlockReason, *FailReason)}
     assert set(schemas["StatusReason"]["enum"]) == every_reason == set(get_args(StatusReason))
+
     # Each server-sent event's data has a schema, the end event's too.
     stream = document["paths"]["/v1/tasks/{task_id}/events"]["get"]
     media = stream["responses"]["200"]["content"]["text/event-stream"]
@@ -266,3 +267,17 @@ async def test_problems_carry_the_type_of_their_kind(tmp_path: Path) -> None:
         body = r.json()
         assert body["type"] == f"/problems/{kind}", (kind, body)
         assert r.status_code == body["status"] == PROBLEM_TYPES[kind][0], (kind, body)
+
+
+def test_every_status_reason_the_runtime_writes_is_in_the_contract() -> None:
+    """A reason written as a literal anywhere in the code (a guardrail's failure,
+    say) must be one the response model accepts: else every read of that task is
+    a 500 and one such task breaks the task list."""
+    src = Path(__file__).parent.parent / "src" / "duragent"
+    written = {
+        m.group(1)
+        for path in src.rglob("*.py")
+        for m in re.finditer(r'"status_reason"\]?\s*[:=]\s*"([a-z_]+)"', path.read_text())
+    }
+    assert written, "the scan found no reason: its pattern is out of date"
+    assert written <= set(get_args(StatusReason)), written - set(get_args(StatusReason))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PG_URL, drop_schema, require_postgres
+from conftest import drop_schema, pg_schema_url
 from duragent import Runtime, TaskStatus
 from duragent.types import EntryKind, UserMessage
 from send_child import make_agent
@@ -21,10 +21,9 @@ STRATEGIES = ["enqueue", "interrupt", "rollback"]
 @pytest.fixture
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     kind = request.param
-    if kind == "postgres":
-        require_postgres()
+    if kind in ("postgres", "postgres-psycopg"):
         schema = f"test_{uuid.uuid4().hex[:12]}"
-        yield f"{PG_URL}?schema={schema}"
+        yield pg_schema_url(kind, schema)
         drop_schema(schema)
     elif kind == "sqlite":
         yield f"sqlite:///{tmp_path}/s.db"
@@ -50,7 +49,9 @@ async def check_after_restart(url: str, task_id: str, ledger: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("store_url", ["sqlite", "jsonl", "postgres"], indirect=True)
+@pytest.mark.parametrize(
+    "store_url", ["sqlite", "jsonl", "postgres", "postgres-psycopg"], indirect=True
+)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 async def test_sigkill_right_after_a_messages_pickup_is_committed(
     tmp_path: Path, store_url: str, strategy: str
@@ -66,7 +67,7 @@ async def test_sigkill_right_after_a_messages_pickup_is_committed(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("store_url", ["sqlite", "postgres"], indirect=True)
+@pytest.mark.parametrize("store_url", ["sqlite", "postgres", "postgres-psycopg"], indirect=True)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 async def test_sigkill_after_a_message_is_sent_and_before_it_is_taken(
     tmp_path: Path, store_url: str, strategy: str

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from collections.abc import AsyncIterator
 from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 from psycopg import sql
 from pydantic import BaseModel
 
-from conftest import opened_store, require_postgres
+from conftest import STORE_FACTORIES, WIRE_FACTORIES, opened_store, require_postgres
 from duragent.errors import Conflict, InvalidTransition, StaleLease, StoreError, TaskNotFound
 from duragent.store import Commit, DocumentWrite, Store, TaskPatch, TaskQuery, iter_entries
 from duragent.store._codec import MAX_SEQ
@@ -35,6 +36,13 @@ from duragent.types import (
     dump_message,
     task_scope,
 )
+
+
+@pytest.fixture(params=sorted({**STORE_FACTORIES, **WIRE_FACTORIES}))
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """Every backend, the PostgreSQL store on both its wires (_postgres_message.py)."""
+    async with opened_store(request.param, tmp_path) as s:
+        yield s
 
 
 def api(task_id: str, message: BaseModel, rnd: int = 0) -> NewEntry:
@@ -708,7 +716,7 @@ def _set_last_seq(store: Store, task_id: str, seq: int) -> None:
     )
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "sqlite-full", "postgres"])
+@pytest.mark.parametrize("kind", ["sqlite", "sqlite-full", "postgres", "postgres-psycopg"])
 async def test_a_task_past_the_last_seq_an_entry_key_holds_is_refused_and_nothing_written(
     kind: str, tmp_path: Path
 ) -> None:
@@ -756,7 +764,7 @@ def _restore_payloads(store: Store, task_id: str, texts: list[str]) -> None:
         )
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "sqlite-full", "postgres"])
+@pytest.mark.parametrize("kind", ["sqlite", "sqlite-full", "postgres", "postgres-psycopg"])
 async def test_a_payload_reads_back_as_written_though_its_defaults_are_not_stored(
     kind: str, tmp_path: Path
 ) -> None:

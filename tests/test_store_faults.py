@@ -62,6 +62,7 @@ def test_a_task_waits_out_a_full_disk_and_continues(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.postgres
+@pytest.mark.usefixtures("pg_wire")  # both wires, the workers' too
 def test_killing_the_workers_postgres_connections_fails_no_task() -> None:
     require_postgres()
     from bench.faults import run_faults

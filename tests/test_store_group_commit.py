@@ -27,7 +27,7 @@ from duragent.store import (
     Commit,
     DocumentWrite,
     TaskPatch,
-    _postgres_message as postgres_message,
+    _postgres_wire as postgres_wire,
     _postgres_writer as postgres_writer,
 )
 from duragent.store._codec import SEQ_BITS
@@ -540,14 +540,15 @@ async def test_postgres_a_batch_writes_a_task_row_once_and_its_entries_in_one_in
     for t in tasks:  # each row now cached as this process wrote it
         await store.commit(Commit(entries=[progress(t.id, "0")], fence={t.id: 1}))
     sent: list[list[str]] = []
-    real = postgres_message.commit_message
+    real = postgres_wire.commit_message
 
     def recorded(conn: Any, statements: list[Any]) -> Any:
         sent.append([st.query.split(" ", 1)[0] for st in statements])
         return real(conn, statements)
 
-    monkeypatch.setattr(postgres_message, "commit_message", recorded)  # send_and_commit
-    monkeypatch.setattr(postgres_writer, "commit_message", recorded)  # a batch sent from the loop
+    monkeypatch.setattr(
+        postgres_wire, "commit_message", recorded
+    )  # send_and_commit, and a batch sent from the loop
     results = await asyncio.gather(
         *(
             store.commit(
@@ -749,7 +750,7 @@ async def test_postgres_a_batch_that_fails_to_build_on_the_loop_fails_its_caller
     def broken(namespace: str, txs: list[Any]) -> list[Any]:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(postgres_writer, "_notifications", broken)
+    monkeypatch.setattr(postgres_writer, "notifications", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         await asyncio.wait_for(
             store.commit(Commit(entries=[progress(task.id, "lost")], fence={task.id: 1})), 10

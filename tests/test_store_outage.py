@@ -27,7 +27,7 @@ from worker_agents import AGENTS
 
 __all__ = ["proxy", "schema"]  # the fixtures this module uses from support.pgproxy
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.usefixtures("pg_wire")]  # both wires
 
 WAITING = "the store cannot be reached"
 

@@ -24,6 +24,7 @@ from duragent.store import Commit, DocumentWrite, TaskPatch, open_store
 from duragent.store._commits import CopyEntries
 from duragent.store._postgres import PostgresStore
 from duragent.store._postgres_connect import split_url
+from duragent.store._postgres_message import WIRE_ENV, WIRES
 from duragent.store._postgres_schema import MIGRATIONS as PG_MIGRATIONS, SCHEMA_VERSION
 from duragent.types import EntryKind, NewEntry, Task, UIText, dump_message
 from support.pgproxy import commit_answer_loser
@@ -38,8 +39,15 @@ def ui(task_id: str, text: str) -> NewEntry:
     )
 
 
+@pytest.fixture(params=WIRES)
+def wire(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The wire the stores a test opens use (_postgres_message.py): every test runs on both."""
+    monkeypatch.setenv(WIRE_ENV, request.param)
+    return str(request.param)
+
+
 @pytest.fixture
-def pg_url() -> str:
+def pg_url(wire: str) -> str:
     return require_postgres()
 
 
@@ -59,8 +67,10 @@ async def store(pg_url: str, schema: str) -> AsyncIterator[PostgresStore]:
 
 
 @pytest.fixture(params=["loop", "thread"])
-def side(request: pytest.FixtureRequest) -> str:
+def side(request: pytest.FixtureRequest, wire: str) -> str:
     """Where the writer sends a batch on cached rows from: its event loop, or its thread."""
+    if request.param == "loop" and wire != "raw":
+        pytest.skip("only the raw wire sends a batch from its event loop")
     return str(request.param)
 
 

@@ -126,9 +126,9 @@ def test_blocked_takes_each_block_reason(reason: BlockReason) -> None:
         (W, None, "subtask, timer, input"),
         (W, "restart_limit", "subtask, timer, input"),  # a block's reason
         (W, "nap", "subtask, timer, input"),
-        (B, None, "restart_limit, missing_definition, incompatible_store, pinned"),
-        (B, "timer", "restart_limit, missing_definition, incompatible_store, pinned"),
-        (B, "", "restart_limit, missing_definition, incompatible_store, pinned"),
+        (B, None, "restart_limit, missing_definition, incompatible_store, pinned, lost_commits"),
+        (B, "timer", "restart_limit, missing_definition, incompatible_store, pinned, lost_commits"),
+        (B, "", "restart_limit, missing_definition, incompatible_store, pinned, lost_commits"),
     ],
 )
 def test_waiting_and_blocked_need_their_own_kind_of_reason(

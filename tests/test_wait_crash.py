@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from conftest import PG_URL, drop_schema, require_postgres
+from conftest import drop_schema, pg_schema_url
 from duragent import (
     Agent,
     BuiltinTools,
@@ -48,14 +48,13 @@ POINTS = ["intents", "tool_start", "suspended", "park"]
 CASES = [(k, p) for k in KINDS for p in POINTS if (k, p) != ("approval", "tool_start")]
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", "postgres-psycopg"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path}/w.db"
         return
-    require_postgres()
     schema = f"test_{uuid.uuid4().hex[:12]}"
-    yield f"{PG_URL}?schema={schema}"
+    yield pg_schema_url(request.param, schema)
     drop_schema(schema)
 
 

@@ -129,6 +129,16 @@ def sleeper_script(messages: list[Any]) -> Any:
     return f"slept: {_last_tool(messages)}"
 
 
+def twonaps_script(messages: list[Any]) -> Any:
+    """Two never-replay naps, one round each; the second lasts $NAP2_SECONDS."""
+    n = sum(isinstance(m, AssistantMessage) for m in messages)
+    if n == 0:
+        return [ToolCall("nap", {"seconds": 0.1})]
+    if n == 1:
+        return [ToolCall("nap", {"seconds": float(os.environ.get("NAP2_SECONDS", "2"))})]
+    return f"slept twice: {_last_tool(messages)}"
+
+
 def parent_script(messages: list[Any]) -> Any:
     if not any(isinstance(m, AssistantMessage) for m in messages):
         return [ToolCall("delegate", {"question": "what is 6*7?"})]
@@ -183,6 +193,7 @@ def build_agents() -> list[Agent]:
             limits=Limits(max_restarts=max_restarts),
             timing=Timing(tool_grace=grace),
         ),
+        Agent(name="twonaps", model=ScriptedModel(twonaps_script), tools=tools(nap)),
         Agent(name="parent", model=ScriptedModel(parent_script), tools=tools(delegate)),
         Agent(name="researcher", model=ScriptedModel(researcher_script), tools=tools(nap)),
         Agent(name="timer", model=ScriptedModel(timer_script), tools=tools(wait_a_bit)),

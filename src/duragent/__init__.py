@@ -5,6 +5,7 @@ from __future__ import annotations
 from duragent.errors import (
     CommitOutcomeUnknown,
     Conflict,
+    ContextOverflow,
     ControlPending,
     DuplicateRequest,
     DuragentError,
@@ -15,6 +16,7 @@ from duragent.errors import (
     InvalidTransition,
     InvalidType,
     InvalidValue,
+    LostCommits,
     MalformedModelOutput,
     MCPServerError,
     MissingCredential,
@@ -37,6 +39,7 @@ from duragent.errors import (
     StoreUnavailable,
     StoreVersionError,
     TaskBusy,
+    TaskFailed,
     TaskNotFound,
     ToolArgumentError,
     UnknownAgent,
@@ -49,6 +52,7 @@ from duragent.runtime import (
     BuiltinTools,
     Decision,
     Edit,
+    GuardrailResult,
     History,
     Limits,
     RetryPolicy,
@@ -64,6 +68,7 @@ from duragent.runtime import (
     tool,
 )
 from duragent.runtime._callbacks import TaskCallbacks
+from duragent.runtime._context_policy import ContextPolicy
 from duragent.runtime._schedules import Schedule
 from duragent.runtime._sessions import Session, SessionSummary
 from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
@@ -95,6 +100,8 @@ __all__ = [
     "Commit",
     "CommitOutcomeUnknown",
     "Conflict",
+    "ContextOverflow",
+    "ContextPolicy",
     "ControlPending",
     "Decision",
     "Document",
@@ -103,6 +110,7 @@ __all__ = [
     "Edit",
     "Entry",
     "EntryKind",
+    "GuardrailResult",
     "History",
     "IncompatibleEntry",
     "InvalidArguments",
@@ -112,6 +120,7 @@ __all__ = [
     "InvalidType",
     "InvalidValue",
     "Limits",
+    "LostCommits",
     "MCPServerError",
     "MalformedModelOutput",
     "MissingCredential",
@@ -149,6 +158,7 @@ __all__ = [
     "Task",
     "TaskBusy",
     "TaskCallbacks",
+    "TaskFailed",
     "TaskNotFound",
     "TaskPatch",
     "TaskQuery",

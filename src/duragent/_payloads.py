@@ -87,6 +87,27 @@ class RollbackPayload(TypedDict):
     reason: NotRequired[str]
 
 
+class CompactionPayload(TypedDict):
+    """`compaction`: the model's view of every entry with seq <= `upto` is `head`.
+
+    The last compaction of a log wins; its head is what stands, in the model's
+    view, for everything before it (earlier compactions included). Nothing is
+    deleted: the page, history, export and forks read the entries themselves.
+    """
+
+    upto: int
+    head: list[ApiPayload]
+    how: str  # "elided" (large tool results shortened), "summarised", "custom"
+    from_round: int  # the rounds the head stands for
+    to_round: int
+    kept: NotRequired[int]  # the head's first messages kept verbatim (the first user message)
+    summary: NotRequired[str]
+    elided: NotRequired[int]  # how many tool results were shortened
+    reason: NotRequired[str]  # "threshold" or "overflow"
+    tokens_before: NotRequired[int]  # the estimates the decision was made on
+    tokens_after: NotRequired[int]
+
+
 StatusPayload = TypedDict(
     "StatusPayload",
     {
@@ -174,6 +195,23 @@ class DeliveredCheckpoint(TypedDict):
     message_id: str
 
 
+Stage = Literal["input", "output"]
+
+
+class GuardrailCheckpoint(TypedDict):
+    """A guardrail's verdict on the entry `checked_seq` (the task's input, or a final
+    answer), committed before anything acts on it (runtime/_guardrails.py)."""
+
+    type: Literal["guardrail"]
+    stage: Stage
+    name: str
+    checked_seq: int
+    tripwire: bool
+    message: str
+    action: Literal["fail", "correct"]
+    info: NotRequired[Any]
+
+
 Checkpoint = Annotated[
     WaitCheckpoint
     | DecisionCheckpoint
@@ -182,7 +220,8 @@ Checkpoint = Annotated[
     | StepStartedCheckpoint
     | ForkCheckpoint
     | MessageCheckpoint
-    | DeliveredCheckpoint,
+    | DeliveredCheckpoint
+    | GuardrailCheckpoint,
     Field(discriminator="type"),
 ]
 
@@ -227,6 +266,10 @@ def progress_of(entry: Entry | NewEntry) -> ProgressPayload:
 
 def rollback_of(entry: Entry | NewEntry) -> RollbackPayload:
     return cast(RollbackPayload, entry.payload)
+
+
+def compaction_of(entry: Entry | NewEntry) -> CompactionPayload:
+    return cast(CompactionPayload, entry.payload)
 
 
 def status_of(entry: Entry | NewEntry) -> StatusPayload:

@@ -32,9 +32,11 @@ these at the boundary and never escape raw.
     │   └── MissingCredential
     ├── WaitTimedOut (TimeoutError)
     │   └── ControlPending
+    ├── TaskFailed
     ├── IncompatibleEntry
     ├── StoreError
     │   ├── StaleLease
+    │   ├── LostCommits
     │   ├── Conflict
     │   ├── StoreVersionError
     │   ├── StoreLocked
@@ -45,7 +47,8 @@ these at the boundary and never escape raw.
     │       └── CommitOutcomeUnknown
     ├── ModelError
     │   ├── RetryableModelError
-    │   └── MalformedModelOutput
+    │   ├── MalformedModelOutput
+    │   └── ContextOverflow
     ├── StepFailed
     ├── ToolArgumentError (ValueError)
     └── MCPServerError
@@ -279,6 +282,17 @@ class WaitTimedOut(DuragentError, TimeoutError):
         return (type(self), self._made_of)
 
 
+class TaskFailed(DuragentError):
+    """`Runtime.result` of a task that ended without completing (failed, aborted,
+    blocked); `status` and `reason` say how, `task_id` which."""
+
+    def __init__(self, task_id: str, status: str, reason: str | None) -> None:
+        self.task_id, self.status, self.reason = task_id, status, reason
+        super().__init__(
+            f"task {task_id!r} ended {status}: {reason or 'no reason given'}; it has no result"
+        )
+
+
 class ControlPending(WaitTimedOut):
     """A pause or abort was recorded on a task whose worker has not acted on it yet:
     it applies when that worker reaches a safe point or, if the worker is gone,
@@ -333,6 +347,24 @@ class IncompatibleEntry(DuragentError):
 
 class StoreError(DuragentError):
     """The store could not do what was asked."""
+
+
+class LostCommits(StoreError):
+    """The store holds a task behind what it told this writer was committed: commits
+    it acknowledged are gone (the database failed over to a replica that had not
+    received them: asynchronous replication). Nothing was written; the runner
+    blocks the task(lost_commits) rather than run it again from the shorter log
+    (docs/architecture.md, "Failover of the database server")."""
+
+    def __init__(self, task_id: str, stored: int, acknowledged: int) -> None:
+        self.task_id = task_id
+        self.stored = stored
+        self.acknowledged = acknowledged
+        super().__init__(
+            f"task {task_id!r}: the store's log ends at entry {stored}, but entries up to "
+            f"{acknowledged} had been committed and acknowledged: the store lost commits "
+            "(a failover to a replica that had not received them?)"
+        )
 
 
 class StaleLease(StoreError):
@@ -426,6 +458,21 @@ class RetryableModelError(ModelError):
     """A provider failure worth asking again (rate limit, overload, a dropped connection)."""
 
     retryable = True
+
+
+class ContextOverflow(ModelError):
+    """The provider refused the request as longer than the model's context window.
+
+    Not retried as it is: the runtime compacts the task's view and asks again
+    (runtime/_compaction.py). `tokens` and `limit` when the provider said them.
+    """
+
+    def __init__(
+        self, message: str, *, tokens: int | None = None, limit: int | None = None
+    ) -> None:
+        self.tokens = tokens
+        self.limit = limit
+        super().__init__(message)
 
 
 class MalformedModelOutput(ModelError):

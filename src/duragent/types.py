@@ -58,6 +58,15 @@ class BlockReason(StrEnum):
     MISSING_DEFINITION = "missing_definition"
     INCOMPATIBLE_STORE = "incompatible_store"
     PINNED = "pinned"  # the worker's agent would break the task's pin (runtime/_pins.py)
+    LOST_COMMITS = "lost_commits"  # the store lost commits it had acknowledged (a failover)
+
+
+class FailReason(StrEnum):
+    """Why a task failed, where the runtime says (status_reason of a failed task)."""
+
+    DEADLINE = "deadline"  # its wall-clock limit passed (runtime/_ending.py)
+    GUARDRAIL = "guardrail"  # a guardrail tripped with action "fail" (runtime/_checks.py)
+    OUTPUT_INVALID = "output_invalid"  # the answer never matched output_type (runtime/_checks.py)
 
 
 _S = TaskStatus
@@ -221,6 +230,9 @@ class EntryKind(StrEnum):
     ROLLBACK = "rollback"
     STATUS = "status"
     CHECKPOINT = "checkpoint"
+    # The model's view of entries up to a seq replaced by a shorter head (a summary,
+    # large tool results elided): runtime/_compaction.py; the entries stay stored.
+    COMPACTION = "compaction"
 
 
 # Entries whose payload is an API message and so part of the model's view.

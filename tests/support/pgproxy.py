@@ -1,7 +1,8 @@
 """A TCP proxy in front of PostgreSQL that can lose a transaction's answer.
 
 Bytes pass both ways unchanged until a client message ending a transaction
-(`;COMMIT`) goes through while `cut` is set: the proxy forwards it, reads the
+(`COMMIT`: at the end of the raw wire's simple query, or a statement of its
+own on psycopg's) goes through while `cut` is set: the proxy forwards it, reads the
 server's answer up to its ReadyForQuery (the server has committed by then),
 and closes the client's side without passing the answer on. The client sees
 its connection lost with the COMMIT in flight, although the commit landed.
@@ -49,7 +50,7 @@ class CommitAnswerLoser:
         threading.Thread(target=self._down, args=(client, server, lose), daemon=True).start()
         with contextlib.suppress(OSError):
             while data := client.recv(65536):
-                if self.cut.is_set() and b";COMMIT\x00" in data:
+                if self.cut.is_set() and b"COMMIT\x00" in data:
                     self.cut.clear()
                     lose.set()
                 server.sendall(data)

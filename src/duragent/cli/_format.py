@@ -18,6 +18,7 @@ from rich.text import Text
 from duragent._payloads import (
     api_of,
     checkpoint_of,
+    compaction_of,
     intent_of,
     progress_of,
     result_of,
@@ -123,7 +124,15 @@ def describe(e: Entry) -> str:
             if c.get("arguments") is not None:
                 verdict += f" with edited arguments {clip(c.get('arguments'), 50)}"
             return verdict + (f": {c['reason']}" if c["reason"] else "")
+        if c["type"] == "guardrail":
+            said = f"tripped ({c['action']}): {clip(c['message'])}" if c["tripwire"] else "passed"
+            return f"{c['stage']} guardrail {c['name']} on #{c['checked_seq']}: {said}"
         return f"{c['type']} {p.get('call_id', '')}".strip()  # started, step, fork, message, ...
+    if e.kind is EntryKind.COMPACTION:
+        cp = compaction_of(e)
+        how = "summarised" if cp["how"] != "elided" else f"{cp.get('elided', 0)} results elided"
+        line = f"compaction: rounds {cp['from_round']}–{cp['to_round']} {how} (seqs ≤ {cp['upto']})"
+        return line + (f": {clip(cp['summary'], 2_000)}" if cp.get("summary") else "")
     if e.kind is EntryKind.UI_MESSAGE:
         text = p.get("message") or p.get("text") or ""
         return f"{p.get('type', 'ui')}: {clip(text, 70)}" + (

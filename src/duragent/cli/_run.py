@@ -178,7 +178,13 @@ class Options:
         return url, Grants(root, granted, private), clashes
 
 
-def run_agent(name: str, model: ChatModel, max_iterations: int, grants: Grants) -> Agent:
+def run_agent(
+    name: str,
+    model: ChatModel,
+    max_iterations: int,
+    grants: Grants,
+    output_schema: dict[str, Any] | None = None,
+) -> Agent:
     """The agent of a `duragent run` task; `name` is `run-<toolset>-<token>`.
 
     The name is unique per task because this process's worker claims every
@@ -199,7 +205,21 @@ def run_agent(name: str, model: ChatModel, max_iterations: int, grants: Grants) 
         limits=Limits(max_iterations=max_iterations),
         timing=Timing(tool_grace=TOOL_GRACE),
         builtin_tools=BuiltinTools(plan=False),
+        output_type=output_schema,
     )
+
+
+def load_output_schema(path: Path | None) -> dict[str, Any] | None:
+    """The JSON schema in the file `--output-schema` names (None without one)."""
+    if path is None:
+        return None
+    try:
+        schema = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"--output-schema {path}: not a JSON file ({exc})") from None
+    if not isinstance(schema, dict):
+        raise UsageError(f"--output-schema {path}: a JSON schema is an object")
+    return schema
 
 
 def _continue_hint(task_id: str, flags: list[str]) -> str:
@@ -389,6 +409,8 @@ class TerminalRun:
         tokens = f"{task.usage.input_tokens} in, {task.usage.output_tokens} out tokens"
         hint = _continue_hint(tid, self.flags)
         if task.status is TaskStatus.COMPLETED:
+            if task.output is not None and not isinstance(task.output, str):  # --output-schema
+                c.print(safe(json.dumps(task.output, indent=2, ensure_ascii=False)))
             c.print(
                 f"[green]✓ completed[/] task {tid} ({count(task.iterations, 'round')}; {tokens})"
             )
@@ -424,10 +446,11 @@ async def _drive(
     max_iterations: int,
     deadline: timedelta | None = None,
     repin: bool = False,
+    output_schema: dict[str, Any] | None = None,
 ) -> int:
     # Soft wrap: a pipe gets whole lines (a hint to copy must not be cut in two).
     console = make_console(soft_wrap=True)
-    agent = run_agent(agent_name, model, max_iterations, grants)
+    agent = run_agent(agent_name, model, max_iterations, grants, output_schema)
     loop = asyncio.get_running_loop()
     try:
         async with Runtime(store, agents=[agent], lease_ttl=15.0, poll_interval=0.25) as rt:
@@ -551,6 +574,12 @@ def run_command(
     deadline: str | None = typer.Option(
         None, help="Fail the task if it has not ended by then: 90s, 15m, 2h, 1d from now."
     ),
+    output_schema: Path | None = typer.Option(
+        None,
+        "--output-schema",
+        dir_okay=False,
+        help="A JSON schema file (of an object): the answer must be JSON of that shape.",
+    ),
 ) -> None:
     """Run an agent task here, streaming it. Ctrl-C pauses, twice aborts.
 
@@ -581,6 +610,7 @@ def run_command(
             request_id=request_id,
             max_iterations=max_iterations,
             deadline=limit,
+            output_schema=load_output_schema(output_schema),
         )
 
     _exit_with(go())
@@ -655,6 +685,8 @@ def continue_command(
             request_id=None,
             max_iterations=max_iterations,
             repin=bool(clashes),
+            # The task's pinned answer schema, as `run --output-schema` gave it.
+            output_schema=((task.config.get("request") or {}).get("output") or {}).get("schema"),
         )
 
     _exit_with(go())

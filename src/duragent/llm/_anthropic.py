@@ -47,6 +47,10 @@ ENV_KEY = "ANTHROPIC_API_KEY"
 
 _RESERVED = frozenset({"model", "messages", "system", "tools", "stream"})
 
+# The tool a model with a structured final answer calls to give it (Anthropic has
+# no response format): its input is the answer; the adapter hands it on as text.
+OUTPUT_TOOL = "final_result"
+
 _FINISH: dict[str, FinishReason] = {
     "end_turn": "stop",
     "stop_sequence": "stop",
@@ -123,6 +127,8 @@ class AnthropicChat(SdkChat):
             body["system"] = system
         if request.tools:
             body["tools"] = [_tool(t) for t in request.tools]
+        if request.output is not None:
+            _ask_for_output(body, request, settings)
         body.update(settings)
         return body
 
@@ -131,6 +137,9 @@ class AnthropicChat(SdkChat):
         finish: FinishReason | None = None
         usage = _UsageTotals()
         calls: dict[int, int] = {}  # content block index -> tool call index
+        # Content blocks of the output tool: their input is the answer, sent on as text.
+        answers: set[int] = set()
+        output = request.output is not None
         started = False  # the response began: a failure now breaks an answer
         try:
             stream = await self._client.messages.create(
@@ -153,13 +162,18 @@ class AnthropicChat(SdkChat):
                             yield delta
                     elif kind == "content_block_start":
                         block = event.content_block
-                        if block.type == "tool_use":
+                        if block.type == "tool_use" and output and block.name == OUTPUT_TOOL:
+                            answers.add(event.index)
+                        elif block.type == "tool_use":
                             calls[event.index] = len(calls)
                             yield ToolCallDelta(calls[event.index], id=block.id, name=block.name)
                     elif kind == "content_block_delta":
                         piece = event.delta
                         if piece.type == "text_delta" and piece.text:
                             yield TextDelta(piece.text)
+                        elif piece.type == "input_json_delta" and event.index in answers:
+                            if piece.partial_json:
+                                yield TextDelta(piece.partial_json)
                         elif piece.type == "input_json_delta" and event.index in calls:
                             fragment = piece.partial_json or ""
                             yield ToolCallDelta(calls[event.index], arguments=fragment)
@@ -185,6 +199,8 @@ class AnthropicChat(SdkChat):
             raise RetryableModelError(
                 "the Anthropic stream ended before the model finished (no stop_reason)"
             )
+        if finish == "tool_calls" and answers and not calls:
+            finish = "stop"  # the output tool was the only call: the answer is given
         yield Finish(finish)
 
     def _connection_error(self, exc: BaseException, started: bool) -> RetryableModelError:
@@ -196,6 +212,34 @@ class AnthropicChat(SdkChat):
             sdk_connection_error=anthropic.APIConnectionError,
             sdk_timeout=anthropic.APITimeoutError,
         )
+
+
+def _ask_for_output(body: dict[str, Any], request: ModelRequest, settings: Any) -> None:
+    """Anthropic's structured output: a tool whose input is the answer, which the
+    model must call (the only tool it may call when it has no other, else any)."""
+    output = request.output
+    assert output is not None
+    if "tool_choice" in settings:
+        raise UsageError(
+            "model settings may not set tool_choice when the agent has an output_type; "
+            "the Anthropic adapter sends it"
+        )
+    if any(t.name == OUTPUT_TOOL for t in request.tools):
+        raise UsageError(
+            f"a tool is named {OUTPUT_TOOL!r}, the name the Anthropic adapter gives the "
+            "tool of a structured answer; rename the tool"
+        )
+    tool = {
+        "name": OUTPUT_TOOL,
+        "description": "Give your final answer: call this, with the answer as its input, "
+        "once you are done (and only then).",
+        "input_schema": output.schema,
+    }
+    body["tools"] = [*body.get("tools", []), tool]
+    if request.tools:
+        body["tool_choice"] = {"type": "any"}
+    else:
+        body["tool_choice"] = {"type": "tool", "name": OUTPUT_TOOL}
 
 
 def to_anthropic_messages(messages: Sequence[Any]) -> tuple[str, list[dict[str, Any]]]:

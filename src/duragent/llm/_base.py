@@ -48,6 +48,19 @@ class ToolSpec:
     parameters: dict[str, Any]  # JSON schema of the arguments object
 
 
+@dataclass(slots=True, frozen=True)
+class OutputSpec:
+    """The shape a final answer must have (`Agent(output_type=...)`): a JSON schema
+    of an object, and whether it meets OpenAI's strict subset (every property
+    required, no other properties). Each adapter asks for it its own way: OpenAI
+    with `response_format`, Anthropic with a tool the model must call to finish;
+    either way the answer arrives as text, the JSON of the object."""
+
+    name: str
+    schema: dict[str, Any]
+    strict: bool = False
+
+
 @dataclass(slots=True)
 class ModelRequest:
     """Everything a model call depends on. Pinned in the log before the call,
@@ -59,6 +72,7 @@ class ModelRequest:
     messages: Sequence[Any]
     tools: list[ToolSpec] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
+    output: OutputSpec | None = None  # a structured final answer, pinned with the task
 
 
 @runtime_checkable

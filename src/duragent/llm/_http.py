@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any, NoReturn
 
-from duragent.errors import MissingCredential, ModelError, RetryableModelError
+from duragent.errors import ContextOverflow, MissingCredential, ModelError, RetryableModelError
+from duragent.llm._windows import is_overflow, overflow_numbers
 
 # Sent when a local server or gateway (base_url given) needs no key; the SDKs insist on one.
 NO_KEY = "not-needed"
@@ -110,6 +111,14 @@ def status_text(provider: str, status: int, message: str) -> str:
 def raise_status(exc: Any, secret: str, text: str, *, retryable: bool, env_var: str) -> NoReturn:
     """Raise for an SDK status error: `text` plus the request id, and for a 401 the
     variable the key comes from; the wait is what the server's headers asked for."""
+    status = int(exc.status_code)
+    body = getattr(exc, "body", None)
+    inner = body.get("error", body) if isinstance(body, Mapping) else None
+    code = inner.get("code") if isinstance(inner, Mapping) else None
+    message = body_message(body)
+    if is_overflow(status, code, message):
+        tokens, limit = overflow_numbers(message)
+        raise ContextOverflow(scrub(text, secret), tokens=tokens, limit=limit) from None
     request_id = getattr(exc, "request_id", None)
     if request_id:
         text += f" [request id {request_id}]"

@@ -18,6 +18,7 @@ from duragent.llm._base import (
     Finish,
     FinishReason,
     ModelRequest,
+    OutputSpec,
     StreamEvent,
     TextDelta,
     ToolCallDelta,
@@ -115,6 +116,13 @@ class OpenAIChat(SdkChat):
         }
         if request.tools:
             body["tools"] = [_tool(t) for t in request.tools]
+        if request.output is not None:
+            if "response_format" in settings:
+                raise UsageError(
+                    "model settings may not set response_format when the agent has an "
+                    "output_type; the OpenAI adapter sends it"
+                )
+            body["response_format"] = _response_format(request.output)
         body.update(settings)
         return body
 
@@ -200,6 +208,12 @@ def _tool(spec: ToolSpec) -> dict[str, Any]:
             "parameters": spec.parameters,
         },
     }
+
+
+def _response_format(output: OutputSpec) -> dict[str, Any]:
+    """OpenAI's native structured output: the answer's content is the JSON object."""
+    schema = {"name": output.name, "schema": output.schema, "strict": output.strict}
+    return {"type": "json_schema", "json_schema": schema}
 
 
 def _deltas(delta: Any) -> list[StreamEvent]:

@@ -31,10 +31,17 @@ class ToolCall:
 
 @dataclass
 class Turn:
-    """A scripted answer: text, tool calls, or both."""
+    """A scripted answer: text, tool calls, or both. `output` (a pydantic model or
+    a JSON value) is a structured answer: its JSON is the text."""
 
     text: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    output: Any = None
+
+    def __post_init__(self) -> None:
+        if self.output is not None:
+            dump = getattr(self.output, "model_dump_json", None)
+            self.text = dump() if dump is not None else json.dumps(self.output)
 
 
 TurnLike = str | Sequence[ToolCall] | Turn
@@ -76,6 +83,7 @@ class ScriptedModel:
         self.chunk_size = chunk_size
         self.final = final
         self.calls = 0  # model calls made through this instance
+        self.last_request: ModelRequest | None = None  # what the last call asked
         # id(last message) -> (that message, its index, assistants, characters)
         self._counted: dict[int, tuple[Any, int, int, int]] = {}
 
@@ -120,6 +128,7 @@ class ScriptedModel:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
         self.calls += 1
+        self.last_request = request
         i, prompt = self._count(request.messages)
         turn = self._turn(request.messages, i)
         text = turn.text

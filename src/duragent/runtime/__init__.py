@@ -3,6 +3,7 @@
 from duragent.runtime._agent import Agent, BuiltinTools, Limits, RetryPolicy, Timing
 from duragent.runtime._approvals import Decision
 from duragent.runtime._context import ToolContext
+from duragent.runtime._guardrails import GuardrailResult
 from duragent.runtime._reading import TaskTree
 from duragent.runtime._runtime import Runtime, Submission
 from duragent.runtime._steering import Edit, History, RoundRecord
@@ -14,6 +15,7 @@ __all__ = [
     "BuiltinTools",
     "Decision",
     "Edit",
+    "GuardrailResult",
     "History",
     "Limits",
     "RetryPolicy",

@@ -10,8 +10,11 @@ from typing import Any
 from duragent.errors import InvalidOption, check_count, check_delay
 from duragent.llm import ChatModel, resolve_model
 from duragent.runtime._builtin import ask_user, update_plan
+from duragent.runtime._context_policy import ContextPolicy
 from duragent.runtime._deadlines import deadline_at
+from duragent.runtime._guardrails import Guardrail, named_guardrails
 from duragent.runtime._inbox import MultitaskStrategy, check_strategy
+from duragent.runtime._output import OutputType, check_output_type, output_pin
 from duragent.runtime._tools import Tool, make_tool
 from duragent.webhooks import check_url
 
@@ -98,6 +101,7 @@ _OPTIONS: dict[str, type] = {
     "timing": Timing,
     "model_retry": RetryPolicy,
     "builtin_tools": BuiltinTools,
+    "context": ContextPolicy,
 }
 
 
@@ -130,6 +134,18 @@ class Agent:
     # Default wall-clock limit of this agent's tasks, from their submission
     # (seconds or a timedelta); submit(deadline=...) overrides it.
     deadline: float | timedelta | None = None
+    # The shape of the final answer: a pydantic model class or a JSON schema of an
+    # object (runtime/_output.py). `task.output` then holds the answer's JSON and
+    # `Runtime.result` gives it back typed; an answer that does not validate goes
+    # back to the model with the errors, at most `output_retries` times.
+    output_type: OutputType | None = None
+    output_retries: int = 2
+    # Checks of the task's input (before the first model call) and of the final
+    # answer, each verdict committed (runtime/_guardrails.py).
+    input_guardrails: Sequence[Guardrail] = ()
+    output_guardrails: Sequence[Guardrail] = ()
+    # How the task's view is kept inside the model's context window (compaction).
+    context: ContextPolicy = field(default_factory=ContextPolicy)
 
     def __post_init__(self) -> None:
         for name, kind in _OPTIONS.items():
@@ -140,6 +156,14 @@ class Agent:
         if self.webhook is not None:
             check_url(self.webhook)
         check_strategy(self.multitask_strategy)
+        check_output_type(self.output_type)
+        # The schema as a task pins it: built once, not on every model call.
+        self.output_pin: dict[str, Any] | None = (
+            None if self.output_type is None else output_pin(self.output_type)
+        )
+        check_count("Agent.output_retries", self.output_retries, least=0)
+        self.input_checks = named_guardrails(self.input_guardrails, "input")
+        self.output_checks = named_guardrails(self.output_guardrails, "output")
         if self.deadline is not None:
             if isinstance(self.deadline, bool) or not isinstance(
                 self.deadline, int | float | timedelta

@@ -53,10 +53,18 @@ class Commits:
         clock: Clock | None = None,
         on_status: StatusHook | None = None,
         on_entries: EntriesHook | None = None,
+        acked: int = 0,
     ) -> None:
         self.store = store
         self.task = task
         self.epoch = task.lease.epoch
+        # The last seq of the task a store's answer said is stored (the claim's, a
+        # commit's; `acked` if the worker knew of more): every commit asks the store
+        # to hold at least that much of the log (`Commit.seen`), so a store that lost
+        # acknowledged commits (a failover) refuses it with LostCommits. `lost` once
+        # it did: the commit that blocks the task is written on the shorter log.
+        self.acked = max(task.last_seq, acked)
+        self.lost = False
         # Detached: acting on a task no worker holds (pause/abort of a waiting
         # task); commits are guarded by the row's version instead of a lease.
         self.detached = detached
@@ -102,6 +110,7 @@ class Commits:
             finally:
                 self._settled_behind(commit.after)
         row = result.tasks[self.task.id]
+        self.acked = max(self.acked, row.last_seq)
         if self.on_entries is not None:
             # In the order they landed: the commit queued behind first (its own
             # done-callback may run only later), then this one's, before the
@@ -147,6 +156,7 @@ class Commits:
             own = [TaskPatch(self.task.id, changes, expect_version=self.task.version)]
         commit = Commit(
             fence={} if self.detached else {self.task.id: self.epoch},
+            seen={} if self.detached or self.lost else {self.task.id: self.acked},
             entries=list(entries),
             patches=own + list(patches),
             documents=documents,
@@ -200,6 +210,7 @@ class Commits:
             self._unpredict()
             return
         landed = future.result()
+        self.acked = max(self.acked, landed.tasks[self.task.id].last_seq)
         self._report_behind(pending)
         if self._behind is not pending:
             return  # a later commit was queued or made since: its row is the one to take
@@ -207,6 +218,11 @@ class Commits:
         row = landed.tasks[self.task.id]
         if row.version >= self.task.version:  # a message may have moved it further
             self.took(row)
+
+    async def caught_up(self) -> None:
+        """Wait until every commit asked for so far has landed (the one queued behind)."""
+        async with self._lock:
+            await self._caught_up()
 
     async def _caught_up(self) -> None:
         """Wait for the commit queued behind; its failure is this runner's failure."""

@@ -20,7 +20,7 @@ from duragent.runtime._inbox import cut_plan
 from duragent.runtime._log import notice, read_round, result_entries, rollback, ui_entry
 from duragent.runtime._open_round import OpenRound
 from duragent.runtime._waits import child_resolution, open_round
-from duragent.types import BlockReason, NewEntry, Task, TaskStatus, UIError
+from duragent.types import BlockReason, FailReason, NewEntry, Task, TaskStatus, UIError
 
 
 class Ending:
@@ -71,7 +71,7 @@ class Ending:
             return
         if control.action == "deadline":
             error = control.reason or "deadline exceeded"
-            extra = {"status_reason": "deadline"}
+            extra = {"status_reason": FailReason.DEADLINE.value}
             await self.finish(TaskStatus.FAILED, entries=entries, error=error, extra=extra)
             return
         if control.resume and self.task.status is not TaskStatus.RUNNING:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from duragent.errors import (
     Conflict,
     IncompatibleEntry,
+    LostCommits,
     StaleLease,
     StoreError,
     StoreUnavailable,
@@ -56,7 +57,11 @@ class TaskRunner:
         detached: bool = False,
         trace: TraceHook | None = None,
         on_entries: EntriesHook | None = None,
+        acked: int = 0,
     ) -> None:
+        """`acked`: the last seq of the task this worker was told is stored, if it
+        knows of more than `task` holds (its earlier runner's commits): a store
+        behind it lost them, and the task is blocked, not run (`Commits.acked`)."""
         self.store = store
         self.agent = agent
         self.controls = Controls()
@@ -70,6 +75,7 @@ class TaskRunner:
             clock=clock,
             on_status=on_status,
             on_entries=on_entries,
+            acked=acked,
         )
         self.ending = Ending(self.commits, self.controls)
         agents = dict(agents or {agent.name: agent})
@@ -144,6 +150,8 @@ class TaskRunner:
             log.warning("task %s abandoned: %s", self.task.id, exc)
         except asyncio.CancelledError:
             raise
+        except LostCommits as exc:
+            await self._block_lost(exc)
         except IncompatibleEntry as exc:
             # A later version wrote this task's log: blocked, not failed (nothing
             # went wrong in it), and only this task; the worker runs the others.
@@ -207,6 +215,26 @@ class TaskRunner:
             else:
                 await ending.stop(control, rnd=rounds.round)
 
+    async def _block_lost(self, exc: LostCommits) -> None:
+        """The store lost commits this runner was told had landed (a failover with
+        asynchronous replication): what ran in the lost part, never-replay tools
+        among it, is not in the log, so running on from the log could run them
+        again. The task is blocked(lost_commits) for a person to look at."""
+        log.error("task %s blocked: %s", self.task.id, exc)
+        self.commits.lost = True
+        try:
+            await self.ending.block(
+                BlockReason.LOST_COMMITS,
+                f"{exc}. Tools may have run in the lost part of the log, so the task is "
+                "not run again from it; check what its tools did, then resume it",
+            )
+        except Abandoned:
+            pass
+        except StoreError as store_exc:  # not handed back: the log it would run from is short
+            log.error(
+                "task %s: could not block it (%s); its lease will expire", self.task.id, store_exc
+            )
+
     async def _end_on_store_error(self, exc: StoreError) -> None:
         """A store error ends the runner, never the task (docs/architecture.md §4).
 
@@ -233,6 +261,13 @@ class TaskRunner:
                 # never lost to a passing store error.
                 if await self.rounds.repark():
                     log.info("task %s: its waits committed on a retry", self.task.id)
+                    return
+                stored = await self.store.get_task(self.task.id)
+                if stored.last_seq < self.commits.acked:  # not handed back on a shorter log
+                    self.commits.task = stored
+                    await self._block_lost(
+                        LostCommits(self.task.id, stored.last_seq, self.commits.acked)
+                    )
                     return
                 await self.store.release_lease(self.task.id, self.epoch)
                 return

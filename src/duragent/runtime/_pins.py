@@ -1,10 +1,13 @@
-"""What a task is pinned to: where its data goes and what its tools may touch.
+"""What a task is pinned to: where its data goes, what its tools may touch, and
+the shape of its final answer.
 
 A task records, when it is created, the provider URL its model requests go to
 (`config["request"]["base_url"]`, next to the pinned model and settings) and
 the reach of its tools (`config["tools"]`: the workdir, the permissions that run
 without asking, whether `http_get` may reach private addresses; set by
-duragent.toolsets). Never a secret: the API key stays in the process.
+duragent.toolsets) and the output schema of an agent with an `output_type`
+(`config["request"]["output"]`, runtime/_output.py). Never a secret: the API
+key stays in the process.
 
 Every worker compares the pin with the agent it would run the task with, and
 blocks the task (reason `pinned`) rather than send its conversation somewhere
@@ -69,6 +72,9 @@ def with_pins(agent: Agent, config: dict[str, Any]) -> dict[str, Any]:
     request = {k: v for k, v in (config.get("request") or {}).items() if k != "base_url"}
     if _reaches_a_provider(agent):
         request["base_url"] = base_url_of(agent)
+    request.pop("output", None)
+    if agent.output_pin is not None:
+        request["output"] = agent.output_pin  # the shape of the final answer
     out["request"] = request
     out.pop("tools", None)  # a re-pin replaces the old reach
     if reach := tools_reach(agent):
@@ -117,6 +123,17 @@ def conflict(task: Task, agent: Agent) -> str | None:
         problems.append(
             f"its tools are pinned to {_reach_text(reach)}, but this worker's agent has "
             f"{_reach_text(tools_reach(agent))}"
+        )
+    pinned_output = (task.config.get("request") or {}).get("output")
+    if pinned_output is not None and pinned_output != agent.output_pin:
+        problems.append(
+            f"its final answer is pinned to the output schema {pinned_output.get('name')!r}, "
+            "but this worker's agent has "
+            + (
+                f"the schema {agent.output_pin['name']!r} (changed)"
+                if agent.output_pin is not None
+                else "no output_type"
+            )
         )
     if not problems:
         return None

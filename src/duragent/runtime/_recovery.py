@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from duragent._payloads import rollback_marker, status_of
+from duragent.errors import LostCommits
 from duragent.llm._messages import WorkingView
 from duragent.runtime._ending import Ending
 from duragent.runtime._log import RoundState, notice, read_round
@@ -35,6 +36,8 @@ class Recovery:
 
     async def start(self) -> None:
         t = self.commits.task
+        if t.last_seq < self.commits.acked:  # this worker had been told of more
+            raise LostCommits(t.id, t.last_seq, self.commits.acked)
         entries = await self.store.entries(t.id, after_seq=t.round_seq)
         self._report_claim(entries)
         if t.restarts > self.agent.limits.max_restarts:
@@ -81,6 +84,8 @@ class Recovery:
                     ]
                 )
             return
+        if not rs.assistant.tool_calls and await self.rounds.checks.resume(rs):
+            return  # a final answer whose guardrails had not all answered
         # The progress this runner streamed in the round, if it had it open, stays its own.
         held = self.rounds.round
         self.rounds.round = rnd = OpenRound.from_log(rs, held.progress if held else None)

@@ -18,16 +18,19 @@ from datetime import datetime
 from typing import Any
 
 from duragent._payloads import IntentPayload, stored
-from duragent.errors import Conflict, ModelError
+from duragent.errors import Conflict, ContextOverflow, ModelError
 from duragent.llm._base import ModelRequest, Response, ResponseAssembler, TextDelta
 from duragent.llm._messages import WorkingView
 from duragent.runtime._agent import Agent
+from duragent.runtime._checks import Checks
 from duragent.runtime._commits import Commits
+from duragent.runtime._compaction import Compactor
 from duragent.runtime._control import Control, Controls, Interrupted
 from duragent.runtime._ending import Ending
 from duragent.runtime._inbox import delivery, due
 from duragent.runtime._log import api_entry, notice
 from duragent.runtime._open_round import OpenRound
+from duragent.runtime._output import spec_of
 from duragent.runtime._round_calls import RoundCalls
 from duragent.runtime._state import DebouncedState
 from duragent.runtime._waits import open_round
@@ -81,6 +84,8 @@ class Rounds:
         self.view = WorkingView()  # plain data; typed messages built when a model call reads them
         self.round: OpenRound | None = None
         self._tool_progress_at: dict[str, float] = {}
+        self.checks = Checks(self)  # guardrails and the output schema
+        self.compactor = Compactor(agent, commits, controls, self.trace_point)
 
     # --- what a tool call sees (CallHost) ---
 
@@ -166,6 +171,11 @@ class Rounds:
         r = self.commits.task.iterations + 1
         self.round = rnd = OpenRound(r)
         await self.trace_point("round_start")
+        if r == 1 and self.agent.input_checks and not await self.checks.check_input():
+            return  # a guardrail failed the task
+        compacted = await self.compactor.fit(self.view, r)  # committed before it is used
+        if compacted is not None:
+            self.view = compacted
         response = await self._ask_model(rnd)
         if response is None:  # stopped by a control request while streaming
             await self.ending.stop(self.controls.current or Control("pause"), rnd=rnd)
@@ -174,7 +184,10 @@ class Rounds:
         usage = self.commits.task.usage + response.usage
         tid = self.commits.task.id
         if not response.tool_calls:
-            await self._end_turn(r, message, response.text, usage)
+            if self.checks.on_output:
+                await self.checks.end_turn(rnd, message, response.text, usage)
+            else:
+                await self._end_turn(r, message, response.text, usage)
             await self.trace_point("final")
             return
         intents = [
@@ -201,23 +214,27 @@ class Rounds:
         await self.trace_point("intents", calls=[c.id for c in response.tool_calls])
         await RoundCalls(self, rnd, response.tool_calls, None).run()
 
-    async def _end_turn(self, r: int, message: ApiMessage, text: str, usage: Usage) -> None:
-        """An answer without tool calls ends the turn: the task completes, unless
-        messages wait in its inbox; then it goes on with them, seeing the answer."""
-        final = api_entry(self.commits.task.id, r, message)
+    async def _end_turn(
+        self, r: int, message: ApiMessage, output: Any, usage: Usage, *, committed: bool = False
+    ) -> None:
+        """An answer without tool calls ends the turn: the task completes (with
+        `output`: the text, or a structured answer's JSON), unless messages wait in
+        its inbox; then it goes on with them, seeing the answer. `committed`: the
+        answer is in the log (and the view) already, as its guardrails checked it."""
+        final = [] if committed else [api_entry(self.commits.task.id, r, message)]
         while True:
             version = self.commits.task.version  # what the inbox was read at
             users = await self.take_messages(
-                r + 1, turn_end=True, before=[final], patch={"usage": usage, "iterations": r}
+                r + 1, turn_end=True, before=final, patch={"usage": usage, "iterations": r}
             )
             if users:
-                self.view.extend([message, *users])
+                self.view.extend([*([] if committed else [message]), *users])
                 return
             try:
                 await self.ending.finish(
                     TaskStatus.COMPLETED,
-                    entries=[final],
-                    extra={"output": text, "usage": usage, "iterations": r},
+                    entries=final,
+                    extra={"output": output, "usage": usage, "iterations": r},
                     expect_version=version,
                 )
                 return
@@ -239,6 +256,7 @@ class Rounds:
             messages=self.view.messages(head),
             tools=[t.spec() for t in self.agent.tool_map.values()],
             settings=pin.get("settings", self.agent.model_settings),
+            output=spec_of(pin.get("output", self.agent.output_pin)),
         )
 
     async def _ask_model(self, rnd: OpenRound) -> Response | None:
@@ -250,6 +268,13 @@ class Rounds:
                     return await self._stream_once(rnd)
             except Interrupted:
                 return None
+            except ContextOverflow as exc:
+                # Compacted and asked again; a compaction that cannot cure it raises.
+                compacted = await self.compactor.fit(self.view, r, exc)
+                if compacted is None:
+                    return None  # stopped by a control request
+                self.view = compacted
+                continue
             except ModelError as exc:
                 if not exc.retryable:
                     raise
@@ -299,6 +324,7 @@ class Rounds:
                     await self._commit_progress(rnd, "".join(pending))
                     pending, last = [], now
         response = assembler.response(call_id_prefix=f"call_{r}")
+        self.compactor.sent(self.view, response.usage.input_tokens)
         await self.trace_point("model_end", usage=response.usage, finish=response.finish)
         return response
 

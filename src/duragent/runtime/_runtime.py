@@ -16,7 +16,14 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-from duragent.errors import Conflict, DuplicateRequest, InvalidTransition, UnknownAgent, UsageError
+from duragent.errors import (
+    Conflict,
+    DuplicateRequest,
+    InvalidTransition,
+    TaskFailed,
+    UnknownAgent,
+    UsageError,
+)
 from duragent.runtime._agent import Agent, agents_by_name
 from duragent.runtime._approvals import Decision
 from duragent.runtime._callbacks import TaskCallbacks
@@ -25,6 +32,7 @@ from duragent.runtime._engine import StatusHook, TraceHook
 from duragent.runtime._inbox import MultitaskStrategy, check_strategy
 from duragent.runtime._log import api_entry, notice
 from duragent.runtime._many import ManyTasks
+from duragent.runtime._output import OutputType, typed_output
 from duragent.runtime._pins import with_pins
 from duragent.runtime._reading import ReadsTasks
 from duragent.runtime._sending import SendsMessages
@@ -85,6 +93,11 @@ class Submission:
 
     async def wait(self, timeout: float | None = None) -> Task:
         return await self.runtime.wait(self.task_id, timeout=timeout)
+
+    async def result(self, timeout: float | None = None) -> Any:
+        """The task's answer once it ends, typed by its agent's `output_type`
+        (`Runtime.result`); TaskFailed if it did not complete."""
+        return await self.runtime.result(self.task_id, timeout=timeout)
 
 
 def same_request(stored: Task, asked: Task) -> bool:
@@ -504,6 +517,20 @@ class Runtime(ReadsTasks, StopsTasks, ManyTasks, SendsMessages, Sessions):
 
     async def delete(self, task_id: str) -> None:
         await self.store.delete_task(task_id)
+
+    async def result(
+        self, task_id: str, *, timeout: float | None = None, output_type: OutputType | None = None
+    ) -> Any:
+        """Wait for the task to end and give back its answer: an instance of
+        `output_type` (default: its agent's, when this runtime has the agent) built
+        from `task.output`, else `task.output` as stored (the text, or the JSON).
+        A task that failed, or was aborted, raises TaskFailed with its reason."""
+        task = await self.wait(task_id, timeout=timeout)
+        if task.status is not TaskStatus.COMPLETED:
+            raise TaskFailed(task.id, task.status.value, task.error)
+        if output_type is None and task.agent in self.agents:
+            output_type = self.agents[task.agent].output_type
+        return task.output if output_type is None else typed_output(output_type, task.output)
 
     # --- sync convenience ---
 

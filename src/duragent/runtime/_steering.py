@@ -21,7 +21,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from duragent._payloads import api_of, is_voided, rollback_marker, rollback_of, voided_ranges
+from duragent._payloads import (
+    api_of,
+    compaction_of,
+    is_voided,
+    rollback_marker,
+    rollback_of,
+    voided_ranges,
+)
 from duragent.errors import UsageError
 from duragent.runtime._log import notice, read_round
 from duragent.store._commits import CopyEntries, EntryHead
@@ -76,6 +83,21 @@ class RoundRecord(BaseModel):
     calls: list[CallRecord] = Field(default_factory=list)
 
 
+class CompactionRecord(BaseModel):
+    """A compaction: from it on, the model sees `head` instead of rounds
+    `from_round`..`to_round` (their entries stay in the log, and in `rounds`)."""
+
+    seq: int
+    round: int = Field(description="The round whose request it was made for.")
+    how: str = Field(description="elided (large tool results shortened), summarised or custom.")
+    from_round: int
+    to_round: int
+    upto: int = Field(description="The last seq it replaces in the model's view.")
+    summary: str | None = None
+    elided: int | None = Field(default=None, description="Tool results shortened.")
+    reason: str | None = Field(default=None, description="threshold or overflow.")
+
+
 class ForkedFrom(BaseModel):
     task_id: str
     round: int
@@ -87,6 +109,10 @@ class History(BaseModel):
     iterations: int = Field(description="Closed rounds: a fork may be taken at 1..iterations.")
     forked_from: ForkedFrom | None = None
     rounds: list[RoundRecord]
+    compactions: list[CompactionRecord] = Field(
+        default_factory=list,
+        description="Where the model's view was compacted to fit its context window, in order.",
+    )
 
 
 class Edit(BaseModel):
@@ -178,6 +204,22 @@ async def task_history(store: Store, task: Task) -> History:
         iterations=task.iterations,
         forked_from=forked_from(task),
         rounds=rounds,
+        compactions=[compaction_record(e) for e in entries if e.kind is EntryKind.COMPACTION],
+    )
+
+
+def compaction_record(e: Entry) -> CompactionRecord:
+    c = compaction_of(e)
+    return CompactionRecord(
+        seq=e.seq,
+        round=e.round,
+        how=c["how"],
+        from_round=c["from_round"],
+        to_round=c["to_round"],
+        upto=c["upto"],
+        summary=c.get("summary"),
+        elided=c.get("elided"),
+        reason=c.get("reason"),
     )
 
 
@@ -354,6 +396,9 @@ async def _edited_copy(
     ]
 
 
+_NOT_INHERITED = ("forked_from", "deadline", "inbox", "compacted", "output_failures")
+
+
 def fork_request(source_id: str, at_round: int, edit: Edit | None) -> str:
     """What a fork asked for, as a digest kept on it: a request_id used again must
     ask for the same fork (else DuplicateRequest), never get another task."""
@@ -378,8 +423,9 @@ async def new_fork(
     fork_id = new_id()
     log = await fork_log(store, source, fork_id, at_round, edit)
     config = {
-        # A fork is a new task: the source's deadline and inbox are not its own.
-        **{k: v for k, v in source.config.items() if k not in ("forked_from", "deadline", "inbox")},
+        # A fork is a new task: the source's deadline and inbox are not its own, and
+        # its log holds the source's entries, not its compactions (its view is whole).
+        **{k: v for k, v in source.config.items() if k not in _NOT_INHERITED},
         "forked_from": {"task_id": source.id, "round": at_round},
         "fork_request": fork_request(source.id, at_round, edit),
     }
@@ -401,6 +447,7 @@ async def new_fork(
 
 __all__ = [
     "CallRecord",
+    "CompactionRecord",
     "Edit",
     "ForkedFrom",
     "History",

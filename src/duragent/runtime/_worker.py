@@ -144,6 +144,9 @@ class Worker:
         self._claim_failures = 0  # claims in a row the store refused
         self._lost_claim = False  # a claim's outcome is unknown: look for it
         self._held: dict[tuple[str, int], None] = {}  # (task, epoch) runners held, recent
+        # Task id -> the last seq of it a store's answer told a runner of ours, recent:
+        # a claim that finds less lost commits (a failover; `TaskRunner(acked=)`).
+        self._acked: dict[str, int] = {}
         # Delivers webhook events from the outbox, this process's and others'.
         # Looking for other processes' events is polling: never more often than
         # the worker itself would poll for work (a long poll_interval means quiet).
@@ -354,10 +357,12 @@ class Worker:
         if len(self._held) > 10_000:
             del self._held[next(iter(self._held))]
         old = self.runners.get(task.id)
+        known = self._acked.get(task.id)
         if old is not None:
             # We claimed it again (our lease had lapsed), so the old runner's
             # epoch is lost: stop it now rather than at its next refused commit.
             self._abandon(old, "claimed again under a newer lease")
+            known = max(known or 0, old.commits.acked)
         agent = self.agents[task.agent]
         runner = TaskRunner(
             self.store,
@@ -369,6 +374,8 @@ class Worker:
             trace=self.trace,
             # Only a task with callbacks pays for hearing its commits (see `listen`).
             on_entries=self._entries_committed if task.id in self.callbacks else None,
+            # The claim added one entry to the log this worker knew of.
+            acked=0 if known is None else known + 1,
         )
         self.runners[task.id] = runner
         self._done[task.id] = asyncio.Event()
@@ -429,6 +436,9 @@ class Worker:
     def _finished(self, runner: TaskRunner) -> None:
         task_id = runner.task.id
         self._job_of.pop(id(runner), None)
+        self._acked[task_id] = max(self._acked.pop(task_id, 0), runner.commits.acked)
+        if len(self._acked) > 10_000:
+            del self._acked[next(iter(self._acked))]
         if self.runners.get(task_id) is not runner:
             return  # an older runner of a task this worker runs again: leave the new one be
         self.runners.pop(task_id, None)

@@ -62,7 +62,10 @@ StatusReason = Literal[
     "missing_definition",
     "incompatible_store",
     "pinned",
+    "lost_commits",
     "deadline",
+    "guardrail",
+    "output_invalid",
 ]
 StatusReasonName = Annotated[
     StatusReason,
@@ -70,7 +73,8 @@ StatusReasonName = Annotated[
         StatusReason,
         "StatusReason",
         "Why a task waits (input, timer, subtask), is blocked (restart_limit, "
-        "missing_definition, incompatible_store, pinned) or failed (deadline).",
+        "missing_definition, incompatible_store, pinned, lost_commits) or failed (deadline, guardrail, "
+        "output_invalid).",
     ),
 ]
 
@@ -484,6 +488,11 @@ class AgentOut(BaseModel):
     model: str
     max_iterations: int
     tools: list[ToolOut]
+    output_schema: dict[str, Any] | None = Field(
+        None,
+        description="The JSON schema a task's output meets (the agent's output_type), "
+        "as its tasks pin it; null: the output is the model's text.",
+    )
 
     @classmethod
     def of(cls, agent: Agent) -> AgentOut:
@@ -506,6 +515,7 @@ class AgentOut(BaseModel):
             model=agent.model_name,
             max_iterations=agent.limits.max_iterations,
             tools=tools,
+            output_schema=None if agent.output_pin is None else agent.output_pin["schema"],
         )
 
 

@@ -85,7 +85,9 @@ class StreamTokens:
             known = self._mac(payload)
         except UnicodeEncodeError:
             raise InvalidStreamToken("the stream token is not valid") from None
-        if not hmac.compare_digest(known, mac):
+        # Bytes, not str: compare_digest refuses a str with non-ASCII characters
+        # (a client can send them percent-encoded) with a TypeError, a 500.
+        if not hmac.compare_digest(known.encode(), mac.encode("utf-8", "surrogatepass")):
             raise InvalidStreamToken("the stream token is not valid")
         body = json.loads(_unb64(payload))  # signed by us: well-formed
         if (time.time() if now is None else now) >= body["e"]:

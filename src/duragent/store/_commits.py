@@ -45,6 +45,10 @@ class Commit:
     documents: list[DocumentWrite] = field(default_factory=list)
     new_tasks: list[Task] = field(default_factory=list)
     fence: dict[str, int] = field(default_factory=dict)
+    # Task id -> the last seq the writer was told is stored: a store whose log of
+    # the task ends before it has lost acknowledged commits (a failover), and
+    # refuses the commit with LostCommits.
+    seen: dict[str, int] = field(default_factory=dict)
     # A commit queued by `Store.commit_soon` that this one must follow: if that
     # one failed, this one fails with its error and writes nothing.
     after: PendingCommit | None = None

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
+import operator
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime
@@ -16,7 +18,14 @@ from duragent.store._queues import QUEUES_SCOPE, Candidate, candidate_of
 from duragent.store._rules import claim_order, claimable
 from duragent.store._signals import ChangeSignal, ControlCallback, ControlWatchers
 from duragent.store._tx import Notes, TxWrites
-from duragent.store._views import VIEW_KINDS, build_model_view, build_ui_view, view_data, view_text
+from duragent.store._views import (
+    VIEW_KINDS,
+    build_model_view,
+    build_ui_view,
+    view_data,
+    view_start,
+    view_text,
+)
 from duragent.types import (
     ApiMessage,
     Document,
@@ -309,13 +318,19 @@ class MemoryStore(TxWrites):
 
     async def model_view(self, task_id: str) -> list[ApiMessage]:
         self._readable()
-        rows = self._entries.get(task_id, ())
-        return build_model_view((s, k, p) for s, k, _r, p, _c in rows if k in VIEW_KINDS)
+        return build_model_view(self._view_rows(task_id))
 
     async def model_view_data(self, task_id: str) -> list[dict[str, Any]]:
         self._readable()
-        rows = self._entries.get(task_id, ())
-        return view_data(view_text((s, k, p) for s, k, _r, p, _c in rows if k in VIEW_KINDS))
+        return view_data(view_text(self._view_rows(task_id)))
+
+    def _view_rows(self, task_id: str) -> list[tuple[int, str, str]]:
+        """The view's rows from the last compaction's `upto` on (`view_start`)."""
+        rows = self._entries.get(task_id, [])
+        raw = self._tasks.get(task_id)
+        start = view_start(json.loads(raw).get("config")) if raw is not None else 0
+        first = bisect.bisect_left(rows, start, key=operator.itemgetter(0)) if start else 0
+        return [(s, k, p) for s, k, _r, p, _c in rows[first:] if k in VIEW_KINDS]
 
     async def ui_messages(self, task_id: str) -> list[UIMessage]:
         self._readable()

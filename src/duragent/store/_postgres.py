@@ -60,14 +60,12 @@ from duragent.store._postgres_connect import (
     turned_away,
     with_application_name,
 )
-from duragent.store._postgres_message import PREPARED_GONE, Statement
+from duragent.store._postgres_message import PREPARED_GONE, use_wire, wire_mode
 from duragent.store._postgres_notify import (
     CHANNEL,
-    CONTROL_CHANNEL,
     WORK_CHANNEL,
     Listener,
     Signals,
-    control_payload,
 )
 from duragent.store._postgres_queries import delete_trees, model_view_text, task_filters, task_rows
 from duragent.store._postgres_schema import (
@@ -79,7 +77,7 @@ from duragent.store._postgres_schema import (
     migrate,
 )
 from duragent.store._postgres_tx import PgTx, row_document, row_task
-from duragent.store._postgres_writer import PgWriter
+from duragent.store._postgres_writer import PgWriter, notifications
 from duragent.store._signals import ControlCallback, ControlWatchers
 from duragent.store._tx import TxWrites
 from duragent.store._views import build_ui_view, parse_messages, view_data
@@ -130,6 +128,7 @@ class PostgresStore(TxWrites):
         self.url = url
         self.schema = schema
         self.retries = int(own.get("retries", retries))
+        self.wire = wire_mode(own.get("wire"))  # _postgres_message.py
         self._connect_timeout = connect_timeout
         # Every wait over the network is bounded by the workers' lease (_postgres_bounds.py).
         ttl = own.get("lease_ttl", lease_ttl)
@@ -234,6 +233,7 @@ class PostgresStore(TxWrites):
         if bounded:
             setup += session_setup(conn, self._conninfo, self.bounds)
         conn.execute(sql.SQL("; ").join(setup))
+        use_wire(conn, self.wire, self._where)
 
     async def close(self) -> None:
         """Land the commits already asked for, then let go of the connections and
@@ -296,14 +296,8 @@ class PostgresStore(TxWrites):
                     tx = PgTx(conn, self.namespace)
                     with conn.transaction():
                         result = job(tx)
-                        notify = "SELECT pg_notify(%s, %s)"
-                        if tx.changed:
-                            # Delivered by the server only if and when this commits.
-                            channel = WORK_CHANNEL if tx.work else CHANNEL
-                            tx.pending.append(Statement(notify, (channel, self.namespace), False))
-                        for task_id in tx.notes.controlled:
-                            payload = control_payload(self.namespace, task_id)
-                            tx.pending.append(Statement(notify, (CONTROL_CHANNEL, payload), False))
+                        # Delivered by the server only if and when this commits.
+                        tx.pending += notifications(self.namespace, [tx])
                         tx.flush()  # the job's writes and the notifications: one message
                         committing = True
                     return result, tx
@@ -320,7 +314,7 @@ class PostgresStore(TxWrites):
                     ) from exc
                 if exc.sqlstate == PREPARED_GONE and not reprepared:
                     # The connection lost the statements prepared on it; they
-                    # are prepared again on this try (_postgres_message.py), at once.
+                    # are prepared again on this try (_postgres_wire.py), at once.
                     reprepared = True
                     attempt -= 1
                     continue

@@ -19,12 +19,12 @@ from psycopg.rows import DictRow, dict_row
 from duragent.errors import Conflict, StoreError, StoreUnavailable
 
 # PostgresStore options that are ours, not libpq's, when given in the URL query.
-_OWN_OPTIONS = ("schema", "min_size", "max_size", "retries", "lease_ttl")
+_OWN_OPTIONS = ("schema", "min_size", "max_size", "retries", "lease_ttl", "wire")
 
 # How every connection of the store is opened. `prepare_threshold=None`: psycopg
 # never prepares a query itself. Once it has (after a query's fifth run), it
 # answers every ROLLBACK, a savepoint's too, with `DEALLOCATE ALL`, which drops
-# the statements the writer prepared (_postgres_message.py) while its list of them
+# the statements the writer prepared (_postgres_wire.py) while its list of them
 # still names them; and rollbacks are routine here (a refused commit in a batch).
 CONNECTION_OPTIONS: dict[str, Any] = {
     "autocommit": True,

@@ -26,17 +26,32 @@ class LostInFlight(Exception):
     """The connection broke while a whole transaction, COMMIT included, was in flight."""
 
     def __init__(
-        self, outcomes: list[Outcome], txs: list[PgTx], backend_pid: int, sent_at: datetime
+        self,
+        outcomes: list[Outcome],
+        txs: list[PgTx],
+        backend_pid: int,
+        sent_at: datetime,
+        server: str = "",
     ) -> None:
         super().__init__("connection lost with a commit in flight")
         self.outcomes = outcomes
         self.txs = txs
         self.backend_pid = backend_pid
         self.sent_at = sent_at
+        self.server = server  # the host and port it was sent to (`server_of`)
+
+
+def server_of(conn: Conn) -> str:
+    """The host and port a connection reached: of a URL naming several, the one libpq chose."""
+    return f"{conn.info.host}:{conn.info.port}"
 
 
 def landed_in(
-    pool: psycopg_pool.ConnectionPool[Conn], txs: list[PgTx], backend_pid: int, sent_at: datetime
+    pool: psycopg_pool.ConnectionPool[Conn],
+    txs: list[PgTx],
+    backend_pid: int,
+    sent_at: datetime,
+    server: str = "",
 ) -> bool | None:
     """Whether a transaction whose connection broke with its COMMIT in flight
     committed: True, False, or None when that cannot be told.
@@ -51,6 +66,12 @@ def landed_in(
     else only, or rows another process moved meanwhile (a message sent to
     the task as soon as the row was free, say), cannot be told apart: None,
     reported as `CommitOutcomeUnknown`.
+
+    When the look reaches another host than `server` (the store's URL names
+    several and libpq chose another, the one promoted after a failover), the
+    backend was the old server's, which is gone: no backend of this server is
+    ended, and the rows as this server has them tell (docs/architecture.md §4,
+    failover of the database server).
     """
     before: dict[str, Task | None] = {}
     after: dict[str, Task] = {}
@@ -66,6 +87,8 @@ def landed_in(
         pool.check()  # what broke that connection may have broken the others
     try:
         with pool.connection() as conn:
+            if server and server_of(conn) != server:
+                return _judged(conn, before, after)
             conn.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE pid = %s AND backend_start <= %s",
@@ -83,11 +106,14 @@ def landed_in(
                 time.sleep(0.01)
             else:
                 return None  # still there after 5 s
-            rows = conn.execute(
-                "SELECT id, data FROM tasks WHERE id = ANY(%s)", (list(after),)
-            ).fetchall()
+            return _judged(conn, before, after)
     except psycopg.Error:
         return None
+
+
+def _judged(conn: Conn, before: dict[str, Task | None], after: dict[str, Task]) -> bool | None:
+    """Landed, not landed or unknown, by the task rows as `conn`'s server holds them."""
+    rows = conn.execute("SELECT id, data FROM tasks WHERE id = ANY(%s)", (list(after),)).fetchall()
     # `data` holds the whole row (its stamp too) as the last write left it.
     stored = {r["id"]: r["data"] for r in rows}
 

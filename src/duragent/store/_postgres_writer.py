@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 import psycopg
 import psycopg_pool
@@ -30,20 +29,19 @@ from psycopg.pq import TransactionStatus
 from duragent.errors import CommitOutcomeUnknown, StoreUnavailable
 from duragent.store._commits import mark_failed
 from duragent.store._group_commit import GroupCommit, Job, Outcome
-from duragent.store._postgres_flight import Flight
-from duragent.store._postgres_landed import LostInFlight, landed_in
+from duragent.store._postgres_landed import LostInFlight, landed_in, server_of
 from duragent.store._postgres_message import (
     PREPARED_GONE,
     StaleRow,
     Statement,
-    check_commit,
-    commit_message,
+    raw,
     send,
     send_and_commit,
 )
 from duragent.store._postgres_notify import CHANNEL, CONTROL_CHANNEL, WORK_CHANNEL, control_payload
 from duragent.store._postgres_schema import Conn
 from duragent.store._postgres_tx import BufferedPgTx, Deferred, NeedsServer, PgTx
+from duragent.store._postgres_wire import Flight, fly
 from duragent.types import Task
 
 Changes = tuple[bool, bool]  # a committed batch: (it changed anything, it made work)
@@ -224,10 +222,10 @@ class PgWriter(GroupCommit[PgTx, Changes]):
     # --- on the event loop: a batch on cached rows, sent from where its commits came ---
 
     def run_here(self, loop: asyncio.AbstractEventLoop) -> bool:
-        """Send the next batch from `loop` (_postgres_flight.py) if it can go
-        from here: its jobs are all this loop's and all run on cached rows, and
-        the writer holds an idle connection. False: the thread must run it.
-        Its answer is read on the loop; if it reports a failure, the thread
+        """Send the next batch from `loop` (a `Flight`, _postgres_wire.py) if it can
+        go from here: its jobs are all this loop's and all run on cached rows, and
+        the writer holds an idle connection on the raw wire. False: the thread must
+        run it. Its answer is read on the loop; if it reports a failure, the thread
         takes the batch over (`run_batch`), with the failure as its first attempt's."""
         conn = self._held
         if (
@@ -235,6 +233,7 @@ class PgWriter(GroupCommit[PgTx, Changes]):
             or conn is None
             or conn.info.transaction_status is not TransactionStatus.IDLE
             or time.monotonic() - self._held_since >= HOLD_SECONDS
+            or not raw(conn)
         ):
             return False
         batch = self.take(loop)
@@ -246,45 +245,38 @@ class PgWriter(GroupCommit[PgTx, Changes]):
             plan = self._plan(batch)
         except Exception:  # the thread runs it again and tells its callers
             plan = None
-        if plan is None or not conn.lock.acquire(blocking=False):
+        if plan is None:
             self.put_back(batch)
             return False
         statements, outcomes, txs = plan
-        self._held = None
-        pid, sent_at = conn.info.backend_pid, datetime.now(UTC)
+        pid, sent_at, server = conn.info.backend_pid, datetime.now(UTC), server_of(conn)
 
-        def answered(results: list[Any] | None, error: Exception | None) -> None:
+        def landed(error: Exception | None) -> None:
             self._flight = None
-            conn.lock.release()
-            if error is None:
-                assert results is not None
-                try:
-                    check_commit(message, statements, message.answered(results))
-                except Exception as exc:
-                    error = exc
             if error is None:
                 self._release(conn)
                 self._keep_rows(txs)
                 self.landed_here(loop, batch, outcomes, _changes(txs))
                 return
             if isinstance(error, psycopg.Error) and self.lost(error):
-                lost = LostInFlight(outcomes, txs, pid, sent_at)
+                lost = LostInFlight(outcomes, txs, pid, sent_at, server)
                 lost.__cause__ = error
                 error = lost
             self._held = conn  # for the thread's attempt, which hands it back to the pool
             self.to_thread((batch, error))
 
         try:
-            message = commit_message(conn, statements)
-            message.send(conn)
+            flight = fly(loop, conn, statements, landed)
         except Exception as exc:  # nothing went out: the thread runs the batch again
-            conn.lock.release()
-            self._held = conn
             self.to_thread((batch, exc))
             return True
+        if flight is None:  # the connection is in use
+            self.put_back(batch)
+            return False
+        self._held = None
         self.flights += 1
-        self._flight = Flight(loop, conn.pgconn, answered)
-        self._flight.start()
+        self._flight = flight
+        flight.start()
         return True
 
     def _plan(
@@ -299,7 +291,7 @@ class PgWriter(GroupCommit[PgTx, Changes]):
             if ran is None:
                 return None
             run.took(*ran)
-        run.queued += run.deferred.statements() + _notifications(self.namespace, run.txs)
+        run.queued += run.deferred.statements() + notifications(self.namespace, run.txs)
         return run.queued, run.outcomes, run.txs
 
     def run_batch(
@@ -326,7 +318,9 @@ class PgWriter(GroupCommit[PgTx, Changes]):
                 # The whole transaction went as one message, COMMIT included, and
                 # the connection broke before its answer: look whether it landed.
                 self.rows.clear()
-                landed = landed_in(self.pool, flight.txs, flight.backend_pid, flight.sent_at)
+                landed = landed_in(
+                    self.pool, flight.txs, flight.backend_pid, flight.sent_at, flight.server
+                )
                 if landed:
                     outcomes, txs = flight.outcomes, flight.txs
                 elif landed is False and tries.attempt <= self.retries:
@@ -378,7 +372,7 @@ class PgWriter(GroupCommit[PgTx, Changes]):
             return self._unknown()
         if exc.sqlstate == PREPARED_GONE and not tries.reprepared:
             # The connection lost the statements prepared on it; they are
-            # prepared again on this try (_postgres_message.py), at once.
+            # prepared again on this try (_postgres_wire.py), at once.
             tries.reprepared = True
             tries.attempt -= 1
             return None
@@ -458,14 +452,14 @@ class PgWriter(GroupCommit[PgTx, Changes]):
                 run.outcomes.append((True, value))
                 run.txs.append(tx)
         outcomes, txs = run.outcomes, run.txs
-        queued = run.queued + run.deferred.statements() + _notifications(self.namespace, txs)
+        queued = run.queued + run.deferred.statements() + notifications(self.namespace, txs)
         if not sent:
-            pid, sent_at = conn.info.backend_pid, datetime.now(UTC)
+            pid, sent_at, server = conn.info.backend_pid, datetime.now(UTC), server_of(conn)
             try:
                 send_and_commit(conn, queued)
             except psycopg.Error as exc:
                 if self.lost(exc):
-                    raise LostInFlight(outcomes, txs, pid, sent_at) from exc
+                    raise LostInFlight(outcomes, txs, pid, sent_at, server) from exc
                 raise
             return outcomes, txs, True
         send(conn, queued)
@@ -491,7 +485,7 @@ def _changes(txs: list[PgTx]) -> Changes:
     return any(tx.changed for tx in txs), any(tx.work for tx in txs)
 
 
-def _notifications(namespace: str, txs: list[PgTx]) -> list[Statement]:
+def notifications(namespace: str, txs: list[PgTx]) -> list[Statement]:
     """The NOTIFYs a batch sends, delivered by the server only if and when it commits."""
     out = []
     if any(tx.changed for tx in txs):
@@ -508,7 +502,7 @@ def _notifications(namespace: str, txs: list[PgTx]) -> list[Statement]:
 
 _COMMIT = [Statement("COMMIT", None, False)]
 # Failures that leave nothing behind and pass when the batch runs again: a
-# serialization failure, a deadlock, a prepared statement gone (_postgres_message.py).
+# serialization failure, a deadlock, a prepared statement gone (_postgres_wire.py).
 _AGAIN = ("40001", "40P01", PREPARED_GONE)
 
 

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from duragent._model_internals import updated, validated_set
-from duragent.errors import Conflict, InvalidOption, StaleLease
+from duragent.errors import Conflict, InvalidOption, LostCommits, StaleLease
 from duragent.store._commits import TaskPatch
 from duragent.types import (
     PATCHABLE,
@@ -24,6 +24,13 @@ from duragent.types import (
 def check_fence(task: Task, epoch: int) -> None:
     if task.lease.epoch != epoch:
         raise StaleLease(task.id, epoch, task.lease.epoch)
+
+
+def check_seen(task: Task, seq: int) -> None:
+    """A task's log only grows: one that ends before `seq`, which the writer was
+    told is committed, lost commits (a failover to a replica that lacked them)."""
+    if task.last_seq < seq:
+        raise LostCommits(task.id, task.last_seq, seq)
 
 
 def apply_patch(task: Task, patch: TaskPatch, now: datetime) -> tuple[Task, NewEntry | None]:

@@ -60,7 +60,14 @@ from duragent.store._sqlite_tx import (
 from duragent.store._sqlite_wake import WakeUps
 from duragent.store._sqlite_writer import BatchNotes, SqliteWriter, translate
 from duragent.store._tx import TxWrites
-from duragent.store._views import VIEW_KINDS, build_ui_view, parse_messages, view_data, view_text
+from duragent.store._views import (
+    VIEW_KINDS,
+    build_ui_view,
+    parse_messages,
+    view_data,
+    view_start,
+    view_text,
+)
 from duragent.types import (
     ApiMessage,
     Document,
@@ -534,8 +541,9 @@ class SQLiteStore(TxWrites):
 
 
 # The payloads of a task's view in seq order, a rollback marker's as NULL.
+_VIEW_START = "SELECT json_extract(data, '$.config.compacted.upto') FROM tasks WHERE id=?"
 _VIEW_PAYLOADS = (
-    "SELECT CASE WHEN kind = ? THEN NULL ELSE payload END FROM entry_rows"
+    "SELECT CASE WHEN kind IN (?, ?) THEN NULL ELSE payload END FROM entry_rows"
     f" WHERE {ENTRY_RANGE} AND kind IN ({{marks}}) ORDER BY eid"
 )
 
@@ -565,13 +573,16 @@ def _view_text(conn: sqlite3.Connection, task_id: str) -> str:
     """The payloads of the task's model view as one JSON array text."""
     marks = ", ".join("?" * len(VIEW_KINDS))
     codes = [KIND_CODES[EntryKind(k)] for k in VIEW_KINDS]
-    rollback = KIND_CODES[EntryKind.ROLLBACK]
-    bounds = entry_range(task_id)
+    markers = (KIND_CODES[EntryKind.ROLLBACK], KIND_CODES[EntryKind.COMPACTION])
+    # A compacted task's view is read from its last compaction on (resume stays
+    # flat); the row is read first, so a compaction since is among what follows.
+    row = conn.execute(_VIEW_START, (task_id,)).fetchone()
+    bounds = entry_range(task_id, view_start({"compacted": {"upto": row[0]}}) if row else 0)
     # With nothing voided (the common case; resume stays fast) the payloads
     # joined are the view: read in one statement (one snapshot) and joined
     # here, which takes two thirds of the time SQLite's group_concat takes.
-    # A rollback marker reads as NULL and stops the join.
-    rows = conn.execute(_VIEW_PAYLOADS.format(marks=marks), (rollback, *bounds, *codes))
+    # A rollback or compaction marker reads as NULL and stops the join.
+    rows = conn.execute(_VIEW_PAYLOADS.format(marks=marks), (*markers, *bounds, *codes))
     payloads = [r[0] for r in rows]
     with contextlib.suppress(TypeError):
         return "[" + ",".join(payloads) + "]"

@@ -28,6 +28,7 @@ from duragent.store._rules import (
     apply_patch,
     check_fence,
     check_new_child,
+    check_seen,
     claim,
     released,
     renewed,
@@ -245,6 +246,8 @@ def apply_commit(tx: Tx, commit: Commit, now: datetime) -> CommitResult:
         rows.dirty.add(task.id)
     for task_id, epoch in commit.fence.items():
         check_fence(rows.get(task_id), epoch)
+    for task_id, seq in commit.seen.items():
+        check_seen(rows.get(task_id), seq)
     status_entries = []
     for patch in commit.patches:
         task, status_entry = apply_patch(rows.get(patch.task_id), patch, now)

@@ -14,13 +14,16 @@ from duragent.errors import StoreCorrupt
 from duragent.llm._messages import in_call_order
 from duragent.types import API_KINDS, API_MESSAGES, UI_MESSAGE, ApiMessage, EntryKind, UIMessage
 
-# The kinds a model's view is built from: API messages and rollback markers.
-VIEW_KINDS = tuple(k.value for k in (*API_KINDS, EntryKind.ROLLBACK))
+# The kinds a model's view is built from: API messages, rollback markers and
+# compactions. The markers (not messages) are the last two.
+VIEW_KINDS = tuple(k.value for k in (*API_KINDS, EntryKind.ROLLBACK, EntryKind.COMPACTION))
+MARKER_KINDS = (EntryKind.ROLLBACK.value, EntryKind.COMPACTION.value)
 
 
 def build_model_view(rows: Iterable[tuple[int, str, str]]) -> list[ApiMessage]:
     """API messages in seq order, skipping every range voided by a rollback marker;
-    a round's tool results in the order of its calls (`in_call_order`).
+    a round's tool results in the order of its calls (`in_call_order`). The last
+    compaction's head stands for every entry up to its `upto`.
 
     `rows` are (seq, kind, payload JSON text) for API kinds and rollback markers.
     Payload texts are joined and validated in one call: a 10,000-message history
@@ -33,9 +36,19 @@ def view_text(rows: Iterable[tuple[int, str, str]]) -> str:
     """The payloads the model sees as one JSON array text (see build_model_view)."""
     rows = list(rows)
     voided = voided_ranges(json.loads(p) for _s, k, p in rows if k == EntryKind.ROLLBACK)
-    parts = []
+    compaction = None
+    for _s, k, p in rows:
+        if k == EntryKind.COMPACTION:
+            compaction = p
+    parts, upto = [], 0
+    if compaction is not None:
+        # A compaction is never voided: it stands for closed rounds before it, which
+        # a later rollback (of an open round) leaves as they were.
+        marker = json.loads(compaction)
+        upto = marker["upto"]
+        parts = [json.dumps(m, ensure_ascii=False, separators=(",", ":")) for m in marker["head"]]
     for seq, kind, payload in rows:
-        if kind == EntryKind.ROLLBACK:
+        if kind in MARKER_KINDS or seq <= upto:
             continue
         if voided and is_voided(seq, voided):
             continue
@@ -43,6 +56,20 @@ def view_text(rows: Iterable[tuple[int, str, str]]) -> str:
         # message model ignores, so every payload text parses as a message.
         parts.append(payload)
     return "[" + ",".join(parts) + "]"
+
+
+def view_start(config: object) -> int:
+    """The first seq a model view must read, from a task's `config` (its last
+    compaction's `upto` + 1; 0 without one): resume reads only the visible part.
+
+    A lower bound only: entries read from there may hold a later compaction, and
+    `view_text` takes the last one.
+    """
+    if isinstance(config, dict):
+        mark = config.get("compacted")
+        if isinstance(mark, dict) and type(mark.get("upto")) is int:
+            return int(mark["upto"]) + 1
+    return 0
 
 
 def parse_messages(text: str) -> list[ApiMessage]:

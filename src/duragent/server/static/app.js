@@ -342,6 +342,10 @@ function renderTask(task) {
   showLease(task);
   $("#task-error").textContent = task.error || "";
   $("#task-error").hidden = !task.error;
+  // A structured answer (an agent's output_type): its JSON, pretty-printed.
+  const structured = task.output != null && typeof task.output !== "string";
+  $("#task-output-panel").hidden = !structured;
+  $("#task-output").textContent = structured ? JSON.stringify(task.output, null, 2) : "";
   const src = task.forked_from;
   $("#forked-from").hidden = !src;
   $("#forked-from").replaceChildren(...(src ? [

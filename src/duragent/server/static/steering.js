@@ -9,7 +9,7 @@ function clip(text, n) {
   return s.length <= n ? s : s.slice(0, n - 1) + "…";
 }
 
-function roundItem(r, onFork) {
+function roundItem(r, onFork, compacted) {
   const calls = r.calls.map((c) =>
     h("div", { class: "round-call", "data-outcome": c.outcome || "open" },
       `${c.name} → ${c.outcome || "no result yet"}`, c.result ? `: ${clip(c.result, 80)}` : ""));
@@ -23,7 +23,8 @@ function roundItem(r, onFork) {
   return h("li", { class: `round round-${r.status}`, "data-round": r.round, "data-status": r.status },
     h("div", { class: "round-head" },
       h("span", { class: "round-no" }, `Round ${r.round}`),
-      h("span", { class: "round-status" }, r.status + (r.voided && r.status !== "voided" ? " · rolled back once" : "")),
+      h("span", { class: "round-status" }, r.status + (r.voided && r.status !== "voided" ? " · rolled back once" : "")
+        + (r.round <= compacted ? " · compacted in the model's view" : "")),
       fork),
     ...said, ...calls);
 }
@@ -31,10 +32,12 @@ function roundItem(r, onFork) {
 // Render the task's rounds into `list`; `fork(round, message)` starts a fork.
 export async function showRounds(api, taskId, list, fork) {
   const hist = await api("GET", `/v1/tasks/${encodeURIComponent(taskId)}/history`);
+  // Rounds up to the last compaction's are summarised (or elided) in the model's view.
+  const compacted = Math.max(0, ...(hist.compactions || []).map((c) => c.to_round));
   const items = hist.rounds.map((r) => roundItem(r, async (round, button) => {
     button.disabled = true;
     try { await fork(round); } finally { button.disabled = false; }
-  }));
+  }, compacted));
   list.replaceChildren(...(items.length ? items : [h("li", { class: "empty" }, "No rounds yet.")]));
   return hist;
 }

@@ -94,6 +94,10 @@ export class Timeline {
         }
         return;
       }
+      case "compaction":
+        // The model sees this summary instead of those rounds; they stay above, whole.
+        if (p.summary) this.add({ type: "compaction", from: p.from_round, to: p.to_round, text: p.summary });
+        return;
       case "ui_message":
         if ("from_seq" in p) return;
         if (p.type === "notice") this.add({ type: "notice", text: p.message });
@@ -177,6 +181,11 @@ export class Timeline {
         h("div", { class: "text" }, item.text));
     }
     if (item.type === "notice") return h("div", { class: "notice" }, item.text);
+    if (item.type === "compaction") {
+      return h("details", { class: "compaction", "data-rounds": `${item.from}-${item.to}` },
+        h("summary", {}, `Rounds ${item.from}–${item.to} summarised: what the model sees instead`),
+        h("div", { class: "text" }, item.text));
+    }
     if (item.type === "error") {
       return h("div", { class: "error-item" }, h("strong", {}, item.text), item.detail ? h("div", {}, item.detail) : null);
     }
