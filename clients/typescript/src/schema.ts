@@ -576,6 +576,13 @@ export interface components {
             max_iterations: number;
             /** Tools */
             tools: components["schemas"]["ToolOut"][];
+            /**
+             * Output Schema
+             * @description The JSON schema a task's output meets (the agent's output_type), as its tasks pin it; null: the output is the model's text.
+             */
+            output_schema?: {
+                [key: string]: unknown;
+            } | null;
         };
         /** AgentsOut */
         AgentsOut: {
@@ -622,6 +629,46 @@ export interface components {
              * @description ok, error, denied or interrupted; None while unanswered.
              */
             outcome?: string | null;
+        };
+        /**
+         * CompactionRecord
+         * @description A compaction: from it on, the model sees `head` instead of rounds
+         *     `from_round`..`to_round` (their entries stay in the log, and in `rounds`).
+         */
+        CompactionRecord: {
+            /** Seq */
+            seq: number;
+            /**
+             * Round
+             * @description The round whose request it was made for.
+             */
+            round: number;
+            /**
+             * How
+             * @description elided (large tool results shortened), summarised or custom.
+             */
+            how: string;
+            /** From Round */
+            from_round: number;
+            /** To Round */
+            to_round: number;
+            /**
+             * Upto
+             * @description The last seq it replaces in the model's view.
+             */
+            upto: number;
+            /** Summary */
+            summary?: string | null;
+            /**
+             * Elided
+             * @description Tool results shortened.
+             */
+            elided?: number | null;
+            /**
+             * Reason
+             * @description threshold or overflow.
+             */
+            reason?: string | null;
         };
         /** CountsOut */
         CountsOut: {
@@ -692,7 +739,7 @@ export interface components {
              * @description discriminator enum property added by openapi-typescript
              * @enum {string}
              */
-            kind: "api_message" | "ui_message" | "tool_intent" | "tool_result" | "progress" | "rollback" | "status" | "checkpoint";
+            kind: "api_message" | "ui_message" | "tool_intent" | "tool_result" | "progress" | "rollback" | "status" | "checkpoint" | "compaction";
             /**
              * Round
              * @default 0
@@ -712,7 +759,7 @@ export interface components {
          * EntryKind
          * @enum {string}
          */
-        EntryKind: "api_message" | "ui_message" | "tool_intent" | "tool_result" | "progress" | "rollback" | "status" | "checkpoint";
+        EntryKind: "api_message" | "ui_message" | "tool_intent" | "tool_result" | "progress" | "rollback" | "status" | "checkpoint" | "compaction";
         /** ForkRequest */
         ForkRequest: {
             /**
@@ -768,6 +815,11 @@ export interface components {
             forked_from?: components["schemas"]["ForkedFrom"] | null;
             /** Rounds */
             rounds: components["schemas"]["RoundRecord"][];
+            /**
+             * Compactions
+             * @description Where the model's view was compacted to fit its context window, in order.
+             */
+            compactions?: components["schemas"]["CompactionRecord"][];
         };
         /** Me */
         Me: {
@@ -1751,10 +1803,10 @@ export interface components {
          */
         WaitKind: "timer" | "input" | "approval" | "subtask";
         /**
-         * @description Why a task waits (input, timer, subtask), is blocked (restart_limit, missing_definition, incompatible_store, pinned) or failed (deadline).
+         * @description Why a task waits (input, timer, subtask), is blocked (restart_limit, missing_definition, incompatible_store, pinned, lost_commits) or failed (deadline, guardrail, output_invalid).
          * @enum {string}
          */
-        StatusReason: "input" | "timer" | "subtask" | "restart_limit" | "missing_definition" | "incompatible_store" | "pinned" | "deadline";
+        StatusReason: "input" | "timer" | "subtask" | "restart_limit" | "missing_definition" | "incompatible_store" | "pinned" | "lost_commits" | "deadline" | "guardrail" | "output_invalid";
         /**
          * StreamEnd
          * @description The data of a stream's last event (`event: end`).
