@@ -8,7 +8,9 @@ the agent no longer defines blocks the task.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from duragent._payloads import rollback_marker, status_of
 from duragent.errors import LostCommits
@@ -20,7 +22,7 @@ from duragent.runtime._pins import conflict
 from duragent.runtime._round import Rounds
 from duragent.runtime._round_calls import RoundCalls
 from duragent.runtime._waits import open_round
-from duragent.types import BlockReason, Entry, EntryKind, NewEntry, TaskStatus
+from duragent.types import BlockReason, Entry, EntryKind, NewEntry, Task, TaskStatus
 
 
 class Recovery:
@@ -38,6 +40,19 @@ class Recovery:
         t = self.commits.task
         if t.last_seq < self.commits.acked:  # this worker had been told of more
             raise LostCommits(t.id, t.last_seq, self.commits.acked)
+        # The model's view is read at the same time as the open round: one round
+        # trip to the store before the first round, not two (it goes unused when
+        # the task is blocked below). The runner holds the lease: nobody else
+        # appends to the log between the two reads.
+        view = asyncio.ensure_future(self.store.model_view_data(t.id))
+        try:
+            await self._start(t, view)
+        finally:
+            if not view.done():
+                view.cancel()
+            view.add_done_callback(_quiet)
+
+    async def _start(self, t: Task, view: asyncio.Future[list[dict[str, Any]]]) -> None:
         entries = await self.store.entries(t.id, after_seq=t.round_seq)
         self._report_claim(entries)
         if t.restarts > self.agent.limits.max_restarts:
@@ -52,7 +67,7 @@ class Recovery:
         if problem is not None:
             await self.ending.block(BlockReason.PINNED, f"task {t.id}: {problem}")
             return
-        self.rounds.view = WorkingView(await self.store.model_view_data(t.id))
+        self.rounds.view = WorkingView(await view)
         await self._recover(read_round(entries, t.iterations + 1))
 
     def _report_claim(self, entries: Sequence[Entry]) -> None:
@@ -106,3 +121,9 @@ class Recovery:
         t = self.commits.task
         self.rounds.view = WorkingView(await self.store.model_view_data(t.id))
         await self._recover(await open_round(self.store, t))
+
+
+def _quiet(future: asyncio.Future[Any]) -> None:
+    """A read left unused: its failure is nobody's (and not logged as unretrieved)."""
+    if not future.cancelled():
+        future.exception()

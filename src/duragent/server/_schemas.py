@@ -73,8 +73,8 @@ StatusReasonName = Annotated[
         StatusReason,
         "StatusReason",
         "Why a task waits (input, timer, subtask), is blocked (restart_limit, "
-        "missing_definition, incompatible_store, pinned, lost_commits) or failed (deadline, guardrail, "
-        "output_invalid).",
+        "missing_definition, incompatible_store, pinned, lost_commits) or failed "
+        "(deadline, guardrail, output_invalid).",
     ),
 ]
 

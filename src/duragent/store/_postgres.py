@@ -48,6 +48,7 @@ from duragent.store._postgres_bounds import (
     bounded_conninfo,
     session_setup,
 )
+from duragent.store._postgres_claims import PgClaims
 from duragent.store._postgres_connect import (
     CONNECTION_OPTIONS,
     POOL_NAME,
@@ -83,19 +84,12 @@ from duragent.store._tx import TxWrites
 from duragent.store._views import build_ui_view, parse_messages, view_data
 from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UIMessage, utcnow
 
-__all__ = [
-    "CHANNEL",
-    "MIGRATIONS",
-    "WORK_CHANNEL",
-    "PostgresStore",
-    "lock_key",
-    "migrate",
-]
+__all__ = ["CHANNEL", "MIGRATIONS", "WORK_CHANNEL", "PostgresStore", "lock_key", "migrate"]
 
 _T = TypeVar("_T")
 
 
-class PostgresStore(TxWrites):
+class PostgresStore(PgClaims, TxWrites):
     """`PostgresStore("postgresql://user@host/db", schema=None, max_size=10)`.
 
     Nothing is connected until `open()` (or `async with store:`), which
@@ -248,6 +242,7 @@ class PostgresStore(TxWrites):
         if self._listener is not None:
             await self._listener.stop()
             self._listener = None
+        await asyncio.to_thread(self.close_threads)  # before the pool: their work lands
         await asyncio.to_thread(self._pool.close)
         leases, self._leases = self._leases, None
         if leases is not None:
@@ -330,7 +325,10 @@ class PostgresStore(TxWrites):
 
     async def _read(self, job: Callable[[Conn], _T]) -> _T:
         self._check_opened()
-        result, _ = await asyncio.to_thread(self._execute, job, False)
+        readers = self.readers()  # as many threads as pooled connections (_postgres_claims.py)
+        result, _ = await asyncio.get_running_loop().run_in_executor(
+            readers, self._execute, job, False
+        )
         return result
 
     async def _write(self, job: Callable[[PgTx], _T]) -> _T:
@@ -424,6 +422,7 @@ class PostgresStore(TxWrites):
             # than `sent`: once ttl has gone by here, the lease may be over.
             if loop.time() - sent < ttl:
                 kept.update(renewed)
+                self._writer.renewed(renewed)  # now: the next batch's guards match
             else:
                 lost |= set(renewed)
             lost |= gone
@@ -433,7 +432,6 @@ class PostgresStore(TxWrites):
             if not held or loop.time() >= give_up:
                 break
             await asyncio.sleep(0.005)
-        self._writer.renewed(kept)
         return LeaseRenewal(kept=kept, lost=lost)
 
     async def delete_task(self, task_id: str) -> None:

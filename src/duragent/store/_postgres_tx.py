@@ -355,12 +355,10 @@ class PgTx:
         # counts the running tasks after the previous one committed its claims.
         # The server's time comes along (a claim's next question), with no
         # round trip of its own: one row even when there is no queue.
-        rows = self.conn.execute(
-            "WITH q AS (SELECT * FROM documents WHERE scope = %s ORDER BY key FOR UPDATE)"
-            " SELECT now() AS server_now, q.* FROM (SELECT) AS one LEFT JOIN q ON true"
-            " ORDER BY q.key",
-            (QUEUES_SCOPE,),
-        ).fetchall()
+        return self.took_queues(self.conn.execute(QUEUES_QUERY, (QUEUES_SCOPE,)).fetchall())
+
+    def took_queues(self, rows: list[DictRow]) -> list[Document]:
+        """The queue documents of `QUEUES_QUERY`'s rows; the server's time kept."""
         self.server_now = rows[0]["server_now"].astimezone(UTC)
         return [row_document(r) for r in rows if r["scope"] is not None]
 
@@ -375,6 +373,12 @@ class PgTx:
         return [(r["queue"], r["owner"], r["lease_owner"], r["n"]) for r in rows]
 
 
+# The queue documents, locked, and the server's now(): a claim's first question.
+QUEUES_QUERY = (
+    "WITH q AS (SELECT * FROM documents WHERE scope = %s ORDER BY key FOR UPDATE)"
+    " SELECT now() AS server_now, q.* FROM (SELECT) AS one LEFT JOIN q ON true"
+    " ORDER BY q.key"
+)
 _CANDIDATE = "SELECT id, status, queue, owner, priority, created_at, data, input FROM tasks"
 _RUNNABLE = (
     "status = 'pending' AND (wake_at IS NULL OR wake_at <= %(now)s)"

@@ -29,6 +29,7 @@ from psycopg.pq import TransactionStatus
 from duragent.errors import CommitOutcomeUnknown, StoreUnavailable
 from duragent.store._commits import mark_failed
 from duragent.store._group_commit import GroupCommit, Job, Outcome
+from duragent.store._postgres_copies import refresh_copies
 from duragent.store._postgres_landed import LostInFlight, landed_in, server_of
 from duragent.store._postgres_message import (
     PREPARED_GONE,
@@ -98,6 +99,7 @@ class _Tries:
     cached: bool = True  # jobs run on this process's copies of their rows
     reprepared: bool = False  # the prepared statements were made again once
     committing: bool = False  # COMMIT was sent on its own, its answer not read
+    refreshed: int = 0  # times the copies of the rows were read again
 
 
 class PgWriter(GroupCommit[PgTx, Changes]):
@@ -331,6 +333,9 @@ class PgWriter(GroupCommit[PgTx, Changes]):
                     return [(False, self._unknown())] * len(batch), None
             except StaleRow:
                 self.rereads += 1
+                if tries.cached and tries.refreshed < 3 and self._refresh():
+                    tries.refreshed += 1  # again on fresh copies (_postgres_copies.py)
+                    continue
                 self.rows.clear()
                 tries.cached = False  # again, reading every row under its lock
                 continue
@@ -364,6 +369,14 @@ class PgWriter(GroupCommit[PgTx, Changes]):
                         conn.execute("ROLLBACK")
                 raise
         return outcomes, txs
+
+    def _refresh(self) -> bool:
+        """Read this process's copies of its rows again (_postgres_copies.py)."""
+        try:
+            with self._connection() as conn:
+                return refresh_copies(conn, self.rows)
+        except psycopg.Error:
+            return False
 
     def _after_error(self, exc: psycopg.Error, tries: _Tries) -> BaseException | None:
         """What failed attempt `exc` ends in: the error every job gets, or None to try again."""
