@@ -54,7 +54,9 @@ these at the boundary and never escape raw.
     └── MCPServerError
 
 The server adds its own (duragent.server: `LimitReached`, `BadRequest`, both
-UsageErrors); `duragent._fetch.BlockedAddress` is a PermissionError.
+UsageErrors); the HTTP client raises each problem as a class that is both its
+`duragent.client.ApiError` and the error above of its kind (duragent.client:
+`TaskNotFound` is a `TaskNotFound` here too); `duragent._fetch.BlockedAddress` is a PermissionError.
 
 Every error pickles with its message and attributes (a worker process can
 hand one to another), whatever its `__init__` takes: see `DuragentError.__reduce__`.

@@ -1,4 +1,4 @@
-"""Node tools the contract tests run (tests/test_server_contract.py), installed by npm
+"""Node tools the contract and TypeScript client tests run, installed by npm
 at pinned versions into test-artifacts/npm (git-ignored), once per checkout."""
 
 from __future__ import annotations
@@ -13,7 +13,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent.parent
 DIR = ROOT / "test-artifacts" / "npm"
 # Exact versions: a new release must not change what the build accepts.
-PACKAGES = {"@redocly/cli": "2.77.0", "openapi-typescript": "7.13.0"}
+PACKAGES = {
+    "@redocly/cli": "2.77.0",
+    "openapi-typescript": "7.13.0",
+    # Building and testing the TypeScript client (tests/test_client_typescript.py).
+    "typescript": "5.9.3",
+    "@types/node": "20.19.43",
+}
 
 
 def npm_tools() -> Path:

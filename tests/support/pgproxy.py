@@ -99,6 +99,7 @@ class Forwarder:
     def __init__(self, host: str, port: int, *, cut: bool = False) -> None:
         self.target = (host, port)
         self.refused = 0
+        self.accepted = 0  # connections passed through
         self._cut = cut
         self._flowing = threading.Event()
         self._flowing.set()
@@ -149,6 +150,7 @@ class Forwarder:
                 _close(client)
                 continue
             with self._lock:
+                self.accepted += 1
                 self._live |= {client, server}
             for a, b in ((client, server), (server, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
