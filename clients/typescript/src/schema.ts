@@ -629,6 +629,11 @@ export interface components {
              * @description ok, error, denied or interrupted; None while unanswered.
              */
             outcome?: string | null;
+            /**
+             * Events
+             * @description The custom events the call emitted (ctx.emit).
+             */
+            events?: components["schemas"]["CustomEvent"][];
         };
         /**
          * CompactionRecord
@@ -683,6 +688,16 @@ export interface components {
             };
             /** Total */
             total: number;
+        };
+        /**
+         * CustomEvent
+         * @description An event a tool emitted (`ctx.emit`): its name and JSON data.
+         */
+        CustomEvent: {
+            /** Name */
+            name: string;
+            /** Data */
+            data?: unknown;
         };
         /**
          * Decision
