@@ -29,6 +29,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from duragent.errors import StoreUnavailable
 from duragent.store._postgres import PostgresStore
@@ -60,6 +61,19 @@ def abort_after(bounds: WaitBounds) -> float:
 def net() -> Iterator[tuple[Link, ScratchCluster]]:
     with partitionable() as (link, cluster):
         yield link, cluster
+
+
+def lease_out(cluster: ScratchCluster, schema: str, task_id: str) -> bool:
+    """Whether the task's lease has ended by the server's clock (read without
+    waiting for the row lock: the row, not its lock, says when the lease ends)."""
+    with psycopg.connect(cluster.url(), autocommit=True) as conn:
+        row = conn.execute(
+            sql.SQL("SELECT lease_expires < now() FROM {}.tasks WHERE id = %s").format(
+                sql.Identifier(schema)
+            ),
+            (task_id,),
+        ).fetchone()
+    return bool(row and row[0])
 
 
 def sessions(cluster: ScratchCluster, application_name: str) -> dict[int, str]:
@@ -103,7 +117,9 @@ async def test_a_partitioned_workers_sessions_are_gone_from_the_server_within_th
         assert locked in before and any("LISTEN" in before[pid] for pid in idle), before
         assert len(idle) >= 2, before  # the LISTEN session and an idle pooled one
 
-        await asyncio.sleep(0.6)  # the lease runs out: only the worker's row lock is left
+        # The lease runs out on the server's clock: only the worker's row lock is left.
+        while not await asyncio.to_thread(lease_out, cluster, schema, task.id):
+            await asyncio.sleep(0.05)
         assert await other.claim_task("w2", task_id=task.id, ttl=30) is None
 
         link.partition()

@@ -19,7 +19,7 @@ from hypothesis import given, strategies as st
 from psycopg.rows import dict_row
 
 from conftest import drop_schema, require_postgres
-from duragent.errors import CommitOutcomeUnknown, StaleLease, StoreVersionError
+from duragent.errors import CommitOutcomeUnknown, LostCommits, StaleLease, StoreVersionError
 from duragent.store import Commit, DocumentWrite, TaskPatch, open_store
 from duragent.store._commits import CopyEntries
 from duragent.store._postgres import PostgresStore
@@ -922,3 +922,97 @@ async def test_a_tasks_entries_are_read_in_seq_order_whatever_the_tables_order(
         assert shown == [UIText(text="u0"), UIText(text="u1")]
     finally:
         await store.close()
+
+
+# --- a failover that lost a claim or commits (asynchronous replication) ----------
+
+_ROW = "status, lease_epoch, last_seq, version, data, input, lease_expires, lease_owner"
+
+
+def _row_of(url: str, schema: str, task_id: str) -> tuple[Any, ...]:
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(f'SET search_path TO "{schema}"')
+        row = c.execute(f"SELECT {_ROW} FROM tasks WHERE id = %s", (task_id,)).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def _lose_since(url: str, schema: str, task_id: str, row: tuple[Any, ...]) -> None:
+    """What the promoted replica of an asynchronous primary holds: the task's row
+    as it was, and none of the entries committed after it."""
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(f'SET search_path TO "{schema}"')
+        c.execute(
+            f"UPDATE tasks SET ({_ROW}) = (%s, %s, %s, %s, %s, %s, %s, %s) WHERE id = %s",
+            (*row, task_id),
+        )
+        num = c.execute("SELECT num FROM tasks WHERE id = %s", (task_id,)).fetchone()
+        assert num is not None
+        c.execute(
+            "DELETE FROM entries"
+            " WHERE eid > (%s::bigint << 32) + %s AND eid < (%s::bigint + 1) << 32",
+            (num[0], row[2], num[0]),
+        )
+
+
+async def test_a_claim_lost_in_a_failover_does_not_let_its_worker_write_under_the_next_claim(
+    pg_url: str, schema: str
+) -> None:
+    """The promoted server gives worker B the epoch worker A had (A's claim was
+    lost): A's commits, fenced by its owner as well as the epoch, are refused."""
+    a, b = PostgresStore(pg_url, schema=schema), PostgresStore(pg_url, schema=schema)
+    async with a, b:
+        t, _ = await a.create_task(Task(agent="a", input="x"))
+        before = _row_of(pg_url, schema, t.id)
+        mine = await a.claim_task("A", task_id=t.id, ttl=60)
+        assert mine is not None
+        _lose_since(pg_url, schema, t.id, before)
+        theirs = await b.claim_task("B", task_id=t.id, ttl=60)
+        assert theirs is not None and theirs.lease.epoch == mine.lease.epoch  # repeated
+        with pytest.raises(StaleLease, match="held by 'B'"):
+            await a.commit(
+                Commit(
+                    fence={t.id: mine.lease.epoch},
+                    owner="A",
+                    seen={t.id: mine.last_seq},
+                    entries=[NewEntry(task_id=t.id, kind=EntryKind.PROGRESS, payload={})],
+                )
+            )
+        assert (await b.get_task(t.id)).last_seq == theirs.last_seq  # nothing of A's landed
+
+
+async def test_a_commit_that_writes_no_row_of_a_task_still_checks_its_log_on_the_server(
+    store: PostgresStore, pg_url: str, schema: str
+) -> None:
+    """`seen` (and the fence) of a task the commit writes nothing to is judged on
+    the writer's copy of the row: the copy must be proved current on the server,
+    or a store that lost acknowledged commits would take it."""
+    t, _ = await store.create_task(Task(agent="a", input="x"))
+    mine = await store.claim_task("w", task_id=t.id, ttl=60)
+    assert mine is not None
+    before = _row_of(pg_url, schema, t.id)
+    done = await store.commit(
+        Commit(fence={t.id: mine.lease.epoch}, entries=[ui(t.id, "acknowledged")])
+    )
+    acked = done.tasks[t.id].last_seq
+    _lose_since(pg_url, schema, t.id, before)
+    with pytest.raises(LostCommits):
+        await store.commit(Commit(fence={t.id: mine.lease.epoch}, seen={t.id: acked}))
+
+
+def test_a_url_naming_several_hosts_connects_only_to_the_one_taking_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """libpq's default takes the first host that answers, a standby in recovery
+    during a failover; the store asks for the writable one unless told otherwise."""
+    monkeypatch.delenv("PGTARGETSESSIONATTRS", raising=False)
+    two = "postgresql://postgres@127.0.0.1:5441,127.0.0.1:5442/test"
+    conninfo = PostgresStore(two)._conninfo
+    assert psycopg.conninfo.conninfo_to_dict(conninfo)["target_session_attrs"] == "read-write"
+    told = PostgresStore(two + "?target_session_attrs=prefer-standby")._conninfo
+    assert psycopg.conninfo.conninfo_to_dict(told)["target_session_attrs"] == "prefer-standby"
+    one = PostgresStore("postgresql://postgres@127.0.0.1:5432/test")._conninfo
+    assert "target_session_attrs" not in psycopg.conninfo.conninfo_to_dict(one)
+    monkeypatch.setenv("PGTARGETSESSIONATTRS", "any")
+    by_env = PostgresStore(two)._conninfo
+    assert "target_session_attrs" not in psycopg.conninfo.conninfo_to_dict(by_env)

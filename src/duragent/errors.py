@@ -370,13 +370,18 @@ class LostCommits(StoreError):
 class StaleLease(StoreError):
     """The writer's lease epoch is no longer current: another owner took over."""
 
-    def __init__(self, task_id: str, epoch: int, current: int) -> None:
+    def __init__(self, task_id: str, epoch: int, current: int, holder: str | None = None) -> None:
         self.task_id = task_id
         self.epoch = epoch
         self.current = current
+        held = (
+            f"the current epoch is {current}"
+            if holder is None
+            else f"that epoch is now held by {holder!r} (a failover lost this worker's claim)"
+        )
         super().__init__(
-            f"task {task_id!r}: commit carries lease epoch {epoch} but the current epoch is "
-            f"{current}; another worker owns this task now, nothing was written"
+            f"task {task_id!r}: commit carries lease epoch {epoch} but {held}; "
+            "another worker owns this task now, nothing was written"
         )
 
 

@@ -58,6 +58,7 @@ class Commits:
         self.store = store
         self.task = task
         self.epoch = task.lease.epoch
+        self.owner = task.lease.owner  # the worker whose lease fences the commits
         # The last seq of the task a store's answer said is stored (the claim's, a
         # commit's; `acked` if the worker knew of more): every commit asks the store
         # to hold at least that much of the log (`Commit.seen`), so a store that lost
@@ -156,6 +157,7 @@ class Commits:
             own = [TaskPatch(self.task.id, changes, expect_version=self.task.version)]
         commit = Commit(
             fence={} if self.detached else {self.task.id: self.epoch},
+            owner=None if self.detached else self.owner,
             seen={} if self.detached or self.lost else {self.task.id: self.acked},
             entries=list(entries),
             patches=own + list(patches),

@@ -42,8 +42,10 @@ class Recovery:
             raise LostCommits(t.id, t.last_seq, self.commits.acked)
         # The model's view is read at the same time as the open round: one round
         # trip to the store before the first round, not two (it goes unused when
-        # the task is blocked below). The runner holds the lease: nobody else
-        # appends to the log between the two reads.
+        # the task is blocked below). The two reads are not one snapshot: a
+        # message or a control request from another process may land between
+        # them (runtime/_inbox.py), as it could with the reads in turn; neither
+        # is part of the model's view, and the runner takes them in afterwards.
         view = asyncio.ensure_future(self.store.model_view_data(t.id))
         try:
             await self._start(t, view)

@@ -45,6 +45,10 @@ class Commit:
     documents: list[DocumentWrite] = field(default_factory=list)
     new_tasks: list[Task] = field(default_factory=list)
     fence: dict[str, int] = field(default_factory=dict)
+    # The worker holding the leases `fence` names: a lease of the same epoch held
+    # by another worker is not its own (epochs can repeat after a failover that
+    # lost a claim). None: the epoch alone decides.
+    owner: str | None = None
     # Task id -> the last seq the writer was told is stored: a store whose log of
     # the task ends before it has lost acknowledged commits (a failover), and
     # refuses the commit with LostCommits.

@@ -60,6 +60,7 @@ from duragent.store._postgres_connect import (
     translate,
     turned_away,
     with_application_name,
+    writable,
 )
 from duragent.store._postgres_message import PREPARED_GONE, use_wire, wire_mode
 from duragent.store._postgres_notify import (
@@ -217,10 +218,12 @@ class PostgresStore(PgClaims, TxWrites):
 
     def _bound(self, ttl: float) -> None:
         self.bounds = WaitBounds(ttl)
-        self._conninfo = bounded_conninfo(self._given_conninfo, self.bounds, self._connect_timeout)
+        given = writable(self._given_conninfo)
+        self._conninfo = bounded_conninfo(given, self.bounds, self._connect_timeout)
 
     def _configure(self, conn: Conn, *, bounded: bool = True) -> None:
-        # One round trip: without parameters all go as one simple query.
+        # One round trip: without parameters all go as one simple query (and one
+        # more for the wire's checks of the session, use_wire).
         setup: list[sql.Composable] = [sql.SQL("SET TIME ZONE 'UTC'")]
         if self.schema is not None:
             setup.append(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))

@@ -145,3 +145,19 @@ def redact(url: str) -> str:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def writable(conninfo: str) -> str:
+    """`conninfo` that, naming several hosts, connects only to the one taking writes.
+
+    libpq's default (`target_session_attrs=any`) takes the first host that
+    answers: during a failover, a standby still in recovery. There the store's
+    reads are behind (a false `lost_commits`, a batch judged not landed) and its
+    writes fail. A setting the URL or `$PGTARGETSESSIONATTRS` gives is kept."""
+    given = pg_conninfo.conninfo_to_dict(conninfo)
+    hosts = str(given.get("host") or given.get("hostaddr") or "")
+    if "," not in hosts or "target_session_attrs" in given:
+        return conninfo
+    if os.environ.get("PGTARGETSESSIONATTRS"):
+        return conninfo
+    return pg_conninfo.make_conninfo(conninfo, target_session_attrs="read-write")

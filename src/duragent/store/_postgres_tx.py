@@ -425,15 +425,22 @@ class Deferred:
     commits of the batch change (a round's result and the next answer) gets
     one UPDATE, guarded by the row as it was before the batch, and the batch's
     entries one INSERT. A job whose writes are taken in adds them to those
-    before it, in job order."""
+    before it, in job order. A row a job judged on its copy but that no job
+    of the batch writes (a lease fenced, a log's length checked, by a commit
+    that only writes other rows) gets a guard of its own: the judgement holds
+    only if the row is still as copied."""
 
     def __init__(self) -> None:
         self.rows: HeldRows = {}
         self.params: list[Any] = []
+        self.read: dict[str, Task] = {}  # rows judged on their copy, first copy kept
 
     def take_in(self, tx: BufferedPgTx) -> None:
         for base, task in tx.updates.values():
             hold_row(self.rows, base, task)
+        for task_id, base in tx.based_on.items():
+            if task_id not in tx.updates:
+                self.read.setdefault(task_id, base)
         self.params += tx.entry_params
 
     def statements(self) -> list[Statement]:
@@ -442,10 +449,19 @@ class Deferred:
             update_statement(base, task, base is not None and base.input == task.input)
             for base, task in self.rows.values()
         ]
+        out += [still_as(base) for tid, base in self.read.items() if tid not in self.rows]
         if self.params:
             out.append(Statement(_append_sql(len(self.params) // 6), self.params, False, True))
-        self.rows, self.params = {}, []
+        self.rows, self.params, self.read = {}, [], {}
         return out
+
+
+def still_as(base: Task) -> Statement:
+    """A guard that the row is still `base`: an UPDATE that writes nothing new
+    (and holds the row's lock to the commit), matching one row only if so."""
+    cols: dict[str, Any] = {"id": base.id, "version": base.version}
+    cols.update(zip(_GUARD_PARAMS, row_stamp(base), strict=True))
+    return Statement(_update_sql(tuple(cols), True), cols, True, True)
 
 
 class BufferedPgTx(PgTx):

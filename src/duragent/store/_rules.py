@@ -21,9 +21,16 @@ from duragent.types import (
 )
 
 
-def check_fence(task: Task, epoch: int) -> None:
+def check_fence(task: Task, epoch: int, owner: str | None = None) -> None:
+    """The lease is still the one held at `epoch`, and not held by a worker other
+    than `owner` (given): after an asynchronous failover lost a claim, another
+    worker's claim can repeat an epoch on the promoted server, and only the
+    owner tells the two apart. A lease given back (no owner) is judged by its
+    epoch alone, as before."""
     if task.lease.epoch != epoch:
         raise StaleLease(task.id, epoch, task.lease.epoch)
+    if owner is not None and task.lease.owner not in (None, owner):
+        raise StaleLease(task.id, epoch, task.lease.epoch, holder=task.lease.owner)
 
 
 def check_seen(task: Task, seq: int) -> None:

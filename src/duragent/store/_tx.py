@@ -245,7 +245,7 @@ def apply_commit(tx: Tx, commit: Commit, now: datetime) -> CommitResult:
         rows.created.add(task.id)
         rows.dirty.add(task.id)
     for task_id, epoch in commit.fence.items():
-        check_fence(rows.get(task_id), epoch)
+        check_fence(rows.get(task_id), epoch, commit.owner)
     for task_id, seq in commit.seen.items():
         check_seen(rows.get(task_id), seq)
     status_entries = []
