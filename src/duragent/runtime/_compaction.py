@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from duragent._payloads import ApiPayload, CompactionPayload, is_voided, stored, voided_ranges
-from duragent.errors import ContextOverflow, ModelError
+from duragent.errors import Conflict, ContextOverflow, ModelError
 from duragent.llm._base import ModelRequest, ResponseAssembler
 from duragent.llm._messages import WorkingView
 from duragent.llm._windows import WINDOWS, context_window
@@ -103,8 +103,16 @@ class _Item:
 class Compactor:
     """One runner's compaction: its budget and the commits that shrink its view."""
 
-    def __init__(self, agent: Agent, commits: Commits, controls: Controls, trace: Trace) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        commits: Commits,
+        controls: Controls,
+        trace: Trace,
+        moved: Callable[[int], Awaitable[bool]] | None = None,
+    ) -> None:
         self.agent = agent
+        self.moved = moved  # after a Conflict: whether the row moved on (it is then taken)
         self.policy: ContextPolicy = agent.context
         self.commits = commits
         self.controls = controls
@@ -367,10 +375,19 @@ class Compactor:
             NewEntry(task_id=task.id, kind=EntryKind.COMPACTION, round=r, payload=stored(payload)),
             notice(task.id, r, text),
         ]
-        patch: dict[str, Any] = {"config": {**task.config, "compacted": {"upto": plan.upto}}}
-        if usage.input_tokens or usage.output_tokens:
-            patch["usage"] = task.usage + usage
-        await self.commits.commit(entries, patch)
+        while True:  # config holds the inbox: a message sent meanwhile must not be lost
+            task = self.commits.task
+            version = task.version
+            patch: dict[str, Any] = {"config": {**task.config, "compacted": {"upto": plan.upto}}}
+            if usage.input_tokens or usage.output_tokens:
+                patch["usage"] = task.usage + usage
+            try:
+                await self.commits.commit(entries, patch, expect_version=version)
+            except Conflict:
+                if self.moved is None or not await self.moved(version):
+                    raise
+                continue
+            return
 
     def _model_name(self) -> str:
         pin = self.commits.task.config.get("request") or {}

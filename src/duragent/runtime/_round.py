@@ -85,7 +85,7 @@ class Rounds:
         self.round: OpenRound | None = None
         self._tool_progress_at: dict[str, float] = {}
         self.checks = Checks(self)  # guardrails and the output schema
-        self.compactor = Compactor(agent, commits, controls, self.trace_point)
+        self.compactor = Compactor(agent, commits, controls, self.trace_point, self._moved)
 
     # --- what a tool call sees (CallHost) ---
 
