@@ -37,7 +37,7 @@ from duragent.runtime._commits import Commits
 from duragent.runtime._context_policy import ContextPolicy
 from duragent.runtime._control import Controls, Interrupted
 from duragent.runtime._log import notice
-from duragent.store._views import view_start
+from duragent.store._views import compaction_voided, view_start
 from duragent.types import EntryKind, NewEntry, SystemMessage, Usage, UserMessage
 
 log = logging.getLogger(__name__)
@@ -242,11 +242,16 @@ class Compactor:
             EntryKind.COMPACTION,
         )
         entries = await self.commits.store.entries(task.id, after_seq=after, kinds=kinds)
-        voided = voided_ranges(e.payload for e in entries if e.kind is EntryKind.ROLLBACK)
+        markers = [(e.seq, e.payload) for e in entries if e.kind is EntryKind.ROLLBACK]
+        voided = voided_ranges(m for _s, m in markers)
         prev = None
-        for e in entries:
-            if e.kind is EntryKind.COMPACTION:
+        for e in reversed(entries):
+            kind = e.kind
+            if kind is EntryKind.COMPACTION and not compaction_voided(
+                e.seq, e.payload["upto"], markers
+            ):
                 prev = cast(CompactionPayload, e.payload)
+                break
         upto = prev["upto"] if prev is not None else 0
         items = [
             _Item(e.seq, e.round, {k: v for k, v in e.payload.items() if k != "outcome"})
