@@ -6,7 +6,7 @@ from typing import Any
 
 from duragent import Runtime, ScriptedModel, Store, TaskStatus
 from duragent.types import EntryKind
-from test_compaction import WindowedModel, agent_with, long_task_script
+from support.long_task import WindowedModel, agent_with, long_task_script
 
 
 async def test_a_message_sent_while_the_summariser_runs_reaches_the_model(store: Store) -> None:

@@ -8,7 +8,7 @@ from duragent import Runtime, ScriptedModel, Store, TaskStatus
 from duragent.store._seed import SeedPersistence
 from duragent.store._views import build_model_view
 from duragent.types import EntryKind, UserMessage
-from test_compaction import WindowedModel, agent_with, long_task_script
+from support.long_task import WindowedModel, agent_with, long_task_script
 
 
 async def test_replacing_a_compacted_tasks_messages_leaves_only_the_new_ones(store: Store) -> None:

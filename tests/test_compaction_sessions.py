@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from duragent import Runtime, ScriptedModel, Store, TaskStatus
 from duragent.types import EntryKind
-from test_compaction import WindowedModel, agent_with, long_task_script
+from support.long_task import WindowedModel, agent_with, long_task_script
 
 SUMMARY = "[Summary of rounds"
 
