@@ -27,8 +27,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+import pydantic
+
 from duragent._payloads import ApiPayload, CompactionPayload, is_voided, stored, voided_ranges
-from duragent.errors import Conflict, ContextOverflow, ModelError
+from duragent.errors import Conflict, ContextOverflow, DuragentError, ModelError
 from duragent.llm._base import ModelRequest, ResponseAssembler
 from duragent.llm._messages import WorkingView
 from duragent.llm._windows import WINDOWS, context_window
@@ -38,7 +40,15 @@ from duragent.runtime._context_policy import ContextPolicy
 from duragent.runtime._control import Controls, Interrupted
 from duragent.runtime._log import notice
 from duragent.store._views import compaction_voided, view_start
-from duragent.types import EntryKind, NewEntry, SystemMessage, Usage, UserMessage
+from duragent.types import (
+    API_MESSAGES,
+    EntryKind,
+    NewEntry,
+    SystemMessage,
+    Usage,
+    UserMessage,
+    dump_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +57,10 @@ SUMMARY_TAG = "[Summary of rounds {a}-{b}, compacted to fit the context window]"
 ELIDED = "[elided from the model's view to fit the context window: {n} characters; kept in the log]"
 
 Trace = Callable[..., Awaitable[None]]
+
+
+class CompactionFailed(DuragentError):
+    """The user's compact function failed or returned what is no summary: the task fails."""
 
 
 def message_chars(m: Mapping[str, Any]) -> int:
@@ -314,13 +328,11 @@ class Compactor:
     ) -> tuple[str, Usage]:
         p = self.policy
         if p.compact is not None:
-            out = p.compact([dict(m) for m in old])
-            if inspect.isawaitable(out):
-                out = await out
+            out = await _call_compact(p.compact, old)
             if isinstance(out, list):
-                plan.custom = [dict(m) for m in out]
+                plan.custom = out
                 return "", Usage()
-            return str(out), Usage()
+            return out, Usage()
         model = p.summarizer or self.agent.chat_model
         name = model.name if p.summarizer is not None else self._model_name()
         cap = int(window * p.target * self.budget.ratio)
@@ -397,6 +409,40 @@ class Compactor:
     def _model_name(self) -> str:
         pin = self.commits.task.config.get("request") or {}
         return str(pin.get("model", self.agent.model_name))
+
+
+async def _call_compact(
+    compact: Callable[..., Any], old: list[dict[str, Any]]
+) -> str | list[dict[str, Any]]:
+    """The user's `compact` function's summary (text) or messages (checked as API
+    messages). What it raises but a ModelError, or a result that is neither, fails
+    the task saying so, before anything is committed."""
+    what = f"ContextPolicy(compact={getattr(compact, '__name__', 'function')})"
+    try:
+        out = compact([dict(m) for m in old])
+        if inspect.isawaitable(out):
+            out = await out
+    except ModelError:
+        raise
+    except Exception as exc:
+        text = " ".join(str(exc).split())
+        raise CompactionFailed(f"{what} raised {type(exc).__name__}: {text}") from exc
+    if isinstance(out, str):
+        return out
+    if isinstance(out, list):
+        try:
+            messages = API_MESSAGES.validate_python(out)
+        except pydantic.ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            raise CompactionFailed(
+                f"{what} returned a list that is not API messages (at {where}: {first['msg']})"
+            ) from None
+        return [dump_message(m) for m in messages]
+    raise CompactionFailed(
+        f"{what} returned {type(out).__name__}: it must return a summary (str) or a "
+        "list of API messages (dicts with a role)"
+    )
 
 
 def compaction_text(c: CompactionPayload) -> str:
