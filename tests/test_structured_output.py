@@ -4,11 +4,12 @@ errors (each attempt committed), and the typed object handed back."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, RootModel
 
 from duragent import (
     Agent,
@@ -169,11 +170,14 @@ async def test_a_caller_without_the_agent_gets_the_json_or_names_the_type() -> N
         (int, "pydantic model class or a JSON schema"),
         ({"type": "array"}, '"type": "object"'),
         ({"type": "object", "properties": 3}, "not a valid JSON schema"),
+        (RootModel[list[int]], "must describe an object, not array"),
+        (RootModel[str], "must describe an object, not string"),
     ],
 )
 def test_an_output_type_that_cannot_be_is_refused(output_type: Any, says: str) -> None:
-    with pytest.raises(InvalidOption, match=says):
+    with pytest.raises(InvalidOption, match=re.escape(says)) as refused:
         Agent(name="a", model="scripted:none", output_type=output_type)
+    assert "\n" not in str(refused.value)
 
 
 def test_a_schema_with_free_form_objects_is_sent_without_strict() -> None:

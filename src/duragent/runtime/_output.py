@@ -38,6 +38,17 @@ def check_output_type(output_type: Any) -> None:
     if output_type is None:
         return
     if isinstance(output_type, type) and issubclass(output_type, BaseModel):
+        try:
+            schema = output_type.model_json_schema()
+        except Exception as exc:  # a type pydantic cannot describe
+            text = " ".join(str(exc).split())
+            raise InvalidOption(f"Agent.output_type {output_type.__name__}: {text}") from None
+        if schema.get("type") != "object":
+            raise InvalidOption(
+                f"Agent.output_type {output_type.__name__} must describe an object, not "
+                f"{schema.get('type') or 'a reference'} (a RootModel of a list or a scalar "
+                "cannot be a tool's input): wrap it in a model with one field"
+            )
         return
     if isinstance(output_type, dict):
         if output_type.get("type") != "object":
