@@ -315,6 +315,15 @@ class Compactor:
         return best if after < limit else None
 
     def _cannot(self, window: int, tokens: int) -> str:
+        p = self.policy
+        summary = int((p.summary_chars + 120) / self.budget.ratio)
+        if summary >= p.target * window:
+            return (
+                f"the task's view cannot be made to fit the model's context window of {window} "
+                f"tokens: a summary of ContextPolicy.summary_chars={p.summary_chars} characters "
+                f"(about {summary} tokens) is more than the target share of the window "
+                f"({int(p.target * window)} tokens). Lower summary_chars"
+            )
         return (
             f"the task's view cannot be made to fit the model's context window of {window} "
             f"tokens (about {tokens} tokens asked): the instructions, the tools and the newest "
