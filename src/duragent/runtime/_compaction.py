@@ -316,21 +316,21 @@ class Compactor:
 
     def _cannot(self, window: int, tokens: int) -> str:
         p = self.policy
-        summary = int((p.summary_chars + 120) / self.budget.ratio)
-        if summary >= p.target * window:
-            return (
-                f"the task's view cannot be made to fit the model's context window of {window} "
-                f"tokens: a summary of ContextPolicy.summary_chars={p.summary_chars} characters "
-                f"(about {summary} tokens) is more than the target share of the window "
-                f"({int(p.target * window)} tokens). Lower summary_chars"
-            )
-        return (
+        text = (
             f"the task's view cannot be made to fit the model's context window of {window} "
             f"tokens (about {tokens} tokens asked): the instructions, the tools and the newest "
             "round alone exceed it, and nothing older is left to compact. Use a model with a "
             "larger window (or set Agent(context=ContextPolicy(window=...)) if it is larger "
             "than assumed), shorten the instructions, or make the tools return less"
         )
+        summary = int((p.summary_chars + 120) / self.budget.ratio)
+        if summary >= p.target * window:  # the room kept for a summary may be the cause
+            text += (
+                f"; or lower ContextPolicy.summary_chars: {p.summary_chars} characters (about "
+                f"{summary} tokens) are kept for a summary, more than the target share of the "
+                f"window ({int(p.target * window)} tokens)"
+            )
+        return text
 
     async def _summarise(
         self, old: list[dict[str, Any]], plan: _Plan, window: int

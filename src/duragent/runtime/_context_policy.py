@@ -97,9 +97,3 @@ class ContextPolicy:
                 f"ContextPolicy.summary_chars is at most {MAX_SUMMARY_CHARS}, "
                 f"not {self.summary_chars}"
             )
-        if self.window is not None and self.summary_chars / cpt >= self.target * self.window:
-            raise InvalidOption(
-                f"ContextPolicy.summary_chars ({self.summary_chars}, about "
-                f"{int(self.summary_chars / cpt)} tokens) must be well under the target share "
-                f"of the window ({int(self.target * self.window)} tokens): lower it"
-            )
