@@ -82,6 +82,9 @@ _ASKED = re.compile(
     re.IGNORECASE,
 )
 
+# "you requested 17000 tokens (16000 in the messages, 1000 in the completion)" (OpenAI)
+_PROMPT_PART = re.compile(r"([\d,]+)\s*(?:tokens\s*)?in the messages", re.IGNORECASE)
+
 
 def is_overflow(status: int, code: object, message: str) -> bool:
     """Whether an error answer says the request was longer than the context window.
@@ -101,7 +104,8 @@ def overflow_numbers(message: str) -> tuple[int | None, int | None]:
     if m:
         return _int(m.group(1)), _int(m.group(2))
     limit = _LIMIT.search(message)
-    asked = _ASKED.search(message)
+    # "(16000 in the messages, 1000 in the completion)": the prompt is the first part.
+    asked = _PROMPT_PART.search(message) or _ASKED.search(message)
     return (_int(asked.group(1)) if asked else None, _int(limit.group(1)) if limit else None)
 
 

@@ -58,6 +58,11 @@ ELIDED = "[elided from the model's view to fit the context window: {n} character
 
 Trace = Callable[..., Awaitable[None]]
 
+# The settings that cap a request's answer, and the share of the window kept for
+# the answer when none is set.
+_MAX_OUTPUT = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+ANSWER_SHARE = 0.05
+
 
 class CompactionFailed(DuragentError):
     """The user's compact function failed or returned what is no summary: the task fails."""
@@ -77,7 +82,7 @@ class Budget:
     plus an estimate, at this task's characters per token, of what came since."""
 
     def __init__(self, policy: ContextPolicy, fixed: int) -> None:
-        self.fixed = fixed  # the instructions and the tools' schemas, in characters
+        self.fixed = fixed  # the instructions, the tools' and output schemas, in characters
         self.ratio = policy.chars_per_token
         self.sent_chars: int | None = None
         self.sent_tokens: int | None = None
@@ -132,7 +137,10 @@ class Compactor:
         self.controls = controls
         self.trace = trace
         tools = [{"n": t.name, "d": t.description, "p": t.parameters} for t in _specs(agent)]
-        self.budget = Budget(self.policy, len(agent.instructions) + len(json.dumps(tools)))
+        # The output schema goes with every request too (a tool or a response format).
+        output = (commits.task.config.get("request") or {}).get("output", agent.output_pin)
+        fixed = len(agent.instructions) + len(json.dumps(tools)) + len(json.dumps(output or ""))
+        self.budget = Budget(self.policy, fixed)
         self.learned: int | None = None  # a window a provider's overflow answer told
         self._known: tuple[str | None, int | None] = (None, None)  # model name, its window
         self._overflow_round, self._overflows = 0, 0  # refusals of one round in a row
@@ -150,6 +158,23 @@ class Compactor:
             table = {**WINDOWS, **p.windows} if p.windows else WINDOWS
             self._known = (name, context_window(name, table))
         return self._known[1]
+
+    def _reserve(self, window: int) -> int:
+        """Tokens of the window kept for the answer: the request's max output tokens
+        (the task's pinned settings, the model's own) when set, else a share of it."""
+        pin = self.commits.task.config.get("request") or {}
+        model = self.agent.chat_model
+        settings = {
+            **(getattr(model, "settings", None) or {}),
+            **(pin.get("settings", self.agent.model_settings) or {}),
+        }
+        n = next(
+            (settings[k] for k in _MAX_OUTPUT if k in settings),
+            getattr(model, "max_tokens", None),
+        )
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return min(n, window // 2)
+        return int(window * ANSWER_SHARE)
 
     def sent(self, view: WorkingView, prompt_tokens: int) -> None:
         """A request of `view` was answered; the provider counted `prompt_tokens`."""
@@ -181,13 +206,14 @@ class Compactor:
         if window is None:
             return None
         tokens = self.budget.tokens(chars)
+        room = window - self._reserve(window)  # the prompt's share: the answer needs the rest
         if overflow is not None:
-            tokens = max(tokens, window + 1)
-        elif tokens <= p.threshold * window:
+            tokens = max(tokens, room + 1)
+        elif tokens <= p.threshold * room:
             return None
         await self.commits.caught_up()  # the last round's closing result is in the log
         prev, items = await self._tail()
-        plan = self._plan(prev, items, r, tokens, window, overflow is not None)
+        plan = self._plan(prev, items, r, tokens, room, overflow is not None)
         if plan is None:
             if overflow is None:
                 return None  # nothing to take away yet: let the provider judge
