@@ -22,8 +22,9 @@ from duragent import (
     Turn,
     tool,
 )
-from duragent.runtime._output import OutputInvalid, parse_output
-from duragent.types import AssistantMessage, EntryKind, TaskStatus, UserMessage
+from duragent.runtime._output import OutputInvalid, given_schema, parse_output
+from duragent.runtime._pins import conflict, with_pins
+from duragent.types import AssistantMessage, EntryKind, Task, TaskStatus, UserMessage
 
 
 class City(BaseModel):
@@ -207,3 +208,29 @@ def test_an_answer_fenced_in_markdown_is_read(text: str) -> None:
     assert typed == City(name="Oslo", population=700_000)
     with pytest.raises(OutputInvalid):
         parse_output(City, "```json\nnot json\n```")
+
+
+def test_an_agent_rebuilt_from_its_pin_validates_as_before() -> None:
+    """`duragent continue` rebuilds a `run --output-schema` agent from the task's pin:
+    an optional property stays optional (the strict form, all required, is only what
+    the provider is sent), and the pin is the same, so the task is not refused."""
+    given = {
+        "title": "Summary",
+        "type": "object",
+        "properties": {"files": {"type": "integer"}, "topic": {"type": "string"}},
+        "required": ["files"],
+    }
+    before = Agent(name="a", model="scripted:none", output_type=given)
+    pin = before.output_pin
+    assert pin is not None and pin["strict"] and pin["schema"]["required"] == ["files", "topic"]
+    with pytest.raises(OutputInvalid, match="topic"):  # the strict form would refuse it
+        parse_output(pin["schema"], '{"files": 2}')
+    after = Agent(name="a", model="scripted:none", output_type=given_schema(pin))
+    assert before.output_type is not None and after.output_type is not None
+    assert parse_output(before.output_type, '{"files": 2}')[0] == {"files": 2}
+    assert parse_output(after.output_type, '{"files": 2}')[0] == {"files": 2}
+    task = Task(id="t", agent="a", config=with_pins(before, {}))
+    assert conflict(task, after) is None
+    # A task pinned before pins kept the given schema is still the same shape.
+    old = {k: v for k, v in pin.items() if k != "given"}
+    assert conflict(Task(id="t", agent="a", config={"request": {"output": old}}), after) is None
