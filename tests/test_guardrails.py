@@ -170,3 +170,27 @@ async def test_duragent_show_says_each_verdict() -> None:
         and line.endswith("tripped (fail): the answer shouts")
         for line in lines
     )
+
+
+async def test_corrections_past_output_retries_fail_the_task_as_a_guardrail() -> None:
+    def no_shouting(answer: str) -> GuardrailResult | None:
+        if answer.isupper():
+            return GuardrailResult(tripwire=True, action="correct", message="Do not\nshout.")
+        return None
+
+    model = ScriptedModel(["HELLO", "HELLO!", "HELLO!!", "never asked"])
+    agent = agent_of(model, output_guardrails=[no_shouting], output_retries=2)
+    async with Runtime("memory://", agents=[agent]) as rt:
+        task = await (await rt.submit(agent.name, "hi")).wait(timeout=30)
+        notes = [
+            e.payload.get("message", "")
+            for e in await rt.store.entries(task.id, kinds=[EntryKind.UI_MESSAGE])
+        ]
+    assert task.status is TaskStatus.FAILED and task.status_reason == "guardrail"
+    assert task.error == (
+        "output guardrail no_shouting asked for a correction 3 times "
+        "(Agent.output_retries=2): Do not shout."
+    )
+    assert model.calls == 3
+    assert "guardrail_corrections" not in task.config
+    assert sum("(correction" in str(n) for n in notes) == 2

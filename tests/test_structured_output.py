@@ -4,11 +4,12 @@ errors (each attempt committed), and the typed object handed back."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, RootModel
 
 from duragent import (
     Agent,
@@ -21,8 +22,9 @@ from duragent import (
     Turn,
     tool,
 )
-from duragent.runtime._output import OutputInvalid, parse_output
-from duragent.types import AssistantMessage, EntryKind, TaskStatus, UserMessage
+from duragent.runtime._output import OutputInvalid, given_schema, parse_output
+from duragent.runtime._pins import conflict, with_pins
+from duragent.types import AssistantMessage, EntryKind, Task, TaskStatus, UserMessage
 
 
 class City(BaseModel):
@@ -169,11 +171,14 @@ async def test_a_caller_without_the_agent_gets_the_json_or_names_the_type() -> N
         (int, "pydantic model class or a JSON schema"),
         ({"type": "array"}, '"type": "object"'),
         ({"type": "object", "properties": 3}, "not a valid JSON schema"),
+        (RootModel[list[int]], "must describe an object, not array"),
+        (RootModel[str], "must describe an object, not string"),
     ],
 )
 def test_an_output_type_that_cannot_be_is_refused(output_type: Any, says: str) -> None:
-    with pytest.raises(InvalidOption, match=says):
+    with pytest.raises(InvalidOption, match=re.escape(says)) as refused:
         Agent(name="a", model="scripted:none", output_type=output_type)
+    assert "\n" not in str(refused.value)
 
 
 def test_a_schema_with_free_form_objects_is_sent_without_strict() -> None:
@@ -203,3 +208,29 @@ def test_an_answer_fenced_in_markdown_is_read(text: str) -> None:
     assert typed == City(name="Oslo", population=700_000)
     with pytest.raises(OutputInvalid):
         parse_output(City, "```json\nnot json\n```")
+
+
+def test_an_agent_rebuilt_from_its_pin_validates_as_before() -> None:
+    """`duragent continue` rebuilds a `run --output-schema` agent from the task's pin:
+    an optional property stays optional (the strict form, all required, is only what
+    the provider is sent), and the pin is the same, so the task is not refused."""
+    given = {
+        "title": "Summary",
+        "type": "object",
+        "properties": {"files": {"type": "integer"}, "topic": {"type": "string"}},
+        "required": ["files"],
+    }
+    before = Agent(name="a", model="scripted:none", output_type=given)
+    pin = before.output_pin
+    assert pin is not None and pin["strict"] and pin["schema"]["required"] == ["files", "topic"]
+    with pytest.raises(OutputInvalid, match="topic"):  # the strict form would refuse it
+        parse_output(pin["schema"], '{"files": 2}')
+    after = Agent(name="a", model="scripted:none", output_type=given_schema(pin))
+    assert before.output_type is not None and after.output_type is not None
+    assert parse_output(before.output_type, '{"files": 2}')[0] == {"files": 2}
+    assert parse_output(after.output_type, '{"files": 2}')[0] == {"files": 2}
+    task = Task(id="t", agent="a", config=with_pins(before, {}))
+    assert conflict(task, after) is None
+    # A task pinned before pins kept the given schema is still the same shape.
+    old = {k: v for k, v in pin.items() if k != "given"}
+    assert conflict(Task(id="t", agent="a", config={"request": {"output": old}}), after) is None

@@ -44,6 +44,7 @@ from duragent.cli._transcript import Transcript
 from duragent.errors import DuragentError, UsageError
 from duragent.llm import ChatModel, resolve_model
 from duragent.runtime._agent import Agent, BuiltinTools, Limits, Timing
+from duragent.runtime._output import given_schema
 from duragent.runtime._pins import pinned_base_url, pinned_reach
 from duragent.runtime._runtime import Runtime
 from duragent.runtime._waits import open_waits
@@ -685,8 +686,9 @@ def continue_command(
             request_id=None,
             max_iterations=max_iterations,
             repin=bool(clashes),
-            # The task's pinned answer schema, as `run --output-schema` gave it.
-            output_schema=((task.config.get("request") or {}).get("output") or {}).get("schema"),
+            # The task's pinned answer schema, as `run --output-schema` gave it (not
+            # its strict form: the answer is validated the same as before).
+            output_schema=given_schema((task.config.get("request") or {}).get("output")),
         )
 
     _exit_with(go())

@@ -13,23 +13,43 @@ from collections.abc import Mapping
 
 # Tokens of context (prompt plus answer) by model name prefix.
 WINDOWS: dict[str, int] = {
-    # OpenAI
+    # OpenAI (a family's members with another window are listed by their longer prefix)
     "gpt-5": 400_000,
+    "gpt-4.5": 128_000,
     "gpt-4.1": 1_047_576,
     "gpt-4o": 128_000,
+    "chatgpt-4o": 128_000,
     "gpt-4-turbo": 128_000,
+    "gpt-4-1106": 128_000,
+    "gpt-4-0125": 128_000,
+    "gpt-4-32k": 32_768,
     "gpt-4": 8_192,
     "gpt-3.5-turbo": 16_385,
+    "gpt-3.5-turbo-instruct": 4_096,
     "o1": 200_000,
+    "o1-mini": 128_000,
+    "o1-preview": 128_000,
     "o3": 200_000,
+    "o3-mini": 200_000,
     "o4-mini": 200_000,
     # Anthropic
     "claude-": 200_000,
+    "claude-2.0": 100_000,
+    "claude-instant": 100_000,
     # Others often served through an OpenAI-compatible endpoint
+    "gemini-1.0": 32_760,
     "gemini-1.5": 1_048_576,
+    "gemini-1.5-pro": 2_097_152,
     "gemini-2": 1_048_576,
-    "llama-3": 128_000,
-    "llama3": 128_000,
+    "llama-3": 8_192,
+    "llama-3.1": 128_000,
+    "llama-3.2": 128_000,
+    "llama-3.3": 128_000,
+    "llama-4": 128_000,
+    "llama3": 8_192,
+    "llama3.1": 128_000,
+    "llama3.2": 128_000,
+    "llama3.3": 128_000,
     "mistral-large": 128_000,
     "mistral-small": 32_000,
     "qwen2.5": 32_768,
@@ -62,6 +82,9 @@ _ASKED = re.compile(
     re.IGNORECASE,
 )
 
+# "you requested 17000 tokens (16000 in the messages, 1000 in the completion)" (OpenAI)
+_PROMPT_PART = re.compile(r"([\d,]+)\s*(?:tokens\s*)?in the messages", re.IGNORECASE)
+
 
 def is_overflow(status: int, code: object, message: str) -> bool:
     """Whether an error answer says the request was longer than the context window.
@@ -81,7 +104,8 @@ def overflow_numbers(message: str) -> tuple[int | None, int | None]:
     if m:
         return _int(m.group(1)), _int(m.group(2))
     limit = _LIMIT.search(message)
-    asked = _ASKED.search(message)
+    # "(16000 in the messages, 1000 in the completion)": the prompt is the first part.
+    asked = _PROMPT_PART.search(message) or _ASKED.search(message)
     return (_int(asked.group(1)) if asked else None, _int(limit.group(1)) if limit else None)
 
 

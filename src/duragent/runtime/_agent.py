@@ -137,7 +137,8 @@ class Agent:
     # The shape of the final answer: a pydantic model class or a JSON schema of an
     # object (runtime/_output.py). `task.output` then holds the answer's JSON and
     # `Runtime.result` gives it back typed; an answer that does not validate goes
-    # back to the model with the errors, at most `output_retries` times.
+    # back to the model with the errors, at most `output_retries` times (and an
+    # output guardrail's corrections, at most as many times: runtime/_checks.py).
     output_type: OutputType | None = None
     output_retries: int = 2
     # Checks of the task's input (before the first model call) and of the final

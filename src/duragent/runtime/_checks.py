@@ -6,7 +6,8 @@ user message's seq names what they checked). A final answer is first checked
 against the output schema, which needs no commit (it is a function of the text):
 one that does not validate is committed with the errors sent back as a user
 message, and the round closes (`config["output_failures"]` counts the attempts,
-so a restart goes on counting). A valid answer with output guardrails is
+so a restart goes on counting; `config["guardrail_corrections"]` counts an
+output guardrail's corrections, under the same limit). A valid answer with output guardrails is
 committed first, its round left open, then each verdict; a restart finds the
 answer in the open round (runtime/_recovery.py) and reuses the verdicts in the
 log, so no guardrail runs twice on one committed answer.
@@ -175,14 +176,57 @@ class Checks:
             if result.action == "fail":
                 await self._fail("output", name, result, entries, {"iterations": r})
                 return
-            correction = UserMessage(content=result.message)
-            note = notice(tid, r, f"Output guardrail {name}: {result.message}")
-            await commits.commit(
-                [*entries, note, api_entry(tid, r + 1, correction)], {"iterations": r}
-            )
-            self.host.view.append(correction)
+            await self._correct(r, name, result, entries)
             return
         await self.host._end_turn(r, message, value, commits.task.usage, committed=True)
+
+    async def _correct(
+        self, r: int, name: str, result: GuardrailResult, entries: list[NewEntry]
+    ) -> None:
+        """An output guardrail's correction goes back to the model, at most
+        `output_retries` times a task (`config["guardrail_corrections"]` counts
+        them, so a restart goes on counting); one more fails the task."""
+        host = self.host
+        tid = host.commits.task.id
+        limit = self.agent.output_retries
+        while True:
+            task = host.commits.task
+            version = task.version  # config is the runtime's; a message sent may change it
+            count = int(task.config.get("guardrail_corrections", 0)) + 1
+            config = {k: v for k, v in task.config.items() if k != "guardrail_corrections"}
+            try:
+                if count > limit:
+                    error = (
+                        f"output guardrail {name} asked for a correction {count} times "
+                        f"(Agent.output_retries={limit}): {' '.join(result.message.split())}"
+                    )
+                    extra = {"iterations": r, "config": config, "status_reason": "guardrail"}
+                    await host.ending.finish(
+                        TaskStatus.FAILED,
+                        entries=entries,
+                        error=error,
+                        extra=extra,
+                        expect_version=version,
+                    )
+                    return
+                correction = UserMessage(content=result.message)
+                note = notice(
+                    tid,
+                    r,
+                    f"Output guardrail {name}: {result.message} (correction {count} of {limit})",
+                )
+                patch = {"iterations": r, "config": {**config, "guardrail_corrections": count}}
+                await host.commits.commit(
+                    [*entries, note, api_entry(tid, r + 1, correction)],
+                    patch,
+                    expect_version=version,
+                )
+            except Conflict:
+                if not await host._moved(version):
+                    raise
+                continue
+            host.view.append(correction)
+            return
 
     async def _ask_again(
         self, r: int, message: ApiMessage, usage: Usage, errors: str, *, committed: bool

@@ -27,8 +27,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+import pydantic
+
 from duragent._payloads import ApiPayload, CompactionPayload, is_voided, stored, voided_ranges
-from duragent.errors import ContextOverflow, ModelError
+from duragent.errors import Conflict, ContextOverflow, DuragentError, ModelError
 from duragent.llm._base import ModelRequest, ResponseAssembler
 from duragent.llm._messages import WorkingView
 from duragent.llm._windows import WINDOWS, context_window
@@ -37,8 +39,16 @@ from duragent.runtime._commits import Commits
 from duragent.runtime._context_policy import ContextPolicy
 from duragent.runtime._control import Controls, Interrupted
 from duragent.runtime._log import notice
-from duragent.store._views import view_start
-from duragent.types import EntryKind, NewEntry, SystemMessage, Usage, UserMessage
+from duragent.store._views import compaction_voided, view_start
+from duragent.types import (
+    API_MESSAGES,
+    EntryKind,
+    NewEntry,
+    SystemMessage,
+    Usage,
+    UserMessage,
+    dump_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +57,15 @@ SUMMARY_TAG = "[Summary of rounds {a}-{b}, compacted to fit the context window]"
 ELIDED = "[elided from the model's view to fit the context window: {n} characters; kept in the log]"
 
 Trace = Callable[..., Awaitable[None]]
+
+# The settings that cap a request's answer, and the share of the window kept for
+# the answer when none is set.
+_MAX_OUTPUT = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+ANSWER_SHARE = 0.05
+
+
+class CompactionFailed(DuragentError):
+    """The user's compact function failed or returned what is no summary: the task fails."""
 
 
 def message_chars(m: Mapping[str, Any]) -> int:
@@ -63,7 +82,7 @@ class Budget:
     plus an estimate, at this task's characters per token, of what came since."""
 
     def __init__(self, policy: ContextPolicy, fixed: int) -> None:
-        self.fixed = fixed  # the instructions and the tools' schemas, in characters
+        self.fixed = fixed  # the instructions, the tools' and output schemas, in characters
         self.ratio = policy.chars_per_token
         self.sent_chars: int | None = None
         self.sent_tokens: int | None = None
@@ -103,14 +122,25 @@ class _Item:
 class Compactor:
     """One runner's compaction: its budget and the commits that shrink its view."""
 
-    def __init__(self, agent: Agent, commits: Commits, controls: Controls, trace: Trace) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        commits: Commits,
+        controls: Controls,
+        trace: Trace,
+        moved: Callable[[int], Awaitable[bool]] | None = None,
+    ) -> None:
         self.agent = agent
+        self.moved = moved  # after a Conflict: whether the row moved on (it is then taken)
         self.policy: ContextPolicy = agent.context
         self.commits = commits
         self.controls = controls
         self.trace = trace
         tools = [{"n": t.name, "d": t.description, "p": t.parameters} for t in _specs(agent)]
-        self.budget = Budget(self.policy, len(agent.instructions) + len(json.dumps(tools)))
+        # The output schema goes with every request too (a tool or a response format).
+        output = (commits.task.config.get("request") or {}).get("output", agent.output_pin)
+        fixed = len(agent.instructions) + len(json.dumps(tools)) + len(json.dumps(output or ""))
+        self.budget = Budget(self.policy, fixed)
         self.learned: int | None = None  # a window a provider's overflow answer told
         self._known: tuple[str | None, int | None] = (None, None)  # model name, its window
         self._overflow_round, self._overflows = 0, 0  # refusals of one round in a row
@@ -128,6 +158,23 @@ class Compactor:
             table = {**WINDOWS, **p.windows} if p.windows else WINDOWS
             self._known = (name, context_window(name, table))
         return self._known[1]
+
+    def _reserve(self, window: int) -> int:
+        """Tokens of the window kept for the answer: the request's max output tokens
+        (the task's pinned settings, the model's own) when set, else a share of it."""
+        pin = self.commits.task.config.get("request") or {}
+        model = self.agent.chat_model
+        settings = {
+            **(getattr(model, "settings", None) or {}),
+            **(pin.get("settings", self.agent.model_settings) or {}),
+        }
+        n = next(
+            (settings[k] for k in _MAX_OUTPUT if k in settings),
+            getattr(model, "max_tokens", None),
+        )
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return min(n, window // 2)
+        return int(window * ANSWER_SHARE)
 
     def sent(self, view: WorkingView, prompt_tokens: int) -> None:
         """A request of `view` was answered; the provider counted `prompt_tokens`."""
@@ -159,13 +206,14 @@ class Compactor:
         if window is None:
             return None
         tokens = self.budget.tokens(chars)
+        room = window - self._reserve(window)  # the prompt's share: the answer needs the rest
         if overflow is not None:
-            tokens = max(tokens, window + 1)
-        elif tokens <= p.threshold * window:
+            tokens = max(tokens, room + 1)
+        elif tokens <= p.threshold * room:
             return None
         await self.commits.caught_up()  # the last round's closing result is in the log
         prev, items = await self._tail()
-        plan = self._plan(prev, items, r, tokens, window, overflow is not None)
+        plan = self._plan(prev, items, r, tokens, room, overflow is not None)
         if plan is None:
             if overflow is None:
                 return None  # nothing to take away yet: let the provider judge
@@ -234,11 +282,16 @@ class Compactor:
             EntryKind.COMPACTION,
         )
         entries = await self.commits.store.entries(task.id, after_seq=after, kinds=kinds)
-        voided = voided_ranges(e.payload for e in entries if e.kind is EntryKind.ROLLBACK)
+        markers = [(e.seq, e.payload) for e in entries if e.kind is EntryKind.ROLLBACK]
+        voided = voided_ranges(m for _s, m in markers)
         prev = None
-        for e in entries:
-            if e.kind is EntryKind.COMPACTION:
+        for e in reversed(entries):
+            kind = e.kind
+            if kind is EntryKind.COMPACTION and not compaction_voided(
+                e.seq, e.payload["upto"], markers
+            ):
                 prev = cast(CompactionPayload, e.payload)
+                break
         upto = prev["upto"] if prev is not None else 0
         items = [
             _Item(e.seq, e.round, {k: v for k, v in e.payload.items() if k != "outcome"})
@@ -288,26 +341,33 @@ class Compactor:
         return best if after < limit else None
 
     def _cannot(self, window: int, tokens: int) -> str:
-        return (
+        p = self.policy
+        text = (
             f"the task's view cannot be made to fit the model's context window of {window} "
             f"tokens (about {tokens} tokens asked): the instructions, the tools and the newest "
             "round alone exceed it, and nothing older is left to compact. Use a model with a "
             "larger window (or set Agent(context=ContextPolicy(window=...)) if it is larger "
             "than assumed), shorten the instructions, or make the tools return less"
         )
+        summary = int((p.summary_chars + 120) / self.budget.ratio)
+        if summary >= p.target * window:  # the room kept for a summary may be the cause
+            text += (
+                f"; or lower ContextPolicy.summary_chars: {p.summary_chars} characters (about "
+                f"{summary} tokens) are kept for a summary, more than the target share of the "
+                f"window ({int(p.target * window)} tokens)"
+            )
+        return text
 
     async def _summarise(
         self, old: list[dict[str, Any]], plan: _Plan, window: int
     ) -> tuple[str, Usage]:
         p = self.policy
         if p.compact is not None:
-            out = p.compact([dict(m) for m in old])
-            if inspect.isawaitable(out):
-                out = await out
+            out = await _call_compact(p.compact, old)
             if isinstance(out, list):
-                plan.custom = [dict(m) for m in out]
+                plan.custom = out
                 return "", Usage()
-            return str(out), Usage()
+            return out, Usage()
         model = p.summarizer or self.agent.chat_model
         name = model.name if p.summarizer is not None else self._model_name()
         cap = int(window * p.target * self.budget.ratio)
@@ -367,14 +427,57 @@ class Compactor:
             NewEntry(task_id=task.id, kind=EntryKind.COMPACTION, round=r, payload=stored(payload)),
             notice(task.id, r, text),
         ]
-        patch: dict[str, Any] = {"config": {**task.config, "compacted": {"upto": plan.upto}}}
-        if usage.input_tokens or usage.output_tokens:
-            patch["usage"] = task.usage + usage
-        await self.commits.commit(entries, patch)
+        while True:  # config holds the inbox: a message sent meanwhile must not be lost
+            task = self.commits.task
+            version = task.version
+            patch: dict[str, Any] = {"config": {**task.config, "compacted": {"upto": plan.upto}}}
+            if usage.input_tokens or usage.output_tokens:
+                patch["usage"] = task.usage + usage
+            try:
+                await self.commits.commit(entries, patch, expect_version=version)
+            except Conflict:
+                if self.moved is None or not await self.moved(version):
+                    raise
+                continue
+            return
 
     def _model_name(self) -> str:
         pin = self.commits.task.config.get("request") or {}
         return str(pin.get("model", self.agent.model_name))
+
+
+async def _call_compact(
+    compact: Callable[..., Any], old: list[dict[str, Any]]
+) -> str | list[dict[str, Any]]:
+    """The user's `compact` function's summary (text) or messages (checked as API
+    messages). What it raises but a ModelError, or a result that is neither, fails
+    the task saying so, before anything is committed."""
+    what = f"ContextPolicy(compact={getattr(compact, '__name__', 'function')})"
+    try:
+        out = compact([dict(m) for m in old])
+        if inspect.isawaitable(out):
+            out = await out
+    except ModelError:
+        raise
+    except Exception as exc:
+        text = " ".join(str(exc).split())
+        raise CompactionFailed(f"{what} raised {type(exc).__name__}: {text}") from exc
+    if isinstance(out, str):
+        return out
+    if isinstance(out, list):
+        try:
+            messages = API_MESSAGES.validate_python(out)
+        except pydantic.ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            raise CompactionFailed(
+                f"{what} returned a list that is not API messages (at {where}: {first['msg']})"
+            ) from None
+        return [dump_message(m) for m in messages]
+    raise CompactionFailed(
+        f"{what} returned {type(out).__name__}: it must return a summary (str) or a "
+        "list of API messages (dicts with a role)"
+    )
 
 
 def compaction_text(c: CompactionPayload) -> str:

@@ -23,6 +23,8 @@ SUMMARY_PROMPT = (
     "agent will need later; drop chatter. Answer with the summary only."
 )
 
+MAX_SUMMARY_CHARS = 200_000  # a summary longer than this is no compaction
+
 # A user function that compacts instead of the summariser: given the messages to
 # replace (wire-form dicts, oldest first), it returns the summary text, or the
 # messages to stand for them. Sync or async.
@@ -71,11 +73,27 @@ class ContextPolicy:
             check_count("ContextPolicy.window", self.window, least=256)
         check_count("ContextPolicy.keep_rounds", self.keep_rounds, least=0)
         check_count("ContextPolicy.elide_over", self.elide_over, least=0)
-        check_count("ContextPolicy.summary_chars", self.summary_chars, least=100)
         if not 0 < self.target < self.threshold <= 1:
             raise InvalidOption(
                 "ContextPolicy needs 0 < target < threshold <= 1 "
                 f"(got target={self.target}, threshold={self.threshold})"
             )
-        if not self.chars_per_token > 0:
-            raise InvalidOption("ContextPolicy.chars_per_token must be above 0")
+        cpt = self.chars_per_token
+        if isinstance(cpt, bool) or not isinstance(cpt, int | float) or not 0.5 <= cpt <= 100:
+            raise InvalidOption(
+                f"ContextPolicy.chars_per_token is a number from 0.5 to 100, not {cpt!r}"
+            )
+        if not isinstance(self.windows, Mapping):
+            raise InvalidOption(
+                f"ContextPolicy.windows maps model name prefixes to windows, not {self.windows!r}"
+            )
+        for name, size in self.windows.items():
+            if not isinstance(name, str) or not name:
+                raise InvalidOption(f"ContextPolicy.windows: a key is a model name, not {name!r}")
+            check_count(f"ContextPolicy.windows[{name!r}]", size, least=256, of="tokens")
+        check_count("ContextPolicy.summary_chars", self.summary_chars, least=100)
+        if self.summary_chars > MAX_SUMMARY_CHARS:
+            raise InvalidOption(
+                f"ContextPolicy.summary_chars is at most {MAX_SUMMARY_CHARS}, "
+                f"not {self.summary_chars}"
+            )

@@ -38,6 +38,17 @@ def check_output_type(output_type: Any) -> None:
     if output_type is None:
         return
     if isinstance(output_type, type) and issubclass(output_type, BaseModel):
+        try:
+            schema = output_type.model_json_schema()
+        except Exception as exc:  # a type pydantic cannot describe
+            text = " ".join(str(exc).split())
+            raise InvalidOption(f"Agent.output_type {output_type.__name__}: {text}") from None
+        if schema.get("type") != "object":
+            raise InvalidOption(
+                f"Agent.output_type {output_type.__name__} must describe an object, not "
+                f"{schema.get('type') or 'a reference'} (a RootModel of a list or a scalar "
+                "cannot be a tool's input): wrap it in a model with one field"
+            )
         return
     if isinstance(output_type, dict):
         if output_type.get("type") != "object":
@@ -59,7 +70,30 @@ def output_pin(output_type: OutputType) -> dict[str, Any]:
         schema, name = output_type.model_json_schema(), output_type.__name__
     name = re.sub(r"[^a-zA-Z0-9_-]", "_", name)[:64] or "output"
     strict = strict_schema(schema)
-    return {"name": name, "schema": strict or schema, "strict": strict is not None}
+    pin = {"name": name, "schema": strict or schema, "strict": strict is not None}
+    if strict is not None and strict != schema:
+        pin["given"] = schema  # what an answer is validated against (`given_schema`)
+    return pin
+
+
+def given_schema(pin: Any) -> dict[str, Any] | None:
+    """The schema a pinned output was given as, before its strict form for the
+    provider: what rebuilds the agent (`duragent continue`), so an answer is
+    validated the same before and after."""
+    if not isinstance(pin, dict):
+        return None
+    schema = pin.get("given", pin.get("schema"))
+    return schema if isinstance(schema, dict) else None
+
+
+def same_output(a: Any, b: Any) -> bool:
+    """Whether two output pins ask for the same answer (a pin of an older version
+    has no `given`)."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return bool(a == b)
+    return {k: v for k, v in a.items() if k != "given"} == {
+        k: v for k, v in b.items() if k != "given"
+    }
 
 
 def spec_of(pin: Any) -> OutputSpec | None:

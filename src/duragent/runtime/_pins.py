@@ -24,6 +24,8 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
+from duragent.runtime._output import same_output
+
 if TYPE_CHECKING:
     from duragent.runtime._agent import Agent
     from duragent.types import Task
@@ -125,7 +127,7 @@ def conflict(task: Task, agent: Agent) -> str | None:
             f"{_reach_text(tools_reach(agent))}"
         )
     pinned_output = (task.config.get("request") or {}).get("output")
-    if pinned_output is not None and pinned_output != agent.output_pin:
+    if pinned_output is not None and not same_output(pinned_output, agent.output_pin):
         problems.append(
             f"its final answer is pinned to the output schema {pinned_output.get('name')!r}, "
             "but this worker's agent has "

@@ -87,7 +87,7 @@ class Rounds:
         self.round: OpenRound | None = None
         self._tool_progress_at: dict[str, float] = {}
         self.checks = Checks(self)  # guardrails and the output schema
-        self.compactor = Compactor(agent, commits, controls, self.trace_point)
+        self.compactor = Compactor(agent, commits, controls, self.trace_point, self._moved)
         self.held = Held()  # closed when the runner's run ends (TaskRunner.run)
         self.worker_held: Held | None = None
 

@@ -36,7 +36,7 @@ from duragent.runtime._output import OutputType, typed_output
 from duragent.runtime._pins import with_pins
 from duragent.runtime._reading import ReadsTasks
 from duragent.runtime._sending import SendsMessages
-from duragent.runtime._sessions import Sessions
+from duragent.runtime._sessions import Sessions, full_messages
 from duragent.runtime._steering import Edit, History, new_fork, task_history
 from duragent.runtime._stopping import StopsTasks
 from duragent.runtime._submit import new_task
@@ -342,7 +342,7 @@ class Runtime(ReadsTasks, StopsTasks, ManyTasks, SendsMessages, Sessions):
         if not found:
             return []
         latest = max(found, key=lambda t: t.created_at)
-        return list(await self.store.model_view(latest.id))
+        return await full_messages(self.store, latest.id)
 
     # --- steering ---
 

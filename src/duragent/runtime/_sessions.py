@@ -10,6 +10,7 @@ far, or, while a turn still runs, a message into it (runtime/_sending.py).
 from __future__ import annotations
 
 import builtins
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from duragent.errors import SessionNotFound
 from duragent.store._commits import TaskQuery
-from duragent.types import ApiMessage, Task, TaskStatus
+from duragent.store._views import build_model_view
+from duragent.types import API_KINDS, ApiMessage, EntryKind, Task, TaskStatus
 
 if TYPE_CHECKING:
     from duragent.store._protocol import Store
@@ -49,6 +51,18 @@ class Session:
     owner: str | None
     tasks: list[Task]
     transcript: list[ApiMessage]
+
+
+async def full_messages(store: Store, task_id: str) -> builtins.list[ApiMessage]:
+    """A task's API messages as if it had never compacted (rollbacks still void):
+    what a session's transcript shows and what its next turn starts from. The
+    model's view (`model_view`) may stand a summary for the older ones."""
+    kinds = [*API_KINDS, EntryKind.ROLLBACK]
+    rows = [
+        (e.seq, e.kind.value, json.dumps(e.payload, ensure_ascii=False))
+        for e in await store.entries(task_id, kinds=kinds)
+    ]
+    return build_model_view(rows)
 
 
 def _owners(owner: str | None) -> list[str | None]:
@@ -112,7 +126,7 @@ class Sessions:
         turns = await self._turns(session_id, owner)
         transcript: builtins.list[ApiMessage] = []
         for task in turns:
-            view = list(await self.store.model_view(task.id))
+            view = await full_messages(self.store, task.id)
             copied = task.config.get("continues_session")
             own = view[copied:] if isinstance(copied, int) else view
             transcript += [m for m in own if m.role != "system"]

@@ -410,7 +410,14 @@ async def _edited_copy(
     ]
 
 
-_NOT_INHERITED = ("forked_from", "deadline", "inbox", "compacted", "output_failures")
+_NOT_INHERITED = (
+    "forked_from",
+    "deadline",
+    "inbox",
+    "compacted",
+    "output_failures",
+    "guardrail_corrections",
+)
 
 
 def fork_request(source_id: str, at_round: int, edit: Edit | None) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from duragent._payloads import VoidScope, rollback_marker
-from duragent.errors import TaskNotFound
+from duragent.errors import Conflict, TaskNotFound
 from duragent.store._commits import Commit, TaskPatch, TaskQuery
 from duragent.store._protocol import Store
 from duragent.types import (
@@ -79,10 +79,22 @@ class SeedPersistence:
 
     # API messages
     async def save_api_messages(self, task_id: str, messages: Sequence[ApiMessage]) -> None:
-        task = await self.store.get_task(task_id)
-        entries = [_void(task_id, task.last_seq, "api")] if task.last_seq else []
-        entries += [_api_entry(task_id, m) for m in messages]
-        await self.store.commit(Commit(entries=entries))
+        """Replace the task's messages: the rollback voids every entry so far, and so
+        every compaction (store/_views.py), whose mark on the row goes with it."""
+        for _ in range(10):
+            task = await self.store.get_task(task_id)
+            entries = [_void(task_id, task.last_seq, "api")] if task.last_seq else []
+            entries += [_api_entry(task_id, m) for m in messages]
+            patches = []
+            if "compacted" in task.config:  # the view is read from the start again
+                config = {k: v for k, v in task.config.items() if k != "compacted"}
+                patches = [TaskPatch(task_id, {"config": config}, expect_version=task.version)]
+            try:
+                await self.store.commit(Commit(entries=entries, patches=patches))
+            except Conflict:
+                continue  # the row changed meanwhile: read it again
+            return
+        raise Conflict(f"task {task_id!r} kept changing; its messages were not replaced")
 
     async def load_api_messages(self, task_id: str) -> list[ApiMessage]:
         return await self.store.model_view(task_id)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pydantic_core
@@ -35,16 +35,17 @@ def build_model_view(rows: Iterable[tuple[int, str, str]]) -> list[ApiMessage]:
 def view_text(rows: Iterable[tuple[int, str, str]]) -> str:
     """The payloads the model sees as one JSON array text (see build_model_view)."""
     rows = list(rows)
-    voided = voided_ranges(json.loads(p) for _s, k, p in rows if k == EntryKind.ROLLBACK)
-    compaction = None
-    for _s, k, p in rows:
+    markers = [(s, json.loads(p)) for s, k, p in rows if k == EntryKind.ROLLBACK]
+    voided = voided_ranges(m for _s, m in markers)
+    marker = None
+    for s, k, p in reversed(rows):
         if k == EntryKind.COMPACTION:
-            compaction = p
+            marker = json.loads(p)
+            if not compaction_voided(s, marker["upto"], markers):
+                break
+            marker = None
     parts, upto = [], 0
-    if compaction is not None:
-        # A compaction is never voided: it stands for closed rounds before it, which
-        # a later rollback (of an open round) leaves as they were.
-        marker = json.loads(compaction)
+    if marker is not None:
         upto = marker["upto"]
         parts = [json.dumps(m, ensure_ascii=False, separators=(",", ":")) for m in marker["head"]]
     for seq, kind, payload in rows:
@@ -56,6 +57,21 @@ def view_text(rows: Iterable[tuple[int, str, str]]) -> str:
         # message model ignores, so every payload text parses as a message.
         parts.append(payload)
     return "[" + ",".join(parts) + "]"
+
+
+def compaction_voided(
+    seq: int, upto: int, markers: Iterable[tuple[int, Mapping[str, Any]]]
+) -> bool:
+    """Whether the compaction at `seq`, standing for entries up to `upto`, is void:
+    a later API rollback voids a range reaching into what it stands for (a
+    replaced message list). An open round's rollback starts after `upto` (a
+    compaction stands for closed rounds only) and leaves it as it was. `markers`
+    are (seq, payload) of rollback entries; an earlier compaction then stands.
+    """
+    return any(
+        s > seq and is_marker(m) and m.get("scope", "api") == "api" and m["from_seq"] <= upto
+        for s, m in markers
+    )
 
 
 def view_start(config: object) -> int:
