@@ -21,8 +21,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest import drop_schema, require_postgres
-from duragent import Runtime, TaskStatus
+from duragent import Agent, Runtime, ScriptedModel, TaskStatus, Timing, ToolCall, tool
 from duragent.runtime._presence import WORKERS_SCOPE
+from duragent.runtime._worker import Worker, WorkerOptions
+from duragent.store._memory import MemoryStore
 from duragent.types import EntryKind, Task
 from support.workerlib import (
     WorkerProc,
@@ -210,3 +212,47 @@ async def test_a_second_signal_stops_at_once_and_the_tasks_are_taken_over(
         assert [o for o, _ in await outcomes(rt, task_id)] == ["interrupted", "ok"]
         assert len([x for x in lines if x.startswith(f"start nap {task_id}:")]) == 1
         await one_result_per_call(rt, task_id)
+
+
+async def test_a_draining_worker_keeps_renewing_the_leases_of_tasks_not_yet_handed_back() -> None:
+    """In one process: while a drain waits for a tool, the task's lease is renewed
+    (else it would lapse and be taken over) and the presence record says so."""
+
+    started, finish = asyncio.Event(), asyncio.Event()
+
+    @tool
+    async def slow() -> str:
+        """Run until the test lets go."""
+        started.set()
+        await finish.wait()
+        return "done"
+
+    agent = Agent(
+        name="slow",
+        model=ScriptedModel(lambda m: [ToolCall("slow")] if len(m) < 2 else "ok"),
+        tools=[slow],
+        timing=Timing(tool_grace=600),
+    )
+    store = MemoryStore()
+    async with Runtime(store, agents=[agent], run_worker=False) as rt:
+        task_id = (await rt.submit("slow", "x")).task_id
+        w = Worker(store, [agent], WorkerOptions(lease_ttl=0.6, shutdown_grace=600))
+        job = asyncio.ensure_future(w.run())
+        await asyncio.wait_for(started.wait(), 30)
+        stopping = asyncio.ensure_future(w.stop())
+        before = (await store.get_task(task_id)).lease.expires_at
+        assert before is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while (now := (await store.get_task(task_id)).lease.expires_at) is None or now <= before:
+            assert loop.time() < deadline, "the lease was not renewed while draining"
+            await asyncio.sleep(0.02)
+        assert w.draining
+        value = (await store.get_document(WORKERS_SCOPE, w.id)).value  # type: ignore[union-attr]
+        assert value["draining"] is True
+        finish.set()
+        await asyncio.wait_for(stopping, 30)
+        await job
+        task = await store.get_task(task_id)
+        assert task.status is TaskStatus.PENDING and task.restarts == 0
+        assert await store.get_document(WORKERS_SCOPE, w.id) is None

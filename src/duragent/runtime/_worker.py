@@ -70,8 +70,9 @@ class WorkerOptions:
     worker_id: str | None = None
     """This worker's name in leases and logs; default host:pid:random."""
     shutdown_grace: float | None = 30.0
-    """How long a graceful `stop` waits for running tasks to reach a safe point
-    before it cancels them (None: as long as they take)."""
+    """How long a graceful `stop` (a drain: SIGTERM to `duragent worker`) waits for
+    running tasks to reach a safe point and be handed back; past it, their running
+    tools are cancelled and they are handed back there (None: as long as they take)."""
     missing_agent_grace: float = 60.0
     """Seconds a task may wait for an agent no live worker serves before it is
     blocked(missing_definition) (_presence.py)."""
