@@ -26,7 +26,7 @@ from duragent.runtime._agent import Agent, agents_by_name
 from duragent.runtime._calls import exception_text
 
 if TYPE_CHECKING:
-    from duragent.runtime._worker import WorkerOptions
+    from duragent.runtime._worker import Worker, WorkerOptions
     from duragent.store._protocol import Store
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,8 @@ async def run_worker(
     *,
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
-) -> None:
+) -> int:
+    """Run a worker until it is stopped; the process's exit code (0: drained)."""
     from duragent.runtime._outage import when_reachable
     from duragent.runtime._worker import Worker
     from duragent.store import open_store
@@ -127,16 +128,8 @@ async def run_worker(
         worker.options.concurrency,
         ", ".join(worker.queues) if worker.queues else "all",
     )
-    loop = asyncio.get_running_loop()
-    stopping: list[asyncio.Task[None]] = []
-
-    def shutdown() -> None:
-        if not stopping:  # SIGTERM/SIGINT: finish or hand back in-flight rounds, then exit
-            log.info("stopping: running tasks go back to the queue at their next safe point")
-            stopping.append(asyncio.ensure_future(worker.stop(graceful=True)))
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, shutdown)
+    hard: list[int] = []  # the signal that stopped it at once, if one did
+    stopping = _on_signals(worker, hard)
     try:
         await worker.run()
         for job in stopping:
@@ -145,6 +138,35 @@ async def run_worker(
         if exporter is not None:
             exporter.shutdown()
         await store.close()
+    return 128 + hard[0] if hard else 0
+
+
+def _on_signals(worker: Worker, hard: list[int]) -> list[asyncio.Task[None]]:
+    """SIGTERM/SIGINT drains the worker (`Worker.stop`); a second one stops it at once
+    (its exit code is then 128 + that signal's number, as if it had killed it)."""
+    loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task[None]] = []
+
+    def shutdown(sig: int) -> None:
+        if not stopping:
+            grace = worker.options.shutdown_grace
+            log.info(
+                "stopping: draining; running tasks go back to the queue at their next safe "
+                "point (grace %s); a second signal stops at once",
+                "unlimited" if grace is None else f"{grace:g} s",
+            )
+            stopping.append(asyncio.ensure_future(worker.stop(graceful=True)))
+        elif not hard:
+            hard.append(sig)
+            log.warning(
+                "stopping at once: running tasks are left to their leases "
+                "(another worker takes them over once they expire)"
+            )
+            stopping.append(asyncio.ensure_future(worker.stop(graceful=False)))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, shutdown, sig)
+    return stopping
 
 
 @app.command()
@@ -169,14 +191,21 @@ def worker(
     queues: str | None = typer.Option(
         None, help="Claim only from these queues, comma-separated (default: every queue)."
     ),
+    grace: float = typer.Option(
+        30.0,
+        help="On SIGTERM/SIGINT, seconds running tasks get to reach a safe point and be "
+        "handed back; past it, their running tools are cancelled and they are handed back.",
+    ),
 ) -> None:
-    """Claim and run tasks until SIGTERM (then stop at a safe point and hand them back)."""
+    """Claim and run tasks until SIGTERM or SIGINT, which drains: no more claims, running
+    tasks handed back at a safe point within --grace, exit 0. A second signal stops at
+    once (exit 128 + signal; its tasks are taken over once their leases expire)."""
     from duragent.runtime._worker import WorkerOptions
 
     only = None if queues is None else parse_queues(queues)
     log_to_terminal()
     prepare_store(store)
-    run_async(
+    code = run_async(
         run_worker(
             store,
             load_agents(agents),
@@ -187,11 +216,14 @@ def worker(
                 worker_id=worker_id,
                 missing_agent_grace=missing_agent_grace,
                 queues=only,
+                shutdown_grace=grace,
             ),
             metrics_port=metrics_port,
             metrics_host=metrics_host,
         )
     )
+    if code:
+        raise typer.Exit(code)
 
 
 def without_password(url: str) -> str:

@@ -61,7 +61,9 @@ class Controls:
 
     def __init__(self) -> None:
         self.current: Control | None = None
-        self.aborting = asyncio.Event()  # set by an abort: cuts a stop's grace period
+        # Set by an abort, or by a draining worker whose grace period is over: cuts a
+        # stop's wait for running tools short (they are cancelled and answered).
+        self.hurry = asyncio.Event()
         # An interrupt changed the log: the runner rebuilds its round from it.
         self.reread = False
         self._listeners: list[Callable[[], None]] = []  # see first_done
@@ -79,7 +81,7 @@ class Controls:
             for listener in list(self._listeners):
                 listener()
             if control.action == "abort":
-                self.aborting.set()
+                self.hurry.set()
             if self._target is not None and not self._interrupting:
                 self._interrupting = True
                 self._target.cancel()

@@ -126,6 +126,11 @@ class TaskRunner:
         """Ask the runner to stop (see Control); it acts at its next safe point."""
         self.controls.request(control)
 
+    def hurry(self) -> None:
+        """Stop waiting for running tools: a stop requested before (a release) cancels
+        them now and answers them "cancelled" (a draining worker's grace is over)."""
+        self.controls.hurry.set()
+
     async def stop_now(self, control: Control) -> Task:
         """Pause or abort a task nobody is running, from what its log says."""
         return await self.ending.stop_now(control)

@@ -42,15 +42,23 @@ FORGET_AFTER = timedelta(hours=1)
 
 
 async def announce(
-    store: Store, worker_id: str, agents: Iterable[str], ttl: float, every: float | None = None
+    store: Store,
+    worker_id: str,
+    agents: Iterable[str],
+    ttl: float,
+    every: float | None = None,
+    *,
+    draining: bool = False,
 ) -> None:
     """Record (or renew) that `worker_id` serves `agents` for the next `ttl` seconds;
-    `every`: how often it renews the record (so a reader can tell one it missed)."""
+    `every`: how often it renews the record (so a reader can tell one it missed);
+    `draining`: it is stopping (claims nothing, hands its running tasks back)."""
     now = utcnow()
     value: dict[str, Any] = {
         "agents": sorted(agents),
         "expires_at": (now + timedelta(seconds=ttl)).isoformat(),
         "seen_at": now.isoformat(),
+        "draining": draining,
         **process_identity(),
     }
     if every is not None:

@@ -327,23 +327,24 @@ class RoundCalls:
         await host.ending.stop(control, entries, self.rnd)
 
     async def _grace(self, pending_jobs: set[asyncio.Task[None]]) -> None:
-        """Wait for the running tools, for at most the agent's `tool_grace`, or until an abort."""
+        """Wait for the running tools, for at most the agent's `tool_grace`, or until an
+        abort or a draining worker's grace period ends (`Controls.hurry`)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.host.agent.timing.tool_grace
-        aborting = asyncio.ensure_future(self.host.controls.aborting.wait())
+        hurried = asyncio.ensure_future(self.host.controls.hurry.wait())
         waiting: set[asyncio.Future[Any]] = set(pending_jobs)
         try:
-            while waiting and not aborting.done() and loop.time() < deadline:
+            while waiting and not hurried.done() and loop.time() < deadline:
                 done, _ = await asyncio.wait(
-                    waiting | {aborting},
+                    waiting | {hurried},
                     timeout=deadline - loop.time(),
                     return_when=asyncio.FIRST_COMPLETED,
                 )
-                for job in done - {aborting}:
+                for job in done - {hurried}:
                     job.result()
                 waiting -= done
         finally:
-            aborting.cancel()
+            hurried.cancel()
 
     def _unparked_results(self, control: Control) -> list[NewEntry]:
         """The results of calls that asked to wait while the task was stopping.

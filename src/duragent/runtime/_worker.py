@@ -39,6 +39,12 @@ from duragent.webhooks import WebhookDelivery, WebhookSender
 
 log = logging.getLogger("duragent.worker")
 
+# Seconds a draining worker waits, once its grace period is over and the tools
+# still running are cancelled, for its runners to release their tasks; a runner
+# still there then (its store is not answering) is cancelled, its task left to
+# its lease.
+AFTER_GRACE = 5.0
+
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -65,8 +71,9 @@ class WorkerOptions:
     worker_id: str | None = None
     """This worker's name in leases and logs; default host:pid:random."""
     shutdown_grace: float | None = 30.0
-    """How long a graceful `stop` waits for running tasks to reach a safe point
-    before it cancels them (None: as long as they take)."""
+    """How long a graceful `stop` (a drain: SIGTERM to `duragent worker`) waits for
+    running tasks to reach a safe point and be handed back; past it, their running
+    tools are cancelled and they are handed back there (None: as long as they take)."""
     missing_agent_grace: float = 60.0
     """Seconds a task may wait for an agent no live worker serves before it is
     blocked(missing_definition) (_presence.py)."""
@@ -143,6 +150,9 @@ class Worker:
         self._done: dict[str, asyncio.Event] = {}
         self._wake = asyncio.Event()
         self._stopping = False
+        self._draining = False  # a graceful stop is under way
+        self._hard = asyncio.Event()  # a stop at once (a second signal): cancel the runners
+        self._announce_now = asyncio.Event()  # renew the presence record now
         self._stopped = asyncio.Event()
         self.claimed = 0  # tasks this worker has claimed
         self._claim_failures = 0  # claims in a row the store refused
@@ -184,21 +194,38 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.shield(job)
 
+    @property
+    def draining(self) -> bool:
+        """A graceful stop is under way: no claims; running tasks hand themselves back."""
+        return self._draining
+
     async def stop(self, *, graceful: bool = True) -> None:
-        """Stop claiming. Graceful: running tasks stop at their next safe point and
-        go back to the queue (status pending) for another worker."""
+        """Stop claiming, then end every running task's turn here.
+
+        Graceful (a drain): each running task is asked to hand itself back at its
+        next safe point (status pending, its lease released: any worker claims it
+        at once); running tools get the agent's `Timing.tool_grace` to finish, and
+        a task whose tools asked to wait parks on those waits instead. Past
+        `shutdown_grace`, tools still running are cancelled (answered "cancelled:
+        the task was released while it ran") and the task is released there; a
+        runner that cannot do even that within AFTER_GRACE more seconds (its store
+        is not answering) is cancelled, its task left to its lease (a takeover).
+        Leases are renewed and the presence record says `draining` meanwhile.
+
+        Not graceful, or called so while a drain runs (a second signal): every
+        runner is cancelled at once, its task left to its lease (another worker
+        takes it over once the lease expires, recovering from the log)."""
         self._stopping = True
         self._wake.set()
-        if graceful:
+        if graceful and not self._draining and not self._hard.is_set():
+            self._draining = True
+            self._announce_now.set()  # the presence record says `draining` now
             for runner in list(self.runners.values()):
                 runner.request(Control("release"))
-            jobs = list(self._jobs.values())
-            if jobs:
-                _, late = await asyncio.wait(jobs, timeout=self.options.shutdown_grace)
-                for job in late:
-                    job.cancel()
-        else:
-            for job in self._jobs.values():
+            await self._drain()
+        elif not graceful:
+            self._hard.set()
+            for job in list(self._jobs.values()):
                 job.cancel()
         for job in list(self._jobs.values()):
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -206,6 +233,42 @@ class Worker:
         await self._stopped.wait()
         await self.held.aclose()
         await self._hooks_done()
+
+    async def _drain(self) -> None:
+        """The graceful part of `stop`: its grace period, then AFTER_GRACE, then cancel."""
+        if await self._jobs_end(self.options.shutdown_grace):
+            return
+        late = list(self.runners.values())
+        log.warning(
+            "draining: %d tasks not at a safe point after %s s; cancelling their tools "
+            "and releasing them",
+            len(late),
+            self.options.shutdown_grace,
+        )
+        for runner in late:
+            runner.hurry()
+        if await self._jobs_end(AFTER_GRACE):
+            return
+        for runner in list(self.runners.values()):
+            self._abandon(runner, "not released in time; left to its lease")
+
+    async def _jobs_end(self, timeout: float | None) -> bool:
+        """Until every runner has ended (True), `timeout` passes or a hard stop comes."""
+        loop = asyncio.get_running_loop()
+        until = None if timeout is None else loop.time() + timeout
+        hard = asyncio.ensure_future(self._hard.wait())
+        try:
+            while self._jobs and not hard.done():
+                left = None if until is None else until - loop.time()
+                if left is not None and left <= 0:
+                    return False
+                await asyncio.wait(
+                    [*self._jobs.values(), hard], timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+                await asyncio.sleep(0)  # the ended jobs' callbacks (_finished) run first
+            return True
+        finally:
+            hard.cancel()
 
     # --- the loop ---
 
@@ -233,6 +296,11 @@ class Worker:
                 finally:
                     if changed is not None:
                         changed.cancel()
+            # Stopping: leases are renewed, controls heard and the presence record
+            # kept (saying `draining`) until every runner has ended (see `stop`).
+            while self._jobs:
+                await asyncio.wait(list(self._jobs.values()))
+                await asyncio.sleep(0)
         finally:
             if unwatch is not None:
                 unwatch()
@@ -387,10 +455,14 @@ class Worker:
         )
         self.runners[task.id] = runner
         self._done[task.id] = asyncio.Event()
+        if self._stopping:  # claimed as the stop came: handed back at once
+            runner.request(Control("release"))
         job = asyncio.ensure_future(runner.run())
         self._jobs[task.id] = job
         self._job_of[id(runner)] = job
         job.add_done_callback(lambda _: self._finished(runner))
+        if self._hard.is_set():
+            job.cancel()
 
     def _status_changed(self, task: Task, old: TaskStatus, new: TaskStatus) -> None:
         self.webhooks.wake()  # the commit may have written a webhook event
@@ -474,7 +546,10 @@ class Worker:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                await announce(self.store, self.id, self.agents, 3 * every, every)
+                self._announce_now.clear()
+                await announce(
+                    self.store, self.id, self.agents, 3 * every, every, draining=self._draining
+                )
                 if loop.time() - swept >= self.options.missing_agent_grace / 4:
                     swept = loop.time()
                     await block_unserved(self.store, self.agents, self.options.missing_agent_grace)
@@ -482,7 +557,13 @@ class Worker:
                 log.warning("recording this worker's agents failed: %s", exc)
             except Exception:  # a bad presence row must not stop the next renewal
                 log.exception("recording this worker's agents failed")
-            await asyncio.sleep(every)
+            # Not asyncio.wait_for: on 3.11 it can swallow a cancellation that
+            # comes as the event is set (a stop), and this loop would never end.
+            woken = asyncio.ensure_future(self._announce_now.wait())
+            try:
+                await asyncio.wait([woken], timeout=every)
+            finally:
+                woken.cancel()
 
     # --- leases and control ---
 
