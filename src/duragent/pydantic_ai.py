@@ -168,6 +168,8 @@ class DurableAgent:
     wrapped: pydantic_ai.Agent[Any, Any]
     name: str
     safe_tools: Collection[str] = ()
+    # Further options of the duragent Agent (limits, timing, webhook, deadline, ...).
+    options: dict[str, Any] = field(default_factory=dict)
     agent: Agent = field(init=False)
 
     def __post_init__(self) -> None:
@@ -184,6 +186,7 @@ class DurableAgent:
             name=self.name,
             model=ScriptedModel(_driver, name=f"pydantic-ai:{self.name}"),
             tools=[self._run_tool()],
+            **self.options,
         )
 
     def _run_tool(self) -> Tool:

@@ -1,0 +1,106 @@
+"""A Pydantic AI agent's run SIGKILLed at random points: nothing recorded is
+lost or done again, no never-replay tool runs twice, the output is unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+from pathlib import Path
+
+import pytest
+
+from duragent import Runtime, TaskStatus
+from duragent.types import EntryKind
+from support.crashlib import close_pipes, finish, spawn
+
+pytest.importorskip("pydantic_ai")
+
+KILLS = 6
+
+
+def run_until_at_or_done(url: str, ledger: Path, kill_at: int) -> str | None:
+    """Run the child; SIGKILL it at its `AT` line (None), or return its output."""
+    proc = spawn("pydantic_ai_agent.py", url, str(ledger), str(kill_at))
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("AT "):
+                proc.kill()
+                proc.wait(10)
+                close_pipes(proc)
+                return None
+            if line.startswith("DONE "):
+                finish(proc)
+                return line.removeprefix("DONE ").strip()
+        err = proc.stderr.read() if proc.stderr else ""
+        proc.wait(10)
+        close_pipes(proc)
+        raise AssertionError(f"child ended without AT or DONE ({proc.returncode}):\n{err}")
+    finally:
+        watchdog.cancel()
+
+
+def ledger_lines(ledger: Path) -> list[str]:
+    return ledger.read_text().splitlines()
+
+
+async def recorded_steps(url: str) -> tuple[TaskStatus, int, dict[str, dict[str, object]], str]:
+    async with Runtime(url, run_worker=False) as rt:
+        (task,) = (await rt.store.list_tasks()).tasks
+        task = await rt.get(task.id)
+        entries = await rt.store.entries(task.id, kinds=[EntryKind.CHECKPOINT])
+        steps = {e.payload["step"]: dict(e.payload) for e in entries if e.payload["type"] == "step"}
+        (result,) = await rt.store.entries(task.id, kinds=[EntryKind.TOOL_RESULT])
+        return task.status, task.restarts, steps, result.payload["content"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sigkill_at_random_points_loses_no_step_and_repeats_no_charge(
+    tmp_path: Path, seed: int
+) -> None:
+    reference = run_until_at_or_done(f"sqlite:///{tmp_path}/ref.db", tmp_path / "ref.txt", 0)
+    assert reference == '{"rounds":3,"lookups":["p-0","p-1","p-2"]}'
+
+    url, ledger = f"sqlite:///{tmp_path}/crash.db", tmp_path / "ledger.txt"
+    rng, kills, output = random.Random(seed), 0, None
+    while output is None:
+        # The k-th ledger line this process writes (a live model request, a tool's
+        # effect, a recorded step) is where it is killed; after KILLS kills, none.
+        kill_at = rng.randint(1, 6) if kills < KILLS else 0
+        output = run_until_at_or_done(url, ledger, kill_at)
+        kills += output is None
+    assert kills >= 1
+    assert output == reference
+
+    lines = ledger_lines(ledger)
+    # 0 lost steps: nothing recorded was run again.
+    for i, line in enumerate(lines):
+        if line.startswith("recorded "):
+            step = line.removeprefix("recorded ")
+            assert f"run {step}" not in lines[i + 1 :], f"{step} ran again after it was recorded"
+    # 0 duplicate never-replay runs.
+    for i in range(3):
+        assert lines.count(f"run tool:{i + 1}:charge-{i}") <= 1
+
+    status, restarts, steps, content = asyncio.run(recorded_steps(url))
+    assert status is TaskStatus.COMPLETED and restarts == kills
+    assert {f"model:{n}" for n in range(1, 5)} <= set(steps)
+    assert {f"tool:{i + 1}:lookup-{i}" for i in range(3)} <= set(steps)
+    envelope = json.loads(content)
+    returns = {
+        p["tool_call_id"]: p["content"]
+        for m in envelope["messages"]
+        for p in m["parts"]
+        if p["part_kind"] == "tool-return"
+    }
+    for i in range(3):
+        step = f"tool:{i + 1}:charge-{i}"
+        if step in steps:  # recorded: its result reached the model
+            assert returns[f"charge-{i}"] == f"charged {i}"
+        else:  # cut off: the model was told, the charge was not made again
+            assert "interrupted" in returns[f"charge-{i}"]
