@@ -44,9 +44,15 @@ from duragent.types import Task, ToolMessage, UserMessage
 try:
     import pydantic
     import pydantic_ai
+    from pydantic_ai.agent import EventStreamHandler
     from pydantic_ai.exceptions import ModelRetry
     from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse
-    from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse
+    from pydantic_ai.models import (
+        CompletedStreamedResponse,
+        Model,
+        ModelRequestParameters,
+        StreamedResponse,
+    )
     from pydantic_ai.models.wrapper import WrapperModel
     from pydantic_ai.settings import ModelSettings
     from pydantic_ai.tools import RunContext
@@ -103,11 +109,25 @@ class DuragentModel(WrapperModel):
         model_request_parameters: ModelRequestParameters,
         run_context: RunContext[Any] | None = None,
     ) -> AsyncIterator[StreamedResponse]:
-        raise InvalidOption(
-            "a durable Pydantic AI run asks its model without streaming: use "
-            "DurableAgent.run (the task's page shows each step as it is recorded)"
+        # As Pydantic AI's DBOS and Temporal models do: the step drains the real
+        # stream and records its final response; the run's stream (an
+        # `event_stream_handler`, `iter`) gets that response's events replayed.
+        self._run.requests += 1
+
+        async def ask() -> Any:
+            async with self.wrapped.request_stream(
+                messages, model_settings, model_request_parameters, run_context
+            ) as streamed:
+                async for _ in streamed:
+                    pass
+            return _RESPONSE.dump_python(streamed.get(), mode="json")
+
+        stored = await self._run.ctx.step(f"model:{self._run.requests}", ask, safe=True)
+        yield CompletedStreamedResponse(
+            _RESPONSE.validate_python(stored),
+            model_request_parameters=model_request_parameters,
+            replay_events=True,
         )
-        yield  # pragma: no cover - makes this an async generator
 
 
 class DuragentToolset(WrapperToolset[Any]):
@@ -168,6 +188,9 @@ class DurableAgent:
     wrapped: pydantic_ai.Agent[Any, Any]
     name: str
     safe_tools: Collection[str] = ()
+    # Streams each model response's events (and the tools') in the worker, as
+    # `run(event_stream_handler=)` does; a replayed step's events come again.
+    event_stream_handler: EventStreamHandler[Any] | None = None
     # Further options of the duragent Agent (limits, timing, webhook, deadline, ...).
     options: dict[str, Any] = field(default_factory=dict)
     agent: Agent = field(init=False)
@@ -210,6 +233,8 @@ class DurableAgent:
             kwargs["deps"] = pydantic.TypeAdapter(pyd.deps_type).validate_python(given["deps"])
         if "history" in given:
             kwargs["message_history"] = ModelMessagesTypeAdapter.validate_python(given["history"])
+        if self.event_stream_handler is not None:
+            kwargs["event_stream_handler"] = self.event_stream_handler
         try:
             with pyd.override(model=model, toolsets=toolsets, tools=[]):
                 result = await pyd.run(prompt, **kwargs)
