@@ -2,12 +2,15 @@
 `pydantic_ai.Agent` (its own `FunctionModel`) inside a duragent task.
 
     python tests/pydantic_ai_agent.py STORE_URL LEDGER KILL_AT
+    PYD_LEDGER=... PYD_KILL_ON=LINE duragent worker --agents pydantic_ai_agent:agents
 
 Each round the model calls `charge` (never replayed) and `lookup` (safe) and,
 after ROUNDS rounds, answers a `Summary`. Every live model request, tool effect
 and recorded step is appended to LEDGER (fsynced) before anything else happens;
 with KILL_AT=k the process prints `AT k` after its k-th ledger line and blocks,
 so the test can SIGKILL it there (0: never). It prints `DONE <output json>`.
+Loaded by `duragent worker`, it reads the ledger from PYD_LEDGER and stops at
+the ledger line PYD_KILL_ON instead.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from duragent import Limits, Runtime
 from duragent.pydantic_ai import DurableAgent
 
-URL, LEDGER, KILL_AT = sys.argv[1], sys.argv[2], int(sys.argv[3])
+LEDGER = os.environ.get("PYD_LEDGER", "")
+KILL_AT, KILL_ON = 0, os.environ.get("PYD_KILL_ON", "")
 ROUNDS = 3
 lines = 0
 
@@ -39,7 +43,7 @@ async def ledger(line: str) -> None:
     finally:
         os.close(fd)
     lines += 1
-    if lines == KILL_AT:
+    if lines == KILL_AT or line == KILL_ON:
         print(f"AT {KILL_AT} {line}", flush=True)
         await asyncio.sleep(3600)
 
@@ -92,6 +96,7 @@ async def lookup(ctx: RunContext[Shop], i: int) -> str:
 
 
 durable = DurableAgent(pyd, name="shop", options={"limits": Limits(max_restarts=100)})
+agents = [durable.agent]
 
 
 async def trace(point: str, **info: object) -> None:
@@ -99,8 +104,8 @@ async def trace(point: str, **info: object) -> None:
         await ledger(f"recorded {info['step']}")
 
 
-async def main() -> None:
-    rt = Runtime(URL, agents=[durable.agent], lease_ttl=1.0, poll_interval=0.1, trace=trace)
+async def main(url: str) -> None:
+    rt = Runtime(url, agents=[durable.agent], lease_ttl=1.0, poll_interval=0.1, trace=trace)
     async with rt:
         result = await durable.run(
             rt, "buy things", deps=Shop("p"), request_id="pyd-task", timeout=120
@@ -108,4 +113,6 @@ async def main() -> None:
         print(f"DONE {result.output.model_dump_json()}", flush=True)
 
 
-asyncio.run(main())
+if __name__ == "__main__":
+    LEDGER, KILL_AT = sys.argv[2], int(sys.argv[3])
+    asyncio.run(main(sys.argv[1]))

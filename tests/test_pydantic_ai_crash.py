@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
+import subprocess
+import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from duragent import Runtime, TaskStatus
 from duragent.types import EntryKind
-from support.crashlib import close_pipes, finish, spawn
+from support.crashlib import HERE, close_pipes, finish, kill_at, spawn
 
 pytest.importorskip("pydantic_ai")
 
@@ -104,3 +108,50 @@ def test_sigkill_at_random_points_loses_no_step_and_repeats_no_charge(
             assert returns[f"charge-{i}"] == f"charged {i}"
         else:  # cut off: the model was told, the charge was not made again
             assert "interrupted" in returns[f"charge-{i}"]
+
+
+def worker(url: str, ledger: Path, kill_on: str = "") -> subprocess.Popen[str]:
+    """A `duragent worker` process serving the child module's agent."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYD_LEDGER": str(ledger), "PYD_KILL_ON": kill_on}
+    return subprocess.Popen(
+        [sys.executable, "-m", "duragent", "worker", "--store", url, "--lease-ttl", "1",
+         "--poll-interval", "0.1", "--agents", "pydantic_ai_agent:agents"],
+        cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_duragent_workers_run_it_and_one_killed_in_a_charge_hands_it_on(tmp_path: Path) -> None:
+    url, ledger = f"sqlite:///{tmp_path}/workers.db", tmp_path / "ledger.txt"
+    sys.path.insert(0, str(HERE))
+    try:
+        from pydantic_ai_agent import Shop, durable
+    finally:
+        sys.path.remove(str(HERE))
+
+    async def submit() -> str:
+        async with Runtime(url, agents=[durable.agent], run_worker=False) as rt:
+            sub = await rt.submit("shop", "buy things", context=durable.context_for(Shop("p")))
+            return sub.task_id
+
+    task_id = asyncio.run(submit())
+    kill_at(worker(url, ledger, "run tool:2:charge-1"), "AT ")
+    second = worker(url, ledger)
+    try:
+
+        async def result() -> Any:
+            async with Runtime(url, agents=[durable.agent], run_worker=False) as rt:
+                task = await rt.wait(task_id, timeout=60)
+                return task, await durable.result(rt, task)
+
+        task, run = asyncio.run(result())
+    finally:
+        second.terminate()
+        finish(second)
+    assert task.restarts == 1
+    assert run.output.model_dump_json() == '{"rounds":3,"lookups":["p-0","p-1","p-2"]}'
+    lines = ledger_lines(ledger)
+    assert lines.count("run tool:2:charge-1") == 1  # cut off in the first worker, not run again
+    assert [line for line in lines if line.startswith("run model")] == [
+        f"run model:{n}" for n in (1, 2, 3, 4)
+    ]  # the second worker asked only what was not recorded
