@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 
-from duragent import InvalidOption, Runtime, TaskFailed, TaskStatus
+from duragent import InvalidOption, Runtime, TaskFailed, TaskStatus, Timing
 from duragent.pydantic_ai import RUN_TOOL, DurableAgent
 from duragent.types import EntryKind
 
@@ -144,3 +145,39 @@ async def test_an_event_stream_handler_sees_the_recorded_response_streamed() -> 
         assert await step_names(rt, result.task.id) == ["model:1"]
     assert result.output == "streamed answer"
     assert "PartStartEvent" in events and "FinalResultEvent" in events
+
+
+async def test_pause_cuts_the_run_short_and_resume_replays_it_from_the_store() -> None:
+    asked: list[int] = []
+    in_tool, release = asyncio.Event(), asyncio.Event()
+
+    def rounds(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        done = sum(isinstance(m, ModelResponse) for m in messages)
+        asked.append(done + 1)
+        if done < 2:
+            return ModelResponse(parts=[ToolCallPart("work", {"i": done}, tool_call_id=f"w{done}")])
+        return ModelResponse(parts=[TextPart("finished")])
+
+    pyd = PydanticAgent(FunctionModel(rounds))
+    runs: list[int] = []
+
+    @pyd.tool_plain(metadata={"replay": "safe"})
+    async def work(i: int) -> str:
+        runs.append(i)
+        if i == 1 and not release.is_set():
+            in_tool.set()
+            await asyncio.Event().wait()  # until the pause cancels it
+        return f"worked {i}"
+
+    durable = DurableAgent(pyd, name="pausable", options={"timing": Timing(tool_grace=0.1)})
+    async with Runtime("memory://", agents=[durable.agent]) as rt:
+        sub = await rt.submit("pausable", "go")
+        await in_tool.wait()
+        paused = await rt.pause(sub.task_id, timeout=30)
+        assert paused.status is TaskStatus.PAUSED
+        release.set()
+        await rt.resume(sub.task_id)
+        result = await durable.result(rt, await sub.wait(timeout=30))
+    assert result.output == "finished"
+    assert asked == [1, 2, 3]  # the two recorded requests were not asked again
+    assert runs == [0, 1, 1]  # the cut-off safe call ran again, the recorded one did not

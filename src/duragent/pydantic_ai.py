@@ -39,7 +39,7 @@ from duragent.runtime._context import ToolContext
 from duragent.runtime._runtime import Runtime
 from duragent.runtime._steps import StepInterrupted
 from duragent.runtime._tools import Tool, tool
-from duragent.types import Task, ToolMessage, UserMessage
+from duragent.types import EntryKind, Task, ToolMessage, UserMessage
 
 try:
     import pydantic
@@ -225,6 +225,7 @@ class DurableAgent:
     async def _play(self, prompt: str, ctx: ToolContext) -> str:
         pyd = self.wrapped
         given = ctx.context.get(_CONTEXT_KEY) or {}
+        await _carry_over_steps(ctx)
         run = _Run(ctx, frozenset(self.safe_tools))
         model = DuragentModel(pyd.model, run)  # type: ignore[arg-type]
         toolsets = [DuragentToolset(ts, run) for ts in pyd.toolsets]
@@ -292,6 +293,26 @@ class DurableAgent:
         return DurableRunResult(output, messages, task)
 
 
+async def _carry_over_steps(ctx: ToolContext) -> None:
+    """Give this call the steps of the task's earlier run calls (a pause cut them off).
+
+    A crash re-runs the same call, which finds its own steps; a pause ends the
+    call with a "cancelled" result and the driver makes a new one, whose run
+    must replay what the cut-off call recorded, as the same call would have.
+    """
+    record = ctx._steps.record
+    entries = await ctx._host.store.entries(ctx.task_id, kinds=[EntryKind.CHECKPOINT])
+    for entry in entries:
+        payload = entry.payload
+        if payload.get("call_id") == ctx.call_id:
+            continue
+        if payload.get("type") == "step":
+            record.done.setdefault(payload["step"], payload)  # type: ignore[arg-type]
+            record.started.discard(payload["step"])
+        elif payload.get("type") == "step_started" and payload["step"] not in record.done:
+            record.started.add(payload["step"])
+
+
 async def _envelope(rt: Runtime, task: Task) -> dict[str, Any]:
     if task.status.value != "completed":
         raise TaskFailed(task.id, task.status.value, task.status_reason or task.error)
@@ -305,13 +326,21 @@ def _driver(messages: list[Any]) -> Turn:
     """The task's model: call the run tool with the prompt, then answer its output."""
     result = next((m for m in reversed(messages) if isinstance(m, ToolMessage)), None)
     if result is None:
-        prompt = next((m.content for m in messages if isinstance(m, UserMessage)), "")
-        return Turn(tool_calls=[ToolCall(RUN_TOOL, {"prompt": prompt})])
+        return Turn(tool_calls=[ToolCall(RUN_TOOL, {"prompt": _prompt(messages)})])
     try:
         envelope = json.loads(result.content)
     except ValueError:
-        raise ModelError(f"the Pydantic AI run did not finish: {result.content}") from None
+        envelope = None
+    if not isinstance(envelope, dict) or not ({"output", "error"} & set(envelope)):
+        if result.content.startswith(("Tool call cancelled", "Tool call interrupted")):
+            # Cut off (a pause, a stop): run again, replaying the steps it recorded.
+            return Turn(tool_calls=[ToolCall(RUN_TOOL, {"prompt": _prompt(messages)})])
+        raise ModelError(f"the Pydantic AI run did not finish: {result.content}")
     if "error" in envelope:
         raise ModelError(f"the Pydantic AI run failed: {envelope['error']}")
     output = envelope["output"]
     return Turn(text=output if isinstance(output, str) else json.dumps(output))
+
+
+def _prompt(messages: list[Any]) -> str:
+    return next((m.content for m in messages if isinstance(m, UserMessage)), "")
