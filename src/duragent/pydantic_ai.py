@@ -282,6 +282,12 @@ class DurableAgent:
         task = await sub.wait(timeout=timeout)
         return await self.result(rt, task)
 
+    async def steps(self, rt: Runtime, task_id: str) -> list[str]:
+        """The steps a task of this agent recorded, in order (`model:1`, `tool:1:<id>`, ...)."""
+        entries = await rt.store.entries(task_id, kinds=[EntryKind.CHECKPOINT])
+        names = [e.payload["step"] for e in entries if e.payload.get("type") == "step"]
+        return list(dict.fromkeys(names))
+
     async def result(self, rt: Runtime, task: Task) -> DurableRunResult:
         """The typed result of a finished task of this agent (raises TaskFailed if it failed)."""
         envelope = await _envelope(rt, task)
