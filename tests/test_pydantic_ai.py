@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections.abc import AsyncIterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,13 +16,20 @@ pytest.importorskip("pydantic_ai", reason="the pydantic-ai extra is part of the 
 
 from pydantic import BaseModel
 from pydantic_ai import Agent as PydanticAgent, ModelRetry, RunContext
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+)
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 
 from duragent import InvalidOption, Runtime, TaskFailed, TaskStatus, Timing
 from duragent.pydantic_ai import RUN_TOOL, DurableAgent
 from duragent.types import EntryKind
+from support.crashlib import HERE
 
 
 @dataclass
@@ -31,6 +40,15 @@ class Deps:
 class Forecast(BaseModel):
     city: str
     sky: str
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm_pydantic_ai() -> None:
+    """Pydantic AI builds its schemas and adapters on first use: paid once, not by a test."""
+    result = asyncio.run(PydanticAgent(TestModel(), output_type=Forecast).run("warm up"))
+    ModelMessagesTypeAdapter.validate_python(
+        ModelMessagesTypeAdapter.dump_python(result.all_messages(), mode="json")
+    )
 
 
 async def step_names(rt: Runtime, task_id: str) -> list[str]:
@@ -181,3 +199,36 @@ async def test_pause_cuts_the_run_short_and_resume_replays_it_from_the_store() -
     assert result.output == "finished"
     assert asked == [1, 2, 3]  # the two recorded requests were not asked again
     assert runs == [0, 1, 1]  # the cut-off safe call ran again, the recorded one did not
+
+
+@pytest.mark.slow
+async def test_an_mcp_servers_tool_call_is_a_durable_step(tmp_path: Path) -> None:
+    pytest.importorskip("fastmcp", reason="pydantic-ai-slim[mcp] is part of the dev install")
+    from fastmcp.client.transports import StdioTransport
+    from pydantic_ai.mcp import MCPToolset
+
+    ledger = tmp_path / "ledger.txt"
+    script = [str(HERE / "mcp_server.py"), str(ledger)]
+    server = StdioTransport(sys.executable, script, keep_alive=False)  # ends with the session
+
+    def call_charge(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if len(messages) == 1:
+            args = {"amount": 5, "idempotency_key": "k1"}
+            return ModelResponse(parts=[ToolCallPart("charge", args, tool_call_id="c1")])
+        return ModelResponse(parts=[TextPart(f"told: {messages[-1].parts[0].content}")])  # type: ignore[union-attr]
+
+    billing = MCPToolset(server, id="billing")
+    pyd = PydanticAgent(FunctionModel(call_charge), toolsets=[billing])
+    durable = DurableAgent(pyd, name="billing")
+    # Held open here, the server's process ends with this block, before the test's loop.
+    async with billing, Runtime("memory://", agents=[durable.agent]) as rt:
+        result = await durable.run(rt, "charge 5", timeout=60)
+        steps = await durable.steps(rt, result.task.id)
+        entries = await rt.store.entries(result.task.id, kinds=[EntryKind.CHECKPOINT])
+    assert result.output == "told: charged 5"
+    assert steps == ["model:1", "tool:1:c1", "model:2"]
+    # Never-replay by default: its start was committed before the server was called.
+    assert [e.payload["step"] for e in entries if e.payload["type"] == "step_started"] == [
+        "tool:1:c1"
+    ]
+    assert ledger.read_text().splitlines() == ["charge 5 k1"]
