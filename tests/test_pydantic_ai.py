@@ -232,3 +232,29 @@ async def test_an_mcp_servers_tool_call_is_a_durable_step(tmp_path: Path) -> Non
         "tool:1:c1"
     ]
     assert ledger.read_text().splitlines() == ["charge 5 k1"]
+
+
+async def test_abort_ends_the_run_and_its_task() -> None:
+    in_tool, cancelled = asyncio.Event(), asyncio.Event()
+
+    pyd = PydanticAgent(TestModel(call_tools=["wait"]))
+
+    @pyd.tool_plain
+    async def wait() -> str:
+        in_tool.set()
+        try:
+            await asyncio.Event().wait()  # until the abort cancels it
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "never"
+
+    durable = DurableAgent(pyd, name="abortable", options={"timing": Timing(tool_grace=0.1)})
+    async with Runtime("memory://", agents=[durable.agent]) as rt:
+        sub = await rt.submit("abortable", "go")
+        await in_tool.wait()
+        task = await rt.abort(sub.task_id)
+        assert task.status is TaskStatus.ABORTED
+        assert cancelled.is_set()
+        with pytest.raises(TaskFailed, match="aborted"):
+            await durable.result(rt, task)
