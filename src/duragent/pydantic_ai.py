@@ -1,0 +1,352 @@
+"""Pydantic AI agents as durable duragent tasks (extra `pydantic-ai`).
+
+`DurableAgent(pyd_agent, name=...)` wraps any `pydantic_ai.Agent`. Its
+`.agent` is a duragent `Agent` for a Runtime or a `duragent worker`; running
+it (`await durable.run(rt, prompt, deps=...)`) submits a task whose one tool
+call, `pydantic_ai_run` (`replay="resume"`), runs Pydantic AI's own loop with
+the agent's model and toolsets wrapped, as Pydantic AI's Temporal, DBOS and
+Prefect wrappers do, through its public `WrapperModel` and `WrapperToolset`:
+
+- each model request is a durable step (`ctx.step`) named by its order in the
+  run (`model:1`, `model:2`, ...); its `ModelResponse` is stored as JSON and
+  rebuilt through Pydantic AI's type adapter. A request cut off by a crash is
+  asked again (a model request has no effect outside the run);
+- each tool call (function tools and MCP servers alike) is a durable step named
+  by the model request it answers and its call id. A tool is never run again
+  after a crash unless it is marked safe (`safe_tools=`, or the Pydantic AI
+  tool's `metadata={"replay": "safe"}`): an interrupted unsafe call returns
+  duragent's "interrupted" text to the model instead, and the run goes on.
+
+After a crash the worker runs the tool call again: Pydantic AI's loop starts
+over, every recorded step returns its stored result without running, and the
+loop continues live from the first step not recorded (the replay that DBOS and
+Temporal do). Deps and message history are stored in the task's context as
+JSON, so deps must be serialisable by Pydantic (rebuilt from `deps_type`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+from duragent.errors import InvalidOption, MissingExtra, ModelError, TaskFailed
+from duragent.llm._scripted import ScriptedModel, ToolCall, Turn
+from duragent.runtime._agent import Agent
+from duragent.runtime._context import ToolContext
+from duragent.runtime._runtime import Runtime
+from duragent.runtime._steps import StepInterrupted
+from duragent.runtime._tools import Tool, tool
+from duragent.types import EntryKind, Task, ToolMessage, UserMessage
+
+try:
+    import pydantic
+    import pydantic_ai
+    from pydantic_ai.agent import EventStreamHandler
+    from pydantic_ai.exceptions import ModelRetry
+    from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse
+    from pydantic_ai.models import (
+        CompletedStreamedResponse,
+        Model,
+        ModelRequestParameters,
+        StreamedResponse,
+    )
+    from pydantic_ai.models.wrapper import WrapperModel
+    from pydantic_ai.settings import ModelSettings
+    from pydantic_ai.tools import RunContext
+    from pydantic_ai.toolsets import AbstractToolset, ToolsetTool, WrapperToolset
+    from pydantic_core import PydanticSerializationError, to_jsonable_python
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise MissingExtra("Pydantic AI agents", "pydantic-ai") from exc
+
+__all__ = ["RUN_TOOL", "DurableAgent", "DurableRunResult"]
+
+RUN_TOOL = "pydantic_ai_run"
+_CONTEXT_KEY = "pydantic_ai"
+_RESPONSE: pydantic.TypeAdapter[ModelResponse] = pydantic.TypeAdapter(ModelResponse)
+
+
+@dataclass
+class _Run:
+    """One run of the Pydantic AI loop inside one run of the tool call."""
+
+    ctx: ToolContext
+    safe_tools: frozenset[str]
+    requests: int = 0  # model requests made (or replayed) so far in this run
+
+
+class DuragentModel(WrapperModel):
+    """A model whose every request is a durable step of the task."""
+
+    def __init__(self, wrapped: Model | str, run: _Run) -> None:
+        super().__init__(wrapped)
+        self._run = run
+
+    async def request(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+    ) -> ModelResponse:
+        self._run.requests += 1
+
+        async def ask() -> Any:
+            response = await self.wrapped.request(
+                messages, model_settings, model_request_parameters
+            )
+            return _RESPONSE.dump_python(response, mode="json")
+
+        stored = await self._run.ctx.step(f"model:{self._run.requests}", ask, safe=True)
+        return _RESPONSE.validate_python(stored)
+
+    @asynccontextmanager
+    async def request_stream(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+        run_context: RunContext[Any] | None = None,
+    ) -> AsyncIterator[StreamedResponse]:
+        # As Pydantic AI's DBOS and Temporal models do: the step drains the real
+        # stream and records its final response; the run's stream (an
+        # `event_stream_handler`, `iter`) gets that response's events replayed.
+        self._run.requests += 1
+
+        async def ask() -> Any:
+            async with self.wrapped.request_stream(
+                messages, model_settings, model_request_parameters, run_context
+            ) as streamed:
+                async for _ in streamed:
+                    pass
+            return _RESPONSE.dump_python(streamed.get(), mode="json")
+
+        stored = await self._run.ctx.step(f"model:{self._run.requests}", ask, safe=True)
+        yield CompletedStreamedResponse(
+            _RESPONSE.validate_python(stored),
+            model_request_parameters=model_request_parameters,
+            replay_events=True,
+        )
+
+
+class DuragentToolset(WrapperToolset[Any]):
+    """A toolset whose every tool call is a durable step of the task."""
+
+    def __init__(self, wrapped: AbstractToolset[Any], run: _Run) -> None:
+        super().__init__(wrapped)
+        self._run = run
+
+    async def call_tool(
+        self,
+        name: str,
+        tool_args: dict[str, Any],
+        ctx: RunContext[Any],
+        tool: ToolsetTool[Any],
+    ) -> Any:
+        run = self._run
+        metadata = tool.tool_def.metadata or {}
+        safe = name in run.safe_tools or metadata.get("replay") == "safe"
+
+        async def call() -> Any:
+            try:
+                value = await self.wrapped.call_tool(name, tool_args, ctx, tool)
+            except ModelRetry as exc:
+                # Asking the model to try again is an answer, recorded like one.
+                return {"retry": exc.message}
+            return {"value": to_jsonable_python(value)}
+
+        step = f"tool:{run.requests}:{ctx.tool_call_id or name}"
+        try:
+            stored = await run.ctx.step(step, call, safe=safe)
+        except StepInterrupted as stop:
+            return stop.message()
+        if "retry" in stored:
+            raise ModelRetry(stored["retry"])
+        return stored["value"]
+
+    def visit_and_replace(
+        self, visitor: Callable[[AbstractToolset[Any]], AbstractToolset[Any]]
+    ) -> AbstractToolset[Any]:
+        # Keep the durable wrapper around whatever the visitor makes of the inner toolset.
+        return DuragentToolset(self.wrapped.visit_and_replace(visitor), self._run)
+
+
+@dataclass
+class DurableRunResult:
+    """What a durable run gave back: its output (typed), its messages and its task."""
+
+    output: Any
+    messages: list[ModelMessage]
+    task: Task
+
+
+@dataclass
+class DurableAgent:
+    """A Pydantic AI agent that runs as a duragent task (see the module's docstring)."""
+
+    wrapped: pydantic_ai.Agent[Any, Any]
+    name: str
+    safe_tools: Collection[str] = ()
+    # Streams each model response's events (and the tools') in the worker, as
+    # `run(event_stream_handler=)` does; a replayed step's events come again.
+    event_stream_handler: EventStreamHandler[Any] | None = None
+    # Further options of the duragent Agent (limits, timing, webhook, deadline, ...).
+    options: dict[str, Any] = field(default_factory=dict)
+    agent: Agent = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.wrapped, pydantic_ai.Agent):
+            raise InvalidOption(
+                f"DurableAgent wraps a pydantic_ai.Agent, not {type(self.wrapped).__name__}"
+            )
+        if self.wrapped.model is None:
+            raise InvalidOption(
+                "the Pydantic AI agent has no model: give it one (Agent(model=...)), "
+                "since a durable run cannot pass one per run"
+            )
+        self.agent = Agent(
+            name=self.name,
+            model=ScriptedModel(_driver, name=f"pydantic-ai:{self.name}"),
+            tools=[self._run_tool()],
+            **self.options,
+        )
+
+    def _run_tool(self) -> Tool:
+        outer = self
+
+        @tool(name=RUN_TOOL, replay="resume")
+        async def pydantic_ai_run(prompt: str, ctx: ToolContext) -> str:
+            """Run the Pydantic AI agent, each model request and tool call a durable step."""
+            return await outer._play(prompt, ctx)
+
+        return pydantic_ai_run
+
+    async def _play(self, prompt: str, ctx: ToolContext) -> str:
+        pyd = self.wrapped
+        given = ctx.context.get(_CONTEXT_KEY) or {}
+        await _carry_over_steps(ctx)
+        run = _Run(ctx, frozenset(self.safe_tools))
+        model = DuragentModel(pyd.model, run)  # type: ignore[arg-type]
+        toolsets = [DuragentToolset(ts, run) for ts in pyd.toolsets]
+        kwargs: dict[str, Any] = {}
+        if "deps" in given:
+            kwargs["deps"] = pydantic.TypeAdapter(pyd.deps_type).validate_python(given["deps"])
+        if "history" in given:
+            kwargs["message_history"] = ModelMessagesTypeAdapter.validate_python(given["history"])
+        if self.event_stream_handler is not None:
+            kwargs["event_stream_handler"] = self.event_stream_handler
+        try:
+            with pyd.override(model=model, toolsets=toolsets, tools=[]):
+                result = await pyd.run(prompt, **kwargs)
+        except Exception as exc:  # the run's own failure ends the task, as it would end run()
+            return json.dumps({"error": f"{type(exc).__name__}: {exc}"})
+        messages = ModelMessagesTypeAdapter.dump_python(result.all_messages(), mode="json")
+        output = to_jsonable_python(result.output)
+        return json.dumps({"output": output, "messages": messages}, ensure_ascii=False)
+
+    def context_for(
+        self, deps: Any = None, message_history: Sequence[ModelMessage] | None = None
+    ) -> dict[str, Any]:
+        """The task context that carries a run's deps and message history."""
+        given: dict[str, Any] = {}
+        if deps is not None:
+            try:
+                given["deps"] = pydantic.TypeAdapter(self.wrapped.deps_type).dump_python(
+                    deps, mode="json"
+                )
+            except PydanticSerializationError as exc:
+                raise InvalidOption(
+                    f"the deps of a durable run are stored as JSON: {exc}; pass data "
+                    "(a dataclass or pydantic model of plain fields) and build clients in the tools"
+                ) from exc
+        if message_history:
+            given["history"] = ModelMessagesTypeAdapter.dump_python(
+                list(message_history), mode="json"
+            )
+        return {_CONTEXT_KEY: given} if given else {}
+
+    async def run(
+        self,
+        rt: Runtime,
+        prompt: str,
+        *,
+        deps: Any = None,
+        message_history: Sequence[ModelMessage] | None = None,
+        timeout: float | None = None,
+        **submit: Any,
+    ) -> DurableRunResult:
+        """Submit a task that runs the agent, wait for it, and give back its result."""
+        context = {**submit.pop("context", {}), **self.context_for(deps, message_history)}
+        sub = await rt.submit(self.name, prompt, context=context, **submit)
+        task = await sub.wait(timeout=timeout)
+        return await self.result(rt, task)
+
+    async def steps(self, rt: Runtime, task_id: str) -> list[str]:
+        """The steps a task of this agent recorded, in order (`model:1`, `tool:1:<id>`, ...)."""
+        entries = await rt.store.entries(task_id, kinds=[EntryKind.CHECKPOINT])
+        names = [e.payload["step"] for e in entries if e.payload.get("type") == "step"]
+        return list(dict.fromkeys(names))
+
+    async def result(self, rt: Runtime, task: Task) -> DurableRunResult:
+        """The typed result of a finished task of this agent (raises TaskFailed if it failed)."""
+        envelope = await _envelope(rt, task)
+        output = envelope["output"]
+        # An output type pydantic cannot rebuild (a function, several types) comes back as JSON.
+        with suppress(pydantic.ValidationError, pydantic.PydanticSchemaGenerationError, TypeError):
+            output = pydantic.TypeAdapter(self.wrapped.output_type).validate_python(output)  # type: ignore[arg-type]
+        messages = ModelMessagesTypeAdapter.validate_python(envelope["messages"])
+        return DurableRunResult(output, messages, task)
+
+
+async def _carry_over_steps(ctx: ToolContext) -> None:
+    """Give this call the steps of the task's earlier run calls (a pause cut them off).
+
+    A crash re-runs the same call, which finds its own steps; a pause ends the
+    call with a "cancelled" result and the driver makes a new one, whose run
+    must replay what the cut-off call recorded, as the same call would have.
+    """
+    record = ctx._steps.record
+    entries = await ctx._host.store.entries(ctx.task_id, kinds=[EntryKind.CHECKPOINT])
+    for entry in entries:
+        payload = entry.payload
+        if payload.get("call_id") == ctx.call_id:
+            continue
+        if payload.get("type") == "step":
+            record.done.setdefault(payload["step"], payload)  # type: ignore[arg-type]
+            record.started.discard(payload["step"])
+        elif payload.get("type") == "step_started" and payload["step"] not in record.done:
+            record.started.add(payload["step"])
+
+
+async def _envelope(rt: Runtime, task: Task) -> dict[str, Any]:
+    if task.status.value != "completed":
+        raise TaskFailed(task.id, task.status.value, task.status_reason or task.error)
+    for message in reversed(await rt.messages(task.id)):
+        if isinstance(message, ToolMessage):
+            return json.loads(message.content)  # type: ignore[no-any-return]
+    raise InvalidOption(f"task {task.id} has no Pydantic AI run in its history")
+
+
+def _driver(messages: list[Any]) -> Turn:
+    """The task's model: call the run tool with the prompt, then answer its output."""
+    result = next((m for m in reversed(messages) if isinstance(m, ToolMessage)), None)
+    if result is None:
+        return Turn(tool_calls=[ToolCall(RUN_TOOL, {"prompt": _prompt(messages)})])
+    try:
+        envelope = json.loads(result.content)
+    except ValueError:
+        envelope = None
+    if not isinstance(envelope, dict) or not ({"output", "error"} & set(envelope)):
+        if result.content.startswith(("Tool call cancelled", "Tool call interrupted")):
+            # Cut off (a pause, a stop): run again, replaying the steps it recorded.
+            return Turn(tool_calls=[ToolCall(RUN_TOOL, {"prompt": _prompt(messages)})])
+        raise ModelError(f"the Pydantic AI run did not finish: {result.content}")
+    if "error" in envelope:
+        raise ModelError(f"the Pydantic AI run failed: {envelope['error']}")
+    output = envelope["output"]
+    return Turn(text=output if isinstance(output, str) else json.dumps(output))
+
+
+def _prompt(messages: list[Any]) -> str:
+    return next((m.content for m in messages if isinstance(m, UserMessage)), "")
