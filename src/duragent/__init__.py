@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from duragent.errors import (
     CommitOutcomeUnknown,
+    CompactionFailed,
     Conflict,
     ContextOverflow,
     ControlPending,
@@ -99,6 +100,7 @@ __all__ = [
     "ChatModel",
     "Commit",
     "CommitOutcomeUnknown",
+    "CompactionFailed",
     "Conflict",
     "ContextOverflow",
     "ContextPolicy",

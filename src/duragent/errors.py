@@ -465,6 +465,11 @@ class RetryableModelError(ModelError):
     retryable = True
 
 
+class CompactionFailed(DuragentError):
+    """A user's `compact=` function failed, or returned what is no summary (nothing
+    is stored); the task fails with this as its reason (runtime/_compaction.py)."""
+
+
 class ContextOverflow(ModelError):
     """The provider refused the request as longer than the model's context window.
 

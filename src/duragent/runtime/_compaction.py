@@ -30,7 +30,7 @@ from typing import Any, cast
 import pydantic
 
 from duragent._payloads import ApiPayload, CompactionPayload, is_voided, stored, voided_ranges
-from duragent.errors import Conflict, ContextOverflow, DuragentError, ModelError
+from duragent.errors import CompactionFailed, Conflict, ContextOverflow, ModelError
 from duragent.llm._base import ModelRequest, ResponseAssembler
 from duragent.llm._messages import WorkingView
 from duragent.llm._windows import WINDOWS, context_window
@@ -62,10 +62,6 @@ Trace = Callable[..., Awaitable[None]]
 # the answer when none is set.
 _MAX_OUTPUT = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 ANSWER_SHARE = 0.05
-
-
-class CompactionFailed(DuragentError):
-    """The user's compact function failed or returned what is no summary: the task fails."""
 
 
 def message_chars(m: Mapping[str, Any]) -> int:
