@@ -38,7 +38,7 @@ from duragent.store._postgres_tx import BufferedPgTx, Deferred, NeedsServer, PgT
 from duragent.store._postgres_wire import Flight
 from duragent.types import Entry, Task
 
-MAX_LANES = 4  # batches in flight from one loop at once (fewer with a small pool)
+MAX_LANES = 2  # batches in flight from one loop at once (fewer with a small pool)
 
 
 class Probe(BufferedPgTx):
