@@ -375,7 +375,7 @@ class PgWriter(GroupCommit[PgTx, Changes]):
         if any(lane.flight is None or lane.flight.loop is not loop for lane in air):
             return
         with self._lock:
-            pending = self._pending[: self.max_batch * 2]
+            pending = self._pending[: self.max_batch]
         try:
             picked = pick(pending, loop, air, self.rows, self.namespace)
         except Exception:  # left queued: the next batch meets it again
