@@ -145,7 +145,7 @@ def _listening(apps: list[str]) -> bool:
     with _admin() as conn:
         rows = conn.execute(
             "SELECT DISTINCT application_name AS app FROM pg_stat_activity"
-            " WHERE application_name = ANY(%s) AND query LIKE 'LISTEN%%'",
+            " WHERE application_name = ANY(%s) AND query LIKE '%%LISTEN %%'",
             (apps,),
         ).fetchall()
     return len(rows) == len(apps)

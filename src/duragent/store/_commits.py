@@ -4,6 +4,7 @@ commit `Store.commit_soon` queues, what a write returns, and a task query."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -83,6 +84,25 @@ def follows(commit: Commit) -> None:
     """Refuse `commit` if the commit it follows failed (see PendingCommit)."""
     if commit.after is not None and commit.after.failed is not None:
         raise commit.after.failed
+    watch = WATCH.get()
+    if watch is not None and commit.after is not None and commit.after in watch.links:
+        watch.hit = True
+
+
+class Watch:
+    """The commits in the air or left waiting while the PostgreSQL writer picks
+    a lane (store/_postgres_lanes.py `pick`): a job whose
+    commit names one of them (`Commit.after`) must not land before it."""
+
+    __slots__ = ("hit", "links")
+
+    def __init__(self, links: set[PendingCommit]) -> None:
+        self.links = links
+        self.hit = False
+
+
+# Set while `pick` runs its jobs; `follows` looks.
+WATCH: contextvars.ContextVar[Watch | None] = contextvars.ContextVar("duragent_watch", default=None)
 
 
 def mark_failed(

@@ -93,6 +93,19 @@ class GroupCommit(Generic[TxT, NotesT]):
         go back to that loop to run there."""
         return False
 
+    def queued(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On `loop`: a job was queued there while a batch runs (a writer with
+        more than one batch in flight may send it now)."""
+
+    def next_handed(self) -> tuple[list[Job[TxT]], BaseException] | None:
+        """On the writer thread, before it takes a batch off the queue: one that
+        failed on a loop and was left for the thread, with its failure."""
+        return None
+
+    def handed_waiting(self) -> bool:
+        """Under the lock: a batch `next_handed` would give is waiting."""
+        return False
+
     # --- the queue ---
 
     def submit(self, fn: Callable[[TxT], Any], link: PendingCommit | None) -> asyncio.Future[Any]:
@@ -114,6 +127,8 @@ class GroupCommit(Generic[TxT, NotesT]):
             loop.call_soon(self._step, loop, turn)
         elif elsewhere:  # that loop may have stopped with the turn, or stop later
             watch(loop, future, self.rescue)
+        else:
+            self.queued(loop)
         return future
 
     def take(self, loop: asyncio.AbstractEventLoop | None = None) -> list[Job[TxT]] | None:
@@ -253,6 +268,8 @@ class GroupCommit(Generic[TxT, NotesT]):
         its batch is durable."""
         while True:
             failed: BaseException | None = None
+            if handed is None:
+                handed = self.next_handed()
             if handed is not None:
                 (batch, failed), handed = handed, None
             else:
@@ -282,6 +299,8 @@ class GroupCommit(Generic[TxT, NotesT]):
         """After a batch on the thread: whether the thread is done, the jobs still
         waiting handed back to their loop (`back_to_loop`) or none left."""
         with self._lock:
+            if self.handed_waiting():
+                return False
             if not self._pending:
                 self._busy = False
                 return True

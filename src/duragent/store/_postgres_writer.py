@@ -31,6 +31,15 @@ from duragent.store._commits import mark_failed
 from duragent.store._group_commit import GroupCommit, Job, Outcome
 from duragent.store._postgres_copies import refresh_copies
 from duragent.store._postgres_landed import LostInFlight, landed_in, server_of
+from duragent.store._postgres_lanes import (
+    MAX_LANES,
+    Lane,
+    Probe,
+    Spares,
+    pick,
+    statements_of,
+    tasks_of,
+)
 from duragent.store._postgres_message import (
     PREPARED_GONE,
     StaleRow,
@@ -42,7 +51,7 @@ from duragent.store._postgres_message import (
 from duragent.store._postgres_notify import CHANNEL, CONTROL_CHANNEL, WORK_CHANNEL, control_payload
 from duragent.store._postgres_schema import Conn
 from duragent.store._postgres_tx import BufferedPgTx, Deferred, NeedsServer, PgTx
-from duragent.store._postgres_wire import Flight, fly
+from duragent.store._postgres_wire import fly
 from duragent.types import Task
 
 Changes = tuple[bool, bool]  # a committed batch: (it changed anything, it made work)
@@ -132,33 +141,49 @@ class PgWriter(GroupCommit[PgTx, Changes]):
         # Whether a batch on cached rows is sent from its event loop (`run_here`);
         # off, every batch runs on the writer thread.
         self.on_loop = True
-        self._flight: Flight | None = None  # the batch sent from a loop, answer unread
+        self._air: list[Lane] = []  # batches sent from a loop, answers unread (lanes)
+        self._spares = Spares(pool, HOLD_SECONDS, self.submit_to_thread)  # lanes' connections
+        self._handed: list[tuple[list[Job[PgTx]], BaseException]] = []  # lanes that failed
+        self._more_due = False  # `_more` is scheduled
+        self.lanes = 0  # batches sent while another was in flight
 
     def rescue(self) -> None:
         """Hand to the writer thread a turn an event loop holds and cannot use
         (store/_turns.py): else the writer stays busy, and every later commit,
         and closing the store, waits for ever.
 
-        A batch in flight is taken over only from a loop that closed before
-        reading its answer (a closed loop runs no callback again, so the two
-        never read the socket at once); its callers, on that loop, are gone,
-        and it lands or fails as any batch. A next step still waiting in a
-        loop that is not running is taken over at once (`GroupCommit.rescue`)."""
-        flight = self._flight
-        if flight is None:
+        Batches in flight (lanes) are taken over only from a loop that closed
+        before reading their answers (a closed loop runs no callback again, so
+        the two never read a socket at once); their callers, on that loop, are
+        gone, and each lands or fails as any batch. A next step still waiting
+        in a loop that is not running is taken over at once
+        (`GroupCommit.rescue`)."""
+        air = self._air
+        if not air:
             super().rescue()
             return
-        if not flight.loop.is_closed():
-            return
         with self._lock:
-            if self._flight is not flight:
-                return
-            self._flight = None
-            self._turn.take()
-        self.submit_to_thread(flight.finish)
+            taken = [lane for lane in self._air if not lane.rescued and _closed(lane)]
+            for lane in taken:
+                lane.rescued = True
+        for lane in taken:
+            assert lane.flight is not None
+            self.submit_to_thread(lane.flight.finish)
 
     def flying(self) -> bool:
-        return self._flight is not None
+        return bool(self._air)
+
+    def queued(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._air and not self._more_due:
+            self._more_due = True
+            loop.call_soon(self._more, loop)
+
+    def next_handed(self) -> tuple[list[Job[PgTx]], BaseException] | None:
+        with self._lock:
+            return self._handed.pop(0) if self._handed else None
+
+    def handed_waiting(self) -> bool:
+        return bool(self._handed)
 
     def back_to_loop(self) -> bool:
         return self.on_loop
@@ -188,6 +213,7 @@ class PgWriter(GroupCommit[PgTx, Changes]):
         conn, self._held = self._held, None
         if conn is not None:
             self.pool.putconn(conn)
+        self._spares.close()
 
     @contextlib.contextmanager
     def _connection(self) -> Iterator[Conn]:
@@ -228,7 +254,8 @@ class PgWriter(GroupCommit[PgTx, Changes]):
         go from here: its jobs are all this loop's and all run on cached rows, and
         the writer holds an idle connection on the raw wire. False: the thread must
         run it. Its answer is read on the loop; if it reports a failure, the thread
-        takes the batch over (`run_batch`), with the failure as its first attempt's."""
+        takes the batch over (`run_batch`), with the failure as its first attempt's.
+        While it flies, jobs queued behind it may go in lanes of their own (`_more`)."""
         conn = self._held
         if (
             not self.on_loop
@@ -251,35 +278,154 @@ class PgWriter(GroupCommit[PgTx, Changes]):
             self.put_back(batch)
             return False
         statements, outcomes, txs = plan
-        pid, sent_at, server = conn.info.backend_pid, datetime.now(UTC), server_of(conn)
-
-        def landed(error: Exception | None) -> None:
-            self._flight = None
-            if error is None:
-                self._release(conn)
-                self._keep_rows(txs)
-                self.landed_here(loop, batch, outcomes, _changes(txs))
-                return
-            if isinstance(error, psycopg.Error) and self.lost(error):
-                lost = LostInFlight(outcomes, txs, pid, sent_at, server)
-                lost.__cause__ = error
-                error = lost
-            self._held = conn  # for the thread's attempt, which hands it back to the pool
-            self.to_thread((batch, error))
-
+        tasks: frozenset[str] | None = frozenset()
+        for tx in txs:
+            touched = tasks_of(tx)
+            tasks = None if tasks is None or touched is None else tasks | touched
+        lane = self._lane(batch, outcomes, txs, conn, tasks, self._held_since)
         try:
-            flight = fly(loop, conn, statements, landed)
+            flown = self._launch(loop, lane, statements)
         except Exception as exc:  # nothing went out: the thread runs the batch again
             self.to_thread((batch, exc))
             return True
-        if flight is None:  # the connection is in use
+        if not flown:  # the connection is in use
             self.put_back(batch)
             return False
         self._held = None
+        return True
+
+    def _lane(
+        self,
+        batch: list[Job[PgTx]],
+        outcomes: list[Outcome],
+        txs: list[PgTx],
+        conn: Conn,
+        tasks: frozenset[str] | None,
+        taken_at: float,
+    ) -> Lane:
+        info = conn.info
+        return Lane(
+            batch, outcomes, txs, conn, tasks, info.backend_pid, datetime.now(UTC),
+            server_of(conn), taken_at,
+        )  # fmt: skip
+
+    def _launch(
+        self, loop: asyncio.AbstractEventLoop, lane: Lane, statements: list[Statement]
+    ) -> bool:
+        """Send `lane`'s batch from `loop`; False, nothing sent, if its connection is in use."""
+        flight = fly(loop, lane.conn, statements, lambda error: self._landed(loop, lane, error))
+        if flight is None:
+            return False
+        lane.flight = flight
+        with self._lock:
+            self._air.append(lane)
         self.flights += 1
-        self._flight = flight
         flight.start()
         return True
+
+    def _landed(self, loop: asyncio.AbstractEventLoop, lane: Lane, error: Exception | None) -> None:
+        """A lane's answer is in: its callers answered, or the batch left for the
+        thread; the next batch once no lane is left in the air."""
+        with self._lock:
+            self._air.remove(lane)
+        if error is None:
+            self._give_back(lane.conn, lane.taken_at)
+            self._keep_rows(lane.txs)
+            self.ended(lane.batch, lane.outcomes)
+            if not loop.is_closed():
+                settled = list(zip(lane.batch, lane.outcomes, strict=True))
+                try:
+                    self._settle(loop, settled, _changes(lane.txs))
+                finally:
+                    self._after_lane(loop)
+                return
+        else:
+            if isinstance(error, psycopg.Error) and self.lost(error):
+                lost = LostInFlight(lane.outcomes, lane.txs, lane.pid, lane.sent_at, lane.server)
+                lost.__cause__ = error
+                error = lost
+            conn = lane.conn
+            self.submit_to_thread(lambda: self._discard(conn))
+            with self._lock:
+                self._handed.append((lane.batch, error))
+        self._after_lane(loop)
+
+    def _after_lane(self, loop: asyncio.AbstractEventLoop) -> None:
+        """After a lane landed: more lanes while others fly; once none is left, the
+        next batch on `loop`, or on the thread if one failed or the loop closed."""
+        if self._air:
+            if not loop.is_closed():
+                self.queued(loop)
+            return
+        if self._handed or loop.is_closed():
+            self.to_thread()
+            return
+        self._next_here(loop)
+
+    def _more(self, loop: asyncio.AbstractEventLoop) -> None:
+        """While lanes fly from `loop`: the jobs queued behind them that touch none
+        of their tasks go now, in a lane of their own (_postgres_lanes.py)."""
+        self._more_due = False
+        air = self._air
+        # A lane per two connections the pool may open, so readers and claims keep theirs.
+        if not air or len(air) >= min(MAX_LANES, self.pool.max_size // 2) or self._handed:
+            return
+        if loop.is_closed():
+            return
+        if any(lane.flight is None or lane.flight.loop is not loop for lane in air):
+            return
+        with self._lock:
+            pending = self._pending[: self.max_batch]
+        try:
+            picked = pick(pending, loop, air, self.rows, self.namespace)
+        except Exception:  # left queued: the next batch meets it again
+            return
+        if not picked.batch:
+            return
+        conn, taken_at = self._spares.take(lambda: _call_soon(loop, self.queued, loop))
+        if conn is None:
+            for job in picked.batch:  # its verdicts are reached again when it runs
+                if job.link is not None:
+                    job.link.failed = None
+            return
+        chosen = {id(job) for job in picked.batch}
+        with self._lock:  # only this loop takes jobs off the queue while lanes fly
+            self._pending = [job for job in self._pending if id(job) not in chosen]
+        statements = statements_of(picked, notifications(self.namespace, picked.txs))
+        lane = self._lane(
+            picked.batch, picked.outcomes, picked.txs, conn, frozenset(picked.tasks), taken_at
+        )
+        try:
+            flown = self._launch(loop, lane, statements)
+        except Exception as exc:  # nothing went out
+            flown = True
+            self.submit_to_thread(lambda: self._discard(conn))
+            with self._lock:
+                self._handed.append((picked.batch, exc))
+        if not flown:
+            self.pool.putconn(conn)
+            self.put_back(picked.batch)
+            return
+        self.lanes += 1
+
+    def _give_back(self, conn: Conn, taken_at: float) -> None:
+        """A landed lane's connection: kept for the next batch, or for a lane, or back."""
+        if (
+            self._held is None
+            and conn.info.transaction_status is TransactionStatus.IDLE
+            and self.pool.max_size > 1
+            and time.monotonic() - taken_at < HOLD_SECONDS
+        ):
+            self._held, self._held_since = conn, taken_at
+        else:
+            self._spares.give_back(conn, taken_at)
+
+    def _discard(self, conn: Conn) -> None:
+        """On the thread: a failed lane's connection rolled back and given back."""
+        if not conn.closed and conn.info.transaction_status is not TransactionStatus.IDLE:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+        self.pool.putconn(conn)
 
     def _plan(
         self, batch: list[Job[PgTx]]
@@ -483,7 +629,7 @@ class PgWriter(GroupCommit[PgTx, Changes]):
     ) -> tuple[BufferedPgTx, Outcome] | None:
         """Run `job` on this process's copies of its rows: its writes and outcome,
         or None when it must run on the connection (it reads there)."""
-        btx = BufferedPgTx(self.namespace, row)
+        btx = Probe(self.namespace, row)  # the tasks it touched, for lanes
         try:
             return btx, (True, job.fn(btx))
         except NeedsServer:
@@ -492,6 +638,15 @@ class PgWriter(GroupCommit[PgTx, Changes]):
             # ...but if judged on this process's copy of a row, which another
             # process may have changed since: ask the row as stored.
             return None if btx.based_on else (btx, (False, exc))
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: object) -> None:
+    with contextlib.suppress(RuntimeError):  # closed: nobody waits there now
+        loop.call_soon_threadsafe(fn, *args)
+
+
+def _closed(lane: Lane) -> bool:
+    return lane.flight is not None and lane.flight.loop.is_closed()
 
 
 def _changes(txs: list[PgTx]) -> Changes:
