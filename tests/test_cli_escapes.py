@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 import typer.main
 
@@ -98,7 +99,7 @@ def hostile_args(path: str, command: Any, store: str) -> list[str]:
         if param.param_type_name == "argument":
             args.append(EVIL)
         elif param.required and param.opts != ["--store"]:
-            number = param.bare_type() in (int, float)
+            number = isinstance(param.type, click.types.IntParamType | click.types.FloatParamType)
             args += [param.opts[0], "1" if number else EVIL]
     if any("--store" in p.opts for p in command.params):
         args += ["--store", store]

@@ -198,7 +198,7 @@ async def test_the_listen_session_carries_the_bounds_but_no_statement_timeout(
                 (store.application_name, "%LISTEN%"),
             ).fetchone()
         assert row is not None
-        setup = row[0]  # the LISTEN session's one message: its settings, then LISTEN
+        setup = row[0]  # the LISTEN session's one message: LISTEN, then its settings
         assert "SET \"tcp_user_timeout\" = '2000ms'" in setup
         assert "SET \"tcp_keepalives_idle\" = '1'" in setup
         assert "SET \"idle_in_transaction_session_timeout\" = '2000ms'" in setup

@@ -15,6 +15,7 @@ log, so no guardrail runs twice on one committed answer.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -60,7 +61,9 @@ class Checks:
     """One runner's checks of its task's input and final answers."""
 
     def __init__(self, host: AnswerHost) -> None:
-        self.host = host
+        # Held weakly: the host (the runner's rounds) holds these checks, and a
+        # cycle would keep a finished runner until the collector's next full pass.
+        self.host = weakref.proxy(host)
         self.agent = host.agent
         self.input_checked = False
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -87,7 +88,18 @@ class Rounds:
         self.round: OpenRound | None = None
         self._tool_progress_at: dict[str, float] = {}
         self.checks = Checks(self)  # guardrails and the output schema
-        self.compactor = Compactor(agent, commits, controls, self.trace_point, self._moved)
+        me = weakref.ref(self)  # the compactor is ours: no cycle back to us (tests/test_heap.py)
+
+        async def traced(point: str, **info: Any) -> None:
+            rounds = me()
+            if rounds is not None:
+                await rounds.trace_point(point, **info)
+
+        async def moved(version: int) -> bool:
+            rounds = me()
+            return rounds is not None and await rounds._moved(version)
+
+        self.compactor = Compactor(agent, commits, controls, traced, moved)
         self.held = Held()  # closed when the runner's run ends (TaskRunner.run)
         self.worker_held: Held | None = None
 

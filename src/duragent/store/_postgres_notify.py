@@ -92,7 +92,8 @@ class Listener:
                 conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
                 async with conn:
                     setup = session_setup(conn, self.conninfo, self.bounds, listening=True)
-                    await conn.execute(sql.SQL("; ").join([*setup, listen]))
+                    # LISTEN first: the session shows `LISTEN ...` as its query.
+                    await conn.execute(sql.SQL("; ").join([listen, *setup]))
                     self.ready.set()
                     self.on_control(None)
                     delay = 0.1
