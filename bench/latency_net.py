@@ -47,7 +47,15 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from bench.common import child_env
-from bench.pg_workers import PG_URL, ROOT, _admin, _listening, _server_version, _submit_all
+from bench.pg_workers import (
+    PG_URL,
+    ROOT,
+    _admin,
+    _listening,
+    _progress,
+    _server_version,
+    _submit_all,
+)
 
 TARGETS = {2.0: 0.90, 10.0: 0.60, 50.0: 0.25}  # round trip (ms) -> least ratio to direct
 
@@ -188,23 +196,6 @@ def _worker(url: str, args: argparse.Namespace) -> subprocess.Popen[bytes]:
     logs = os.environ.get("BENCH_WORKER_LOG")  # a file the workers' stderr goes to
     err = open(logs, "ab") if logs else subprocess.DEVNULL  # noqa: SIM115
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
-
-
-def _progress(schema: str) -> dict[str, Any]:
-    from psycopg import sql
-
-    with _admin() as conn:
-        row = conn.execute(
-            sql.SQL(
-                "SELECT count(*) FILTER (WHERE status = 'completed') AS done,"
-                " count(*) FILTER (WHERE status IN ('failed', 'blocked', 'aborted')) AS bad,"
-                " coalesce(sum((data::jsonb ->> 'iterations')::int), 0) AS rounds,"
-                " coalesce(sum((data::jsonb ->> 'restarts')::int), 0) AS restarts,"
-                " min(created_at) AS first, max(updated_at) AS last FROM {}.tasks"
-            ).format(sql.Identifier(schema))
-        ).fetchone()
-    assert row is not None
-    return dict(row)
 
 
 def _via(url: str, port: int) -> str:

@@ -159,7 +159,8 @@ def _progress(schema: str) -> dict[str, Any]:
             sql.SQL(
                 "SELECT count(*) FILTER (WHERE status = 'completed') AS done,"
                 " count(*) FILTER (WHERE status IN ('failed', 'blocked', 'aborted')) AS bad,"
-                " sum((data::jsonb ->> 'iterations')::int) AS rounds,"
+                " coalesce(sum((data::jsonb ->> 'iterations')::int), 0) AS rounds,"
+                " coalesce(sum((data::jsonb ->> 'restarts')::int), 0) AS restarts,"
                 " min(created_at) AS first, max(updated_at) AS last FROM {}.tasks"
             ).format(sql.Identifier(schema))
         ).fetchone()
