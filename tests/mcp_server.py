@@ -55,6 +55,17 @@ def count() -> str:
 
 
 @server.tool()
+async def hold(path: str) -> str:
+    """Answers once `path` exists (recording that it waits): a call kept in flight."""
+    import asyncio
+
+    record(f"hold {path}")
+    while not os.path.exists(path):
+        await asyncio.sleep(0.01)
+    return f"released {os.getpid()}"
+
+
+@server.tool()
 def crash() -> str:
     """The server process dies during the call (after recording that it ran)."""
     record(f"crash {os.getpid()}")

@@ -128,3 +128,23 @@ async def test_an_event_reaches_the_tasks_event_stream(tmp_path: Path) -> None:
     frames = [f for f in r.text.split("\n\n") if "event: progress" in f]
     payloads = [json.loads(f.split("data: ", 1)[1])["payload"] for f in frames]
     assert payloads == [{"call_id": "call_0_0", "event": "rows", "data": {"count": 3}, "n": 1}]
+
+
+async def test_a_rerun_skips_exactly_the_events_the_log_holds() -> None:
+    """An earlier run's 2nd emit landed but its 1st did not (it failed, or they
+    raced): the re-run commits the 1st and 3rd, and never the 2nd again."""
+    from types import SimpleNamespace
+
+    from duragent.runtime._context import ToolContext
+
+    sent: list[int] = []
+
+    async def tool_event(call_id: str, name: str, data: object, n: int) -> None:
+        sent.append(n)
+
+    task = SimpleNamespace(id="t", owner=None, session_id=None)
+    host: Any = SimpleNamespace(task=task, store=None, tool_event=tool_event)
+    ctx = ToolContext(host, "c", 1, 2, replay="safe", emitted=frozenset({2}))
+    for i in range(3):
+        await ctx.emit("step", {"i": i})
+    assert sent == [1, 3]

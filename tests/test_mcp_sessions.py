@@ -214,3 +214,48 @@ def test_a_server_does_not_outlive_a_sigkilled_worker(tmp_path: Path) -> None:
     while not dead_or_zombie(pid):
         assert time.monotonic() < deadline, f"the MCP server {pid} outlived its worker"
         time.sleep(0.05)
+
+
+class _WorkerHeld:
+    """What `MCPServer.call` uses of a tool's context: the worker's held sessions."""
+
+    def __init__(self) -> None:
+        from duragent.runtime._held import Held
+
+        self.shared = Held()
+
+    def held(self, scope: str) -> Any:
+        return self.shared
+
+
+async def test_a_call_its_caller_gave_up_on_leaves_a_shared_session_to_the_others(
+    tmp_path: Path,
+) -> None:
+    """Two tasks' calls in flight on one worker session: the first caller is
+    cancelled (an abort, a drain). The session stays open and the second call
+    gets its answer, from the same server process."""
+    ledger = tmp_path / "l"
+    server = MCPServer(server_spec(ledger), scope="worker")
+    ctx: Any = _WorkerHeld()
+
+    def holding(path: Path) -> Any:
+        async def use(session: Any) -> Any:
+            return await session.call_tool("hold", {"path": str(path)})
+
+        return use
+
+    first = asyncio.create_task(server.call(holding(tmp_path / "never"), ctx))
+    second = asyncio.create_task(server.call(holding(tmp_path / "go"), ctx))
+    async with asyncio.timeout(30):
+        while not ledger.exists() or ledger.read_text().count("hold ") < 2:
+            await asyncio.sleep(0.01)  # forced: both calls are in the server
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    (tmp_path / "go").touch()
+    async with asyncio.timeout(30):
+        answer = await second
+    assert "released" in str(answer)
+    session: Any = ctx.shared.peek(server.key)
+    assert session is not None and session.usable()  # still the one open session
+    await ctx.shared.aclose()

@@ -148,8 +148,11 @@ class MCPServer:
                 return await use(session.client)
             except BaseException as exc:
                 lost = not session.usable()  # the server's side ended (before it is dropped)
-                if _answered(exc) and not lost:
-                    raise  # the server answered with an error: the session is fine
+                if not lost and (_answered(exc) or _given_up(exc)):
+                    # The server answered with an error, or this caller stopped
+                    # waiting (cancelled: an abort, a drain; its timeout): the
+                    # session is fine, and other calls may be in flight on it.
+                    raise
                 # Gone, timed out or cancelled: the server's state is unknown.
                 await held.drop(self.key, session)
                 if not isinstance(exc, Exception):
@@ -164,6 +167,12 @@ class MCPServer:
                     ) from exc
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _given_up(exc: BaseException) -> bool:
+    """The caller stopped waiting for its answer; nothing is known to be wrong
+    with the session."""
+    return isinstance(exc, asyncio.CancelledError | TimeoutError)
 
 
 def _answered(exc: BaseException) -> bool:

@@ -171,7 +171,7 @@ async def _invoke(
         replay=tool.replay,
         steps=steps,
         called_at=host.called_at(cid),
-        emitted=len(rs.events.get(cid, ())) if rs is not None else 0,
+        emitted=committed_events(rs, cid),
     )
     await host.trace_point(
         "tool_start", call_id=cid, tool=name, attempt=attempt, replay=tool.replay
@@ -260,3 +260,12 @@ def suspension_for(wait: WaitCheckpoint) -> Suspend:
     if wait["wait"] == "subtask":
         return SpawnSubtask(wait.get("agent", ""), None)
     return WaitForInput(wait.get("question", ""))
+
+
+def committed_events(rs: RoundState | None, call_id: str) -> frozenset[int]:
+    """The numbers (`n`, the k-th emit of the call) of the events the log holds
+    for a call: a re-run skips exactly those, also when an earlier one of its
+    emits never landed (it failed, or a later one landed first)."""
+    if rs is None:
+        return frozenset()
+    return frozenset(int(e.get("n") or 0) for e in rs.events.get(call_id, ()))

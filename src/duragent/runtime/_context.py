@@ -98,7 +98,7 @@ class ToolContext:
         replay: str = "never",
         steps: StepRecord | None = None,
         called_at: datetime | None = None,
-        emitted: int = 0,
+        emitted: frozenset[int] = frozenset(),
     ) -> None:
         self._host = host
         # When the model made this call (its intent's commit): ctx.sleep counts
@@ -121,8 +121,8 @@ class ToolContext:
             else None
         )
         self.partial: list[str] = []
-        # Custom events: how many this call emitted, and how many of them the log
-        # already holds from an earlier run of it (those are not committed again).
+        # Custom events: how many this call emitted, and the numbers of those the
+        # log already holds from an earlier run of it (not committed again).
         self._emits = 0
         self._emitted = emitted
 
@@ -161,8 +161,8 @@ class ToolContext:
                 f"event {name!r}: its data is {size} bytes of JSON; at most {MAX_EVENT_BYTES}"
             )
         self._emits += 1
-        if self._emits <= self._emitted:
-            return  # committed by an earlier run of this call
+        if self._emits in self._emitted:
+            return  # committed by an earlier run of this call (its n is in the log)
         await self._host.tool_event(self.call_id, name, data, self._emits)
 
     async def step(

@@ -162,6 +162,11 @@ class Controls:
 
 def cancelled(control: Control, when: str) -> str:
     """The result a call stopped by `control` gets (`when`: "while it ran", ...)."""
-    if control.action == "deadline":
-        return f"Tool call cancelled: the task's deadline passed {when}."
-    return f"Tool call cancelled: the task was {_PAST[control.action]} {when}."
+    why = (
+        f"the task's deadline passed {when}"
+        if control.action == "deadline"
+        else f"the task was {_PAST[control.action]} {when}"
+    )
+    if when == "while it ran":  # cut off mid-call: whatever it did may have happened
+        return f"Tool call cancelled: {why}. It may or may not have taken effect."
+    return f"Tool call cancelled: {why}."

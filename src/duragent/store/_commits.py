@@ -62,7 +62,10 @@ class Commit:
 class PendingCommit:
     """A commit `Store.commit_soon` queued; `await pending` gives its result.
 
-    It lands before any commit this store is asked for after it. A commit made
+    It lands before any commit this store is asked for after it that touches one
+    of its tasks, or writes anything but task rows and entries. (Commits of
+    other tasks only may land beside it: PostgreSQL's lanes,
+    store/_postgres_lanes.py.) Order across tasks is asked for by naming it: a commit made
     with `after=pending` never lands without it: the store sets `failed` the
     moment the commit's fate is known as a failure, before it runs the next
     job, and refuses every commit that names it with that error.

@@ -283,15 +283,20 @@ class PgWriter(GroupCommit[PgTx, Changes]):
             touched = tasks_of(tx)
             tasks = None if tasks is None or touched is None else tasks | touched
         lane = self._lane(batch, outcomes, txs, conn, tasks, self._held_since)
+        # The lane's from here on: a flight that fails at once answers inside
+        # `_launch`, giving the connection back and waking the writer thread,
+        # which must not find it still held as its own.
+        self._held = None
         try:
             flown = self._launch(loop, lane, statements)
         except Exception as exc:  # nothing went out: the thread runs the batch again
+            self._held = conn
             self.to_thread((batch, exc))
             return True
-        if not flown:  # the connection is in use
+        if not flown:  # the connection is in use: nothing went out
+            self._held = conn
             self.put_back(batch)
             return False
-        self._held = None
         return True
 
     def _lane(
