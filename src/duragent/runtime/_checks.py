@@ -16,7 +16,7 @@ log, so no guardrail runs twice on one committed answer.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from duragent._payloads import GuardrailCheckpoint, Stage
@@ -189,97 +189,91 @@ class Checks:
         """An output guardrail's correction goes back to the model, at most
         `output_retries` times a task (`config["guardrail_corrections"]` counts
         them, so a restart goes on counting); one more fails the task."""
-        host = self.host
-        tid = host.commits.task.id
         limit = self.agent.output_retries
-        while True:
-            task = host.commits.task
-            version = task.version  # config is the runtime's; a message sent may change it
-            count = int(task.config.get("guardrail_corrections", 0)) + 1
-            config = {k: v for k, v in task.config.items() if k != "guardrail_corrections"}
-            try:
-                if count > limit:
-                    error = (
-                        f"output guardrail {name} asked for a correction {count} times "
-                        f"(Agent.output_retries={limit}): {' '.join(result.message.split())}"
-                    )
-                    extra = {"iterations": r, "config": config, "status_reason": "guardrail"}
-                    await host.ending.finish(
-                        TaskStatus.FAILED,
-                        entries=entries,
-                        error=error,
-                        extra=extra,
-                        expect_version=version,
-                    )
-                    return
-                correction = UserMessage(content=result.message)
-                note = notice(
-                    tid,
-                    r,
-                    f"Output guardrail {name}: {result.message} (correction {count} of {limit})",
-                )
-                patch = {"iterations": r, "config": {**config, "guardrail_corrections": count}}
-                await host.commits.commit(
-                    [*entries, note, api_entry(tid, r + 1, correction)],
-                    patch,
-                    expect_version=version,
-                )
-            except Conflict:
-                if not await host._moved(version):
-                    raise
-                continue
-            host.view.append(correction)
-            return
+        await self._counted_retry(
+            r,
+            "guardrail_corrections",
+            "guardrail",
+            entries,
+            UserMessage(content=result.message),
+            lambda n: (
+                f"output guardrail {name} asked for a correction {n} times "
+                f"(Agent.output_retries={limit}): {' '.join(result.message.split())}"
+            ),
+            lambda n: f"Output guardrail {name}: {result.message} (correction {n} of {limit})",
+        )
 
     async def _ask_again(
         self, r: int, message: ApiMessage, usage: Usage, errors: str, *, committed: bool
     ) -> None:
         """An answer that does not meet the schema goes back to the model with the
         errors (the round closes), or fails the task once the retries are spent."""
+        tid = self.host.commits.task.id
+        limit = self.agent.output_retries
+        await self._counted_retry(
+            r,
+            "output_failures",
+            "output_invalid",
+            [] if committed else [api_entry(tid, r, message)],
+            UserMessage(content=correction_text(errors)),
+            lambda n: (
+                f"the answer did not match the output schema after {n} "
+                f"attempts: {' '.join(errors.split())}"
+            ),
+            lambda n: (
+                f"The answer did not match the output schema (attempt {n} of "
+                f"{limit + 1}); asking again."
+            ),
+            usage=usage,
+            viewed=[] if committed else [message],
+        )
+
+    async def _counted_retry(
+        self,
+        r: int,
+        key: str,
+        reason: str,
+        entries: list[NewEntry],
+        correction: UserMessage,
+        error: Callable[[int], str],
+        note: Callable[[int], str],
+        *,
+        usage: Usage | None = None,
+        viewed: Sequence[ApiMessage] = (),
+    ) -> None:
+        """Send the model `correction` (round `r` closes, with `entries` and a
+        notice), counted in `config[key]`; past `output_retries` the task fails
+        instead (`reason`, `error(n)`). The count's commit expects the row's
+        version: a message sent meanwhile changes config, and the row is taken
+        again. `viewed`: what the view gains before the correction."""
         host = self.host
         tid = host.commits.task.id
         limit = self.agent.output_retries
-        final = [] if committed else [api_entry(tid, r, message)]
+        done = {} if usage is None else {"usage": usage}
         while True:
             task = host.commits.task
             version = task.version  # config is the runtime's; a message sent may change it
-            failures = int(task.config.get("output_failures", 0)) + 1
-            config = {k: v for k, v in task.config.items() if k != "output_failures"}
+            n = int(task.config.get(key, 0)) + 1
+            config = {k: v for k, v in task.config.items() if k != key}
             try:
-                if failures > limit:
-                    error = (
-                        f"the answer did not match the output schema after {failures} "
-                        f"attempts: {' '.join(errors.split())}"
-                    )
-                    extra = {"usage": usage, "iterations": r, "config": config}
-                    extra["status_reason"] = "output_invalid"
+                if n > limit:
+                    extra = {**done, "iterations": r, "config": config, "status_reason": reason}
                     await host.ending.finish(
                         TaskStatus.FAILED,
-                        entries=final,
-                        error=error,
+                        entries=entries,
+                        error=error(n),
                         extra=extra,
                         expect_version=version,
                     )
                     return
-                correction = UserMessage(content=correction_text(errors))
-                note = notice(
-                    tid,
-                    r,
-                    f"The answer did not match the output schema (attempt {failures} of "
-                    f"{limit + 1}); asking again.",
-                )
-                entries: list[NewEntry] = [*final, note, api_entry(tid, r + 1, correction)]
-                patch = {
-                    "usage": usage,
-                    "iterations": r,
-                    "config": {**config, "output_failures": failures},
-                }
-                await host.commits.commit(entries, patch, expect_version=version)
+                said = [*entries, notice(tid, r, note(n)), api_entry(tid, r + 1, correction)]
+                patch = {**done, "iterations": r, "config": {**config, key: n}}
+                await host.commits.commit(said, patch, expect_version=version)
             except Conflict:
                 if not await host._moved(version):
                     raise
                 continue
-            host.view.extend([*([message] if not committed else []), correction])
+            host.view.extend([*viewed, correction])
             return
 
     async def _fail(
