@@ -33,7 +33,6 @@ import asyncio
 import itertools
 import os
 import platform
-import signal
 import socket
 import statistics
 import subprocess
@@ -54,6 +53,7 @@ from bench.pg_workers import (
     _listening,
     _progress,
     _server_version,
+    _stop_and_drop,
     _submit_all,
 )
 
@@ -212,7 +212,6 @@ def run_once(
     port: int | None,
     on_started: Callable[[], None] | None = None,
 ) -> Run:
-    from psycopg import sql
 
     from duragent.store._postgres import PostgresStore
 
@@ -247,15 +246,7 @@ def run_once(
             level, args.tasks, state["done"], state["rounds"], seconds, state["restarts"], load
         )
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        with _admin() as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+        _stop_and_drop(procs, schema)
 
 
 def _timeline(schema: str) -> None:

@@ -244,17 +244,22 @@ def run_once(workers: int, tasks: int, rounds: int, concurrency: int, timeout: f
         assert state["rounds"] == tasks * (rounds + 1), state  # each task's rounds, counted
         return Run(workers, tasks, state["rounds"], seconds, cpu, server)
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        from psycopg import sql
+        _stop_and_drop(procs, schema)
 
-        with _admin() as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+def _stop_and_drop(procs: list[subprocess.Popen[bytes]], schema: str) -> None:
+    """Stop the worker processes (SIGTERM, then SIGKILL after 30 s) and drop their schema."""
+    from psycopg import sql
+
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    with _admin() as conn:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
 def _server_version() -> str:
