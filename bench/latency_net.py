@@ -160,7 +160,13 @@ class Link:
                 times.append(time.perf_counter() - t)
         return statistics.median(times) * 1e3
 
+    def cpu_seconds(self) -> float:
+        """The proxy process's CPU time so far (user + system)."""
+        fields = open(f"/proc/{self.proc.pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def close(self) -> None:
+        print(f"proxy cpu {self.cpu_seconds():.2f}s", file=sys.stderr)
         self.proc.terminate()
         try:
             self.proc.wait(5)
