@@ -164,11 +164,11 @@ class Link:
 
     def cpu_seconds(self) -> float:
         """The proxy process's CPU time so far (user + system)."""
-        fields = open(f"/proc/{self.proc.pid}/stat").read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def close(self) -> None:
-        print(f"proxy cpu {self.cpu_seconds():.2f}s", file=sys.stderr)
         self.proc.terminate()
         try:
             self.proc.wait(5)
@@ -359,6 +359,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     results: dict[str, list[Run]] = {"direct": [], **{r: [] for r in rtts}}
     measured: dict[str, list[float]] = {}
+    proxy_cpu: dict[str, float] = {}  # the proxy process's CPU time in its last run
     for i in range(args.runs):
         for level in results:
             if level == "direct":
@@ -367,8 +368,12 @@ def main(argv: list[str] | None = None) -> None:
                 with link(where, float(level)) as ln:
                     measured.setdefault(level, []).append(ln.rtt_ms(_via(PG_URL, ln.port)))
                     run = run_once(level, args, ln.port)
+                    proxy_cpu[level] = ln.cpu_seconds()
             results[level].append(run)
-            seen = f"; measured RTT {measured[level][-1]:.1f} ms" if level in measured else ""
+            seen = ""
+            if level in measured:
+                seen = f"; measured RTT {measured[level][-1]:.1f} ms"
+                seen += f", the proxy's CPU {proxy_cpu[level]:.2f} s"
             print(
                 f"#   {_label(level)}, run {i + 1}: {run.rounds_per_s:,.0f} rounds/s "
                 f"({run.seconds:.2f}s, {run.done}/{run.tasks} done, "
