@@ -14,9 +14,11 @@ The link: this kernel has no `netem` (tc reports the qdisc kind unknown), so
 the delay is a proxy, in a process of its own, that holds every chunk it
 passes, each way, for half the round trip (in order, no bandwidth limit); the
 round trip a query actually sees through it is measured and reported.
-"direct" is the same workload with the workers on 127.0.0.1, no proxy: every
-ratio is to the direct figure of the same invocation. The "0 ms" row is the
-proxy alone, its own cost.
+"direct" is the same workload with the workers on 127.0.0.1, no proxy; the
+"0 ms" row is the proxy alone, its own cost. Each level's ratio is given to
+the 0 ms figure of the same invocation (issue 40's measure, on which the
+targets are judged) and to the direct one (stricter: it charges the proxy's
+own cost to the link).
 
 Takeovers: the tasks' restart counters summed; no worker dies here, so each
 one is a live worker's task taken over (its lease lapsed while it ran it).
@@ -57,7 +59,7 @@ from bench.pg_workers import (
     _submit_all,
 )
 
-TARGETS = {2.0: 0.90, 10.0: 0.60, 50.0: 0.25}  # round trip (ms) -> least ratio to direct
+TARGETS = {2.0: 0.90, 10.0: 0.60, 50.0: 0.25}  # round trip (ms) -> least ratio to 0 ms
 
 
 @dataclass
@@ -159,6 +161,12 @@ class Link:
                 conn.execute("SELECT 1").fetchone()
                 times.append(time.perf_counter() - t)
         return statistics.median(times) * 1e3
+
+    def cpu_seconds(self) -> float:
+        """The proxy process's CPU time so far (user + system)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def close(self) -> None:
         self.proc.terminate()
@@ -279,20 +287,26 @@ def _label(level: str) -> str:
 
 
 def table(results: dict[str, list[Run]], measured: dict[str, list[float]]) -> list[str]:
+    """The levels' rows. A target is judged, as issue 40 states it, on the ratio
+    to the 0 ms figure (the same workers through the proxy with no delay); the
+    ratio to direct (no proxy at all), the stricter one, is shown beside it."""
     base = statistics.median(r.rounds_per_s for r in results["direct"])
+    zero = statistics.median(r.rounds_per_s for r in results["0"]) if "0" in results else None
     lines = [
-        "| round trip | measured `SELECT 1`, ms | rounds/s, median (min–max) | ratio to direct "
-        "| target | takeovers of live workers | tasks completed | load average before runs |",
-        "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- |",
+        "| round trip | measured `SELECT 1`, ms | rounds/s, median (min–max) | ratio to 0 ms "
+        "| ratio to direct | target (on the ratio to 0 ms) | takeovers of live workers "
+        "| tasks completed | load average before runs |",
+        "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |",
     ]
     for level, runs in results.items():
         rates = [r.rounds_per_s for r in runs]
         med = statistics.median(rates)
         ratio = med / base if base else 0.0
+        to_zero = med / zero if zero else None
         target = "—"
-        if level != "direct" and float(level) in TARGETS:
+        if level != "direct" and float(level) in TARGETS and to_zero is not None:
             want = TARGETS[float(level)]
-            target = f"≥ {want:.0%}: {'met' if ratio >= want else 'MISSED'}"
+            target = f"≥ {want:.0%}: {'met' if to_zero >= want else 'MISSED'}"
         done = sum(r.done for r in runs)
         total = sum(r.tasks for r in runs)
         takeovers = sum(r.takeovers for r in runs)
@@ -301,9 +315,10 @@ def table(results: dict[str, list[Run]], measured: dict[str, list[float]]) -> li
             target = f"0 takeovers, all done: {'met' if ok else 'MISSED'}"
         loads = ", ".join(f"{r.load:.1f}" for r in runs)
         seen = f"{statistics.median(measured[level]):.1f}" if level in measured else "—"
+        shown = "—" if level == "direct" or to_zero is None else f"{to_zero:.0%}"
         lines.append(
             f"| {_label(level)} | {seen} | {med:,.0f} ({min(rates):,.0f}–{max(rates):,.0f}) "
-            f"| {ratio:.0%} | {target} | {takeovers} | {done}/{total} | {loads} |"
+            f"| {shown} | {ratio:.0%} | {target} | {takeovers} | {done}/{total} | {loads} |"
         )
     return lines
 
@@ -344,6 +359,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     results: dict[str, list[Run]] = {"direct": [], **{r: [] for r in rtts}}
     measured: dict[str, list[float]] = {}
+    proxy_cpu: dict[str, float] = {}  # the proxy process's CPU time in its last run
     for i in range(args.runs):
         for level in results:
             if level == "direct":
@@ -352,8 +368,12 @@ def main(argv: list[str] | None = None) -> None:
                 with link(where, float(level)) as ln:
                     measured.setdefault(level, []).append(ln.rtt_ms(_via(PG_URL, ln.port)))
                     run = run_once(level, args, ln.port)
+                    proxy_cpu[level] = ln.cpu_seconds()
             results[level].append(run)
-            seen = f"; measured RTT {measured[level][-1]:.1f} ms" if level in measured else ""
+            seen = ""
+            if level in measured:
+                seen = f"; measured RTT {measured[level][-1]:.1f} ms"
+                seen += f", the proxy's CPU {proxy_cpu[level]:.2f} s"
             print(
                 f"#   {_label(level)}, run {i + 1}: {run.rounds_per_s:,.0f} rounds/s "
                 f"({run.seconds:.2f}s, {run.done}/{run.tasks} done, "

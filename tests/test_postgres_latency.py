@@ -51,6 +51,20 @@ async def test_a_claim_is_three_round_trips(schema: str, counter: TurnCounter) -
         assert counter.turns - before == 3
 
 
+async def test_a_runners_start_reads_are_one_round_trip(schema: str, counter: TurnCounter) -> None:
+    """The open round's entries and the model's view, which a runner reads before
+    its first round, go in one pipeline on one connection: one round trip (they
+    were two reads on two pooled connections, queued behind a wave's others)."""
+    store = PostgresStore(counter.url(PG_URL), schema=schema, min_size=1, max_size=1)
+    async with store:
+        task, _ = await store.create_task(Task(agent="a", input="job"))
+        await store.commit(Commit(entries=[_note(task.id, "one"), _note(task.id, "two")]))
+        expected = await store.entries(task.id), await store.model_view_data(task.id)
+        before = counter.turns
+        assert await store.start_reads(task.id, 0) == expected
+        assert counter.turns - before == 1
+
+
 async def test_a_claim_does_not_wait_for_a_commit_in_flight(schema: str) -> None:
     """A commit of this worker stuck on a row lock (a slow link holds it the same
     way) does not hold up the worker's claim: the claim lands while it waits."""

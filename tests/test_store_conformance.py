@@ -310,6 +310,11 @@ async def test_model_view_skips_rolled_back_rounds_but_ui_stays(store: Store) ->
     assert [type(m).__name__ for m in view] == ["UserMessage", "AssistantMessage"]
     assert view[1].content == "final"
     assert await store.model_view_data(task.id) == [dump_message(m) for m in view]
+    # A runner's start reads both at once (the rollback makes PostgreSQL read
+    # the view's rows again, after its pipeline).
+    entries, data = await store.start_reads(task.id, first)
+    assert data == [dump_message(m) for m in view]
+    assert entries == await store.entries(task.id, after_seq=first)
     assert [getattr(m, "text", None) for m in await store.ui_messages(task.id)] == [
         "you: q",
         "assistant is calling f",

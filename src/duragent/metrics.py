@@ -171,6 +171,11 @@ class MeteredStore:
     async def model_view_data(self, task_id: str) -> list[dict[str, Any]]:
         return await self._store.model_view_data(task_id)
 
+    async def start_reads(
+        self, task_id: str, after_seq: int
+    ) -> tuple[list[Entry], list[dict[str, Any]]]:
+        return await self._store.start_reads(task_id, after_seq)
+
     async def ui_messages(self, task_id: str) -> list[UIMessage]:
         return await self._store.ui_messages(task_id)
 

@@ -8,9 +8,7 @@ the agent no longer defines blocks the task.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
-from typing import Any
 
 from duragent._payloads import rollback_marker, status_of
 from duragent.errors import LostCommits
@@ -21,8 +19,7 @@ from duragent.runtime._open_round import OpenRound
 from duragent.runtime._pins import conflict
 from duragent.runtime._round import Rounds
 from duragent.runtime._round_calls import RoundCalls
-from duragent.runtime._waits import open_round
-from duragent.types import BlockReason, Entry, EntryKind, NewEntry, Task, TaskStatus
+from duragent.types import BlockReason, Entry, EntryKind, NewEntry, TaskStatus
 
 
 class Recovery:
@@ -40,22 +37,13 @@ class Recovery:
         t = self.commits.task
         if t.last_seq < self.commits.acked:  # this worker had been told of more
             raise LostCommits(t.id, t.last_seq, self.commits.acked)
-        # The model's view is read at the same time as the open round: one round
-        # trip to the store before the first round, not two (it goes unused when
-        # the task is blocked below). The two reads are not one snapshot: a
+        # The open round and the model's view in one call: one round trip to the
+        # store before the first round where it is remote (the view goes unused
+        # when the task is blocked below). The two reads are not one snapshot: a
         # message or a control request from another process may land between
         # them (runtime/_inbox.py), as it could with the reads in turn; neither
         # is part of the model's view, and the runner takes them in afterwards.
-        view = asyncio.ensure_future(self.store.model_view_data(t.id))
-        try:
-            await self._start(t, view)
-        finally:
-            if not view.done():
-                view.cancel()
-            view.add_done_callback(_quiet)
-
-    async def _start(self, t: Task, view: asyncio.Future[list[dict[str, Any]]]) -> None:
-        entries = await self.store.entries(t.id, after_seq=t.round_seq)
+        entries, view = await self.store.start_reads(t.id, t.round_seq)
         self._report_claim(entries)
         if t.restarts > self.agent.limits.max_restarts:
             await self.ending.block(
@@ -69,7 +57,7 @@ class Recovery:
         if problem is not None:
             await self.ending.block(BlockReason.PINNED, f"task {t.id}: {problem}")
             return
-        self.rounds.view = WorkingView(await view)
+        self.rounds.view = WorkingView(view)
         await self._recover(read_round(entries, t.iterations + 1))
 
     def _report_claim(self, entries: Sequence[Entry]) -> None:
@@ -121,11 +109,6 @@ class Recovery:
     async def reread_round(self) -> None:
         """After an interrupt: the model's view and the open round as the log has them."""
         t = self.commits.task
-        self.rounds.view = WorkingView(await self.store.model_view_data(t.id))
-        await self._recover(await open_round(self.store, t))
-
-
-def _quiet(future: asyncio.Future[Any]) -> None:
-    """A read left unused: its failure is nobody's (and not logged as unretrieved)."""
-    if not future.cancelled():
-        future.exception()
+        entries, view = await self.store.start_reads(t.id, t.round_seq)
+        self.rounds.view = WorkingView(view)
+        await self._recover(read_round(entries, t.iterations + 1))

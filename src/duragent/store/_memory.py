@@ -324,6 +324,11 @@ class MemoryStore(TxWrites):
         self._readable()
         return view_data(view_text(self._view_rows(task_id)))
 
+    async def start_reads(
+        self, task_id: str, after_seq: int
+    ) -> tuple[list[Entry], list[dict[str, Any]]]:
+        return await self.entries(task_id, after_seq=after_seq), await self.model_view_data(task_id)
+
     def _view_rows(self, task_id: str) -> list[tuple[int, str, str]]:
         """The view's rows from the last compaction's `upto` on (`view_start`)."""
         rows = self._entries.get(task_id, [])

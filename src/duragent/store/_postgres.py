@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -33,14 +32,10 @@ from duragent.errors import (
     TaskNotFound,
 )
 from duragent.store._codec import (
-    MAX_SEQ,
     decode_cursor,
     encode_cursor,
-    entry_kind,
-    entry_range,
-    unpacked,
 )
-from duragent.store._commits import EntryHead, LeaseRenewal, PendingCommit, TaskPage, TaskQuery
+from duragent.store._commits import LeaseRenewal, PendingCommit, TaskPage, TaskQuery
 from duragent.store._postgres_bounds import (
     DEFAULT_LEASE_TTL,
     LeaseConnection,
@@ -69,9 +64,9 @@ from duragent.store._postgres_notify import (
     Listener,
     Signals,
 )
-from duragent.store._postgres_queries import delete_trees, model_view_text, task_filters, task_rows
+from duragent.store._postgres_queries import delete_trees, task_filters
+from duragent.store._postgres_reads import PgReads
 from duragent.store._postgres_schema import (
-    ENTRY_RANGE,
     MIGRATIONS,
     SCHEMA_VERSION,
     Conn,
@@ -82,15 +77,14 @@ from duragent.store._postgres_tx import PgTx, row_document, row_task
 from duragent.store._postgres_writer import PgWriter, notifications
 from duragent.store._signals import ControlCallback, ControlWatchers
 from duragent.store._tx import TxWrites
-from duragent.store._views import build_ui_view, parse_messages, view_data
-from duragent.types import ApiMessage, Document, Entry, EntryKind, Task, UIMessage, utcnow
+from duragent.types import Document, Task, utcnow
 
 __all__ = ["CHANNEL", "MIGRATIONS", "WORK_CHANNEL", "PostgresStore", "lock_key", "migrate"]
 
 _T = TypeVar("_T")
 
 
-class PostgresStore(PgClaims, TxWrites):
+class PostgresStore(PgClaims, PgReads, TxWrites):
     """`PostgresStore("postgresql://user@host/db", schema=None, max_size=10)`.
 
     Nothing is connected until `open()` (or `async with store:`), which
@@ -506,62 +500,6 @@ class PostgresStore(PgClaims, TxWrites):
             return {(r["queue"], r["status"]): r["n"] for r in rows}
 
         return await self._read(read)
-
-    async def entries(
-        self,
-        task_id: str,
-        *,
-        after_seq: int = 0,
-        kinds: Iterable[EntryKind] | None = None,
-        limit: int | None = None,
-    ) -> list[Entry]:
-        text = f"SELECT * FROM entry_rows WHERE {ENTRY_RANGE}"
-        # No seq is above MAX_SEQ: a larger cursor gives the empty range past it.
-        params: list[Any] = list(entry_range(task_id, min(after_seq, MAX_SEQ) + 1))
-        if kinds is not None:
-            text += " AND kind = ANY(%s)"
-            params.append([EntryKind(k).value for k in kinds])
-        text += " ORDER BY eid"
-        if limit is not None:
-            text += " LIMIT %s"
-            params.append(limit)
-
-        def read(conn: Conn) -> list[Entry]:
-            return [
-                Entry(
-                    task_id=task_id,
-                    seq=r["seq"],
-                    kind=(kind := entry_kind(task_id, r["seq"], r["kind"])),
-                    round=r["round"],
-                    payload=unpacked(kind, json.loads(r["payload"])),
-                    created_at=r["created_at"].astimezone(UTC),
-                )
-                for r in conn.execute(text, params)
-            ]
-
-        return await self._read(read)
-
-    async def entry_heads(self, task_id: str, *, kinds: Iterable[EntryKind]) -> list[EntryHead]:
-        columns = "seq, kind, round, payload::json ->> 'role'"
-        codes = [EntryKind(k).value for k in kinds]
-        return await self._read(
-            lambda conn: [
-                EntryHead(seq, EntryKind(kind), rnd, role)
-                for seq, kind, rnd, role in task_rows(conn, task_id, columns, codes)
-            ]
-        )
-
-    async def model_view(self, task_id: str) -> list[ApiMessage]:
-        return parse_messages(await self._read(lambda conn: model_view_text(conn, task_id)))
-
-    async def model_view_data(self, task_id: str) -> list[dict[str, Any]]:
-        return view_data(await self._read(lambda conn: model_view_text(conn, task_id)))
-
-    async def ui_messages(self, task_id: str) -> list[UIMessage]:
-        code = [EntryKind.UI_MESSAGE.value]
-        return await self._read(
-            lambda conn: build_ui_view(task_rows(conn, task_id, "seq, payload", code))
-        )
 
     async def get_document(self, scope: str, key: str) -> Document | None:
         def read(conn: Conn) -> Document | None:

@@ -64,18 +64,28 @@ _JOINED_VIEW = (
 )
 
 
-def model_view_text(conn: Conn, task_id: str) -> str:
-    """The payloads of the task's model view as one JSON array text, read from the
-    last compaction on (`_VIEW_START`), in one round trip."""
-    kinds = list(VIEW_KINDS)
+def view_statement(task_id: str) -> tuple[str, tuple[Any, ...]]:
+    """The statement reading a task's model view (`_JOINED_VIEW`), and its parameters."""
     task, _, _, last = entry_range(task_id)
-    with conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(_JOINED_VIEW, (MAX_SEQ, task, task, MAX_SEQ, task, task, last, kinds))
-        row = cur.fetchone()
+    return _JOINED_VIEW, (MAX_SEQ, task, task, MAX_SEQ, task, task, last, list(VIEW_KINDS))
+
+
+def view_from(conn: Conn, task_id: str, row: Any) -> str:
+    """The view's JSON array text from `view_statement`'s row (a tuple): that row's
+    text, unless a rollback or compaction is among the entries it joined, when the
+    view is built from the rows read again (from the last compaction on)."""
     start = int(row[2]) if row is not None and row[2] is not None else 0
     if row is not None and not row[1]:
         return str(row[0])  # nothing voided (the common case): that is the view
-    return view_text(task_rows(conn, task_id, "seq, kind, payload", kinds, start))
+    return view_text(task_rows(conn, task_id, "seq, kind, payload", list(VIEW_KINDS), start))
+
+
+def model_view_text(conn: Conn, task_id: str) -> str:
+    """The payloads of the task's model view as one JSON array text, read from the
+    last compaction on (`_VIEW_START`), in one round trip."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(*view_statement(task_id))
+        return view_from(conn, task_id, cur.fetchone())
 
 
 def delete_trees(tx: PgTx, roots: list[str]) -> int:

@@ -136,6 +136,14 @@ class Store(Protocol):
         """`model_view` as plain dicts in their wire form, decoded but not validated."""
         ...
 
+    async def start_reads(
+        self, task_id: str, after_seq: int
+    ) -> tuple[list[Entry], list[dict[str, Any]]]:
+        """`entries(task_id, after_seq=after_seq)` and `model_view_data(task_id)`, the
+        two reads a runner starts with, read together: in one round trip where the
+        store is remote. Not one snapshot unless the store says so."""
+        ...
+
     async def ui_messages(self, task_id: str) -> list[UIMessage]:
         """The task's conversation as the page and the API show it (voided rounds kept)."""
         ...

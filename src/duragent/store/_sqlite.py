@@ -344,6 +344,15 @@ class SQLiteStore(TxWrites):
     async def model_view_data(self, task_id: str) -> list[dict[str, Any]]:
         return view_data(await self._read(lambda conn: _view_text(conn, task_id)))
 
+    async def start_reads(
+        self, task_id: str, after_seq: int
+    ) -> tuple[list[Entry], list[dict[str, Any]]]:
+        # Each read on a reader's connection of its own, at the same time.
+        entries, view = await asyncio.gather(
+            self.entries(task_id, after_seq=after_seq), self.model_view_data(task_id)
+        )
+        return entries, view
+
     async def ui_messages(self, task_id: str) -> list[UIMessage]:
         sql = f"SELECT seq, payload FROM entry_rows WHERE {ENTRY_RANGE} AND kind=? ORDER BY eid"
         params = (*entry_range(task_id), KIND_CODES[EntryKind.UI_MESSAGE])
