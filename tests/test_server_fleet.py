@@ -114,6 +114,9 @@ async def test_only_an_admin_sets_and_removes_queue_limits(
     runtime: Runtime,  # noqa: F811
 ) -> None:
     c = admin_client
+    # /v1/me says who may (the page shows the editing controls to admins only).
+    assert (await c.get("/v1/me", headers=auth("alice"))).json() == {"user": "alice", "admin": True}
+    assert (await c.get("/v1/me", headers=auth("bob"))).json() == {"user": "bob", "admin": False}
     limits = {"concurrency": 2, "per_owner": 1, "rate": {"tasks": 10, "seconds": 60}, "ttl": 3600}
     assert_problem(await c.put("/v1/queues/mail", json=limits), 401, "Unauthorized")
     r = await c.put("/v1/queues/mail", json=limits, headers=auth("bob"))

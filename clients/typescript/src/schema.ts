@@ -840,6 +840,11 @@ export interface components {
         Me: {
             /** User */
             user: string;
+            /**
+             * Admin
+             * @description Whether this user may change what every user shares (queue limits): duragent serve --admin USER.
+             */
+            admin: boolean;
         };
         /** MessageRequest */
         MessageRequest: {
