@@ -152,6 +152,17 @@ def test_filters_change_the_list_and_the_url_and_pages_follow_next_cursor(
     expect(items).to_have_count(50)
     seen |= {items.nth(i).get_attribute("data-id") for i in range(50)}
     assert seen == set(paged)
+    # The search box: task ids starting with what is typed (GET /v1/tasks?id_prefix=).
+    page.click("#filter-clear")
+    page.fill("#filter-id_prefix", held[:12])
+    expect(items).to_have_count(1)
+    expect(items).to_have_attribute("data-id", held)
+    assert url_params(page) == {"id_prefix": [held[:12]]}
+    assert page.evaluate("window.duragent.filter()") == {"id_prefix": held[:12]}
+    with http(server, "bob") as c:  # bob's search never finds alice's task
+        assert c.get("/v1/tasks", params={"id_prefix": held}).json()["tasks"] == []
+    page.fill("#filter-id_prefix", "t_%")
+    expect(page.locator("#tasks .empty")).to_have_text("No tasks match.")
     # A filter's metadata that is no key:value says so, in one line, as text.
     page.fill("#filter-meta", HOSTILE)
     expect(page.locator("#filter-summary")).to_have_text(f"metadata {HOSTILE} should be key:value")
@@ -198,8 +209,9 @@ def test_an_admin_edits_queue_limits_and_a_schedule_a_non_admin_cannot(
 ) -> None:
     with http(server, "alice") as c:
         assert c.put("/v1/queues/mail", json={"concurrency": 2}).status_code == 200
-        r = c.post("/v1/schedules", json={"name": "nightly", "agent": "quick", "every": 3600})
-        assert r.status_code == 201, r.text
+        for name in ("nightly", HOSTILE):
+            r = c.post("/v1/schedules", json={"name": name, "agent": "quick", "every": 3600})
+            assert r.status_code == 201, r.text
     with http(server, "bob") as c:
         submit(c, queue=HOSTILE, start_at=LATER)
 
@@ -233,6 +245,8 @@ def test_an_admin_edits_queue_limits_and_a_schedule_a_non_admin_cannot(
     admin.click('.view-tab[data-view="schedules"]')
     nightly = admin.locator('.schedule[data-schedule="nightly"]')
     expect(nightly.locator(".schedule-when")).to_contain_text("every 1 h")
+    expect(admin.locator(".schedule-name", has_text="onerror")).to_have_text(HOSTILE)
+    assert admin.locator("#view-schedules img").count() == 0
     nightly.locator("button.edit-schedule").click()
     admin.locator('.schedule-form input[name="every"]').fill("7200")
     admin.locator(".schedule-form button.save-schedule").click()
@@ -370,7 +384,7 @@ def test_the_console_at_390_px_wide(server: LiveServer, browser: Browser) -> Non
         "#filter-meta",
         "#filter-clear",
         "#action-bar",
-        "#find-id",
+        "#filter-id_prefix",
         "#page-older",
     ):
         reachable(page, selector)

@@ -1875,6 +1875,8 @@ export interface operations {
                 created_before?: string | null;
                 updated_after?: string | null;
                 updated_before?: string | null;
+                /** @description Task ids starting with this text. */
+                id_prefix?: string | null;
             };
             header?: never;
             path?: never;

@@ -522,19 +522,7 @@ async function forkTask(ev) {
   }
 }
 
-// Open a task by its id (GET /v1/tasks/ID: another user's answers 404, as a missing one).
-async function findTask(ev) {
-  ev.preventDefault();
-  const id = $("#find-id").value.trim();
-  if (!id) return;
-  try {
-    await api("GET", `/v1/tasks/${encodeURIComponent(id)}`);
-    $("#find-id").value = "";
-    openTask(id);
-  } catch (err) {
-    toast(err instanceof HttpError && err.status === 404 ? `No task of yours has the id ${id}.` : problemText(err));
-  }
-}
+
 
 async function decideAll(approve, button) {
   const open = (state.task?.waiting_for || []).filter((w) => w.wait === "approval");
@@ -588,7 +576,6 @@ $("#filters").addEventListener("change", filterChanged);
 $("#filters").addEventListener("input", (ev) => { if (ev.target.type !== "datetime-local") filterChanged(); });
 $("#filters").addEventListener("submit", (ev) => { ev.preventDefault(); filterChanged(); });
 $("#filter-clear").addEventListener("click", () => { showFilter(new URLSearchParams()); filterChanged(); });
-$("#find-task").addEventListener("submit", findTask);
 $("#page-older").addEventListener("click", () => {
   if (state.nextCursor) { state.cursors.push(state.nextCursor); refreshList(); }
 });

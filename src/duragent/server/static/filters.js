@@ -1,13 +1,14 @@
 // The task list's filters as one object with the REST filter names of GET /v1/tasks
 // (and of POST /v1/bulk's `filter`): status, agent, queue, meta, created_after,
-// created_before, updated_after, updated_before. A name is present only when set;
+// created_before, updated_after, updated_before, and id_prefix (the search box:
+// task ids starting with it; GET /v1/tasks only). A name is present only when set;
 // status and meta are lists (the REST repeats them), times are ISO 8601 in UTC.
 // The filters live in the page's URL (#status=failed&agent=…&task=…), so a link
 // shares them, and a reload keeps them.
 
 export const FILTER_NAMES = [
   "status", "agent", "queue", "meta",
-  "created_after", "created_before", "updated_after", "updated_before",
+  "created_after", "created_before", "updated_after", "updated_before", "id_prefix",
 ];
 export const TIME_NAMES = FILTER_NAMES.filter((n) => n.endsWith("_after") || n.endsWith("_before"));
 const LISTS = new Set(["status", "meta"]);
@@ -41,7 +42,7 @@ export function currentFilter() {
   const out = {};
   const status = field("status").value;
   if (status) out.status = [status];
-  for (const name of ["agent", "queue"]) {
+  for (const name of ["agent", "queue", "id_prefix"]) {
     const v = field(name).value.trim();
     if (v) out[name] = v;
   }
@@ -73,6 +74,7 @@ export function showFilter(params) {
   }
   select.value = agent;
   field("queue").value = params.get("queue") || "";
+  field("id_prefix").value = params.get("id_prefix") || "";
   field("meta").value = params.getAll("meta").join(", ");
   for (const name of TIME_NAMES) field(name).value = params.get(name) ? toLocal(params.get(name)) : "";
 }
