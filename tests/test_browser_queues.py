@@ -1,6 +1,6 @@
-"""The page shows each queue's limits next to my task counts in it, read-only, as
-GET /v1/queues gives them; an admin's change over REST shows up without a reload
-(real headless Chromium against `duragent serve`)."""
+"""The page's Queues view shows each queue's limits next to my task counts in it,
+read-only for a non-admin, as GET /v1/queues gives them; an admin's change over
+REST shows up without a reload (real headless Chromium against `duragent serve`)."""
 
 from __future__ import annotations
 
@@ -68,6 +68,7 @@ def test_queue_limits_are_shown_next_to_my_counts(server: LiveServer) -> None:
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         try:
             sign_in(page, server, "bob")
+            page.click('.view-tab[data-view="queues"]')
             queues = page.locator("#queues")
             expect(queues).to_be_visible()
             expect(page.locator("#queues-counted")).to_have_text("(my tasks)")
@@ -100,6 +101,7 @@ def test_queue_limits_are_shown_next_to_my_counts(server: LiveServer) -> None:
             admin.set_default_timeout(TIMEOUT)
             admin.on("pageerror", lambda exc: errors.append(str(exc)))
             sign_in(admin, server, "alice")
+            admin.click('.view-tab[data-view="queues"]')
             expect(admin.locator("#queues-counted")).to_have_text("(everyone's tasks)")
             everyone = admin.locator('#queues .queue[data-queue="reports"]')
             expect(everyone.locator('[data-status="completed"]')).to_have_text("2 completed")

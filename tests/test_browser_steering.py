@@ -41,8 +41,10 @@ def test_rounds_list_and_fork_from_here(page: Page, server: LiveServer) -> None:
     expect(page.locator("#forked-from")).to_be_hidden()
     shot(page, "20-rounds")
 
-    page.fill("#fork-message", "Now <b>another</b> one.")
     rounds.nth(0).locator("button.fork").click()
+    page.check("#fork-continue")  # round 1 stays; a new message follows it
+    page.fill("#fork-message", "Now <b>another</b> one.")
+    page.click("#fork-go")
     # The page opens the fork: a new task, linked to its source, that runs to the end.
     expect(page.locator("#task-id")).not_to_have_text(source_id)
     expect(page.locator("#forked-from")).to_have_text(f"Forked from {source_id} at round 1")

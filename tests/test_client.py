@@ -250,6 +250,7 @@ async def test_lists_filter_and_page(server: LiveServer) -> None:
             made
         )
         assert (await c.list(metadata={"batch": batch}, agent="slow")).tasks == []
+        assert [t.id for t in (await c.list(id_prefix=made[1])).tasks] == [made[1]]
 
 
 @pytest.mark.slow  # a live server

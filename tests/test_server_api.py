@@ -34,7 +34,7 @@ async def test_missing_or_bad_token_is_401_problem(client: httpx.AsyncClient) ->
     r = await client.get("/v1/tasks", headers={"Authorization": f"Basic {TOKENS['alice']}"})
     assert_problem(r, 401, "Unauthorized")
     r = await client.get("/v1/me", headers=auth("bob"))
-    assert r.json() == {"user": "bob"}
+    assert r.json() == {"user": "bob", "admin": False}
 
 
 # --- tasks -------------------------------------------------------------------

@@ -41,7 +41,7 @@ async def test_queue_priority_metadata_start_at_and_filters(
     b = await start(client, "quick", metadata={"team": "blue"})
     later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     held = await start(client, "quick", start_at=later)
-    await start(client, "quick", user="bob", metadata={"team": "red"})
+    bobs = await start(client, "quick", user="bob", metadata={"team": "red"})
     for tid in (a, b):
         await wait_for(runtime, tid, TaskStatus.COMPLETED)
     r = await client.get("/v1/tasks", params={"meta": "team:red"}, headers=auth("alice"))
@@ -53,6 +53,14 @@ async def test_queue_priority_metadata_start_at_and_filters(
         "/v1/tasks", params={"created_before": "2000-01-01T00:00:00Z"}, headers=auth("alice")
     )
     assert r.json()["tasks"] == []
+    r = await client.get("/v1/tasks", params={"id_prefix": a}, headers=auth("alice"))
+    assert [t["id"] for t in r.json()["tasks"]] == [a]
+    r = await client.get("/v1/tasks", params={"id_prefix": "t_"}, headers=auth("alice"))
+    assert {t["id"] for t in r.json()["tasks"]} == {a, b, held}
+    r = await client.get("/v1/tasks", params={"id_prefix": bobs}, headers=auth("alice"))
+    assert r.json()["tasks"] == []  # another user's task is not found by its id either
+    r = await client.get("/v1/tasks", params={"id_prefix": ""}, headers=auth("alice"))
+    assert_problem(r, 422, "Validation error")
     r = await client.get("/v1/tasks", params={"meta": "nocolon"}, headers=auth("alice"))
     assert_problem(r, 422, "Validation error")  # the schema says key:value
     r = await client.get("/v1/counts", headers=auth("alice"))
@@ -114,6 +122,9 @@ async def test_only_an_admin_sets_and_removes_queue_limits(
     runtime: Runtime,  # noqa: F811
 ) -> None:
     c = admin_client
+    # /v1/me says who may (the page shows the editing controls to admins only).
+    assert (await c.get("/v1/me", headers=auth("alice"))).json() == {"user": "alice", "admin": True}
+    assert (await c.get("/v1/me", headers=auth("bob"))).json() == {"user": "bob", "admin": False}
     limits = {"concurrency": 2, "per_owner": 1, "rate": {"tasks": 10, "seconds": 60}, "ttl": 3600}
     assert_problem(await c.put("/v1/queues/mail", json=limits), 401, "Unauthorized")
     r = await c.put("/v1/queues/mail", json=limits, headers=auth("bob"))

@@ -253,6 +253,26 @@ async def test_list_tasks_filters_newest_first_with_cursor(store: Store) -> None
     assert (await store.list_tasks(TaskQuery(status=[TaskStatus.COMPLETED]))).tasks == []
 
 
+async def test_list_tasks_by_id_prefix_compares_text_exactly(store: Store) -> None:
+    ids = ["t_ab1", "t_ab2", "t_ac", "t_a%b", "t_a_b", "t_é1", "T_AB3"]
+    for tid in ids:
+        await make(store, id=tid, owner="alice")
+    await make(store, id="t_ab9", owner="bob")
+
+    async def found(prefix: str, owner: str | None = "alice") -> set[str]:
+        page = await store.list_tasks(TaskQuery(owner=owner, id_prefix=prefix, limit=100))
+        return {t.id for t in page.tasks}
+
+    assert await found("t_ab") == {"t_ab1", "t_ab2"}  # bob's is not alice's; case counts
+    assert await found("t_ab", owner=None) == {"t_ab1", "t_ab2", "t_ab9"}
+    assert await found("t_a%") == {"t_a%b"}  # % and _ are characters, not patterns
+    assert await found("t_a_") == {"t_a_b"}
+    assert await found("t_é") == {"t_é1"}
+    assert await found("t_ab1") == {"t_ab1"}
+    assert await found("t_ab1x") == set()
+    assert await found("x' OR '1'='1") == set()
+
+
 async def test_entries_after_seq_by_kind_with_limit_and_streamed(store: Store) -> None:
     task = await make(store)
     await store.commit(

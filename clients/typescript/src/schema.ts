@@ -840,6 +840,11 @@ export interface components {
         Me: {
             /** User */
             user: string;
+            /**
+             * Admin
+             * @description Whether this user may change what every user shares (queue limits): duragent serve --admin USER.
+             */
+            admin: boolean;
         };
         /** MessageRequest */
         MessageRequest: {
@@ -1870,6 +1875,8 @@ export interface operations {
                 created_before?: string | null;
                 updated_after?: string | null;
                 updated_before?: string | null;
+                /** @description Task ids starting with this text. */
+                id_prefix?: string | null;
             };
             header?: never;
             path?: never;

@@ -174,6 +174,7 @@ class AsyncClient:
         updated_before: datetime | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        id_prefix: str | None = None,
     ) -> TaskPageOut:
         """One page of the caller's tasks, newest first; pass the page's
         `next_cursor` as `cursor` for the next (`tasks()` walks them all)."""
@@ -190,6 +191,7 @@ class AsyncClient:
             "updated_before": _time(updated_before),
             "limit": limit,
             "cursor": cursor,
+            "id_prefix": id_prefix,
         }
         return await self._call("GET", "/v1/tasks", TaskPageOut, params=params)
 

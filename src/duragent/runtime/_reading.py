@@ -94,9 +94,10 @@ class ReadsTasks:
         created_before: datetime | None = None,
         updated_after: datetime | None = None,
         updated_before: datetime | None = None,
+        id_prefix: str | None = None,
     ) -> TaskPage:
         """A page of tasks matching every filter given (`TaskQuery`), newest first;
-        `next_cursor` asks for the next page."""
+        `next_cursor` asks for the next page. `id_prefix`: ids starting with it."""
         return await self.store.list_tasks(
             TaskQuery(
                 owner=owner,
@@ -112,6 +113,7 @@ class ReadsTasks:
                 created_before=created_before,
                 updated_after=updated_after,
                 updated_before=updated_before,
+                id_prefix=id_prefix,
             )
         )
 

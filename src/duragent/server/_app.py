@@ -24,7 +24,7 @@ from duragent.server import (
     _tasks as tasks,
     _wait as wait,
 )
-from duragent.server._deps import RuntimeDep, UserDep, known_query
+from duragent.server._deps import RuntimeDep, UserDep, is_admin, known_query
 from duragent.server._gate import Gate, TokenLookup
 from duragent.server._limits import ServerLimits
 from duragent.server._openapi import complete_openapi, operation_id
@@ -52,8 +52,8 @@ async def get_health(rt: RuntimeDep) -> Health:
     summary="Who the token belongs to",
     responses=problem_responses(401),
 )
-async def get_me(user: UserDep) -> Me:
-    return Me(user=user)
+async def get_me(user: UserDep, request: Request) -> Me:
+    return Me(user=user, admin=is_admin(request, user))
 
 
 @service.get(

@@ -531,6 +531,10 @@ class Health(BaseModel):
 
 class Me(BaseModel):
     user: str
+    admin: bool = Field(
+        description="Whether this user may change what every user shares (queue limits): "
+        "duragent serve --admin USER."
+    )
 
 
 # --- sessions (server/_sessions.py) ------------------------------------------------

@@ -160,6 +160,10 @@ async def list_tasks(
     created_before: IsoTime | None = None,
     updated_after: IsoTime | None = None,
     updated_before: IsoTime | None = None,
+    id_prefix: Annotated[
+        str | None,
+        Query(min_length=1, max_length=200, description="Task ids starting with this text."),
+    ] = None,
 ) -> TaskPageOut:
     if cursor is not None:
         try:
@@ -182,6 +186,7 @@ async def list_tasks(
         created_before=created_before,
         updated_after=updated_after,
         updated_before=updated_before,
+        id_prefix=id_prefix,
     )
     return await _bounded_page(
         runtime, page.tasks, page.next_cursor, request.app.state.limits.max_page

@@ -176,6 +176,7 @@ class TaskQuery:
     created_before: datetime | None = None
     updated_after: datetime | None = None
     updated_before: datetime | None = None
+    id_prefix: str | None = None  # the task id starts with this text (compared exactly)
 
     def equal_filters(self) -> list[tuple[str, str]]:
         """The (field, value) pairs a task must match exactly: the ones that are set."""
@@ -212,6 +213,8 @@ class TaskQuery:
             value: datetime = getattr(task, column)
             if (op == ">=" and value < bound) or (op == "<" and value >= bound):
                 return False
+        if self.id_prefix is not None and not task.id.startswith(self.id_prefix):
+            return False
         return all(
             k in task.metadata and task.metadata[k] == v for k, v in (self.metadata or {}).items()
         )

@@ -138,4 +138,7 @@ def task_filters(q: TaskQuery) -> tuple[list[str], list[Any]]:
     if q.metadata:
         where.append("metadata @> %s")
         params.append(Jsonb(q.metadata))
+    if q.id_prefix is not None:  # a parameter, never LIKE: % and _ are plain characters
+        where.append("left(id, %s) = %s")
+        params.extend([len(q.id_prefix), q.id_prefix])
     return where, params

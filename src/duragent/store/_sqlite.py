@@ -575,6 +575,9 @@ def _task_filters(q: TaskQuery) -> tuple[list[str], list[Any]]:
     for key, value in (q.metadata or {}).items():
         where.append("num IN (SELECT task_num FROM task_labels WHERE key=? AND value=?)")
         params.extend([key, label_value(value)])
+    if q.id_prefix is not None:  # a parameter, never LIKE: % and _ are plain characters
+        where.append("substr(id, 1, ?) = ?")
+        params.extend([len(q.id_prefix), q.id_prefix])
     return where, params
 
 

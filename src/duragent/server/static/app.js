@@ -4,7 +4,9 @@
 
 import { follow, HttpError } from "./sse.js";
 import { h, Timeline } from "./timeline.js";
-import { newRequestId, sendMessage, showRounds } from "./steering.js";
+import { closeForkEditor, forkFromEditor, forkModeChanged, newRequestId, sendMessage, showRounds } from "./steering.js";
+import { badMeta, currentFilter, describeFilter, filterQuery, hashFor, hashParams, showFilter } from "./filters.js";
+import { showCounts, showQueues, showSchedules } from "./fleet.js";
 
 const TOKEN_KEY = "duragent.token";
 const AGENT_KEY = "duragent.agent";
@@ -27,7 +29,16 @@ const state = {
   leaseTimer: null,
   leaseChecked: null,  // the lease end the task was fetched again for
   workerChecked: null,  // the worker's check-in deadline the task was fetched again for
+  admin: false,  // GET /v1/me: may change queue limits (the page shows those controls)
+  agents: [],  // the agents' names, from GET /v1/agents
+  view: "tasks",  // the sidebar's view: tasks, counts, queues, schedules
+  cursors: [null],  // the task list's pages: the cursor of each one seen, newest first
+  fleet: { editing: null },  // the queue or schedule whose form is open
 };
+
+// For the console (and the bulk actions added to #bulk-actions): the current filter
+// as the REST names it, e.g. { status: ["failed"], agent: "quick", meta: ["team:red"] }.
+window.duragent = { filter: currentFilter };
 
 // --- HTTP -------------------------------------------------------------------
 
@@ -65,6 +76,7 @@ async function signIn(token) {
     const me = await api("GET", "/v1/me");
     sessionStorage.setItem(TOKEN_KEY, token);
     $("#user").textContent = me.user;
+    state.admin = me.admin === true;
     showApp();
   } catch (err) {
     state.token = null;
@@ -88,11 +100,29 @@ async function showApp() {
   $("#signin").hidden = true;
   $("#app").hidden = false;
   await loadAgents();
+  const params = hashParams();
+  showFilter(params);
+  showView(params.get("view") || "tasks");
   await refreshList();
   clearInterval(state.listTimer);
   state.listTimer = setInterval(refreshList, 2000);
-  const id = new URLSearchParams(location.hash.slice(1)).get("task");
+  const id = params.get("task");
   if (id) openTask(id);
+}
+
+// The URL: the filter, the open task, the view (a link opens the same console).
+function writeHash() {
+  const view = state.view === "tasks" ? null : state.view;
+  history.replaceState(null, "", hashFor(currentFilter(), { task: state.taskId, view }));
+}
+
+function showView(view) {
+  state.fleet.editing = null;  // a form left open in another view is dropped
+  $("#schedule-editor-slot").replaceChildren();
+  state.view = ["tasks", "counts", "queues", "schedules"].includes(view) ? view : "tasks";
+  for (const el of document.querySelectorAll(".view")) el.hidden = el.dataset.view !== state.view;
+  for (const b of document.querySelectorAll(".view-tab")) b.setAttribute("aria-pressed", String(b.dataset.view === state.view));
+  writeHash();
 }
 
 // --- agents and new tasks ---------------------------------------------------
@@ -103,6 +133,9 @@ const NO_AGENTS =
 
 async function loadAgents() {
   const { agents } = await api("GET", "/v1/agents");
+  state.agents = agents.map((a) => a.name);
+  $("#filter-agent").replaceChildren(h("option", { value: "" }, "any agent"),
+    ...agents.map((a) => h("option", { value: a.name }, a.name)));
   const select = $("#agent");
   select.replaceChildren(...agents.map((a) => h("option", { value: a.name }, a.name)));
   const none = agents.length === 0;
@@ -152,25 +185,39 @@ function ago(iso) {
 
 let listAsked = 0;
 
+// The list for the filter, the page of it shown, and the open view's numbers.
 async function refreshList() {
   if (!state.token) return;
-  const query = new URLSearchParams({ limit: "50" });
-  const status = $("#filter-status").value, queue = $("#filter-queue").value.trim();
-  if (status) query.set("status", status);
-  if (queue) query.set("queue", queue);
-  let page, counts, queues;
+  const filter = currentFilter();
+  const bad = badMeta(filter.meta || []);
+  $("#filter-summary").textContent = bad ? `metadata ${bad} should be key:value` : describeFilter(filter);
+  $("#filter-summary").classList.toggle("error-text", bad !== null);
+  if (bad) return;
+  const query = filterQuery(filter);
+  query.set("limit", "50");
+  const cursor = state.cursors[state.cursors.length - 1];
+  if (cursor) query.set("cursor", cursor);
+  let page, counts;
   const asked = ++listAsked;  // a slower answer to an older filter must not win
   try {
-    [page, counts, queues] = await Promise.all([
-      api("GET", `/v1/tasks?${query}`), api("GET", "/v1/counts"), api("GET", "/v1/queues"),
-    ]);
-  } catch { return; }
+    [page, counts] = await Promise.all([api("GET", `/v1/tasks?${query}`), api("GET", "/v1/counts")]);
+  } catch (err) {
+    if (asked === listAsked && err instanceof HttpError && err.status === 422) $("#filter-summary").textContent = problemText(err);
+    return;
+  }
   if (asked !== listAsked) return;
   renderCounts(counts);
-  renderQueues(queues);
+  renderPage(page, Object.keys(filter).length > 0);
+  refreshView().catch(() => { /* the next refresh retries */ });
+}
+
+function renderPage(page, filtered) {
+  state.nextCursor = page.next_cursor;
+  $("#page-older").disabled = !page.next_cursor;
+  $("#page-newer").disabled = state.cursors.length < 2;
+  $("#page-no").textContent = state.cursors.length > 1 || page.next_cursor ? `page ${state.cursors.length}` : "";
   const list = $("#tasks");
   if (!page.tasks.length) {
-    const filtered = status || queue;
     list.replaceChildren(h("li", { class: "empty" }, filtered ? "No tasks match." : "No tasks yet. Start one above."));
     return;
   }
@@ -180,7 +227,35 @@ async function refreshList() {
     onclick: () => openTask(t.id),
   },
   h("div", { class: "row" }, h("span", { class: "agent" }, t.agent), badge(t.status, t.status_reason, t.waiting_on)),
-  h("div", { class: "meta" }, t.current_step ? `step ${t.current_step} · ` : "", ago(t.created_at), " · ", t.id.slice(0, 10)))));
+  h("div", { class: "meta" }, t.current_step ? `step ${t.current_step} · ` : "", ago(t.created_at), " · ",
+    t.queue ? `${t.queue} · ` : "", t.id.slice(0, 10)))));
+}
+
+// The filter changed: back to its first page, and into the URL.
+function filterChanged() {
+  state.cursors = [null];
+  writeHash();
+  refreshList();
+}
+
+// The open view's numbers: counts per agent, queues, schedules.
+async function refreshView() {
+  const ctx = { api, toast, problemText, admin: state.admin, agents: state.agents, refresh: () => refreshView() };
+  Object.assign(state.fleet, ctx);
+  if (state.view === "counts") {
+    await showCounts(api, state.agents, $("#counts-table"), pickCount);
+  } else if (state.view === "queues") {
+    showQueues(await api("GET", "/v1/queues"), state.fleet);
+  } else if (state.view === "schedules" && state.fleet.editing == null) {
+    showSchedules(await api("GET", "/v1/schedules"), state.fleet);
+  }
+}
+
+// A number in the counts table: list those tasks.
+function pickCount({ agent, status }) {
+  showFilter(new URLSearchParams({ ...(agent ? { agent } : {}), ...(status ? { status } : {}) }));
+  showView("tasks");
+  filterChanged();
 }
 
 // Totals per status over every queue, and per queue when there is more than one.
@@ -193,40 +268,6 @@ function renderCounts(body) {
   const queues = Object.keys(body.counts);
   if (queues.length > 1) parts.push(h("span", { class: "count-queues" }, `in ${queues.length} queues`));
   $("#counts").replaceChildren(...parts);
-}
-
-// Each queue with its tasks per status and its limits, read-only: an admin sets
-// limits over REST (PUT /v1/queues/NAME) or the CLI (duragent queue set).
-function renderQueues(body) {
-  const items = body.queues.map((q) => {
-    const counts = Object.entries(q.counts).map(([s, n]) =>
-      h("span", { class: `count status-${s}`, "data-status": s }, `${n} ${s}`));
-    return h("li", { class: "queue", "data-queue": q.name },
-      h("span", { class: "queue-name" }, q.name),
-      h("span", { class: "queue-counts" }, counts.length ? counts : h("span", { class: "none" }, "no tasks")),
-      h("span", { class: "queue-limits" }, queueLimits(q)));
-  });
-  $("#queue-list").replaceChildren(...items);
-  $("#queues-counted").textContent = body.counts_of === "everyone" ? "(everyone's tasks)" : "(my tasks)";
-  $("#queues").hidden = !items.length;
-}
-
-function queueLimits(q) {
-  const limits = [];
-  if (q.concurrency != null) limits.push(["concurrency", `${q.concurrency} at once`]);
-  if (q.per_worker != null) limits.push(["per_worker", `${q.per_worker} per worker`]);
-  if (q.per_owner != null) limits.push(["per_owner", `${q.per_owner} per owner`]);
-  if (q.rate) limits.push(["rate", `${q.rate.tasks} starts per ${seconds(q.rate.seconds)}`]);
-  if (q.ttl != null) limits.push(["ttl", `kept ${seconds(q.ttl)} after the end`]);
-  if (!limits.length) return h("span", { class: "limit none" }, "no limits");
-  return limits.map(([name, text]) => h("span", { class: "limit", "data-limit": name }, text));
-}
-
-function seconds(s) {
-  if (s >= 86400 && s % 86400 === 0) return `${s / 86400} d`;
-  if (s >= 3600 && s % 3600 === 0) return `${s / 3600} h`;
-  if (s >= 60 && s % 60 === 0) return `${s / 60} min`;
-  return `${s} s`;
 }
 
 function badge(status, reason, waits) {
@@ -257,7 +298,8 @@ function closeTask() {
 async function openTask(id) {
   closeTask();
   state.taskId = id;
-  history.replaceState(null, "", `#task=${encodeURIComponent(id)}`);
+  closeForkEditor();
+  writeHash();
   document.querySelectorAll(".task-item").forEach((el) => el.classList.toggle("selected", el.dataset.id === id));
   $("#empty").hidden = true;
   $("#task").hidden = false;
@@ -281,7 +323,8 @@ async function openTask(id) {
       $("#task").hidden = true;
       $("#empty").hidden = false;
       $("#empty").textContent = "That task does not exist (or is not yours).";
-      history.replaceState(null, "", "#");
+      state.taskId = null;
+      writeHash();
     } else toast(problemText(err));
     return;
   }
@@ -353,7 +396,7 @@ function renderTask(task) {
     ` at round ${src.round}`] : []));
   if (state.roundsAt !== `${task.id}:${task.last_seq}`) {
     state.roundsAt = `${task.id}:${task.last_seq}`;
-    showRounds(api, task.id, $("#rounds"), forkTask).catch(() => { /* the next render retries */ });
+    showRounds(api, task.id, $("#rounds")).catch(() => { /* the next render retries */ });
   }
   // Several approvals open: decide them all in one request (one commit).
   const approvals = (task.waiting_for || []).filter((w) => w.wait === "approval");
@@ -462,18 +505,24 @@ async function control(action, body, button) {
   }
 }
 
-async function forkTask(round) {
-  const message = $("#fork-message").value.trim();
-  const body = { at_round: round, edit: message ? { append_user: message } : null };
+// Time travel: fork at the round picked in the editor, then open the fork.
+async function forkTask(ev) {
+  ev.preventDefault();
+  const button = $("#fork-go");
+  button.disabled = true;
   try {
-    const task = await api("POST", `/v1/tasks/${encodeURIComponent(state.taskId)}/fork`, body);
-    $("#fork-message").value = "";
+    const task = await forkFromEditor(api, state.taskId);
+    closeForkEditor();
     await refreshList();
     openTask(task.id);
   } catch (err) {
     toast(problemText(err));
+  } finally {
+    button.disabled = false;
   }
 }
+
+
 
 async function decideAll(approve, button) {
   const open = (state.task?.waiting_for || []).filter((w) => w.wait === "approval");
@@ -523,8 +572,22 @@ $("#send-form").addEventListener("submit", sendToTask);
 $("#send-text").addEventListener("keydown", (ev) => {
   if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) sendToTask(ev);
 });
-$("#filter-status").addEventListener("change", () => refreshList());
-$("#filter-queue").addEventListener("input", () => refreshList());
+$("#filters").addEventListener("change", filterChanged);
+$("#filters").addEventListener("input", (ev) => { if (ev.target.type !== "datetime-local") filterChanged(); });
+$("#filters").addEventListener("submit", (ev) => { ev.preventDefault(); filterChanged(); });
+$("#filter-clear").addEventListener("click", () => { showFilter(new URLSearchParams()); filterChanged(); });
+$("#page-older").addEventListener("click", () => {
+  if (state.nextCursor) { state.cursors.push(state.nextCursor); refreshList(); }
+});
+$("#page-newer").addEventListener("click", () => {
+  if (state.cursors.length > 1) { state.cursors.pop(); refreshList(); }
+});
+for (const tab of document.querySelectorAll(".view-tab")) {
+  tab.addEventListener("click", () => { showView(tab.dataset.view); refreshList(); });
+}
+$("#fork-editor").addEventListener("submit", forkTask);
+$("#fork-cancel").addEventListener("click", closeForkEditor);
+for (const radio of document.querySelectorAll('input[name="fork-mode"]')) radio.addEventListener("change", forkModeChanged);
 $("#input").addEventListener("keydown", (ev) => {
   if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) startTask(ev);
 });
@@ -537,9 +600,19 @@ $("#deny-all").addEventListener("click", (ev) => decideAll(false, ev.currentTarg
 $("#abort").addEventListener("click", (ev) => {
   if (confirm("Abort this task for good?")) control("abort", { reason: "aborted from the web page" }, ev.currentTarget);
 });
+// A link followed or pasted in this tab: its filter, view and task.
 window.addEventListener("hashchange", () => {
-  const id = new URLSearchParams(location.hash.slice(1)).get("task");
-  if (id && id !== state.taskId && state.token) openTask(id);
+  if (!state.token) return;
+  const params = hashParams();
+  const id = params.get("task");
+  if ([...params.keys()].some((k) => k !== "task")) {  // a console link: its filter and view
+    showFilter(params);
+    state.cursors = [null];
+    showView(params.get("view") || "tasks");
+    refreshList();
+  }
+  if (id && id !== state.taskId) openTask(id);
+  else writeHash();  // a bare #task=… link keeps the filter in the URL
 });
 
 if (state.token) signIn(state.token);
