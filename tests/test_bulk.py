@@ -1,0 +1,138 @@
+"""Bulk operations (issue 43 item 3) through the library, on every store.
+
+`Runtime.bulk(action, filter)` acts on every matching task once, as a task of
+the built-in agent `duragent.bulk`; `dry_run=True` only counts. The crash
+tests (SIGKILL halfway through an operation) are in test_bulk_crash.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from duragent import Agent, BuiltinTools, ModelError, Runtime, ScriptedModel, TaskStatus
+from duragent.errors import InvalidOption, TaskNotFound
+from duragent.runtime._bulk import TaskFilter
+from duragent.runtime._bulk_run import BULK_AGENT
+from duragent.store._protocol import Store
+from duragent.types import EntryKind
+
+RETRIED = "Retried after the failure"
+
+
+def failing_agent(name: str = "flaky") -> Agent:
+    """Every model call fails for good: a task of it fails at once (and again after a retry)."""
+
+    def script(messages: list[Any]) -> Any:
+        raise ModelError("the provider refused the request")
+
+    return Agent(name=name, model=ScriptedModel(script), builtin_tools=BuiltinTools(plan=False))
+
+
+def waiting_agent(name: str = "slow") -> Agent:
+    """Asks a question at once: its tasks wait for input until answered."""
+    from duragent import ToolCall
+
+    return Agent(
+        name=name,
+        model=ScriptedModel([[ToolCall("ask_user", {"question": "go?"})], "ok"]),
+        builtin_tools=BuiltinTools(plan=False, ask_user=True),
+    )
+
+
+async def retries_of(store: Store, task_id: str) -> int:
+    """How many retries the task's log records (each retry commits one notice)."""
+    entries = await store.entries(task_id, kinds=[EntryKind.UI_MESSAGE])
+    return sum(1 for e in entries if RETRIED in str(e.payload))
+
+
+async def failed_tasks(rt: Runtime, n: int, owner: str, **meta: str) -> list[str]:
+    ids = []
+    for i in range(n):
+        ids.append((await rt.submit("flaky", f"t{i}", owner=owner, metadata=meta)).task_id)
+    for task_id in ids:
+        assert (await rt.wait(task_id, timeout=30)).status is TaskStatus.FAILED
+    return ids
+
+
+@pytest.mark.slow
+async def test_bulk_retry_retries_each_matching_task_once(store: Store) -> None:
+    async with Runtime(store, agents=[failing_agent()], worker_queues=["flaky"]) as rt:
+        mine = await failed_tasks(rt, 5, "alice", team="a")
+        other_label = await failed_tasks(rt, 2, "alice", team="b")
+        others = await failed_tasks(rt, 2, "bob", team="a")
+        flt = TaskFilter(owner="alice", metadata={"team": "a"})
+        assert await rt.bulk("retry", flt, dry_run=True) == 5
+        for task_id in mine:  # a dry run touched nothing
+            assert await retries_of(store, task_id) == 0
+        op = await rt.bulk("retry", flt, owner="alice", page_size=2)
+        assert op.status == "running" and op.action == "retry" and op.filter == flt
+    # The in-process worker served only the queue "flaky": the operation waits for a worker.
+    async with Runtime(store, agents=[failing_agent()]) as rt:
+        await rt.resume()
+        await rt.wait(op.id, timeout=60)
+        done = await rt.bulk_operation(op.id, owner="alice")
+        assert (done.status, done.total, done.done, done.skipped, done.failed) == (
+            "done",
+            5,
+            5,
+            0,
+            0,
+        )
+        for task_id in mine:
+            assert await retries_of(store, task_id) == 1
+        for task_id in other_label + others:
+            assert await retries_of(store, task_id) == 0
+        with pytest.raises(TaskNotFound):
+            await rt.bulk_operation(op.id, owner="bob")
+        listed, _ = await rt.bulk_operations(owner="alice")
+        assert [o.id for o in listed] == [op.id]
+        assert (await rt.bulk_operations(owner="bob"))[0] == []
+
+
+@pytest.mark.slow
+async def test_bulk_pause_resume_abort_and_purge(store: Store) -> None:
+    async with Runtime(store, agents=[waiting_agent(), failing_agent()]) as rt:
+        waiting = [(await rt.submit("slow", f"w{i}", owner="al")).task_id for i in range(3)]
+        for task_id in waiting:
+            await rt.wait(task_id, timeout=30, until=lambda t: t.status is TaskStatus.WAITING)
+        failed = await failed_tasks(rt, 2, "al")
+        slow = TaskFilter(agent="slow")
+
+        async def run(action: str, flt: TaskFilter) -> tuple[int, int, int]:
+            op = await rt.bulk(action, flt, owner="al")
+            await rt.wait(op.id, timeout=60)
+            got = await rt.bulk_operation(op.id)
+            assert got.status == "done", got
+            return got.done, got.skipped, got.failed
+
+        assert await run("pause", slow) == (3, 0, 0)
+        assert {(await rt.get(t)).status for t in waiting} == {TaskStatus.PAUSED}
+        assert await rt.bulk("resume", slow, dry_run=True) == 3
+        assert await run("resume", slow) == (3, 0, 0)
+        for task_id in waiting:
+            await rt.wait(task_id, timeout=30, until=lambda t: t.status is TaskStatus.WAITING)
+        assert await run("abort", slow) == (3, 0, 0)
+        assert {(await rt.get(t)).status for t in waiting} == {TaskStatus.ABORTED}
+        # Purge: finished tasks only; bulk operations themselves are never matched.
+        assert await rt.bulk("purge", TaskFilter(), dry_run=True) == 5
+        assert await run("purge", TaskFilter(status=[TaskStatus.ABORTED])) == (3, 0, 0)
+        for task_id in waiting:
+            with pytest.raises(TaskNotFound):
+                await rt.get(task_id)
+        assert {(await rt.get(t)).status for t in failed} == {TaskStatus.FAILED}
+        assert len((await rt.bulk_operations())[0]) == 4
+        assert (await rt.list_tasks(agent=BULK_AGENT)).tasks  # shown like any task
+
+
+async def test_bulk_refuses_an_unknown_action_and_statuses_it_does_not_apply_to() -> None:
+    async with Runtime("memory://") as rt:
+        with pytest.raises(InvalidOption, match="unknown bulk action 'restart'; one of: retry"):
+            await rt.bulk("restart", dry_run=True)
+        with pytest.raises(InvalidOption, match="retry acts on failed tasks, not running"):
+            await rt.bulk("retry", TaskFilter(status=[TaskStatus.RUNNING]), dry_run=True)
+        with pytest.raises(InvalidOption, match="purge acts on aborted, completed, failed"):
+            await rt.bulk("purge", TaskFilter(status=[TaskStatus.PENDING]), dry_run=True)
+        with pytest.raises(ValueError, match="a time needs a zone"):
+            TaskFilter.model_validate({"created_after": "2030-01-01T00:00:00"})
