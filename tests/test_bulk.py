@@ -7,6 +7,7 @@ tests (SIGKILL halfway through an operation) are in test_bulk_crash.py.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -126,13 +127,18 @@ async def test_bulk_pause_resume_abort_and_purge(store: Store) -> None:
         assert (await rt.list_tasks(agent=BULK_AGENT)).tasks  # shown like any task
 
 
-async def test_bulk_refuses_an_unknown_action_and_statuses_it_does_not_apply_to() -> None:
-    async with Runtime("memory://") as rt:
+async def test_bulk_refuses_an_unknown_action_and_never_matches_other_statuses() -> None:
+    async with Runtime("memory://", agents=[failing_agent()]) as rt:
         with pytest.raises(InvalidOption, match="unknown bulk action 'restart'; one of: retry"):
             await rt.bulk("restart", dry_run=True)
-        with pytest.raises(InvalidOption, match="retry acts on failed tasks, not running"):
-            await rt.bulk("retry", TaskFilter(status=[TaskStatus.RUNNING]), dry_run=True)
-        with pytest.raises(InvalidOption, match="purge acts on aborted, completed, failed"):
-            await rt.bulk("purge", TaskFilter(status=[TaskStatus.PENDING]), dry_run=True)
+        await rt.submit("flaky", "x", start_at=timedelta(hours=1))  # pending for an hour
+        assert await rt.bulk("abort", dry_run=True) == 1
+        assert await rt.bulk("retry", TaskFilter(status=[TaskStatus.PENDING]), dry_run=True) == 0
+        assert await rt.bulk("purge", TaskFilter(status=[TaskStatus.PENDING]), dry_run=True) == 0
+        assert await rt.bulk("purge", dry_run=True) == 0  # finished tasks only
+        op = await rt.bulk("retry", TaskFilter(status=[TaskStatus.PENDING]))
+        await rt.wait(op.id, timeout=10)
+        done = await rt.bulk_operation(op.id)
+        assert (done.status, done.total, done.done) == ("done", 0, 0)
         with pytest.raises(ValueError, match="a time needs a zone"):
             TaskFilter.model_validate({"created_after": "2030-01-01T00:00:00"})

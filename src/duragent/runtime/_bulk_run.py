@@ -41,7 +41,7 @@ from duragent.runtime._agent import Agent, BuiltinTools
 from duragent.runtime._bulk_filter import TaskFilter
 from duragent.runtime._context import ToolContext
 from duragent.runtime._tools import tool
-from duragent.store._commits import Commit, DocumentWrite, TaskQuery
+from duragent.store._commits import Commit, DocumentWrite, TaskPage, TaskQuery
 from duragent.store._protocol import Store
 from duragent.types import TERMINAL, Task, TaskStatus, task_scope
 
@@ -125,18 +125,14 @@ ACTIONS: dict[str, BulkAction] = {
 
 
 def statuses_for(action: str, asked: Sequence[TaskStatus] | None) -> list[TaskStatus]:
-    """The statuses `action` touches: those asked, if it applies to each."""
+    """The statuses `action` touches: those it applies to, of those asked if any (a
+    status it does not apply to matches nothing: no task in it would be touched)."""
     if action not in ACTIONS:
         raise InvalidOption(f"unknown bulk action {action!r}; one of: {', '.join(ACTIONS)}")
     applies = ACTIONS[action].statuses
     if asked is None:
         return list(applies)
-    wrong = [s.value for s in asked if s not in applies]
-    if wrong:
-        raise InvalidOption(
-            f"{action} acts on {', '.join(s.value for s in applies)} tasks, not {', '.join(wrong)}"
-        )
-    return list(asked)
+    return [s for s in applies if s in asked]
 
 
 def query_for(action: str, flt: TaskFilter, **more: Any) -> TaskQuery:
@@ -155,6 +151,8 @@ def snapshot_query(op: Task, **more: Any) -> TaskQuery:
 
 async def count_matching(store: Store, query: TaskQuery) -> int:
     """How many tasks `query` matches, bulk operations left out (never acted on)."""
+    if query.status == []:
+        return 0  # no status the action applies to
     every = sum((await store.count_tasks(query)).values())
     if query.agent is None:
         ours = dataclasses.replace(query, agent=BULK_AGENT)
@@ -204,7 +202,9 @@ class PageRun:
 
     async def run(self, progress: dict[str, Any], page_size: int) -> dict[str, Any]:
         query = snapshot_query(self.op, limit=page_size, cursor=progress["cursor"])
-        page = await self.verbs.store.list_tasks(query)
+        page = (
+            TaskPage([], None) if query.status == [] else await self.verbs.store.list_tasks(query)
+        )
         out = dict(progress, errors=list(progress.get("errors", ())))
         for task in page.tasks:
             if task.agent == BULK_AGENT:
