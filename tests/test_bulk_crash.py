@@ -18,8 +18,8 @@ import pytest
 from conftest import drop_schema, require_postgres
 from duragent import Runtime, TaskStatus
 from duragent.runtime._bulk import TaskFilter
+from support.bulk import failed_tasks, failing_agent, retries_of
 from support.crashlib import finish, kill_at, spawn
-from test_bulk import failed_tasks, failing_agent, retries_of
 
 
 @pytest.fixture(params=["jsonl", "sqlite", "sqlite-full", "postgres"])
