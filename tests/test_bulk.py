@@ -93,6 +93,8 @@ async def test_bulk_refuses_an_unknown_action_and_never_matches_other_statuses()
     async with Runtime("memory://", agents=[failing_agent()]) as rt:
         with pytest.raises(InvalidOption, match="unknown bulk action 'restart'; one of: retry"):
             await rt.bulk("restart", dry_run=True)
+        with pytest.raises(InvalidOption, match=r"retry takes no option to \(it takes: none\)"):
+            await rt.bulk("retry", options={"to": "v2"})
         await rt.submit("flaky", "x", start_at=timedelta(hours=1))  # pending for an hour
         assert await rt.bulk("abort", dry_run=True) == 1
         assert await rt.bulk("retry", TaskFilter(status=[TaskStatus.PENDING]), dry_run=True) == 0

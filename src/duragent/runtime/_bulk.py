@@ -14,14 +14,15 @@ their page is read (a task that left the filter meanwhile is not touched).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from duragent.errors import InvalidOption, TaskNotFound
 from duragent.runtime._agent import Agent
 from duragent.runtime._bulk_filter import TaskFilter
-from duragent.runtime._bulk_run import BULK_AGENT, count_matching, query_for
+from duragent.runtime._bulk_run import BULK_AGENT, check_options, count_matching, query_for
 from duragent.runtime._submit import new_task
 from duragent.store._commits import TaskQuery
 from duragent.types import Task, TaskStatus
@@ -100,6 +101,7 @@ class BulkOperations:
         dry_run: Literal[True],
         owner: str | None = None,
         page_size: int = 100,
+        options: Mapping[str, Any] | None = None,
     ) -> int: ...
 
     @overload
@@ -111,6 +113,7 @@ class BulkOperations:
         dry_run: Literal[False] = False,
         owner: str | None = None,
         page_size: int = 100,
+        options: Mapping[str, Any] | None = None,
     ) -> BulkOperation: ...
 
     async def bulk(
@@ -121,6 +124,7 @@ class BulkOperations:
         dry_run: bool = False,
         owner: str | None = None,
         page_size: int = 100,
+        options: Mapping[str, Any] | None = None,
     ) -> BulkOperation | int:
         """Act on every task `filter` matches: "retry", "abort", "pause", "resume" or
         "purge" (the keys of `runtime._bulk_run.ACTIONS`).
@@ -129,15 +133,22 @@ class BulkOperations:
         Otherwise the operation starts as a task (owned by `owner`, who alone
         sees it) that a worker runs `page_size` tasks at a time, each page
         committed: a crash finishes the rest once, never twice. `filter.owner`
-        narrows it to one owner's tasks (None: every owner's).
+        narrows it to one owner's tasks (None: every owner's). `options`: what
+        the action needs besides the filter (JSON; none of these five needs any).
         """
         filter = filter or TaskFilter()
         query = query_for(action, filter)  # checks the action and the statuses
+        check_options(action, options or {})
         if not 1 <= page_size <= 1000:
             raise InvalidOption("page_size is between 1 and 1000")
         if dry_run:
             return await count_matching(self.store, query)
-        spec = {"action": action, "filter": filter.model_dump(mode="json", exclude_none=True)}
+        spec: dict[str, Any] = {
+            "action": action,
+            "filter": filter.model_dump(mode="json", exclude_none=True),
+        }
+        if options:
+            spec["options"] = dict(options)
         task, first = new_task(self.bulk_agent, {**spec, "page_size": page_size}, owner=owner)
         task.queue = BULK_AGENT
         task.context = {"bulk": {"total": 0, "done": 0, "skipped": 0, "failed": 0}}

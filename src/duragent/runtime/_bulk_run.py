@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -47,7 +47,10 @@ from duragent.types import TERMINAL, Task, TaskStatus, task_scope
 
 BULK_AGENT = "duragent.bulk"
 MAX_ERRORS = 20  # failures kept with their reasons in the operation's progress
-STOP_TIMEOUT = 10.0  # how long a pause or abort waits for a running task's worker
+# How long a pause or abort waits for a running task's worker before it leaves
+# the request on the task's row (its worker acts on it at its next safe point)
+# and goes on to the next task: a page of running tasks is not waited out one by one.
+STOP_TIMEOUT = 1.0
 
 
 class BulkVerbs(Protocol):
@@ -72,44 +75,59 @@ class BulkVerbs(Protocol):
 
 
 TraceFn = Callable[..., Awaitable[None]]
-# (the runtime's verbs, the task, the marker to commit with the action) -> whether
-# the action committed the marker itself
-ActFn = Callable[[BulkVerbs, Task, DocumentWrite], Awaitable[bool]]
+
+
+@dataclass(frozen=True, slots=True)
+class Acting:
+    """What an action is given for one task: the Runtime's verbs, the task as just
+    read, the marker to commit with the action if it can, and the operation's
+    `options` (what an action needs besides the filter, e.g. a target)."""
+
+    verbs: BulkVerbs
+    task: Task
+    marker: DocumentWrite
+    options: Mapping[str, Any]
+
+
+# Acts on one task; whether it committed `marker` itself (else it is written after).
+ActFn = Callable[[Acting], Awaitable[bool]]
 
 
 @dataclass(frozen=True, slots=True)
 class BulkAction:
-    """One bulk action: the statuses it applies to, and what it does to one task."""
+    """One bulk action: the statuses it applies to, what it does to one task, and
+    the names of the options it takes (`Runtime.bulk(options=)`)."""
 
     statuses: tuple[TaskStatus, ...]
     act: ActFn
+    options: tuple[str, ...] = ()
 
 
-async def _retry(verbs: BulkVerbs, task: Task, marker: DocumentWrite) -> bool:
-    await verbs._retry(task.id, owner=None, deadline=None, documents=[marker])
+async def _retry(a: Acting) -> bool:
+    await a.verbs._retry(a.task.id, owner=None, deadline=None, documents=[a.marker])
     return True
 
 
-async def _resume(verbs: BulkVerbs, task: Task, marker: DocumentWrite) -> bool:
-    await verbs._resume(task.id, [marker])
+async def _resume(a: Acting) -> bool:
+    await a.verbs._resume(a.task.id, [a.marker])
     return True
 
 
-async def _pause(verbs: BulkVerbs, task: Task, marker: DocumentWrite) -> bool:
+async def _pause(a: Acting) -> bool:
     # A running task's worker stops it at its next safe point; the request is on its row.
     with contextlib.suppress(ControlPending):
-        await verbs.pause(task.id, timeout=STOP_TIMEOUT)
+        await a.verbs.pause(a.task.id, timeout=STOP_TIMEOUT)
     return False
 
 
-async def _abort(verbs: BulkVerbs, task: Task, marker: DocumentWrite) -> bool:
+async def _abort(a: Acting) -> bool:
     with contextlib.suppress(ControlPending):
-        await verbs.abort(task.id, "aborted by a bulk operation", timeout=STOP_TIMEOUT)
+        await a.verbs.abort(a.task.id, "aborted by a bulk operation", timeout=STOP_TIMEOUT)
     return False
 
 
-async def _purge(verbs: BulkVerbs, task: Task, marker: DocumentWrite) -> bool:
-    await verbs.store.delete_task(task.id)
+async def _purge(a: Acting) -> bool:
+    await a.verbs.store.delete_task(a.task.id)
     return False
 
 
@@ -133,6 +151,14 @@ def statuses_for(action: str, asked: Sequence[TaskStatus] | None) -> list[TaskSt
     if asked is None:
         return list(applies)
     return [s for s in applies if s in asked]
+
+
+def check_options(action: str, options: Mapping[str, Any]) -> None:
+    """Refuse an option `action` does not take."""
+    unknown = sorted(set(options) - set(ACTIONS[action].options))
+    if unknown:
+        takes = ", ".join(ACTIONS[action].options) or "none"
+        raise InvalidOption(f"{action} takes no option {', '.join(unknown)} (it takes: {takes})")
 
 
 def query_for(action: str, flt: TaskFilter, **more: Any) -> TaskQuery:
@@ -188,7 +214,8 @@ class PageRun:
         if current.status not in self.action.statuses:
             return "skipped", None
         try:
-            marked = await self.action.act(self.verbs, current, marker)
+            options = self.op.input.get("options") or {}
+            marked = await self.action.act(Acting(self.verbs, current, marker, options))
         except (InvalidTransition, Conflict):
             # It moved meanwhile: acted on by another run of this page, or not.
             found = await store.get_document(marker.scope, marker.key)
