@@ -1,5 +1,6 @@
 """`duragent bulk ACTION [filters]` in a real process: a dry-run count, a confirmation,
-then the operation run with its progress shown; each matching task acted on once."""
+then the operation run with its progress shown; each matching task acted on once.
+And `duragent worker` runs bulk operations started elsewhere."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from duragent import Runtime, TaskStatus
+from duragent import Runtime, TaskFilter, TaskStatus
 from support.bulk import failed_tasks, failing_agent, retries_of
+from support.workerlib import WorkerProc, workers
+
+__all__ = ["workers"]  # the fixture this module uses from support.workerlib
 
 
 def duragent(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
@@ -67,3 +71,18 @@ def test_bulk_command_counts_asks_then_retries_each_task_once(tmp_path: Path) ->
     )
     done = duragent("bulk", "retry", "--store", url, "--created-after", "yesterday")
     assert done.returncode == 2 and "is not a time with a zone" in done.stderr
+
+
+@pytest.mark.slow
+async def test_duragent_worker_runs_bulk_operations(
+    tmp_path: Path, workers: list[WorkerProc]
+) -> None:
+    url = f"sqlite:///{tmp_path}/bulk.db"
+    red, blue = await setup(url)
+    async with Runtime(url, run_worker=False) as rt:  # starts it; runs nothing
+        op = await rt.bulk("retry", TaskFilter(metadata={"team": "blue"}), owner="ops")
+    workers.append(WorkerProc(url))
+    async with Runtime(url, run_worker=False) as rt:
+        await rt.wait(op.id, timeout=60)
+        assert (await rt.bulk_operation(op.id)).status == "done"
+        assert [await retries_of(rt.store, t) for t in red + blue] == [0, 0, 0, 1]
