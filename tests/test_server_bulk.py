@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from duragent import Runtime
+from duragent.client import AsyncClient, BulkCount, BulkOut
 from duragent.server import TokenStore, create_app
 from duragent.types import TaskStatus
 from support.api import (  # noqa: F401
@@ -142,3 +143,24 @@ async def test_bad_bulk_requests_are_refused_with_a_reason(
     )
     assert r.json() == {"count": 0}  # retry never touches a running task
     assert_problem(await client.post("/v1/bulk", json={"action": "retry"}), 401, "Unauthorized")
+
+
+@pytest.mark.slow
+async def test_the_python_client_starts_reads_and_lists_bulk_operations(
+    runtime: Runtime,  # noqa: F811
+) -> None:
+    app = create_app(runtime, TokenStore.from_mapping(TOKENS))
+    http = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://api", headers=auth("alice")
+    )
+    async with AsyncClient(http=http) as c, http:
+        task = await c.submit("asker", "go")
+        await wait_for(runtime, task.id, TaskStatus.WAITING)
+        counted = await c.bulk("abort", {"agent": "asker"}, dry_run=True)
+        assert isinstance(counted, BulkCount) and counted.count == 1
+        op = await c.bulk("abort", {"agent": "asker"})
+        assert isinstance(op, BulkOut) and op.status == "running"
+        await runtime.wait(op.id, timeout=30)
+        done = await c.bulk_operation(op.id)
+        assert (done.status, done.total, done.done) == ("done", 1, 1)
+        assert [o.id for o in (await c.bulk_operations()).operations] == [op.id]
