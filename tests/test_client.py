@@ -18,6 +18,8 @@ import pytest
 from duragent import errors
 from duragent.client import (
     AsyncClient,
+    BulkOut,
+    BulkPageOut,
     Client,
     ClientError,
     StreamEnd,
@@ -68,7 +70,7 @@ def test_the_clients_models_have_the_fields_of_the_servers_document() -> None:
 
     doc = create_app(Runtime("memory://", agents()), TokenStore.from_mapping({})).openapi()
     schemas = doc["components"]["schemas"]
-    for model in (TaskOut, TaskSummary, TaskPageOut, TaskWaitOut, StreamEnd):
+    for model in (TaskOut, TaskSummary, TaskPageOut, TaskWaitOut, StreamEnd, BulkOut, BulkPageOut):
         server = schemas[model.__name__]
         assert set(model.model_fields) == set(server["properties"]), model.__name__
         required = {n for n, f in model.model_fields.items() if f.is_required()}

@@ -68,6 +68,8 @@ from duragent.runtime import (
     WorkerOptions,
     tool,
 )
+from duragent.runtime._bulk import BulkOperation
+from duragent.runtime._bulk_filter import TaskFilter
 from duragent.runtime._callbacks import TaskCallbacks
 from duragent.runtime._context_policy import ContextPolicy
 from duragent.runtime._schedules import Schedule
@@ -97,6 +99,7 @@ __all__ = [
     "AssistantMessage",
     "BlockReason",
     "BuiltinTools",
+    "BulkOperation",
     "ChatModel",
     "Commit",
     "CommitOutcomeUnknown",
@@ -161,6 +164,7 @@ __all__ = [
     "TaskBusy",
     "TaskCallbacks",
     "TaskFailed",
+    "TaskFilter",
     "TaskNotFound",
     "TaskPatch",
     "TaskQuery",

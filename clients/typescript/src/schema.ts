@@ -493,6 +493,44 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/bulk": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List bulk operations, newest first */
+        get: operations["listBulk"];
+        put?: never;
+        /**
+         * Start a bulk operation, or count what it would touch
+         * @description Retry, abort, pause, resume or purge every task the filter matches, as one durable operation (a crash finishes the rest once). `dry_run` answers 200 with the count and touches nothing. Others' tasks are never matched; an admin may name any `owner` in the filter, or none for everyone's.
+         */
+        post: operations["startBulk"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/bulk/{op_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A bulk operation and its progress */
+        get: operations["getBulk"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/health": {
         parameters: {
             query?: never;
@@ -600,6 +638,91 @@ export interface components {
             content?: string | null;
             /** Tool Calls */
             tool_calls?: components["schemas"]["ToolCallData"][] | null;
+        };
+        /** BulkCount */
+        BulkCount: {
+            /**
+             * Count
+             * @description How many tasks the operation would touch now.
+             */
+            count: number;
+        };
+        /** BulkError */
+        BulkError: {
+            /** Task Id */
+            task_id: string;
+            /** Error */
+            error: string;
+        };
+        /** BulkOut */
+        BulkOut: {
+            /** Id */
+            id: string;
+            /** Action */
+            action: string;
+            filter: components["schemas"]["TaskFilter"];
+            /**
+             * Status
+             * @enum {string}
+             */
+            status: "running" | "done" | "failed";
+            /**
+             * Total
+             * @description Tasks matching when the operation started.
+             */
+            total: number;
+            /**
+             * Done
+             * @description Tasks acted on.
+             */
+            done: number;
+            /**
+             * Skipped
+             * @description Tasks no longer in a status the action applies to.
+             */
+            skipped: number;
+            /**
+             * Failed
+             * @description Tasks the action failed on (`errors`: the first few).
+             */
+            failed: number;
+            /** Owner */
+            owner: string | null;
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /** Errors */
+            errors?: components["schemas"]["BulkError"][];
+            /**
+             * Error
+             * @description Why a failed operation stopped.
+             */
+            error?: string | null;
+        };
+        /** BulkPageOut */
+        BulkPageOut: {
+            /** Operations */
+            operations: components["schemas"]["BulkOut"][];
+            /** Next Cursor */
+            next_cursor: string | null;
+        };
+        /** BulkRequest */
+        BulkRequest: {
+            /**
+             * Action
+             * @description What to do to each matching task.
+             * @enum {string}
+             */
+            action: "retry" | "abort" | "pause" | "resume" | "purge";
+            /** @description Which tasks: every field given must match. `status` defaults to every status the action applies to. */
+            filter?: components["schemas"]["TaskFilter"];
+            /**
+             * Dry Run
+             * @description Only count the tasks that would be touched (200 {count}). Default: false.
+             */
+            dry_run?: boolean;
         };
         /**
          * CallRecord
@@ -1317,6 +1440,40 @@ export interface components {
             start_at?: string | null;
             /** Deadline */
             deadline?: (string | number) | null;
+        };
+        /**
+         * TaskFilter
+         * @description Which tasks a bulk operation acts on: every field given must match (the
+         *     filters of `Runtime.list_tasks`). `status` defaults to every status the
+         *     action applies to; a status it does not apply to is refused.
+         */
+        TaskFilter: {
+            /** Status */
+            status?: components["schemas"]["TaskStatus"][] | null;
+            /** Agent */
+            agent?: string | null;
+            /** Queue */
+            queue?: string | null;
+            /**
+             * Metadata
+             * @description Labels every matched task has with exactly these values.
+             */
+            metadata?: {
+                [key: string]: string;
+            } | null;
+            /** Created After */
+            created_after?: string | null;
+            /** Created Before */
+            created_before?: string | null;
+            /** Updated After */
+            updated_after?: string | null;
+            /** Updated Before */
+            updated_before?: string | null;
+            /**
+             * Owner
+             * @description Only this owner's tasks (over REST: admins only; others always act on their own tasks only).
+             */
+            owner?: string | null;
         };
         /** TaskOut */
         TaskOut: {
@@ -4408,6 +4565,230 @@ export interface operations {
             };
             /** @description `/problems/body-too-large`: The body is over serve --max-body. */
             413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `/problems/validation-error`: The request does not fit the schema; `errors` says where. `/problems/invalid-tool-arguments`: Edited arguments that don't fit the tool's schema. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `/problems/too-many-requests`: Too many open streams, wrong tokens or connections; wait for Retry-After. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `/problems/store-unavailable`: The store cannot be reached now; retry. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    listBulk: {
+        parameters: {
+            query?: {
+                limit?: number;
+                /** @description A next_cursor from the previous page. */
+                cursor?: string | null;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BulkPageOut"];
+                };
+            };
+            /** @description `/problems/unauthorized`: No bearer token, or one nobody owns. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `/problems/validation-error`: The request does not fit the schema; `errors` says where. `/problems/invalid-tool-arguments`: Edited arguments that don't fit the tool's schema. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `/problems/too-many-requests`: Too many open streams, wrong tokens or connections; wait for Retry-After. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `/problems/store-unavailable`: The store cannot be reached now; retry. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    startBulk: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["BulkRequest"];
+            };
+        };
+        responses: {
+            /** @description dry_run: how many tasks would be touched */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BulkCount"];
+                };
+            };
+            /** @description Successful Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BulkOut"];
+                };
+            };
+            /** @description `/problems/bad-request`: The request is well-formed but cannot be acted on. `/problems/unknown-agent`: No agent of that name runs on this server. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `/problems/unauthorized`: No bearer token, or one nobody owns. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `/problems/forbidden`: Only an admin may do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `/problems/body-too-large`: The body is over serve --max-body. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `/problems/validation-error`: The request does not fit the schema; `errors` says where. `/problems/invalid-tool-arguments`: Edited arguments that don't fit the tool's schema. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `/problems/too-many-requests`: Too many open streams, wrong tokens or connections; wait for Retry-After. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `/problems/store-unavailable`: The store cannot be reached now; retry. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    getBulk: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A bulk operation's id. */
+                op_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BulkOut"];
+                };
+            };
+            /** @description `/problems/unauthorized`: No bearer token, or one nobody owns. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `/problems/not-found`: No such route or thing. `/problems/task-not-found`: No such task, or not the caller's. `/problems/session-not-found`: No such session, or not the caller's. `/problems/queue-not-found`: No such queue. `/problems/schedule-not-found`: No such schedule, or not the caller's. */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };

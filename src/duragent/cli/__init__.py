@@ -17,6 +17,7 @@ import typer
 
 from duragent.cli import (
     _approvals as approvals,
+    _bulk as bulk,
     _demo as demo,
     _fleet as fleet,
     _run as run,
@@ -81,6 +82,7 @@ for _module in (
     steering,
     approvals,
     fleet,
+    bulk,
 ):
     app.add_typer(_module.app)
 

@@ -89,7 +89,9 @@ async def run_worker(
     metrics_host: str = "127.0.0.1",
 ) -> int:
     """Run a worker until it is stopped; the process's exit code (0: drained)."""
+    from duragent.runtime._bulk_run import bulk_agent
     from duragent.runtime._outage import when_reachable
+    from duragent.runtime._runtime import Runtime
     from duragent.runtime._worker import Worker
     from duragent.store import open_store
 
@@ -107,6 +109,9 @@ async def run_worker(
     # A server that is down or out of reach is waited for (said once), as a
     # worker started beside a database that is still starting must.
     store = await when_reachable(opened, "starting the worker", log)
+    # Every worker runs bulk operations too (runtime/_bulk.py), through a runtime
+    # of its store for the verbs they use.
+    agents.append(bulk_agent(Runtime(store, run_worker=False, lease_ttl=options.lease_ttl)))
     exporter = None
     if metrics_port is not None:
         from duragent.metrics import Metrics

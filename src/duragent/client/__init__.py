@@ -53,6 +53,9 @@ from duragent.client._errors import (
     ValidationFailed,
 )
 from duragent.client._models import (
+    BulkCount,
+    BulkOut,
+    BulkPageOut,
     OpenWait,
     StreamEnd,
     StreamTokenOut,
@@ -70,6 +73,9 @@ __all__ = [
     "AsyncClient",
     "BadRequest",
     "BodyTooLarge",
+    "BulkCount",
+    "BulkOut",
+    "BulkPageOut",
     "Client",
     "ClientError",
     "Conflict",

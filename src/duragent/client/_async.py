@@ -15,9 +15,13 @@ from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic_core import to_jsonable_python
 
 from duragent.client._errors import ClientError, ServerUnreachable, api_error
 from duragent.client._models import (
+    BulkCount,
+    BulkOut,
+    BulkPageOut,
     StreamEnd,
     StreamTokenOut,
     TaskOut,
@@ -348,6 +352,28 @@ class AsyncClient:
     async def abort(self, task_id: str, *, reason: str | None = None) -> TaskOut:
         body = _body(reason=reason)
         return await self._call("POST", f"/v1/tasks/{_seg(task_id)}/abort", TaskOut, json=body)
+
+    # --- bulk operations -----------------------------------------------------------
+
+    async def bulk(
+        self, action: str, filter: Mapping[str, Any] | None = None, *, dry_run: bool = False
+    ) -> BulkOut | BulkCount:
+        """Retry, abort, pause, resume or purge every task of mine `filter` matches
+        (`status`, `agent`, `queue`, `metadata`, `created_after`, ..., `owner` for an
+        admin): the started operation, or with `dry_run` only the count (`BulkCount`)."""
+        body = {"action": action, "filter": dict(filter or {}), "dry_run": dry_run}
+        model: type[BulkOut] | type[BulkCount] = BulkCount if dry_run else BulkOut
+        return await self._call("POST", "/v1/bulk", model, json=to_jsonable_python(body))
+
+    async def bulk_operation(self, op_id: str) -> BulkOut:
+        """A bulk operation of mine, as it stands."""
+        return await self._call("GET", f"/v1/bulk/{_seg(op_id)}", BulkOut)
+
+    async def bulk_operations(self, *, limit: int = 50, cursor: str | None = None) -> BulkPageOut:
+        """My bulk operations, newest first (an admin's: everyone's)."""
+        return await self._call(
+            "GET", "/v1/bulk", BulkPageOut, params={"limit": limit, "cursor": cursor}
+        )
 
 
 # An entry's kind is an EntryKind, the end's the literal "end": the union tells them apart.

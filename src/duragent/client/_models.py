@@ -105,5 +105,42 @@ class StreamTokenOut(BaseModel):
     events_url: str
 
 
+class BulkError(BaseModel):
+    task_id: str
+    error: str
+
+
+class BulkOut(BaseModel):
+    """A bulk operation as it stands (docs/many-tasks.md): `total` matched when it
+    started; `done` acted on, `skipped` no longer in a status the action applies to,
+    `failed` refused (`errors`: the first few)."""
+
+    id: str
+    action: str
+    filter: dict[str, Any]
+    status: Literal["running", "done", "failed"]
+    total: int
+    done: int
+    skipped: int
+    failed: int
+    owner: str | None
+    created_at: datetime
+    errors: list[BulkError] = Field(default_factory=list)
+    error: str | None = None
+
+
+class BulkCount(BaseModel):
+    """A bulk operation's dry run: how many tasks it would touch now."""
+
+    count: int
+
+
+class BulkPageOut(BaseModel):
+    """One page of bulk operations, newest first; `next_cursor` asks for the next."""
+
+    operations: list[BulkOut]
+    next_cursor: str | None
+
+
 # What a task's event stream yields: its committed entries, then one StreamEnd.
 TaskStreamEvent = Entry | StreamEnd

@@ -90,6 +90,9 @@ class Client:
     pause = _blocking(AsyncClient.pause)
     resume = _blocking(AsyncClient.resume)
     abort = _blocking(AsyncClient.abort)
+    bulk = _blocking(AsyncClient.bulk)
+    bulk_operation = _blocking(AsyncClient.bulk_operation)
+    bulk_operations = _blocking(AsyncClient.bulk_operations)
 
     def stream(self, task_id: str, *, after: int = 0) -> Iterator[TaskStreamEvent]:
         """`AsyncClient.stream`, blocking: entries, then the StreamEnd; reconnects."""

@@ -26,6 +26,8 @@ from duragent.errors import (
 )
 from duragent.runtime._agent import Agent, agents_by_name
 from duragent.runtime._approvals import Decision
+from duragent.runtime._bulk import BulkOperations
+from duragent.runtime._bulk_run import bulk_agent
 from duragent.runtime._callbacks import TaskCallbacks
 from duragent.runtime._deadlines import DeadlineSpec, deadline_at, deadline_record
 from duragent.runtime._engine import StatusHook, TraceHook
@@ -43,7 +45,7 @@ from duragent.runtime._submit import new_task
 from duragent.runtime._waits import person_answers, resolve
 from duragent.runtime._worker import Worker, WorkerOptions, lease_alive
 from duragent.store import open_store
-from duragent.store._commits import Commit, TaskPatch, TaskQuery
+from duragent.store._commits import Commit, DocumentWrite, TaskPatch, TaskQuery
 from duragent.store._protocol import Store
 from duragent.store._queues import Queue, define_queue
 from duragent.types import ApiMessage, Task, TaskStatus, utcnow
@@ -110,7 +112,7 @@ def same_request(stored: Task, asked: Task) -> bool:
     )
 
 
-class Runtime(ReadsTasks, StopsTasks, ManyTasks, SendsMessages, Sessions):
+class Runtime(ReadsTasks, StopsTasks, ManyTasks, BulkOperations, SendsMessages, Sessions):
     """`async with Runtime("sqlite:///agent.db", agents=[...]) as rt: ...`
 
     With `run_worker=True` (the default) an in-process worker runs the tasks of
@@ -164,6 +166,8 @@ class Runtime(ReadsTasks, StopsTasks, ManyTasks, SendsMessages, Sessions):
         )
         self._on_status_change = on_status_change
         self._trace = trace
+        # Bulk operations are tasks of this built-in agent, which every worker runs.
+        self.bulk_agent = bulk_agent(self, trace)
         self._worker_job: asyncio.Task[None] | None = None
         self._queues = list(queues)
         # load_task(id, callbacks=): shared with the worker, which calls and drops them.
@@ -186,7 +190,7 @@ class Runtime(ReadsTasks, StopsTasks, ManyTasks, SendsMessages, Sessions):
             return
         self.worker = Worker(
             self.store,
-            self.agents.values(),
+            [*self.agents.values(), self.bulk_agent],
             self.worker_options,
             on_status=self._on_status_change,
             trace=self._trace,
@@ -435,6 +439,17 @@ class Runtime(ReadsTasks, StopsTasks, ManyTasks, SendsMessages, Sessions):
         Without it, a deadline that has passed is dropped (the task would fail
         again at once) and one still ahead is kept.
         """
+        return await self._retry(task_id, owner=owner, deadline=deadline, documents=())
+
+    async def _retry(
+        self,
+        task_id: str,
+        *,
+        owner: str | None,
+        deadline: DeadlineSpec | None,
+        documents: Sequence[DocumentWrite],
+    ) -> Task:
+        """`retry`, with `documents` written in the same commit (a bulk operation's marker)."""
         now = utcnow()
         new_deadline = None if deadline is None else deadline_at(deadline, now)
         for _ in range(10):
@@ -465,7 +480,9 @@ class Runtime(ReadsTasks, StopsTasks, ManyTasks, SendsMessages, Sessions):
                 task_id, changes, expect_status=[TaskStatus.FAILED], expect_version=task.version
             )
             try:
-                res = await self.store.commit(Commit(entries=[entry], patches=[patch]))
+                res = await self.store.commit(
+                    Commit(entries=[entry], patches=[patch], documents=list(documents))
+                )
             except Conflict:
                 continue  # retried by someone else at the same moment: look again
             self.start_worker()

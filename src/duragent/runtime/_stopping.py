@@ -16,7 +16,7 @@ from duragent.errors import Conflict, ControlPending, InvalidTransition, WaitTim
 from duragent.runtime._agent import Agent, BuiltinTools
 from duragent.runtime._engine import Control, TaskRunner
 from duragent.runtime._worker import lease_alive
-from duragent.store._commits import Commit, TaskPatch, TaskQuery
+from duragent.store._commits import Commit, DocumentWrite, TaskPatch, TaskQuery
 from duragent.types import Task, TaskStatus
 
 if TYPE_CHECKING:
@@ -173,6 +173,11 @@ class StopsTasks:
         if task_id is None:
             self._wake()
             return None
+        return await self._resume(task_id, ())
+
+    async def _resume(self, task_id: str, documents: Sequence[DocumentWrite]) -> Task | None:
+        """`resume(task_id)`, with `documents` written in the same commit as the status."""
+        self.start_worker()
         task = await self.store.get_task(task_id)
         if task.status is TaskStatus.RUNNING:
             if lease_alive(task):
@@ -195,7 +200,8 @@ class StopsTasks:
                     TaskPatch(
                         task_id, changes, expect_status=[task.status], expect_version=task.version
                     )
-                ]
+                ],
+                documents=list(documents),
             )
         )
         for child in await self._descendants(task_id, (TaskStatus.PAUSED,)):

@@ -16,6 +16,7 @@ from fastapi.staticfiles import StaticFiles
 
 from duragent.runtime._runtime import Runtime
 from duragent.server import (
+    _bulk as bulk,
     _events as events,
     _fleet as fleet,
     _problems as problems,
@@ -138,7 +139,7 @@ def create_app(
     app.add_exception_handler(TooManyStreams, too_many_streams)
     app.add_middleware(Gate, tokens=tokens, limits=limits, stream_tokens=app.state.stream_tokens)
     routers = (tasks.router, wait.router, events.router, steering.router, fleet.router)
-    for router in (*routers, sessions.router):
+    for router in (*routers, sessions.router, bulk.router):
         app.include_router(router)
     app.include_router(service)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

@@ -1,0 +1,108 @@
+"""Bulk operations (issue 43 item 3) through the library, on every store.
+
+`Runtime.bulk(action, filter)` acts on every matching task once, as a task of
+the built-in agent `duragent.bulk`; `dry_run=True` only counts. The crash
+tests (SIGKILL halfway through an operation) are in test_bulk_crash.py.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from duragent import Runtime, TaskStatus
+from duragent.errors import InvalidOption, TaskNotFound
+from duragent.runtime._bulk import TaskFilter
+from duragent.runtime._bulk_run import BULK_AGENT
+from duragent.store._protocol import Store
+from support.bulk import failed_tasks, failing_agent, retries_of, waiting_agent
+
+
+@pytest.mark.slow
+async def test_bulk_retry_retries_each_matching_task_once(store: Store) -> None:
+    async with Runtime(store, agents=[failing_agent()], worker_queues=["flaky"]) as rt:
+        mine = await failed_tasks(rt, 5, "alice", team="a")
+        other_label = await failed_tasks(rt, 2, "alice", team="b")
+        others = await failed_tasks(rt, 2, "bob", team="a")
+        flt = TaskFilter(owner="alice", metadata={"team": "a"})
+        assert await rt.bulk("retry", flt, dry_run=True) == 5
+        for task_id in mine:  # a dry run touched nothing
+            assert await retries_of(store, task_id) == 0
+        op = await rt.bulk("retry", flt, owner="alice", page_size=2)
+        assert op.status == "running" and op.action == "retry" and op.filter == flt
+    # The in-process worker served only the queue "flaky": the operation waits for a worker.
+    async with Runtime(store, agents=[failing_agent()]) as rt:
+        await rt.resume()
+        await rt.wait(op.id, timeout=60)
+        done = await rt.bulk_operation(op.id, owner="alice")
+        assert (done.status, done.total, done.done, done.skipped, done.failed) == (
+            "done",
+            5,
+            5,
+            0,
+            0,
+        )
+        for task_id in mine:
+            assert await retries_of(store, task_id) == 1
+        for task_id in other_label + others:
+            assert await retries_of(store, task_id) == 0
+        with pytest.raises(TaskNotFound):
+            await rt.bulk_operation(op.id, owner="bob")
+        listed, _ = await rt.bulk_operations(owner="alice")
+        assert [o.id for o in listed] == [op.id]
+        assert (await rt.bulk_operations(owner="bob"))[0] == []
+
+
+@pytest.mark.slow
+async def test_bulk_pause_resume_abort_and_purge(store: Store) -> None:
+    async with Runtime(store, agents=[waiting_agent(), failing_agent()]) as rt:
+        waiting = [(await rt.submit("slow", f"w{i}", owner="al")).task_id for i in range(3)]
+        for task_id in waiting:
+            await rt.wait(task_id, timeout=30, until=lambda t: t.status is TaskStatus.WAITING)
+        failed = await failed_tasks(rt, 2, "al")
+        slow = TaskFilter(agent="slow")
+
+        async def run(action: str, flt: TaskFilter) -> tuple[int, int, int]:
+            op = await rt.bulk(action, flt, owner="al")
+            await rt.wait(op.id, timeout=60)
+            got = await rt.bulk_operation(op.id)
+            assert got.status == "done", got
+            return got.done, got.skipped, got.failed
+
+        assert await run("pause", slow) == (3, 0, 0)
+        assert {(await rt.get(t)).status for t in waiting} == {TaskStatus.PAUSED}
+        assert await rt.bulk("resume", slow, dry_run=True) == 3
+        assert await run("resume", slow) == (3, 0, 0)
+        for task_id in waiting:
+            await rt.wait(task_id, timeout=30, until=lambda t: t.status is TaskStatus.WAITING)
+        assert await run("abort", slow) == (3, 0, 0)
+        assert {(await rt.get(t)).status for t in waiting} == {TaskStatus.ABORTED}
+        # Purge: finished tasks only; bulk operations themselves are never matched.
+        assert await rt.bulk("purge", TaskFilter(), dry_run=True) == 5
+        assert await run("purge", TaskFilter(status=[TaskStatus.ABORTED])) == (3, 0, 0)
+        for task_id in waiting:
+            with pytest.raises(TaskNotFound):
+                await rt.get(task_id)
+        assert {(await rt.get(t)).status for t in failed} == {TaskStatus.FAILED}
+        assert len((await rt.bulk_operations())[0]) == 4
+        assert (await rt.list_tasks(agent=BULK_AGENT)).tasks  # shown like any task
+
+
+async def test_bulk_refuses_an_unknown_action_and_never_matches_other_statuses() -> None:
+    async with Runtime("memory://", agents=[failing_agent()]) as rt:
+        with pytest.raises(InvalidOption, match="unknown bulk action 'restart'; one of: retry"):
+            await rt.bulk("restart", dry_run=True)
+        with pytest.raises(InvalidOption, match=r"retry takes no option to \(it takes: none\)"):
+            await rt.bulk("retry", options={"to": "v2"})
+        await rt.submit("flaky", "x", start_at=timedelta(hours=1))  # pending for an hour
+        assert await rt.bulk("abort", dry_run=True) == 1
+        assert await rt.bulk("retry", TaskFilter(status=[TaskStatus.PENDING]), dry_run=True) == 0
+        assert await rt.bulk("purge", TaskFilter(status=[TaskStatus.PENDING]), dry_run=True) == 0
+        assert await rt.bulk("purge", dry_run=True) == 0  # finished tasks only
+        op = await rt.bulk("retry", TaskFilter(status=[TaskStatus.PENDING]))
+        await rt.wait(op.id, timeout=10)
+        done = await rt.bulk_operation(op.id)
+        assert (done.status, done.total, done.done) == ("done", 0, 0)
+        with pytest.raises(ValueError, match="a time needs a zone"):
+            TaskFilter.model_validate({"created_after": "2030-01-01T00:00:00"})

@@ -1,0 +1,71 @@
+"""A bulk operation SIGKILLed halfway finishes the rest once, never twice (issue 43 item 3).
+
+A worker process runs a bulk retry of 15 failed tasks, 4 a page, and is killed
+right after the 7th retry was committed (in the middle of the second page, whose
+step is not recorded). Before a second worker finishes the operation, the
+tasks already retried fail again, so a re-run that trusted their status alone
+would retry them a second time. Every task must be retried exactly once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import drop_schema, require_postgres
+from duragent import Runtime, TaskStatus
+from duragent.runtime._bulk import TaskFilter
+from support.bulk import failed_tasks, failing_agent, retries_of
+from support.crashlib import finish, kill_at, spawn
+
+
+@pytest.fixture(params=["jsonl", "sqlite", "sqlite-full", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A store kept outside the process, which a killed process leaves behind."""
+    if request.param == "jsonl":
+        yield f"jsonl:///{tmp_path}/jsonl-store"
+    elif request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/bulk.db"
+    elif request.param == "sqlite-full":
+        yield f"sqlite:///{tmp_path}/bulk.db?durability=full"
+    else:
+        schema = f"test_bulk_{uuid.uuid4().hex[:12]}"
+        yield f"{require_postgres()}?schema={schema}"
+        drop_schema(schema)
+
+
+@pytest.mark.slow
+async def test_sigkill_halfway_through_a_bulk_retry_retries_each_task_once(url: str) -> None:
+    # The failing agent's worker serves its queue only, so the bulk operation waits
+    # for the child's worker.
+    async with Runtime(url, agents=[failing_agent()], worker_queues=["flaky"]) as rt:
+        ids = await failed_tasks(rt, 15, "alice")
+        op = await rt.bulk("retry", TaskFilter(owner="alice"), owner="alice", page_size=4)
+
+    kill_at(spawn("bulk_child.py", url, "7"), "AT 7")
+
+    async with Runtime(url, agents=[failing_agent()], worker_queues=["flaky"]) as rt:
+        retried = [t for t in ids if await retries_of(rt.store, t) == 1]
+        assert len(retried) == 7  # the kill came after the 7th retry's commit
+        assert all([await retries_of(rt.store, t) <= 1 for t in ids])
+        await rt.resume()
+        for task_id in retried:  # they run and fail again: failed, as before the retry
+            await rt.wait(task_id, timeout=30, until=lambda t: t.status is TaskStatus.FAILED)
+        assert (await rt.bulk_operation(op.id)).status == "running"
+
+    out = finish(spawn("bulk_child.py", url, "0"))
+    assert "ACTED 11" in out, out  # the second page again (4), then the last two (4 + 3)
+
+    async with Runtime(url, run_worker=False) as rt:
+        assert [await retries_of(rt.store, t) for t in ids] == [1] * 15
+        done = await rt.bulk_operation(op.id, owner="alice")
+        assert (done.status, done.total, done.done, done.skipped, done.failed) == (
+            "done",
+            15,
+            15,
+            0,
+            0,
+        )
