@@ -106,3 +106,13 @@ async def test_bulk_refuses_an_unknown_action_and_never_matches_other_statuses()
         assert (done.status, done.total, done.done) == ("done", 0, 0)
         with pytest.raises(ValueError, match="a time needs a zone"):
             TaskFilter.model_validate({"created_after": "2030-01-01T00:00:00"})
+
+
+async def test_bulk_counts_only_the_tasks_the_page_search_shows(store: Store) -> None:
+    """The page's search box (an id prefix) is part of the filter a bulk action
+    gets: the action acts on the tasks the list shows, not on more."""
+    async with Runtime(store, agents=[failing_agent()]) as rt:
+        ids = await failed_tasks(rt, 3, "alice", team="a")
+        flt = TaskFilter(owner="alice", id_prefix=ids[0])
+        assert await rt.bulk("retry", flt, dry_run=True) == 1
+        assert await rt.bulk("retry", TaskFilter(owner="alice"), dry_run=True) == 3

@@ -1470,6 +1470,11 @@ export interface components {
             /** Updated Before */
             updated_before?: string | null;
             /**
+             * Id Prefix
+             * @description Only tasks whose id starts with this text (the page's search box).
+             */
+            id_prefix?: string | null;
+            /**
              * Owner
              * @description Only this owner's tasks (over REST: admins only; others always act on their own tasks only).
              */

@@ -30,6 +30,12 @@ class TaskFilter(BaseModel):
     created_before: datetime | None = None
     updated_after: datetime | None = None
     updated_before: datetime | None = None
+    id_prefix: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="Only tasks whose id starts with this text (the page's search box).",
+    )
     owner: str | None = Field(
         default=None,
         min_length=1,
@@ -56,6 +62,7 @@ class TaskFilter(BaseModel):
             "created_before": self.created_before,
             "updated_after": self.updated_after,
             "updated_before": self.updated_before,
+            "id_prefix": self.id_prefix,
             "owner": self.owner,
         }
         return TaskQuery(**{**fields, **more})
