@@ -141,3 +141,15 @@ def test_send_with_a_request_id_sends_once_also_after_the_task_took_it(tmp_path:
     assert code == 0, out
     assert f"task {tid} (completed" in out and "already took the message" in out
     assert "not sent again" in out
+
+
+@pytest.mark.slow
+def test_show_and_history_print_the_handoff(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/cli.db"
+    tid = asyncio.run(_run_to_end(url, "triage"))
+    code, out = cli("show", tid, "--store", url)
+    assert code == 0, out
+    assert "handoff triage → billing" in out
+    code, out = cli("history", tid, "--store", url)
+    assert code == 0, out
+    assert "→ billing" in out and "billing" in out.split("→ billing")[1]

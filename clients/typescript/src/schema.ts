@@ -754,7 +754,7 @@ export interface components {
              * @description discriminator enum property added by openapi-typescript
              * @enum {string}
              */
-            kind: "api_message" | "ui_message" | "tool_intent" | "tool_result" | "progress" | "rollback" | "status" | "checkpoint" | "compaction";
+            kind: "api_message" | "ui_message" | "tool_intent" | "tool_result" | "progress" | "rollback" | "status" | "checkpoint" | "compaction" | "handoff";
             /**
              * Round
              * @default 0
@@ -774,7 +774,7 @@ export interface components {
          * EntryKind
          * @enum {string}
          */
-        EntryKind: "api_message" | "ui_message" | "tool_intent" | "tool_result" | "progress" | "rollback" | "status" | "checkpoint" | "compaction";
+        EntryKind: "api_message" | "ui_message" | "tool_intent" | "tool_result" | "progress" | "rollback" | "status" | "checkpoint" | "compaction" | "handoff";
         /** ForkRequest */
         ForkRequest: {
             /**
@@ -803,6 +803,19 @@ export interface components {
             name: string;
             /** Arguments */
             arguments: string;
+        };
+        /**
+         * HandoffRecord
+         * @description A handoff: the model took the transfer tool of call `call_id`; agent `to_agent`
+         *     runs the rounds after this one.
+         */
+        HandoffRecord: {
+            /** Call Id */
+            call_id: string;
+            /** From Agent */
+            from_agent: string;
+            /** To Agent */
+            to_agent: string;
         };
         /** Health */
         Health: {
@@ -1062,6 +1075,13 @@ export interface components {
             assistant?: string | null;
             /** Calls */
             calls?: components["schemas"]["CallRecord"][];
+            /**
+             * Agent
+             * @description The agent that ran the round (another after a handoff).
+             */
+            agent?: string | null;
+            /** @description The handoff the round took, in force (not rolled back). */
+            handoff?: components["schemas"]["HandoffRecord"] | null;
         };
         /** ScheduleCreate */
         ScheduleCreate: {
