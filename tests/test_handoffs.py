@@ -5,12 +5,22 @@ pinned; bad configurations are refused at Agent(). Every store."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from typing import Any
 
 import pytest
 
-from duragent import Agent, BuiltinTools, Runtime, ScriptedModel, TaskStatus, ToolCall, tool
+from duragent import (
+    Agent,
+    BuiltinTools,
+    Runtime,
+    ScriptedModel,
+    TaskStatus,
+    Timing,
+    ToolCall,
+    tool,
+)
 from duragent.errors import InvalidOption, ModelError
 from duragent.runtime._handoffs import MULTIPLE, in_force
 from duragent.runtime._log import RoundState, rollback
@@ -279,3 +289,70 @@ def test_a_rollback_that_voids_a_handoff_result_voids_its_entry_too() -> None:
     plan = rollback("t", rs, 2, 4, pending, "paused")
     voids = [e.payload for e in plan.entries if e.kind is EntryKind.ROLLBACK]
     assert [(v["from_seq"], v["to_seq"]) for v in voids] == [(5, 6)]  # the result and the handoff
+
+
+def rolled_back_desk(turn: list[ToolCall]) -> tuple[Agent, Agent, asyncio.Event, asyncio.Event]:
+    """triage hands off in a turn whose `lookup` holds until released: something a
+    new message can roll back while the handoff is committed."""
+    release, entered = asyncio.Event(), asyncio.Event()
+
+    @tool
+    async def send() -> str:
+        """Send (never replayed: its result stays)."""
+        return "sent"
+
+    @tool(replay="safe")
+    async def lookup() -> str:
+        """Look up (harmless to repeat)."""
+        entered.set()
+        await release.wait()
+        return "looked up"
+
+    def triage_says(messages: list[Any]) -> Any:
+        said = last(messages)
+        if isinstance(said, UserMessage) and said.content == "go":
+            return turn
+        return f"triage: {getattr(said, 'content', '')}"
+
+    billing = Agent(name="billing", model=ScriptedModel(["Billing here."]), builtin_tools=PLAIN)
+    triage = Agent(
+        name="triage",
+        model=ScriptedModel(triage_says),
+        tools=[send, lookup],
+        builtin_tools=PLAIN,
+        timing=Timing(tool_grace=0.0),
+        handoffs=[billing],
+    )
+    return triage, billing, release, entered
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keeps_a_call", [False, True])
+async def test_a_rollback_of_the_handoff_round_keeps_the_earlier_agent(
+    store: Store, keeps_a_call: bool
+) -> None:
+    """Rolled back with nothing kept, the round is voided whole; with a never-replay
+    call kept, the handoff's result is voided (and its entry with it) and answered
+    "rolled back". Either way the handoff is not in force: triage answers."""
+    turn = [ToolCall("transfer_to_billing", {}), ToolCall("lookup", {})]
+    if keeps_a_call:
+        turn.insert(0, ToolCall("send", {}))
+    triage, billing, _release, entered = rolled_back_desk(turn)
+    async with Runtime(store, agents=[triage]) as rt:
+        sub = await rt.submit("triage", "go", owner="u")
+        await entered.wait()
+        await wait_for_handoff(store, sub.task_id)
+        await rt.send(sub.task_id, "never mind", owner="u", multitask_strategy="rollback")
+        task = await sub.wait(20)
+        hist = await rt.history(task.id)
+    assert task.status is TaskStatus.COMPLETED and task.output == "triage: never mind"
+    assert billing.model.calls == 0  # type: ignore[union-attr]
+    assert all(r.handoff is None and r.agent == "triage" for r in hist.rounds)
+    assert len(await store.entries(task.id, kinds=[EntryKind.HANDOFF])) == 1  # kept, voided
+
+
+async def wait_for_handoff(store: Store, task_id: str) -> None:
+    """Until the handoff is committed (the call needs no tool: it is at once)."""
+    async with asyncio.timeout(20):
+        while not await store.entries(task_id, kinds=[EntryKind.HANDOFF]):
+            await asyncio.sleep(0.01)
