@@ -33,6 +33,7 @@ from duragent.types import (
     NewEntry,
     ToolCallData,
     ToolMessage,
+    UINotice,
     UserMessage,
 )
 
@@ -109,6 +110,7 @@ async def test_the_target_runs_the_next_rounds_with_its_own_definition(store: St
     async with Runtime(store, agents=[desk.triage]) as rt:
         task = await (await rt.submit("triage", "refund order 42", owner="u")).wait(30)
         hist = await rt.history(task.id)
+        ui = await rt.ui_messages(task.id)
     assert task.status is TaskStatus.COMPLETED and task.output == ANSWER
     assert desk.runs == {"lookup": 1, "refund": 1}
     (handoff,) = await store.entries(task.id, kinds=[EntryKind.HANDOFF])
@@ -134,6 +136,8 @@ async def test_the_target_runs_the_next_rounds_with_its_own_definition(store: St
     ]
     h = hist.rounds[1].handoff
     assert h is not None and (h.from_agent, h.to_agent) == ("triage", "billing")
+    notices = [m.message for m in ui if isinstance(m, UINotice)]
+    assert "Handed off from triage to billing." in notices
 
 
 @pytest.mark.slow
@@ -269,7 +273,7 @@ def test_a_rollback_that_voids_a_handoff_result_voids_its_entry_too() -> None:
             "k": {"call_id": "k", "name": "charge", "replay": "never"},
             "h": {"call_id": "h", "name": "transfer_to_b", "replay": "safe"},
         },
-        results={"k": {"role": "tool", "tool_call_id": "k", "content": "ok"}},  # type: ignore[typeddict-item]
+        results={"k": {"role": "tool", "tool_call_id": "k", "content": "ok"}},
         result_seqs={"k": 4},
     )
     pending = [
