@@ -215,7 +215,7 @@ async def test_the_targets_are_pinned_and_a_changed_set_blocks_until_repinned(
         assert "handoffs are pinned to ['billing', 'refunds']" in (blocked.error or "")
         assert "hands off to no agent" in (blocked.error or "")
         repinned = await rt.repin(sub.task_id)
-        assert "handoffs" not in repinned.config
+        assert repinned.config["handoffs"] == {}
         await rt.resume(sub.task_id)
         task = await rt.wait(sub.task_id, timeout=30)
     assert task.status is TaskStatus.COMPLETED  # alone, as re-pinned
@@ -360,3 +360,36 @@ async def wait_for_handoff(store: Store, task_id: str) -> None:
     async with asyncio.timeout(20):
         while not await store.entries(task_id, kinds=[EntryKind.HANDOFF]):
             await asyncio.sleep(0.01)
+
+
+@pytest.mark.slow
+async def test_a_task_a_stand_in_submitted_resumes_with_the_agent_in_force(store: Store) -> None:
+    """Submitted by a process whose stand-in agent pins no handoffs, run by a worker
+    whose agent hands off, paused in billing's first round: resumed, billing goes on."""
+    desk = Desk()
+    stand_in = Agent(name="triage", model="scripted:none")
+    async with Runtime(store, agents=[stand_in], run_worker=False) as submitter:
+        sub = await submitter.submit("triage", "refund order 42")
+    assert "handoffs" not in (await store.get_task(sub.task_id)).config
+    holder: list[Runtime] = []
+    pausing: list[asyncio.Future[Any]] = []
+
+    async def trace(point: str, **info: Any) -> None:
+        if point == "round_start" and info["round"] == 3 and holder:
+            rt, holder[:] = holder[0], []
+            pausing.append(asyncio.ensure_future(rt.pause(sub.task_id)))
+            assert rt.worker is not None
+            while (runner := rt.worker.runner(sub.task_id)) is None or runner.control is None:
+                await asyncio.sleep(0.01)
+
+    async with Runtime(store, agents=[desk.triage], trace=trace) as rt:
+        holder.append(rt)
+        paused = await rt.wait(sub.task_id, timeout=30, until=lambda t: t.status.value == "paused")
+        await pausing[0]
+        assert paused.iterations == 2  # billing's first round had not begun
+        await rt.resume(sub.task_id)
+        task = await rt.wait(sub.task_id, timeout=30)
+        hist = await rt.history(task.id)
+    assert task.output == ANSWER
+    assert [r.agent for r in hist.rounds] == ["triage", "triage", "billing", "billing"]
+    assert len(await store.entries(task.id, kinds=[EntryKind.HANDOFF])) == 1

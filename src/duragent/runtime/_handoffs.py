@@ -90,10 +90,13 @@ def in_force(entries: Sequence[Entry], rnd: int) -> tuple[str | None, str | None
     return current, pending
 
 
-async def read_in_force(store: Store, task: Task) -> tuple[str | None, str | None]:
-    """`in_force` for the task's open round, read from its log; (None, None) at once
-    for a task that cannot hand off (nothing pinned), without a read."""
-    if not task.config.get("handoffs"):
+async def read_in_force(
+    store: Store, task: Task, reaches_others: bool
+) -> tuple[str | None, str | None]:
+    """`in_force` for the task's open round, read from its log. Not read (None, None)
+    for a task that never could hand off: its agent reaches no other, and it has no
+    handoffs pinned (a task re-pinned from an agent that had some keeps `{}`)."""
+    if not reaches_others and "handoffs" not in task.config:
         return None, None
     kinds = (EntryKind.HANDOFF, EntryKind.ROLLBACK)
     return in_force(await store.entries(task.id, kinds=kinds), task.iterations + 1)

@@ -82,7 +82,7 @@ def with_pins(agent: Agent, config: dict[str, Any]) -> dict[str, Any]:
     for a in reachable(agent)[1:]:
         fresh = {"request": {"model": a.model_name, "settings": dict(a.model_settings)}}
         targets[a.name] = _own_pins(a, before.get(a.name) or fresh)
-    if targets:
+    if targets or "handoffs" in config:  # re-pinned to none: the log may still name one
         out["handoffs"] = targets
     return out
 

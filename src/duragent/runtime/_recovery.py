@@ -78,7 +78,8 @@ class Recovery:
     async def _agents_in_force(self) -> bool:
         """Take the agents the log says run the task (its handoffs); False (and the
         task blocked) when one of them is not among those the task's agent reaches."""
-        current, pending = await read_in_force(self.store, self.commits.task)
+        others = len(self.rounds.handoff_agents) > 1
+        current, pending = await read_in_force(self.store, self.commits.task, others)
         missing = [n for n in (current, pending) if n and n not in self.rounds.handoff_agents]
         if missing:
             await self.ending.block(
