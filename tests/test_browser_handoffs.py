@@ -31,3 +31,17 @@ def test_a_handoff_shows_as_a_block_from_one_agent_to_the_other(
         " : e.classList.contains('tool-card') ? 'card' : 'answer')",
     )
     assert order == ["card", "handoff", "answer"]
+
+
+@pytest.mark.slow
+def test_the_round_list_names_each_rounds_agent_and_the_handoff(
+    page: Page, server: LiveServer
+) -> None:
+    sign_in(page, server, "alice")
+    start_task(page, "triage", "Refund order 42.")
+    expect(status(page)).to_have_attribute("data-status", "completed")
+    page.click("#rounds-panel summary")
+    rounds = page.locator("#rounds .round")
+    expect(rounds).to_have_count(2)
+    expect(rounds.nth(0).locator(".round-agent")).to_have_text("triage → handed off to billing")
+    expect(rounds.nth(1).locator(".round-agent")).to_have_text("billing")

@@ -6,8 +6,10 @@ A task records, when it is created, the provider URL its model requests go to
 the reach of its tools (`config["tools"]`: the workdir, the permissions that run
 without asking, whether `http_get` may reach private addresses; set by
 duragent.toolsets) and the output schema of an agent with an `output_type`
-(`config["request"]["output"]`, runtime/_output.py). Never a secret: the API
-key stays in the process.
+(`config["request"]["output"]`, runtime/_output.py) and, for an agent with
+handoffs, the same of every agent they reach (`config["handoffs"]`: name -> its
+pins, model and settings included; runtime/_handoffs.py). Never a secret: the
+API key stays in the process.
 
 Every worker compares the pin with the agent it would run the task with, and
 blocks the task (reason `pinned`) rather than send its conversation somewhere
