@@ -24,6 +24,7 @@ from duragent import (
 from duragent.errors import InvalidOption, ModelError
 from duragent.runtime._handoffs import MULTIPLE, in_force
 from duragent.runtime._log import RoundState, rollback
+from duragent.runtime._steering import Edit
 from duragent.store._protocol import Store
 from duragent.types import (
     AssistantMessage,
@@ -393,3 +394,18 @@ async def test_a_task_a_stand_in_submitted_resumes_with_the_agent_in_force(store
     assert task.output == ANSWER
     assert [r.agent for r in hist.rounds] == ["triage", "triage", "billing", "billing"]
     assert len(await store.entries(task.id, kinds=[EntryKind.HANDOFF])) == 1
+
+
+@pytest.mark.slow
+async def test_a_fork_that_drops_the_handing_off_message_drops_the_handoff(store: Store) -> None:
+    desk = Desk()
+    async with Runtime(store, agents=[desk.triage]) as rt:
+        source = await (await rt.submit("triage", "refund order 42")).wait(30)
+        edit = Edit(drop_last_assistant=True)
+        fork = await (await rt.fork(source.id, at_round=2, edit=edit)).wait(30)
+        hist = await rt.history(fork.id)
+    assert fork.output == ANSWER
+    # The copied handoff went with the dropped message: triage asks again in round 3.
+    assert hist.rounds[1].handoff is None
+    assert [r.agent for r in hist.rounds] == ["triage", "triage", "triage", "billing", "billing"]
+    assert hist.rounds[2].handoff is not None
