@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,7 @@ def test_show_and_history_print_the_handoff(tmp_path: Path) -> None:
     code, out = cli("history", tid, "--store", url)
     assert code == 0, out
     assert "→ billing" in out and "billing" in out.split("→ billing")[1]
+    code, out = cli("export", tid, "--store", url)
+    assert code == 0, out
+    (handoff,) = [e for e in json.loads(out)["entries"] if e["kind"] == "handoff"]
+    assert handoff["payload"]["from"] == "triage" and handoff["payload"]["to"] == "billing"
