@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import drop_schema, require_postgres
+from conftest import drop_schema, pg_schema_url
 from duragent.store import open_store
 from duragent.types import EntryKind
 from support.crashlib import finish, kill_at, spawn
@@ -20,7 +20,7 @@ POINTS = ["before_handoff", "after_handoff", "target_model", "target_result"]
 EXPECTED = 'Billing: order 42: paid 30 EUR | {"assistant": "billing"} | refunded order 42'
 
 
-@pytest.fixture(params=["sqlite", "sqlite-full", "jsonl", "postgres"])
+@pytest.fixture(params=["sqlite", "sqlite-full", "jsonl", "postgres", "postgres-psycopg"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """One store that the killed process and the one after it open."""
     if request.param == "sqlite":
@@ -29,9 +29,9 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path}/handoff.db?durability=full"
     elif request.param == "jsonl":
         yield f"jsonl:///{tmp_path}/handoff"
-    else:
+    else:  # both wires of the PostgreSQL store
         schema = f"test_{uuid.uuid4().hex[:12]}"
-        yield f"{require_postgres()}?schema={schema}"
+        yield pg_schema_url(request.param, schema)
         drop_schema(schema)
 
 
