@@ -174,8 +174,27 @@ async def import_rows(path: str, ctx: ToolContext) -> str:
     return "2 batches"
 
 
+def desk() -> Agent:
+    """`triage` hands the task to `billing` (served with it), which answers."""
+    billing = Agent(
+        name="billing",
+        model=ScriptedModel(["-", "Refunded order 42."]),
+        instructions="You are billing.",
+        builtin_tools=BuiltinTools(plan=False),
+        handoff_description="Refunds and invoices.",
+    )
+    return Agent(
+        name="triage",
+        model=ScriptedModel([[ToolCall("transfer_to_billing", {})]]),
+        instructions="You triage.",
+        builtin_tools=BuiltinTools(plan=False),
+        handoffs=[billing],
+    )
+
+
 def agents() -> list[Agent]:
     return [
+        desk(),
         Agent(
             name="importer",
             model=ScriptedModel([[ToolCall("import_rows", {"path": "a.csv"})], "Imported."]),

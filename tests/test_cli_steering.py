@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,19 @@ def test_send_with_a_request_id_sends_once_also_after_the_task_took_it(tmp_path:
     assert code == 0, out
     assert f"task {tid} (completed" in out and "already took the message" in out
     assert "not sent again" in out
+
+
+@pytest.mark.slow
+def test_show_and_history_print_the_handoff(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/cli.db"
+    tid = asyncio.run(_run_to_end(url, "triage"))
+    code, out = cli("show", tid, "--store", url)
+    assert code == 0, out
+    assert "handoff triage → billing" in out
+    code, out = cli("history", tid, "--store", url)
+    assert code == 0, out
+    assert "→ billing" in out and "billing" in out.split("→ billing")[1]
+    code, out = cli("export", tid, "--store", url)
+    assert code == 0, out
+    (handoff,) = [e for e in json.loads(out)["entries"] if e["kind"] == "handoff"]
+    assert handoff["payload"]["from"] == "triage" and handoff["payload"]["to"] == "billing"

@@ -310,6 +310,8 @@ async def test_agents_lists_tools_and_replay_policies(client: httpx.AsyncClient)
         "importer",
         "reader",
         "structured",
+        "triage",
+        "billing",  # served as triage's handoff target
     }
     (lookup,) = found["streamer"]["tools"]
     assert lookup["name"] == "lookup" and lookup["replay"] == "safe"

@@ -226,3 +226,26 @@ async def test_openapi_describes_messages_into_a_task(client: httpx.AsyncClient)
     assert "request_id" in spec["components"]["schemas"]["MessageRequest"]["properties"]
     create = spec["paths"]["/v1/tasks"]["post"]
     assert "202" in create["responses"]
+
+
+@pytest.mark.slow
+async def test_history_shows_a_handoff_and_the_agent_of_each_round(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    tid = await start(client, "triage")
+    done = await wait_for(runtime, tid, TaskStatus.COMPLETED)
+    assert done.output == "Refunded order 42."
+    r = await client.get(f"/v1/tasks/{tid}/history", headers=auth("alice"))
+    assert r.status_code == 200, r.text
+    rounds = r.json()["rounds"]
+    assert [x["agent"] for x in rounds] == ["triage", "billing"]
+    assert rounds[0]["handoff"] == {
+        "call_id": rounds[0]["calls"][0]["call_id"],
+        "from_agent": "triage",
+        "to_agent": "billing",
+    }
+    assert rounds[1]["handoff"] is None
+    r = await client.get(f"/v1/tasks/{tid}/entries", headers=auth("alice"))
+    assert r.status_code == 200, r.text
+    kinds = [e["kind"] for e in r.json()["entries"]]
+    assert "handoff" in kinds

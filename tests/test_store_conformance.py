@@ -825,3 +825,23 @@ async def test_a_payload_reads_back_as_written_though_its_defaults_are_not_store
         _restore_payloads(store, task.id, [json.dumps(p) for _, p in written])
         assert _stored_payloads(store, task.id) == [p for _, p in written]
         assert [(e.kind, e.payload) for e in await store.entries(task.id)] == written
+
+
+async def test_a_handoff_entry_round_trips_and_stays_out_of_the_model_view(store: Store) -> None:
+    task = Task(agent="triage")
+    await store.create_task(task, [api(task.id, UserMessage(content="hello"), 1)])
+    handoff = {"call_id": "c1", "from": "triage", "to": "billing"}
+    await store.commit(
+        Commit(
+            entries=[
+                ui(task.id, "before"),
+                NewEntry(task_id=task.id, kind=EntryKind.HANDOFF, round=1, payload=handoff),
+            ]
+        )
+    )
+    (got,) = await store.entries(task.id, kinds=[EntryKind.HANDOFF])
+    assert (got.seq, got.kind, got.round, got.payload) == (3, EntryKind.HANDOFF, 1, handoff)
+    (head,) = await store.entry_heads(task.id, kinds=[EntryKind.HANDOFF])
+    assert (head.seq, head.kind, head.round, head.role) == (3, EntryKind.HANDOFF, 1, None)
+    assert await store.model_view(task.id) == [UserMessage(content="hello")]
+    assert [e.kind for e in await store.entries(task.id)][-1] is EntryKind.HANDOFF

@@ -92,6 +92,12 @@ class RollbackPayload(TypedDict):
     reason: NotRequired[str]
 
 
+# `handoff`: the model of the entry's round took agent `from`'s transfer tool (call
+# `call_id`) to agent `to`; from the next round on, `to` runs the task
+# (runtime/_handoffs.py). Committed with the call's result, right after it.
+HandoffPayload = TypedDict("HandoffPayload", {"call_id": str, "from": str, "to": str})
+
+
 class CompactionPayload(TypedDict):
     """`compaction`: the model's view of every entry with seq <= `upto` is `head`.
 
@@ -271,6 +277,10 @@ def progress_of(entry: Entry | NewEntry) -> ProgressPayload:
 
 def rollback_of(entry: Entry | NewEntry) -> RollbackPayload:
     return cast(RollbackPayload, entry.payload)
+
+
+def handoff_of(entry: Entry | NewEntry) -> HandoffPayload:
+    return cast(HandoffPayload, entry.payload)
 
 
 def compaction_of(entry: Entry | NewEntry) -> CompactionPayload:

@@ -233,6 +233,9 @@ class EntryKind(StrEnum):
     # The model's view of entries up to a seq replaced by a shorter head (a summary,
     # large tool results elided): runtime/_compaction.py; the entries stay stored.
     COMPACTION = "compaction"
+    # The task went on with another agent (runtime/_handoffs.py): the model took a
+    # transfer tool; the last handoff in force names the agent of the next rounds.
+    HANDOFF = "handoff"
 
 
 # Entries whose payload is an API message and so part of the model's view.

@@ -877,7 +877,7 @@ export interface components {
              * @description discriminator enum property added by openapi-typescript
              * @enum {string}
              */
-            kind: "api_message" | "ui_message" | "tool_intent" | "tool_result" | "progress" | "rollback" | "status" | "checkpoint" | "compaction";
+            kind: "api_message" | "ui_message" | "tool_intent" | "tool_result" | "progress" | "rollback" | "status" | "checkpoint" | "compaction" | "handoff";
             /**
              * Round
              * @default 0
@@ -897,7 +897,7 @@ export interface components {
          * EntryKind
          * @enum {string}
          */
-        EntryKind: "api_message" | "ui_message" | "tool_intent" | "tool_result" | "progress" | "rollback" | "status" | "checkpoint" | "compaction";
+        EntryKind: "api_message" | "ui_message" | "tool_intent" | "tool_result" | "progress" | "rollback" | "status" | "checkpoint" | "compaction" | "handoff";
         /** ForkRequest */
         ForkRequest: {
             /**
@@ -926,6 +926,19 @@ export interface components {
             name: string;
             /** Arguments */
             arguments: string;
+        };
+        /**
+         * HandoffRecord
+         * @description A handoff: the model took the transfer tool of call `call_id`; agent `to_agent`
+         *     runs the rounds after this one.
+         */
+        HandoffRecord: {
+            /** Call Id */
+            call_id: string;
+            /** From Agent */
+            from_agent: string;
+            /** To Agent */
+            to_agent: string;
         };
         /** Health */
         Health: {
@@ -1190,6 +1203,13 @@ export interface components {
             assistant?: string | null;
             /** Calls */
             calls?: components["schemas"]["CallRecord"][];
+            /**
+             * Agent
+             * @description The agent that ran the round (another after a handoff).
+             */
+            agent?: string | null;
+            /** @description The handoff the round took, in force (not rolled back). */
+            handoff?: components["schemas"]["HandoffRecord"] | null;
         };
         /** ScheduleCreate */
         ScheduleCreate: {

@@ -69,13 +69,15 @@ def task_filter(
         labels[key] = value
     bounds = {k: when(v, "--" + k.replace("_", "-")) for k, v in times.items()}
     try:
-        return TaskFilter(
-            status=status or None,
-            agent=agent,
-            queue=queue,
-            metadata=labels or None,
-            owner=owner,
-            **bounds,
+        return TaskFilter.model_validate(
+            {
+                "status": status or None,
+                "agent": agent,
+                "queue": queue,
+                "metadata": labels or None,
+                "owner": owner,
+                **bounds,
+            }
         )
     except ValidationError as exc:
         first = exc.errors()[0]

@@ -19,6 +19,7 @@ from duragent._payloads import (
     api_of,
     checkpoint_of,
     compaction_of,
+    handoff_of,
     intent_of,
     progress_of,
     result_of,
@@ -113,6 +114,9 @@ def describe(e: Entry) -> str:
         if st.get("error"):
             line += f": {clip(st.get('error'))}"
         return line
+    if e.kind is EntryKind.HANDOFF:
+        h = handoff_of(e)
+        return f"handoff {h['from']} → {h['to']} ({h['call_id']})"
     if e.kind is EntryKind.ROLLBACK:
         rb = rollback_of(e)
         return f"rollback ({rb.get('scope', 'api')}) of seqs {rb['from_seq']}–{rb['to_seq']}"

@@ -32,7 +32,7 @@ _ROUND_STYLE = {"complete": "green", "open": "magenta", "voided": "dim"}
 
 def history_table(history: History) -> Table:
     table = Table(title=f"Rounds of {safe(history.task_id)}", title_justify="left")
-    for col in ("round", "seqs", "status", "model said", "tool calls"):
+    for col in ("round", "seqs", "status", "agent", "model said", "tool calls"):
         table.add_column(col, no_wrap=col in ("round", "seqs", "status"))
     for r in history.rounds:
         status = r.status + (" (rolled back)" if r.voided and r.status != "voided" else "")
@@ -42,10 +42,14 @@ def history_table(history: History) -> Table:
             f"{clip(c.result or '', 50)}"
             for c in r.calls
         )
+        agent = r.agent or ""
+        if r.handoff is not None:  # the round's handoff: the next rounds' agent
+            agent += f"\n→ {r.handoff.to_agent}"
         table.add_row(
             str(r.round),
             f"{r.first_seq}–{r.last_seq}",
             f"[{_ROUND_STYLE[r.status]}]{safe(status)}[/]",
+            safe(agent),
             safe(said.strip()),
             safe(calls),
         )

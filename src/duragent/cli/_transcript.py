@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from rich.console import Console
 
-from duragent._payloads import api_of, progress_of, result_of, rollback_of, status_of
+from duragent._payloads import api_of, handoff_of, progress_of, result_of, rollback_of, status_of
 from duragent._terminal import safe
 from duragent.types import Entry, EntryKind
 
@@ -89,6 +89,10 @@ class Transcript:
             }.get(outcome, ("✗", "red"))
             said = safe(_first_line(result["content"]))
             self.console.print(f"  [{style}]{mark} {safe(name)} {outcome}[/]: {said}")
+        elif e.kind is EntryKind.HANDOFF:
+            self.end_line()
+            h = handoff_of(e)
+            self.console.print(f"[magenta]⇄ handoff: {safe(h['from'])} → {safe(h['to'])}[/]")
         elif e.kind is EntryKind.STATUS and status_of(e).get("takeover"):
             self.end_line()
             self.console.print("[yellow]• took the task over from its previous owner[/]")

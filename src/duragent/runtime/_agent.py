@@ -13,6 +13,7 @@ from duragent.runtime._builtin import ask_user, update_plan
 from duragent.runtime._context_policy import ContextPolicy
 from duragent.runtime._deadlines import deadline_at
 from duragent.runtime._guardrails import Guardrail, named_guardrails
+from duragent.runtime._handoffs import transfer_name
 from duragent.runtime._inbox import MultitaskStrategy, check_strategy
 from duragent.runtime._output import OutputType, check_output_type, output_pin
 from duragent.runtime._tools import Tool, make_tool
@@ -147,6 +148,13 @@ class Agent:
     output_guardrails: Sequence[Guardrail] = ()
     # How the task's view is kept inside the model's context window (compaction).
     context: ContextPolicy = field(default_factory=ContextPolicy)
+    # Agents the model may hand the task to, one `transfer_to_<name>` tool each
+    # (runtime/_handoffs.py); cycles are fine (assign `handoffs` after creating both).
+    handoffs: Sequence[Agent] = field(default=(), repr=False, compare=False)
+    # What the transfer tool to this agent tells the model about it.
+    handoff_description: str = ""
+    # The transfer tools: tool name -> the agent it hands to (set from `handoffs`).
+    transfers: dict[str, Agent] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         for name, kind in _OPTIONS.items():
@@ -187,6 +195,18 @@ class Agent:
             raise InvalidOption(f"agent {self.name!r} has two tools named {sorted(dupes)}")
         self.tool_map: dict[str, Tool] = {t.name: t for t in tools}
         self._model: ChatModel | None = None
+        if not isinstance(self.handoff_description, str):
+            raise InvalidOption("Agent.handoff_description is text")
+        self.handoffs = self.handoffs  # checked, and kept as a tuple (see __setattr__)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # `handoffs`, at Agent() or assigned later (to close a cycle), is checked at
+        # once and kept as a tuple, so the transfer tools always match it.
+        if name == "handoffs" and "tool_map" in self.__dict__:
+            # tool name -> the agent it hands the task to
+            self.__dict__["transfers"] = transfers(self.name, value, self.tool_map)
+            value = tuple(value)
+        super().__setattr__(name, value)
 
     @property
     def chat_model(self) -> ChatModel:
@@ -209,11 +229,61 @@ class Agent:
         return self.model if isinstance(self.model, str) else self.model.name
 
 
+def transfers(owner: str, handoffs: object, tools: Iterable[str]) -> dict[str, Agent]:
+    """The transfer tools of agent `owner`: tool name -> target. A clear one-line
+    error for a target that is not an Agent, two targets with one name, or a
+    transfer tool whose name one of the agent's own tools has."""
+    if not isinstance(handoffs, list | tuple):
+        raise InvalidOption(f"Agent.handoffs of {owner!r} is a list of agents, not {handoffs!r}")
+    out: dict[str, Agent] = {}
+    own = set(tools)
+    for target in handoffs:
+        if not isinstance(target, Agent):
+            raise InvalidOption(
+                f"Agent.handoffs of {owner!r} holds agents (duragent.Agent), not {target!r}"
+            )
+        name = transfer_name(target.name)
+        if name in out:
+            raise InvalidOption(
+                f"agent {owner!r} hands off twice to {name!r} (agents {out[name].name!r} "
+                f"and {target.name!r}): give each target its own name"
+            )
+        if name in own:
+            raise InvalidOption(
+                f"agent {owner!r} has a tool named {name!r}, the name of its handoff to "
+                f"{target.name!r}: rename the tool"
+            )
+        out[name] = target
+    return out
+
+
+def reachable(agent: Agent) -> list[Agent]:
+    """`agent` and every agent its handoffs reach, once each (cycles are fine); two
+    different agents under one name are refused (a log names its agents)."""
+    seen: dict[str, Agent] = {}
+    todo = [agent]
+    while todo:
+        a = todo.pop(0)
+        other = seen.get(a.name)
+        if other is a:
+            continue
+        if other is not None:
+            raise InvalidOption(
+                f"two agents are named {a.name!r} among the handoffs of {agent.name!r}: "
+                "give each agent its own name (a task's log names the agent it hands to)"
+            )
+        seen[a.name] = a
+        todo += a.handoffs
+    return list(seen.values())
+
+
 def agents_by_name(agents: Iterable[Agent]) -> dict[str, Agent]:
-    """The agents by name; two different agents under one name are refused, since a
-    task names its agent and one of the two would silently never run."""
+    """The agents by name, and those their handoffs reach; two different agents
+    under one name are refused, since a task names its agent and one of the two
+    would silently never run."""
     named: dict[str, Agent] = {}
-    for agent in agents:
+    # An agent's handoff targets are served with it: a worker runs whatever it hands to.
+    for agent in [r for a in agents for r in reachable(a)]:
         other = named.setdefault(agent.name, agent)
         if other is not agent:
             raise InvalidOption(

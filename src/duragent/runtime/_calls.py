@@ -50,6 +50,7 @@ class Outcome:
     outcome: str = "ok"
     suspend: Suspend | None = None
     documents: Sequence[DocumentWrite] = ()
+    handoff: str | None = None  # a handoff taken: the agent it hands the task to
 
 
 async def run_call(host: CallHost, r: int, call: ToolCallData, rs: RoundState | None) -> Outcome:

@@ -24,6 +24,7 @@ from duragent._payloads import (
     WaitKind,
     api_of,
     checkpoint_of,
+    handoff_of,
     intent_of,
     is_voided,
     progress_of,
@@ -88,6 +89,8 @@ class RoundState:
     # Durable steps inside tools (ctx.step): call id -> step name -> record.
     steps: dict[str, dict[str, StepCheckpoint]] = field(default_factory=dict)
     steps_started: dict[str, set[str]] = field(default_factory=dict)
+    # The round's handoff entry, by its call id: its seq (right after the call's result).
+    handoff_seqs: dict[str, int] = field(default_factory=dict)
 
     @property
     def missing(self) -> list[str]:
@@ -141,6 +144,8 @@ def read_round(entries: Iterable[Entry], rnd: int) -> RoundState:
             st.api_seqs.append(e.seq)
         elif e.kind is EntryKind.CHECKPOINT:
             _read_checkpoint(st, checkpoint_of(e))
+        elif e.kind is EntryKind.HANDOFF:
+            st.handoff_seqs[handoff_of(e)["call_id"]] = e.seq
     return st
 
 
@@ -279,10 +284,12 @@ def rollback(
     `cause` is why, as the model reads it in each "rolled back" result.
     """
     r, tid = rs.round, task_id
-    result_seqs = dict(rs.result_seqs)
+    result_seqs, handoff_seqs = dict(rs.result_seqs), dict(rs.handoff_seqs)
     for i, e in enumerate(pending):
         if e.kind is EntryKind.TOOL_RESULT and e.round == r:
             result_seqs[result_of(e)["tool_call_id"]] = last_seq + 1 + i
+        elif e.kind is EntryKind.HANDOFF and e.round == r:
+            handoff_seqs[handoff_of(e)["call_id"]] = last_seq + 1 + i
     calls = (
         [c for c in (rs.assistant.tool_calls or []) if c.id in rs.intents]
         if (rs.assistant is not None)
@@ -305,7 +312,8 @@ def rollback(
             continue
         seq = result_seqs.get(c.id)
         if seq is not None:
-            out.append(_void(tid, r, seq, seq, reason))
+            # A handoff's entry (right after its result) goes with the result.
+            out.append(_void(tid, r, seq, handoff_seqs.get(c.id, seq), reason))
         out += result_entries(tid, r, c.id, rolled_back(cause), "rolled_back")
     return RollbackPlan(out, kept, all(c.id in result_seqs for c in kept))
 

@@ -14,6 +14,7 @@ from duragent._payloads import rollback_marker, status_of
 from duragent.errors import LostCommits
 from duragent.llm._messages import WorkingView
 from duragent.runtime._ending import Ending
+from duragent.runtime._handoffs import read_in_force
 from duragent.runtime._log import RoundState, notice, read_round
 from duragent.runtime._open_round import OpenRound
 from duragent.runtime._pins import conflict
@@ -57,8 +58,27 @@ class Recovery:
         if problem is not None:
             await self.ending.block(BlockReason.PINNED, f"task {t.id}: {problem}")
             return
+        if not await self._agents_in_force():
+            return
         self.rounds.view = WorkingView(view)
         await self._recover(read_round(entries, t.iterations + 1))
+
+    async def _agents_in_force(self) -> bool:
+        """Take the agents the log says run the task (its handoffs); False (and the
+        task blocked) when one of them is not among those the task's agent reaches."""
+        others = len(self.rounds.handoff_agents) > 1
+        current, pending = await read_in_force(self.store, self.commits.task, others)
+        missing = [n for n in (current, pending) if n and n not in self.rounds.handoff_agents]
+        if missing:
+            await self.ending.block(
+                BlockReason.MISSING_DEFINITION,
+                f"the task was handed off to agent {missing[0]!r}, which agent "
+                f"{self.agent.name!r} no longer reaches by its handoffs; restore the "
+                "handoff, then resume the task",
+            )
+            return False
+        self.rounds.in_force(current, pending)
+        return True
 
     def _report_claim(self, entries: Sequence[Entry]) -> None:
         """The claim that started this runner changed the status in the store, not
@@ -94,12 +114,14 @@ class Recovery:
         # The progress this runner streamed in the round, if it had it open, stays its own.
         held = self.rounds.round
         self.rounds.round = rnd = OpenRound.from_log(rs, held.progress if held else None)
+        agent = self.rounds.agent  # the one that made the calls (after a handoff: its target)
         for cid in rs.missing:
             name = rs.intents[cid]["name"]
-            if name not in self.agent.tool_map and cid not in rs.waits:
+            known = name in agent.tool_map or name in agent.transfers
+            if not known and cid not in rs.waits:
                 await self.ending.block(
                     BlockReason.MISSING_DEFINITION,
-                    f"tool {name!r} (call {cid}) has no result and agent {self.agent.name!r} no "
+                    f"tool {name!r} (call {cid}) has no result and agent {agent.name!r} no "
                     "longer defines it; restore the tool, then resume the task",
                 )
                 return
@@ -109,6 +131,8 @@ class Recovery:
     async def reread_round(self) -> None:
         """After an interrupt: the model's view and the open round as the log has them."""
         t = self.commits.task
+        if not await self._agents_in_force():  # a rollback may have voided a handoff
+            return
         entries, view = await self.store.start_reads(t.id, t.round_seq)
         self.rounds.view = WorkingView(view)
         await self._recover(read_round(entries, t.iterations + 1))

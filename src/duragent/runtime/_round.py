@@ -22,17 +22,19 @@ from duragent._payloads import IntentPayload, stored
 from duragent.errors import Conflict, ContextOverflow, ModelError
 from duragent.llm._base import ModelRequest, Response, ResponseAssembler, TextDelta
 from duragent.llm._messages import WorkingView
-from duragent.runtime._agent import Agent
+from duragent.runtime._agent import Agent, reachable
 from duragent.runtime._checks import Checks
 from duragent.runtime._commits import Commits
 from duragent.runtime._compaction import Compactor
 from duragent.runtime._control import Control, Controls, Interrupted
 from duragent.runtime._ending import Ending
+from duragent.runtime._handoffs import transfer_spec
 from duragent.runtime._held import Held
 from duragent.runtime._inbox import delivery, due
 from duragent.runtime._log import api_entry, notice
 from duragent.runtime._open_round import OpenRound
 from duragent.runtime._output import spec_of
+from duragent.runtime._pins import request_pin
 from duragent.runtime._round_calls import RoundCalls
 from duragent.runtime._state import DebouncedState
 from duragent.runtime._waits import open_round
@@ -76,8 +78,13 @@ class Rounds:
         ending: Ending,
         trace: TraceHook | None,
     ) -> None:
-        self.agent = agent
+        # The task's own agent, and the agent in force: the one running its rounds,
+        # another after a handoff (runtime/_handoffs.py).
+        self.root = self.agent = agent
         self.agents = agents
+        self.handoff_agents = {a.name: a for a in reachable(agent)}
+        # A handoff taken in round n: its target runs from round n + 1 on.
+        self.handed: tuple[int, Agent] | None = None
         self.commits = commits
         self.controls = controls
         self.ending = ending
@@ -192,9 +199,22 @@ class Rounds:
             self.controls.request(Control.from_row(row.control))
         return True
 
+    def hand_off(self, r: int, target: str) -> None:
+        """A handoff taken in round `r`: `target` runs the rounds after it."""
+        self.handed = (r, self.handoff_agents[target])
+
+    def in_force(self, current: str | None, pending: str | None) -> None:
+        """The agents the log says (runtime/_handoffs.py `in_force`): the one running the
+        open round (None: the task's own) and the target of a handoff taken in it."""
+        self.agent = self.handoff_agents[current] if current else self.root
+        r = self.commits.task.iterations + 1
+        self.handed = (r, self.handoff_agents[pending]) if pending else None
+
     async def play(self) -> None:
         """One round: the model's answer, then its tool calls (or the turn's end)."""
         r = self.commits.task.iterations + 1
+        if self.handed is not None and self.handed[0] < r:  # the round of a handoff closed
+            self.agent, self.handed = self.handed[1], None
         self.round = rnd = OpenRound(r)
         await self.trace_point("round_start")
         if r == 1 and self.agent.input_checks and not await self.checks.check_input():
@@ -269,20 +289,26 @@ class Rounds:
                     raise
 
     def _replay(self, name: str) -> str:
+        if name in self.agent.transfers:
+            return "safe"  # a handoff's result is decided from the log alone
         tool = self.agent.tool_map.get(name)
         return tool.replay if tool is not None else "never"
 
     # --- the model ---
 
     def _request(self) -> ModelRequest:
-        pin = self.commits.task.config.get("request") or {}
-        head = [SystemMessage(content=self.agent.instructions)] if self.agent.instructions else []
+        agent, task = self.agent, self.commits.task
+        pin = request_pin(task, agent)
+        # The final answer's shape is the task's, whoever gives it.
+        output = (task.config.get("request") or {}).get("output", self.root.output_pin)
+        head = [SystemMessage(content=agent.instructions)] if agent.instructions else []
+        tools = [t.spec() for t in agent.tool_map.values()]
         return ModelRequest(
-            model=pin.get("model", self.agent.model_name),
+            model=pin.get("model", agent.model_name),
             messages=self.view.messages(head),
-            tools=[t.spec() for t in self.agent.tool_map.values()],
-            settings=pin.get("settings", self.agent.model_settings),
-            output=spec_of(pin.get("output", self.agent.output_pin)),
+            tools=tools + [transfer_spec(a) for a in agent.transfers.values()],
+            settings=pin.get("settings", agent.model_settings),
+            output=spec_of(output),
         )
 
     async def _ask_model(self, rnd: OpenRound) -> Response | None:

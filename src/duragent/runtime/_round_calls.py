@@ -22,6 +22,7 @@ from duragent.runtime._context import SleepUntil, SpawnSubtask, WaitForInput
 from duragent.runtime._control import Control, Controls, cancelled
 from duragent.runtime._deadlines import deadline_at, wake_time
 from duragent.runtime._ending import Ending
+from duragent.runtime._handoffs import MULTIPLE, handoff_entry, transfer_result
 from duragent.runtime._log import RoundState, result_entries, wait_entry, wait_reason
 from duragent.runtime._open_round import OpenRound, Parking
 from duragent.runtime._submit import new_task
@@ -43,6 +44,8 @@ class RoundHost(CallHost, Protocol):
 
     @property
     def view(self) -> WorkingView: ...
+
+    def hand_off(self, r: int, target: str) -> None: ...
 
 
 class _Durable:
@@ -83,6 +86,9 @@ class RoundCalls:
         # sibling's commit close the round with this call unanswered.
         self.one_at_a_time = asyncio.Lock()
         self.closing: list[Outcome] = []  # the last result, committed by the runner's task
+        # The round's handoff taken: its first transfer call (runtime/_handoffs.py).
+        transfers = host.agent.transfers
+        self.taken = next((c.id for c in calls if c.function.name in transfers), None)
 
     async def run(self) -> None:
         host, r = self.host, self.r
@@ -159,7 +165,11 @@ class RoundCalls:
         return True
 
     async def _one(self, call: ToolCallData) -> None:
-        out = await run_call(self.host, self.r, call, self.rs)  # a stop may cancel the tool...
+        target = self.host.agent.transfers.get(call.function.name)
+        if target is not None:
+            out = self._handoff(call, target.name)
+        else:
+            out = await run_call(self.host, self.r, call, self.rs)  # a stop may cancel the tool...
         if out.suspend is None and not self.one_at_a_time.locked() and self._closes(out):
             return  # the round's last result: _close_round commits it
         # ...but never a result commit once it started: that would leave the
@@ -199,11 +209,22 @@ class RoundCalls:
         host.view.append(ToolMessage(tool_call_id=out.call_id, content=out.content or ""))
         await host.trace_point("result", call_id=out.call_id, outcome=out.outcome)
 
+    def _handoff(self, call: ToolCallData, target: str) -> Outcome:
+        """A transfer call: no tool runs. The round's first is taken (its target runs
+        the next rounds), any other answered as the Agents SDK answers it."""
+        if call.id != self.taken:
+            return Outcome(call.id, MULTIPLE)
+        self.host.hand_off(self.r, target)
+        return Outcome(call.id, transfer_result(target), handoff=target)
+
     def _outcome_entries(self, out: Outcome) -> list[NewEntry]:
-        """The entries of a call's result."""
-        return result_entries(
-            self.host.commits.task.id, self.r, out.call_id, out.content or "", out.outcome
-        )
+        """The entries of a call's result (a handoff's entry right after it)."""
+        tid = self.host.commits.task.id
+        entries = result_entries(tid, self.r, out.call_id, out.content or "", out.outcome)
+        if out.handoff is not None:
+            source = self.host.agent.name
+            entries.append(handoff_entry(tid, self.r, out.call_id, source, out.handoff))
+        return entries
 
     async def _close_round(self, out: Outcome) -> None:
         """Commit the last result of the round, closing it: queued behind the next

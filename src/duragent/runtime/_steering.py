@@ -24,13 +24,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from duragent._payloads import (
     api_of,
     compaction_of,
+    handoff_of,
     is_voided,
     rollback_marker,
     rollback_of,
     voided_ranges,
 )
 from duragent.errors import UsageError
-from duragent.runtime._log import notice, read_round
+from duragent.runtime._log import RoundState, notice, read_round
 from duragent.store._commits import CopyEntries, EntryHead
 from duragent.store._protocol import Store, iter_entries
 from duragent.types import (
@@ -74,6 +75,15 @@ class CallRecord(BaseModel):
     )
 
 
+class HandoffRecord(BaseModel):
+    """A handoff: the model took the transfer tool of call `call_id`; agent `to_agent`
+    runs the rounds after this one."""
+
+    call_id: str
+    from_agent: str
+    to_agent: str
+
+
 class RoundRecord(BaseModel):
     """The state of a task at one step: what the model was shown and what it did."""
 
@@ -91,6 +101,12 @@ class RoundRecord(BaseModel):
     user: list[str] = Field(default_factory=list, description="User messages given this round.")
     assistant: str | None = Field(default=None, description="What the model said (its text).")
     calls: list[CallRecord] = Field(default_factory=list)
+    agent: str | None = Field(
+        default=None, description="The agent that ran the round (another after a handoff)."
+    )
+    handoff: HandoffRecord | None = Field(
+        default=None, description="The handoff the round took, in force (not rolled back)."
+    )
 
 
 class CompactionRecord(BaseModel):
@@ -161,6 +177,7 @@ async def task_history(store: Store, task: Task) -> History:
     for e in entries:
         by_round[e.round].append(e)
     rounds = []
+    agent = task.agent  # the agent in force, handoff after handoff
     for r in sorted(by_round):
         own = by_round[r]
         api = [e for e in own if e.kind in API_KINDS]
@@ -210,8 +227,12 @@ async def task_history(store: Store, task: Task) -> History:
                 user=users,
                 assistant=rs.assistant.content if rs.assistant is not None else None,
                 calls=calls,
+                agent=agent,
+                handoff=_handoff_record(own, rs),
             )
         )
+        if rounds[-1].handoff is not None:
+            agent = rounds[-1].handoff.to_agent
     return History(
         task_id=task.id,
         status=task.status,
@@ -220,6 +241,16 @@ async def task_history(store: Store, task: Task) -> History:
         rounds=rounds,
         compactions=[compaction_record(e) for e in entries if e.kind is EntryKind.COMPACTION],
     )
+
+
+def _handoff_record(own: list[Entry], rs: RoundState) -> HandoffRecord | None:
+    """The round's handoff in force, if it took one (runtime/_handoffs.py)."""
+    seqs = set(rs.handoff_seqs.values())
+    for e in own:
+        if e.kind is EntryKind.HANDOFF and e.seq in seqs:
+            h = handoff_of(e)
+            return HandoffRecord(call_id=h["call_id"], from_agent=h["from"], to_agent=h["to"])
+    return None
 
 
 def compaction_record(e: Entry) -> CompactionRecord:
@@ -312,7 +343,8 @@ async def fork_log(
     return out
 
 
-COPIED_KINDS = (EntryKind.API_MESSAGE, EntryKind.TOOL_RESULT)
+# A fork's copy: the view, and the handoffs that say which agent runs it.
+COPIED_KINDS = (EntryKind.API_MESSAGE, EntryKind.TOOL_RESULT, EntryKind.HANDOFF)
 
 
 def _shown_ranges(voided: list[tuple[int, int]], last_seq: int) -> list[tuple[int, int]]:

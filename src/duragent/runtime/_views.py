@@ -10,6 +10,7 @@ from typing import Any
 from duragent._payloads import (
     api_of,
     checkpoint_of,
+    handoff_of,
     is_marker,
     is_voided,
     progress_of,
@@ -26,6 +27,7 @@ from duragent.types import (
     EntryKind,
     Task,
     UIMessage,
+    UINotice,
     UIText,
     UIToolCard,
     task_scope,
@@ -97,6 +99,10 @@ def ui_view(entries: list[Entry]) -> list[UIMessage]:
             if done is not None and (done.voided or not void(e.seq)):
                 done.state = _CARD_STATE.get(result.get("outcome", "ok"), "error")  # type: ignore[assignment]
                 done.result = result.get("content", "")[:4000]
+        elif e.kind is EntryKind.HANDOFF:
+            h = handoff_of(e)
+            gone = " (rolled back)" if void(e.seq) else ""
+            out.append(UINotice(message=f"Handed off from {h['from']} to {h['to']}.{gone}"))
         elif e.kind is EntryKind.CHECKPOINT:
             c = checkpoint_of(e)
             if c["type"] == "decision":

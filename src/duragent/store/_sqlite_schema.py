@@ -36,6 +36,7 @@ KIND_CODES: dict[EntryKind, int] = {
     EntryKind.STATUS: 7,
     EntryKind.CHECKPOINT: 8,
     EntryKind.COMPACTION: 9,
+    EntryKind.HANDOFF: 10,
 }
 KINDS_BY_CODE: dict[int, EntryKind] = {code: kind for kind, code in KIND_CODES.items()}
 _KIND_CASE = " ".join(f"WHEN '{k.value}' THEN {c}" for k, c in KIND_CODES.items())

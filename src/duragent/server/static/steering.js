@@ -16,6 +16,9 @@ function roundItem(r, onPick, compacted) {
   const said = [
     ...r.user.map((u) => h("div", { class: "round-user" }, `user: ${clip(u, 100)}`)),
     r.assistant ? h("div", { class: "round-said" }, clip(r.assistant, 160)) : null,
+    // The agent that ran the round, and where a handoff took the task from there.
+    r.agent ? h("div", { class: "round-agent" }, r.handoff
+      ? `${r.agent} → handed off to ${r.handoff.to_agent}` : r.agent) : null,
   ];
   const fork = r.status === "complete"
     ? h("button", { type: "button", class: "secondary fork", "data-round": r.round, onclick: () => onPick(r) }, "Fork from here")

@@ -94,6 +94,10 @@ export class Timeline {
         }
         return;
       }
+      case "handoff":
+        // The model took a transfer tool: from here on, another agent runs the task.
+        this.add({ type: "handoff", from: p.from, to: p.to, seq: e.seq });
+        return;
       case "compaction":
         // The model sees this summary instead of those rounds; they stay above, whole.
         if (p.summary) this.add({ type: "compaction", from: p.from_round, to: p.to_round, text: p.summary });
@@ -186,6 +190,13 @@ export class Timeline {
         h("div", { class: "text" }, item.text));
     }
     if (item.type === "notice") return h("div", { class: "notice" }, item.text);
+    if (item.type === "handoff") {
+      return h("div", { class: `handoff${item.voided ? " voided" : ""}`, "data-from": item.from, "data-to": item.to,
+                        "data-voided": item.voided || null },
+        "Handoff: ", h("span", { class: "handoff-from" }, item.from), " → ",
+        h("span", { class: "handoff-to" }, item.to),
+        item.voided ? h("span", { class: "voided-label", title: "Rolled back: not in force" }, " · rolled back") : null);
+    }
     if (item.type === "compaction") {
       return h("details", { class: "compaction", "data-rounds": `${item.from}-${item.to}` },
         h("summary", {}, `Rounds ${item.from}–${item.to} summarised: what the model sees instead`),
