@@ -6,7 +6,8 @@ server (support.llm_servers), over real sockets; the SDK's tracing is off."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,16 +36,23 @@ from pydantic import BaseModel
 from duragent import InvalidOption, Runtime, TaskFailed, TaskStatus, Timing
 from duragent.openai_agents import RUN_TOOL, DurableAgent
 from duragent.types import EntryKind
-from support.llm_servers import ScriptedOpenAIServer, ToolCall
+from support.llm_servers import Script, ScriptedOpenAIServer, ToolCall
 
 set_tracing_disabled(True)
+Serve = Callable[[Script], ScriptedOpenAIServer]
 
 
 @pytest.fixture
-def server() -> Iterator[ScriptedOpenAIServer]:
-    with ScriptedOpenAIServer(answer_by="history") as srv:
-        assert isinstance(srv, ScriptedOpenAIServer)
-        yield srv
+def serve() -> Iterator[Serve]:
+    """Start a local OpenAI-compatible server answering a script (closed after the test)."""
+    with ExitStack() as servers:
+
+        def start(turns: Script) -> ScriptedOpenAIServer:
+            server = ScriptedOpenAIServer(turns, answer_by="history")
+            servers.enter_context(server)
+            return server
+
+        yield start
 
 
 def model(server: ScriptedOpenAIServer) -> OpenAIChatCompletionsModel:
@@ -64,10 +72,8 @@ class Forecast(BaseModel):
     sky: str
 
 
-async def test_model_calls_and_tool_calls_are_steps_and_the_output_is_typed(
-    server: ScriptedOpenAIServer,
-) -> None:
-    server._turns = [[ToolCall("sky", {"city": "Paris"})], '{"city":"Paris","sky":"sunny"}']
+async def test_model_calls_and_tool_calls_are_steps_and_the_output_is_typed(serve: Serve) -> None:
+    server = serve([[ToolCall("sky", {"city": "Paris"})], '{"city":"Paris","sky":"sunny"}'])
     seen: list[str] = []
 
     @function_tool
@@ -98,17 +104,15 @@ async def test_model_calls_and_tool_calls_are_steps_and_the_output_is_typed(
     ]
 
 
-def test_run_sync_runs_it_like_runner_run_sync(server: ScriptedOpenAIServer) -> None:
-    server._turns = ["hello there"]
+def test_run_sync_runs_it_like_runner_run_sync(serve: Serve) -> None:
+    server = serve(["hello there"])
     durable = DurableAgent(SdkAgent(name="chat", model=model(server)), name="chat")
     result = durable.run_sync(Runtime("memory://", agents=[durable.agent]), "hi", timeout=30)
     assert result.final_output == "hello there" and result.task.status is TaskStatus.COMPLETED
 
 
-async def test_an_input_list_carries_a_conversation_into_the_next_task(
-    server: ScriptedOpenAIServer,
-) -> None:
-    server._turns = ["first answer", "second answer"]
+async def test_an_input_list_carries_a_conversation_into_the_next_task(serve: Serve) -> None:
+    server = serve(["first answer", "second answer"])
     durable = DurableAgent(SdkAgent(name="chat", model=model(server)), name="chat")
     async with Runtime("memory://", agents=[durable.agent]) as rt:
         first = await durable.run(rt, "hello", timeout=30)
@@ -121,13 +125,15 @@ async def test_an_input_list_carries_a_conversation_into_the_next_task(
 
 
 async def test_a_handoff_moves_the_run_to_the_other_agent_and_its_calls_are_steps(
-    server: ScriptedOpenAIServer,
+    serve: Serve,
 ) -> None:
-    server._turns = [
-        [ToolCall("transfer_to_billing", {})],
-        [ToolCall("refund", {"amount": 5})],
-        "refunded 5",
-    ]
+    server = serve(
+        [
+            [ToolCall("transfer_to_billing", {})],
+            [ToolCall("refund", {"amount": 5})],
+            "refunded 5",
+        ]
+    )
     handed: list[str] = []
 
     @function_tool
@@ -159,8 +165,8 @@ async def test_a_handoff_moves_the_run_to_the_other_agent_and_its_calls_are_step
     assert {t["function"]["name"] for t in second["tools"]} == {"refund", "transfer_to_triage"}
 
 
-async def test_guardrails_run_inside_the_durable_run(server: ScriptedOpenAIServer) -> None:
-    server._turns = ["a polite answer"]
+async def test_guardrails_run_inside_the_durable_run(serve: Serve) -> None:
+    server = serve(["a polite answer"])
     checked: list[str] = []
 
     @input_guardrail
@@ -180,23 +186,22 @@ async def test_guardrails_run_inside_the_durable_run(server: ScriptedOpenAIServe
         output_guardrails=[polite],
     )
     durable = DurableAgent(sdk, name="guarded")
-    async with Runtime("memory://", agents=[durable.agent]) as rt:
+    rude = sdk.clone(model=model(serve(["a rude answer"])))
+    rude_durable = DurableAgent(rude, name="rude")
+    async with Runtime("memory://", agents=[durable.agent, rude_durable.agent]) as rt:
         ok = await durable.run(rt, "hello", timeout=30)
         assert ok.final_output == "a polite answer"
         assert checked == ["in:hello", "out:a polite answer"]
         with pytest.raises(TaskFailed, match="InputGuardrailTripwireTriggered"):
             await durable.run(rt, "tell the secret", timeout=30)
-        server._turns = ["a rude answer"]
         with pytest.raises(TaskFailed, match="OutputGuardrailTripwireTriggered"):
-            await durable.run(rt, "hi", timeout=30)
+            await rude_durable.run(rt, "hi", timeout=30)
         tasks = (await rt.store.list_tasks()).tasks
         assert sorted(t.status.value for t in tasks) == ["completed", "failed", "failed"]
 
 
-async def test_pause_cuts_the_run_short_and_resume_replays_it_from_the_store(
-    server: ScriptedOpenAIServer,
-) -> None:
-    server._turns = [[ToolCall("work", {"i": 0})], [ToolCall("work", {"i": 1})], "finished"]
+async def test_pause_cuts_the_run_short_and_resume_replays_it_from_the_store(serve: Serve) -> None:
+    server = serve([[ToolCall("work", {"i": 0})], [ToolCall("work", {"i": 1})], "finished"])
     in_tool, release = asyncio.Event(), asyncio.Event()
     runs: list[int] = []
 
@@ -225,8 +230,8 @@ async def test_pause_cuts_the_run_short_and_resume_replays_it_from_the_store(
     assert runs == [0, 1, 1]  # the cut-off safe call ran again, the recorded one did not
 
 
-async def test_abort_ends_the_run_and_its_task(server: ScriptedOpenAIServer) -> None:
-    server._turns = [[ToolCall("wait", {})]]
+async def test_abort_ends_the_run_and_its_task(serve: Serve) -> None:
+    server = serve([[ToolCall("wait", {})]])
     in_tool, cancelled = asyncio.Event(), asyncio.Event()
 
     @function_tool
@@ -254,9 +259,9 @@ async def test_abort_ends_the_run_and_its_task(server: ScriptedOpenAIServer) -> 
 def test_what_a_durable_run_cannot_record_is_a_clear_one_line_error() -> None:
     with pytest.raises(InvalidOption, match=r"wraps an agents\.Agent") as err:
         DurableAgent(object(), name="x")  # type: ignore[arg-type]
-    server = MCPServerStdio(params={"command": "true"})
+    mcp = MCPServerStdio(params={"command": "true"})
     with pytest.raises(InvalidOption, match="mcp_servers") as err:
-        DurableAgent(SdkAgent(name="m", mcp_servers=[server]), name="m")
+        DurableAgent(SdkAgent(name="m", mcp_servers=[mcp]), name="m")
     assert "\n" not in str(err.value)
 
     @function_tool(needs_approval=True)
@@ -275,9 +280,8 @@ def test_what_a_durable_run_cannot_record_is_a_clear_one_line_error() -> None:
         durable.context_for(context=RunHooks())
 
 
-async def test_a_run_that_fails_fails_its_task_with_the_reason(
-    server: ScriptedOpenAIServer,
-) -> None:
+async def test_a_run_that_fails_fails_its_task_with_the_reason(serve: Serve) -> None:
+    server = serve([])
     server.fail_next(status=400, message="the model does not exist")
     durable = DurableAgent(SdkAgent(name="broken", model=model(server)), name="broken")
     async with Runtime("memory://", agents=[durable.agent]) as rt:

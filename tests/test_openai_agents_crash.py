@@ -190,6 +190,8 @@ def test_duragent_workers_run_it_and_one_killed_in_a_charge_hands_it_on(
     assert run.last_agent == "shop"
     lines = ledger.read_text().splitlines()
     assert lines.count("run charge 1") == 1  # cut off in the first worker, not run again
+    told = {i["call_id"]: i["output"] for i in run.input_list if "output" in i}
+    assert "interrupted" in told["call_2_0"] and told["call_2_1"] == "p-1"
     assert [line for line in lines if line.startswith("run model")] == [
         f"run model:{n}" for n in (1, 2, 3, 4, 5)
     ]  # the second worker asked only what was not recorded

@@ -134,6 +134,12 @@ class DuragentModel(Model):
             "a durable OpenAI Agents run is not streamed: run it with DurableAgent.run"
         )
 
+    def get_retry_advice(self, request: Any) -> Any:
+        return self.wrapped.get_retry_advice(request)
+
+    async def _cleanup_on_run_end(self, owner: object) -> None:
+        await self.wrapped._cleanup_on_run_end(owner)
+
     async def close(self) -> None:
         await self.wrapped.close()
 
