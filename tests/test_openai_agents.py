@@ -192,6 +192,12 @@ async def test_guardrails_run_inside_the_durable_run(serve: Serve) -> None:
         ok = await durable.run(rt, "hello", timeout=30)
         assert ok.final_output == "a polite answer"
         assert checked == ["in:hello", "out:a polite answer"]
+        # Each verdict is a step: a replay gets it back without asking the guardrail again.
+        assert set(await durable.steps(rt, ok.task.id)) == {
+            "guardrail:input:no_secrets",
+            "model:1",
+            "guardrail:output:polite",
+        }
         with pytest.raises(TaskFailed, match="InputGuardrailTripwireTriggered"):
             await durable.run(rt, "tell the secret", timeout=30)
         with pytest.raises(TaskFailed, match="OutputGuardrailTripwireTriggered"):
@@ -214,7 +220,14 @@ async def test_pause_cuts_the_run_short_and_resume_replays_it_from_the_store(ser
             await asyncio.Event().wait()  # until the pause cancels it
         return f"worked {i}"
 
-    sdk = SdkAgent(name="pausable", model=model(server), tools=[work])
+    guarded: list[str] = []
+
+    @input_guardrail
+    async def calm(ctx: RunContextWrapper[Any], agent: Any, given: Any) -> GuardrailFunctionOutput:
+        guarded.append(str(given))  # could be a model call of its own
+        return GuardrailFunctionOutput(output_info={"calm": True}, tripwire_triggered=False)
+
+    sdk = SdkAgent(name="pausable", model=model(server), tools=[work], input_guardrails=[calm])
     options = {"timing": Timing(tool_grace=0.1)}
     durable = DurableAgent(sdk, name="pausable", safe_tools={"work"}, options=options)
     async with Runtime("memory://", agents=[durable.agent]) as rt:
@@ -228,6 +241,7 @@ async def test_pause_cuts_the_run_short_and_resume_replays_it_from_the_store(ser
     assert result.final_output == "finished"
     assert len(server.requests) == 3  # the two recorded model calls were not asked again
     assert runs == [0, 1, 1]  # the cut-off safe call ran again, the recorded one did not
+    assert guarded == ["go"]  # its recorded verdict came back on the replay
 
 
 async def test_abort_ends_the_run_and_its_task(serve: Serve) -> None:

@@ -20,8 +20,9 @@ public `Model`, `ModelProvider` and `FunctionTool` interfaces:
 After a crash the worker runs the tool call again: the SDK's loop starts over,
 every recorded step returns its stored result without running, and the loop
 continues live from the first step not recorded. Handoffs and guardrails are
-the SDK's own: the agents a run hands off to are wrapped the same way, and
-guardrails run again on a replay (they see the same recorded input and output).
+the SDK's own: the agents a run hands off to are wrapped the same way, and each
+input or output guardrail's verdict is a step (`guardrail:input:<name>`), so a
+guardrail that asks a model of its own is not asked again on a replay.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import json
 from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from duragent._wrapped_run import carry_over_steps, driver, envelope, recorded_steps
 from duragent.errors import InvalidOption, MissingExtra
@@ -52,13 +53,16 @@ try:
         CodeInterpreterTool,
         FileSearchTool,
         FunctionTool,
+        GuardrailFunctionOutput,
         Handoff,
         HostedMCPTool,
         ImageGenerationTool,
+        InputGuardrail,
         Model,
         ModelProvider,
         ModelResponse,
         ModelTracing,
+        OutputGuardrail,
         RunConfig,
         Runner,
         WebSearchTool,
@@ -77,6 +81,9 @@ _RESPONSE: pydantic.TypeAdapter[ModelResponse] = pydantic.TypeAdapter(ModelRespo
 _HOSTED = (CodeInterpreterTool, FileSearchTool, HostedMCPTool, ImageGenerationTool, WebSearchTool)
 
 
+_Guardrail = TypeVar("_Guardrail", InputGuardrail[Any], OutputGuardrail[Any])
+
+
 @dataclass
 class _Run:
     """One run of the SDK's loop inside one run of the tool call."""
@@ -84,6 +91,7 @@ class _Run:
     ctx: ToolContext
     safe_tools: frozenset[str]
     requests: int = 0  # model calls made (or replayed) so far in this run
+    guardrails: dict[str, int] = field(default_factory=dict)  # step name -> times asked
     agents: dict[int, agents.Agent[Any]] = field(default_factory=dict)  # id(original) -> durable
 
 
@@ -177,6 +185,32 @@ def _durable_tool(original: FunctionTool, run: _Run) -> FunctionTool:
     return durable
 
 
+def _durable_guardrail(guardrail: _Guardrail, kind: str, run: _Run) -> _Guardrail:
+    """A copy of an input or output guardrail whose verdict is a durable step of the task.
+
+    A guardrail may run an agent of its own (a model call): recorded, its
+    verdict comes back on a replay without asking again; `output_info` then
+    comes back as its JSON."""
+    check = guardrail.guardrail_function
+
+    async def guardrail_function(context: Any, agent: Any, given: Any) -> GuardrailFunctionOutput:
+        step = f"guardrail:{kind}:{guardrail.get_name()}"
+        run.guardrails[step] = asked = run.guardrails.get(step, 0) + 1
+        step = step if asked == 1 else f"{step}:{asked}"
+
+        async def call() -> Any:
+            verdict = check(context, agent, given)
+            if not isinstance(verdict, GuardrailFunctionOutput):
+                verdict = await verdict
+            info = to_jsonable_python(verdict.output_info, fallback=repr)
+            return {"tripwire": verdict.tripwire_triggered, "info": info}
+
+        stored = await run.ctx.step(step, call, safe=True)
+        return GuardrailFunctionOutput(stored["info"], stored["tripwire"])
+
+    return dataclasses.replace(guardrail, guardrail_function=guardrail_function)
+
+
 def _check(agent: agents.Agent[Any]) -> None:
     """Refuse, in one line, what a durable run cannot record."""
     if agent.mcp_servers:
@@ -205,7 +239,13 @@ def _durable_agent(agent: agents.Agent[Any], run: _Run) -> agents.Agent[Any]:
     _check(agent)
     model = DuragentModel(agent.model, run) if isinstance(agent.model, Model) else agent.model
     tools = [_durable_tool(t, run) if isinstance(t, FunctionTool) else t for t in agent.tools]
-    durable = agent.clone(model=model, tools=tools, handoffs=[])
+    durable = agent.clone(
+        model=model,
+        tools=tools,
+        handoffs=[],
+        input_guardrails=[_durable_guardrail(g, "input", run) for g in agent.input_guardrails],
+        output_guardrails=[_durable_guardrail(g, "output", run) for g in agent.output_guardrails],
+    )
     run.agents[id(agent)] = durable  # before the handoffs: they may lead back here
     durable.handoffs = [_durable_handoff(h, run) for h in agent.handoffs]
     return durable
@@ -303,6 +343,12 @@ class DurableAgent:
             config,
             model=DuragentModel(model, run) if isinstance(model, Model) else model,
             model_provider=DuragentModelProvider(config.model_provider, run),
+            input_guardrails=[
+                _durable_guardrail(g, "input", run) for g in config.input_guardrails or ()
+            ],
+            output_guardrails=[
+                _durable_guardrail(g, "output", run) for g in config.output_guardrails or ()
+            ],
         )
         context = given.get("context")
         if context is not None and self.context_type is not None:
