@@ -6,7 +6,7 @@ local OpenAI-compatible server at OAI_BASE_URL) inside a duragent task.
     OAI_BASE_URL=... OAI_LEDGER=... OAI_KILL_ON=LINE \
         duragent worker --agents openai_agents_agent:agents
 
-The triage agent hands off to `shop`, whose model calls `charge` (never
+The triage agent (an input guardrail on it) hands off to `shop`, whose model calls `charge` (never
 replayed) and `lookup` (safe) each round and then answers a `Summary` (the
 server, `script` below, decides). Every model call this process makes, tool
 effect and recorded step is appended to LEDGER (fsynced) before anything else
@@ -28,11 +28,13 @@ from typing import Any
 import httpx2
 from agents import (
     Agent as SdkAgent,
+    GuardrailFunctionOutput,
     Model,
     ModelResponse,
     OpenAIChatCompletionsModel,
     RunContextWrapper,
     function_tool,
+    input_guardrail,
     set_tracing_disabled,
 )
 from openai import AsyncOpenAI, DefaultAsyncHttpxClient
@@ -127,8 +129,17 @@ async def lookup(wrapper: RunContextWrapper[Shop], i: int) -> str:
     return f"{wrapper.context.prefix}-{i}"
 
 
+@input_guardrail
+async def polite(
+    wrapper: RunContextWrapper[Shop], agent: Any, given: Any
+) -> GuardrailFunctionOutput:
+    """An input guardrail (a model call of its own, say): its verdict is a step."""
+    await ledger("run guard")
+    return GuardrailFunctionOutput(output_info=None, tripwire_triggered="rude" in str(given))
+
+
 shop = SdkAgent(name="shop", model=model(), tools=[charge, lookup], output_type=Summary)
-triage = SdkAgent(name="triage", model=model(), handoffs=[shop])
+triage = SdkAgent(name="triage", model=model(), handoffs=[shop], input_guardrails=[polite])
 durable = DurableAgent(
     triage,
     name="shop",
