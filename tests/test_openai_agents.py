@@ -286,6 +286,8 @@ def test_what_a_durable_run_cannot_record_is_a_clear_one_line_error() -> None:
     helper = SdkAgent(name="payer", tools=[pay])
     with pytest.raises(InvalidOption, match="needs_approval"):  # found through a handoff too
         DurableAgent(SdkAgent(name="front", handoffs=[helper]), name="front")
+    with pytest.raises(InvalidOption, match="needs_approval"):  # and a handoff() object
+        DurableAgent(SdkAgent(name="front", handoffs=[handoff(helper)]), name="front")
     shell = LocalShellTool(executor=lambda request: "ok")
     with pytest.raises(InvalidOption, match=r"LocalShellTool.*wrap it in a function_tool"):
         DurableAgent(SdkAgent(name="sh", tools=[shell]), name="sh")

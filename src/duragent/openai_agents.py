@@ -265,14 +265,22 @@ def _durable_handoff(
 
 
 def _graph(agent: agents.Agent[Any]) -> dict[str, agents.Agent[Any]]:
-    """The agents reachable through plain `handoffs=[agent]` lists, by name."""
+    """The agents a run can reach through handoffs, by name, as far as they are known.
+
+    A `handoff(agent)` object keeps (weakly) the agent it was made for; one
+    built by hand may not, and its agent is met only when it is taken."""
     found: dict[str, agents.Agent[Any]] = {}
     todo = [agent]
     while todo:
         each = todo.pop()
-        if each.name not in found:
-            found[each.name] = each
-            todo += [h for h in each.handoffs if isinstance(h, agents.Agent)]
+        if each.name in found:
+            continue
+        found[each.name] = each
+        for h in each.handoffs:
+            ref = getattr(h, "_agent_ref", None) if isinstance(h, Handoff) else None
+            target = h if isinstance(h, agents.Agent) else ref() if callable(ref) else None
+            if isinstance(target, agents.Agent):
+                todo.append(target)
     return found
 
 
