@@ -32,14 +32,15 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
-from duragent.errors import InvalidOption, MissingExtra, ModelError, TaskFailed
-from duragent.llm._scripted import ScriptedModel, ToolCall, Turn
+from duragent._wrapped_run import carry_over_steps, driver, envelope, recorded_steps
+from duragent.errors import InvalidOption, MissingExtra
+from duragent.llm._scripted import ScriptedModel
 from duragent.runtime._agent import Agent
 from duragent.runtime._context import ToolContext
 from duragent.runtime._runtime import Runtime
 from duragent.runtime._steps import StepInterrupted
 from duragent.runtime._tools import Tool, tool
-from duragent.types import EntryKind, Task, ToolMessage, UserMessage
+from duragent.types import Task
 
 try:
     import pydantic
@@ -207,7 +208,7 @@ class DurableAgent:
             )
         self.agent = Agent(
             name=self.name,
-            model=ScriptedModel(_driver, name=f"pydantic-ai:{self.name}"),
+            model=ScriptedModel(driver(RUN_TOOL, "Pydantic AI"), name=f"pydantic-ai:{self.name}"),
             tools=[self._run_tool()],
             **self.options,
         )
@@ -225,7 +226,7 @@ class DurableAgent:
     async def _play(self, prompt: str, ctx: ToolContext) -> str:
         pyd = self.wrapped
         given = ctx.context.get(_CONTEXT_KEY) or {}
-        await _carry_over_steps(ctx)
+        await carry_over_steps(ctx)
         run = _Run(ctx, frozenset(self.safe_tools))
         model = DuragentModel(pyd.model, run)  # type: ignore[arg-type]
         toolsets = [DuragentToolset(ts, run) for ts in pyd.toolsets]
@@ -284,69 +285,14 @@ class DurableAgent:
 
     async def steps(self, rt: Runtime, task_id: str) -> list[str]:
         """The steps a task of this agent recorded, in order (`model:1`, `tool:1:<id>`, ...)."""
-        entries = await rt.store.entries(task_id, kinds=[EntryKind.CHECKPOINT])
-        names = [e.payload["step"] for e in entries if e.payload.get("type") == "step"]
-        return list(dict.fromkeys(names))
+        return await recorded_steps(rt, task_id)
 
     async def result(self, rt: Runtime, task: Task) -> DurableRunResult:
         """The typed result of a finished task of this agent (raises TaskFailed if it failed)."""
-        envelope = await _envelope(rt, task)
-        output = envelope["output"]
+        given = await envelope(rt, task, "Pydantic AI")
+        output = given["output"]
         # An output type pydantic cannot rebuild (a function, several types) comes back as JSON.
         with suppress(pydantic.ValidationError, pydantic.PydanticSchemaGenerationError, TypeError):
             output = pydantic.TypeAdapter(self.wrapped.output_type).validate_python(output)  # type: ignore[arg-type]
-        messages = ModelMessagesTypeAdapter.validate_python(envelope["messages"])
+        messages = ModelMessagesTypeAdapter.validate_python(given["messages"])
         return DurableRunResult(output, messages, task)
-
-
-async def _carry_over_steps(ctx: ToolContext) -> None:
-    """Give this call the steps of the task's earlier run calls (a pause cut them off).
-
-    A crash re-runs the same call, which finds its own steps; a pause ends the
-    call with a "cancelled" result and the driver makes a new one, whose run
-    must replay what the cut-off call recorded, as the same call would have.
-    """
-    record = ctx._steps.record
-    entries = await ctx._host.store.entries(ctx.task_id, kinds=[EntryKind.CHECKPOINT])
-    for entry in entries:
-        payload = entry.payload
-        if payload.get("call_id") == ctx.call_id:
-            continue
-        if payload.get("type") == "step":
-            record.done.setdefault(payload["step"], payload)  # type: ignore[arg-type]
-            record.started.discard(payload["step"])
-        elif payload.get("type") == "step_started" and payload["step"] not in record.done:
-            record.started.add(payload["step"])
-
-
-async def _envelope(rt: Runtime, task: Task) -> dict[str, Any]:
-    if task.status.value != "completed":
-        raise TaskFailed(task.id, task.status.value, task.status_reason or task.error)
-    for message in reversed(await rt.messages(task.id)):
-        if isinstance(message, ToolMessage):
-            return json.loads(message.content)  # type: ignore[no-any-return]
-    raise InvalidOption(f"task {task.id} has no Pydantic AI run in its history")
-
-
-def _driver(messages: list[Any]) -> Turn:
-    """The task's model: call the run tool with the prompt, then answer its output."""
-    result = next((m for m in reversed(messages) if isinstance(m, ToolMessage)), None)
-    if result is None:
-        return Turn(tool_calls=[ToolCall(RUN_TOOL, {"prompt": _prompt(messages)})])
-    try:
-        envelope = json.loads(result.content)
-    except ValueError:
-        envelope = None
-    if not isinstance(envelope, dict) or not ({"output", "error"} & set(envelope)):
-        if result.content.startswith(("Tool call cancelled", "Tool call interrupted")):
-            # Cut off (a pause, a stop): run again, replaying the steps it recorded.
-            return Turn(tool_calls=[ToolCall(RUN_TOOL, {"prompt": _prompt(messages)})])
-        raise ModelError(f"the Pydantic AI run did not finish: {result.content}")
-    if "error" in envelope:
-        raise ModelError(f"the Pydantic AI run failed: {envelope['error']}")
-    output = envelope["output"]
-    return Turn(text=output if isinstance(output, str) else json.dumps(output))
-
-
-def _prompt(messages: list[Any]) -> str:
-    return next((m.content for m in messages if isinstance(m, UserMessage)), "")

@@ -304,6 +304,10 @@ class ScriptedServer:
     def stream_headers(self) -> dict[str, str]:
         return {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
 
+    def answer_reply(self, answer: Answer, turn: int, request: Any) -> Reply:
+        """The HTTP answer that says `answer` (streamed, unless a subclass says otherwise)."""
+        return Reply(headers=self.stream_headers(), chunks=self.render(answer, turn, request))
+
     # --- choosing the answer ----------------------------------------------------------
 
     def _reply_for(self, request: RecordedRequest) -> Reply:
@@ -328,7 +332,7 @@ class ScriptedServer:
         if isinstance(answer, Reply):
             reply = answer
         else:
-            reply = Reply(headers=self.stream_headers(), chunks=self.render(answer, index, body))
+            reply = self.answer_reply(answer, index, body)
             if self.write_size:
                 data = b"".join(reply.chunks)
                 reply.chunks = [
@@ -483,6 +487,46 @@ class ScriptedOpenAIServer(ScriptedServer):
 
     def stream_headers(self) -> dict[str, str]:
         return {**super().stream_headers(), "x-request-id": "req_scripted"}
+
+    def answer_reply(self, answer: Answer, turn: int, request: Any) -> Reply:
+        if isinstance(request, dict) and request.get("stream"):
+            return super().answer_reply(answer, turn, request)
+        # Without `stream: true` the API answers one `chat.completion` object.
+        model = request.get("model", "gpt-test") if isinstance(request, dict) else "gpt-test"
+        calls = [
+            {
+                "id": f"call_{turn}_{j}",
+                "type": "function",
+                "function": {"name": call.name, "arguments": _arguments(call)},
+            }
+            for j, call in enumerate(answer.tool_calls)
+        ]
+        message: dict[str, Any] = {"role": "assistant", "content": answer.text or None}
+        message["refusal"] = None
+        if calls:
+            message["tool_calls"] = calls
+        completion = {
+            "id": f"chatcmpl-{turn}",
+            "object": "chat.completion",
+            "created": 1_700_000_000,
+            "model": model,
+            "system_fingerprint": "fp_scripted",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": answer.finish or ("tool_calls" if calls else "stop"),
+                }
+            ],
+            "usage": {
+                "prompt_tokens": answer.input_tokens,
+                "completion_tokens": answer.output_tokens,
+                "total_tokens": answer.input_tokens + answer.output_tokens,
+            },
+        }
+        headers = {"content-type": "application/json", "x-request-id": "req_scripted"}
+        return Reply(headers=headers, chunks=[json.dumps(completion).encode()], framing="length")
 
     def render(self, answer: Answer, turn: int, request: Any) -> list[bytes]:
         model = request.get("model", "gpt-test") if isinstance(request, dict) else "gpt-test"
