@@ -408,3 +408,29 @@ def test_the_console_at_390_px_wide(server: LiveServer, browser: Browser) -> Non
     reachable(page, "#fork-message")
     no_overflow(page)
     shot(page, "35-console-390-fork")
+
+
+@pytest.mark.slow
+def test_a_paused_schedule_edited_from_the_page_stays_paused(
+    server: LiveServer, browser: Browser
+) -> None:
+    """The page's Edit keeps what its form does not show (overlap, queue, priority,
+    metadata), and a paused schedule stays paused: a POST replaces the schedule,
+    and a new one ticks."""
+    with http(server, "bob") as c:
+        body = {"name": "weekly", "agent": "quick", "every": 3600, "priority": 5}
+        assert c.post("/v1/schedules", json=body).status_code == 201
+        assert c.post("/v1/schedules/weekly/pause").status_code == 200
+    page = new_page(browser)
+    sign_in(page, server, "bob")
+    page.click('.view-tab[data-view="schedules"]')
+    weekly = page.locator('.schedule[data-schedule="weekly"]')
+    expect(weekly).to_have_attribute("data-paused", "true")
+    weekly.locator("button.edit-schedule").click()
+    page.locator('.schedule-form input[name="every"]').fill("7200")
+    page.locator(".schedule-form button.save-schedule").click()
+    expect(weekly.locator(".schedule-when")).to_contain_text("every 2 h")
+    expect(weekly).to_have_attribute("data-paused", "true")
+    with http(server, "bob") as c:
+        s = c.get("/v1/schedules/weekly").json()
+    assert (s["every"], s["priority"], s["paused"]) == (7200, 5, True)
