@@ -6,9 +6,10 @@ and a phone-sized layout (390 px) with nothing wider than the screen."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx
 import pytest
@@ -434,3 +435,30 @@ def test_a_paused_schedule_edited_from_the_page_stays_paused(
     with http(server, "bob") as c:
         s = c.get("/v1/schedules/weekly").json()
     assert (s["every"], s["priority"], s["paused"]) == (7200, 5, True)
+
+
+@pytest.mark.slow
+def test_a_shared_link_lists_what_its_filter_says(server: LiveServer, browser: Browser) -> None:
+    """A console link's filter is the list's, to the letter: a metadata value with
+    a comma in it, and a time to the millisecond (the time fields show minutes)."""
+    with http(server, "bob") as c:
+        pair = submit(c, start_at=LATER, metadata={"tags": "a,b", "link": "x"})
+        single = submit(c, start_at=LATER, metadata={"tags": "a", "link": "x"})
+        later = submit(c, start_at=LATER, metadata={"link": "x"})
+        created = c.get(f"/v1/tasks/{single}").json()["created_at"]
+    after = (datetime.fromisoformat(created) + timedelta(milliseconds=1)).isoformat()
+    page = new_page(browser)
+    sign_in(page, server, "bob")
+    items = page.locator("#tasks .task-item")
+    page.goto(f"{server.url}/#{urlencode({'meta': 'tags:a,b'})}")
+    page.reload()
+    expect(page.locator("#filter-meta")).to_have_value("tags:a,b")
+    expect(items).to_have_count(1)
+    expect(items).to_have_attribute("data-id", pair)
+    assert url_params(page)["meta"] == ["tags:a,b"]
+    page.goto(f"{server.url}/#{urlencode({'meta': 'link:x', 'created_after': after})}")
+    page.reload()
+    expect(items).to_have_count(1)  # `single` was created 1 ms before the link's time
+    expect(items).to_have_attribute("data-id", later)
+    shown = url_params(page)["created_after"][0]
+    assert datetime.fromisoformat(shown) == datetime.fromisoformat(after)
