@@ -6,9 +6,10 @@ and a phone-sized layout (390 px) with nothing wider than the screen."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx
 import pytest
@@ -408,3 +409,56 @@ def test_the_console_at_390_px_wide(server: LiveServer, browser: Browser) -> Non
     reachable(page, "#fork-message")
     no_overflow(page)
     shot(page, "35-console-390-fork")
+
+
+@pytest.mark.slow
+def test_a_paused_schedule_edited_from_the_page_stays_paused(
+    server: LiveServer, browser: Browser
+) -> None:
+    """The page's Edit keeps what its form does not show (overlap, queue, priority,
+    metadata), and a paused schedule stays paused: a POST replaces the schedule,
+    and a new one ticks."""
+    with http(server, "bob") as c:
+        body = {"name": "weekly", "agent": "quick", "every": 3600, "priority": 5}
+        assert c.post("/v1/schedules", json=body).status_code == 201
+        assert c.post("/v1/schedules/weekly/pause").status_code == 200
+    page = new_page(browser)
+    sign_in(page, server, "bob")
+    page.click('.view-tab[data-view="schedules"]')
+    weekly = page.locator('.schedule[data-schedule="weekly"]')
+    expect(weekly).to_have_attribute("data-paused", "true")
+    weekly.locator("button.edit-schedule").click()
+    page.locator('.schedule-form input[name="every"]').fill("7200")
+    page.locator(".schedule-form button.save-schedule").click()
+    expect(weekly.locator(".schedule-when")).to_contain_text("every 2 h")
+    expect(weekly).to_have_attribute("data-paused", "true")
+    with http(server, "bob") as c:
+        s = c.get("/v1/schedules/weekly").json()
+    assert (s["every"], s["priority"], s["paused"]) == (7200, 5, True)
+
+
+@pytest.mark.slow
+def test_a_shared_link_lists_what_its_filter_says(server: LiveServer, browser: Browser) -> None:
+    """A console link's filter is the list's, to the letter: a metadata value with
+    a comma in it, and a time to the millisecond (the time fields show minutes)."""
+    with http(server, "bob") as c:
+        pair = submit(c, start_at=LATER, metadata={"tags": "a,b", "link": "x"})
+        single = submit(c, start_at=LATER, metadata={"tags": "a", "link": "x"})
+        later = submit(c, start_at=LATER, metadata={"link": "x"})
+        created = c.get(f"/v1/tasks/{single}").json()["created_at"]
+    after = (datetime.fromisoformat(created) + timedelta(milliseconds=1)).isoformat()
+    page = new_page(browser)
+    sign_in(page, server, "bob")
+    items = page.locator("#tasks .task-item")
+    page.goto(f"{server.url}/#{urlencode({'meta': 'tags:a,b'})}")
+    page.reload()
+    expect(page.locator("#filter-meta")).to_have_value("tags:a,b")
+    expect(items).to_have_count(1)
+    expect(items).to_have_attribute("data-id", pair)
+    assert url_params(page)["meta"] == ["tags:a,b"]
+    page.goto(f"{server.url}/#{urlencode({'meta': 'link:x', 'created_after': after})}")
+    page.reload()
+    expect(items).to_have_count(1)  # `single` was created 1 ms before the link's time
+    expect(items).to_have_attribute("data-id", later)
+    shown = url_params(page)["created_after"][0]
+    assert datetime.fromisoformat(shown) == datetime.fromisoformat(after)

@@ -271,6 +271,19 @@ async def test_list_tasks_by_id_prefix_compares_text_exactly(store: Store) -> No
     assert await found("t_ab1") == {"t_ab1"}
     assert await found("t_ab1x") == set()
     assert await found("x' OR '1'='1") == set()
+    # The range a SQL store reads for a prefix ends past every id starting with it:
+    # after the last code point, and across the surrogates (never in text).
+    for tid in ["t_\U0010ffff", "t_\U0010ffffz", "t_\ud7ff", "t_\ud7ffz", "t_\ue000"]:
+        await make(store, id=tid, owner="carol")
+    assert await found("t_\U0010ffff", "carol") == {"t_\U0010ffff", "t_\U0010ffffz"}
+    assert await found("t_\ud7ff", "carol") == {"t_\ud7ff", "t_\ud7ffz"}
+    assert await found("t_", "carol") == {
+        "t_\U0010ffff",
+        "t_\U0010ffffz",
+        "t_\ud7ff",
+        "t_\ud7ffz",
+        "t_\ue000",
+    }
 
 
 async def test_entries_after_seq_by_kind_with_limit_and_streamed(store: Store) -> None:

@@ -1016,3 +1016,34 @@ def test_a_url_naming_several_hosts_connects_only_to_the_one_taking_writes(
     monkeypatch.setenv("PGTARGETSESSIONATTRS", "any")
     by_env = PostgresStore(two)._conninfo
     assert "target_session_attrs" not in psycopg.conninfo.conninfo_to_dict(by_env)
+
+
+async def test_a_search_by_id_prefix_is_a_range_of_the_primary_key(
+    store: PostgresStore, pg_url: str, schema: str
+) -> None:
+    """GET /v1/tasks?id_prefix= on a user with many tasks: the prefix is a range of
+    the primary key (ids COLLATE "C"), not a filter on every task of theirs."""
+    from duragent.store import TaskQuery
+    from duragent.store._postgres_queries import task_filters
+
+    made = [Task(agent="a", owner="alice") for _ in range(2000)]
+    await store.commit(Commit(new_tasks=made))
+    wanted = made[1234].id
+    for prefix in (wanted, wanted[:8]):
+        page = await store.list_tasks(TaskQuery(owner="alice", id_prefix=prefix))
+        assert [t.id for t in page.tasks] == [wanted]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"SET search_path TO {schema}")
+        conn.execute("ANALYZE tasks")
+        for prefix in (wanted, wanted[:8]):
+            where, params = task_filters(TaskQuery(owner="alice", id_prefix=prefix))
+            text = " AND ".join(where)
+            plan = "\n".join(
+                r[0]
+                for r in conn.execute(
+                    f"EXPLAIN SELECT data, input FROM tasks WHERE {text}"
+                    " ORDER BY created_at DESC, id DESC LIMIT 51",
+                    params,
+                )
+            )
+            assert "tasks_pkey" in plan, plan

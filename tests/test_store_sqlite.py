@@ -717,3 +717,30 @@ async def test_the_map_of_task_numbers_stays_bounded_and_commits_land_on_their_t
             assert [e.seq for e in entries] == [2, 3, 4, 5]  # after the claim's status entry
     finally:
         await store.close()
+
+
+async def test_a_search_by_id_prefix_reads_the_id_index_not_every_task(tmp_path: Path) -> None:
+    """GET /v1/tasks?id_prefix= on a user with 5,000 tasks: the prefix is a range
+    of the id index, as few SQLite steps as a list of one (counted, not timed)."""
+    store = open_store(f"sqlite:///{tmp_path}/p.db")
+    await store.open()
+    assert isinstance(store, SQLiteStore)
+    made = [Task(agent="a", owner="alice") for _ in range(5000)]
+    await store.commit(Commit(new_tasks=made))
+    steps = [0]
+
+    def count() -> int:
+        steps[0] += 1
+        return 0
+
+    store._reader_conn.set_progress_handler(count, 1000)
+    try:
+        for prefix, found in ((made[1234].id, [made[1234].id]), (made[0].id + "x", [])):
+            steps[0] = 0
+            page = await store.list_tasks(TaskQuery(owner="alice", id_prefix=prefix))
+            assert [t.id for t in page.tasks] == found
+            # Every task of alice read and compared: about 30 steps of 1,000 here.
+            assert steps[0] <= 2, (prefix, steps[0])
+    finally:
+        store._reader_conn.set_progress_handler(None, 0)
+        await store.close()

@@ -219,6 +219,20 @@ class TaskQuery:
             k in task.metadata and task.metadata[k] == v for k, v in (self.metadata or {}).items()
         )
 
+    def id_range(self) -> tuple[str, str | None]:
+        """`id_prefix` as a range of ids, [low, high) (high None: no end), for an
+        index of ids in code point order (SQLite's BINARY, PostgreSQL's "C" on
+        UTF-8) to serve the search; the prefix is still compared exactly."""
+        prefix = self.id_prefix or ""
+        head = prefix
+        while head:  # the first text after every one that starts with the prefix
+            code = ord(head[-1]) + 1
+            if code <= 0x10FFFF:
+                code = 0xE000 if 0xD800 <= code <= 0xDFFF else code  # no surrogates
+                return prefix, head[:-1] + chr(code)
+            head = head[:-1]
+        return prefix, None
+
     def statuses(self) -> list[str] | None:
         if self.status is None:
             return None

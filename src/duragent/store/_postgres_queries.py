@@ -139,6 +139,9 @@ def task_filters(q: TaskQuery) -> tuple[list[str], list[Any]]:
         where.append("metadata @> %s")
         params.append(Jsonb(q.metadata))
     if q.id_prefix is not None:  # a parameter, never LIKE: % and _ are plain characters
+        low, high = q.id_range()  # a range of the primary key (COLLATE "C"), then exact
+        where.append("id >= %s" if high is None else "id >= %s AND id < %s")
+        params.extend([low] if high is None else [low, high])
         where.append("left(id, %s) = %s")
         params.extend([len(q.id_prefix), q.id_prefix])
     return where, params

@@ -576,6 +576,18 @@ def _task_filters(q: TaskQuery) -> tuple[list[str], list[Any]]:
         where.append("num IN (SELECT task_num FROM task_labels WHERE key=? AND value=?)")
         params.extend([key, label_value(value)])
     if q.id_prefix is not None:  # a parameter, never LIKE: % and _ are plain characters
+        # A range of the id index, then the exact test. SQLite keeps no statistics
+        # here: a prefix of 6 characters or more is said to be rare (likelihood),
+        # so the id index serves it, not the owner's (every task of theirs read);
+        # a shorter one ("t", "t_" as the search box is typed in) reads the owner's
+        # index newest first and stops at the page's end.
+        low, high = q.id_range()
+        rare = 0.001 if len(q.id_prefix) >= 6 else 0.5
+        where.append(f"likelihood(id >= ?, {rare})")
+        params.append(low)
+        if high is not None:
+            where.append(f"likelihood(id < ?, {rare})")
+            params.append(high)
         where.append("substr(id, 1, ?) = ?")
         params.extend([len(q.id_prefix), q.id_prefix])
     return where, params

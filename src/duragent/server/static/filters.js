@@ -15,9 +15,11 @@ const LISTS = new Set(["status", "meta"]);
 
 const field = (name) => document.getElementById(`filter-${name}`);
 
-// "a:1, b:2" -> ["a:1", "b:2"]; a pair needs a key and a colon.
+// "a:1, b:2" -> ["a:1", "b:2"]; a pair needs a key and a colon. A comma starts a
+// new pair only where a key and its colon follow: "tags:a,b" is one pair (the
+// value a,b), as a link's meta=tags:a,b says.
 export function parseMeta(text) {
-  return text.split(",").map((p) => p.trim()).filter(Boolean);
+  return text.split(/,(?=[^,:]*:)/).map((p) => p.trim()).filter(Boolean);
 }
 
 export function badMeta(pairs) {
@@ -29,6 +31,8 @@ function toIso(local) {
   const d = new Date(local);
   return Number.isNaN(d.getTime()) ? null : d.toISOString();
 }
+
+const FULL_ISO = /^\d{4}-\d\d-\d\dT\d\d:\d\d(:\d\d(\.\d{1,6})?)?(Z|[+-]\d\d:\d\d)$/;
 
 function toLocal(iso) {
   const d = new Date(iso);
@@ -49,7 +53,9 @@ export function currentFilter() {
   const meta = parseMeta(field("meta").value);
   if (meta.length) out.meta = meta;
   for (const name of TIME_NAMES) {
-    const iso = field(name).value ? toIso(field(name).value) : null;
+    const el = field(name);
+    // The URL's time as it was, unless the field (minutes only) was changed since.
+    const iso = !el.value ? null : el.value === el.dataset.shown ? el.dataset.iso : toIso(el.value);
     if (iso) out[name] = iso;
   }
   return out;
@@ -76,7 +82,12 @@ export function showFilter(params) {
   field("queue").value = params.get("queue") || "";
   field("id_prefix").value = params.get("id_prefix") || "";
   field("meta").value = params.getAll("meta").join(", ");
-  for (const name of TIME_NAMES) field(name).value = params.get(name) ? toLocal(params.get(name)) : "";
+  for (const name of TIME_NAMES) {
+    const el = field(name), iso = params.get(name);
+    el.value = iso ? toLocal(iso) : "";
+    el.dataset.shown = el.value;  // a time to the millisecond shown to the minute:
+    el.dataset.iso = el.value ? (FULL_ISO.test(iso) ? iso : toIso(iso)) : "";  // the filter keeps it
+  }
 }
 
 // The page's hash: the filter, then the open task and the view, if any.

@@ -166,7 +166,12 @@ function scheduleForm(s, agents, { api, toast, problemText, done }) {
     const body = { ...(s ? { overlap: s.overlap, queue: s.queue, priority: s.priority, metadata: s.metadata } : {}),
       name: name.value.trim(), agent: agent.value, input: value };
     if (every.value) body.every = Number(every.value); else body.cron = cron.value.trim() || null;
-    try { await api("POST", "/v1/schedules", body); done(); } catch (err) { toast(problemText(err)); }
+    try {
+      const saved = await api("POST", "/v1/schedules", body);
+      // POST replaces the schedule, and a new one ticks: a paused one is paused again.
+      if (s?.paused && !saved.paused) await api("POST", `/v1/schedules/${enc(saved.name)}/pause`);
+      done();
+    } catch (err) { toast(problemText(err)); }
   };
   return h("form", { class: "schedule-form card", onsubmit: save },
     h("label", {}, "Name", name), h("label", {}, "Agent", agent),
