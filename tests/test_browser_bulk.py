@@ -215,6 +215,13 @@ def test_purge_needs_the_count_typed_and_bob_sees_only_his_operations(
         assert [o["id"] for o in operations(c)] == mine
         assert c.get(f"/v1/tasks/{held}").json()["status"] == "pending"
 
+    # Metadata that is no key:value: said in one line, nothing asked of the server.
+    page.fill("#filter-meta", "no-colon")
+    page.select_option("#bulk-action", "abort")
+    expect(page.locator("#bulk-error")).to_have_text("metadata no-colon should be key:value")
+    expect(page.locator("#bulk-dialog")).to_be_hidden()
+    page.fill("#filter-meta", "")
+
     # A filter the server refuses (a link's search longer than 200 characters): its
     # answer in one line, as text; the filter stays.
     page.goto(f"{server.url}/#id_prefix={'t' * 250}")

@@ -5,6 +5,7 @@
 // typed back; a filter with no criteria needs "all my tasks" ticked. Every text
 // (filters, errors, ids) is set as text, never as markup.
 
+import { badMeta } from "./filters.js";
 import { h } from "./timeline.js";
 
 export const BULK_ACTIONS = ["retry", "pause", "resume", "abort", "purge"];
@@ -57,6 +58,8 @@ export function setUpBulk(ctx) {
 async function ask(action, ctx, error) {
   error.textContent = "";
   const listFilter = ctx.filter();
+  const bad = badMeta(listFilter.meta || []);
+  if (bad) { error.textContent = `metadata ${bad} should be key:value`; return; }
   const filter = toBulkFilter(listFilter, ctx.user());
   const { count } = await ctx.api("POST", "/v1/bulk", { action, filter, dry_run: true });
   const words = filterWords(listFilter);
