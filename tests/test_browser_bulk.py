@@ -261,3 +261,45 @@ def test_the_bulk_dialog_at_390_px_wide(server: LiveServer, browser: Any) -> Non
     page.click('.view-tab[data-view="bulk"]')
     expect(page.locator("#view-bulk")).to_be_visible()
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
+
+
+@pytest.mark.slow
+def test_the_operations_view_follows_a_running_operation_to_done(
+    server: LiveServer, browser: Any
+) -> None:
+    batch = uuid.uuid4().hex[:8]
+    with http(server, "alice") as c:
+        ids = [
+            submit(c, "quick", "later", start_at="2099-01-01T00:00:00Z", metadata={"batch": batch})
+            for _ in range(2)
+        ]
+        # Hold the next operation back: one start an hour on the operations' queue,
+        # taken by a first operation (it matches nothing).
+        r = c.put("/v1/queues/duragent.bulk", json={"rate": {"tasks": 1, "seconds": 3600}})
+        assert r.status_code == 200, r.text
+        try:
+            first = c.post("/v1/bulk", json={"action": "pause", "filter": {"id_prefix": "none-"}})
+            assert first.status_code == 202, first.text
+            finished(c, first.json()["id"], "completed")
+            page = new_page(browser)
+            sign_in(page, server)
+            page.fill("#filter-meta", f"batch:{batch}")
+            expect(page.locator("#tasks .task-item")).to_have_count(2)
+            page.select_option("#bulk-action", "pause")
+            expect(page.locator("#bulk-question")).to_have_text(
+                f"Pause 2 tasks matching: meta batch:{batch}?"
+            )
+            page.click("#bulk-go")
+            op = page.locator("#bulk-list .bulk-op").first
+            expect(op).to_have_attribute("data-status", "running")
+            expect(op.locator('[data-field="status"]')).to_have_text("running")
+            expect(op.locator('[data-field="done"]')).to_have_text("0 done")
+            shot(page, "43-bulk-running")
+        finally:
+            assert c.delete("/v1/queues/duragent.bulk").status_code in (200, 204)
+        # Released: the same view, never reloaded, reaches done.
+        expect(op).to_have_attribute("data-status", "done")
+        expect(op.locator('[data-field="done"]')).to_have_text("2 done")
+        expect(op.locator('[data-field="total"]')).to_have_text("2")
+        for tid in ids:
+            assert c.get(f"/v1/tasks/{tid}").json()["status"] == "paused"
