@@ -7,6 +7,7 @@ import { h, Timeline } from "./timeline.js";
 import { closeForkEditor, forkFromEditor, forkModeChanged, newRequestId, sendMessage, showRounds } from "./steering.js";
 import { badMeta, currentFilter, describeFilter, filterQuery, hashFor, hashParams, showFilter } from "./filters.js";
 import { showCounts, showQueues, showSchedules } from "./fleet.js";
+import { setUpBulk, showOperations } from "./bulk.js";
 
 const TOKEN_KEY = "duragent.token";
 const AGENT_KEY = "duragent.agent";
@@ -29,9 +30,11 @@ const state = {
   leaseTimer: null,
   leaseChecked: null,  // the lease end the task was fetched again for
   workerChecked: null,  // the worker's check-in deadline the task was fetched again for
+  user: null,  // GET /v1/me: who is signed in (a bulk action acts on their own tasks)
+  bulkTimer: null,  // polls the bulk operations each second while one runs
   admin: false,  // GET /v1/me: may change queue limits (the page shows those controls)
   agents: [],  // the agents' names, from GET /v1/agents
-  view: "tasks",  // the sidebar's view: tasks, counts, queues, schedules
+  view: "tasks",  // the sidebar's view: tasks, counts, queues, schedules, bulk
   cursors: [null],  // the task list's pages: the cursor of each one seen, newest first
   fleet: { editing: null },  // the queue or schedule whose form is open
 };
@@ -76,6 +79,7 @@ async function signIn(token) {
     const me = await api("GET", "/v1/me");
     sessionStorage.setItem(TOKEN_KEY, token);
     $("#user").textContent = me.user;
+    state.user = me.user;
     state.admin = me.admin === true;
     showApp();
   } catch (err) {
@@ -119,7 +123,7 @@ function writeHash() {
 function showView(view) {
   state.fleet.editing = null;  // a form left open in another view is dropped
   $("#schedule-editor-slot").replaceChildren();
-  state.view = ["tasks", "counts", "queues", "schedules"].includes(view) ? view : "tasks";
+  state.view = ["tasks", "counts", "queues", "schedules", "bulk"].includes(view) ? view : "tasks";
   for (const el of document.querySelectorAll(".view")) el.hidden = el.dataset.view !== state.view;
   for (const b of document.querySelectorAll(".view-tab")) b.setAttribute("aria-pressed", String(b.dataset.view === state.view));
   writeHash();
@@ -248,7 +252,24 @@ async function refreshView() {
     showQueues(await api("GET", "/v1/queues"), state.fleet);
   } else if (state.view === "schedules" && state.fleet.editing == null) {
     showSchedules(await api("GET", "/v1/schedules"), state.fleet);
+  } else if (state.view === "bulk") {
+    await refreshBulk();
   }
+}
+
+// The bulk operations; while one runs, again each second (live progress).
+async function refreshBulk() {
+  clearTimeout(state.bulkTimer);
+  const running = showOperations(await api("GET", "/v1/bulk?limit=50"), $("#bulk-list"));
+  if (running && state.view === "bulk") {
+    state.bulkTimer = setTimeout(() => refreshBulk().catch(() => { /* the list refresh retries */ }), 1000);
+  }
+}
+
+// A confirmed bulk action started: show it in the operations view.
+function bulkStarted() {
+  showView("bulk");
+  refreshList();
 }
 
 // A number in the counts table: list those tasks.
@@ -585,6 +606,7 @@ $("#page-newer").addEventListener("click", () => {
 for (const tab of document.querySelectorAll(".view-tab")) {
   tab.addEventListener("click", () => { showView(tab.dataset.view); refreshList(); });
 }
+setUpBulk({ api, problemText, filter: currentFilter, user: () => state.user, started: bulkStarted });
 $("#fork-editor").addEventListener("submit", forkTask);
 $("#fork-cancel").addEventListener("click", closeForkEditor);
 for (const radio of document.querySelectorAll('input[name="fork-mode"]')) radio.addEventListener("change", forkModeChanged);
