@@ -32,10 +32,10 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
-from duragent.errors import InvalidOption, MissingExtra, ModelError, TaskFailed
+from duragent.errors import InvalidOption, MissingExtra, ModelError, StepFailed, TaskFailed
 from duragent.llm._scripted import ScriptedModel, ToolCall, Turn
 from duragent.runtime._agent import Agent
-from duragent.runtime._context import ToolContext
+from duragent.runtime._context import FailTask, ToolContext
 from duragent.runtime._runtime import Runtime
 from duragent.runtime._steps import StepInterrupted
 from duragent.runtime._tools import Tool, tool
@@ -211,6 +211,8 @@ class DurableAgent:
             tools=[self._run_tool()],
             **self.options,
         )
+        # Forks are taken at rounds of the Pydantic AI run (runtime/_hosted.py).
+        self.agent.hosted_loop = RUN_TOOL
 
     def _run_tool(self) -> Tool:
         outer = self
@@ -239,8 +241,11 @@ class DurableAgent:
         try:
             with pyd.override(model=model, toolsets=toolsets, tools=[]):
                 result = await pyd.run(prompt, **kwargs)
-        except Exception as exc:  # the run's own failure ends the task, as it would end run()
-            return json.dumps({"error": f"{type(exc).__name__}: {exc}"})
+        except Exception as exc:
+            # The run's own failure fails the task, as it would end run(), with this
+            # call unanswered: a retry runs it again from the last good step.
+            why = exc.error if isinstance(exc, StepFailed) else f"{type(exc).__name__}: {exc}"
+            raise FailTask(f"the Pydantic AI run failed: {why}") from exc
         messages = ModelMessagesTypeAdapter.dump_python(result.all_messages(), mode="json")
         output = to_jsonable_python(result.output)
         return json.dumps({"output": output, "messages": messages}, ensure_ascii=False)
@@ -300,19 +305,23 @@ class DurableAgent:
 
 
 async def _carry_over_steps(ctx: ToolContext) -> None:
-    """Give this call the steps of the task's earlier run calls (a pause cut them off).
+    """Give this call the steps of the task's earlier run calls (a pause cut them off),
+    and those a fork copied from its source (runtime/_hosted.py).
 
     A crash re-runs the same call, which finds its own steps; a pause ends the
     call with a "cancelled" result and the driver makes a new one, whose run
     must replay what the cut-off call recorded, as the same call would have.
     """
     record = ctx._steps.record
+    # A step that failed failed the run (and the task): a retry asks it again.
+    for name in [n for n, done in record.done.items() if "error" in done]:
+        del record.done[name]
     entries = await ctx._host.store.entries(ctx.task_id, kinds=[EntryKind.CHECKPOINT])
     for entry in entries:
         payload = entry.payload
-        if payload.get("call_id") == ctx.call_id:
-            continue
-        if payload.get("type") == "step":
+        if payload.get("call_id") == ctx.call_id and entry.round == ctx.round:
+            continue  # this call's own (a fork's copies are in round 0, whatever their call)
+        if payload.get("type") == "step" and "error" not in payload:
             record.done.setdefault(payload["step"], payload)  # type: ignore[arg-type]
             record.started.discard(payload["step"])
         elif payload.get("type") == "step_started" and payload["step"] not in record.done:

@@ -14,7 +14,14 @@ from duragent.errors import ToolArgumentError
 from duragent.llm._base import parse_arguments
 from duragent.runtime._agent import Agent
 from duragent.runtime._approvals import edited_note, expired, expired_text
-from duragent.runtime._context import SleepUntil, SpawnSubtask, Suspend, ToolContext, WaitForInput
+from duragent.runtime._context import (
+    FailTask,
+    SleepUntil,
+    SpawnSubtask,
+    Suspend,
+    ToolContext,
+    WaitForInput,
+)
 from duragent.runtime._host import TaskHost
 from duragent.runtime._log import INTERRUPTED, RoundState, started_entry
 from duragent.runtime._steps import StepInterrupted, StepRecord
@@ -182,6 +189,8 @@ async def _invoke(
         raise
     except StepInterrupted as exc:
         return Outcome(cid, exc.message(), "interrupted", documents=ctx.staged_documents())
+    except FailTask:
+        raise  # the runner fails the task; the call stays unanswered for a retry
     except TimeoutError as exc:
         # The tool's own limit (asyncio.wait_for raises a bare TimeoutError) is
         # said as such, so the model can try a smaller job; a TimeoutError the

@@ -58,6 +58,14 @@ class SpawnSubtask(Suspend):
     context: dict[str, Any] = field(default_factory=dict)
 
 
+class FailTask(Exception):
+    """Raised by a tool to fail its task with its call left unanswered, the
+    message the task's error. A retry (`Runtime.retry`) then runs the call
+    again, as recovery after a crash would: a `replay="resume"` tool replays the
+    steps it recorded and goes on from the first one not recorded (a hosted
+    loop's failed run, duragent.pydantic_ai)."""
+
+
 class Documents:
     """Named JSON documents in one scope. Writes are staged and committed
     together with the tool's result, so a crash never leaves half of them."""
