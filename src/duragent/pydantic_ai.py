@@ -26,8 +26,10 @@ JSON, so deps must be serialisable by Pydantic (rebuilt from `deps_type`).
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,14 +41,22 @@ from duragent.runtime._context import FailTask, ToolContext
 from duragent.runtime._runtime import Runtime
 from duragent.runtime._steps import StepInterrupted
 from duragent.runtime._tools import Tool, tool
-from duragent.types import EntryKind, Task, ToolMessage, UserMessage
+from duragent.types import EntryKind, NewEntry, Task, ToolMessage, UserMessage
 
 try:
     import pydantic
     import pydantic_ai
     from pydantic_ai.agent import EventStreamHandler
     from pydantic_ai.exceptions import ModelRetry
-    from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse
+    from pydantic_ai.messages import (
+        ModelMessage,
+        ModelMessagesTypeAdapter,
+        ModelResponse,
+        PartDeltaEvent,
+        PartStartEvent,
+        TextPart,
+        TextPartDelta,
+    )
     from pydantic_ai.models import (
         CompletedStreamedResponse,
         Model,
@@ -61,7 +71,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise MissingExtra("Pydantic AI agents", "pydantic-ai") from exc
 
-__all__ = ["RUN_TOOL", "DurableAgent", "DurableRunResult"]
+__all__ = ["RUN_TOOL", "DurableAgent", "DurableRunResult", "DurableStream"]
 
 RUN_TOOL = "pydantic_ai_run"
 _CONTEXT_KEY = "pydantic_ai"
@@ -74,7 +84,58 @@ class _Run:
 
     ctx: ToolContext
     safe_tools: frozenset[str]
+    interval: float = (
+        0.1  # streamed text is committed at most this often (Timing.progress_interval)
+    )
     requests: int = 0  # model requests made (or replayed) so far in this run
+
+
+class _StreamedText:
+    """A streamed response's text, committed as the run call's progress entries as it
+    comes (at most every `interval`, the rest after it, and all of it before the
+    step's record), each with its step and its offset in the step's text, so a
+    reader told the text again (the step asked again after a crash) gives each
+    character once (`DurableStream`)."""
+
+    def __init__(self, run: _Run, step: str) -> None:
+        self.run, self.step = run, step
+        self.buffer, self.at, self.sent_at = "", 0, time.monotonic()
+        self.lock = asyncio.Lock()  # one commit at a time, in order
+        self.later: asyncio.Task[None] | None = None
+
+    async def add(self, text: str) -> None:
+        self.buffer += text
+        wait = self.sent_at + self.run.interval - time.monotonic()
+        if wait <= 0:
+            async with self.lock:
+                await self._send()
+        elif self.later is None:  # a slow model's text is not held back: sent when due
+            self.later = asyncio.ensure_future(self._send_after(wait))
+
+    async def _send_after(self, wait: float) -> None:
+        await asyncio.sleep(wait)
+        async with self.lock:
+            self.later = None
+            await self._send()
+
+    async def close(self) -> None:
+        """Send what is left; called before the step's record is committed."""
+        async with self.lock:
+            if self.later is not None:  # asleep or waiting for the lock: never mid-commit
+                self.later.cancel()
+                self.later = None
+            await self._send()
+
+    async def _send(self) -> None:
+        if not self.buffer:
+            return
+        ctx, kind = self.run.ctx, EntryKind.PROGRESS
+        payload = {"call_id": ctx.call_id, "text": self.buffer, "step": self.step, "at": self.at}
+        await ctx._host.commit(
+            [NewEntry(task_id=ctx.task_id, kind=kind, round=ctx.round, payload=payload)]
+        )
+        self.at += len(self.buffer)
+        self.buffer, self.sent_at = "", time.monotonic()
 
 
 class DuragentModel(WrapperModel):
@@ -111,18 +172,32 @@ class DuragentModel(WrapperModel):
     ) -> AsyncIterator[StreamedResponse]:
         # As Pydantic AI's DBOS and Temporal models do: the step drains the real
         # stream and records its final response; the run's stream (an
-        # `event_stream_handler`, `iter`) gets that response's events replayed.
+        # `event_stream_handler`) gets that response's events replayed. The text
+        # goes out as it comes (`DurableAgent.run_stream`); a recorded step's is
+        # not streamed again.
         self._run.requests += 1
+        step = f"model:{self._run.requests}"
 
         async def ask() -> Any:
-            async with self.wrapped.request_stream(
-                messages, model_settings, model_request_parameters, run_context
-            ) as streamed:
-                async for _ in streamed:
-                    pass
+            text = _StreamedText(self._run, step)
+            try:
+                async with self.wrapped.request_stream(
+                    messages, model_settings, model_request_parameters, run_context
+                ) as streamed:
+                    async for event in streamed:
+                        if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
+                            await text.add(event.part.content)
+                        elif isinstance(event, PartDeltaEvent) and isinstance(
+                            event.delta, TextPartDelta
+                        ):
+                            await text.add(event.delta.content_delta)
+                await text.close()  # all of the text is out before the step is recorded
+            finally:
+                if text.later is not None:  # cut off: nothing is sent behind its back
+                    text.later.cancel()
             return _RESPONSE.dump_python(streamed.get(), mode="json")
 
-        stored = await self._run.ctx.step(f"model:{self._run.requests}", ask, safe=True)
+        stored = await self._run.ctx.step(step, ask, safe=True)
         yield CompletedStreamedResponse(
             _RESPONSE.validate_python(stored),
             model_request_parameters=model_request_parameters,
@@ -228,7 +303,7 @@ class DurableAgent:
         pyd = self.wrapped
         given = ctx.context.get(_CONTEXT_KEY) or {}
         await _carry_over_steps(ctx)
-        run = _Run(ctx, frozenset(self.safe_tools))
+        run = _Run(ctx, frozenset(self.safe_tools), self.agent.timing.progress_interval)
         model = DuragentModel(pyd.model, run)  # type: ignore[arg-type]
         toolsets = [DuragentToolset(ts, run) for ts in pyd.toolsets]
         kwargs: dict[str, Any] = {}
@@ -238,6 +313,8 @@ class DurableAgent:
             kwargs["message_history"] = ModelMessagesTypeAdapter.validate_python(given["history"])
         if self.event_stream_handler is not None:
             kwargs["event_stream_handler"] = self.event_stream_handler
+        elif given.get("stream"):  # run_stream: requests are streamed, their text sent out
+            kwargs["event_stream_handler"] = _drain
         try:
             with pyd.override(model=model, toolsets=toolsets, tools=[]):
                 result = await pyd.run(prompt, **kwargs)
@@ -251,10 +328,15 @@ class DurableAgent:
         return json.dumps({"output": output, "messages": messages}, ensure_ascii=False)
 
     def context_for(
-        self, deps: Any = None, message_history: Sequence[ModelMessage] | None = None
+        self,
+        deps: Any = None,
+        message_history: Sequence[ModelMessage] | None = None,
+        *,
+        stream: bool = False,
     ) -> dict[str, Any]:
-        """The task context that carries a run's deps and message history."""
-        given: dict[str, Any] = {}
+        """The task context that carries a run's deps and message history (and, with
+        `stream`, asks for its model requests streamed, their text sent out as it comes)."""
+        given: dict[str, Any] = {"stream": True} if stream else {}
         if deps is not None:
             try:
                 given["deps"] = pydantic.TypeAdapter(self.wrapped.deps_type).dump_python(
@@ -287,6 +369,25 @@ class DurableAgent:
         task = await sub.wait(timeout=timeout)
         return await self.result(rt, task)
 
+    @asynccontextmanager
+    async def run_stream(
+        self,
+        rt: Runtime,
+        prompt: str,
+        *,
+        deps: Any = None,
+        message_history: Sequence[ModelMessage] | None = None,
+        **submit: Any,
+    ) -> AsyncIterator[DurableStream]:
+        """Submit a task whose model requests are streamed; its text reaches the
+        caller as the worker commits it (`DurableStream.stream_text`), its result
+        once it ends (`get_output`, `result`). Each response is still one recorded
+        step: after a crash a recorded one is replayed, not streamed again."""
+        given = self.context_for(deps, message_history, stream=True)
+        context = {**submit.pop("context", {}), **given}
+        sub = await rt.submit(self.name, prompt, context=context, **submit)
+        yield DurableStream(self, rt, sub.task_id)
+
     async def steps(self, rt: Runtime, task_id: str) -> list[str]:
         """The steps a task of this agent recorded, in order (`model:1`, `tool:1:<id>`, ...)."""
         entries = await rt.store.entries(task_id, kinds=[EntryKind.CHECKPOINT])
@@ -302,6 +403,49 @@ class DurableAgent:
             output = pydantic.TypeAdapter(self.wrapped.output_type).validate_python(output)  # type: ignore[arg-type]
         messages = ModelMessagesTypeAdapter.validate_python(envelope["messages"])
         return DurableRunResult(output, messages, task)
+
+
+@dataclass
+class DurableStream:
+    """A streamed durable run, as `DurableAgent.run_stream` gives it: its task's
+    streamed text, read from the store as it is committed, and its result."""
+
+    durable: DurableAgent
+    rt: Runtime
+    task_id: str
+
+    async def stream_text(self, *, delta: bool = False) -> AsyncIterator[str]:
+        """The text of the run's model responses as it comes: the text so far
+        (Pydantic AI's `stream_text()`), or each new piece (`delta=True`). Ends
+        when the task ends. A request asked again after a crash may be told
+        again: each character of a step is given once."""
+        given: dict[str, int] = {}  # characters given of each step
+        text = ""
+        async for entry in self.rt.subscribe(self.task_id):
+            payload = entry.payload
+            if entry.kind is not EntryKind.PROGRESS or "step" not in payload:
+                continue
+            step, at, piece = payload["step"], payload.get("at", 0), payload.get("text", "")
+            new = piece[max(given.get(step, 0) - at, 0) :]
+            if not new:
+                continue
+            given[step] = at + len(piece)
+            text += new
+            yield new if delta else text
+
+    async def result(self, timeout: float | None = None) -> DurableRunResult:
+        """Wait for the task to end and give back its result (TaskFailed if it failed)."""
+        task = await self.rt.wait(self.task_id, timeout=timeout)
+        return await self.durable.result(self.rt, task)
+
+    async def get_output(self, timeout: float | None = None) -> Any:
+        """The run's output, typed (as `StreamedRunResult.get_output`)."""
+        return (await self.result(timeout)).output
+
+
+async def _drain(ctx: RunContext[Any], events: AsyncIterable[Any]) -> None:
+    async for _ in events:
+        pass
 
 
 async def _carry_over_steps(ctx: ToolContext) -> None:
