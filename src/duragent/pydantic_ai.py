@@ -17,6 +17,15 @@ Prefect wrappers do, through its public `WrapperModel` and `WrapperToolset`:
   tool's `metadata={"replay": "safe"}`): an interrupted unsafe call returns
   duragent's "interrupted" text to the model instead, and the run goes on.
 
+- a tool with `requires_approval=True` asks duragent's approval: the question
+  is step `ask:N:<call id>`, the run stops and the task waits; the decision,
+  once given, is step `approval:N:<call id>` and the run replays to it.
+
+A failed run fails its task with its call unanswered, so a retry replays the
+recorded steps and goes on from the one that failed; a fork at round N replays
+rounds 1..N (runtime/_hosted.py). `run_stream` streams the model's text to the
+caller as progress entries of the call, each response still one step.
+
 After a crash the worker runs the tool call again: Pydantic AI's loop starts
 over, every recorded step returns its stored result without running, and the
 loop continues live from the first step not recorded (the replay that DBOS and
@@ -31,13 +40,13 @@ import json
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from duragent.errors import InvalidOption, MissingExtra, ModelError, StepFailed, TaskFailed
 from duragent.llm._scripted import ScriptedModel, ToolCall, Turn
 from duragent.runtime._agent import Agent
-from duragent.runtime._context import FailTask, ToolContext
+from duragent.runtime._context import FailTask, ToolContext, WaitForInput
 from duragent.runtime._runtime import Runtime
 from duragent.runtime._steps import StepInterrupted
 from duragent.runtime._tools import Tool, tool
@@ -47,7 +56,7 @@ try:
     import pydantic
     import pydantic_ai
     from pydantic_ai.agent import EventStreamHandler
-    from pydantic_ai.exceptions import ModelRetry
+    from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelRetry
     from pydantic_ai.messages import (
         ModelMessage,
         ModelMessagesTypeAdapter,
@@ -84,10 +93,17 @@ class _Run:
 
     ctx: ToolContext
     safe_tools: frozenset[str]
-    interval: float = (
-        0.1  # streamed text is committed at most this often (Timing.progress_interval)
-    )
+    interval: float = 0.1  # streamed text is committed at most this often (seconds)
     requests: int = 0  # model requests made (or replayed) so far in this run
+    # Approvals: the decision that answered each `ask:` step (from the log), the
+    # tools that need one, and the call this run stops to ask about.
+    decisions: dict[str, Any] = field(default_factory=dict)
+    approval: set[str] = field(default_factory=set)
+    asking: tuple[str, dict[str, Any]] | None = None
+
+
+class _Park(Exception):
+    """The run stops before its next model request: a tool call waits for a person."""
 
 
 class _StreamedText:
@@ -151,6 +167,8 @@ class DuragentModel(WrapperModel):
         model_settings: ModelSettings | None,
         model_request_parameters: ModelRequestParameters,
     ) -> ModelResponse:
+        if self._run.asking is not None:
+            raise _Park
         self._run.requests += 1
 
         async def ask() -> Any:
@@ -175,6 +193,8 @@ class DuragentModel(WrapperModel):
         # `event_stream_handler`) gets that response's events replayed. The text
         # goes out as it comes (`DurableAgent.run_stream`); a recorded step's is
         # not streamed again.
+        if self._run.asking is not None:
+            raise _Park
         self._run.requests += 1
         step = f"model:{self._run.requests}"
 
@@ -212,6 +232,16 @@ class DuragentToolset(WrapperToolset[Any]):
         super().__init__(wrapped)
         self._run = run
 
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        # A tool that needs approval (`requires_approval=True`) is called here, which
+        # asks duragent's approval first, instead of being deferred by Pydantic AI.
+        tools = await super().get_tools(ctx)
+        for name, t in tools.items():
+            if t.tool_def.kind == "unapproved":
+                self._run.approval.add(name)
+                tools[name] = replace(t, tool_def=replace(t.tool_def, kind="function"))
+        return tools
+
     async def call_tool(
         self,
         name: str,
@@ -222,29 +252,97 @@ class DuragentToolset(WrapperToolset[Any]):
         run = self._run
         metadata = tool.tool_def.metadata or {}
         safe = name in run.safe_tools or metadata.get("replay") == "safe"
+        key = f"{run.requests}:{ctx.tool_call_id or name}"
+        step = f"tool:{key}"
+        if name in run.approval:  # requires_approval=True: asked before it runs
+            return await self._approved_call(key, step, name, tool_args, ctx, tool, safe)
+        stored = await self._step(step, name, tool_args, ctx, tool, safe)
+        if stored.get("deferred") == "approval":  # the tool raised ApprovalRequired
+            step += ":approved"
+            return await self._approved_call(key, step, name, tool_args, ctx, tool, safe)
+        return _answer(stored)
 
+    async def _approved_call(
+        self,
+        key: str,
+        step: str,
+        name: str,
+        tool_args: dict[str, Any],
+        ctx: RunContext[Any],
+        tool: ToolsetTool[Any],
+        safe: bool,
+    ) -> Any:
+        decision = await _decision(self._run, key, name, tool_args)
+        if decision is None:
+            return "Waiting for a person's approval."  # never seen: the run parks first
+        if not decision["approved"]:
+            reason = decision.get("reason")
+            return "The tool call was denied." + (f" Reason: {reason}" if reason else "")
+        approved = replace(ctx, tool_call_approved=True)
+        return _answer(await self._step(step, name, tool_args, approved, tool, safe))
+
+    async def _step(
+        self,
+        step: str,
+        name: str,
+        tool_args: dict[str, Any],
+        ctx: RunContext[Any],
+        tool: ToolsetTool[Any],
+        safe: bool,
+    ) -> dict[str, Any]:
         async def call() -> Any:
             try:
                 value = await self.wrapped.call_tool(name, tool_args, ctx, tool)
             except ModelRetry as exc:
                 # Asking the model to try again is an answer, recorded like one.
                 return {"retry": exc.message}
+            except ApprovalRequired:
+                return {"deferred": "approval"}  # asked of a person, then run again
+            except CallDeferred as exc:
+                return {"deferred": "call", "metadata": to_jsonable_python(exc.metadata)}
             return {"value": to_jsonable_python(value)}
 
-        step = f"tool:{run.requests}:{ctx.tool_call_id or name}"
         try:
-            stored = await run.ctx.step(step, call, safe=safe)
+            return await self._run.ctx.step(step, call, safe=safe)  # type: ignore[no-any-return]
         except StepInterrupted as stop:
-            return stop.message()
-        if "retry" in stored:
-            raise ModelRetry(stored["retry"])
-        return stored["value"]
+            return {"value": stop.message()}
 
     def visit_and_replace(
         self, visitor: Callable[[AbstractToolset[Any]], AbstractToolset[Any]]
     ) -> AbstractToolset[Any]:
         # Keep the durable wrapper around whatever the visitor makes of the inner toolset.
         return DuragentToolset(self.wrapped.visit_and_replace(visitor), self._run)
+
+
+def _answer(stored: dict[str, Any]) -> Any:
+    """A recorded tool step as Pydantic AI expects it back: a value, or what it raised."""
+    if "retry" in stored:
+        raise ModelRetry(stored["retry"])
+    if stored.get("deferred") == "call":  # Pydantic AI's own deferred tools flow
+        raise CallDeferred(metadata=stored.get("metadata"))
+    return stored["value"]
+
+
+async def _decision(
+    run: _Run, key: str, name: str, arguments: dict[str, Any]
+) -> dict[str, Any] | None:
+    """A person's decision on tool call `key` (recorded as step `approval:<key>`), or
+    None: the run then stops to ask (once: the question is step `ask:<key>`)."""
+    ctx, asked, decided = run.ctx, f"ask:{key}", f"approval:{key}"
+
+    async def answer() -> Any:
+        return run.decisions[asked]
+
+    if decided in ctx._steps.record.done or asked in run.decisions:
+        return await ctx.step(decided, answer, safe=True)  # type: ignore[no-any-return]
+    if run.asking is None:
+
+        async def ask() -> Any:
+            return {"tool": name, "arguments": to_jsonable_python(arguments)}
+
+        await ctx.step(asked, ask, safe=True)  # recorded first: a crash never asks twice
+        run.asking = (name, to_jsonable_python(arguments))
+    return None
 
 
 @dataclass
@@ -293,17 +391,17 @@ class DurableAgent:
         outer = self
 
         @tool(name=RUN_TOOL, replay="resume")
-        async def pydantic_ai_run(prompt: str, ctx: ToolContext) -> str:
+        async def pydantic_ai_run(prompt: str, ctx: ToolContext) -> str | WaitForInput:
             """Run the Pydantic AI agent, each model request and tool call a durable step."""
             return await outer._play(prompt, ctx)
 
         return pydantic_ai_run
 
-    async def _play(self, prompt: str, ctx: ToolContext) -> str:
+    async def _play(self, prompt: str, ctx: ToolContext) -> str | WaitForInput:
         pyd = self.wrapped
         given = ctx.context.get(_CONTEXT_KEY) or {}
-        await _carry_over_steps(ctx)
         run = _Run(ctx, frozenset(self.safe_tools), self.agent.timing.progress_interval)
+        run.decisions = await _carry_over_steps(ctx)
         model = DuragentModel(pyd.model, run)  # type: ignore[arg-type]
         toolsets = [DuragentToolset(ts, run) for ts in pyd.toolsets]
         kwargs: dict[str, Any] = {}
@@ -318,11 +416,15 @@ class DurableAgent:
         try:
             with pyd.override(model=model, toolsets=toolsets, tools=[]):
                 result = await pyd.run(prompt, **kwargs)
+        except _Park:
+            return _approval_wait(run)
         except Exception as exc:
             # The run's own failure fails the task, as it would end run(), with this
             # call unanswered: a retry runs it again from the last good step.
             why = exc.error if isinstance(exc, StepFailed) else f"{type(exc).__name__}: {exc}"
             raise FailTask(f"the Pydantic AI run failed: {why}") from exc
+        if run.asking is not None:  # asked in the response that ended the run
+            return _approval_wait(run)
         messages = ModelMessagesTypeAdapter.dump_python(result.all_messages(), mode="json")
         output = to_jsonable_python(result.output)
         return json.dumps({"output": output, "messages": messages}, ensure_ascii=False)
@@ -448,7 +550,15 @@ async def _drain(ctx: RunContext[Any], events: AsyncIterable[Any]) -> None:
         pass
 
 
-async def _carry_over_steps(ctx: ToolContext) -> None:
+def _approval_wait(run: _Run) -> WaitForInput:
+    """The task waits for a person to approve the tool call the run stopped at."""
+    assert run.asking is not None
+    name, arguments = run.asking
+    question = f"Approve {name}({json.dumps(arguments, ensure_ascii=False)})?"
+    return WaitForInput(question, "approval", tool=name, arguments=arguments, rerun=True)
+
+
+async def _carry_over_steps(ctx: ToolContext) -> dict[str, Any]:
     """Give this call the steps of the task's earlier run calls (a pause cut them off),
     and those a fork copied from its source (runtime/_hosted.py).
 
@@ -461,8 +571,16 @@ async def _carry_over_steps(ctx: ToolContext) -> None:
     for name in [n for n, done in record.done.items() if "error" in done]:
         del record.done[name]
     entries = await ctx._host.store.entries(ctx.task_id, kinds=[EntryKind.CHECKPOINT])
+    decisions: dict[str, Any] = {}  # each `ask:` step -> the decision that came after it
+    asked = None
     for entry in entries:
         payload = entry.payload
+        kind = payload.get("type")
+        if kind == "step" and str(payload.get("step")).startswith("ask:"):
+            asked = payload["step"]
+        elif kind == "decision" and asked is not None:
+            decisions[asked] = {"approved": payload["approved"], "reason": payload.get("reason")}
+            asked = None
         if payload.get("call_id") == ctx.call_id and entry.round == ctx.round:
             continue  # this call's own (a fork's copies are in round 0, whatever their call)
         if payload.get("type") == "step" and "error" not in payload:
@@ -470,6 +588,7 @@ async def _carry_over_steps(ctx: ToolContext) -> None:
             record.started.discard(payload["step"])
         elif payload.get("type") == "step_started" and payload["step"] not in record.done:
             record.started.add(payload["step"])
+    return decisions
 
 
 async def _envelope(rt: Runtime, task: Task) -> dict[str, Any]:

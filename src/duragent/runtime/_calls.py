@@ -134,6 +134,8 @@ async def _resumed_call(
     from the log), or the attempt to run it as (an approved call, a safe re-run)."""
     cid = call.id
     wait = rs.waits.get(cid)
+    if wait is not None and wait.get("rerun") and cid in rs.decisions:
+        return 2  # it asked for the approval itself: it runs again and reads the decision
     if wait is not None and cid not in rs.started:
         resolved = resumed_wait(cid, wait, rs)
         if resolved is not None:

@@ -35,12 +35,18 @@ class WaitForInput(Suspend):
     arguments: dict[str, Any] | None = None
     timeout: float | None = None
     expires_at: datetime | None = None
+    # An approval the tool asks for itself (from inside its run, as a hosted loop
+    # does): decided either way, the call runs again and reads the decision
+    # (`ToolContext.decision`); a denial is not the call's result.
+    rerun: bool = False
 
     def details(self) -> dict[str, Any]:
         """The wait entry's fields besides call id and kind."""
         out: dict[str, Any] = {"question": self.question}
         if self.tool is not None:
             out.update(tool=self.tool, arguments=self.arguments or {})
+        if self.rerun:
+            out["rerun"] = True
         if self.expires_at is not None:
             out.update(timeout=self.timeout, expires_at=self.expires_at.isoformat())
         return out
