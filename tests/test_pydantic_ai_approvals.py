@@ -75,6 +75,7 @@ async def waiting(rt: Runtime, task_id: str) -> None:
     assert task.status is TaskStatus.WAITING, task
 
 
+@pytest.mark.slow
 async def test_an_approved_call_runs_a_denied_one_tells_the_model_and_neither_is_asked_again(
     tmp_path: Path,
 ) -> None:
@@ -162,6 +163,7 @@ def test_the_cli_lists_approves_and_denies_the_calls(tmp_path: Path) -> None:
     assert shop.paid == [20] and shop.asked == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 async def test_a_tool_raising_approval_required_waits_for_a_person_too() -> None:
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         if len(messages) == 1:

@@ -101,6 +101,7 @@ async def test_a_fork_replays_rounds_up_to_k_and_goes_on_live(store: Store) -> N
         assert script.asked == [3, 4]
 
 
+@pytest.mark.slow
 async def test_a_fork_past_the_closed_rounds_or_with_an_edit_is_refused() -> None:
     script = Script()
     durable = script.durable()
