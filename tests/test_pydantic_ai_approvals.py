@@ -114,8 +114,8 @@ async def test_rest_shows_the_approval_and_takes_the_decisions(tmp_path: Path) -
             tid = r.json()["id"]
             await waiting(rt, tid)
             (wait,) = (await client.get(f"/v1/tasks/{tid}", headers=h)).json()["waiting_for"]
-            assert (wait["wait"], wait["tool"], wait["arguments"]) == (
-                "approval", "pay", {"amount": 20},
+            assert (wait["wait"], wait["tool"], wait["arguments"], wait["editable"]) == (
+                "approval", "pay", {"amount": 20}, False,
             )  # fmt: skip
             r = await client.post(
                 f"/v1/tasks/{tid}/respond", json={"approve": True}, headers=auth("bob")
