@@ -1,7 +1,7 @@
 """A child process for the Pydantic AI crash test: a multi-round run of a real
 `pydantic_ai.Agent` (its own `FunctionModel`) inside a duragent task.
 
-    python tests/pydantic_ai_agent.py STORE_URL LEDGER KILL_AT
+    python tests/pydantic_ai_agent.py STORE_URL LEDGER KILL_AT [stream]
     PYD_LEDGER=... PYD_KILL_ON=LINE duragent worker --agents pydantic_ai_agent:agents
 
 Each round the model calls `charge` (never replayed) and `lookup` (safe) and,
@@ -9,6 +9,9 @@ after ROUNDS rounds, answers a `Summary`. Every live model request, tool effect
 and recorded step is appended to LEDGER (fsynced) before anything else happens;
 with KILL_AT=k the process prints `AT k` after its k-th ledger line and blocks,
 so the test can SIGKILL it there (0: never). It prints `DONE <output json>`.
+With `stream` the run is `run_stream`: each response is streamed in two text
+pieces (a ledger line `chunk model:N` before each) and the child prints
+`TEXT <json>`, the text `stream_text` gave it, before DONE.
 Loaded by `duragent worker`, it reads the ledger from PYD_LEDGER and stops at
 the ledger line PYD_KILL_ON instead.
 """
@@ -16,14 +19,16 @@ the ledger line PYD_KILL_ON instead.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from pydantic import BaseModel
 from pydantic_ai import Agent as PydanticAgent, RunContext
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart, ToolReturnPart
-from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 
 from duragent import Limits, Runtime
 from duragent.pydantic_ai import DurableAgent
@@ -58,9 +63,12 @@ class Summary(BaseModel):
     lookups: list[str]
 
 
-async def model_fn(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+async def model_fn(
+    messages: list[ModelMessage], info: AgentInfo, live: bool = True
+) -> ModelResponse:
     done = sum(isinstance(m, ModelResponse) for m in messages)
-    await ledger(f"run model:{done + 1}")
+    if live:
+        await ledger(f"run model:{done + 1}")
     if done < ROUNDS:
         return ModelResponse(
             parts=[
@@ -78,7 +86,26 @@ async def model_fn(messages: list[ModelMessage], info: AgentInfo) -> ModelRespon
     return ModelResponse(parts=[ToolCallPart(final, {"rounds": done, "lookups": lookups})])
 
 
-pyd = PydanticAgent(FunctionModel(model_fn), deps_type=Shop, output_type=Summary)
+async def stream_fn(
+    messages: list[ModelMessage], info: AgentInfo
+) -> AsyncIterator[str | DeltaToolCalls]:
+    """The same answers as model_fn, streamed: two text pieces, then the tool calls."""
+    done = sum(isinstance(m, ModelResponse) for m in messages)
+    await ledger(f"run model:{done + 1}")
+    for piece in (f"round {done + 1}", " says hi. "):
+        await ledger(f"chunk model:{done + 1}")
+        yield piece
+    answer = await model_fn(messages, info, live=False)
+    yield {
+        i: DeltaToolCall(p.tool_name, json.dumps(p.args), tool_call_id=p.tool_call_id)
+        for i, p in enumerate(answer.parts)
+        if isinstance(p, ToolCallPart)
+    }
+
+
+pyd = PydanticAgent(
+    FunctionModel(model_fn, stream_function=stream_fn), deps_type=Shop, output_type=Summary
+)
 
 
 @pyd.tool_plain
@@ -104,15 +131,24 @@ async def trace(point: str, **info: object) -> None:
         await ledger(f"recorded {info['step']}")
 
 
-async def main(url: str) -> None:
+async def main(url: str, stream: bool) -> None:
     rt = Runtime(url, agents=[durable.agent], lease_ttl=1.0, poll_interval=0.1, trace=trace)
     async with rt:
-        result = await durable.run(
-            rt, "buy things", deps=Shop("p"), request_id="pyd-task", timeout=120
-        )
-        print(f"DONE {result.output.model_dump_json()}", flush=True)
+        if stream:
+            async with durable.run_stream(
+                rt, "buy things", deps=Shop("p"), request_id="pyd-task"
+            ) as run:
+                text = "".join([t async for t in run.stream_text(delta=True)])
+                print(f"TEXT {json.dumps(text)}", flush=True)
+                output = await run.get_output(timeout=120)
+        else:
+            result = await durable.run(
+                rt, "buy things", deps=Shop("p"), request_id="pyd-task", timeout=120
+            )
+            output = result.output
+        print(f"DONE {output.model_dump_json()}", flush=True)
 
 
 if __name__ == "__main__":
     LEDGER, KILL_AT = sys.argv[2], int(sys.argv[3])
-    asyncio.run(main(sys.argv[1]))
+    asyncio.run(main(sys.argv[1], sys.argv[4:] == ["stream"]))

@@ -24,9 +24,17 @@ pytest.importorskip("pydantic_ai")
 KILLS = 6
 
 
-def run_until_at_or_done(url: str, ledger: Path, kill_at: int) -> str | None:
-    """Run the child; SIGKILL it at its `AT` line (None), or return its output."""
-    proc = spawn("pydantic_ai_agent.py", url, str(ledger), str(kill_at))
+def run_until_at_or_done(
+    url: str,
+    ledger: Path,
+    kill_at: int,
+    texts: list[str] | None = None,
+    script: str = "pydantic_ai_agent.py",
+) -> str | None:
+    """Run the child; SIGKILL it at its `AT` line (None), or return its output.
+    With `texts`, the run streams, and the text it was given is appended there."""
+    mode = () if texts is None else ("stream",)
+    proc = spawn(script, url, str(ledger), str(kill_at), *mode)
     watchdog = threading.Timer(120, proc.kill)
     watchdog.start()
     try:
@@ -37,6 +45,8 @@ def run_until_at_or_done(url: str, ledger: Path, kill_at: int) -> str | None:
                 proc.wait(10)
                 close_pipes(proc)
                 return None
+            if line.startswith("TEXT ") and texts is not None:
+                texts.append(json.loads(line.removeprefix("TEXT ")))
             if line.startswith("DONE "):
                 finish(proc)
                 return line.removeprefix("DONE ").strip()
@@ -108,6 +118,73 @@ def test_sigkill_at_random_points_loses_no_step_and_repeats_no_charge(
             assert returns[f"charge-{i}"] == f"charged {i}"
         else:  # cut off: the model was told, the charge was not made again
             assert "interrupted" in returns[f"charge-{i}"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_sigkill_while_streaming_gives_each_piece_of_text_once_and_replays_recorded_responses(
+    tmp_path: Path, seed: int
+) -> None:
+    reference = run_until_at_or_done(f"sqlite:///{tmp_path}/ref.db", tmp_path / "ref.txt", 0, [])
+    url, ledger = f"sqlite:///{tmp_path}/crash.db", tmp_path / "ledger.txt"
+    rng, kills, output = random.Random(seed), 0, None
+    texts: list[str] = []
+    while output is None:
+        # Kill points now include each streamed piece (`chunk model:N`).
+        kill_at = rng.randint(1, 8) if kills < KILLS else 0
+        output = run_until_at_or_done(url, ledger, kill_at, texts)
+        kills += output is None
+    assert kills >= 1 and output == reference
+    # The last process read the task's stream from its start: each response's text
+    # once, also those streamed again after a kill cut them off.
+    assert texts == ["".join(f"round {n} says hi. " for n in range(1, 5))]
+    lines = ledger_lines(ledger)
+    for i, line in enumerate(lines):
+        if line.startswith("recorded model:"):  # a recorded response is never streamed again
+            step = line.removeprefix("recorded ")
+            assert f"run {step}" not in lines[i + 1 :] and f"chunk {step}" not in lines[i + 1 :]
+    for i in range(3):
+        assert lines.count(f"run tool:{i + 1}:charge-{i}") <= 1
+    status, restarts, steps, _ = asyncio.run(recorded_steps(url))
+    assert status is TaskStatus.COMPLETED and restarts == kills
+    assert {f"model:{n}" for n in range(1, 5)} <= set(steps)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sigkill_around_approvals_asks_each_once_and_pays_once(tmp_path: Path, seed: int) -> None:
+    script = "pydantic_ai_approval_agent.py"
+    ref = run_until_at_or_done(f"sqlite:///{tmp_path}/r.db", tmp_path / "r.txt", 0, script=script)
+    assert ref == "completed paid 20 | The tool call was denied. Reason: over budget"
+    url, ledger = f"sqlite:///{tmp_path}/crash.db", tmp_path / "ledger.txt"
+    rng, kills, output = random.Random(seed), 0, None
+    while output is None:
+        # Kill points: live requests, the payment, each recorded step (the question
+        # `ask:`, the decision `approval:`), and just before a person's answer.
+        kill_at = rng.randint(1, 7) if kills < KILLS else 0
+        output = run_until_at_or_done(url, ledger, kill_at, script=script)
+        kills += output is None
+    assert kills >= 1 and output == ref
+    lines = ledger_lines(ledger)
+    assert lines.count("run pay 20") <= 1 and "run pay 30" not in lines
+    for i, line in enumerate(lines):
+        if line.startswith("recorded model:"):
+            assert f"run {line.removeprefix('recorded ')}" not in lines[i + 1 :]
+
+    async def asked() -> tuple[TaskStatus, list[int], list[str]]:
+        async with Runtime(url, run_worker=False) as rt:
+            (task,) = (await rt.store.list_tasks()).tasks
+            entries = await rt.store.entries(task.id, kinds=[EntryKind.CHECKPOINT])
+            waits = [
+                e.payload["arguments"]["amount"] for e in entries if e.payload["type"] == "wait"
+            ]
+            decided = [e.payload["step"] for e in entries if e.payload["type"] == "step"]
+            return task.status, waits, decided
+
+    status, waits, decided = asyncio.run(asked())
+    # Nothing asked twice: one wait per approval, whatever the kills.
+    assert status is TaskStatus.COMPLETED and waits == [20, 30]
+    assert {"approval:1:p1", "approval:2:p2", "tool:1:p1"} <= set(decided)
 
 
 def worker(url: str, ledger: Path, kill_on: str = "") -> subprocess.Popen[str]:

@@ -147,6 +147,9 @@ class WaitCheckpoint(TypedDict):
     arguments: NotRequired[dict[str, Any]]
     timeout: NotRequired[float | None]
     expires_at: NotRequired[str]  # approval with a time limit: ISO time
+    # An approval the tool asked for itself (a hosted loop's tool): once decided,
+    # either way, the call runs again and reads the decision.
+    rerun: NotRequired[bool]
     child_id: NotRequired[str]  # subtask
     agent: NotRequired[str]
 

@@ -19,24 +19,40 @@ from duragent.runtime._runtime import Runtime
 from duragent.types import EntryKind, Task, ToolMessage, UserMessage
 
 
-async def carry_over_steps(ctx: ToolContext) -> None:
-    """Give this call the steps of the task's earlier run calls (a pause cut them off).
+async def carry_over_steps(ctx: ToolContext, *, keep_failed: bool = True) -> dict[str, Any]:
+    """Give this call the steps of the task's earlier run calls (a pause cut them off),
+    and those a fork copied from its source (runtime/_hosted.py); return each
+    approval question's step (`ask:...`) with the decision that came after it.
 
     A crash re-runs the same call, which finds its own steps; a pause ends the
     call with a "cancelled" result and the driver makes a new one, whose run
     must replay what the cut-off call recorded, as the same call would have.
+    `keep_failed=False`: a step that failed is asked again (where a failed step
+    failed the task, a retry runs it again), not replayed as its failure.
     """
     record = ctx._steps.record
+    if not keep_failed:
+        for name in [n for n, done in record.done.items() if "error" in done]:
+            del record.done[name]
     entries = await ctx._host.store.entries(ctx.task_id, kinds=[EntryKind.CHECKPOINT])
+    decisions: dict[str, Any] = {}
+    asked = None
     for entry in entries:
         payload = entry.payload
-        if payload.get("call_id") == ctx.call_id:
-            continue
-        if payload.get("type") == "step":
+        kind = payload.get("type")
+        if kind == "step" and str(payload.get("step")).startswith("ask:"):
+            asked = payload["step"]
+        elif kind == "decision" and asked is not None:
+            decisions[asked] = {"approved": payload["approved"], "reason": payload.get("reason")}
+            asked = None
+        if payload.get("call_id") == ctx.call_id and entry.round == ctx.round:
+            continue  # this call's own (a fork's copies are in round 0, whatever their call)
+        if kind == "step" and (keep_failed or "error" not in payload):
             record.done.setdefault(payload["step"], payload)  # type: ignore[arg-type]
             record.started.discard(payload["step"])
-        elif payload.get("type") == "step_started" and payload["step"] not in record.done:
+        elif kind == "step_started" and payload["step"] not in record.done:
             record.started.add(payload["step"])
+    return decisions
 
 
 async def recorded_steps(rt: Runtime, task_id: str) -> list[str]:

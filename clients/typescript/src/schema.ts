@@ -1039,6 +1039,12 @@ export interface components {
              * @description When an undecided approval is denied (approval_timeout).
              */
             expires_at?: string | null;
+            /**
+             * Editable
+             * @description An approval whose arguments a person may edit; false for one asked from inside a tool's run (a Pydantic AI tool), decided as it is.
+             * @default true
+             */
+            editable: boolean;
         };
         /** PauseRequest */
         PauseRequest: {

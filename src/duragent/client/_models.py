@@ -26,6 +26,7 @@ class OpenWait(BaseModel):
     tool: str | None = None
     arguments: dict[str, Any] | None = None
     expires_at: datetime | None = None
+    editable: bool = True  # false: an approval asked inside a tool's run, decided as it is
 
 
 class WaitingOn(BaseModel):

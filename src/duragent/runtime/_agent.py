@@ -195,6 +195,9 @@ class Agent:
             raise InvalidOption(f"agent {self.name!r} has two tools named {sorted(dupes)}")
         self.tool_map: dict[str, Tool] = {t.name: t for t in tools}
         self._model: ChatModel | None = None
+        # The tool a hosted loop runs in (runtime/_hosted.py): set by a framework's
+        # wrapper (duragent.pydantic_ai), kept in each task's config at submit.
+        self.hosted_loop: str | None = None
         if not isinstance(self.handoff_description, str):
             raise InvalidOption("Agent.handoff_description is text")
         self.handoffs = self.handoffs  # checked, and kept as a tuple (see __setattr__)

@@ -14,7 +14,14 @@ from duragent.errors import ToolArgumentError
 from duragent.llm._base import parse_arguments
 from duragent.runtime._agent import Agent
 from duragent.runtime._approvals import edited_note, expired, expired_text
-from duragent.runtime._context import SleepUntil, SpawnSubtask, Suspend, ToolContext, WaitForInput
+from duragent.runtime._context import (
+    FailTask,
+    SleepUntil,
+    SpawnSubtask,
+    Suspend,
+    ToolContext,
+    WaitForInput,
+)
 from duragent.runtime._host import TaskHost
 from duragent.runtime._log import INTERRUPTED, RoundState, started_entry
 from duragent.runtime._steps import StepInterrupted, StepRecord
@@ -128,6 +135,8 @@ async def _resumed_call(
     from the log), or the attempt to run it as (an approved call, a safe re-run)."""
     cid = call.id
     wait = rs.waits.get(cid)
+    if wait is not None and wait.get("rerun") and cid in rs.decisions:
+        return 2  # it asked for the approval itself: it runs again and reads the decision
     if wait is not None and cid not in rs.started:
         resolved = resumed_wait(cid, wait, rs)
         if resolved is not None:
@@ -183,6 +192,8 @@ async def _invoke(
         raise
     except StepInterrupted as exc:
         return Outcome(cid, exc.message(), "interrupted", documents=ctx.staged_documents())
+    except FailTask:
+        raise  # the runner fails the task; the call stays unanswered for a retry
     except TimeoutError as exc:
         # The tool's own limit (asyncio.wait_for raises a bare TimeoutError) is
         # said as such, so the model can try a smaller job; a TimeoutError the

@@ -35,12 +35,18 @@ class WaitForInput(Suspend):
     arguments: dict[str, Any] | None = None
     timeout: float | None = None
     expires_at: datetime | None = None
+    # An approval the tool asks for itself (from inside its run, as a hosted loop
+    # does): decided either way, the call runs again and reads the decision
+    # (`ToolContext.decision`); a denial is not the call's result.
+    rerun: bool = False
 
     def details(self) -> dict[str, Any]:
         """The wait entry's fields besides call id and kind."""
         out: dict[str, Any] = {"question": self.question}
         if self.tool is not None:
             out.update(tool=self.tool, arguments=self.arguments or {})
+        if self.rerun:
+            out["rerun"] = True
         if self.expires_at is not None:
             out.update(timeout=self.timeout, expires_at=self.expires_at.isoformat())
         return out
@@ -56,6 +62,14 @@ class SpawnSubtask(Suspend):
     agent: str
     input: Any
     context: dict[str, Any] = field(default_factory=dict)
+
+
+class FailTask(Exception):
+    """Raised by a tool to fail its task with its call left unanswered, the
+    message the task's error. A retry (`Runtime.retry`) then runs the call
+    again, as recovery after a crash would: a `replay="resume"` tool replays the
+    steps it recorded and goes on from the first one not recorded (a hosted
+    loop's failed run, duragent.pydantic_ai)."""
 
 
 class Documents:

@@ -29,6 +29,7 @@ from duragent.runtime._agent import Agent
 from duragent.runtime._callbacks import EntriesHook
 from duragent.runtime._calls import exception_text
 from duragent.runtime._commits import Commits, StatusHook
+from duragent.runtime._context import FailTask
 from duragent.runtime._control import Abandoned, Control, Controls
 from duragent.runtime._deadlines import exceeded
 from duragent.runtime._ending import Ending
@@ -174,10 +175,11 @@ class TaskRunner:
             await self._end_on_store_error(exc)
         except Exception as exc:
             # One line; the traceback for whoever debugs (the task's error keeps the cause).
-            log.error("task %s failed: %s", self.task.id, " ".join(exception_text(exc).split()))
+            error = str(exc) if isinstance(exc, FailTask) else exception_text(exc)
+            log.error("task %s failed: %s", self.task.id, " ".join(error.split()))
             log.debug("task %s failed", self.task.id, exc_info=True)
             try:
-                await self.ending.finish(TaskStatus.FAILED, error=exception_text(exc))
+                await self.ending.finish(TaskStatus.FAILED, error=error)
             except Abandoned:
                 pass
             except StoreError as store_exc:

@@ -152,6 +152,9 @@ def read_round(entries: Iterable[Entry], rnd: int) -> RoundState:
 def _read_checkpoint(st: RoundState, c: Checkpoint) -> None:
     if c["type"] == "wait":
         st.waits[c["call_id"]] = c
+        # A call that waits again (a tool asking for its next approval) has no
+        # answer to this wait yet: an earlier decision answered an earlier wait.
+        st.decisions.pop(c["call_id"], None)
     elif c["type"] == "decision":
         st.decisions[c["call_id"]] = c
     elif c["type"] == "started":

@@ -31,6 +31,7 @@ from duragent.runtime._bulk_run import bulk_agent
 from duragent.runtime._callbacks import TaskCallbacks
 from duragent.runtime._deadlines import DeadlineSpec, deadline_at, deadline_record
 from duragent.runtime._engine import StatusHook, TraceHook
+from duragent.runtime._hosted import hosted_tool, new_hosted_fork
 from duragent.runtime._inbox import MultitaskStrategy, check_strategy
 from duragent.runtime._log import api_entry, notice
 from duragent.runtime._many import ManyTasks
@@ -370,9 +371,14 @@ class Runtime(ReadsTasks, StopsTasks, ManyTasks, BulkOperations, SendsMessages, 
         answered), so no tool of a copied round ever runs again; `edit` changes
         the copied view (see `Edit`). The same `request_id` returns the same fork.
         The source's deadline is not copied; the agent's default applies, from now.
+        A task whose loop runs inside one tool call (a Pydantic AI agent) is forked
+        at a round of that loop, without an edit (runtime/_hosted.py).
         """
         source = await self.get(task_id, owner=owner)
-        task, log = await new_fork(self.store, source, at_round, edit, request_id)
+        if hosted_tool(source) is not None:  # forked at a round of its loop
+            task, log = await new_hosted_fork(self.store, source, at_round, edit, request_id)
+        else:
+            task, log = await new_fork(self.store, source, at_round, edit, request_id)
         known = self.agents.get(source.agent)
         if known is not None and known.deadline is not None:  # the agent's default, from now
             now = utcnow()

@@ -464,6 +464,17 @@ def fork_request(source_id: str, at_round: int, edit: Edit | None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def fork_config(source: Task, at_round: int, edit: Edit | None) -> dict[str, Any]:
+    """A fork's config: the source's, less what is not its own, with the fork's link."""
+    return {
+        # A fork is a new task: the source's deadline and inbox are not its own, and
+        # its log holds the source's entries, not its compactions (its view is whole).
+        **{k: v for k, v in source.config.items() if k not in _NOT_INHERITED},
+        "forked_from": {"task_id": source.id, "round": at_round},
+        "fork_request": fork_request(source.id, at_round, edit),
+    }
+
+
 async def new_fork(
     store: Store,
     source: Task,
@@ -475,13 +486,7 @@ async def new_fork(
     await check_forkable(store, source, at_round)
     fork_id = new_id()
     log = await fork_log(store, source, fork_id, at_round, edit)
-    config = {
-        # A fork is a new task: the source's deadline and inbox are not its own, and
-        # its log holds the source's entries, not its compactions (its view is whole).
-        **{k: v for k, v in source.config.items() if k not in _NOT_INHERITED},
-        "forked_from": {"task_id": source.id, "round": at_round},
-        "fork_request": fork_request(source.id, at_round, edit),
-    }
+    config = fork_config(source, at_round, edit)
     task = Task(
         id=fork_id,
         agent=source.agent,
@@ -506,6 +511,7 @@ __all__ = [
     "History",
     "RoundRecord",
     "check_forkable",
+    "fork_config",
     "fork_log",
     "forked_from",
     "new_fork",

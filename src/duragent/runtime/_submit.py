@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from duragent._storable import check_storable
 from duragent.otel import current_trace_context
 from duragent.runtime._deadlines import DeadlineSpec, deadline_at, deadline_record
+from duragent.runtime._hosted import HOSTED_LOOP
 from duragent.runtime._log import api_entry
 from duragent.runtime._pins import with_pins
 from duragent.types import NewEntry, Task, UserMessage, utcnow
@@ -57,6 +58,8 @@ def new_task(
     trace = current_trace_context()  # so every run of the task joins the submitter's trace
     if trace:
         config["trace"] = trace
+    if agent.hosted_loop is not None:
+        config[HOSTED_LOOP] = agent.hosted_loop
     if webhook or agent.webhook:
         config["webhook"] = webhook or agent.webhook
     if deadline is None:

@@ -158,6 +158,14 @@ async def person_answers(
             raise UsageError(
                 f"task {task.id!r} has no approval open for call {cid!r}; open: {open_ or 'none'}"
             )
+        if wait.get("rerun"):  # asked by the tool itself: it reads the decision when run again
+            if decision.arguments is not None:
+                raise UsageError(
+                    f"call {cid!r} asks to approve a step inside it ({wait.get('tool')}): "
+                    "approve or deny it, without edited arguments"
+                )
+            out[cid] = Answer(decision={"approved": decision.approve, "reason": decision.reason})
+            continue
         name = rs.intents[cid]["name"]
         model_args = _model_arguments(rs, cid)
         tool = agent.tool_map.get(name) if agent is not None else None

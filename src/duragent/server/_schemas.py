@@ -266,6 +266,11 @@ class OpenWait(BaseModel):
     expires_at: datetime | None = Field(
         None, description="When an undecided approval is denied (approval_timeout)."
     )
+    editable: bool = Field(
+        True,
+        description="An approval whose arguments a person may edit; false for one asked "
+        "from inside a tool's run (a Pydantic AI tool), decided as it is.",
+    )
 
 
 class WaitingOn(BaseModel):

@@ -61,6 +61,7 @@ async def task_out(runtime: RuntimeDep, task: Task) -> TaskOut:
                     tool=w.get("tool"),
                     arguments=w.get("arguments"),
                     expires_at=_at(w.get("expires_at")),
+                    editable=not w.get("rerun", False),
                 )
             )
     holder = None

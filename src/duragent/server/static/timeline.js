@@ -271,7 +271,7 @@ export class Timeline {
       return h("div", { class: "wait approval" },
         h("div", { class: "question" }, w.question || "Allow this call?"),
         expires, editor, problem,
-        h("div", { class: "row" }, reason, edit, approve,
+        h("div", { class: "row" }, reason, w.editable === false ? null : edit, approve,
           h("button", { class: "deny danger", onclick: go(false) }, "Deny")));
     }
     if (w.wait === "input") {
