@@ -12,6 +12,7 @@ from duragent.llm import ChatModel, resolve_model
 from duragent.runtime._builtin import ask_user, update_plan
 from duragent.runtime._context_policy import ContextPolicy
 from duragent.runtime._deadlines import deadline_at
+from duragent.runtime._fingerprint import check_version, fingerprint
 from duragent.runtime._guardrails import Guardrail, named_guardrails
 from duragent.runtime._inbox import MultitaskStrategy, check_strategy
 from duragent.runtime._output import OutputType, check_output_type, output_pin
@@ -147,6 +148,10 @@ class Agent:
     output_guardrails: Sequence[Guardrail] = ()
     # How the task's view is kept inside the model's context window (compaction).
     context: ContextPolicy = field(default_factory=ContextPolicy)
+    # The version its tasks are pinned to (runtime/_versions.py): declared ("v3"),
+    # or, when None, a fingerprint of the instructions, tool schemas, output
+    # schema and model, set here. A task runs only on a worker serving its version.
+    version: str | None = None
 
     def __post_init__(self) -> None:
         for name, kind in _OPTIONS.items():
@@ -187,6 +192,13 @@ class Agent:
             raise InvalidOption(f"agent {self.name!r} has two tools named {sorted(dupes)}")
         self.tool_map: dict[str, Tool] = {t.name: t for t in tools}
         self._model: ChatModel | None = None
+        self.version_declared = self.version is not None
+        if self.version is None:
+            self.version = fingerprint(
+                self.instructions, self.tool_map.values(), self.output_pin, self.model_name
+            )
+        else:
+            check_version(self.version)
 
     @property
     def chat_model(self) -> ChatModel:
