@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING, Any
 from duragent.runtime._fingerprint import VERSION_PATTERN, check_version
 from duragent.runtime._log import notice
 from duragent.runtime._pins import with_pins
-from duragent.store._commits import Commit, TaskPatch
+from duragent.runtime._presence import served_versions
+from duragent.store._commits import Commit, TaskPatch, TaskQuery
+from duragent.store._protocol import Store
 from duragent.store._rules import status_change_entry
 from duragent.types import Entry, EntryKind, Task, TaskStatus
 
@@ -65,6 +67,26 @@ def unserved_reason(task: Task, served: Mapping[str, set[str] | None]) -> str | 
     if versions is None or task.agent_version in versions:
         return None
     return f"waiting for {label(task.agent, task.agent_version)}: no worker serves it"
+
+
+async def count_unserved(store: Store) -> dict[tuple[str, str], int]:
+    """(agent, version) -> pending tasks pinned to a version no live worker serves,
+    for the metrics (duragent_tasks_unserved). It reads every pending task, a
+    page of 500 at a time: a scrape's cost grows with the backlog, not the store."""
+    served = await served_versions(store)
+    counts: dict[tuple[str, str], int] = {}
+    cursor: str | None = None
+    while True:
+        page = await store.list_tasks(
+            TaskQuery(status=TaskStatus.PENDING, limit=500, cursor=cursor)
+        )
+        for task in page.tasks:
+            if task.agent_version is not None and unserved_reason(task, served):
+                key = (task.agent, task.agent_version)
+                counts[key] = counts.get(key, 0) + 1
+        cursor = page.next_cursor
+        if cursor is None:
+            return counts
 
 
 def migration_record(entry: Entry) -> dict[str, Any] | None:
@@ -109,6 +131,7 @@ __all__ = [
     "STAND_IN_MODEL",
     "VERSION_PATTERN",
     "check_version",
+    "count_unserved",
     "label",
     "migration_commit",
     "migration_record",
