@@ -1,4 +1,4 @@
-"""Which agents the live workers serve, and blocking tasks that none of them can run.
+"""Which agents (and versions) the live workers serve, and blocking tasks none can run.
 
 A task for an agent no worker knows would otherwise stay `pending` forever
 with no reason given. Every worker records the agents it serves in a document
@@ -7,6 +7,11 @@ with an expiry one lease long, so a worker that died drops out of the record
 when its leases would. A worker that sees a task pending for an agent it does
 not know, for longer than the grace period, blocks it with
 `blocked(missing_definition)` only if no live worker's record names that agent.
+
+The record also names the version of each agent the worker serves
+(runtime/_versions.py) and whether it is draining: `served_versions` counts
+neither a draining worker nor an expired record, and is what says that a
+pending task waits for a version no live worker serves.
 
 Why a record and not only the grace period: a worker that knows the agent may
 be alive but busy (every slot taken), and its tasks may rightly wait longer
