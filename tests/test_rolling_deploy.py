@@ -55,7 +55,11 @@ async def deployer(shared_url: str) -> AsyncIterator[tuple[Runtime, Runtime]]:
         yield v1, v2
 
 
-def worker(url: str, name: str, version: str, concurrency: int = 50, **env: str) -> WorkerProc:
+def worker(
+    url: str, name: str, version: str, *, concurrency: int = 50, env: dict[str, str]
+) -> WorkerProc:
+    """A worker process serving `version` of worker_agents.py's agents; `env`: the
+    environment they read."""
     extra: dict[str, Any] = {"AGENT_VERSION": version, **env}
     return WorkerProc(
         url,
@@ -105,17 +109,17 @@ async def test_a_rolling_deploy_loses_no_task_and_waits_out_no_lease(
     held = {"LEDGER": str(ledger), "HOLD": "nap", "HOLD_UNTIL": str(release)}
     # v1: A takes the 25 oldest tasks, B the other 25, each held inside its
     # never-replay tool `nap` until the test lets go.
-    a = worker(shared_url, "v1-a", "v1", concurrency=25, TOOL_GRACE="600", **held)
+    a = worker(shared_url, "v1-a", "v1", concurrency=25, env={"TOOL_GRACE": "600", **held})
     workers.append(a)
     for task_id in ids[:25]:
         await a.wait_output(f"AT nap {task_id}")
-    b = worker(shared_url, "v1-b", "v1", TOOL_GRACE="600", **held)
+    b = worker(shared_url, "v1-b", "v1", env={"TOOL_GRACE": "600", **held})
     workers.append(b)
     for task_id in ids[25:]:
         await b.wait_output(f"AT nap {task_id}")
 
     # v2 starts beside them and takes only v2's tasks.
-    new_workers = [worker(shared_url, f"v2-{n}", "v2", LEDGER=str(ledger)) for n in "ab"]
+    new_workers = [worker(shared_url, f"v2-{n}", "v2", env={"LEDGER": str(ledger)}) for n in "ab"]
     workers.extend(new_workers)
     for n in "ab":
         await until_announced(rt2, f"v2-{n}")

@@ -284,6 +284,10 @@ class Metrics:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._open: dict[tuple[str, str], tuple[float, str]] = {}  # (task, what) -> start, label
         self._agents: dict[str, str] = {}
+        self._register_gauges()
+
+    def _register_gauges(self) -> None:
+        """The gauges counted in the store at each scrape."""
         self.registry.register(
             _Scraped(
                 self,
