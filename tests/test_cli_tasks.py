@@ -265,3 +265,24 @@ def test_migrate_reports_schema_versions(tmp_path: Path) -> None:
     assert code == 1 and "schema version 99" in out and "upgrade duragent" in out
     code, out = cli("migrate", "--store", "nonsense")
     assert code == 2 and "no scheme" in out
+
+
+def test_migrate_moves_a_task_to_another_version_and_show_and_ls_say_none_serves_it(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path}/v.db"
+    tid = asyncio.run(_submit(url, "quick"))
+    code, out = cli("migrate", tid, "--to", "v4", "--store", url)
+    assert code == 0, out
+    assert f"task {tid} is pending on quick@v4" in out
+    code, out = cli("show", tid, "--store", url)
+    assert code == 0 and "waiting for quick@v4: no worker serves it" in out
+    assert "migration" in out and "→ v4 by cli" in out
+    code, out = cli("ls", "--store", url)
+    assert code == 0 and "waiting for quick@v4: no worker serves it" in out
+    code, out = cli("ls", "--store", url, "--json")
+    assert json.loads(out)[0]["unserved"] == "waiting for quick@v4: no worker serves it"
+    code, out = cli("migrate", tid, "--store", url)
+    assert code == 1 and "duragent migrate TASK --to v4" in out
+    code, out = cli("migrate", tid, "--to", "v 4", "--store", url)
+    assert code != 0 and "agent version" in out

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -200,6 +201,11 @@ async def test_fork_and_retry(server: LiveServer) -> None:
         assert fork.id != first.id and fork.forked_from == {"task_id": first.id, "round": 1}
         assert (await c.fork(first.id, 1, request_id="fork-1")).id == fork.id
         assert (await c.wait(fork.id, timeout=60)).status == "completed"
+
+        later = await c.submit("quick", "later", start_at=datetime.now(UTC) + timedelta(hours=1))
+        moved = await c.migrate(later.id, "v7")
+        assert moved.agent_version == "v7" and later.agent_version not in (None, "v7")
+        assert moved.unserved == "waiting for quick@v7: no worker serves it"
 
         flaky = await c.submit("flaky", f"fail {uuid.uuid4().hex}")
         assert (await c.wait(flaky.id, timeout=60)).status == "failed"

@@ -18,7 +18,7 @@ from duragent import Runtime
 from duragent.metrics import OTHER_QUEUES, count_tasks
 from support.server_live import TOKENS, duragent, free_port, stop, wait_healthy
 from support.workerlib import WorkerProc
-from worker_agents import AGENTS
+from worker_agents import AGENTS, build_agents
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -75,6 +75,8 @@ async def test_worker_metrics_are_scraped_from_a_real_process(tmp_path: Path) ->
             subs.append(await rt.submit("researcher", "q2", queue="reports"))
             for sub in subs:
                 assert (await sub.wait(30)).output == "42"
+        async with Runtime(url, agents=build_agents("v9"), run_worker=False) as rt:
+            await rt.submit("researcher", "for a version no worker serves")
         samples = await asyncio.to_thread(scrape, port)
     finally:
         stop(proc)
@@ -84,6 +86,9 @@ async def test_worker_metrics_are_scraped_from_a_real_process(tmp_path: Path) ->
     assert value(samples, "duragent_tasks", status="completed", queue="(other)") == 1
     assert value(samples, "duragent_tasks", queue="reports") == 0
     assert value(samples, "duragent_tasks", status="running") == 0
+    # Pending on a version no live worker serves: counted, by agent and version.
+    assert value(samples, "duragent_tasks_unserved", agent="researcher", version="v9") == 1
+    assert value(samples, "duragent_tasks_unserved") == 1
     assert value(samples, "duragent_task_runs_total", agent="researcher") == 3
     assert value(samples, "duragent_rounds_total", agent="researcher") == 6  # tool round + answer
     assert value(samples, "duragent_commits_total", outcome="ok") >= 9

@@ -123,17 +123,36 @@ def test_the_five_minute_example_killed_mid_run_reruns_honestly(
     assert "waiting for task" not in again.stderr
 
 
+# The README's agent (the same instructions and tools: the same version), with
+# a provider that refuses the key.
 FAILING_FIRST_RUN = """
 import asyncio
-from duragent import Agent, Runtime, ScriptedModel
+from duragent import Agent, Runtime, ScriptedModel, ToolContext, tool
 from duragent.errors import ModelError
+
+
+@tool
+async def send_email(to: str, body: str, ctx: ToolContext) -> str:
+    \"\"\"Send an email.\"\"\"
+    raise AssertionError("never called: the model refuses first")
+
+
+@tool(replay="safe")
+def read_file(path: str) -> str:
+    \"\"\"Read a text file.\"\"\"
+    raise AssertionError("never called: the model refuses first")
 
 
 def refuse(messages):
     raise ModelError("401 Unauthorized: invalid API key")
 
 
-agent = Agent(name="assistant", model=ScriptedModel([refuse]))
+agent = Agent(
+    name="assistant",
+    model=ScriptedModel([refuse]),
+    instructions="You are a careful assistant.",
+    tools=[send_email, read_file],
+)
 
 
 async def main():

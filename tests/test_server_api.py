@@ -346,6 +346,7 @@ BODIES = {
     "fork": {"at_round": 1},
     "messages": {"text": "bob was here"},
     "plan": {"steps": ["bob was here"]},
+    "migrate": {"to_version": "bobs"},
 }
 
 
@@ -364,6 +365,7 @@ async def test_another_users_task_is_404_exactly_like_a_missing_one(
     # A new route taking a task id must be added to this matrix (and the page).
     expected = {"{task_id}", "messages", "entries", "steps", "tree", "events", "history", "wait"}
     controls = {"pause", "resume", "abort", "respond", "retry", "fork", "plan", "stream-token"}
+    controls |= {"migrate"}
     assert names == expected | controls
     alice_task = await start(client, "approver")
     await wait_for(runtime, alice_task, TaskStatus.WAITING)

@@ -249,3 +249,43 @@ async def test_history_shows_a_handoff_and_the_agent_of_each_round(
     assert r.status_code == 200, r.text
     kinds = [e["kind"] for e in r.json()["entries"]]
     assert "handoff" in kinds
+
+
+async def test_migrate_moves_a_task_and_one_no_worker_serves_says_so(
+    client: httpx.AsyncClient, runtime: Runtime
+) -> None:
+    tid = await start(client, "approver")
+    await wait_for(runtime, tid, TaskStatus.WAITING)
+    first = (await client.get(f"/v1/tasks/{tid}", headers=auth("alice"))).json()
+    assert first["agent_version"] == runtime.agent("approver").version
+    assert first["unserved"] is None
+    r = await client.post(
+        f"/v1/tasks/{tid}/migrate", json={"to_version": "v9"}, headers=auth("alice")
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["agent_version"] == "v9"
+    r = await client.post(f"/v1/tasks/{tid}/respond", json={"approve": True}, headers=auth("alice"))
+    assert r.status_code == 200, r.text
+    # Runnable, but on a version no worker serves: it says so instead of a silent pending.
+    await wait_for(runtime, tid, TaskStatus.PENDING)
+    why = "waiting for approver@v9: no worker serves it"
+    assert (await client.get(f"/v1/tasks/{tid}", headers=auth("alice"))).json()["unserved"] == why
+    listed = (await client.get("/v1/tasks", headers=auth("alice"))).json()["tasks"]
+    assert [t["unserved"] for t in listed if t["id"] == tid] == [why]
+    history = (await client.get(f"/v1/tasks/{tid}/entries", headers=auth("alice"))).json()
+    assert any(
+        e["payload"].get("migration") == {"from": first["agent_version"], "to": "v9", "by": "alice"}
+        for e in history["entries"]
+    )
+    bad = await client.post(
+        f"/v1/tasks/{tid}/migrate", json={"to_version": "v 9"}, headers=auth("alice")
+    )
+    assert_problem(bad, 422, "Validation error")
+    back = {"to_version": first["agent_version"]}
+    r = await client.post(f"/v1/tasks/{tid}/migrate", json=back, headers=auth("alice"))
+    assert r.status_code == 200, r.text
+    await wait_for(runtime, tid, TaskStatus.COMPLETED)
+    r = await client.post(
+        f"/v1/tasks/{tid}/migrate", json={"to_version": "v9"}, headers=auth("alice")
+    )
+    assert_problem(r, 409, "Invalid status transition")

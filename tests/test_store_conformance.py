@@ -452,6 +452,26 @@ async def test_claim_bumps_epoch_and_hands_out_a_task_once(store: Store) -> None
     assert claimed.restarts == 0
 
 
+async def test_a_task_pinned_to_an_agent_version_is_claimed_only_by_a_worker_serving_it(
+    store: Store,
+) -> None:
+    v1 = await make(store, agent="a", agent_version="v1")
+    v2 = await make(store, agent="a", agent_version="v2")
+    old = await make(store, agent="a")  # from before versions: any version runs it
+    other = await make(store, agent="b", agent_version="v1")
+    assert (await store.get_task(v2.id)).agent_version == "v2"
+    serving_v3 = await store.claim_tasks("w3", 10, agents=["a", "b"], versions={"a": "v3"})
+    assert [t.id for t in serving_v3] == [old.id]
+    assert await store.claim_task("w3", agents=["a"], versions={"a": "v3"}) is None
+    assert await store.claim_task("w3", task_id=v1.id, versions={"a": "v3"}) is None
+    got = await store.claim_tasks("w2", 10, agents=["a", "b"], versions={"a": "v2", "b": "v1"})
+    assert sorted(t.id for t in got) == sorted([v2.id, other.id])
+    # A migration moves the pin (a patch of the row): the version it names runs it next.
+    await store.commit(Commit(patches=[TaskPatch(v1.id, {"agent_version": "v2"})]))
+    moved = await store.claim_task("w2", agents=["a"], versions={"a": "v2"})
+    assert moved is not None and moved.id == v1.id and moved.agent_version == "v2"
+
+
 async def test_expired_lease_is_taken_over_and_counts_a_restart(store: Store) -> None:
     task = await make(store)
     await store.claim_task("w1", ttl=0.0)

@@ -792,9 +792,20 @@ def test_postgres_store_matches_model(ops: list[tuple[Any, ...]]) -> None:
         drop_schema(name)
 
 
+def _downgrade_to_version_5(pg_url: str, schema: str) -> None:
+    """Make a store as version 5 kept it: tasks with no agent version column."""
+    with admin(pg_url) as conn, conn.transaction():
+        conn.execute(
+            psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema))
+        )
+        conn.execute("ALTER TABLE tasks DROP COLUMN agent_version")
+        conn.execute("UPDATE duragent_meta SET value = '5' WHERE key = 'schema_version'")
+
+
 def _downgrade_entries_to_version_4(pg_url: str, schema: str) -> None:
     """Rewrite a store's entries as version 4 kept them: keyed by (task_id, seq),
     a fork's reference in two columns, and tasks without numbers."""
+    _downgrade_to_version_5(pg_url, schema)
     with admin(pg_url) as conn, conn.transaction():
         conn.execute(
             psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema))
@@ -817,6 +828,30 @@ def _downgrade_entries_to_version_4(pg_url: str, schema: str) -> None:
             "UPDATE duragent_meta SET value = '4' WHERE key = 'schema_version'",
         ]:
             conn.execute(ddl)
+
+
+async def test_a_version_5_store_migrates_its_tasks_to_any_agent_version(
+    pg_url: str, schema: str
+) -> None:
+    """Version 6 adds the tasks' agent version: an old task has none, so a worker
+    of any version of its agent claims it; a new one is pinned to its version."""
+    store = PostgresStore(pg_url, schema=schema)
+    await store.open()
+    old, _ = await store.create_task(Task(agent="a"))
+    await store.close()
+    _downgrade_to_version_5(pg_url, schema)
+    again = PostgresStore(pg_url, schema=schema)
+    await again.open()
+    try:
+        assert again.migrated_from == 5 and again.schema_version == 6
+        new, _ = await again.create_task(Task(agent="a", agent_version="v2"))
+        assert await again.claim_task("w", agents=["a"], versions={"a": "v3"}) is not None
+        assert await again.claim_task("w", agents=["a"], versions={"a": "v3"}) is None
+        claimed = await again.claim_task("w", agents=["a"], versions={"a": "v2"})
+        assert claimed is not None and claimed.id == new.id
+        assert (await again.get_task(old.id)).agent_version is None
+    finally:
+        await again.close()
 
 
 async def test_a_version_4_store_keeps_every_entry_and_fork_reference_through_version_5(

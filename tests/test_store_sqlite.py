@@ -412,8 +412,40 @@ async def test_a_new_store_files_meta_table_has_no_index_of_its_own(tmp_path: Pa
     conn.close()
 
 
+def _downgrade_to_version_7(path: Path) -> None:
+    """Make a store as version 7 kept it: tasks with no agent version column."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("ALTER TABLE tasks DROP COLUMN agent_version")
+    conn.execute("UPDATE meta SET value='7' WHERE key='schema_version'")
+    conn.close()
+
+
+async def test_a_version_7_store_migrates_its_tasks_to_any_agent_version(tmp_path: Path) -> None:
+    """Version 8 adds the tasks' agent version: an old task has none, so a worker
+    of any version of its agent claims it; a new one is pinned to its version."""
+    path = tmp_path / "v7.db"
+    store = open_store(f"sqlite:///{path}")
+    await store.open()
+    old, _ = await store.create_task(Task(agent="a"))
+    await store.close()
+    _downgrade_to_version_7(path)
+    again = open_store(f"sqlite:///{path}")
+    await again.open()
+    try:
+        assert again.migrated_from == 7 and again.schema_version == 8
+        new, _ = await again.create_task(Task(agent="a", agent_version="v2"))
+        assert await again.claim_task("w", agents=["a"], versions={"a": "v3"}) is not None
+        assert await again.claim_task("w", agents=["a"], versions={"a": "v3"}) is None
+        claimed = await again.claim_task("w", agents=["a"], versions={"a": "v2"})
+        assert claimed is not None and claimed.id == new.id
+        assert (await again.get_task(old.id)).agent_version is None
+    finally:
+        await again.close()
+
+
 def _downgrade_entries_to_version_6(path: Path) -> None:
     """Rewrite a store's entries table as version 6 kept it: times a REAL of seconds."""
+    _downgrade_to_version_7(path)
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("BEGIN")
     for ddl in [

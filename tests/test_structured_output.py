@@ -4,6 +4,7 @@ errors (each attempt committed), and the typed object handed back."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -136,16 +137,20 @@ async def test_tools_run_before_the_structured_answer() -> None:
 
 async def test_a_task_keeps_the_schema_it_was_created_with(tmp_path: Path) -> None:
     """The schema is part of the task's pin: a worker whose agent asks for another
-    shape blocks the task rather than answer it in a shape its caller did not ask for."""
+    shape blocks the task rather than answer it in a shape its caller did not ask for.
+    (Undeclared, the schema changes the agent's version, and such a worker never
+    claims the task; declared the same, the pin is what stops it.)"""
 
     class Other(BaseModel):
         title: str
 
     store = f"sqlite:///{tmp_path}/pin.db"
     model = ScriptedModel([Turn(output={"title": "x"})])
-    async with Runtime(store, agents=[agent_of(model)], run_worker=False) as rt:
+    first = dataclasses.replace(agent_of(model), version="1")
+    async with Runtime(store, agents=[first], run_worker=False) as rt:
         task_id = (await rt.submit("cities", "?")).task_id
-    changed = Agent(name="cities", model=model, output_type=Other)
+    changed = Agent(name="cities", model=model, output_type=Other, version="1")
+    assert agent_of(model).version != Agent(name="cities", model=model, output_type=Other).version
     async with Runtime(store, agents=[changed], poll_interval=0.05) as rt:
         task = await rt.wait(task_id, timeout=30, until=lambda t: t.status is TaskStatus.BLOCKED)
         assert "output schema 'City'" in (task.error or "")

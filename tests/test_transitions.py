@@ -343,6 +343,7 @@ def test_the_fields_a_patch_may_change() -> None:
         "wake_at",
         "control",
         "round_seq",
+        "agent_version",  # a migration's
     } == PATCHABLE
     assert {EntryKind.API_MESSAGE, EntryKind.TOOL_RESULT} == API_KINDS
 

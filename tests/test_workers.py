@@ -24,7 +24,7 @@ from duragent.store._memory import MemoryStore
 from duragent.store._protocol import Store
 from duragent.types import EntryKind, Task
 from support.workerlib import WorkerProc, ledger_lines, one_result_per_call
-from worker_agents import AGENTS
+from worker_agents import AGENTS, build_agents
 
 
 @pytest.fixture
@@ -176,11 +176,19 @@ async def test_missing_tool_definition_blocks_naming_the_tool(
     await first.wait_output("AT nap")
     first.signal(signal.SIGKILL)
     first.proc.wait(10)
+    # A deploy without the tool is another version of the agent: the task goes
+    # there only by a migration, and blocks there on its call to the lost tool.
+    full = (await rt.get(sub.task_id)).agent_version
+    lost = {a.name: a.version for a in build_agents(dropped={"nap"})}["sleeper"]
+    assert lost is not None and lost != full
+    await rt.migrate(sub.task_id, lost)
     workers.append(WorkerProc(url_of(rt), ttl=1.0, DROP_TOOLS="nap"))
     task = await until(rt, sub.task_id, lambda t: t.status is TaskStatus.BLOCKED)
     assert task.status_reason == "missing_definition"
     assert task.error is not None and "'nap'" in task.error
     workers[-1].stop()
+    assert full is not None
+    await rt.migrate(sub.task_id, full)
     await rt.resume(sub.task_id)
     workers.append(WorkerProc(url_of(rt), ttl=1.0))
     done = await until(rt, sub.task_id, lambda t: t.status.terminal)

@@ -7,7 +7,8 @@ the file $HOLD_UNTIL exists), for a test to kill or stop the process there;
 $HOLD_ONCE=1 holds only the first such call of the process (one task surely in
 flight, the others run as usual).
 $DROP_TOOLS removes tools from the agents (a later deploy that lost a
-definition). $TOOL_GRACE sets how long a pause waits for tools.
+definition). $AGENT_VERSION declares the agents' version (else each has its
+fingerprint, runtime/_versions.py). $TOOL_GRACE sets how long a pause waits for tools.
 $CLOCK_SKEW=<seconds> sets this process's wall clock, as duragent reads it,
 that far off (a worker on a host whose clock is wrong).
 """
@@ -177,8 +178,12 @@ def chat_script(messages: list[Any]) -> Any:
     return f"I have heard {len(users)} messages: {' / '.join(users)}"
 
 
-def build_agents() -> list[Agent]:
-    dropped = set(filter(None, os.environ.get("DROP_TOOLS", "").split(",")))
+def build_agents(version: str | None = None, dropped: set[str] | None = None) -> list[Agent]:
+    """The agents, of `version` (default: $AGENT_VERSION, else their fingerprints),
+    without the tools `dropped` (default: $DROP_TOOLS)."""
+    version = version or os.environ.get("AGENT_VERSION") or None
+    if dropped is None:
+        dropped = set(filter(None, os.environ.get("DROP_TOOLS", "").split(",")))
     max_restarts = int(os.environ.get("MAX_RESTARTS", "3"))
     grace = float(os.environ.get("TOOL_GRACE", "10"))
 
@@ -192,18 +197,42 @@ def build_agents() -> list[Agent]:
             tools=tools(nap, nap_safe),
             limits=Limits(max_restarts=max_restarts),
             timing=Timing(tool_grace=grace),
+            version=version,
         ),
-        Agent(name="twonaps", model=ScriptedModel(twonaps_script), tools=tools(nap)),
-        Agent(name="parent", model=ScriptedModel(parent_script), tools=tools(delegate)),
-        Agent(name="researcher", model=ScriptedModel(researcher_script), tools=tools(nap)),
-        Agent(name="timer", model=ScriptedModel(timer_script), tools=tools(wait_a_bit)),
-        Agent(name="banker", model=ScriptedModel(banker_script), tools=tools(transfer)),
+        Agent(
+            name="twonaps", model=ScriptedModel(twonaps_script), tools=tools(nap), version=version
+        ),
+        Agent(
+            name="parent",
+            model=ScriptedModel(parent_script),
+            tools=tools(delegate),
+            version=version,
+        ),
+        Agent(
+            name="researcher",
+            model=ScriptedModel(researcher_script),
+            tools=tools(nap),
+            version=version,
+        ),
+        Agent(
+            name="timer",
+            model=ScriptedModel(timer_script),
+            tools=tools(wait_a_bit),
+            version=version,
+        ),
+        Agent(
+            name="banker",
+            model=ScriptedModel(banker_script),
+            tools=tools(transfer),
+            version=version,
+        ),
         Agent(
             name="asker",
             model=ScriptedModel(asker_script),
             builtin_tools=BuiltinTools(ask_user=True),
+            version=version,
         ),
-        Agent(name="chat", model=ScriptedModel(chat_script)),
+        Agent(name="chat", model=ScriptedModel(chat_script), version=version),
     ]
 
 

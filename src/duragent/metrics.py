@@ -16,12 +16,13 @@ import asyncio
 import logging
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from duragent._payloads import status_of
 from duragent.errors import Conflict, MissingExtra, StaleLease
+from duragent.runtime._versions import count_unserved
 from duragent.store._commits import (
     Commit,
     CommitResult,
@@ -288,7 +289,29 @@ class Metrics:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._open: dict[tuple[str, str], tuple[float, str]] = {}  # (task, what) -> start, label
         self._agents: dict[str, str] = {}
-        self.registry.register(_TaskCounts(self))
+        self._register_gauges()
+
+    def _register_gauges(self) -> None:
+        """The gauges counted in the store at each scrape."""
+        self.registry.register(
+            _Scraped(
+                self,
+                "duragent_tasks",
+                "Tasks in the store.",
+                ["status", "queue"],
+                lambda: count_tasks(self._inner, self.queues),
+            )
+        )
+        self.registry.register(
+            _Scraped(
+                self,
+                "duragent_tasks_unserved",
+                "Pending tasks whose agent version no live worker serves "
+                "(waiting for agent@version: no worker serves it).",
+                ["agent", "version"],
+                lambda: count_unserved(self._inner),
+            )
+        )
 
     # --- trace points ---
 
@@ -351,35 +374,47 @@ class Metrics:
         return str(prom.generate_latest(self.registry).decode())
 
 
-class _TaskCounts:
-    """duragent_tasks{status, queue}: counted in the store (one grouped query) at scrape time."""
+class _Scraped:
+    """A gauge counted in the store at scrape time, on the metrics' event loop:
+    duragent_tasks{status, queue} (one grouped query), duragent_tasks_unserved
+    {agent, version} (runtime/_versions.py `count_unserved`)."""
 
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
+    def __init__(
+        self,
+        metrics: Metrics,
+        name: str,
+        doc: str,
+        labels: list[str],
+        count: Callable[[], Coroutine[Any, Any, Mapping[tuple[str, str], int]]],
+    ) -> None:
+        self.metrics, self.name, self.doc, self.labels, self.count = (
+            metrics,
+            name,
+            doc,
+            labels,
+            count,
+        )
 
     def describe(self) -> Iterable[Any]:
         return []  # no collect() at registration: the store may not be open yet
 
     def collect(self) -> Iterator[Any]:
-        family = GaugeMetricFamily(
-            "duragent_tasks", "Tasks in the store.", labels=["status", "queue"]
-        )
+        family = GaugeMetricFamily(self.name, self.doc, labels=self.labels)
         loop = self.metrics._loop
         if loop is None or loop.is_closed():
             yield family
             return
         try:
             if _in_loop(loop):
-                counts: Tally[tuple[str, str]] = Tally()  # cannot block the loop it runs on
+                counts: Mapping[tuple[str, str], int] = {}  # cannot block the loop it runs on
             else:
-                counting = count_tasks(self.metrics._inner, self.metrics.queues)
-                future = asyncio.run_coroutine_threadsafe(counting, loop)
+                future = asyncio.run_coroutine_threadsafe(self.count(), loop)
                 counts = future.result(timeout=30)
         except Exception as exc:  # a scrape must answer even when the store does not
-            log.warning("counting tasks for /metrics failed: %s", exc)
-            counts = Tally()
-        for (status, queue), n in sorted(counts.items()):
-            family.add_metric([status, queue], n)
+            log.warning("counting for /metrics (%s) failed: %s", self.name, exc)
+            counts = {}
+        for key, n in sorted(counts.items()):
+            family.add_metric(list(key), n)
         yield family
 
 

@@ -143,6 +143,10 @@ class Task(BaseModel):
     # (higher first); both fixed at creation, like `metadata` (labels to filter by).
     queue: str | None = None
     priority: int = 0
+    # The version of its agent it runs on (`Agent.version`), recorded at creation
+    # and changed only by a migration (`Runtime.migrate`); None (a task from before
+    # versions): any worker of its agent runs it.
+    agent_version: str | None = None
     metadata: dict[str, JSON] = Field(default_factory=dict)
     status: TaskStatus = TaskStatus.PENDING
     status_reason: str | None = None
@@ -217,6 +221,7 @@ PATCHABLE = frozenset(
         "wake_at",
         "control",
         "round_seq",
+        "agent_version",  # only a migration (runtime/_versions.py) moves it
     }
 )
 

@@ -23,6 +23,7 @@ export type RespondRequest = Schemas["RespondRequest"];
 export type MessageRequest = Schemas["MessageRequest"];
 export type ForkRequest = Schemas["ForkRequest"];
 export type RetryRequest = Schemas["RetryRequest"];
+export type MigrateRequest = Schemas["MigrateRequest"];
 export type PauseRequest = Schemas["PauseRequest"];
 export type AbortRequest = Schemas["AbortRequest"];
 export type ListTasksQuery = NonNullable<operations["listTasks"]["parameters"]["query"]>;
@@ -255,6 +256,12 @@ export class DuragentClient {
   /** Continue a failed task from its last commit. */
   retry(taskId: string, body: RetryRequest = {}): Promise<TaskOut> {
     return this.call("POST", `${task(taskId)}/retry`, body);
+  }
+
+  /** Move the task to another version of its agent (recorded; a running task is
+   * handed back at its next safe point). */
+  migrate(taskId: string, body: MigrateRequest): Promise<TaskOut> {
+    return this.call("POST", `${task(taskId)}/migrate`, body);
   }
 
   pause(taskId: string, body: PauseRequest = {}): Promise<TaskOut> {

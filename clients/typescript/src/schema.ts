@@ -316,6 +316,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tasks/{task_id}/migrate": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Move the task to another version of its agent
+         * @description Recorded in the task's log (a migration entry: from, to, by). A task a worker runs is handed back by it at its next safe point (its running tool calls end within their grace, or are answered 'interrupted') and goes on in a worker of the new version; any other task is started next by such a worker. A pending call to a tool the new version lacks blocks the task (missing_definition). An ended task is refused (409).
+         */
+        post: operations["migrateTask"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/counts": {
         parameters: {
             query?: never;
@@ -1010,6 +1030,14 @@ export interface components {
             /** Messages */
             messages: (components["schemas"]["SystemMessage"] | components["schemas"]["UserMessage"] | components["schemas"]["AssistantMessage"] | components["schemas"]["ToolMessage"])[] | (components["schemas"]["UIText"] | components["schemas"]["UIToolCard"] | components["schemas"]["UIError"] | components["schemas"]["UINotice"])[];
         };
+        /** MigrateRequest */
+        MigrateRequest: {
+            /**
+             * To Version
+             * @description The version of the task's agent it goes on with (e.g. 'v4', or a fingerprint): 1-64 letters, digits, '.', '_', '+' or '-'.
+             */
+            to_version: string;
+        };
         /** OpenWait */
         OpenWait: {
             /** Call Id */
@@ -1551,6 +1579,16 @@ export interface components {
              * @description While waiting: each open wait's kind (an approval names its tool), e.g. to tell an approval from a question, both status_reason 'input'.
              */
             waiting_on?: components["schemas"]["WaitingOn"][];
+            /**
+             * Agent Version
+             * @description The version of its agent the task runs on; null: any (a task from before versions). Moved only by POST /v1/tasks/{task_id}/migrate.
+             */
+            agent_version?: string | null;
+            /**
+             * Unserved
+             * @description While pending: why no worker will start it, when no live worker serves its version, e.g. 'waiting for assistant@v3: no worker serves it'.
+             */
+            unserved?: string | null;
             /** Root Id */
             root_id: string | null;
             /** Request Id */
@@ -1675,6 +1713,16 @@ export interface components {
              * @description While waiting: each open wait's kind (an approval names its tool), e.g. to tell an approval from a question, both status_reason 'input'.
              */
             waiting_on?: components["schemas"]["WaitingOn"][];
+            /**
+             * Agent Version
+             * @description The version of its agent the task runs on; null: any (a task from before versions). Moved only by POST /v1/tasks/{task_id}/migrate.
+             */
+            agent_version?: string | null;
+            /**
+             * Unserved
+             * @description While pending: why no worker will start it, when no live worker serves its version, e.g. 'waiting for assistant@v3: no worker serves it'.
+             */
+            unserved?: string | null;
         };
         /**
          * TaskWaitOut
@@ -1724,6 +1772,16 @@ export interface components {
              * @description While waiting: each open wait's kind (an approval names its tool), e.g. to tell an approval from a question, both status_reason 'input'.
              */
             waiting_on?: components["schemas"]["WaitingOn"][];
+            /**
+             * Agent Version
+             * @description The version of its agent the task runs on; null: any (a task from before versions). Moved only by POST /v1/tasks/{task_id}/migrate.
+             */
+            agent_version?: string | null;
+            /**
+             * Unserved
+             * @description While pending: why no worker will start it, when no live worker serves its version, e.g. 'waiting for assistant@v3: no worker serves it'.
+             */
+            unserved?: string | null;
             /** Root Id */
             root_id: string | null;
             /** Request Id */
@@ -3594,6 +3652,105 @@ export interface operations {
             };
             /** @description `/problems/not-found`: No such route or thing. `/problems/task-not-found`: No such task, or not the caller's. `/problems/session-not-found`: No such session, or not the caller's. `/problems/queue-not-found`: No such queue. `/problems/schedule-not-found`: No such schedule, or not the caller's. */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `/problems/body-too-large`: The body is over serve --max-body. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `/problems/validation-error`: The request does not fit the schema; `errors` says where. `/problems/invalid-tool-arguments`: Edited arguments that don't fit the tool's schema. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `/problems/too-many-requests`: Too many open streams, wrong tokens or connections; wait for Retry-After. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `/problems/store-unavailable`: The store cannot be reached now; retry. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    migrateTask: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A task id. */
+                task_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["MigrateRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TaskOut"];
+                };
+            };
+            /** @description `/problems/bad-request`: The request is well-formed but cannot be acted on. `/problems/unknown-agent`: No agent of that name runs on this server. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `/problems/unauthorized`: No bearer token, or one nobody owns. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `/problems/not-found`: No such route or thing. `/problems/task-not-found`: No such task, or not the caller's. `/problems/session-not-found`: No such session, or not the caller's. `/problems/queue-not-found`: No such queue. `/problems/schedule-not-found`: No such schedule, or not the caller's. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `/problems/conflict`: The task changed under the request, or an approval expired. `/problems/invalid-transition`: The task's status does not allow this (e.g. resuming a completed task). `/problems/task-finished`: A message to a finished task: continue its session or fork it instead. `/problems/task-busy`: A message under `reject` while a turn runs. `/problems/request-id-reused`: The request_id was used for another request; use a new one. `/problems/entry-too-new`: The task holds entries this server's version cannot read. `/problems/limit-reached`: More schedules or ticks than one user may have. `/problems/schedule-unreadable`: The stored schedule cannot be read. */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };

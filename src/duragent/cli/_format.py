@@ -106,6 +106,9 @@ def describe(e: Entry) -> str:
         return f"{who}streamed '{clip(pr.get('text', ''), 70)}'"
     if e.kind is EntryKind.STATUS:
         st = status_of(e)
+        if isinstance(moved := st.get("migration"), dict):
+            by = f" by {moved['by']}" if moved.get("by") else ""
+            return f"migration {moved.get('from') or '(any)'} → {moved.get('to')}{by}"
         line = f"status {st['from']} → {st['to']}"
         if st.get("reason"):
             line += f" ({st.get('reason')})"

@@ -41,6 +41,7 @@ from duragent.cli._format import (
 )
 from duragent.errors import UsageError
 from duragent.runtime._runtime import Runtime
+from duragent.runtime._versions import label
 from duragent.runtime._worker import lease_alive
 from duragent.store import Store, TaskQuery, open_store
 from duragent.types import EntryKind, Task, TaskStatus, session_scope, task_scope
@@ -49,15 +50,19 @@ app = typer.Typer()
 _C1 = re.compile(r"[\x7f-\x9f]")
 
 
-def task_header(task: Task) -> Table:
+def task_header(task: Task, unserved: str | None = None) -> Table:
+    """The task's fields; `unserved`: why it will not start (`Runtime.unserved`)."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
     grid.add_row("task", safe(task.id))
     grid.add_row("agent", safe(task.agent))
+    grid.add_row("version", safe(task.agent_version or "any (from before versions)"))
     if task.owner:
         grid.add_row("owner", safe(task.owner))
     grid.add_row("status", status_markup(task))
+    if unserved:
+        grid.add_row("", f"[yellow]{safe(unserved)}[/]")
     grid.add_row("step", f"{step(task)} (rounds completed: {task.iterations})")
     grid.add_row("tokens", f"{task.usage.input_tokens} in, {task.usage.output_tokens} out")
     grid.add_row("created", when(task.created_at))
@@ -81,9 +86,10 @@ def task_header(task: Task) -> Table:
 UPDATED = "%m-%d %H:%M:%S"
 
 
-def task_lines(tasks: list[Task], width: int) -> list[Text]:
+def task_lines(tasks: list[Task], width: int, unserved: dict[str, str] | None = None) -> list[Text]:
     """`ls` at any width: a line with the whole id (to copy), status, step and when it
-    last changed; under it, indented, agent, owner and output or error, cut to `width`.
+    last changed; under it, indented, agent, owner and output or error (or why it
+    will not start: `unserved`, task id -> reason), cut to `width`.
 
     Nothing wraps: an 80-column terminal gets every id whole and the rest cut.
     """
@@ -107,7 +113,11 @@ def task_lines(tasks: list[Task], width: int) -> list[Text]:
         detail.append(clip(clean(t.agent), 24), "cyan")
         if t.owner:
             detail.append(" · " + clip(clean(t.owner), 20))
-        if t.error:
+        why = (unserved or {}).get(t.id)
+        if why:
+            detail.append(" · ")
+            detail.append(clip(clean(why), width), "yellow")
+        elif t.error:
             detail.append(" · ")
             detail.append(clip(clean(t.error), width), "red")
         elif t.output is not None:
@@ -118,6 +128,25 @@ def task_lines(tasks: list[Task], width: int) -> list[Text]:
 
 
 # --- commands ----------------------------------------------------------------
+
+
+def migrate_task(store: str, task_id: str, to_version: str) -> Task:
+    """`duragent migrate TASK --to V`: one task, as `Runtime.migrate` moves it; printed."""
+
+    async def go() -> Task:
+        async with operator_runtime(store) as rt:
+            return await rt.migrate(task_id, to_version, by="cli")
+
+    task = run_async(go())
+    make_console().print(
+        f"task {task.id} is {status_markup(task)} on {safe(label(task.agent, task.agent_version))}"
+        + (
+            "; its worker hands it back at its next safe point"
+            if task.status is TaskStatus.RUNNING and task.control
+            else ""
+        )
+    )
+    return task
 
 
 @app.command("ls")
@@ -141,7 +170,7 @@ def list_tasks(
         labels[key] = value
     after = datetime.now(UTC) - parse_age(since) if since else None
 
-    async def go() -> list[Task]:
+    async def go() -> tuple[list[Task], dict[str, str]]:
         async with operator_runtime(store) as rt:
             page = await rt.list_tasks(
                 owner=owner,
@@ -152,17 +181,17 @@ def list_tasks(
                 metadata=labels or None,
                 created_after=after,
             )
-            return list(page.tasks)
+            return list(page.tasks), await rt.unserved(page.tasks)
 
-    tasks = run_async(go())
+    tasks, unserved = run_async(go())
     if as_json:
-        emit_json([t.model_dump(mode="json") for t in tasks])
+        emit_json([t.model_dump(mode="json") | {"unserved": unserved.get(t.id)} for t in tasks])
         return
     console = make_console()
     if not tasks:
         console.print("no tasks")
         return
-    for line in task_lines(tasks, console.width):
+    for line in task_lines(tasks, console.width, unserved):
         console.print(line, no_wrap=True, overflow="ellipsis", soft_wrap=False)
 
 
@@ -184,16 +213,17 @@ def show(
         async with operator_runtime(store) as rt:
             task = await rt.get(task_id)
             entries = await rt.store.entries(task_id)
+            why = (await rt.unserved([task])).get(task.id)
             if as_json:
                 emit_json(
                     {
                         "task": task.model_dump(mode="json")
-                        | {"partial_output": task.partial_output},
+                        | {"partial_output": task.partial_output, "unserved": why},
                         "entries": [e.model_dump(mode="json") for e in entries],
                     }
                 )
                 return
-            console.print(task_header(task))
+            console.print(task_header(task, why))
             console.print(timeline(entries))
             if follow:
                 await _follow(rt, task_id, entries[-1].seq if entries else 0, console)
@@ -360,8 +390,23 @@ def export(
 
 
 @app.command()
-def migrate(store: str = STORE) -> None:
-    """Open the store, bringing its schema to this duragent's version; report before/after."""
+def migrate(
+    task_id: str | None = typer.Argument(
+        None, help="A task to move to another version of its agent (with --to)."
+    ),
+    to: str | None = typer.Option(
+        None, "--to", help="The version the task goes on with (e.g. v4, or a fingerprint)."
+    ),
+    store: str = STORE,
+) -> None:
+    """Bring the store's schema to this duragent's version (report before/after); or,
+    with TASK --to VERSION, move a task to another version of its agent at its next
+    safe point (recorded in its log)."""
+    if task_id is not None or to is not None:
+        if task_id is None or to is None:
+            fail(UsageError("name a task and its new version: duragent migrate TASK --to v4"))
+        migrate_task(store, task_id, to)
+        return
 
     async def go() -> tuple[int | None, int]:
         prepare_store(store)  # migrating a store that is not there yet makes it

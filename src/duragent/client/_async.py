@@ -342,6 +342,12 @@ class AsyncClient:
         body = _body(deadline=_deadline(deadline))
         return await self._call("POST", f"/v1/tasks/{_seg(task_id)}/retry", TaskOut, json=body)
 
+    async def migrate(self, task_id: str, to_version: str) -> TaskOut:
+        """Move the task to another version of its agent (recorded; a running task is
+        handed back at its next safe point and goes on in a worker of that version)."""
+        body = _body(to_version=to_version)
+        return await self._call("POST", f"/v1/tasks/{_seg(task_id)}/migrate", TaskOut, json=body)
+
     async def pause(self, task_id: str, *, rollback: bool = False) -> TaskOut:
         body = _body(rollback=rollback or None)
         return await self._call("POST", f"/v1/tasks/{_seg(task_id)}/pause", TaskOut, json=body)

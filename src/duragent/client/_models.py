@@ -52,6 +52,8 @@ class TaskSummary(BaseModel):
     priority: int
     metadata: dict[str, Any]
     waiting_on: list[WaitingOn] = Field(default_factory=list)
+    agent_version: str | None = None
+    unserved: str | None = None  # while pending: "waiting for a@v3: no worker serves it"
 
 
 class TaskOut(TaskSummary):

@@ -87,6 +87,7 @@ class Client:
     send = _blocking(AsyncClient.send)
     fork = _blocking(AsyncClient.fork)
     retry = _blocking(AsyncClient.retry)
+    migrate = _blocking(AsyncClient.migrate)
     pause = _blocking(AsyncClient.pause)
     resume = _blocking(AsyncClient.resume)
     abort = _blocking(AsyncClient.abort)

@@ -12,6 +12,7 @@ from duragent.llm import ChatModel, resolve_model
 from duragent.runtime._builtin import ask_user, update_plan
 from duragent.runtime._context_policy import ContextPolicy
 from duragent.runtime._deadlines import deadline_at
+from duragent.runtime._fingerprint import check_version, fingerprint
 from duragent.runtime._guardrails import Guardrail, named_guardrails
 from duragent.runtime._handoffs import transfer_name
 from duragent.runtime._inbox import MultitaskStrategy, check_strategy
@@ -155,6 +156,10 @@ class Agent:
     handoff_description: str = ""
     # The transfer tools: tool name -> the agent it hands to (set from `handoffs`).
     transfers: dict[str, Agent] = field(init=False, repr=False, compare=False, default_factory=dict)
+    # The version its tasks are pinned to (runtime/_versions.py): declared ("v3"),
+    # or, when None, a fingerprint of the instructions, tool schemas, output
+    # schema and model, set here. A task runs only on a worker serving its version.
+    version: str | None = None
 
     def __post_init__(self) -> None:
         for name, kind in _OPTIONS.items():
@@ -198,6 +203,13 @@ class Agent:
         # The tool a hosted loop runs in (runtime/_hosted.py): set by a framework's
         # wrapper (duragent.pydantic_ai), kept in each task's config at submit.
         self.hosted_loop: str | None = None
+        self.version_declared = self.version is not None
+        if self.version is None:
+            self.version = fingerprint(
+                self.instructions, self.tool_map.values(), self.output_pin, self.model_name
+            )
+        else:
+            check_version(self.version)
         if not isinstance(self.handoff_description, str):
             raise InvalidOption("Agent.handoff_description is text")
         self.handoffs = self.handoffs  # checked, and kept as a tuple (see __setattr__)

@@ -43,10 +43,12 @@ class Control:
 
     @classmethod
     def from_row(cls, control: Mapping[str, Any]) -> Control:
-        """The request a task row's `control` field holds (written by Runtime._stop)."""
+        """The request a task row's `control` field holds (written by Runtime._stop,
+        or a release by Runtime.migrate)."""
         reason, token = control.get("reason"), control.get("token")
+        action = control.get("action")
         return cls(
-            "abort" if control.get("action") == "abort" else "pause",
+            action if action in ("abort", "release") else "pause",
             bool(control.get("rollback")),
             None if reason is None else str(reason),
             resume=bool(control.get("resume")),

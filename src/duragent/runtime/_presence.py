@@ -1,4 +1,4 @@
-"""Which agents the live workers serve, and blocking tasks that none of them can run.
+"""Which agents (and versions) the live workers serve, and blocking tasks none can run.
 
 A task for an agent no worker knows would otherwise stay `pending` forever
 with no reason given. Every worker records the agents it serves in a document
@@ -7,6 +7,11 @@ with an expiry one lease long, so a worker that died drops out of the record
 when its leases would. A worker that sees a task pending for an agent it does
 not know, for longer than the grace period, blocks it with
 `blocked(missing_definition)` only if no live worker's record names that agent.
+
+The record also names the version of each agent the worker serves
+(runtime/_versions.py) and whether it is draining: `served_versions` counts
+neither a draining worker nor an expired record, and is what says that a
+pending task waits for a version no live worker serves.
 
 Why a record and not only the grace period: a worker that knows the agent may
 be alive but busy (every slot taken), and its tasks may rightly wait longer
@@ -22,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -49,13 +54,16 @@ async def announce(
     every: float | None = None,
     *,
     draining: bool = False,
+    versions: Mapping[str, str] | None = None,
 ) -> None:
     """Record (or renew) that `worker_id` serves `agents` for the next `ttl` seconds;
     `every`: how often it renews the record (so a reader can tell one it missed);
-    `draining`: it is stopping (claims nothing, hands its running tasks back)."""
+    `draining`: it is stopping (claims nothing, hands its running tasks back);
+    `versions`: the version of each agent it serves (runtime/_versions.py)."""
     now = utcnow()
     value: dict[str, Any] = {
         "agents": sorted(agents),
+        "versions": dict(sorted((versions or {}).items())),
         "expires_at": (now + timedelta(seconds=ttl)).isoformat(),
         "seen_at": now.isoformat(),
         "draining": draining,
@@ -136,9 +144,32 @@ async def withdraw(store: Store, worker_id: str) -> None:
 
 
 async def served_agents(store: Store, now: datetime | None = None) -> set[str]:
-    """The agents some live worker serves; forgets records long expired."""
+    """The agents some live worker serves (a draining one serves nothing more);
+    forgets records long expired."""
+    return set(await served_versions(store, now))
+
+
+async def served_versions(store: Store, now: datetime | None = None) -> dict[str, set[str] | None]:
+    """Agent name -> the versions live workers that are not draining serve (None:
+    any, a worker from before versions); forgets records long expired."""
     now = now or utcnow()
-    served: set[str] = set()
+    served: dict[str, set[str] | None] = {}
+    for value in await _live_records(store, now):
+        if value.get("draining"):
+            continue
+        versions = value.get("versions")
+        for agent in (str(a) for a in value.get("agents", ())):
+            have = served.setdefault(agent, set())
+            if not isinstance(versions, dict) or agent not in versions:
+                served[agent] = None  # it claims any version of the agent
+            elif have is not None:
+                have.add(str(versions[agent]))
+    return served
+
+
+async def _live_records(store: Store, now: datetime) -> list[dict[str, Any]]:
+    """The records not expired; forgets records long expired."""
+    live: list[dict[str, Any]] = []
     stale: list[DocumentWrite] = []
     for doc in await store.list_documents(WORKERS_SCOPE):
         value: dict[str, Any] = doc.value if isinstance(doc.value, dict) else {}
@@ -147,7 +178,7 @@ async def served_agents(store: Store, now: datetime | None = None) -> set[str]:
         except (KeyError, ValueError):
             continue
         if expires > now:
-            served.update(str(a) for a in value.get("agents", ()))
+            live.append(value)
         elif expires + FORGET_AFTER < now:
             stale.append(
                 DocumentWrite(WORKERS_SCOPE, doc.key, delete=True, expect_version=doc.version)
@@ -155,7 +186,7 @@ async def served_agents(store: Store, now: datetime | None = None) -> set[str]:
     if stale:
         with contextlib.suppress(Conflict):  # another worker forgot them first
             await store.commit(Commit(documents=stale))
-    return served
+    return live
 
 
 async def block_unserved(
@@ -222,5 +253,6 @@ __all__ = [
     "last_seen",
     "process_identity",
     "served_agents",
+    "served_versions",
     "withdraw",
 ]

@@ -29,6 +29,7 @@ from duragent.runtime._approvals import Decision
 from duragent.runtime._bulk import BulkOperations
 from duragent.runtime._bulk_run import bulk_agent
 from duragent.runtime._callbacks import TaskCallbacks
+from duragent.runtime._control import Control
 from duragent.runtime._deadlines import DeadlineSpec, deadline_at, deadline_record
 from duragent.runtime._engine import StatusHook, TraceHook
 from duragent.runtime._hosted import hosted_tool, new_hosted_fork
@@ -37,12 +38,14 @@ from duragent.runtime._log import api_entry, notice
 from duragent.runtime._many import ManyTasks
 from duragent.runtime._output import OutputType, typed_output
 from duragent.runtime._pins import with_pins
+from duragent.runtime._presence import served_versions
 from duragent.runtime._reading import ReadsTasks
 from duragent.runtime._sending import SendsMessages
 from duragent.runtime._sessions import Sessions, full_messages
 from duragent.runtime._steering import Edit, History, new_fork, task_history
 from duragent.runtime._stopping import StopsTasks
 from duragent.runtime._submit import new_task
+from duragent.runtime._versions import check_version, migration_commit, unserved_reason
 from duragent.runtime._waits import person_answers, resolve
 from duragent.runtime._worker import Worker, WorkerOptions, lease_alive
 from duragent.store import open_store
@@ -173,6 +176,8 @@ class Runtime(ReadsTasks, StopsTasks, ManyTasks, BulkOperations, SendsMessages, 
         self._queues = list(queues)
         # load_task(id, callbacks=): shared with the worker, which calls and drops them.
         self._task_callbacks: dict[str, TaskCallbacks] = {}
+        # The versions live workers serve, and when read (see `unserved`).
+        self._served: tuple[float, dict[str, set[str] | None]] | None = None
 
     # --- lifecycle ---
 
@@ -426,6 +431,59 @@ class Runtime(ReadsTasks, StopsTasks, ManyTasks, BulkOperations, SendsMessages, 
             )
         )
         return res.tasks[task_id]
+
+    async def migrate(
+        self, task_id: str, to_version: str, *, owner: str | None = None, by: str | None = None
+    ) -> Task:
+        """Move a task to another version of its agent, on purpose (runtime/_versions.py).
+
+        Recorded in its log (a `migration` status entry: from, to, `by`). A task a
+        live worker runs is handed back by that worker at its next safe point (a
+        release: running tools finish within their grace, or are answered
+        "interrupted"), and a worker of `to_version` goes on with it; any other
+        task is claimed next by such a worker. A pending call then runs on the new
+        version's tool of that name, under that tool's replay rule; a call to a
+        tool the new version lacks is answered "unknown tool". Pins: re-pinned to
+        this runtime's definition when it is `to_version`, else kept (a worker whose
+        definition contradicts them blocks the task `pinned`: `repin` it). Refused
+        for an ended task (InvalidTransition); `owner`: only that user's task
+        (another's is not found).
+        """
+        check_version(to_version)
+        for _ in range(10):
+            task = await self.get(task_id, owner=owner)
+            if task.status.terminal:
+                raise InvalidTransition(
+                    task.status.value,
+                    "migrated",
+                    "an ended task runs on no version: fork it, or submit it again",
+                )
+            if task.agent_version == to_version:
+                return task
+            live = task.status is TaskStatus.RUNNING and lease_alive(task)
+            commit = migration_commit(task, to_version, by, self.agents.get(task.agent), live)
+            try:
+                res = await self.store.commit(commit)
+            except Conflict:
+                continue  # it moved meanwhile (a round closed, claimed): look again
+            runner = self.worker.runner(task_id) if live and self.worker else None
+            if runner is not None:
+                runner.request(Control("release"))  # ours: at once, not via the row
+            return res.tasks[task_id]
+        raise Conflict(f"task {task_id!r} kept changing; could not migrate it")
+
+    async def unserved(self, tasks: Sequence[Task]) -> dict[str, str]:
+        """Task id -> why it will not start (`waiting for a@v3: no worker serves it`),
+        for the pending tasks among `tasks` whose version no live worker serves.
+        The workers' records are read at most once a second (none if no task
+        is pinned and pending)."""
+        if not any(t.status is TaskStatus.PENDING and t.agent_version for t in tasks):
+            return {}
+        now = asyncio.get_running_loop().time()
+        if self._served is None or now - self._served[0] > 1.0:
+            self._served = (now, await served_versions(self.store))
+        served = self._served[1]
+        return {t.id: why for t in tasks if (why := unserved_reason(t, served)) is not None}
 
     async def retry(
         self,

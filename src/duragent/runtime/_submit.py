@@ -10,6 +10,7 @@ from duragent.runtime._deadlines import DeadlineSpec, deadline_at, deadline_reco
 from duragent.runtime._hosted import HOSTED_LOOP
 from duragent.runtime._log import api_entry
 from duragent.runtime._pins import with_pins
+from duragent.runtime._versions import pinned_version
 from duragent.types import NewEntry, Task, UserMessage, utcnow
 
 if TYPE_CHECKING:
@@ -43,7 +44,8 @@ def new_task(
 ) -> tuple[Task, NewEntry]:
     """A pending task and the entry holding its user message.
 
-    The model request (model, settings and provider URL) and the reach of the
+    The task runs on the agent's version (runtime/_versions.py). The model
+    request (model, settings and provider URL) and the reach of the
     tools are pinned on the task now (runtime/_pins.py), so every model call of
     the task, including a resend after a crash, asks the same way, at the same place.
     Input and context no store could give back (see duragent._storable) are refused
@@ -77,5 +79,6 @@ def new_task(
         root_id=root_id,
         context=dict(context or {}),
         config=config,
+        agent_version=pinned_version(agent),
     )
     return task, api_entry(task.id, 1, UserMessage(content=input_text(input)))

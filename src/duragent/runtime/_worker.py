@@ -32,6 +32,7 @@ from duragent.runtime._held import Held
 from duragent.runtime._housekeeping import Housekeeper, stop as stop_housekeeping
 from duragent.runtime._presence import announce, block_unserved, withdraw
 from duragent.runtime._state import Clock
+from duragent.runtime._versions import served_by
 from duragent.store._commits import TaskQuery
 from duragent.store._protocol import Store
 from duragent.types import Entry, EntryKind, Task, TaskStatus, utcnow
@@ -129,6 +130,8 @@ class Worker:
         self.store = store
         self.queues = None if options.queues is None else list(options.queues)
         self.agents = agents_by_name(agents)
+        # The version of each agent served: only tasks of those (or of none) are claimed.
+        self.versions = served_by(self.agents.values())
         self.heartbeat = (
             options.heartbeat if options.heartbeat is not None else options.lease_ttl / 3
         )
@@ -366,6 +369,7 @@ class Worker:
                     agents=list(self.agents),
                     ttl=self.options.lease_ttl,
                     queues=self.queues,
+                    versions=self.versions,
                 )
             except StoreError as exc:
                 # The store is failing (down, disk full): look again later, backing
@@ -548,7 +552,13 @@ class Worker:
             try:
                 self._announce_now.clear()
                 await announce(
-                    self.store, self.id, self.agents, 3 * every, every, draining=self._draining
+                    self.store,
+                    self.id,
+                    self.agents,
+                    3 * every,
+                    every,
+                    draining=self._draining,
+                    versions=self.versions,
                 )
                 if loop.time() - swept >= self.options.missing_agent_grace / 4:
                     swept = loop.time()

@@ -302,10 +302,22 @@ class TaskSummary(BaseModel):
         description="While waiting: each open wait's kind (an approval names its tool), "
         "e.g. to tell an approval from a question, both status_reason 'input'.",
     )
+    agent_version: str | None = Field(
+        default=None,
+        description="The version of its agent the task runs on; null: any (a task from "
+        "before versions). Moved only by POST /v1/tasks/{task_id}/migrate.",
+    )
+    unserved: str | None = Field(
+        default=None,
+        description="While pending: why no worker will start it, when no live worker "
+        "serves its version, e.g. 'waiting for assistant@v3: no worker serves it'.",
+    )
 
     @classmethod
-    def of(cls, task: Task, waiting_on: list[WaitingOn] | None = None) -> TaskSummary:
-        return cls(**_summary_fields(task), waiting_on=waiting_on or [])
+    def of(
+        cls, task: Task, waiting_on: list[WaitingOn] | None = None, unserved: str | None = None
+    ) -> TaskSummary:
+        return cls(**_summary_fields(task), waiting_on=waiting_on or [], unserved=unserved)
 
 
 class TaskOut(TaskSummary):
@@ -354,11 +366,16 @@ class TaskOut(TaskSummary):
 
     @classmethod
     def full(
-        cls, task: Task, waits: list[OpenWait] | None = None, holder: Sighting | None = None
+        cls,
+        task: Task,
+        waits: list[OpenWait] | None = None,
+        holder: Sighting | None = None,
+        unserved: str | None = None,
     ) -> TaskOut:
         waits = waits or []
         return cls(
             **_summary_fields(task),
+            unserved=unserved,
             waiting_on=[WaitingOn(wait=w.wait, tool=w.tool) for w in waits],
             root_id=task.root_id,
             request_id=task.request_id,
@@ -400,6 +417,7 @@ def _summary_fields(task: Task) -> dict[str, Any]:
         "queue": task.queue or task.agent,
         "priority": task.priority,
         "metadata": task.metadata,
+        "agent_version": task.agent_version,
     }
 
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from duragent.errors import InvalidTransition
 from duragent.runtime._inbox import MAX_MESSAGE_CHARS
 from duragent.runtime._steering import Edit as RuntimeEdit, History
+from duragent.runtime._versions import VERSION_PATTERN
 from duragent.server._deps import OwnedTask, RuntimeDep, UserDep
 from duragent.server._limits import ServerLimits, human_bytes, json_size
 from duragent.server._problems import TaskFinished, problem_responses
@@ -114,6 +115,37 @@ async def fork_task(
     if not sub.created:
         response.status_code = 200
     return await task_out(runtime, await runtime.get(sub.task_id, owner=user))
+
+
+class MigrateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    to_version: str = Field(
+        min_length=1,
+        max_length=64,
+        pattern=VERSION_PATTERN,
+        description="The version of the task's agent it goes on with (e.g. 'v4', or a "
+        "fingerprint): 1-64 letters, digits, '.', '_', '+' or '-'.",
+    )
+
+
+@router.post(
+    "/{task_id}/migrate",
+    response_model=TaskOut,
+    summary="Move the task to another version of its agent",
+    description="Recorded in the task's log (a migration entry: from, to, by). A task a "
+    "worker runs is handed back by it at its next safe point (its running tool calls "
+    "end within their grace, or are answered 'interrupted') and goes on in a worker "
+    "of the new version; any other task is started next by such a worker. A pending "
+    "call to a tool the new version lacks blocks the task (missing_definition). "
+    "An ended task is refused (409).",
+    responses=problem_responses(400, 401, 404, 409, 422),
+)
+async def migrate_task(
+    task: OwnedTask, user: UserDep, runtime: RuntimeDep, body: MigrateRequest
+) -> TaskOut:
+    moved = await runtime.migrate(task.id, body.to_version, owner=user, by=user)
+    return await task_out(runtime, moved)
 
 
 def _check_edit_size(edit: RuntimeEdit, limits: ServerLimits) -> None:

@@ -69,7 +69,8 @@ async def task_out(runtime: RuntimeDep, task: Task) -> TaskOut:
         # Whether the lease's worker still lives, for the page (a dead one's lease
         # reads the same as a live one's until it ends).
         holder = await last_seen(runtime.store, task.lease.owner)
-    return TaskOut.full(task, waits, holder)
+    why = await runtime.unserved([task])
+    return TaskOut.full(task, waits, holder, why.get(task.id))
 
 
 async def submission_out(runtime: RuntimeDep, sub: Submission, response: Response) -> TaskOut:
@@ -82,11 +83,12 @@ async def submission_out(runtime: RuntimeDep, sub: Submission, response: Respons
     return await task_out(runtime, await runtime.get(sub.task_id))
 
 
-async def summary(runtime: RuntimeDep, task: Task) -> TaskSummary:
+async def summary(runtime: RuntimeDep, task: Task, unserved: str | None = None) -> TaskSummary:
     """A task for a listing: what a waiting one waits for too (an approval or a question
-    share status_reason 'input'); one read of its open round, only for those."""
+    share status_reason 'input'); one read of its open round, only for those.
+    `unserved`: why a pending one will not start (`Runtime.unserved`)."""
     if task.status is not TaskStatus.WAITING:
-        return TaskSummary.of(task)
+        return TaskSummary.of(task, unserved=unserved)
     waits = await open_waits(runtime.store, task)
     return TaskSummary.of(
         task, [WaitingOn(wait=w["wait"], tool=w.get("tool")) for w in waits.values()]
@@ -201,8 +203,9 @@ async def _bounded_page(
     is cut, next_cursor continues after the last one given."""
     out: list[TaskSummary] = []
     size = 0
+    why = await runtime.unserved(tasks)
     for i, task in enumerate(tasks):
-        one = await summary(runtime, task)
+        one = await summary(runtime, task, why.get(task.id))
         size += len(one.model_dump_json())
         if out and size > max_bytes:
             return TaskPageOut(tasks=out, next_cursor=encode_cursor(tasks[i - 1]))

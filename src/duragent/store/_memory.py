@@ -7,7 +7,7 @@ import bisect
 import json
 import operator
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -53,10 +53,22 @@ def request_key(owner: str | None, request_id: str) -> tuple[str, str]:
     return (owner or "", request_id)
 
 
-def serves(task: Task, agents: Collection[str] | None, queues: Collection[str] | None) -> bool:
-    """Whether a worker of these agents and queues (None: any) may run the task."""
-    return (agents is None or task.agent in agents) and (
-        queues is None or (task.queue or task.agent) in queues
+def serves(
+    task: Task,
+    agents: Collection[str] | None,
+    queues: Collection[str] | None,
+    versions: Mapping[str, str] | None = None,
+) -> bool:
+    """Whether a worker of these agents, queues and agent versions (None: any) may
+    run the task."""
+    return (
+        (agents is None or task.agent in agents)
+        and (queues is None or (task.queue or task.agent) in queues)
+        and (
+            versions is None
+            or task.agent_version is None
+            or versions.get(task.agent) == task.agent_version
+        )
     )
 
 
@@ -133,12 +145,13 @@ class _MemoryTx:
         limit: int,
         closed: set[str],
         queues: Sequence[str] | None = None,
+        versions: Mapping[str, str] | None = None,
     ) -> list[Candidate]:
         ids = [task_id] if task_id else list(self.store._tasks)
         out = []
         for tid in ids:
             task = self.load_task(tid)
-            if task is None or not serves(task, agents, queues):
+            if task is None or not serves(task, agents, queues, versions):
                 continue
             ready = task.status is TaskStatus.PENDING and task.wake_at is None
             if ready and task.queue in closed:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -111,19 +111,21 @@ class PgClaims:
         ttl: float = 30.0,
         task_id: str | None = None,
         queues: Iterable[str] | None = None,
+        versions: Mapping[str, str] | None = None,
     ) -> list[Task]:
         self._check_opened()
         if n < 1:
             return []
         names = None if agents is None else list(agents)
         only = None if queues is None else sorted(set(queues))
+        pins = None if versions is None else dict(versions)
         if self._claims is None:
             self._claims = ThreadPoolExecutor(1, thread_name_prefix="duragent-claims")
         loop = asyncio.get_running_loop()
         claimed, tx = await loop.run_in_executor(
             self._claims,
             self._claim,
-            lambda tx: apply_claim(tx, worker_id, n, names, ttl, task_id, only),
+            lambda tx: apply_claim(tx, worker_id, n, names, ttl, task_id, only, pins),
         )
         # The writer's copies of the rows (see PgWriter.rows): the next commit of
         # each claimed task runs on it, with no read. A copy someone changes later

@@ -146,6 +146,10 @@ ENTRY_KEYS: list[Step] = [
         FROM entries e""",
 ]
 MIGRATIONS[5] = ENTRY_KEYS
+
+# Version 6: the agent version a task runs on (`Task.agent_version`), a column
+# so that a claim filters by it; NULL for the tasks of before (any version).
+MIGRATIONS[6] = ['ALTER TABLE tasks ADD COLUMN agent_version text COLLATE "C"']
 SCHEMA_VERSION = max(MIGRATIONS)
 
 # A task's entries with seqs in a range, by `eid`: served by the primary key.

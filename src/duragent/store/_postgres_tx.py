@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -285,9 +285,11 @@ class PgTx:
         limit: int,
         closed: set[str],
         queues: Sequence[str] | None = None,
+        versions: Mapping[str, str] | None = None,
     ) -> list[Candidate]:
-        """Runnable tasks in claim order (of `queues` only, when given), in one
-        statement, each source on its own index.
+        """Runnable tasks in claim order (of `queues` only, when given; of the
+        agent versions in `versions`, or none, when given), in one statement,
+        each source on its own index.
 
         Ready tasks: per open queue (found by a skip scan of `tasks_ready`), the
         first `limit` of `tasks_ready`, already in claim order; due timers and
@@ -303,6 +305,15 @@ class PgTx:
         if agents is not None:
             agent_clause = " AND agent = ANY(%(agents)s)"
             params["agents"] = list(agents)
+        if versions is not None:
+            # A filter on the rows each index gives, like the agent's: no new seek;
+            # arrays, so the statement's text (and its plan) is the same for any pairs.
+            agent_clause += (
+                " AND (agent_version IS NULL OR (agent, agent_version) IN"
+                " (SELECT * FROM unnest(%(vnames)s::text[], %(vversions)s::text[])))"
+            )
+            params["vnames"] = list(versions)
+            params["vversions"] = [versions[k] for k in versions]
         # The queues with ready tasks: a skip scan of `tasks_ready`, or the ones named.
         ready_queues = (
             "WITH RECURSIVE q(name) AS ("
@@ -526,6 +537,7 @@ class BufferedPgTx(PgTx):
         limit: int,
         closed: set[str],
         queues: Sequence[str] | None = None,
+        versions: Mapping[str, str] | None = None,
     ) -> list[Candidate]:
         raise NeedsServer
 

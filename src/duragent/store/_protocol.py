@@ -164,6 +164,7 @@ class Store(Protocol):
         ttl: float = 30.0,
         task_id: str | None = None,
         queues: Iterable[str] | None = None,
+        versions: Mapping[str, str] | None = None,
     ) -> Task | None:
         """Take the lease of one runnable task (of `agents`/`queues`, or exactly
         `task_id`) for `ttl` seconds; None if there is none. See `claim_tasks`."""
@@ -178,10 +179,14 @@ class Store(Protocol):
         ttl: float = 30.0,
         task_id: str | None = None,
         queues: Iterable[str] | None = None,
+        versions: Mapping[str, str] | None = None,
     ) -> list[Task]:
         """Take the leases of up to `n` runnable tasks in claim order, within every
-        queue's limits. Each claim bumps the lease epoch, so the previous owner's
-        commits are refused from then on (recovery goes through this same claim)."""
+        queue's limits. `versions` (agent name to the version served): a task
+        pinned to an agent version is taken only if it maps its agent to it; a
+        task with no version (made before versions) by any worker of its agent.
+        Each claim bumps the lease epoch, so the previous owner's commits are
+        refused from then on (recovery goes through this same claim)."""
         ...
 
     async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task:

@@ -173,19 +173,20 @@ def claim(task: Task, worker_id: str, ttl: float, now: datetime) -> tuple[Task, 
         epoch=lease.epoch,
         takeover=takeover,
     )
-    claimed = updated(
-        task,
-        {
-            "status": TaskStatus.RUNNING,
-            "status_reason": None,
-            "wake_at": None,
-            "restarts": restarts,
-            "lease": lease,
-            "updated_at": now,
-            "version": task.version + 1,
-        },
-    )
-    return claimed, entry
+    changes: dict[str, Any] = {
+        "status": TaskStatus.RUNNING,
+        "status_reason": None,
+        "wake_at": None,
+        "restarts": restarts,
+        "lease": lease,
+        "updated_at": now,
+        "version": task.version + 1,
+    }
+    if task.control and task.control.get("action") == "release":
+        # A release asks the holder at the time to hand the task back (a
+        # migration's, runtime/_versions.py): a new claim is past it.
+        changes["control"] = None
+    return updated(task, changes), entry
 
 
 def renewed(task: Task, worker_id: str, epoch: int, ttl: float, now: datetime) -> Task:

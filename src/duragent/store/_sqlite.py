@@ -15,7 +15,7 @@ import contextlib
 import json
 import os
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -412,6 +412,7 @@ class SQLiteStore(TxWrites):
         ttl: float = 30.0,
         task_id: str | None = None,
         queues: Iterable[str] | None = None,
+        versions: Mapping[str, str] | None = None,
     ) -> list[Task]:
         """Look first without the write lock: an idle worker polling for work then
         never holds the file's one write lock (which would stall every other
@@ -420,16 +421,17 @@ class SQLiteStore(TxWrites):
         is likely more, and the claim reads the same candidates again anyway."""
         names = None if agents is None else list(agents)
         only = None if queues is None else sorted(set(queues))
+        pins = None if versions is None else dict(versions)
         if n < 1:
             return []
         if not self._claims_were_full and not await self._read(
             lambda conn: bool(
-                SqliteTx(conn).find_claimable(utcnow(), names, task_id, 1, set(), only)
+                SqliteTx(conn).find_claimable(utcnow(), names, task_id, 1, set(), only, pins)
             )
         ):
             return []
         claimed = await super().claim_tasks(
-            worker_id, n, agents=names, ttl=ttl, task_id=task_id, queues=only
+            worker_id, n, agents=names, ttl=ttl, task_id=task_id, queues=only, versions=pins
         )
         self._claims_were_full = task_id is None and len(claimed) == n
         return claimed

@@ -258,6 +258,10 @@ ENTRY_MILLISECONDS: list[Step] = [
     *_entry_rows("created_ms"),
 ]
 MIGRATIONS[7] = ENTRY_MILLISECONDS
+
+# Version 8: the agent version a task runs on (`Task.agent_version`), a column
+# so that a claim filters by it; NULL for the tasks of before (any version).
+MIGRATIONS[8] = ["ALTER TABLE tasks ADD COLUMN agent_version TEXT"]
 SCHEMA_VERSION = max(MIGRATIONS)
 
 # A task's entries with seqs in a range, by `eid`: served by the table's key.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -329,9 +329,11 @@ class SqliteTx:
         limit: int,
         closed: set[str],
         queues: Sequence[str] | None = None,
+        versions: Mapping[str, str] | None = None,
     ) -> list[Candidate]:
-        """Runnable tasks in claim order (of `queues` only, when given), each source
-        read through its own index.
+        """Runnable tasks in claim order (of `queues` only, when given; of the
+        agent versions in `versions`, or none, when given), each source read
+        through its own index.
 
         Ready tasks: per open queue, the first `limit` of `tasks_ready` (already
         in claim order); due timers and delayed starts: `tasks_due`; expired
@@ -351,6 +353,13 @@ class SqliteTx:
             agent_clause += " AND queue IN (" + ", ".join(f":q{i}" for i in range(len(queues)))
             agent_clause += ")"
             params.update({f"q{i}": n for i, n in enumerate(queues)})
+        if versions is not None:
+            # A filter on the rows the index gives, like the agent's: no new seek.
+            pairs = ", ".join(f"(:vn{i}, :vv{i})" for i in range(len(versions)))
+            agent_clause += " AND (agent_version IS NULL"
+            agent_clause += f" OR (agent, agent_version) IN (VALUES {pairs}))" if pairs else ")"
+            for i, (name, version) in enumerate(sorted(versions.items())):
+                params[f"vn{i}"], params[f"vv{i}"] = name, version
         cols = "SELECT id, status, queue, owner, priority, created_at, data, input FROM tasks"
         if task_id is not None:
             params["id"] = task_id

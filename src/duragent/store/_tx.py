@@ -67,6 +67,7 @@ class Tx(Protocol):
         limit: int,
         closed: set[str],
         queues: Sequence[str] | None = None,
+        versions: Mapping[str, str] | None = None,
     ) -> list[Candidate]: ...
     def load_queues(self) -> list[Document]: ...
     def running_counts(
@@ -106,6 +107,8 @@ def task_columns(
         cols["status_reason"] = task.status_reason
     if stored is None or task.wake_at != stored.wake_at:
         cols["wake_at"] = when(task.wake_at)
+    if stored is None or task.agent_version != stored.agent_version:
+        cols["agent_version"] = task.agent_version
     held = None if stored is None else stored.lease
     if held is not lease:  # a patch that leaves the lease alone keeps its object
         if held is None or lease.owner != held.owner:
@@ -354,9 +357,11 @@ def apply_claim(
     ttl: float,
     task_id: str | None,
     queues: Sequence[str] | None = None,
+    versions: Mapping[str, str] | None = None,
 ) -> list[Task]:
     """Claim up to `n` runnable tasks in claim order, within every queue's limits
-    (only from `queues`, when given).
+    (only from `queues`, when given; a task pinned to an agent version only if
+    `versions`, when given, maps its agent to that version).
 
     What is expired, and when the new leases end, is measured by `tx.lease_now()`
     (asked after `load_queues`, which on PostgreSQL brings the server's time along).
@@ -377,7 +382,9 @@ def apply_claim(
     limit = n + 8 if budget.queues else n
     for _ in range(4):
         refused = 0
-        for found in tx.find_claimable(now, agents, task_id, limit, budget.closed(), queues):
+        for found in tx.find_claimable(
+            now, agents, task_id, limit, budget.closed(), queues, versions
+        ):
             if found.id in seen:
                 continue
             seen.add(found.id)
@@ -514,9 +521,10 @@ class TxWrites:
         ttl: float = 30.0,
         task_id: str | None = None,
         queues: Iterable[str] | None = None,
+        versions: Mapping[str, str] | None = None,
     ) -> Task | None:
         claimed = await self.claim_tasks(
-            worker_id, 1, agents=agents, ttl=ttl, task_id=task_id, queues=queues
+            worker_id, 1, agents=agents, ttl=ttl, task_id=task_id, queues=queues, versions=versions
         )
         return claimed[0] if claimed else None
 
@@ -529,11 +537,13 @@ class TxWrites:
         ttl: float = 30.0,
         task_id: str | None = None,
         queues: Iterable[str] | None = None,
+        versions: Mapping[str, str] | None = None,
     ) -> list[Task]:
         names = None if agents is None else list(agents)
         only = None if queues is None else sorted(set(queues))
+        pins = None if versions is None else dict(versions)
         return await self._write(
-            lambda tx: apply_claim(tx, worker_id, n, names, ttl, task_id, only)
+            lambda tx: apply_claim(tx, worker_id, n, names, ttl, task_id, only, pins)
         )
 
     async def renew_lease(self, task_id: str, worker_id: str, epoch: int, ttl: float) -> Task:

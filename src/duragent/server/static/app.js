@@ -231,6 +231,8 @@ function renderPage(page, filtered) {
     onclick: () => openTask(t.id),
   },
   h("div", { class: "row" }, h("span", { class: "agent" }, t.agent), badge(t.status, t.status_reason, t.waiting_on)),
+  // Pending on a version no live worker serves: said, never a silent "pending".
+  t.unserved ? h("div", { class: "unserved" }, t.unserved) : "",
   h("div", { class: "meta" }, t.current_step ? `step ${t.current_step} · ` : "", ago(t.created_at), " · ",
     t.queue ? `${t.queue} · ` : "", t.id.slice(0, 10)))));
 }
@@ -387,6 +389,9 @@ function refreshTaskSoon() {
 function renderTask(task) {
   state.task = task;
   $("#task-agent").textContent = task.agent;
+  $("#task-version").textContent = task.agent_version ? `@${task.agent_version}` : "";
+  $("#unserved").textContent = task.unserved || "";
+  $("#unserved").hidden = !task.unserved;
   $("#task-id").textContent = task.id;
   $("#task-input").textContent = typeof task.input === "string" ? task.input : JSON.stringify(task.input);
   $("#status").replaceChildren(badge(task.status, task.status_reason, task.waiting_on));
@@ -430,6 +435,7 @@ function renderTask(task) {
   $("#retry").hidden = s !== "failed";
   $("#retry").disabled = s !== "failed";
   $("#abort").disabled = !(ACTIVE.has(s) || s === "blocked");
+  $("#migrate").disabled = !(ACTIVE.has(s) || s === "blocked");  // an ended task runs on no version
   $("#send-form").hidden = !(ACTIVE.has(s) || s === "blocked");  // a live task takes messages
 }
 
@@ -511,7 +517,7 @@ async function control(action, body, button) {
   const id = state.taskId;
   const label = button.textContent;
   button.disabled = true;
-  button.textContent = { pause: "Pausing…", resume: "Resuming…", abort: "Aborting…", retry: "Retrying…" }[action] || label;
+  button.textContent = { pause: "Pausing…", resume: "Resuming…", abort: "Aborting…", retry: "Retrying…", migrate: "Migrating…" }[action] || label;
   try {
     const task = await api("POST", `/v1/tasks/${encodeURIComponent(id)}/${action}`, body);
     // A retried task lives again: its event stream had ended, so follow it anew.
@@ -617,6 +623,10 @@ $("#pause").addEventListener("click", (ev) => control("pause", { rollback: false
 $("#rollback").addEventListener("click", (ev) => control("pause", { rollback: true }, ev.currentTarget));
 $("#resume").addEventListener("click", (ev) => control("resume", undefined, ev.currentTarget));
 $("#retry").addEventListener("click", (ev) => control("retry", undefined, ev.currentTarget));
+$("#migrate").addEventListener("click", (ev) => {
+  const to = prompt(`Move this task from ${state.task?.agent}@${state.task?.agent_version || "any"} to version:`);
+  if (to && to.trim()) control("migrate", { to_version: to.trim() }, ev.currentTarget);
+});
 $("#approve-all").addEventListener("click", (ev) => decideAll(true, ev.currentTarget));
 $("#deny-all").addEventListener("click", (ev) => decideAll(false, ev.currentTarget));
 $("#abort").addEventListener("click", (ev) => {

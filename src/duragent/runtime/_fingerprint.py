@@ -1,0 +1,40 @@
+"""An agent's version when it declares none: a fingerprint of what makes it answer
+(runtime/_versions.py says what versions do)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from duragent.errors import InvalidOption
+from duragent.runtime._tools import Tool
+
+VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"
+_VERSION = re.compile(VERSION_PATTERN)
+
+
+def check_version(version: object) -> None:
+    if not isinstance(version, str) or not _VERSION.match(version):
+        raise InvalidOption(
+            "an agent version is 1-64 letters, digits, '.', '_', '+' or '-' "
+            f"(starting with a letter or digit), not {version!r}"
+        )
+
+
+def fingerprint(
+    instructions: str, tools: Iterable[Tool], output: dict[str, Any] | None, model: str
+) -> str:
+    """12 hex digits of the SHA-256 of the instructions, the tools' schemas (name,
+    description, parameters), the output schema and the model's name: what decides
+    how the agent answers. Timing, limits and retries leave it as it is."""
+    what: dict[str, Any] = {
+        "instructions": instructions,
+        "tools": sorted([t.name, t.description, t.parameters] for t in tools),
+        "output": output,
+        "model": model,
+    }
+    raw = json.dumps(what, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(raw.encode()).hexdigest()[:12]
