@@ -1,7 +1,11 @@
 """Change notification for the PostgreSQL store: LISTEN/NOTIFY, and the local signals.
 
 A commit notifies one channel with its store's namespace (schema) as payload,
-delivered by the server only if and when the transaction commits. Each store
+delivered by the server only if and when the transaction commits, and
+TASKS_CHANNEL with the ids of the tasks it wrote or deleted: a process that
+watches tasks (`watch_tasks`: the server's event streams) listens to that one
+instead of CHANNEL and re-reads only the tasks that moved. (CHANNEL stays for
+the listeners of older versions.) Each store
 keeps one listening connection per event loop; waiters wait on a local
 signal that both the listener and the store's own commits fire. A commit that
 sets a control request (pause/abort) on a task also notifies CONTROL_CHANNEL
@@ -19,17 +23,31 @@ import psycopg
 from psycopg import sql
 
 from duragent.store._postgres_bounds import WaitBounds, session_setup
-from duragent.store._signals import ChangeSignal, ControlCallback
+from duragent.store._postgres_wire import Statement
+from duragent.store._signals import ChangeSignal, ControlCallback, TasksCallback
 
 # A commit notifies one channel with the store's namespace as payload: WORK_CHANNEL
 # when it may have made a task claimable (see PgTx.work), CHANNEL otherwise.
 CHANNEL = "duragent_changes"
 WORK_CHANNEL = "duragent_work"
 CONTROL_CHANNEL = "duragent_control"
+TASKS_CHANNEL = "duragent_tasks"
+
+# A NOTIFY payload must be shorter than 8000 bytes; past this, the ids are left
+# out (null): every watcher re-reads what it watches.
+_TASKS_MAX = 7000
 
 
 def control_payload(namespace: str, task_id: str) -> str:
     return json.dumps([namespace, task_id])
+
+
+def tasks_notify(namespace: str, task_ids: set[str] | frozenset[str]) -> Statement:
+    """The NOTIFY that tells watchers which tasks a commit moved: `[namespace, ids]`."""
+    payload = json.dumps([namespace, sorted(task_ids)])
+    if len(payload.encode()) > _TASKS_MAX:
+        payload = json.dumps([namespace, None])
+    return Statement("SELECT pg_notify(%s, %s)", (TASKS_CHANNEL, payload), False)
 
 
 class Signals:
@@ -50,11 +68,12 @@ class Listener:
     """One connection per store doing LISTEN; reconnects with backoff if it drops.
 
     It listens to WORK_CHANNEL and CONTROL_CHANNEL (rare: one notification per
-    pause or abort of a running task), and to CHANNEL only if `changes`: a
-    process that only waits for work (a worker) is not sent the notification
+    pause or abort of a running task), and to TASKS_CHANNEL only if `changes`:
+    a process that only waits for work (a worker) is not sent the notification
     of every commit in the cluster. `on_control` is told each controlled task
-    id, and None each time it (re)starts listening: what was committed while
-    it was not listening went unheard. Its session carries the store's `bounds`
+    id, and `on_tasks` the tasks each commit moved; both are told None each
+    time it (re)starts listening: what was committed while it was not
+    listening went unheard. Its session carries the store's `bounds`
     (_postgres_bounds.py, but for statement_timeout): a listener cut off from
     the server does not leave its session behind there.
     """
@@ -67,6 +86,7 @@ class Listener:
         *,
         changes: bool,
         on_control: ControlCallback,
+        on_tasks: TasksCallback,
         bounds: WaitBounds,
     ) -> None:
         self.conninfo = conninfo
@@ -75,6 +95,7 @@ class Listener:
         self.signals = signals
         self.changes = changes
         self.on_control = on_control
+        self.on_tasks = on_tasks
         self.loop = asyncio.get_running_loop()
         self.ready = asyncio.Event()
         self.task = self.loop.create_task(self._run())
@@ -82,7 +103,7 @@ class Listener:
     async def _run(self) -> None:
         channels = [WORK_CHANNEL, CONTROL_CHANNEL]
         if self.changes:
-            channels.append(CHANNEL)
+            channels.append(TASKS_CHANNEL)
         listen = sql.SQL("; ").join(
             sql.SQL("LISTEN {}").format(sql.Identifier(c)) for c in channels
         )
@@ -96,10 +117,14 @@ class Listener:
                     await conn.execute(sql.SQL("; ").join([listen, *setup]))
                     self.ready.set()
                     self.on_control(None)
+                    if self.changes:
+                        self.on_tasks(None)
                     delay = 0.1
                     async for note in conn.notifies():
                         if note.channel == CONTROL_CHANNEL:
                             self._controlled(note.payload)
+                        elif note.channel == TASKS_CHANNEL:
+                            self._moved(note.payload)
                         elif note.payload == self.namespace:
                             self.signals().fire(work=note.channel == WORK_CHANNEL)
             except psycopg.Error:
@@ -107,6 +132,8 @@ class Listener:
             # Not listening: whatever changed meanwhile was unheard, so wake everyone.
             self.ready.clear()
             self.signals().fire(work=True)
+            if self.changes:
+                self.on_tasks(None)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
@@ -117,6 +144,19 @@ class Listener:
             return  # not ours: some other program on this channel
         if namespace == self.namespace and isinstance(task_id, str):
             self.on_control(task_id)
+
+    def _moved(self, payload: str) -> None:
+        try:
+            namespace, task_ids = json.loads(payload)
+        except (ValueError, TypeError):
+            return
+        if namespace != self.namespace:
+            return
+        self.signals().fire(work=False)
+        if isinstance(task_ids, list):
+            self.on_tasks(frozenset(i for i in task_ids if isinstance(i, str)))
+        else:
+            self.on_tasks(None)  # too many to list
 
     async def stop(self) -> None:
         if self.loop is not asyncio.get_running_loop():
