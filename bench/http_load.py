@@ -13,9 +13,12 @@ process on 127.0.0.1 with 4 in-process workers and its metrics port.
 One run: `--subscribers` tasks that wait for an answer are made; then
 `--submissions` short tasks (`POST` then `GET /v1/tasks/{id}`, `--concurrency`
 at a time) with no stream open; then the same with one `/events` stream open
-on each waiting task, of which `--probes` are answered during the submissions:
-each entry those streams receive gives the latency from its `created_at` (set
-in the commit that writes it) to the client. Store reads are the servers'
+on each waiting task, of which `--probes` are answered during the
+submissions: each entry those streams receive gives the latency from its
+`created_at` (set in the commit that writes it) to the client; then the
+submissions again with no stream (the rate without streams is the mean of the
+two phases around the one with, so a drift of the shared machine's load
+favours neither). Store reads are the servers'
 `duragent_store_reads_total` (the task rows and entries read, by anyone):
 what the open streams cost is the reads of the phase with streams minus those
 of the phase without, per commit of the phase. Rounds per CPU-second: rounds
@@ -124,6 +127,10 @@ def child(args: list[str], tmp: Path, name: str, port: int) -> Iterator[Server]:
         try:
             wait_healthy(server.url, proc, log_path)
             yield server
+        except BaseException:
+            tail = log_path.read_text(errors="replace")[-3000:]
+            print(f"--- {name} (exit {proc.poll()}), its log's end:\n{tail}", file=sys.stderr)
+            raise
         finally:
             proc.terminate()
             try:
@@ -145,6 +152,8 @@ def duragent_servers(store: str, n: int, tmp: Path) -> Iterator[list[Server]]:
             cmd += ["--store", store, "--agents", "bench.http_load:agents", "--workers", "4"]
             cmd += ["--host", HOST, "--port", str(port), "--tokens", str(tokens)]
             cmd += ["--metrics-port", str(mport), "--log-level", "warning"]
+            # Every client here is one address: 200 streams beside the API calls.
+            cmd += ["--max-connections-per-address", "1000"]
             server = stack.enter_context(child(cmd, tmp, f"serve-{i}", port))
             server.metrics = f"http://{HOST}:{mport}/metrics"
             servers.append(server)
@@ -165,6 +174,15 @@ class Run:
     errors: dict[str, int] = field(default_factory=dict)
 
 
+async def send(api: httpx.AsyncClient, method: str, url: str, **kw: object) -> httpx.Response:
+    """A request, sent again once if the server closed an idle kept-alive connection
+    as it went out (a race of every HTTP/1.1 client, not an error of the server)."""
+    try:
+        return await api.request(method, url, **kw)  # type: ignore[arg-type]
+    except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
+        return await api.request(method, url, **kw)  # type: ignore[arg-type]
+
+
 def note(counts: dict[str, int], what: str) -> None:
     counts[what] = counts.get(what, 0) + 1
 
@@ -179,11 +197,11 @@ async def submissions(
         url, user = urls[k % len(urls)], k % USERS
         async with sem:
             body = {"agent": "quick", "input": f"job {k}"}
-            r = await api.post(f"{url}/v1/tasks", json=body, headers=auth(user))
+            r = await send(api, "POST", f"{url}/v1/tasks", json=body, headers=auth(user))
             if r.status_code != 201:
                 note(counts, f"submit {r.status_code}")
                 return
-            g = await api.get(f"{url}/v1/tasks/{r.json()['id']}", headers=auth(user))
+            g = await send(api, "GET", f"{url}/v1/tasks/{r.json()['id']}", headers=auth(user))
             if g.status_code != 200:
                 note(counts, f"get {g.status_code}")
 
@@ -216,9 +234,8 @@ async def subscribe(
 
 
 async def answer(api: httpx.AsyncClient, url: str, task_id: str, user: int) -> None:
-    await api.post(
-        f"{url}/v1/tasks/{task_id}/respond", json={"answer": "Paris"}, headers=auth(user)
-    )
+    body = {"answer": "Paris"}
+    await send(api, "POST", f"{url}/v1/tasks/{task_id}/respond", json=body, headers=auth(user))
 
 
 def totals(servers: list[Server]) -> dict[str, float]:
@@ -237,15 +254,16 @@ async def waiting_tasks(
     out = []
     for i in range(n):
         user = i % USERS
-        r = await api.post(
-            f"{urls[i % len(urls)]}/v1/tasks",
-            json={"agent": "asker", "input": "?"},
-            headers=auth(user),
+        body = {"agent": "asker", "input": "?"}
+        r = await send(
+            api, "POST", f"{urls[i % len(urls)]}/v1/tasks", json=body, headers=auth(user)
         )
         out.append((r.json()["id"], user, i % len(urls)))
     # Each waits once its first round ran.
     for task_id, user, _ in out:
-        r = await api.get(
+        r = await send(
+            api,
+            "GET",
             f"{urls[0]}/v1/tasks/{task_id}/wait",
             params={"until": "input", "timeout": 60},
             headers=auth(user),
@@ -268,10 +286,11 @@ async def measure(servers: list[Server], run: Run, args: argparse.Namespace) -> 
 
         # No stream open; `probes` waiting tasks without streams are answered meanwhile.
         a0 = totals(servers)
-        answers = [answer(api, urls[(s + 1) % len(urls)], t, u) for t, u, s in quiet]
-        run.none_per_s, *_ = await asyncio.gather(
-            submissions(api, urls, args.submissions, args.concurrency, counts), *answers
-        )
+        answers = [
+            asyncio.create_task(answer(api, urls[(s + 1) % len(urls)], t, u)) for t, u, s in quiet
+        ]
+        run.none_per_s = await submissions(api, urls, args.submissions, args.concurrency, counts)
+        await asyncio.gather(*answers)
         a1 = totals(servers)
 
         # A stream on each other waiting task; `probes` of them are answered meanwhile.
@@ -304,6 +323,10 @@ async def measure(servers: list[Server], run: Run, args: argparse.Namespace) -> 
         for task in readers:
             task.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
+        # Again with the streams closed: the phases without streams before and
+        # after the one with, so a drift of the shared machine's load favours neither.
+        again = await submissions(api, urls, args.submissions, args.concurrency, counts)
+        run.none_per_s = (run.none_per_s + again) / 2
 
     phase_a = a1["duragent_store_reads_total"] - a0["duragent_store_reads_total"]
     phase_b = b1["duragent_store_reads_total"] - b0["duragent_store_reads_total"]

@@ -5,8 +5,9 @@ each other's commits."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,9 +18,29 @@ from conftest import drop_schema, require_postgres
 from duragent.server._events import entry_events
 from duragent.server._watch import TaskWatch
 from duragent.store import Commit, Store
+from duragent.store._postgres_notify import TASKS_CHANNEL, WORK_CHANNEL, change_notifies
 from duragent.types import EntryKind, NewEntry, Task, UIText, dump_message
-from support.server_live import live_server
-from test_server_events import Event, sse, start
+from support.server_live import LiveServer, live_server
+
+
+async def events(response: httpx.Response) -> AsyncIterator[tuple[str, Any]]:
+    """(event, data) of each event of a streaming response."""
+    name, data = "message", None
+    async for line in response.aiter_lines():
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            data = json.loads(line[6:])
+        elif line == "" and data is not None:
+            yield name, data
+            name, data = "message", None
+
+
+async def start(client: httpx.AsyncClient, server: LiveServer, agent: str) -> str:
+    body = {"agent": agent, "input": "go"}
+    r = await client.post(f"{server.url}/v1/tasks", json=body, headers=server.headers())
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])
 
 
 class Counted:
@@ -107,13 +128,13 @@ async def test_reads_per_commit_do_not_grow_with_the_streams(store: Store) -> No
             await store.commit(Commit(entries=[ui(hot.id, f"h{k}")]))
             await store.commit(Commit(entries=[ui(cold[0].id, f"c{k}")]))
             await store.commit(Commit(entries=[ui(unwatched.id, f"u{k}")]))
-            # Each commit reaches its streams before the next: no batching helps.
-            await streams.until(
-                lambda k=k: (
-                    all(len(streams.got[i]) == 3 + k for i in hot_streams)
-                    and len(streams.got[cold_streams[0]]) == 2 + k
-                )
-            )
+            # Each round's commits reach their streams before the next round's.
+
+            def arrived(k: int = k) -> bool:
+                hot_ok = all(len(streams.got[i]) == 3 + k for i in hot_streams)
+                return hot_ok and len(streams.got[cold_streams[0]]) == 2 + k
+
+            await streams.until(arrived)
         reads = counted.reads - before
         # 2n commits to watched tasks (50 streams), n to an unwatched one: at most
         # two reads (the row, the new entries) per commit that moved a watched
@@ -177,6 +198,15 @@ async def test_watch_tasks_is_told_which_tasks_moved(store: Store) -> None:
         stop()
 
 
+def test_a_notify_lists_the_moved_tasks_or_says_it_cannot() -> None:
+    work, moved = change_notifies("ns", True, {"b", "a"})
+    assert work.params == (WORK_CHANNEL, "ns")
+    assert moved.params[0] == TASKS_CHANNEL and json.loads(moved.params[1]) == ["ns", ["a", "b"]]
+    # A payload must stay under 8000 bytes: past that, "re-read what you watch".
+    (many,) = change_notifies("ns", False, {f"task-{i:040d}" for i in range(400)})
+    assert json.loads(many.params[1]) == ["ns", None]
+
+
 @pytest.mark.slow
 async def test_a_stream_on_one_server_sees_commits_made_through_another(
     tmp_path: Path,
@@ -194,26 +224,25 @@ async def test_a_stream_on_one_server_sees_commits_made_through_another(
         ):
             async with httpx.AsyncClient(timeout=30) as client:
                 tid = await start(client, two, "approver")
-                got: list[Event] = []
+                got: list[Any] = []
+                end: Any = None
                 async with client.stream(
                     "GET", f"{one.url}/v1/tasks/{tid}/events", headers=one.headers()
                 ) as r:
                     assert r.status_code == 200
-                    async for ev in sse(r):
-                        if isinstance(ev, str):
-                            continue
-                        if ev.event == "end":
-                            end = ev
+                    async for name, data in events(r):
+                        if name == "end":
+                            end = data
                             break
-                        got.append(ev)
-                        if ev.event == "status" and ev.data["payload"]["to"] == "waiting":
+                        got.append(data)
+                        if name == "status" and data["payload"]["to"] == "waiting":
                             answer = await client.post(
                                 f"{two.url}/v1/tasks/{tid}/respond",
                                 json={"approve": True},
                                 headers=two.headers(),
                             )
                             assert answer.status_code == 200, answer.text
-        assert end.data["status"] == "completed"
-        assert [e.id for e in got] == list(range(1, len(got) + 1))
+        assert end["status"] == "completed"
+        assert [e["seq"] for e in got] == list(range(1, len(got) + 1))
     finally:
         drop_schema(schema)

@@ -35,8 +35,8 @@ from psycopg.pq import TransactionStatus
 
 from duragent.errors import CommitOutcomeUnknown, StoreError, StoreUnavailable
 from duragent.store._postgres_connect import connection_lost, translate
-from duragent.store._postgres_message import PREPARED_GONE, Statement, send_and_commit
-from duragent.store._postgres_notify import CHANNEL, WORK_CHANNEL, tasks_notify
+from duragent.store._postgres_message import PREPARED_GONE, send_and_commit
+from duragent.store._postgres_notify import change_notifies
 from duragent.store._postgres_schema import Conn
 from duragent.store._postgres_tx import QUEUES_QUERY, PgTx
 from duragent.store._queues import QUEUES_SCOPE
@@ -72,9 +72,7 @@ def claim_on(tx: ClaimTx, claim: Callable[[PgTx], list[Task]]) -> list[Task]:
         if not tx.changed:
             conn.execute("ROLLBACK")
             return claimed
-        channel = WORK_CHANNEL if tx.work else CHANNEL
-        statements.append(Statement("SELECT pg_notify(%s, %s)", (channel, namespace), False))
-        statements.append(tasks_notify(namespace, tx.notes.tasks))
+        statements += change_notifies(namespace, tx.work, tx.notes.tasks)
     except BaseException:
         if not conn.closed and conn.info.transaction_status is not TransactionStatus.IDLE:
             with contextlib.suppress(psycopg.Error):

@@ -1,11 +1,14 @@
 """Change notification for the PostgreSQL store: LISTEN/NOTIFY, and the local signals.
 
-A commit notifies one channel with its store's namespace (schema) as payload,
-delivered by the server only if and when the transaction commits, and
-TASKS_CHANNEL with the ids of the tasks it wrote or deleted: a process that
-watches tasks (`watch_tasks`: the server's event streams) listens to that one
-instead of CHANNEL and re-reads only the tasks that moved. (CHANNEL stays for
-the listeners of older versions.) Each store
+A commit notifies TASKS_CHANNEL with its store's namespace (schema) and the
+ids of the tasks it wrote or deleted, and WORK_CHANNEL with the namespace
+when it may have made a task claimable, delivered by the server only if and
+when the transaction commits: a process that watches tasks (`watch_tasks`:
+the server's event streams) re-reads only the tasks that moved, a worker hears
+only of work. Older versions notified CHANNEL instead of TASKS_CHANNEL: a
+listener still hears CHANNEL and takes such a note for "anything may have
+moved" (a mixed-version deploy costs reads, not missed events; their own
+listeners of CHANNEL fall back to their waits' timeouts). Each store
 keeps one listening connection per event loop; waiters wait on a local
 signal that both the listener and the store's own commits fire. A commit that
 sets a control request (pause/abort) on a task also notifies CONTROL_CHANNEL
@@ -26,8 +29,7 @@ from duragent.store._postgres_bounds import WaitBounds, session_setup
 from duragent.store._postgres_wire import Statement
 from duragent.store._signals import ChangeSignal, ControlCallback, TasksCallback
 
-# A commit notifies one channel with the store's namespace as payload: WORK_CHANNEL
-# when it may have made a task claimable (see PgTx.work), CHANNEL otherwise.
+# CHANNEL: what older versions notified for a commit that made no work.
 CHANNEL = "duragent_changes"
 WORK_CHANNEL = "duragent_work"
 CONTROL_CHANNEL = "duragent_control"
@@ -42,12 +44,19 @@ def control_payload(namespace: str, task_id: str) -> str:
     return json.dumps([namespace, task_id])
 
 
-def tasks_notify(namespace: str, task_ids: set[str] | frozenset[str]) -> Statement:
-    """The NOTIFY that tells watchers which tasks a commit moved: `[namespace, ids]`."""
+def change_notifies(
+    namespace: str, work: bool, task_ids: set[str] | frozenset[str]
+) -> list[Statement]:
+    """What a commit that changed something notifies: WORK_CHANNEL if it may have
+    made work, and TASKS_CHANNEL with `[namespace, ids]` (null ids: too many to list)."""
+    out = []
+    if work:
+        out.append(Statement("SELECT pg_notify(%s, %s)", (WORK_CHANNEL, namespace), False))
     payload = json.dumps([namespace, sorted(task_ids)])
     if len(payload.encode()) > _TASKS_MAX:
         payload = json.dumps([namespace, None])
-    return Statement("SELECT pg_notify(%s, %s)", (TASKS_CHANNEL, payload), False)
+    out.append(Statement("SELECT pg_notify(%s, %s)", (TASKS_CHANNEL, payload), False))
+    return out
 
 
 class Signals:
@@ -103,7 +112,7 @@ class Listener:
     async def _run(self) -> None:
         channels = [WORK_CHANNEL, CONTROL_CHANNEL]
         if self.changes:
-            channels.append(TASKS_CHANNEL)
+            channels += [TASKS_CHANNEL, CHANNEL]
         listen = sql.SQL("; ").join(
             sql.SQL("LISTEN {}").format(sql.Identifier(c)) for c in channels
         )
@@ -127,6 +136,8 @@ class Listener:
                             self._moved(note.payload)
                         elif note.payload == self.namespace:
                             self.signals().fire(work=note.channel == WORK_CHANNEL)
+                            if note.channel == CHANNEL:  # an older version's commit
+                                self.on_tasks(None)
             except psycopg.Error:
                 pass
             # Not listening: whatever changed meanwhile was unheard, so wake everyone.

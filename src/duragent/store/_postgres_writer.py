@@ -49,11 +49,9 @@ from duragent.store._postgres_message import (
     send_and_commit,
 )
 from duragent.store._postgres_notify import (
-    CHANNEL,
     CONTROL_CHANNEL,
-    WORK_CHANNEL,
+    change_notifies,
     control_payload,
-    tasks_notify,
 )
 from duragent.store._postgres_schema import Conn
 from duragent.store._postgres_tx import BufferedPgTx, Deferred, NeedsServer, PgTx
@@ -670,9 +668,8 @@ def notifications(namespace: str, txs: list[PgTx]) -> list[Statement]:
     """The NOTIFYs a batch sends, delivered by the server only if and when it commits."""
     out = []
     if any(tx.changed for tx in txs):
-        channel = WORK_CHANNEL if any(tx.work for tx in txs) else CHANNEL
-        out.append(Statement("SELECT pg_notify(%s, %s)", (channel, namespace), False))
-        out.append(tasks_notify(namespace, _changes(txs)[2]))
+        _, work, moved = _changes(txs)
+        out += change_notifies(namespace, work, moved)
     for tx in txs:
         # One per control request, in commit order, to the listener of the
         # task's owning worker.
