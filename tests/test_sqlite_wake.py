@@ -88,7 +88,7 @@ async def test_a_closed_store_neither_sends_nor_opens_a_socket(tmp_path: Path) -
         others = sorted(p.name for p in wake_dir.iterdir())
         descriptors = sorted(os.listdir("/proc/self/fd"))
         store._announce(work=True, controlled=["t1"])  # what a late settlement runs
-        assert not store._wake.listen(lambda work, change, ids: None, changes=True)
+        assert not store._wake.listen(lambda work, change, ids, moved: None, changes=True)
         assert sorted(os.listdir("/proc/self/fd")) == descriptors
         assert sorted(p.name for p in wake_dir.iterdir()) == others
         assert other._wake._sock is not None
@@ -127,7 +127,9 @@ async def test_a_flood_of_datagrams_does_not_starve_the_event_loop(
     seen: set[str] = set()
     all_read = asyncio.Event()
 
-    def heard(work: bool, change: bool, controlled: list[str]) -> None:
+    def heard(
+        work: bool, change: bool, controlled: list[str], moved: frozenset[str] | None
+    ) -> None:
         drains.append((ticks, len(controlled)))
         seen.update(controlled)
         if len(seen) == total:
@@ -252,3 +254,37 @@ def test_the_demo_removes_its_wake_folder_with_its_store(tmp_path: Path) -> None
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Store removed" in done.stdout
     assert [p.name for p in tmp_path.iterdir()] == []
+
+
+async def test_the_tasks_a_commit_moved_reach_the_other_process_and_a_gap_means_all(
+    tmp_path: Path,
+) -> None:
+    sender, receiver = WakeUps(str(tmp_path / "m.db")), WakeUps(str(tmp_path / "m.db"))
+    heard: list[frozenset[str] | None] = []
+    got = asyncio.Event()
+
+    def noted(work: bool, change: bool, ids: list[str], moved: frozenset[str] | None) -> None:
+        heard.append(moved)
+        got.set()
+
+    async def next_heard() -> frozenset[str] | None:
+        async with asyncio.timeout(10):
+            while not heard:
+                got.clear()
+                await got.wait()
+        return heard.pop(0)
+
+    try:
+        assert receiver.listen(noted, changes=True)
+        sender.announce(work=False, tasks=["t1", "t2"])
+        assert await next_heard() == frozenset({"t1", "t2"})
+        sender._sent += 1  # a message the receiver never got (its queue was full)
+        sender.announce(work=False, tasks=["t3"])
+        assert await next_heard() is None, "a missed message: every task may have moved"
+        sender.announce(work=False, tasks=["t4"])
+        assert await next_heard() == frozenset({"t4"})
+        sender.announce(work=False, tasks=[f"task-{i:05d}" for i in range(5000)])
+        assert await next_heard() is None, "too many to list"
+    finally:
+        sender.close()
+        receiver.close()

@@ -35,7 +35,7 @@ from duragent.store._commits import (
 )
 from duragent.store._protocol import Store
 from duragent.store._queues import QUEUES_SCOPE
-from duragent.store._signals import ControlCallback
+from duragent.store._signals import ControlCallback, TasksCallback
 from duragent.types import ApiMessage, Document, Entry, EntryKind, NewEntry, Task, UIMessage
 
 if TYPE_CHECKING:
@@ -145,6 +145,7 @@ class MeteredStore:
         return await self._store.create_fork(task, log)
 
     async def get_task(self, task_id: str) -> Task:
+        self._metrics.reads.labels("get_task").inc()
         return await self._store.get_task(task_id)
 
     async def list_tasks(self, query: TaskQuery | None = None) -> TaskPage:
@@ -161,6 +162,7 @@ class MeteredStore:
         kinds: Iterable[EntryKind] | None = None,
         limit: int | None = None,
     ) -> list[Entry]:
+        self._metrics.reads.labels("entries").inc()
         return await self._store.entries(task_id, after_seq=after_seq, kinds=kinds, limit=limit)
 
     async def entry_heads(self, task_id: str, *, kinds: Iterable[EntryKind]) -> list[EntryHead]:
@@ -218,6 +220,9 @@ class MeteredStore:
     def watch_controls(self, callback: ControlCallback) -> Callable[[], None]:
         return self._store.watch_controls(callback)
 
+    def watch_tasks(self, callback: TasksCallback) -> Callable[[], None]:
+        return self._store.watch_tasks(callback)
+
 
 class Metrics:
     """One registry per process: `Metrics(store)`, then run with `metrics.store`
@@ -238,6 +243,12 @@ class Metrics:
         self.rounds = prom.Counter("duragent_rounds", "Rounds started.", ["agent"], registry=r)
         self.commits = prom.Counter(
             "duragent_commits", "Store commits, by outcome.", ["outcome"], registry=r
+        )
+        self.reads = prom.Counter(
+            "duragent_store_reads",
+            "Reads of a task row or of its entries (what event streams and waits cost).",
+            ["method"],
+            registry=r,
         )
         self.commit_seconds = prom.Histogram(
             "duragent_commit_seconds", "Store commit latency.", buckets=LATENCY, registry=r

@@ -4,13 +4,15 @@ Each event is `id: <seq>`, `event: <kind>`, `data: <entry JSON>`. A client that
 reconnects with `Last-Event-ID` (or `?after=`) gets every entry after that
 seq: nothing missed, nothing repeated, because seqs are gap-free per task and
 entries are only ever read after they are committed. The stream ends with an
-`end` event once the task is terminal and its last entry was sent. Other
-processes' commits arrive through the store's `wait_for_change` (polling for
-SQLite, LISTEN/NOTIFY for PostgreSQL).
+`end` event once the task is terminal and its last entry was sent. The app's
+TaskWatch (server/_watch.py) hears which tasks each commit moved, by any
+process, reads each once and hands its new entries to every stream of it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -30,8 +32,9 @@ from duragent.server._schemas import StreamTokenOut
 from duragent.server._stream_tokens import StreamTokens
 from duragent.server._streams import SlotStreamingResponse, StreamSlots
 from duragent.server._strict_json import StrictJsonRoute
+from duragent.server._watch import TaskWatch
 from duragent.store._protocol import Store
-from duragent.types import Entry
+from duragent.types import Entry, Task
 
 router = APIRouter(prefix="/v1/tasks", tags=["events"], route_class=StrictJsonRoute)
 
@@ -50,42 +53,64 @@ def _end(status: str | None, last_seq: int) -> str:
 
 
 async def entry_events(
-    store: Store,
+    source: Store | TaskWatch,
     task_id: str,
     after_seq: int = 0,
     *,
     keepalive: float = KEEPALIVE,
     page: int = 500,
 ) -> AsyncIterator[str]:
-    """SSE text for every entry of `task_id` after `after_seq`, live until the task ends."""
+    """SSE text for every entry of `task_id` after `after_seq`, live until the task ends.
+
+    `source`: the app's TaskWatch, which hands the stream what each commit to
+    its task added (a store: one made for this stream alone). The stream reads
+    the store itself only to catch up: from `after_seq` when it opens, and
+    when it fell behind what the watcher holds for it.
+    """
+    watch = source if isinstance(source, TaskWatch) else TaskWatch(source)
+    store = watch.store
     yield f"retry: {RETRY_MS}\n\n"
-    quiet_since = time.monotonic()
-    while True:
-        # The task row first: a change elsewhere in the store wakes every stream,
-        # and most have nothing new, which its last_seq tells in one read.
-        try:
-            task = await store.get_task(task_id)
-            batch = []
-            if task.last_seq > after_seq:
+    try:
+        task: Task | None = await store.get_task(task_id)
+    except TaskNotFound:
+        task = None
+    if task is None:
+        yield _end(None, after_seq)
+        return
+    async with watch.feed(task) as feed:
+        quiet_since = time.monotonic()
+        while True:
+            fresh, lost = feed.take()
+            if feed.deleted:  # deleted while watched
+                yield _end(None, after_seq)
+                return
+            task = feed.task or task
+            for entry in fresh:
+                if entry.seq == after_seq + 1:
+                    after_seq = entry.seq
+                    yield format_event(entry)
+                    quiet_since = time.monotonic()
+            if task.last_seq > after_seq or lost:  # behind: catch up from the store
                 batch = await store.entries(task_id, after_seq=after_seq, limit=page)
-        except TaskNotFound:  # deleted while watched
-            yield _end(None, after_seq)
-            return
-        if batch:
-            for entry in batch:
-                after_seq = entry.seq
-                yield format_event(entry)
-            quiet_since = time.monotonic()
-            continue
-        # Entries and the status change that ends a task land in one commit, so a
-        # terminal task whose last_seq we have sent has nothing more to send.
-        if task.status.terminal and task.last_seq <= after_seq:
-            yield _end(task.status.value, after_seq)
-            return
-        if time.monotonic() - quiet_since >= keepalive:
-            yield ": keep-alive\n\n"
-            quiet_since = time.monotonic()
-        await store.wait_for_change(min(keepalive, 1.0))
+                watch.reads += 1
+                for entry in batch:
+                    after_seq = entry.seq
+                    yield format_event(entry)
+                if batch:
+                    quiet_since = time.monotonic()
+                    continue
+            # Entries and the status change that ends a task land in one commit, so a
+            # terminal task whose last_seq we have sent has nothing more to send.
+            if task.status.terminal and task.last_seq <= after_seq:
+                yield _end(task.status.value, after_seq)
+                return
+            left = keepalive - (time.monotonic() - quiet_since)
+            if left <= 0:
+                yield ": keep-alive\n\n"
+                quiet_since = time.monotonic()
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(feed.ready.wait(), left)
 
 
 def _start_seq(last_event_id: str | None, after: int | None) -> int:
@@ -132,7 +157,7 @@ async def stream_events(
     slots: StreamSlots = request.app.state.streams
     release = slots.acquire(user)  # 429 when this user holds too many streams
     return SlotStreamingResponse(
-        entry_events(runtime.store, task.id, start),
+        entry_events(request.app.state.task_watch, task.id, start),
         release,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},

@@ -539,6 +539,7 @@ class JSONLStore(MemoryStore):
             self._append(_tx_lines(tx))  # on disk first: memory only ever holds committed state
             tx.install()
             self._signal.notify()
+            self._moved.fire(frozenset(tx.tasks))
         return result
 
     def _record_delete(self, task_ids: list[str]) -> None:

@@ -16,7 +16,13 @@ from duragent.store._codec import decode_cursor, encode_cursor, entry_kind
 from duragent.store._commits import CopyEntries, EntryHead, PendingCommit, TaskPage, TaskQuery
 from duragent.store._queues import QUEUES_SCOPE, Candidate, candidate_of
 from duragent.store._rules import claim_order, claimable
-from duragent.store._signals import ChangeSignal, ControlCallback, ControlWatchers
+from duragent.store._signals import (
+    ChangeSignal,
+    ControlCallback,
+    ControlWatchers,
+    TasksCallback,
+    TaskWatchers,
+)
 from duragent.store._tx import Notes, TxWrites
 from duragent.store._views import (
     VIEW_KINDS,
@@ -216,6 +222,7 @@ class MemoryStore(TxWrites):
         self._docs: dict[tuple[str, str], str] = {}
         self._signal = ChangeSignal()
         self._controls = ControlWatchers()
+        self._moved = TaskWatchers()
 
     async def open(self) -> None:
         """Nothing to connect to: a memory store is usable from its construction."""
@@ -241,6 +248,7 @@ class MemoryStore(TxWrites):
         tx.install()
         if tx.entries or tx.tasks or tx.docs:
             self._signal.notify()
+            self._moved.fire(frozenset(tx.tasks))
         return result
 
     async def _write(self, job: Callable[[Any], _T]) -> _T:
@@ -413,6 +421,7 @@ class MemoryStore(TxWrites):
         self._record_delete(doomed)
         self._forget(doomed)
         self._signal.notify()
+        self._moved.fire(frozenset(doomed))
         return len(doomed)
 
     def _record_delete(self, task_ids: list[str]) -> None:
@@ -447,6 +456,9 @@ class MemoryStore(TxWrites):
 
     async def wait_for_change(self, timeout: float) -> None:
         await self._signal.wait(timeout)
+
+    def watch_tasks(self, callback: TasksCallback) -> Callable[[], None]:
+        return self._moved.add(callback)
 
     def watch_controls(self, callback: ControlCallback) -> Callable[[], None]:
         """Call `callback(task_id)` when a commit sets a control request on a task."""

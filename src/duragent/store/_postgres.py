@@ -75,7 +75,7 @@ from duragent.store._postgres_schema import (
 )
 from duragent.store._postgres_tx import PgTx, row_document, row_task
 from duragent.store._postgres_writer import PgWriter, notifications
-from duragent.store._signals import ControlCallback, ControlWatchers
+from duragent.store._signals import ControlCallback, ControlWatchers, TasksCallback, TaskWatchers
 from duragent.store._tx import TxWrites
 from duragent.types import Document, Task, utcnow
 
@@ -134,6 +134,7 @@ class PostgresStore(PgClaims, PgReads, TxWrites):
         self._signals: Signals | None = None
         self._listener: Listener | None = None
         self._controls = ControlWatchers()
+        self._moved = TaskWatchers()
         self._leases: ThreadPoolExecutor | None = None
         self._lease_conn = LeaseConnection(lambda: self._conninfo, self._configure)
         self._opened = False
@@ -337,10 +338,9 @@ class PostgresStore(PgClaims, PgReads, TxWrites):
         self._check_opened()
         return self._writer.submit(job, link)
 
-    def _committed(self, loop: asyncio.AbstractEventLoop, work: bool) -> None:
-        # Local waiters need not wait for the round trip through the server.
-        # Control requests are not fired here: the listener hears them from
-        # the server, once each, in commit order (a watcher always listens).
+    def _committed(self, loop: asyncio.AbstractEventLoop, work: bool, *_: object) -> None:
+        # Local waiters need not wait for the round trip through the server; control
+        # requests and moved tasks come from the listener, once each, in commit order.
         if self._signals is not None and self._signals.loop is loop:
             self._signals.fire(work=work)
 
@@ -594,6 +594,12 @@ class PostgresStore(PgClaims, PgReads, TxWrites):
         self._listen(changes=False)
         return remove
 
+    def watch_tasks(self, callback: TasksCallback) -> Callable[[], None]:
+        """`callback(task_ids)` after each commit by any process, None at each (re)listen."""
+        self._check_opened()
+        self._listen(changes=True)
+        return self._moved.add(callback)
+
     def _listen(self, *, changes: bool) -> Listener:
         signals = self._local_signals()
         listener = self._listener
@@ -616,6 +622,7 @@ class PostgresStore(PgClaims, PgReads, TxWrites):
             self._local_signals,
             changes=changes,
             on_control=self._controls.fire,
+            on_tasks=self._moved.fire,
             bounds=self.bounds,
         )
 

@@ -35,8 +35,8 @@ from psycopg.pq import TransactionStatus
 
 from duragent.errors import CommitOutcomeUnknown, StoreError, StoreUnavailable
 from duragent.store._postgres_connect import connection_lost, translate
-from duragent.store._postgres_message import PREPARED_GONE, Statement, send_and_commit
-from duragent.store._postgres_notify import CHANNEL, WORK_CHANNEL
+from duragent.store._postgres_message import PREPARED_GONE, send_and_commit
+from duragent.store._postgres_notify import change_notifies
 from duragent.store._postgres_schema import Conn
 from duragent.store._postgres_tx import QUEUES_QUERY, PgTx
 from duragent.store._queues import QUEUES_SCOPE
@@ -72,8 +72,7 @@ def claim_on(tx: ClaimTx, claim: Callable[[PgTx], list[Task]]) -> list[Task]:
         if not tx.changed:
             conn.execute("ROLLBACK")
             return claimed
-        channel = WORK_CHANNEL if tx.work else CHANNEL
-        statements.append(Statement("SELECT pg_notify(%s, %s)", (channel, namespace), False))
+        statements += change_notifies(namespace, tx.work, tx.notes.tasks)
     except BaseException:
         if not conn.closed and conn.info.transaction_status is not TransactionStatus.IDLE:
             with contextlib.suppress(psycopg.Error):
@@ -97,7 +96,9 @@ class PgClaims:
         _max_size: int
 
         def _check_opened(self) -> None: ...
-        def _committed(self, loop: asyncio.AbstractEventLoop, work: bool) -> None: ...
+        def _committed(
+            self, loop: asyncio.AbstractEventLoop, work: bool, tasks: frozenset[str]
+        ) -> None: ...
 
     _claims: ThreadPoolExecutor | None = None
     _readers: ThreadPoolExecutor | None = None
@@ -132,7 +133,7 @@ class PgClaims:
         # only fails its guard, and that batch reads the row again.
         self._writer.rows.update(tx.written)
         if tx.changed:
-            self._committed(loop, tx.work)
+            self._committed(loop, tx.work, frozenset(tx.notes.tasks))
         return claimed
 
     def readers(self) -> ThreadPoolExecutor:

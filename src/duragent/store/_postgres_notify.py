@@ -1,7 +1,14 @@
 """Change notification for the PostgreSQL store: LISTEN/NOTIFY, and the local signals.
 
-A commit notifies one channel with its store's namespace (schema) as payload,
-delivered by the server only if and when the transaction commits. Each store
+A commit notifies TASKS_CHANNEL with its store's namespace (schema) and the
+ids of the tasks it wrote or deleted, and WORK_CHANNEL with the namespace
+when it may have made a task claimable, delivered by the server only if and
+when the transaction commits: a process that watches tasks (`watch_tasks`:
+the server's event streams) re-reads only the tasks that moved, a worker hears
+only of work. Older versions notified CHANNEL instead of TASKS_CHANNEL: a
+listener still hears CHANNEL and takes such a note for "anything may have
+moved" (a mixed-version deploy costs reads, not missed events; their own
+listeners of CHANNEL fall back to their waits' timeouts). Each store
 keeps one listening connection per event loop; waiters wait on a local
 signal that both the listener and the store's own commits fire. A commit that
 sets a control request (pause/abort) on a task also notifies CONTROL_CHANNEL
@@ -19,17 +26,37 @@ import psycopg
 from psycopg import sql
 
 from duragent.store._postgres_bounds import WaitBounds, session_setup
-from duragent.store._signals import ChangeSignal, ControlCallback
+from duragent.store._postgres_wire import Statement
+from duragent.store._signals import ChangeSignal, ControlCallback, TasksCallback
 
-# A commit notifies one channel with the store's namespace as payload: WORK_CHANNEL
-# when it may have made a task claimable (see PgTx.work), CHANNEL otherwise.
+# CHANNEL: what older versions notified for a commit that made no work.
 CHANNEL = "duragent_changes"
 WORK_CHANNEL = "duragent_work"
 CONTROL_CHANNEL = "duragent_control"
+TASKS_CHANNEL = "duragent_tasks"
+
+# A NOTIFY payload must be shorter than 8000 bytes; past this, the ids are left
+# out (null): every watcher re-reads what it watches.
+_TASKS_MAX = 7000
 
 
 def control_payload(namespace: str, task_id: str) -> str:
     return json.dumps([namespace, task_id])
+
+
+def change_notifies(
+    namespace: str, work: bool, task_ids: set[str] | frozenset[str]
+) -> list[Statement]:
+    """What a commit that changed something notifies: WORK_CHANNEL if it may have
+    made work, and TASKS_CHANNEL with `[namespace, ids]` (null ids: too many to list)."""
+    out = []
+    if work:
+        out.append(Statement("SELECT pg_notify(%s, %s)", (WORK_CHANNEL, namespace), False))
+    payload = json.dumps([namespace, sorted(task_ids)])
+    if len(payload.encode()) > _TASKS_MAX:
+        payload = json.dumps([namespace, None])
+    out.append(Statement("SELECT pg_notify(%s, %s)", (TASKS_CHANNEL, payload), False))
+    return out
 
 
 class Signals:
@@ -50,11 +77,12 @@ class Listener:
     """One connection per store doing LISTEN; reconnects with backoff if it drops.
 
     It listens to WORK_CHANNEL and CONTROL_CHANNEL (rare: one notification per
-    pause or abort of a running task), and to CHANNEL only if `changes`: a
-    process that only waits for work (a worker) is not sent the notification
+    pause or abort of a running task), and to TASKS_CHANNEL only if `changes`:
+    a process that only waits for work (a worker) is not sent the notification
     of every commit in the cluster. `on_control` is told each controlled task
-    id, and None each time it (re)starts listening: what was committed while
-    it was not listening went unheard. Its session carries the store's `bounds`
+    id, and `on_tasks` the tasks each commit moved; both are told None each
+    time it (re)starts listening: what was committed while it was not
+    listening went unheard. Its session carries the store's `bounds`
     (_postgres_bounds.py, but for statement_timeout): a listener cut off from
     the server does not leave its session behind there.
     """
@@ -67,6 +95,7 @@ class Listener:
         *,
         changes: bool,
         on_control: ControlCallback,
+        on_tasks: TasksCallback,
         bounds: WaitBounds,
     ) -> None:
         self.conninfo = conninfo
@@ -75,6 +104,7 @@ class Listener:
         self.signals = signals
         self.changes = changes
         self.on_control = on_control
+        self.on_tasks = on_tasks
         self.loop = asyncio.get_running_loop()
         self.ready = asyncio.Event()
         self.task = self.loop.create_task(self._run())
@@ -82,7 +112,7 @@ class Listener:
     async def _run(self) -> None:
         channels = [WORK_CHANNEL, CONTROL_CHANNEL]
         if self.changes:
-            channels.append(CHANNEL)
+            channels += [TASKS_CHANNEL, CHANNEL]
         listen = sql.SQL("; ").join(
             sql.SQL("LISTEN {}").format(sql.Identifier(c)) for c in channels
         )
@@ -96,17 +126,25 @@ class Listener:
                     await conn.execute(sql.SQL("; ").join([listen, *setup]))
                     self.ready.set()
                     self.on_control(None)
+                    if self.changes:
+                        self.on_tasks(None)
                     delay = 0.1
                     async for note in conn.notifies():
                         if note.channel == CONTROL_CHANNEL:
                             self._controlled(note.payload)
+                        elif note.channel == TASKS_CHANNEL:
+                            self._moved(note.payload)
                         elif note.payload == self.namespace:
                             self.signals().fire(work=note.channel == WORK_CHANNEL)
+                            if note.channel == CHANNEL:  # an older version's commit
+                                self.on_tasks(None)
             except psycopg.Error:
                 pass
             # Not listening: whatever changed meanwhile was unheard, so wake everyone.
             self.ready.clear()
             self.signals().fire(work=True)
+            if self.changes:
+                self.on_tasks(None)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
@@ -117,6 +155,19 @@ class Listener:
             return  # not ours: some other program on this channel
         if namespace == self.namespace and isinstance(task_id, str):
             self.on_control(task_id)
+
+    def _moved(self, payload: str) -> None:
+        try:
+            namespace, task_ids = json.loads(payload)
+        except (ValueError, TypeError):
+            return
+        if namespace != self.namespace:
+            return
+        self.signals().fire(work=False)
+        if isinstance(task_ids, list):
+            self.on_tasks(frozenset(i for i in task_ids if isinstance(i, str)))
+        else:
+            self.on_tasks(None)  # too many to list
 
     async def stop(self) -> None:
         if self.loop is not asyncio.get_running_loop():

@@ -117,6 +117,7 @@ def delete_trees(tx: PgTx, roots: list[str]) -> int:
         tx.conn.execute("DELETE FROM documents WHERE scope = ANY(%s)", (scopes,))
         tx.conn.execute("DELETE FROM tasks WHERE id = ANY(%s)", (doomed,))
         tx.changed = True
+        tx.notes.tasks.update(doomed)
     return len(doomed)
 
 

@@ -48,13 +48,18 @@ from duragent.store._postgres_message import (
     send,
     send_and_commit,
 )
-from duragent.store._postgres_notify import CHANNEL, CONTROL_CHANNEL, WORK_CHANNEL, control_payload
+from duragent.store._postgres_notify import (
+    CONTROL_CHANNEL,
+    change_notifies,
+    control_payload,
+)
 from duragent.store._postgres_schema import Conn
 from duragent.store._postgres_tx import BufferedPgTx, Deferred, NeedsServer, PgTx
 from duragent.store._postgres_wire import fly
 from duragent.types import Task
 
-Changes = tuple[bool, bool]  # a committed batch: (it changed anything, it made work)
+# A committed batch: (it changed anything, it made work, the tasks it wrote or deleted).
+Changes = tuple[bool, bool, frozenset[str]]
 
 HOLD_SECONDS = 60.0  # the longest the writer keeps a pooled connection
 
@@ -123,7 +128,7 @@ class PgWriter(GroupCommit[PgTx, Changes]):
         retries: int,
         translate: Callable[[BaseException], BaseException],
         lost: Callable[[psycopg.Error], bool],
-        on_commit: Callable[[asyncio.AbstractEventLoop, bool], None],
+        on_commit: Callable[[asyncio.AbstractEventLoop, bool, frozenset[str]], None],
         max_batch: int = 256,
     ) -> None:
         super().__init__(where=where, max_batch=max_batch, thread_name="duragent-pg-writer")
@@ -132,7 +137,7 @@ class PgWriter(GroupCommit[PgTx, Changes]):
         self.retries = retries
         self.translate = translate
         self.lost = lost
-        self.on_commit = on_commit  # (loop, work) after a batch that changed something
+        self.on_commit = on_commit  # (loop, work, tasks) after a batch that changed something
         self.rereads = 0  # batches run again, reading their rows, because a copy was stale
         self.flights = 0  # batches sent from their event loop, answered or not (`run_here`)
         self.rows: dict[str, Task] = {}  # task rows as this process last committed them
@@ -190,7 +195,7 @@ class PgWriter(GroupCommit[PgTx, Changes]):
 
     def announce(self, loop: asyncio.AbstractEventLoop, notes: Changes | None, ok: bool) -> None:
         if notes is not None and notes[0]:
-            self.on_commit(loop, notes[1])
+            self.on_commit(loop, notes[1], notes[2])
 
     def renewed(self, rows: Mapping[str, Task]) -> None:
         """Take in rows as lease renewals left them: renewals run beside the writer
@@ -655,15 +660,16 @@ def _closed(lane: Lane) -> bool:
 
 
 def _changes(txs: list[PgTx]) -> Changes:
-    return any(tx.changed for tx in txs), any(tx.work for tx in txs)
+    moved = frozenset().union(*(tx.notes.tasks for tx in txs))
+    return any(tx.changed for tx in txs), any(tx.work for tx in txs), moved
 
 
 def notifications(namespace: str, txs: list[PgTx]) -> list[Statement]:
     """The NOTIFYs a batch sends, delivered by the server only if and when it commits."""
     out = []
     if any(tx.changed for tx in txs):
-        channel = WORK_CHANNEL if any(tx.work for tx in txs) else CHANNEL
-        out.append(Statement("SELECT pg_notify(%s, %s)", (channel, namespace), False))
+        _, work, moved = _changes(txs)
+        out += change_notifies(namespace, work, moved)
     for tx in txs:
         # One per control request, in commit order, to the listener of the
         # task's owning worker.

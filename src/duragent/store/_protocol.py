@@ -20,7 +20,7 @@ from duragent.store._commits import (
     TaskPage,
     TaskQuery,
 )
-from duragent.store._signals import ControlCallback
+from duragent.store._signals import ControlCallback, TasksCallback
 from duragent.types import ApiMessage, Document, Entry, EntryKind, NewEntry, Task, UIMessage
 
 
@@ -237,6 +237,14 @@ class Store(Protocol):
     def watch_controls(self, callback: ControlCallback) -> Callable[[], None]:
         """Call `callback(task_id)` when a commit sets a control request on a task
         (None: some task, re-read them all); returns the function that stops it."""
+        ...
+
+    def watch_tasks(self, callback: TasksCallback) -> Callable[[], None]:
+        """Call `callback(task_ids)` after each commit, by any process for shared
+        backends, with the ids of the tasks it wrote or deleted; None whenever
+        commits may have gone unheard (re-read every task you watch). A commit
+        that moves no task is not told. Call it on the event loop that waits;
+        the callback runs there. Returns the function that stops the calls."""
         ...
 
 

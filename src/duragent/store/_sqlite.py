@@ -38,7 +38,13 @@ from duragent.store._codec import (
 )
 from duragent.store._commits import EntryHead, PendingCommit, TaskPage, TaskQuery
 from duragent.store._open_files import Held, hold, sqlite_paths
-from duragent.store._signals import ChangeSignal, ControlCallback, ControlWatchers
+from duragent.store._signals import (
+    ChangeSignal,
+    ControlCallback,
+    ControlWatchers,
+    TasksCallback,
+    TaskWatchers,
+)
 from duragent.store._sqlite_schema import (
     ENTRY_RANGE,
     KIND_CODES,
@@ -113,6 +119,8 @@ class SQLiteStore(TxWrites):
         self._signal: ChangeSignal | None = None
         self._work_signal: ChangeSignal | None = None
         self._controls = ControlWatchers()
+        self._moved = TaskWatchers()
+        self._polling: asyncio.Task[None] | None = None  # watch_tasks without wake-ups
         self._wake = WakeUps(path)
         self._opened = False
         self._closed = False
@@ -165,6 +173,8 @@ class SQLiteStore(TxWrites):
             self._shut = True
             return
         await self._writer.finish()  # commits already asked for still land
+        if self._polling is not None:
+            self._polling.cancel()
         self._wake.close()
         self._writer_conn.close()
         self._reader_conn.close()
@@ -229,7 +239,7 @@ class SQLiteStore(TxWrites):
         this process and, with `notes`, once, of the other processes on the file."""
         if notes is not None and not notes.announced:
             notes.announced = True
-            self._announce(notes.work, notes.controlled)
+            self._announce(notes.work, notes.controlled, frozenset(notes.tasks))
         elif ok:
             self._changed().notify()
 
@@ -468,6 +478,7 @@ class SQLiteStore(TxWrites):
             self._nums.forget(tid)
             self._rows.rows.pop(tid, None)
             tx.batch_rows.pop(tid, None)  # later jobs of this batch find it gone
+            tx.notes.tasks.add(tid)
         return len(doomed)
 
     async def purge_tasks(self, query: TaskQuery) -> int:
@@ -514,14 +525,19 @@ class SQLiteStore(TxWrites):
         """True once this store hears other processes' commits (after the first wait)."""
         return self._wake.listening
 
-    def _announce(self, work: bool, controlled: list[str]) -> None:
+    def _announce(
+        self, work: bool, controlled: list[str], tasks: frozenset[str] = frozenset()
+    ) -> None:
         """A batch committed: wake this process's waiters, then the other processes'."""
-        self._heard(work, True, controlled)
-        self._wake.announce(work=work, controlled=controlled)
+        self._heard(work, True, controlled, tasks)
+        self._wake.announce(work=work, controlled=controlled, tasks=tasks)
 
-    def _heard(self, work: bool, change: bool, controlled: list[str]) -> None:
+    def _heard(
+        self, work: bool, change: bool, controlled: list[str], tasks: frozenset[str] | None
+    ) -> None:
         if change:
             self._changed().notify()
+            self._moved.fire(tasks)
         if work:
             self._work().notify()
         for task_id in controlled:
@@ -543,6 +559,25 @@ class SQLiteStore(TxWrites):
         if not self._listen(changes=False):
             timeout = min(timeout, self.poll_interval)
         await self._work().wait(timeout)
+
+    def watch_tasks(self, callback: TasksCallback) -> Callable[[], None]:
+        """Call `callback(task_ids)` after each commit of any process on the file.
+
+        Without wake-ups (they could not be registered) nothing tells of other
+        processes' commits: the callbacks are told None every `poll_interval`.
+        """
+        remove = self._moved.add(callback)
+        self._listen(changes=True)
+        if self._polling is None or self._polling.done():
+            self._polling = asyncio.create_task(self._poll_moved(), name="duragent-sqlite-poll")
+        return remove
+
+    async def _poll_moved(self) -> None:
+        while self._moved and not self._closed:
+            await asyncio.sleep(self.poll_interval)
+            # Listening again each time re-creates a registration someone removed.
+            if self._moved and not self._closed and not self._listen(changes=True):
+                self._moved.fire(None)
 
     def watch_controls(self, callback: ControlCallback) -> Callable[[], None]:
         """Call `callback(task_id)` when any process commits a control request on a task."""

@@ -9,7 +9,10 @@ event loop until a datagram arrives.
 - `.w` waiters (workers) hear only commits that may make work claimable and
   control requests (pause/abort) for a task; `.c` waiters hear every commit.
 - A message is `w` (work) or `c` (another change), then one line per task a
-  control request was set on.
+  control request was set on, then `=<sender token> <n>` (the sender's n-th
+  message) and `+<id>` per task the commit wrote or deleted (`*` when too many
+  to list). A receiver that finds a sender's n skip a number, or a message
+  without `=` (from an older version), tells `watch_tasks` None: re-read all.
 - A registration whose socket refuses datagrams is removed by the first
   sender that finds its process gone (the token ends with the pid); a
   refusal alone may mean a peer in another network namespace. A process also
@@ -50,6 +53,12 @@ _RACY_NS = 100_000_000
 # Datagrams read per wake-up; the rest wait for the loop's next turn.
 _DRAIN_MAX = 256
 
+# Task ids listed in one message at most (in bytes); past it, `*`: re-read all.
+_IDS_MAX = 32_000
+
+# (work, change, controlled task ids, moved task ids or None: unknown)
+OnMessage = Callable[[bool, bool, list[str], "frozenset[str] | None"], None]
+
 # After a failed registration, waits poll; a new attempt is made this often.
 _RETRY_S = 30.0
 
@@ -76,7 +85,9 @@ class WakeUps:
         self.kind = ""  # "", "w" or "c": what this process registered to hear
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._on_message: Callable[[bool, bool, list[str]], None] | None = None
+        self._on_message: OnMessage | None = None
+        self._sent = 0  # messages sent (each carries its number: receivers see gaps)
+        self._heard_from: dict[str, int] = {}  # sender token -> its last message's number
         self._sender: socket.socket | None = None
         self._peers: list[str] = []
         self._listed: tuple[int, int] | None = None  # (dir mtime, when listed), ns
@@ -101,10 +112,10 @@ class WakeUps:
 
     # --- receiving ---
 
-    def listen(self, on_message: Callable[[bool, bool, list[str]], None], *, changes: bool) -> bool:
+    def listen(self, on_message: OnMessage, *, changes: bool) -> bool:
         """Register to hear work and control requests, and every change if `changes`.
 
-        `on_message(work, change, controlled_task_ids)` runs on the calling
+        `on_message(work, change, controlled_task_ids, moved_task_ids)` runs on the calling
         event loop. Returns whether this process now hears other processes.
         """
         if not self.possible or self._closed:
@@ -172,6 +183,7 @@ class WakeUps:
         assert self._sock is not None
         work = change = False
         controlled: list[str] = []
+        moved: set[str] | None = set()
         for _ in range(_DRAIN_MAX):
             try:
                 data = self._sock.recv(65536)
@@ -179,12 +191,29 @@ class WakeUps:
                 break
             except OSError:
                 break
-            head, *ids = data.decode("utf-8", "replace").split("\n")
+            head, *lines = data.decode("utf-8", "replace").split("\n")
             work = work or head == "w"
             change = True
-            controlled += [i for i in ids if i]
+            ids = self._moved(lines)
+            moved = None if ids is None or moved is None else moved | ids
+            controlled += [i for i in lines if i and i[0] not in "=+*"]
         if change and self._on_message is not None:
-            self._on_message(work, change, controlled)
+            self._on_message(work, change, controlled, None if moved is None else frozenset(moved))
+
+    def _moved(self, lines: list[str]) -> set[str] | None:
+        """The tasks a message says moved; None when it cannot say, or when a
+        message from its sender went missing (a full queue drops datagrams)."""
+        mark = next((line for line in lines if line.startswith("=")), None)
+        if mark is None or "*" in lines:
+            return None
+        token, _, n = mark[1:].partition(" ")
+        if not n.isdigit():
+            return None
+        last = self._heard_from.get(token)
+        self._heard_from[token] = int(n)
+        if last is not None and int(n) != last + 1:
+            return None
+        return {line[1:] for line in lines if line.startswith("+")}
 
     def _unlisten(self) -> None:
         sock, self._sock = self._sock, None
@@ -214,15 +243,24 @@ class WakeUps:
 
     # --- sending ---
 
-    def announce(self, *, work: bool, controlled: Iterable[str] = ()) -> None:
-        """Tell every other registered process about a commit (never blocks)."""
+    def announce(
+        self, *, work: bool, controlled: Iterable[str] = (), tasks: Iterable[str] | None = None
+    ) -> None:
+        """Tell every other registered process about a commit (never blocks):
+        whether it made work, the tasks it set a control request on, the tasks
+        it wrote or deleted (None: not known)."""
         if not self._plain_file or self._closed:
             return
         peers = self._current_peers()
         if not peers:
             return
         ids = list(controlled)
-        for_all = "\n".join(["w" if work else "c", *ids]).encode()
+        self._sent += 1
+        moved = [f"+{i}" for i in tasks] if tasks is not None else ["*"]
+        if sum(len(m) + 1 for m in moved) > _IDS_MAX:
+            moved = ["*"]
+        mark = f"={self.token} {self._sent}"
+        for_all = "\n".join(["w" if work else "c", *ids, mark, *moved]).encode()
         if self._sender is None:
             self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             self._sender.setblocking(False)

@@ -30,10 +30,11 @@ RECENT = 16
 @dataclass(slots=True)
 class BatchNotes:
     """What a committed batch announces: whether it made work, which tasks got
-    a control request."""
+    a control request, which tasks it wrote or deleted."""
 
     work: bool = False
     controlled: list[str] = field(default_factory=list)
+    tasks: set[str] = field(default_factory=set)
     announced: bool = False  # to other processes once, whatever the loops it settles on
 
 
@@ -223,6 +224,7 @@ class SqliteWriter(GroupCommit[SqliteTx, BatchNotes]):
                 numbered.update(tx.new_nums)
                 notes.work = notes.work or tx.notes.work
                 notes.controlled += tx.notes.controlled
+                notes.tasks |= tx.notes.tasks
             if guard:
                 conn.execute("RELEASE job")
         if deferred is not None:

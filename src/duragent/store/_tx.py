@@ -168,17 +168,20 @@ class Notes:
     """What a transaction's writes mean to waiters in other processes, noted as
     the rows are written: `work` when a row may have become claimable (or moved
     when it does: created, claimed, released, resumed, waiting on a timer),
-    `controlled` the tasks a control request (pause/abort) was just set on."""
+    `controlled` the tasks a control request (pause/abort) was just set on,
+    `tasks` every task written or deleted (what `watch_tasks` is told)."""
 
     def __init__(self) -> None:
         self.loaded: dict[str, tuple[tuple[Any, ...], Any]] = {}  # id -> (schedule, control)
         self.work = False
         self.controlled: list[str] = []
+        self.tasks: set[str] = set()
 
     def read(self, task: Task) -> None:
         self.loaded[task.id] = (schedule_key(task), task.control)
 
     def wrote(self, task: Task, *, created: bool = False) -> None:
+        self.tasks.add(task.id)
         before = self.loaded.get(task.id)
         moved = before is None or before[0] != schedule_key(task)
         if created or (moved and may_become_claimable(task)):
