@@ -20,6 +20,9 @@ from agents import (
     Agent as SdkAgent,
     GuardrailFunctionOutput,
     LocalShellTool,
+    ModelRetryBackoffSettings,
+    ModelRetrySettings,
+    ModelSettings,
     OpenAIChatCompletionsModel,
     RunContextWrapper,
     RunHooks,
@@ -27,6 +30,7 @@ from agents import (
     handoff,
     input_guardrail,
     output_guardrail,
+    retry_policies,
     set_tracing_disabled,
 )
 from agents.mcp import MCPServerStdio
@@ -303,3 +307,49 @@ async def test_a_run_that_fails_fails_its_task_with_the_reason(serve: Serve) -> 
     async with Runtime("memory://", agents=[durable.agent]) as rt:
         with pytest.raises(TaskFailed, match="the model does not exist"):
             await durable.run(rt, "hi", timeout=30)
+
+
+async def test_the_sdks_model_retry_still_retries_and_a_failed_attempt_is_no_step(
+    serve: Serve,
+) -> None:
+    """A model call the SDK's runner retries (ModelSettings(retry=)) fails with the
+    provider's own error, so the retry policy sees it; the failed attempt is no step,
+    so a replay asks for `model:1` what the run that went on recorded."""
+    server = serve([[ToolCall("sky", {"city": "Rome"})], "sunny in Rome"])
+    server.fail_next(status=503)
+
+    @function_tool
+    def sky(city: str) -> str:
+        return f"sunny over {city}"
+
+    http = DefaultAsyncHttpxClient(limits=httpx2.Limits(max_keepalive_connections=0))
+    client = AsyncOpenAI(base_url=server.base_url, api_key="k", http_client=http, max_retries=0)
+    retry = ModelRetrySettings(
+        max_retries=2,
+        backoff=ModelRetryBackoffSettings(initial_delay=0, max_delay=0, jitter=False),
+        policy=retry_policies.http_status([503]),
+    )
+    sdk = SdkAgent(
+        name="weather",
+        model=OpenAIChatCompletionsModel("gpt-test", client),
+        model_settings=ModelSettings(retry=retry),
+        tools=[sky],
+        tool_use_behavior="run_llm_again",
+    )
+    durable = DurableAgent(sdk, name="weather", safe_tools=["sky"])
+    async with Runtime("memory://", agents=[durable.agent]) as rt:
+        result = await durable.run(rt, "weather in Rome?", timeout=30)
+        steps = await durable.steps(rt, result.task.id)
+        errors = [
+            e.payload["step"]
+            for e in await rt.store.entries(result.task.id, kinds=[EntryKind.CHECKPOINT])
+            if e.payload.get("type") == "step" and "error" in e.payload
+        ]
+    assert result.final_output == "sunny in Rome"
+    assert len(server.requests) == 3  # the failed attempt, then the two turns
+    assert [s.split(":")[0] + ":" + s.split(":")[1] for s in steps] == [
+        "model:1",
+        "tool:1",
+        "model:2",
+    ]
+    assert errors == []

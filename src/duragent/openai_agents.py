@@ -11,7 +11,9 @@ public `Model`, `ModelProvider` and `FunctionTool` interfaces:
   (`model:1`, `model:2`, ...), whichever agent of a handoff chain makes it: the
   run's `RunConfig(model_provider=...)` and every agent's own `Model` are
   wrapped, and the `ModelResponse` is stored as JSON. A call cut off by a crash
-  is asked again (a model call has no effect outside the run);
+  is asked again (a model call has no effect outside the run); one that fails
+  is no step: the SDK's retry (`ModelSettings(retry=)`) sees the provider's own
+  error and asks again under the same name;
 - each function tool call is a durable step named by the model call it answers
   and its call id (`tool:N:<call id>`). A tool is never run again after a crash
   unless it is marked safe (`safe_tools=`): an interrupted unsafe call returns
@@ -95,6 +97,15 @@ class _Run:
     agents: dict[int, agents.Agent[Any]] = field(default_factory=dict)  # id(original) -> durable
 
 
+class _Unrecorded(BaseException):
+    """A model call that failed: carried past its step (a BaseException, so the
+    step records nothing) and raised again as the provider's own error."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 class DuragentModel(Model):
     """A model whose every call is a durable step of the task."""
 
@@ -116,24 +127,35 @@ class DuragentModel(Model):
         conversation_id: str | None,
         prompt: Any,
     ) -> ModelResponse:
-        self._run.requests += 1
+        # Numbered by the turns that got an answer: an attempt that failed (and the
+        # SDK's runner may retry) is no step, so a replay numbers the turns alike.
+        n = self._run.requests + 1
 
         async def ask() -> Any:
-            response = await self.wrapped.get_response(
-                system_instructions,
-                input,
-                model_settings,
-                tools,
-                output_schema,
-                handoffs,
-                tracing,
-                previous_response_id=previous_response_id,
-                conversation_id=conversation_id,
-                prompt=prompt,
-            )
+            try:
+                response = await self.wrapped.get_response(
+                    system_instructions,
+                    input,
+                    model_settings,
+                    tools,
+                    output_schema,
+                    handoffs,
+                    tracing,
+                    previous_response_id=previous_response_id,
+                    conversation_id=conversation_id,
+                    prompt=prompt,
+                )
+            except Exception as exc:
+                raise _Unrecorded(exc) from None
             return _RESPONSE.dump_python(response, mode="json", by_alias=True)
 
-        stored = await self._run.ctx.step(f"model:{self._run.requests}", ask, safe=True)
+        step = f"model:{n}"
+        try:
+            stored = await self._run.ctx.step(step, ask, safe=True)
+        except _Unrecorded as failed:  # the provider's own error, for the SDK's retry policy
+            self._run.ctx._steps.names.remove(step)  # not run: its retry may take the name
+            raise failed.error from None
+        self._run.requests = n
         return _RESPONSE.validate_python(stored)
 
     def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
