@@ -353,3 +353,20 @@ async def test_the_sdks_model_retry_still_retries_and_a_failed_attempt_is_no_ste
         "model:2",
     ]
     assert errors == []
+
+
+def test_a_typed_context_without_context_type_is_refused_not_turned_into_a_dict() -> None:
+    """The context comes back from JSON: without `context_type`, a dataclass would
+    reach the tools as a dict (`wrapper.context.city` failing inside the run), so it
+    is refused in one line; plain data still passes."""
+    durable = DurableAgent(SdkAgent(name="c"), name="c")
+    with pytest.raises(InvalidOption, match=r"context_type=Shop") as err:
+        durable.context_for(context=Shop("Paris"))
+    assert "\n" not in str(err.value)
+    assert durable.context_for(context={"city": "Paris"}) == {
+        "openai_agents": {"context": {"city": "Paris"}}
+    }
+    typed = DurableAgent(SdkAgent(name="c"), name="c", context_type=Shop)
+    assert typed.context_for(context=Shop("Rome")) == {
+        "openai_agents": {"context": {"city": "Rome"}}
+    }

@@ -403,6 +403,12 @@ class DurableAgent:
     ) -> dict[str, Any]:
         """The task context that carries a run's context object and input items, as JSON."""
         given: dict[str, Any] = {}
+        if context is not None and self.context_type is None and not _plain(context):
+            # Rebuilt from JSON as is, it would reach the tools as a dict.
+            raise InvalidOption(
+                f"the context of a durable run is stored as JSON and rebuilt as its "
+                f"context_type: give DurableAgent(context_type={type(context).__name__})"
+            )
         if context is not None:
             try:
                 given["context"] = pydantic.TypeAdapter(self.context_type or Any).dump_python(
@@ -460,6 +466,15 @@ class DurableAgent:
             with suppress(pydantic.ValidationError, pydantic.PydanticSchemaGenerationError):
                 output = pydantic.TypeAdapter(output_type).validate_python(output)
         return DurableRunResult(output, last, given["input_list"], task)
+
+
+def _plain(value: Any) -> bool:
+    """JSON data as such (what a context rebuilt without a context_type is)."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, str | int | float | bool)
 
 
 def _last_user_text(items: Sequence[Any]) -> str:
