@@ -24,6 +24,7 @@ from agents import (
     ModelRetrySettings,
     ModelSettings,
     OpenAIChatCompletionsModel,
+    RunConfig,
     RunContextWrapper,
     RunHooks,
     function_tool,
@@ -370,3 +371,56 @@ def test_a_typed_context_without_context_type_is_refused_not_turned_into_a_dict(
     assert typed.context_for(context=Shop("Rome")) == {
         "openai_agents": {"context": {"city": "Rome"}}
     }
+
+
+async def test_an_agent_run_as_a_tool_is_inside_its_tool_step_and_replays_alike() -> None:
+    """`Agent.as_tool()` runs a nested Runner.run with the parent's run config, so
+    its model calls reach the durable model: they are part of the tool's step, not
+    steps of their own, so a replay (the tool's step recorded, the nested run not
+    made again) gives each later turn of the parent its own recorded answer."""
+
+    def answer(request: Any) -> Any:
+        messages = request.json["messages"]
+        if messages[0].get("content") == "Translate.":
+            return "bonjour"  # the nested agent's one turn
+        done = sum(1 for m in messages if m.get("role") == "tool")
+        return [[ToolCall("translator", {"input": "hello"})], [ToolCall("work", {})], "finished"][
+            done
+        ]
+
+    in_tool, release = asyncio.Event(), asyncio.Event()
+
+    @function_tool
+    async def work() -> str:
+        """Do some work."""
+        if not release.is_set():
+            in_tool.set()
+            await asyncio.Event().wait()  # until the pause cancels it
+        return "worked"
+
+    server = ScriptedOpenAIServer(answer)
+    with server:
+        helper = SdkAgent(name="helper", instructions="Translate.")
+        translator = helper.as_tool(tool_name="translator", tool_description="Translate.")
+        sdk = SdkAgent(name="front", instructions="Help.", tools=[translator, work])
+        config = RunConfig(model=model(server))
+        options = {"timing": Timing(tool_grace=0.1)}
+        durable = DurableAgent(
+            sdk, name="front", run_config=config, safe_tools={"work"}, options=options
+        )
+        async with Runtime("memory://", agents=[durable.agent]) as rt:
+            sub = await rt.submit("front", "go")
+            await in_tool.wait()
+            assert (await rt.pause(sub.task_id, timeout=30)).status is TaskStatus.PAUSED
+            release.set()
+            await rt.resume(sub.task_id)
+            result = await durable.result(rt, await sub.wait(timeout=30))
+            steps = await durable.steps(rt, sub.task_id)
+    assert result.final_output == "finished"
+    assert [s.rsplit(":", 1)[0] if s.startswith("tool") else s for s in steps] == [
+        "model:1",
+        "tool:1",
+        "model:2",
+        "tool:2",
+        "model:3",
+    ]

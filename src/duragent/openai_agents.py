@@ -17,7 +17,8 @@ public `Model`, `ModelProvider` and `FunctionTool` interfaces:
 - each function tool call is a durable step named by the model call it answers
   and its call id (`tool:N:<call id>`). A tool is never run again after a crash
   unless it is marked safe (`safe_tools=`): an interrupted unsafe call returns
-  duragent's "interrupted" text to the model instead, and the run goes on.
+  duragent's "interrupted" text to the model instead, and the run goes on. A
+  run nested in a tool (`Agent.as_tool()`) is part of that tool's step.
 
 After a crash the worker runs the tool call again: the SDK's loop starts over,
 every recorded step returns its stored result without running, and the loop
@@ -30,6 +31,7 @@ guardrail that asks a model of its own is not asked again on a replay.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
 import dataclasses
 import json
@@ -83,6 +85,13 @@ _RESPONSE: pydantic.TypeAdapter[ModelResponse] = pydantic.TypeAdapter(ModelRespo
 _HOSTED = (CodeInterpreterTool, FileSearchTool, HostedMCPTool, ImageGenerationTool, WebSearchTool)
 
 
+# Set while a function tool's step runs: a run nested in it (`Agent.as_tool()` runs
+# one with the parent's run config, so with the durable model) is part of that
+# step, replayed with it; its model calls and guardrails are no steps of their own.
+_IN_TOOL_STEP: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "duragent_openai_agents_in_tool_step", default=False
+)
+
 _Guardrail = TypeVar("_Guardrail", InputGuardrail[Any], OutputGuardrail[Any])
 
 
@@ -127,6 +136,19 @@ class DuragentModel(Model):
         conversation_id: str | None,
         prompt: Any,
     ) -> ModelResponse:
+        if _IN_TOOL_STEP.get():  # a nested run's call: inside its tool's step
+            return await self.wrapped.get_response(
+                system_instructions,
+                input,
+                model_settings,
+                tools,
+                output_schema,
+                handoffs,
+                tracing,
+                previous_response_id=previous_response_id,
+                conversation_id=conversation_id,
+                prompt=prompt,
+            )
         # Numbered by the turns that got an answer: an attempt that failed (and the
         # SDK's runner may retry) is no step, so a replay numbers the turns alike.
         n = self._run.requests + 1
@@ -191,8 +213,15 @@ def _durable_tool(original: FunctionTool, run: _Run) -> FunctionTool:
     safe = original.name in run.safe_tools
 
     async def on_invoke_tool(context: SdkToolContext[Any], arguments: str) -> Any:
+        if _IN_TOOL_STEP.get():  # a tool of a run nested in a tool's step
+            return await invoke(context, arguments)
+
         async def call() -> Any:
-            return {"value": to_jsonable_python(await invoke(context, arguments))}
+            token = _IN_TOOL_STEP.set(True)
+            try:
+                return {"value": to_jsonable_python(await invoke(context, arguments))}
+            finally:
+                _IN_TOOL_STEP.reset(token)
 
         step = f"tool:{run.requests}:{context.tool_call_id or original.name}"
         try:
@@ -216,6 +245,9 @@ def _durable_guardrail(guardrail: _Guardrail, kind: str, run: _Run) -> _Guardrai
     check = guardrail.guardrail_function
 
     async def guardrail_function(context: Any, agent: Any, given: Any) -> GuardrailFunctionOutput:
+        if _IN_TOOL_STEP.get():  # a guardrail of a run nested in a tool's step
+            verdict = check(context, agent, given)
+            return verdict if isinstance(verdict, GuardrailFunctionOutput) else await verdict
         step = f"guardrail:{kind}:{guardrail.get_name()}"
         run.guardrails[step] = asked = run.guardrails.get(step, 0) + 1
         step = step if asked == 1 else f"{step}:{asked}"
