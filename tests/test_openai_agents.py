@@ -424,3 +424,22 @@ async def test_an_agent_run_as_a_tool_is_inside_its_tool_step_and_replays_alike(
         "tool:2",
         "model:3",
     ]
+
+
+async def test_a_model_call_the_sdk_timed_out_is_retried_under_its_name(serve: Serve) -> None:
+    """`ModelSettings(timeout=)` cancels a slow attempt and the SDK's retry asks
+    again: the cut-off attempt recorded nothing, so the retry is the same step."""
+    server = serve(["on time"])
+    server.stall_next(after=0)
+    retry = ModelRetrySettings(
+        max_retries=1,
+        backoff=ModelRetryBackoffSettings(initial_delay=0, max_delay=0, jitter=False),
+        policy=retry_policies.network_error(),
+    )
+    settings = ModelSettings(timeout=0.5, retry=retry)
+    sdk = SdkAgent(name="slow", model=model(server), model_settings=settings)
+    durable = DurableAgent(sdk, name="slow")
+    async with Runtime("memory://", agents=[durable.agent]) as rt:
+        result = await durable.run(rt, "hi", timeout=30)
+        assert await durable.steps(rt, result.task.id) == ["model:1"]
+    assert result.final_output == "on time"

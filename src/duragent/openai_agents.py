@@ -174,9 +174,12 @@ class DuragentModel(Model):
         step = f"model:{n}"
         try:
             stored = await self._run.ctx.step(step, ask, safe=True)
-        except _Unrecorded as failed:  # the provider's own error, for the SDK's retry policy
-            self._run.ctx._steps.names.remove(step)  # not run: its retry may take the name
-            raise failed.error from None
+        except BaseException as stop:  # failed, or cut off (the SDK's timeout): not recorded
+            with suppress(ValueError):
+                self._run.ctx._steps.names.remove(step)  # so its retry may take the name
+            if isinstance(stop, _Unrecorded):  # the provider's own error, for the retry policy
+                raise stop.error from None
+            raise
         self._run.requests = n
         return _RESPONSE.validate_python(stored)
 
