@@ -27,12 +27,17 @@ from agents import (
     RunConfig,
     RunContextWrapper,
     RunHooks,
+    ToolGuardrailFunctionOutput,
+    ToolInputGuardrailData,
+    ToolOutputGuardrailData,
     function_tool,
     handoff,
     input_guardrail,
     output_guardrail,
     retry_policies,
     set_tracing_disabled,
+    tool_input_guardrail,
+    tool_output_guardrail,
 )
 from agents.mcp import MCPServerStdio
 from openai import AsyncOpenAI, DefaultAsyncHttpxClient
@@ -443,3 +448,47 @@ async def test_a_model_call_the_sdk_timed_out_is_retried_under_its_name(serve: S
         result = await durable.run(rt, "hi", timeout=30)
         assert await durable.steps(rt, result.task.id) == ["model:1"]
     assert result.final_output == "on time"
+
+
+async def test_a_tool_guardrails_verdict_is_recorded_and_not_asked_again(serve: Serve) -> None:
+    """A function tool's own input and output guardrails (which may ask a model)
+    give their verdict once: after a pause the replay gets the recorded one."""
+    server = serve([[ToolCall("price", {"item": "book"})], [ToolCall("work", {})], "finished"])
+    asked: list[str] = []
+    in_tool, release = asyncio.Event(), asyncio.Event()
+
+    @tool_input_guardrail
+    def sane(data: ToolInputGuardrailData) -> ToolGuardrailFunctionOutput:
+        asked.append("input")
+        return ToolGuardrailFunctionOutput.allow(output_info={"ok": True})
+
+    @tool_output_guardrail
+    def cheap(data: ToolOutputGuardrailData) -> ToolGuardrailFunctionOutput:
+        asked.append(f"output {data.output}")
+        return ToolGuardrailFunctionOutput.allow()
+
+    @function_tool(tool_input_guardrails=[sane], tool_output_guardrails=[cheap])
+    def price(item: str) -> str:
+        """Price an item."""
+        return f"{item}: 12"
+
+    @function_tool
+    async def work() -> str:
+        """Do some work."""
+        if not release.is_set():
+            in_tool.set()
+            await asyncio.Event().wait()  # until the pause cancels it
+        return "worked"
+
+    sdk = SdkAgent(name="shop", model=model(server), tools=[price, work])
+    options = {"timing": Timing(tool_grace=0.1)}
+    durable = DurableAgent(sdk, name="shop", safe_tools={"work"}, options=options)
+    async with Runtime("memory://", agents=[durable.agent]) as rt:
+        sub = await rt.submit("shop", "go")
+        await in_tool.wait()
+        assert (await rt.pause(sub.task_id, timeout=30)).status is TaskStatus.PAUSED
+        release.set()
+        await rt.resume(sub.task_id)
+        result = await durable.result(rt, await sub.wait(timeout=30))
+    assert result.final_output == "finished"
+    assert asked == ["input", "output book: 12"]

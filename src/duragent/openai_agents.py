@@ -24,8 +24,9 @@ After a crash the worker runs the tool call again: the SDK's loop starts over,
 every recorded step returns its stored result without running, and the loop
 continues live from the first step not recorded. Handoffs and guardrails are
 the SDK's own: the agents a run hands off to are wrapped the same way, and each
-input or output guardrail's verdict is a step (`guardrail:input:<name>`), so a
-guardrail that asks a model of its own is not asked again on a replay.
+input or output guardrail's verdict is a step (`guardrail:input:<name>`), as is
+a function tool's own guardrails' (`guardrail:tool_input:<name>:<N>:<call id>`),
+so a guardrail that asks a model of its own is not asked again on a replay.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ try:
         OutputGuardrail,
         RunConfig,
         Runner,
+        ToolGuardrailFunctionOutput,
+        ToolInputGuardrail,
+        ToolOutputGuardrail,
         WebSearchTool,
     )
     from agents.tool_context import ToolContext as SdkToolContext
@@ -93,6 +97,7 @@ _IN_TOOL_STEP: contextvars.ContextVar[bool] = contextvars.ContextVar(
 )
 
 _Guardrail = TypeVar("_Guardrail", InputGuardrail[Any], OutputGuardrail[Any])
+_ToolGuardrail = TypeVar("_ToolGuardrail", ToolInputGuardrail[Any], ToolOutputGuardrail[Any])
 
 
 @dataclass
@@ -236,7 +241,39 @@ def _durable_tool(original: FunctionTool, run: _Run) -> FunctionTool:
 
     durable = copy.copy(original)
     durable.on_invoke_tool = on_invoke_tool
+    if original.tool_input_guardrails:
+        durable.tool_input_guardrails = [
+            _durable_tool_guardrail(g, "tool_input", run) for g in original.tool_input_guardrails
+        ]
+    if original.tool_output_guardrails:
+        durable.tool_output_guardrails = [
+            _durable_tool_guardrail(g, "tool_output", run) for g in original.tool_output_guardrails
+        ]
     return durable
+
+
+def _durable_tool_guardrail(guardrail: _ToolGuardrail, kind: str, run: _Run) -> _ToolGuardrail:
+    """A copy of a function tool's input or output guardrail whose verdict is a durable
+    step of the task (`guardrail:tool_input:<name>:<N>:<call id>`)."""
+    check: Any = guardrail.guardrail_function
+    name = guardrail.get_name()
+
+    async def guardrail_function(data: Any) -> ToolGuardrailFunctionOutput:
+        async def call() -> Any:
+            verdict = check(data)
+            if not isinstance(verdict, ToolGuardrailFunctionOutput):
+                verdict = await verdict
+            info = to_jsonable_python(verdict.output_info, fallback=repr)
+            return {"info": info, "behavior": dict(verdict.behavior)}
+
+        if _IN_TOOL_STEP.get():  # a run nested in a tool's step
+            stored = await call()
+        else:
+            step = f"guardrail:{kind}:{name}:{run.requests}:{data.context.tool_call_id}"
+            stored = await run.ctx.step(step, call, safe=True)
+        return ToolGuardrailFunctionOutput(output_info=stored["info"], behavior=stored["behavior"])
+
+    return dataclasses.replace(guardrail, guardrail_function=guardrail_function, name=name)
 
 
 def _durable_guardrail(guardrail: _Guardrail, kind: str, run: _Run) -> _Guardrail:
