@@ -6,6 +6,7 @@ pinned; bad configurations are refused at Agent(). Every store."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import Counter
 from typing import Any
 
@@ -22,7 +23,7 @@ from duragent import (
     tool,
 )
 from duragent.errors import InvalidOption, ModelError
-from duragent.runtime._handoffs import MULTIPLE, in_force
+from duragent.runtime._handoffs import MULTIPLE, in_force, transfer_name
 from duragent.runtime._log import RoundState, rollback
 from duragent.runtime._steering import Edit
 from duragent.store._protocol import Store
@@ -409,3 +410,20 @@ async def test_a_fork_that_drops_the_handing_off_message_drops_the_handoff(store
     assert hist.rounds[1].handoff is None
     assert [r.agent for r in hist.rounds] == ["triage", "triage", "triage", "billing", "billing"]
     assert hist.rounds[2].handoff is not None
+
+
+def test_transfer_tool_names_keep_the_providers_tool_name_rule() -> None:
+    """OpenAI (and Anthropic) refuse a tool name outside ^[a-zA-Z0-9_-]{1,64}$: a long
+    agent name still gives a valid transfer tool, and two long names sharing their
+    first 64 characters give two tools (not a clash)."""
+    rule = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+    long_a = "customer support for enterprise billing and invoicing disputes, tier one"
+    long_b = "customer support for enterprise billing and invoicing disputes, tier two"
+    names = [long_a, long_b, "Billing Team", "账单", "a" * 200]
+    for name in names:
+        assert rule.fullmatch(transfer_name(name)), transfer_name(name)
+    assert transfer_name("Billing Team") == "transfer_to_billing_team"  # short: the SDK's name
+    targets = [Agent(name=n, model="scripted:none") for n in (long_a, long_b)]
+    a = Agent(name="a", model="scripted:none", handoffs=targets)
+    assert [t.name for t in a.transfers.values()] == [long_a, long_b]
+    assert transfer_name(long_a) == transfer_name(long_a)  # stable: logs name it

@@ -20,14 +20,24 @@ from agents import (
     Agent as SdkAgent,
     GuardrailFunctionOutput,
     LocalShellTool,
+    ModelRetryBackoffSettings,
+    ModelRetrySettings,
+    ModelSettings,
     OpenAIChatCompletionsModel,
+    RunConfig,
     RunContextWrapper,
     RunHooks,
+    ToolGuardrailFunctionOutput,
+    ToolInputGuardrailData,
+    ToolOutputGuardrailData,
     function_tool,
     handoff,
     input_guardrail,
     output_guardrail,
+    retry_policies,
     set_tracing_disabled,
+    tool_input_guardrail,
+    tool_output_guardrail,
 )
 from agents.mcp import MCPServerStdio
 from openai import AsyncOpenAI, DefaultAsyncHttpxClient
@@ -303,3 +313,182 @@ async def test_a_run_that_fails_fails_its_task_with_the_reason(serve: Serve) -> 
     async with Runtime("memory://", agents=[durable.agent]) as rt:
         with pytest.raises(TaskFailed, match="the model does not exist"):
             await durable.run(rt, "hi", timeout=30)
+
+
+async def test_the_sdks_model_retry_still_retries_and_a_failed_attempt_is_no_step(
+    serve: Serve,
+) -> None:
+    """A model call the SDK's runner retries (ModelSettings(retry=)) fails with the
+    provider's own error, so the retry policy sees it; the failed attempt is no step,
+    so a replay asks for `model:1` what the run that went on recorded."""
+    server = serve([[ToolCall("sky", {"city": "Rome"})], "sunny in Rome"])
+    server.fail_next(status=503)
+
+    @function_tool
+    def sky(city: str) -> str:
+        return f"sunny over {city}"
+
+    http = DefaultAsyncHttpxClient(limits=httpx2.Limits(max_keepalive_connections=0))
+    client = AsyncOpenAI(base_url=server.base_url, api_key="k", http_client=http, max_retries=0)
+    retry = ModelRetrySettings(
+        max_retries=2,
+        backoff=ModelRetryBackoffSettings(initial_delay=0, max_delay=0, jitter=False),
+        policy=retry_policies.http_status([503]),
+    )
+    sdk = SdkAgent(
+        name="weather",
+        model=OpenAIChatCompletionsModel("gpt-test", client),
+        model_settings=ModelSettings(retry=retry),
+        tools=[sky],
+        tool_use_behavior="run_llm_again",
+    )
+    durable = DurableAgent(sdk, name="weather", safe_tools=["sky"])
+    async with Runtime("memory://", agents=[durable.agent]) as rt:
+        result = await durable.run(rt, "weather in Rome?", timeout=30)
+        steps = await durable.steps(rt, result.task.id)
+        errors = [
+            e.payload["step"]
+            for e in await rt.store.entries(result.task.id, kinds=[EntryKind.CHECKPOINT])
+            if e.payload.get("type") == "step" and "error" in e.payload
+        ]
+    assert result.final_output == "sunny in Rome"
+    assert len(server.requests) == 3  # the failed attempt, then the two turns
+    assert [s.split(":")[0] + ":" + s.split(":")[1] for s in steps] == [
+        "model:1",
+        "tool:1",
+        "model:2",
+    ]
+    assert errors == []
+
+
+def test_a_typed_context_without_context_type_is_refused_not_turned_into_a_dict() -> None:
+    """The context comes back from JSON: without `context_type`, a dataclass would
+    reach the tools as a dict (`wrapper.context.city` failing inside the run), so it
+    is refused in one line; plain data still passes."""
+    durable = DurableAgent(SdkAgent(name="c"), name="c")
+    with pytest.raises(InvalidOption, match=r"context_type=Shop") as err:
+        durable.context_for(context=Shop("Paris"))
+    assert "\n" not in str(err.value)
+    assert durable.context_for(context={"city": "Paris"}) == {
+        "openai_agents": {"context": {"city": "Paris"}}
+    }
+    typed = DurableAgent(SdkAgent(name="c"), name="c", context_type=Shop)
+    assert typed.context_for(context=Shop("Rome")) == {
+        "openai_agents": {"context": {"city": "Rome"}}
+    }
+
+
+async def test_an_agent_run_as_a_tool_is_inside_its_tool_step_and_replays_alike() -> None:
+    """`Agent.as_tool()` runs a nested Runner.run with the parent's run config, so
+    its model calls reach the durable model: they are part of the tool's step, not
+    steps of their own, so a replay (the tool's step recorded, the nested run not
+    made again) gives each later turn of the parent its own recorded answer."""
+
+    def answer(request: Any) -> Any:
+        messages = request.json["messages"]
+        if messages[0].get("content") == "Translate.":
+            return "bonjour"  # the nested agent's one turn
+        done = sum(1 for m in messages if m.get("role") == "tool")
+        return [[ToolCall("translator", {"input": "hello"})], [ToolCall("work", {})], "finished"][
+            done
+        ]
+
+    in_tool, release = asyncio.Event(), asyncio.Event()
+
+    @function_tool
+    async def work() -> str:
+        """Do some work."""
+        if not release.is_set():
+            in_tool.set()
+            await asyncio.Event().wait()  # until the pause cancels it
+        return "worked"
+
+    server = ScriptedOpenAIServer(answer)
+    with server:
+        helper = SdkAgent(name="helper", instructions="Translate.")
+        translator = helper.as_tool(tool_name="translator", tool_description="Translate.")
+        sdk = SdkAgent(name="front", instructions="Help.", tools=[translator, work])
+        config = RunConfig(model=model(server))
+        options = {"timing": Timing(tool_grace=0.1)}
+        durable = DurableAgent(
+            sdk, name="front", run_config=config, safe_tools={"work"}, options=options
+        )
+        async with Runtime("memory://", agents=[durable.agent]) as rt:
+            sub = await rt.submit("front", "go")
+            await in_tool.wait()
+            assert (await rt.pause(sub.task_id, timeout=30)).status is TaskStatus.PAUSED
+            release.set()
+            await rt.resume(sub.task_id)
+            result = await durable.result(rt, await sub.wait(timeout=30))
+            steps = await durable.steps(rt, sub.task_id)
+    assert result.final_output == "finished"
+    assert [s.rsplit(":", 1)[0] if s.startswith("tool") else s for s in steps] == [
+        "model:1",
+        "tool:1",
+        "model:2",
+        "tool:2",
+        "model:3",
+    ]
+
+
+async def test_a_model_call_the_sdk_timed_out_is_retried_under_its_name(serve: Serve) -> None:
+    """`ModelSettings(timeout=)` cancels a slow attempt and the SDK's retry asks
+    again: the cut-off attempt recorded nothing, so the retry is the same step."""
+    server = serve(["on time"])
+    server.stall_next(after=0)
+    retry = ModelRetrySettings(
+        max_retries=1,
+        backoff=ModelRetryBackoffSettings(initial_delay=0, max_delay=0, jitter=False),
+        policy=retry_policies.network_error(),
+    )
+    settings = ModelSettings(timeout=0.5, retry=retry)
+    sdk = SdkAgent(name="slow", model=model(server), model_settings=settings)
+    durable = DurableAgent(sdk, name="slow")
+    async with Runtime("memory://", agents=[durable.agent]) as rt:
+        result = await durable.run(rt, "hi", timeout=30)
+        assert await durable.steps(rt, result.task.id) == ["model:1"]
+    assert result.final_output == "on time"
+
+
+async def test_a_tool_guardrails_verdict_is_recorded_and_not_asked_again(serve: Serve) -> None:
+    """A function tool's own input and output guardrails (which may ask a model)
+    give their verdict once: after a pause the replay gets the recorded one."""
+    server = serve([[ToolCall("price", {"item": "book"})], [ToolCall("work", {})], "finished"])
+    asked: list[str] = []
+    in_tool, release = asyncio.Event(), asyncio.Event()
+
+    @tool_input_guardrail
+    def sane(data: ToolInputGuardrailData) -> ToolGuardrailFunctionOutput:
+        asked.append("input")
+        return ToolGuardrailFunctionOutput.allow(output_info={"ok": True})
+
+    @tool_output_guardrail
+    def cheap(data: ToolOutputGuardrailData) -> ToolGuardrailFunctionOutput:
+        asked.append(f"output {data.output}")
+        return ToolGuardrailFunctionOutput.allow()
+
+    @function_tool(tool_input_guardrails=[sane], tool_output_guardrails=[cheap])
+    def price(item: str) -> str:
+        """Price an item."""
+        return f"{item}: 12"
+
+    @function_tool
+    async def work() -> str:
+        """Do some work."""
+        if not release.is_set():
+            in_tool.set()
+            await asyncio.Event().wait()  # until the pause cancels it
+        return "worked"
+
+    sdk = SdkAgent(name="shop", model=model(server), tools=[price, work])
+    options = {"timing": Timing(tool_grace=0.1)}
+    durable = DurableAgent(sdk, name="shop", safe_tools={"work"}, options=options)
+    async with Runtime("memory://", agents=[durable.agent]) as rt:
+        sub = await rt.submit("shop", "go")
+        await in_tool.wait()
+        assert (await rt.pause(sub.task_id, timeout=30)).status is TaskStatus.PAUSED
+        release.set()
+        await rt.resume(sub.task_id)
+        result = await durable.result(rt, await sub.wait(timeout=30))
+    assert result.final_output == "finished"
+    assert asked == ["input", "output book: 12"]

@@ -11,23 +11,28 @@ public `Model`, `ModelProvider` and `FunctionTool` interfaces:
   (`model:1`, `model:2`, ...), whichever agent of a handoff chain makes it: the
   run's `RunConfig(model_provider=...)` and every agent's own `Model` are
   wrapped, and the `ModelResponse` is stored as JSON. A call cut off by a crash
-  is asked again (a model call has no effect outside the run);
+  is asked again (a model call has no effect outside the run); one that fails
+  is no step: the SDK's retry (`ModelSettings(retry=)`) sees the provider's own
+  error and asks again under the same name;
 - each function tool call is a durable step named by the model call it answers
   and its call id (`tool:N:<call id>`). A tool is never run again after a crash
   unless it is marked safe (`safe_tools=`): an interrupted unsafe call returns
-  duragent's "interrupted" text to the model instead, and the run goes on.
+  duragent's "interrupted" text to the model instead, and the run goes on. A
+  run nested in a tool (`Agent.as_tool()`) is part of that tool's step.
 
 After a crash the worker runs the tool call again: the SDK's loop starts over,
 every recorded step returns its stored result without running, and the loop
 continues live from the first step not recorded. Handoffs and guardrails are
 the SDK's own: the agents a run hands off to are wrapped the same way, and each
-input or output guardrail's verdict is a step (`guardrail:input:<name>`), so a
-guardrail that asks a model of its own is not asked again on a replay.
+input or output guardrail's verdict is a step (`guardrail:input:<name>`), as is
+a function tool's own guardrails' (`guardrail:tool_input:<name>:<N>:<call id>`),
+so a guardrail that asks a model of its own is not asked again on a replay.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
 import dataclasses
 import json
@@ -65,6 +70,9 @@ try:
         OutputGuardrail,
         RunConfig,
         Runner,
+        ToolGuardrailFunctionOutput,
+        ToolInputGuardrail,
+        ToolOutputGuardrail,
         WebSearchTool,
     )
     from agents.tool_context import ToolContext as SdkToolContext
@@ -81,7 +89,15 @@ _RESPONSE: pydantic.TypeAdapter[ModelResponse] = pydantic.TypeAdapter(ModelRespo
 _HOSTED = (CodeInterpreterTool, FileSearchTool, HostedMCPTool, ImageGenerationTool, WebSearchTool)
 
 
+# Set while a function tool's step runs: a run nested in it (`Agent.as_tool()` runs
+# one with the parent's run config, so with the durable model) is part of that
+# step, replayed with it; its model calls and guardrails are no steps of their own.
+_IN_TOOL_STEP: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "duragent_openai_agents_in_tool_step", default=False
+)
+
 _Guardrail = TypeVar("_Guardrail", InputGuardrail[Any], OutputGuardrail[Any])
+_ToolGuardrail = TypeVar("_ToolGuardrail", ToolInputGuardrail[Any], ToolOutputGuardrail[Any])
 
 
 @dataclass
@@ -93,6 +109,15 @@ class _Run:
     requests: int = 0  # model calls made (or replayed) so far in this run
     guardrails: dict[str, int] = field(default_factory=dict)  # step name -> times asked
     agents: dict[int, agents.Agent[Any]] = field(default_factory=dict)  # id(original) -> durable
+
+
+class _Unrecorded(BaseException):
+    """A model call that failed: carried past its step (a BaseException, so the
+    step records nothing) and raised again as the provider's own error."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
 
 
 class DuragentModel(Model):
@@ -116,10 +141,8 @@ class DuragentModel(Model):
         conversation_id: str | None,
         prompt: Any,
     ) -> ModelResponse:
-        self._run.requests += 1
-
-        async def ask() -> Any:
-            response = await self.wrapped.get_response(
+        if _IN_TOOL_STEP.get():  # a nested run's call: inside its tool's step
+            return await self.wrapped.get_response(
                 system_instructions,
                 input,
                 model_settings,
@@ -131,9 +154,38 @@ class DuragentModel(Model):
                 conversation_id=conversation_id,
                 prompt=prompt,
             )
+        # Numbered by the turns that got an answer: an attempt that failed (and the
+        # SDK's runner may retry) is no step, so a replay numbers the turns alike.
+        n = self._run.requests + 1
+
+        async def ask() -> Any:
+            try:
+                response = await self.wrapped.get_response(
+                    system_instructions,
+                    input,
+                    model_settings,
+                    tools,
+                    output_schema,
+                    handoffs,
+                    tracing,
+                    previous_response_id=previous_response_id,
+                    conversation_id=conversation_id,
+                    prompt=prompt,
+                )
+            except Exception as exc:
+                raise _Unrecorded(exc) from None
             return _RESPONSE.dump_python(response, mode="json", by_alias=True)
 
-        stored = await self._run.ctx.step(f"model:{self._run.requests}", ask, safe=True)
+        step = f"model:{n}"
+        try:
+            stored = await self._run.ctx.step(step, ask, safe=True)
+        except BaseException as stop:  # failed, or cut off (the SDK's timeout): not recorded
+            with suppress(ValueError):
+                self._run.ctx._steps.names.remove(step)  # so its retry may take the name
+            if isinstance(stop, _Unrecorded):  # the provider's own error, for the retry policy
+                raise stop.error from None
+            raise
+        self._run.requests = n
         return _RESPONSE.validate_python(stored)
 
     def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
@@ -169,8 +221,15 @@ def _durable_tool(original: FunctionTool, run: _Run) -> FunctionTool:
     safe = original.name in run.safe_tools
 
     async def on_invoke_tool(context: SdkToolContext[Any], arguments: str) -> Any:
+        if _IN_TOOL_STEP.get():  # a tool of a run nested in a tool's step
+            return await invoke(context, arguments)
+
         async def call() -> Any:
-            return {"value": to_jsonable_python(await invoke(context, arguments))}
+            token = _IN_TOOL_STEP.set(True)
+            try:
+                return {"value": to_jsonable_python(await invoke(context, arguments))}
+            finally:
+                _IN_TOOL_STEP.reset(token)
 
         step = f"tool:{run.requests}:{context.tool_call_id or original.name}"
         try:
@@ -182,7 +241,39 @@ def _durable_tool(original: FunctionTool, run: _Run) -> FunctionTool:
 
     durable = copy.copy(original)
     durable.on_invoke_tool = on_invoke_tool
+    if original.tool_input_guardrails:
+        durable.tool_input_guardrails = [
+            _durable_tool_guardrail(g, "tool_input", run) for g in original.tool_input_guardrails
+        ]
+    if original.tool_output_guardrails:
+        durable.tool_output_guardrails = [
+            _durable_tool_guardrail(g, "tool_output", run) for g in original.tool_output_guardrails
+        ]
     return durable
+
+
+def _durable_tool_guardrail(guardrail: _ToolGuardrail, kind: str, run: _Run) -> _ToolGuardrail:
+    """A copy of a function tool's input or output guardrail whose verdict is a durable
+    step of the task (`guardrail:tool_input:<name>:<N>:<call id>`)."""
+    check: Any = guardrail.guardrail_function
+    name = guardrail.get_name()
+
+    async def guardrail_function(data: Any) -> ToolGuardrailFunctionOutput:
+        async def call() -> Any:
+            verdict = check(data)
+            if not isinstance(verdict, ToolGuardrailFunctionOutput):
+                verdict = await verdict
+            info = to_jsonable_python(verdict.output_info, fallback=repr)
+            return {"info": info, "behavior": dict(verdict.behavior)}
+
+        if _IN_TOOL_STEP.get():  # a run nested in a tool's step
+            stored = await call()
+        else:
+            step = f"guardrail:{kind}:{name}:{run.requests}:{data.context.tool_call_id}"
+            stored = await run.ctx.step(step, call, safe=True)
+        return ToolGuardrailFunctionOutput(output_info=stored["info"], behavior=stored["behavior"])
+
+    return dataclasses.replace(guardrail, guardrail_function=guardrail_function, name=name)
 
 
 def _durable_guardrail(guardrail: _Guardrail, kind: str, run: _Run) -> _Guardrail:
@@ -194,6 +285,9 @@ def _durable_guardrail(guardrail: _Guardrail, kind: str, run: _Run) -> _Guardrai
     check = guardrail.guardrail_function
 
     async def guardrail_function(context: Any, agent: Any, given: Any) -> GuardrailFunctionOutput:
+        if _IN_TOOL_STEP.get():  # a guardrail of a run nested in a tool's step
+            verdict = check(context, agent, given)
+            return verdict if isinstance(verdict, GuardrailFunctionOutput) else await verdict
         step = f"guardrail:{kind}:{guardrail.get_name()}"
         run.guardrails[step] = asked = run.guardrails.get(step, 0) + 1
         step = step if asked == 1 else f"{step}:{asked}"
@@ -381,6 +475,12 @@ class DurableAgent:
     ) -> dict[str, Any]:
         """The task context that carries a run's context object and input items, as JSON."""
         given: dict[str, Any] = {}
+        if context is not None and self.context_type is None and not _plain(context):
+            # Rebuilt from JSON as is, it would reach the tools as a dict.
+            raise InvalidOption(
+                f"the context of a durable run is stored as JSON and rebuilt as its "
+                f"context_type: give DurableAgent(context_type={type(context).__name__})"
+            )
         if context is not None:
             try:
                 given["context"] = pydantic.TypeAdapter(self.context_type or Any).dump_python(
@@ -438,6 +538,15 @@ class DurableAgent:
             with suppress(pydantic.ValidationError, pydantic.PydanticSchemaGenerationError):
                 output = pydantic.TypeAdapter(output_type).validate_python(output)
         return DurableRunResult(output, last, given["input_list"], task)
+
+
+def _plain(value: Any) -> bool:
+    """JSON data as such (what a context rebuilt without a context_type is)."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, str | int | float | bool)
 
 
 def _last_user_text(items: Sequence[Any]) -> str:

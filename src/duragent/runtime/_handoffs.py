@@ -2,7 +2,8 @@
 
 `Agent(handoffs=[other, ...])` offers the model one transfer tool per target,
 `transfer_to_<name>` (the name lower-cased, other characters than letters,
-digits and `_` as `_`), described by the target's `handoff_description`, as the
+digits and `_` as `_`, cut to 64 characters with a hash of the name after
+them when longer), described by the target's `handoff_description`, as the
 OpenAI Agents SDK names and describes them. When the model takes one, the call's
 result is `{"assistant": "<target>"}` and, in the same commit, right after it,
 a `handoff` entry (from, to) is appended. From the next round on the target runs
@@ -25,6 +26,7 @@ model requests and tool reach, are pinned on it (runtime/_pins.py).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Sequence
@@ -46,14 +48,20 @@ class Target(Protocol):
     def handoff_description(self) -> str: ...
 
 
+_MAX_NAME = 64  # ^[a-zA-Z0-9_-]{1,64}$, OpenAI's and Anthropic's tool name rule
 MULTIPLE = "Multiple handoffs detected, ignoring this one."
 _NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 def transfer_name(agent: str) -> str:
-    """The name of the tool that hands a task to agent `agent`."""
+    """The name of the tool that hands a task to agent `agent`. Providers take tool
+    names of at most 64 characters: a longer one is cut and ends with a hash of
+    the agent's name, so two long names sharing a beginning stay two tools."""
     name = re.sub(r"\s", "_", f"transfer_to_{agent}")
-    return re.sub(r"[^a-zA-Z0-9_]", "_", name).lower()
+    name = re.sub(r"[^a-zA-Z0-9_]", "_", name).lower()
+    if len(name) <= _MAX_NAME:
+        return name
+    return f"{name[: _MAX_NAME - 9]}_{hashlib.sha256(agent.encode()).hexdigest()[:8]}"
 
 
 def transfer_spec(agent: Target) -> ToolSpec:
