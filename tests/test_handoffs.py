@@ -208,7 +208,14 @@ async def test_the_targets_are_pinned_and_a_changed_set_blocks_until_repinned(
     task = await store.get_task(sub.task_id)
     assert sorted(task.config["handoffs"]) == ["billing", "refunds"]
     assert task.config["handoffs"]["billing"]["request"]["settings"] == {"temperature": 0.1}
-    alone = Agent(name="triage", model=ScriptedModel(["Alone."]), builtin_tools=PLAIN)
+    # The same version declared (a new build under the old version): the pin, not
+    # the version, is what tells the changed handoffs apart.
+    alone = Agent(
+        name="triage",
+        model=ScriptedModel(["Alone."]),
+        builtin_tools=PLAIN,
+        version=desk.triage.version,
+    )
     async with Runtime(store, agents=[alone]) as rt:
         blocked = await rt.wait(
             sub.task_id, timeout=30, until=lambda t: t.status is TaskStatus.BLOCKED

@@ -283,6 +283,7 @@ async def test_answer_a_question(client: httpx.AsyncClient, runtime: Runtime) ->
         "tool": None,
         "arguments": None,
         "expires_at": None,
+        "editable": True,
     }
     r = await client.post(
         f"/v1/tasks/{tid}/respond", json={"answer": "Lisbon", "call_id": wait["call_id"]}, headers=h
