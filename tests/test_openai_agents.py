@@ -315,6 +315,36 @@ async def test_a_run_that_fails_fails_its_task_with_the_reason(serve: Serve) -> 
             await durable.run(rt, "hi", timeout=30)
 
 
+async def test_a_failed_run_is_retried_from_its_last_recorded_step(serve: Serve) -> None:
+    """A run that failed fails its task with the run's call unanswered, so
+    `Runtime.retry` runs it again: the recorded steps replay (the tool does not run
+    again) and the model call that failed is asked again."""
+    server = serve([[ToolCall("charge", {"amount": 12})], "charged 12"])
+    charges: list[int] = []
+
+    @function_tool
+    def charge(amount: int) -> str:
+        charges.append(amount)
+        # The next model call fails for good (a 400 is not retried).
+        server.fail_next(status=400, message="the model is gone for now")
+        return f"charged {amount}"
+
+    sdk = SdkAgent(
+        name="shop", model=model(server), tools=[charge], tool_use_behavior="run_llm_again"
+    )
+    durable = DurableAgent(sdk, name="shop")
+    async with Runtime("memory://", agents=[durable.agent]) as rt:
+        sub = await rt.submit("shop", "buy it")
+        failed = await rt.wait(sub.task_id, timeout=30, until=lambda t: t.status.terminal)
+        assert failed.status is TaskStatus.FAILED
+        assert "the model is gone for now" in (failed.error or "")
+        await rt.retry(sub.task_id)
+        task = await rt.wait(sub.task_id, timeout=30)
+        result = await durable.result(rt, task)
+    assert result.final_output == "charged 12"
+    assert charges == [12]  # replayed from its step, not run again
+
+
 async def test_the_sdks_model_retry_still_retries_and_a_failed_attempt_is_no_step(
     serve: Serve,
 ) -> None:

@@ -45,7 +45,7 @@ from duragent._wrapped_run import carry_over_steps, driver, envelope, recorded_s
 from duragent.errors import InvalidOption, MissingExtra
 from duragent.llm._scripted import ScriptedModel
 from duragent.runtime._agent import Agent
-from duragent.runtime._context import ToolContext
+from duragent.runtime._context import FailTask, ToolContext
 from duragent.runtime._runtime import Runtime
 from duragent.runtime._steps import StepInterrupted
 from duragent.runtime._tools import Tool, tool
@@ -461,8 +461,10 @@ class DurableAgent:
         try:
             entry = _durable_agent(self.wrapped, run)
             result = await Runner.run(entry, given.get("input", prompt), **kwargs)
-        except Exception as exc:  # the run's own failure ends the task, as it would end run()
-            return json.dumps({"error": f"{type(exc).__name__}: {exc}"})
+        except Exception as exc:
+            # The run's own failure fails the task, as it would end run(), with this
+            # call unanswered: a retry runs it again from the last recorded step.
+            raise FailTask(f"the OpenAI Agents run failed: {type(exc).__name__}: {exc}") from exc
         body = {
             "output": to_jsonable_python(result.final_output),
             "last_agent": result.last_agent.name,
