@@ -792,10 +792,29 @@ def test_postgres_store_matches_model(ops: list[tuple[Any, ...]]) -> None:
         drop_schema(name)
 
 
+# What version 6 added, taken away: a store as version 5 kept it.
+DOWNGRADE_TO_5 = [
+    "DROP TRIGGER tasks_counted ON tasks",
+    "DROP TRIGGER tasks_counted_moves ON tasks",
+    "DROP FUNCTION duragent_count_task()",
+    "DROP FUNCTION duragent_fold_counts()",
+    "DROP TABLE task_counts",
+    "DROP TABLE task_count_deltas",
+    *[f"DROP INDEX tasks_{i}" for i in ("created", "agent", "owner_status", "queue")],
+    "CREATE INDEX tasks_queue ON tasks (queue, status)",
+    "UPDATE duragent_meta SET value = '5' WHERE key = 'schema_version'",
+]
+
+
 def _downgrade_entries_to_version_4(pg_url: str, schema: str) -> None:
     """Rewrite a store's entries as version 4 kept them: keyed by (task_id, seq),
     a fork's reference in two columns, and tasks without numbers."""
     with admin(pg_url) as conn, conn.transaction():
+        conn.execute(
+            psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema))
+        )
+        for ddl in DOWNGRADE_TO_5:
+            conn.execute(ddl)
         conn.execute(
             psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema))
         )

@@ -412,8 +412,25 @@ async def test_a_new_store_files_meta_table_has_no_index_of_its_own(tmp_path: Pa
     conn.close()
 
 
+def _downgrade_to_version_7(path: Path) -> None:
+    """Take a store back to version 7: no kept counts, no listing indexes."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN")
+    for ddl in [
+        *[f"DROP TRIGGER tasks_counted_{t}" for t in ("in", "out", "moves")],
+        "DROP TABLE task_counts",
+        *[f"DROP INDEX tasks_{i}" for i in ("created", "agent", "owner_status", "queue")],
+        "CREATE INDEX tasks_queue ON tasks(queue, status)",
+        "UPDATE meta SET value='7' WHERE key='schema_version'",
+    ]:
+        conn.execute(ddl)
+    conn.execute("COMMIT")
+    conn.close()
+
+
 def _downgrade_entries_to_version_6(path: Path) -> None:
     """Rewrite a store's entries table as version 6 kept it: times a REAL of seconds."""
+    _downgrade_to_version_7(path)
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("BEGIN")
     for ddl in [

@@ -216,6 +216,12 @@ class TaskQuery:
             k in task.metadata and task.metadata[k] == v for k, v in (self.metadata or {}).items()
         )
 
+    def counted(self) -> bool:
+        """Whether the counts a store keeps per (owner, agent, queue, status) answer
+        this query's count: it filters by nothing else."""
+        others = (self.session_id, self.parent_id, self.root_id, self.metadata)
+        return all(v is None for v in others) and not self.range_filters()
+
     def statuses(self) -> list[str] | None:
         if self.status is None:
             return None
@@ -228,3 +234,25 @@ class TaskQuery:
 class TaskPage:
     tasks: list[Task]
     next_cursor: str | None
+
+
+def counted_filters(q: TaskQuery, mark: str) -> tuple[list[str], list[Any]]:
+    """The WHERE terms and parameters of a `counted` query over the counts a store
+    keeps, whose owner column `okey` is '' for no owner and '.' + the owner else;
+    `mark` is the driver's placeholder."""
+    where: list[str] = []
+    params: list[Any] = []
+    if q.null_filters():
+        where.append("okey = ''")
+    if q.owner is not None:
+        where.append(f"okey = {mark}")
+        params.append("." + q.owner)
+    for column in ("agent", "queue"):
+        if (value := getattr(q, column)) is not None:
+            where.append(f"{column} = {mark}")
+            params.append(value)
+    statuses = q.statuses()
+    if statuses is not None:
+        where.append("status IN (" + ", ".join([mark] * len(statuses)) + ")")
+        params.extend(statuses)
+    return where, params

@@ -69,7 +69,13 @@ from duragent.store._postgres_notify import (
     Listener,
     Signals,
 )
-from duragent.store._postgres_queries import delete_trees, model_view_text, task_filters, task_rows
+from duragent.store._postgres_queries import (
+    count_text,
+    delete_trees,
+    model_view_text,
+    task_filters,
+    task_rows,
+)
 from duragent.store._postgres_schema import (
     ENTRY_RANGE,
     MIGRATIONS,
@@ -495,11 +501,7 @@ class PostgresStore(PgClaims, TxWrites):
         return await self._read(read)
 
     async def count_tasks(self, query: TaskQuery | None = None) -> dict[tuple[str, str], int]:
-        where, params = task_filters(query or TaskQuery())
-        text = "SELECT queue, status, count(*) AS n FROM tasks"
-        if where:
-            text += " WHERE " + " AND ".join(where)
-        text += " GROUP BY queue, status"
+        text, params = count_text(query or TaskQuery())
 
         def read(conn: Conn) -> dict[tuple[str, str], int]:
             rows = conn.execute(text, params)

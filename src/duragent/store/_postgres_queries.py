@@ -14,7 +14,7 @@ from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from duragent.store._codec import MAX_SEQ, SEQ_BITS, entry_range
-from duragent.store._commits import TaskQuery
+from duragent.store._commits import TaskQuery, counted_filters
 from duragent.store._postgres_schema import ENTRY_RANGE, Conn
 from duragent.store._postgres_tx import PgTx
 from duragent.store._views import VIEW_KINDS, view_text
@@ -129,3 +129,24 @@ def task_filters(q: TaskQuery) -> tuple[list[str], list[Any]]:
         where.append("metadata @> %s")
         params.append(Jsonb(q.metadata))
     return where, params
+
+
+def count_text(q: TaskQuery) -> tuple[str, list[Any]]:
+    """A task count's statement and parameters: from the counts kept (folded and
+    deltas, migration 6) when they answer it (`TaskQuery.counted`), else from the
+    tasks themselves."""
+    if q.counted():
+        where, params = counted_filters(q, "%s")
+        kept = "SELECT okey, agent, queue, status, n FROM {}"
+        text = (
+            f"SELECT queue, status, sum(n)::bigint AS n FROM ({kept.format('task_counts')}"
+            f" UNION ALL {kept.format('task_count_deltas')}) c"
+        )
+        if where:
+            text += " WHERE " + " AND ".join(where)
+        return text + " GROUP BY queue, status HAVING sum(n) <> 0", params
+    where, params = task_filters(q)
+    text = "SELECT queue, status, count(*) AS n FROM tasks"
+    if where:
+        text += " WHERE " + " AND ".join(where)
+    return text + " GROUP BY queue, status", params

@@ -146,6 +146,77 @@ ENTRY_KEYS: list[Step] = [
         FROM entries e""",
 ]
 MIGRATIONS[5] = ENTRY_KEYS
+
+# Version 6: listing and counting that do not grow with the store. Indexes that
+# give a filtered page in list order (newest first) by a range seek, and the
+# counts of tasks per (owner, agent, queue, status) kept by triggers in the
+# transaction of every write of a task row (creation, transition, deletion,
+# purge, fork), so a failed commit leaves them as they were. The owner is a key
+# column as `okey`: '' for no owner, '.' and the owner's name otherwise.
+#
+# One row per key would serialize every commit that moves a task of that key
+# (its row lock is held to the commit's end), so a change is appended to
+# `task_count_deltas`, which no two writers share a row of, and a reader sums
+# `task_counts` and the deltas. Every FOLD_EVERY-th delta, the transaction that
+# appends it folds the deltas into `task_counts` if no other fold is under way
+# (a try of an advisory lock: it never waits); only folds lock those rows.
+FOLD_EVERY = 1024
+_OKEY = "CASE WHEN {t}.owner IS NULL THEN '' ELSE '.' || {t}.owner END"
+COUNTS_AND_LIST_INDEXES: list[Step] = [
+    """CREATE TABLE task_counts (
+        okey text COLLATE "C" NOT NULL, agent text NOT NULL, queue text COLLATE "C" NOT NULL,
+        status text NOT NULL, n bigint NOT NULL, PRIMARY KEY (okey, agent, queue, status)
+    )""",
+    """CREATE TABLE task_count_deltas (
+        id bigint GENERATED ALWAYS AS IDENTITY, okey text COLLATE "C" NOT NULL,
+        agent text NOT NULL, queue text COLLATE "C" NOT NULL, status text NOT NULL,
+        n bigint NOT NULL
+    )""",
+    "INSERT INTO task_counts (okey, agent, queue, status, n)"
+    f" SELECT {_OKEY.format(t='tasks')}, agent, queue, status, count(*) FROM tasks"
+    " GROUP BY 1, 2, 3, 4",
+    """CREATE FUNCTION duragent_fold_counts() RETURNS void LANGUAGE plpgsql AS $$
+    BEGIN
+        IF pg_try_advisory_xact_lock(hashtext('duragent_fold_counts:' || current_schema())) THEN
+            WITH moved AS (DELETE FROM task_count_deltas RETURNING okey, agent, queue, status, n)
+            INSERT INTO task_counts (okey, agent, queue, status, n)
+            SELECT okey, agent, queue, status, sum(n) FROM moved GROUP BY 1, 2, 3, 4
+            ON CONFLICT (okey, agent, queue, status) DO UPDATE SET n = task_counts.n + excluded.n;
+        END IF;
+    END $$""",
+    f"""CREATE FUNCTION duragent_count_task() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE added bigint;
+    BEGIN
+        IF TG_OP <> 'INSERT' THEN
+            INSERT INTO task_count_deltas (okey, agent, queue, status, n)
+            VALUES ({_OKEY.format(t="OLD")}, OLD.agent, OLD.queue, OLD.status, -1)
+            RETURNING id INTO added;
+        END IF;
+        IF TG_OP <> 'DELETE' THEN
+            INSERT INTO task_count_deltas (okey, agent, queue, status, n)
+            VALUES ({_OKEY.format(t="NEW")}, NEW.agent, NEW.queue, NEW.status, 1)
+            RETURNING id INTO added;
+        END IF;
+        IF added % {FOLD_EVERY} < 2 THEN
+            PERFORM duragent_fold_counts();
+        END IF;
+        RETURN NULL;
+    END $$""",
+    "CREATE TRIGGER tasks_counted AFTER INSERT OR DELETE ON tasks"
+    " FOR EACH ROW EXECUTE FUNCTION duragent_count_task()",
+    "CREATE TRIGGER tasks_counted_moves AFTER UPDATE OF owner, agent, queue, status ON tasks"
+    " FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status"
+    " OR OLD.queue IS DISTINCT FROM NEW.queue OR OLD.agent IS DISTINCT FROM NEW.agent"
+    " OR OLD.owner IS DISTINCT FROM NEW.owner) EXECUTE FUNCTION duragent_count_task()",
+    # Newest first with no filter or a time range; by agent; by owner and status.
+    "CREATE INDEX tasks_created ON tasks (created_at, id)",
+    "CREATE INDEX tasks_agent ON tasks (agent, created_at)",
+    "CREATE INDEX tasks_owner_status ON tasks (owner, status, created_at)",
+    # By queue and status in list order (it serves what `tasks_queue` served).
+    "DROP INDEX tasks_queue",
+    "CREATE INDEX tasks_queue ON tasks (queue, status, created_at)",
+]
+MIGRATIONS[6] = COUNTS_AND_LIST_INDEXES
 SCHEMA_VERSION = max(MIGRATIONS)
 
 # A task's entries with seqs in a range, by `eid`: served by the primary key.
