@@ -20,13 +20,13 @@ from psycopg.rows import dict_row
 
 from conftest import drop_schema, require_postgres
 from duragent.errors import CommitOutcomeUnknown, LostCommits, StaleLease, StoreVersionError
-from duragent.store import Commit, DocumentWrite, TaskPatch, open_store
+from duragent.store import Commit, DocumentWrite, TaskPatch, TaskQuery, open_store
 from duragent.store._commits import CopyEntries
 from duragent.store._postgres import PostgresStore
 from duragent.store._postgres_connect import split_url
 from duragent.store._postgres_message import WIRE_ENV, WIRES
 from duragent.store._postgres_schema import MIGRATIONS as PG_MIGRATIONS, SCHEMA_VERSION
-from duragent.types import EntryKind, NewEntry, Task, UIText, dump_message
+from duragent.types import EntryKind, NewEntry, Task, TaskStatus, UIText, dump_message
 from support.pgproxy import commit_answer_loser
 from support.store_model import SETTINGS, op, run
 
@@ -1035,3 +1035,49 @@ def test_a_url_naming_several_hosts_connects_only_to_the_one_taking_writes(
     monkeypatch.setenv("PGTARGETSESSIONATTRS", "any")
     by_env = PostgresStore(two)._conninfo
     assert "target_session_attrs" not in psycopg.conninfo.conninfo_to_dict(by_env)
+
+
+async def test_a_version_5_store_with_tasks_gets_its_counts_built_by_version_6(
+    pg_url: str, schema: str
+) -> None:
+    """Version 6 keeps counts per owner, agent, queue and status: the migration
+    counts the tasks already there, and writes after it keep them."""
+    store = PostgresStore(pg_url, schema=schema)
+    await store.open()
+    for n, owner in enumerate([None, "", "alice", "alice", "bob"]):
+        task, _ = await store.create_task(
+            Task(agent="ab"[n % 2], owner=owner, queue=None if n % 2 else "q")
+        )
+        if n % 3 == 0:
+            await store.commit(Commit(patches=[TaskPatch(task.id, {"status": TaskStatus.PAUSED})]))
+    queries = [TaskQuery(), TaskQuery(owner=""), TaskQuery(no_owner=True), TaskQuery(agent="b")]
+    want = [await store.count_tasks(q) for q in queries]
+    await store.close()
+    with admin(pg_url) as conn, conn.transaction():
+        conn.execute(
+            psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema))
+        )
+        for ddl in DOWNGRADE_TO_5:
+            conn.execute(ddl)
+
+    again = PostgresStore(pg_url, schema=schema)
+    await again.open()
+    try:
+        assert again.migrated_from == 5
+        assert [await again.count_tasks(q) for q in queries] == want
+        with admin(pg_url) as conn:
+            conn.execute(
+                psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema))
+            )
+            kept = conn.execute("SELECT okey, agent, queue, status, n FROM task_counts").fetchall()
+            recount = conn.execute(
+                "SELECT CASE WHEN owner IS NULL THEN '' ELSE '.' || owner END AS okey, agent,"
+                " queue, status, count(*) AS n FROM tasks GROUP BY 1, 2, 3, 4"
+            ).fetchall()
+        key = lambda r: tuple(r.values())  # noqa: E731
+        assert sorted(kept, key=key) == sorted(recount, key=key) and len(kept) >= 5
+        pending = await again.list_tasks(TaskQuery(status=TaskStatus.PENDING, owner="alice"))
+        await again.delete_task(pending.tasks[0].id)
+        assert await again.count_tasks(TaskQuery(owner="alice")) == {("b", "paused"): 1}
+    finally:
+        await again.close()

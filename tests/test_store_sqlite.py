@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from duragent.errors import StoreCorrupt, StoreError, StoreVersionError
-from duragent.store import Commit, TaskPatch, TaskQuery, open_store
+from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
 from duragent.store._commits import CopyEntries
 from duragent.store._sqlite import SQLiteStore
 from duragent.store._sqlite_schema import MIGRATIONS, SCHEMA_VERSION, WAL_READY_FRAMES
@@ -734,3 +734,46 @@ async def test_the_map_of_task_numbers_stays_bounded_and_commits_land_on_their_t
             assert [e.seq for e in entries] == [2, 3, 4, 5]  # after the claim's status entry
     finally:
         await store.close()
+
+
+async def _some_tasks(store: Store) -> None:
+    """Tasks of several owners, agents, queues and statuses (no owner and the
+    empty owner among them)."""
+    for n, owner in enumerate([None, "", "alice", "alice", "bob"]):
+        task, _ = await store.create_task(
+            Task(agent="ab"[n % 2], owner=owner, queue=None if n % 2 else "q")
+        )
+        if n % 3 == 0:
+            await store.commit(Commit(patches=[TaskPatch(task.id, {"status": TaskStatus.PAUSED})]))
+
+
+async def test_a_version_7_store_with_tasks_gets_its_counts_built_by_version_8(
+    tmp_path: Path,
+) -> None:
+    """Version 8 keeps counts per owner, agent, queue and status: the migration
+    counts the tasks already there, and writes after it keep them."""
+    path = tmp_path / "v7.db"
+    store = open_store(f"sqlite:///{path}")
+    await store.open()
+    await _some_tasks(store)
+    queries = [TaskQuery(), TaskQuery(owner=""), TaskQuery(no_owner=True), TaskQuery(agent="b")]
+    want = [await store.count_tasks(q) for q in queries]
+    await store.close()
+    _downgrade_to_version_7(path)
+
+    again = open_store(f"sqlite:///{path}")
+    await again.open()
+    assert isinstance(again, SQLiteStore) and again.migrated_from == 7
+    assert [await again.count_tasks(q) for q in queries] == want
+    conn = sqlite3.connect(path)
+    kept = conn.execute("SELECT okey, agent, queue, status, n FROM task_counts").fetchall()
+    recount = conn.execute(
+        "SELECT CASE WHEN owner IS NULL THEN '' ELSE '.' || owner END, agent, queue, status,"
+        " count(*) FROM tasks GROUP BY 1, 2, 3, 4"
+    ).fetchall()
+    conn.close()
+    assert sorted(kept) == sorted(recount) and len(kept) >= 5
+    pending = await again.list_tasks(TaskQuery(status=TaskStatus.PENDING, owner="alice"))
+    await again.delete_task(pending.tasks[0].id)
+    assert await again.count_tasks(TaskQuery(owner="alice")) == {("b", "paused"): 1}
+    await again.close()
