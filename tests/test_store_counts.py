@@ -5,10 +5,14 @@ when it is migrated."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -143,6 +147,7 @@ COUNT_SETTINGS = settings(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["memory", "sqlite", "sqlite-full", "jsonl"])
 @COUNT_SETTINGS
 @given(ops=st.lists(op, max_size=30))
@@ -170,6 +175,7 @@ def pg_store(schema: str) -> PostgresStore:
     return PostgresStore(PG_URL, schema=schema, max_size=4)
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ops=st.lists(op, max_size=30))
 def test_postgres_kept_counts_equal_a_recount_after_any_writes(
@@ -178,3 +184,72 @@ def test_postgres_kept_counts_equal_a_recount_after_any_writes(
     """One schema for every example: the counts must equal a recount of whatever
     the store holds, whatever came before."""
     asyncio.run(run(pg_store(pg_schema), ops))
+
+
+# Creates, moves and deletes tasks without end, printing a line every few
+# writes; its parent kills it mid-write.
+WRITER = r"""
+import asyncio, sys
+from duragent.store import Commit, TaskPatch, open_store
+from duragent.store._postgres import PostgresStore
+from duragent.types import Task, TaskStatus
+
+async def main(target):
+    store = open_store(target) if "://" in target else PostgresStore(sys.argv[2], schema=target)
+    await store.open()
+    n = 0
+    while True:
+        t, _ = await store.create_task(Task(agent="ab"[n % 2], owner=["x", None][n % 3 == 0]))
+        await store.claim_task("w", ttl=3600)
+        status = [TaskStatus.PAUSED, TaskStatus.ABORTED][n % 2]
+        await store.commit(Commit(patches=[TaskPatch(t.id, {"status": status})]))
+        if n % 4 == 0:
+            await store.delete_task(t.id)
+        n += 1
+        print(n, flush=True)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def kill_mid_writes(args: list[str]) -> None:
+    """Start the writer, let it make 150 rounds of writes, SIGKILL it."""
+    with subprocess.Popen(
+        [sys.executable, "-c", WRITER, *args], stdout=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if int(line) >= 150:
+                break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("durability", ["normal", "full"])
+async def test_a_writer_killed_mid_commit_leaves_sqlite_counts_equal_a_recount(
+    tmp_path: Path, durability: str
+) -> None:
+    url = f"sqlite:///{tmp_path}/k.db?durability={durability}"
+    kill_mid_writes([url])
+    store = open_store(url)
+    await store.open()
+    try:
+        assert sum((await store.count_tasks()).values()) > 100
+        await check_counts(store)
+    finally:
+        await store.close()
+
+
+@pytest.mark.slow
+async def test_a_writer_killed_mid_commit_leaves_postgres_counts_equal_a_recount(
+    pg_schema: str,
+) -> None:
+    kill_mid_writes([pg_schema, PG_URL])
+    store = pg_store(pg_schema)
+    await store.open()
+    try:
+        assert sum((await store.count_tasks()).values()) > 100
+        await check_counts(store)
+    finally:
+        await store.close()
