@@ -124,6 +124,7 @@ class Probe:
 
 def probes(store: Any, client: Any, n: int, deep_cursor: str | None) -> list[Probe]:
     from duragent.store import TaskQuery
+    from duragent.types import TaskStatus
 
     mid = max(n // 2, 0)
     window = BASE + timedelta(seconds=mid)
@@ -133,16 +134,20 @@ def probes(store: Any, client: Any, n: int, deep_cursor: str | None) -> list[Pro
 
     out = [
         Probe("page of 50, no filter", page()),
-        Probe("page of 50, status=pending", page(status="pending")),
-        Probe("page of 50, owner + status=pending", page(owner="user7", status="pending")),
+        Probe("page of 50, status=pending", page(status=TaskStatus.PENDING)),
+        Probe("page of 50, owner + status=pending", page(owner="user7", status=TaskStatus.PENDING)),
         Probe("page of 50, agent", page(agent="agent3")),
-        Probe("page of 50, queue + status=waiting", page(queue="agent2", status="waiting")),
+        Probe(
+            "page of 50, queue + status=waiting", page(queue="agent2", status=TaskStatus.WAITING)
+        ),
         Probe("page of 50, metadata batch=…", page(metadata={"batch": f"b{mid // BATCH}"})),
         Probe(
             "page of 50, created in a 1 h window",
             page(created_after=window, created_before=window + timedelta(hours=1)),
         ),
-        Probe("page of 50 via cursor, mid-list", page(status="completed", cursor=deep_cursor)),
+        Probe(
+            "page of 50 via cursor, mid-list", page(status=TaskStatus.COMPLETED, cursor=deep_cursor)
+        ),
         Probe("counts(), every task", lambda: store.count_tasks(TaskQuery())),
         Probe("counts(owner)", lambda: store.count_tasks(TaskQuery(owner="user7"))),
         Probe("REST GET /v1/counts", lambda: rest_counts(client)),
@@ -159,10 +164,11 @@ async def rest_counts(client: Any) -> Any:
 async def page_all_waiting(store: Any) -> int:
     """Every waiting task, page after page of 50: how many."""
     from duragent.store import TaskQuery
+    from duragent.types import TaskStatus
 
     seen, cursor = 0, None
     while True:
-        got = await store.list_tasks(TaskQuery(limit=50, status="waiting", cursor=cursor))
+        got = await store.list_tasks(TaskQuery(limit=50, status=TaskStatus.WAITING, cursor=cursor))
         seen += len(got.tasks)
         if (cursor := got.next_cursor) is None:
             return seen
@@ -248,7 +254,7 @@ def pg_plans(schema: str) -> list[str]:
             text = "SELECT data, input FROM tasks"
             text += (" WHERE " + " AND ".join(where)) if where else ""
             text += " ORDER BY created_at DESC, id DESC LIMIT 51"
-            rows = conn.execute("EXPLAIN " + text, params).fetchall()  # type: ignore[arg-type]
+            rows = conn.execute("EXPLAIN " + text, params).fetchall()
             nodes = [r[0].strip().split("  (")[0].lstrip("-> ") for r in rows]
             out.append(f"{label}: " + " / ".join(x for x in nodes if x))
     return out
@@ -256,14 +262,15 @@ def pg_plans(schema: str) -> list[str]:
 
 def plan_queries() -> list[tuple[str, Any]]:
     from duragent.store._commits import TaskQuery
+    from duragent.types import TaskStatus
 
     mid = BASE + timedelta(days=5)
     return [
         ("no filter", TaskQuery()),
-        ("status", TaskQuery(status="pending")),
-        ("owner+status", TaskQuery(owner="user7", status="pending")),
+        ("status", TaskQuery(status=TaskStatus.PENDING)),
+        ("owner+status", TaskQuery(owner="user7", status=TaskStatus.PENDING)),
         ("agent", TaskQuery(agent="agent3")),
-        ("queue+status", TaskQuery(queue="agent2", status="waiting")),
+        ("queue+status", TaskQuery(queue="agent2", status=TaskStatus.WAITING)),
         ("metadata", TaskQuery(metadata={"batch": "b500"})),
         ("created range", TaskQuery(created_after=mid, created_before=mid + timedelta(hours=1))),
     ]
