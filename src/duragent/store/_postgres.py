@@ -34,7 +34,6 @@ from duragent.errors import (
 )
 from duragent.store._codec import (
     MAX_SEQ,
-    decode_cursor,
     encode_cursor,
     entry_kind,
     entry_range,
@@ -72,6 +71,7 @@ from duragent.store._postgres_notify import (
 from duragent.store._postgres_queries import (
     count_text,
     delete_trees,
+    list_text,
     model_view_text,
     task_filters,
     task_rows,
@@ -481,16 +481,7 @@ class PostgresStore(PgClaims, TxWrites):
 
     async def list_tasks(self, query: TaskQuery | None = None) -> TaskPage:
         q = query or TaskQuery()
-        where, params = task_filters(q)
-        if q.cursor:
-            ts, cid = decode_cursor(q.cursor)
-            where.append("(created_at, id) < (%s, %s)")
-            params.extend([datetime.fromtimestamp(ts, UTC), cid])
-        text = "SELECT data, input FROM tasks"
-        if where:
-            text += " WHERE " + " AND ".join(where)
-        text += " ORDER BY created_at DESC, id DESC LIMIT %s"
-        params.append(q.limit + 1)
+        text, params = list_text(q)
 
         def read(conn: Conn) -> TaskPage:
             tasks = [row_task(r) for r in conn.execute(text, params)]
