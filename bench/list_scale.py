@@ -316,13 +316,12 @@ async def run_store(
 
 
 def analyze(schema: str) -> None:
-    """What autovacuum does after a bulk load, done at once: statistics, and the
-    dead rows the folds of the kept counts left in their deltas table."""
+    """What autovacuum does after a bulk load, done at once."""
     import psycopg
     from psycopg import sql
 
     with psycopg.connect(PG_URL, autocommit=True) as conn:
-        for table in ("tasks", "task_count_deltas"):
+        for table in ("tasks", "task_counts"):
             name = sql.Identifier(schema, table)
             conn.execute(sql.SQL("VACUUM ANALYZE {}").format(name))
 

@@ -797,9 +797,7 @@ DOWNGRADE_TO_5 = [
     "DROP TRIGGER tasks_counted ON tasks",
     "DROP TRIGGER tasks_counted_moves ON tasks",
     "DROP FUNCTION duragent_count_task()",
-    "DROP FUNCTION duragent_fold_counts()",
     "DROP TABLE task_counts",
-    "DROP TABLE task_count_deltas",
     *[f"DROP INDEX tasks_{i}" for i in ("created", "agent", "owner_status", "queue")],
     "CREATE INDEX tasks_queue ON tasks (queue, status)",
     "UPDATE duragent_meta SET value = '5' WHERE key = 'schema_version'",
@@ -1069,7 +1067,10 @@ async def test_a_version_5_store_with_tasks_gets_its_counts_built_by_version_6(
             conn.execute(
                 psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema))
             )
-            kept = conn.execute("SELECT okey, agent, queue, status, n FROM task_counts").fetchall()
+            kept = conn.execute(
+                "SELECT okey, agent, queue, status, sum(n) AS n FROM task_counts"
+                " GROUP BY 1, 2, 3, 4 HAVING sum(n) <> 0"
+            ).fetchall()
             recount = conn.execute(
                 "SELECT CASE WHEN owner IS NULL THEN '' ELSE '.' || owner END AS okey, agent,"
                 " queue, status, count(*) AS n FROM tasks GROUP BY 1, 2, 3, 4"

@@ -133,16 +133,12 @@ def task_filters(q: TaskQuery) -> tuple[list[str], list[Any]]:
 
 
 def count_text(q: TaskQuery) -> tuple[str, list[Any]]:
-    """A task count's statement and parameters: from the counts kept (folded and
-    deltas, migration 6) when they answer it (`TaskQuery.counted`), else from the
-    tasks themselves."""
+    """A task count's statement and parameters: from the counts kept (summed
+    over their shards, migration 6) when they answer it (`TaskQuery.counted`),
+    else from the tasks themselves."""
     if q.counted():
         where, params = counted_filters(q, "%s")
-        kept = "SELECT okey, agent, queue, status, n FROM {}"
-        text = (
-            f"SELECT queue, status, sum(n)::bigint AS n FROM ({kept.format('task_counts')}"
-            f" UNION ALL {kept.format('task_count_deltas')}) c"
-        )
+        text = "SELECT queue, status, sum(n)::bigint AS n FROM task_counts"
         if where:
             text += " WHERE " + " AND ".join(where)
         return text + " GROUP BY queue, status HAVING sum(n) <> 0", params
