@@ -247,6 +247,12 @@ def counted_filters(q: TaskQuery, mark: str) -> tuple[list[str], list[Any]]:
     if q.owner is not None:
         where.append(f"okey = {mark}")
         params.append("." + q.owner)
+    elif not q.null_filters():
+        # Every owner: a bound every key meets, so that the key's index serves
+        # the read. On PostgreSQL a scan of the table would read every dead
+        # version the counts' updates left since the last vacuum (27 ms at a
+        # million changes against 0.1, bench/list_scale.py).
+        where.append("okey >= ''")
     for column in ("agent", "queue"):
         if (value := getattr(q, column)) is not None:
             where.append(f"{column} = {mark}")
