@@ -238,3 +238,27 @@ async def test_queue_definitions_and_buckets_survive_a_reopen(durable_url: str) 
         assert await store.claim_tasks("w", 5, ttl=60) == []  # the bucket is empty
     finally:
         await store.close()
+
+
+async def test_a_metadata_filter_pages_newest_first_through_the_cursor(store: Store) -> None:
+    """Every labelled task once, newest first, over pages smaller than the match,
+    with unlabelled tasks between them; the same through a status filter."""
+    base = datetime(2026, 3, 1, tzinfo=UTC)
+    labelled = []
+    for n in range(9):
+        t = Task(agent="a", metadata={"campaign": "x"} if n % 3 else {})
+        t.created_at = t.updated_at = base + timedelta(seconds=n)
+        await store.create_task(t)
+        if n % 3:
+            labelled.append(t.id)
+    seen, cursor = [], None
+    while True:
+        page = await store.list_tasks(TaskQuery(metadata={"campaign": "x"}, limit=2, cursor=cursor))
+        seen += [t.id for t in page.tasks]
+        if (cursor := page.next_cursor) is None:
+            break
+    assert seen == labelled[::-1]
+    q = TaskQuery(metadata={"campaign": "x"}, status="pending", limit=4)  # type: ignore[arg-type]
+    first = await store.list_tasks(q)
+    q.cursor = first.next_cursor
+    assert [t.id for t in first.tasks + (await store.list_tasks(q)).tasks] == labelled[::-1]

@@ -20,13 +20,13 @@ from psycopg.rows import dict_row
 
 from conftest import drop_schema, require_postgres
 from duragent.errors import CommitOutcomeUnknown, LostCommits, StaleLease, StoreVersionError
-from duragent.store import Commit, DocumentWrite, TaskPatch, open_store
+from duragent.store import Commit, DocumentWrite, TaskPatch, TaskQuery, open_store
 from duragent.store._commits import CopyEntries
 from duragent.store._postgres import PostgresStore
 from duragent.store._postgres_connect import split_url
 from duragent.store._postgres_message import WIRE_ENV, WIRES
 from duragent.store._postgres_schema import MIGRATIONS as PG_MIGRATIONS, SCHEMA_VERSION
-from duragent.types import EntryKind, NewEntry, Task, UIText, dump_message
+from duragent.types import EntryKind, NewEntry, Task, TaskStatus, UIText, dump_message
 from support.pgproxy import commit_answer_loser
 from support.store_model import SETTINGS, op, run
 
@@ -792,12 +792,27 @@ def test_postgres_store_matches_model(ops: list[tuple[Any, ...]]) -> None:
         drop_schema(name)
 
 
+# What version 7 added, taken away: a store as version 6 kept it.
+DOWNGRADE_TO_6 = [
+    "DROP TRIGGER tasks_counted ON tasks",
+    "DROP TRIGGER tasks_counted_moves ON tasks",
+    "DROP FUNCTION duragent_count_task()",
+    "DROP TABLE task_counts",
+    *[f"DROP INDEX tasks_{i}" for i in ("created", "agent", "owner_status", "queue")],
+    "CREATE INDEX tasks_queue ON tasks (queue, status)",
+    "UPDATE duragent_meta SET value = '6' WHERE key = 'schema_version'",
+]
+
+
 def _downgrade_to_version_5(pg_url: str, schema: str) -> None:
-    """Make a store as version 5 kept it: tasks with no agent version column."""
+    """Make a store as version 5 kept it: tasks with no agent version column (and
+    none of version 7's counts and indexes)."""
     with admin(pg_url) as conn, conn.transaction():
         conn.execute(
             psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema))
         )
+        for ddl in DOWNGRADE_TO_6:
+            conn.execute(ddl)
         conn.execute("ALTER TABLE tasks DROP COLUMN agent_version")
         conn.execute("UPDATE duragent_meta SET value = '5' WHERE key = 'schema_version'")
 
@@ -843,7 +858,7 @@ async def test_a_version_5_store_migrates_its_tasks_to_any_agent_version(
     again = PostgresStore(pg_url, schema=schema)
     await again.open()
     try:
-        assert again.migrated_from == 5 and again.schema_version == 6
+        assert again.migrated_from == 5 and again.schema_version == 7
         new, _ = await again.create_task(Task(agent="a", agent_version="v2"))
         assert await again.claim_task("w", agents=["a"], versions={"a": "v3"}) is not None
         assert await again.claim_task("w", agents=["a"], versions={"a": "v3"}) is None
@@ -1082,3 +1097,52 @@ async def test_a_search_by_id_prefix_is_a_range_of_the_primary_key(
                 )
             )
             assert "tasks_pkey" in plan, plan
+
+
+async def test_a_version_6_store_with_tasks_gets_its_counts_built_by_version_7(
+    pg_url: str, schema: str
+) -> None:
+    """Version 7 keeps counts per owner, agent, queue and status: the migration
+    counts the tasks already there, and writes after it keep them."""
+    store = PostgresStore(pg_url, schema=schema)
+    await store.open()
+    for n, owner in enumerate([None, "", "alice", "alice", "bob"]):
+        task, _ = await store.create_task(
+            Task(agent="ab"[n % 2], owner=owner, queue=None if n % 2 else "q")
+        )
+        if n % 3 == 0:
+            await store.commit(Commit(patches=[TaskPatch(task.id, {"status": TaskStatus.PAUSED})]))
+    queries = [TaskQuery(), TaskQuery(owner=""), TaskQuery(no_owner=True), TaskQuery(agent="b")]
+    want = [await store.count_tasks(q) for q in queries]
+    await store.close()
+    with admin(pg_url) as conn, conn.transaction():
+        conn.execute(
+            psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema))
+        )
+        for ddl in DOWNGRADE_TO_6:
+            conn.execute(ddl)
+
+    again = PostgresStore(pg_url, schema=schema)
+    await again.open()
+    try:
+        assert again.migrated_from == 6
+        assert [await again.count_tasks(q) for q in queries] == want
+        with admin(pg_url) as conn:
+            conn.execute(
+                psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema))
+            )
+            kept = conn.execute(
+                "SELECT okey, agent, queue, status, sum(n) AS n FROM task_counts"
+                " GROUP BY 1, 2, 3, 4 HAVING sum(n) <> 0"
+            ).fetchall()
+            recount = conn.execute(
+                "SELECT CASE WHEN owner IS NULL THEN '' ELSE '.' || owner END AS okey, agent,"
+                " queue, status, count(*) AS n FROM tasks GROUP BY 1, 2, 3, 4"
+            ).fetchall()
+        key = lambda r: tuple(r.values())  # noqa: E731
+        assert sorted(kept, key=key) == sorted(recount, key=key) and len(kept) >= 5
+        pending = await again.list_tasks(TaskQuery(status=TaskStatus.PENDING, owner="alice"))
+        await again.delete_task(pending.tasks[0].id)
+        assert await again.count_tasks(TaskQuery(owner="alice")) == {("b", "paused"): 1}
+    finally:
+        await again.close()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from duragent.errors import StoreCorrupt, StoreError, StoreVersionError
-from duragent.store import Commit, TaskPatch, TaskQuery, open_store
+from duragent.store import Commit, Store, TaskPatch, TaskQuery, open_store
 from duragent.store._commits import CopyEntries
 from duragent.store._sqlite import SQLiteStore
 from duragent.store._sqlite_schema import MIGRATIONS, SCHEMA_VERSION, WAL_READY_FRAMES
@@ -412,8 +412,26 @@ async def test_a_new_store_files_meta_table_has_no_index_of_its_own(tmp_path: Pa
     conn.close()
 
 
+def _downgrade_to_version_8(path: Path) -> None:
+    """Take a store back to version 8: no kept counts, no listing indexes."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN")
+    for ddl in [
+        *[f"DROP TRIGGER tasks_counted_{t}" for t in ("in", "out", "moves")],
+        "DROP TABLE task_counts",
+        *[f"DROP INDEX tasks_{i}" for i in ("created", "agent", "owner_status", "queue")],
+        "CREATE INDEX tasks_queue ON tasks(queue, status)",
+        "UPDATE meta SET value='8' WHERE key='schema_version'",
+    ]:
+        conn.execute(ddl)
+    conn.execute("COMMIT")
+    conn.close()
+
+
 def _downgrade_to_version_7(path: Path) -> None:
-    """Make a store as version 7 kept it: tasks with no agent version column."""
+    """Make a store as version 7 kept it: tasks with no agent version column (and
+    none of version 9's counts and indexes)."""
+    _downgrade_to_version_8(path)
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("ALTER TABLE tasks DROP COLUMN agent_version")
     conn.execute("UPDATE meta SET value='7' WHERE key='schema_version'")
@@ -432,7 +450,7 @@ async def test_a_version_7_store_migrates_its_tasks_to_any_agent_version(tmp_pat
     again = open_store(f"sqlite:///{path}")
     await again.open()
     try:
-        assert again.migrated_from == 7 and again.schema_version == 8
+        assert again.migrated_from == 7 and again.schema_version == 9
         new, _ = await again.create_task(Task(agent="a", agent_version="v2"))
         assert await again.claim_task("w", agents=["a"], versions={"a": "v3"}) is not None
         assert await again.claim_task("w", agents=["a"], versions={"a": "v3"}) is None
@@ -776,3 +794,46 @@ async def test_a_search_by_id_prefix_reads_the_id_index_not_every_task(tmp_path:
     finally:
         store._reader_conn.set_progress_handler(None, 0)
         await store.close()
+
+
+async def _some_tasks(store: Store) -> None:
+    """Tasks of several owners, agents, queues and statuses (no owner and the
+    empty owner among them)."""
+    for n, owner in enumerate([None, "", "alice", "alice", "bob"]):
+        task, _ = await store.create_task(
+            Task(agent="ab"[n % 2], owner=owner, queue=None if n % 2 else "q")
+        )
+        if n % 3 == 0:
+            await store.commit(Commit(patches=[TaskPatch(task.id, {"status": TaskStatus.PAUSED})]))
+
+
+async def test_a_version_8_store_with_tasks_gets_its_counts_built_by_version_9(
+    tmp_path: Path,
+) -> None:
+    """Version 9 keeps counts per owner, agent, queue and status: the migration
+    counts the tasks already there, and writes after it keep them."""
+    path = tmp_path / "v8.db"
+    store = open_store(f"sqlite:///{path}")
+    await store.open()
+    await _some_tasks(store)
+    queries = [TaskQuery(), TaskQuery(owner=""), TaskQuery(no_owner=True), TaskQuery(agent="b")]
+    want = [await store.count_tasks(q) for q in queries]
+    await store.close()
+    _downgrade_to_version_8(path)
+
+    again = open_store(f"sqlite:///{path}")
+    await again.open()
+    assert isinstance(again, SQLiteStore) and again.migrated_from == 8
+    assert [await again.count_tasks(q) for q in queries] == want
+    conn = sqlite3.connect(path)
+    kept = conn.execute("SELECT okey, agent, queue, status, n FROM task_counts").fetchall()
+    recount = conn.execute(
+        "SELECT CASE WHEN owner IS NULL THEN '' ELSE '.' || owner END, agent, queue, status,"
+        " count(*) FROM tasks GROUP BY 1, 2, 3, 4"
+    ).fetchall()
+    conn.close()
+    assert sorted(kept) == sorted(recount) and len(kept) >= 5
+    pending = await again.list_tasks(TaskQuery(status=TaskStatus.PENDING, owner="alice"))
+    await again.delete_task(pending.tasks[0].id)
+    assert await again.count_tasks(TaskQuery(owner="alice")) == {("b", "paused"): 1}
+    await again.close()

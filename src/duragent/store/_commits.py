@@ -233,6 +233,12 @@ class TaskQuery:
             head = head[:-1]
         return prefix, None
 
+    def counted(self) -> bool:
+        """Whether the counts a store keeps per (owner, agent, queue, status) answer
+        this query's count: it filters by nothing else."""
+        others = (self.session_id, self.parent_id, self.root_id, self.metadata, self.id_prefix)
+        return all(v is None for v in others) and not self.range_filters()
+
     def statuses(self) -> list[str] | None:
         if self.status is None:
             return None
@@ -245,3 +251,31 @@ class TaskQuery:
 class TaskPage:
     tasks: list[Task]
     next_cursor: str | None
+
+
+def counted_filters(q: TaskQuery, mark: str) -> tuple[list[str], list[Any]]:
+    """The WHERE terms and parameters of a `counted` query over the counts a store
+    keeps, whose owner column `okey` is '' for no owner and '.' + the owner else;
+    `mark` is the driver's placeholder."""
+    where: list[str] = []
+    params: list[Any] = []
+    if q.null_filters():
+        where.append("okey = ''")
+    if q.owner is not None:
+        where.append(f"okey = {mark}")
+        params.append("." + q.owner)
+    elif not q.null_filters():
+        # Every owner: a bound every key meets, so that the key's index serves
+        # the read. On PostgreSQL a scan of the table would read every dead
+        # version the counts' updates left since the last vacuum (27 ms at a
+        # million changes against 0.1, bench/list_scale.py).
+        where.append("okey >= ''")
+    for column in ("agent", "queue"):
+        if (value := getattr(q, column)) is not None:
+            where.append(f"{column} = {mark}")
+            params.append(value)
+    statuses = q.statuses()
+    if statuses is not None:
+        where.append("status IN (" + ", ".join([mark] * len(statuses)) + ")")
+        params.extend(statuses)
+    return where, params

@@ -18,7 +18,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -32,7 +32,6 @@ from duragent.errors import (
     TaskNotFound,
 )
 from duragent.store._codec import (
-    decode_cursor,
     encode_cursor,
 )
 from duragent.store._commits import LeaseRenewal, PendingCommit, TaskPage, TaskQuery
@@ -64,7 +63,7 @@ from duragent.store._postgres_notify import (
     Listener,
     Signals,
 )
-from duragent.store._postgres_queries import delete_trees, task_filters
+from duragent.store._postgres_queries import count_text, delete_trees, list_text, task_filters
 from duragent.store._postgres_reads import PgReads
 from duragent.store._postgres_schema import (
     MIGRATIONS,
@@ -469,16 +468,7 @@ class PostgresStore(PgClaims, PgReads, TxWrites):
 
     async def list_tasks(self, query: TaskQuery | None = None) -> TaskPage:
         q = query or TaskQuery()
-        where, params = task_filters(q)
-        if q.cursor:
-            ts, cid = decode_cursor(q.cursor)
-            where.append("(created_at, id) < (%s, %s)")
-            params.extend([datetime.fromtimestamp(ts, UTC), cid])
-        text = "SELECT data, input FROM tasks"
-        if where:
-            text += " WHERE " + " AND ".join(where)
-        text += " ORDER BY created_at DESC, id DESC LIMIT %s"
-        params.append(q.limit + 1)
+        text, params = list_text(q)
 
         def read(conn: Conn) -> TaskPage:
             tasks = [row_task(r) for r in conn.execute(text, params)]
@@ -489,11 +479,7 @@ class PostgresStore(PgClaims, PgReads, TxWrites):
         return await self._read(read)
 
     async def count_tasks(self, query: TaskQuery | None = None) -> dict[tuple[str, str], int]:
-        where, params = task_filters(query or TaskQuery())
-        text = "SELECT queue, status, count(*) AS n FROM tasks"
-        if where:
-            text += " WHERE " + " AND ".join(where)
-        text += " GROUP BY queue, status"
+        text, params = count_text(query or TaskQuery())
 
         def read(conn: Conn) -> dict[tuple[str, str], int]:
             rows = conn.execute(text, params)

@@ -7,14 +7,15 @@ them given their payloads back first).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from operator import itemgetter
 from typing import Any
 
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
-from duragent.store._codec import MAX_SEQ, SEQ_BITS, entry_range
-from duragent.store._commits import TaskQuery
+from duragent.store._codec import MAX_SEQ, SEQ_BITS, decode_cursor, entry_range
+from duragent.store._commits import TaskQuery, counted_filters
 from duragent.store._postgres_schema import ENTRY_RANGE, Conn
 from duragent.store._postgres_tx import PgTx
 from duragent.store._views import VIEW_KINDS, view_text
@@ -146,3 +147,43 @@ def task_filters(q: TaskQuery) -> tuple[list[str], list[Any]]:
         where.append("left(id, %s) = %s")
         params.extend([len(q.id_prefix), q.id_prefix])
     return where, params
+
+
+def count_text(q: TaskQuery) -> tuple[str, list[Any]]:
+    """A task count's statement and parameters: from the counts kept (summed
+    over their shards, migration 6) when they answer it (`TaskQuery.counted`),
+    else from the tasks themselves."""
+    if q.counted():
+        where, params = counted_filters(q, "%s")
+        text = "SELECT queue, status, sum(n)::bigint AS n FROM task_counts"
+        if where:
+            text += " WHERE " + " AND ".join(where)
+        return text + " GROUP BY queue, status HAVING sum(n) <> 0", params
+    where, params = task_filters(q)
+    text = "SELECT queue, status, count(*) AS n FROM tasks"
+    if where:
+        text += " WHERE " + " AND ".join(where)
+    return text + " GROUP BY queue, status", params
+
+
+def list_text(q: TaskQuery) -> tuple[str, list[Any]]:
+    """A page of tasks' statement and parameters: newest first, after the cursor.
+
+    With a metadata filter the tasks holding the labels are found through the
+    GIN index first and then sorted (OFFSET 0 keeps the planner from walking
+    the list's index instead, filtering every task on the way: 1 s for a label
+    of 1,000 tasks deep in a 1,000,000-task store, bench/list_scale.py); the
+    cost is that of the tasks holding the label, as on SQLite (`task_labels`).
+    """
+    where, params = task_filters(q)
+    if q.cursor:
+        ts, cid = decode_cursor(q.cursor)
+        where.append("(created_at, id) < (%s, %s)")
+        params.extend([datetime.fromtimestamp(ts, UTC), cid])
+    source = "tasks"
+    if where:
+        source += " WHERE " + " AND ".join(where)
+    if q.metadata:
+        source = f"(SELECT data, input, created_at, id FROM {source} OFFSET 0) t"
+    params.append(q.limit + 1)
+    return f"SELECT data, input FROM {source} ORDER BY created_at DESC, id DESC LIMIT %s", params

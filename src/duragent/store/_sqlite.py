@@ -36,7 +36,13 @@ from duragent.store._codec import (
     from_ts,
     unpacked,
 )
-from duragent.store._commits import EntryHead, PendingCommit, TaskPage, TaskQuery
+from duragent.store._commits import (
+    EntryHead,
+    PendingCommit,
+    TaskPage,
+    TaskQuery,
+    counted_filters,
+)
 from duragent.store._open_files import Held, hold, sqlite_paths
 from duragent.store._signals import (
     ChangeSignal,
@@ -271,8 +277,10 @@ class SQLiteStore(TxWrites):
         where, params = _task_filters(q)
         if q.cursor:
             ts, cid = decode_cursor(q.cursor)
-            where.append("(round(created_at, 6), id) < (?, ?)")
-            params.extend([ts, cid])
+            # The first term lets an index seek; the second decides on the
+            # cursor's rounded time (a REAL's last digits are not the cursor's).
+            where.append("created_at < ? AND (round(created_at, 6), id) < (?, ?)")
+            params.extend([ts + 1e-6, ts, cid])
         sql = "SELECT data, input FROM tasks"
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -288,11 +296,19 @@ class SQLiteStore(TxWrites):
         return await self._read(read)  # type: ignore[no-any-return]
 
     async def count_tasks(self, query: TaskQuery | None = None) -> dict[tuple[str, str], int]:
-        where, params = _task_filters(query or TaskQuery())
-        sql = "SELECT queue, status, count(*) FROM tasks"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " GROUP BY queue, status"
+        q = query or TaskQuery()
+        if q.counted():  # from the counts kept (migration 8), not the tasks
+            where, params = counted_filters(q, "?")
+            sql = "SELECT queue, status, sum(n) FROM task_counts"
+            if where:
+                sql += " WHERE " + " AND ".join(where)
+            sql += " GROUP BY queue, status HAVING sum(n) <> 0"
+        else:
+            where, params = _task_filters(q)
+            sql = "SELECT queue, status, count(*) FROM tasks"
+            if where:
+                sql += " WHERE " + " AND ".join(where)
+            sql += " GROUP BY queue, status"
         return await self._read(  # type: ignore[no-any-return]
             lambda conn: {(r[0], r[1]): r[2] for r in conn.execute(sql, params)}
         )

@@ -262,6 +262,49 @@ MIGRATIONS[7] = ENTRY_MILLISECONDS
 # Version 8: the agent version a task runs on (`Task.agent_version`), a column
 # so that a claim filters by it; NULL for the tasks of before (any version).
 MIGRATIONS[8] = ["ALTER TABLE tasks ADD COLUMN agent_version TEXT"]
+# Version 9: listing and counting that do not grow with the store. Indexes
+# that give a filtered page in list order (newest first) by a range seek, and
+# `task_counts`: how many tasks each (owner, agent, queue, status) holds, kept
+# by triggers in the transaction of every write of a task row (creation,
+# transition, deletion, purge, fork), so a failed commit leaves it as it was.
+# SQLite has one writer at a time: one row per key costs no contention. The
+# owner is a key column as `okey` (COUNT_OWNER_KEY): '' for no owner, '.' and
+# the owner's name otherwise, so that no owner and the empty owner stay two.
+# Zero rows stay (their keys are few); readers leave them out.
+COUNT_OWNER_KEY = "CASE WHEN {t}.owner IS NULL THEN '' ELSE '.' || {t}.owner END"
+
+
+def _count_step(t: str, n: int) -> str:
+    return (
+        "INSERT INTO task_counts (okey, agent, queue, status, n) VALUES"
+        f" ({COUNT_OWNER_KEY.format(t=t)}, {t}.agent, {t}.queue, {t}.status, {n})"
+        f" ON CONFLICT (okey, agent, queue, status) DO UPDATE SET n = n + {n};"
+    )
+
+
+COUNTS_AND_LIST_INDEXES: list[Step] = [
+    """CREATE TABLE task_counts (
+        okey TEXT NOT NULL, agent TEXT NOT NULL, queue TEXT NOT NULL, status TEXT NOT NULL,
+        n INTEGER NOT NULL, PRIMARY KEY (okey, agent, queue, status)
+    ) WITHOUT ROWID""",
+    f"INSERT INTO task_counts (okey, agent, queue, status, n)"
+    f" SELECT {COUNT_OWNER_KEY.format(t='tasks')}, agent, queue, status, count(*) FROM tasks"
+    " GROUP BY 1, 2, 3, 4",
+    f"CREATE TRIGGER tasks_counted_in AFTER INSERT ON tasks BEGIN {_count_step('new', 1)} END",
+    f"CREATE TRIGGER tasks_counted_out AFTER DELETE ON tasks BEGIN {_count_step('old', -1)} END",
+    "CREATE TRIGGER tasks_counted_moves AFTER UPDATE OF owner, agent, queue, status ON tasks"
+    " WHEN old.status IS NOT new.status OR old.queue IS NOT new.queue"
+    " OR old.agent IS NOT new.agent OR old.owner IS NOT new.owner"
+    f" BEGIN {_count_step('old', -1)} {_count_step('new', 1)} END",
+    # Newest first with no filter or a time range; by agent; by owner and status.
+    "CREATE INDEX tasks_created ON tasks(created_at, id)",
+    "CREATE INDEX tasks_agent ON tasks(agent, created_at)",
+    "CREATE INDEX tasks_owner_status ON tasks(owner, status, created_at)",
+    # By queue and status in list order (it serves what `tasks_queue` served).
+    "DROP INDEX tasks_queue",
+    "CREATE INDEX tasks_queue ON tasks(queue, status, created_at)",
+]
+MIGRATIONS[9] = COUNTS_AND_LIST_INDEXES
 SCHEMA_VERSION = max(MIGRATIONS)
 
 # A task's entries with seqs in a range, by `eid`: served by the table's key.
