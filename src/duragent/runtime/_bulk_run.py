@@ -11,7 +11,7 @@ still counted), where each action must not act twice:
 
 - every action commits a marker document (`acted:<task id>` in the
   operation's task scope) once it has acted, and a task with one is counted
-  done and left alone;
+  done and left alone (the markers are deleted once the last page is recorded);
 - retry and resume write that marker in the same commit as the action, and
   only if it is not there yet, so even two runs at once act once;
 - pause, abort and purge move a task to a status the action does not apply
@@ -193,6 +193,16 @@ def marker_of(op_id: str, task_id: str) -> DocumentWrite:
     return DocumentWrite(task_scope(op_id), f"acted:{task_id}", {"acted": True}, expect_version=0)
 
 
+async def forget_markers(store: Store, op_id: str) -> int:
+    """Delete operation `op_id`'s markers (once its last page is recorded), 500 a commit."""
+    keys = [d.key for d in await store.list_documents(task_scope(op_id))]
+    acted = [k for k in keys if k.startswith("acted:")]
+    for i in range(0, len(acted), 500):
+        deletes = [DocumentWrite(task_scope(op_id), k, delete=True) for k in acted[i : i + 500]]
+        await store.commit(Commit(documents=deletes))
+    return len(acted)
+
+
 @dataclass
 class PageRun:
     """One page of one operation: its tasks acted on, and the counts after it."""
@@ -281,6 +291,8 @@ def bulk_agent(verbs: BulkVerbs, trace: TraceFn | None = None) -> Agent:
             size = int(spec.get("page_size", 100))
             tasks = await ctx.step(f"read {n}", run.read, progress["cursor"], size)
             progress = await ctx.step(f"page {n}", page, progress, tasks)
+        # Every page recorded: no page runs again, so the markers guard nothing now.
+        await ctx.step("forget markers", forget_markers, verbs.store, op.id)
         done = {k: progress[k] for k in ("total", "done", "skipped", "failed")}
         return json.dumps(done)
 
