@@ -120,3 +120,18 @@ async def test_bulk_command_returns_when_the_operation_ends_between_its_reads(
     monkeypatch.setattr(Runtime, "get", get_after_the_end)
     done = await asyncio.wait_for(run_here(url, op.id, show=False), timeout=30)
     assert (done.status, done.done) == ("done", 1)
+
+
+def test_bulk_command_with_json_asks_on_stderr(tmp_path: Path) -> None:
+    """With --json, stdout carries JSON only: the confirmation is asked on stderr."""
+    url = f"sqlite:///{tmp_path}/bulk.db"
+
+    async def create() -> None:
+        async with Runtime(url, run_worker=False):
+            pass
+
+    asyncio.run(create())
+    done = duragent("bulk", "retry", "--store", url, "--json", stdin="n\n")
+    assert done.returncode == 1
+    # (click reads the answer with input(" "): a space, which JSON readers skip)
+    assert done.stdout.strip() == "" and "retry 0 tasks? [y/N]" in done.stderr

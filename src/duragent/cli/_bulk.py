@@ -159,7 +159,8 @@ def bulk(
             make_console().print(f"{action} would touch {n} tasks (dry run: nothing changed)")
         return
     if not yes:
-        typer.confirm(f"{action} {n} tasks?", abort=True)
+        # With --json, stdout is for the JSON alone: asked on stderr.
+        typer.confirm(f"{action} {n} tasks?", abort=True, err=as_json)
 
     async def start() -> BulkOperation:
         async with operator_runtime(store) as rt:
