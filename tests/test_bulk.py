@@ -16,6 +16,7 @@ from duragent.errors import InvalidOption, TaskNotFound
 from duragent.runtime._bulk import TaskFilter
 from duragent.runtime._bulk_run import BULK_AGENT
 from duragent.store._protocol import Store
+from duragent.types import task_scope
 from support.bulk import failed_tasks, failing_agent, retries_of, waiting_agent
 
 
@@ -116,3 +117,19 @@ async def test_bulk_counts_only_the_tasks_the_page_search_shows(store: Store) ->
         flt = TaskFilter(owner="alice", id_prefix=ids[0])
         assert await rt.bulk("retry", flt, dry_run=True) == 1
         assert await rt.bulk("retry", TaskFilter(owner="alice"), dry_run=True) == 3
+
+
+@pytest.mark.slow
+async def test_a_finished_bulk_operation_keeps_no_marker_documents(store: Store) -> None:
+    """The markers (one per task acted on) only guard a re-run of the operation's
+    pages; once its last page is recorded they are deleted, not kept until the
+    operation itself is purged."""
+    async with Runtime(store, agents=[failing_agent()]) as rt:
+        ids = await failed_tasks(rt, 5, "alice")
+        op = await rt.bulk("retry", TaskFilter(owner="alice"), page_size=2)
+        await rt.wait(op.id, timeout=60)
+        done = await rt.bulk_operation(op.id)
+        assert (done.status, done.done) == ("done", 5)
+        assert [await retries_of(store, t) for t in ids] == [1] * 5
+        docs = await store.list_documents(task_scope(op.id))
+        assert [d.key for d in docs if d.key.startswith("acted:")] == []

@@ -69,3 +69,32 @@ async def test_sigkill_halfway_through_a_bulk_retry_retries_each_task_once(url: 
             0,
             0,
         )
+
+
+@pytest.mark.slow
+async def test_a_bulk_retry_finished_after_a_kill_counts_the_tasks_retried_before_it(
+    tmp_path: Path,
+) -> None:
+    """The tasks retried before the kill stay retried (pending: no worker runs them)
+    and so no longer match the filter: the page the kill cut short still counts them
+    done, as it acted on them, and the operation reports every task done."""
+    url = f"sqlite:///{tmp_path}/bulk.db"
+    async with Runtime(url, agents=[failing_agent()], worker_queues=["flaky"]) as rt:
+        ids = await failed_tasks(rt, 15, "alice")
+        op = await rt.bulk("retry", TaskFilter(owner="alice"), owner="alice", page_size=4)
+
+    kill_at(spawn("bulk_child.py", url, "7"), "AT 7")
+    out = finish(spawn("bulk_child.py", url, "0"))
+    assert "ACTED 11" in out, out  # the second page again (4), then the last two (4 + 3)
+
+    async with Runtime(url, run_worker=False) as rt:
+        assert [await retries_of(rt.store, t) for t in ids] == [1] * 15
+        assert {(await rt.get(t)).status for t in ids} == {TaskStatus.PENDING}
+        done = await rt.bulk_operation(op.id, owner="alice")
+        assert (done.status, done.total, done.done, done.skipped, done.failed) == (
+            "done",
+            15,
+            15,
+            0,
+            0,
+        )

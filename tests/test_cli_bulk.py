@@ -9,10 +9,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
 
 from duragent import Runtime, TaskFilter, TaskStatus
+from duragent.cli._bulk import run_here, when
 from support.bulk import failed_tasks, failing_agent, retries_of
 from support.workerlib import WorkerProc, workers
 
@@ -86,3 +89,49 @@ async def test_duragent_worker_runs_bulk_operations(
         await rt.wait(op.id, timeout=60)
         assert (await rt.bulk_operation(op.id)).status == "done"
         assert [await retries_of(rt.store, t) for t in red + blue] == [0, 0, 0, 1]
+
+
+def test_bulk_command_refuses_an_age_reaching_before_year_one() -> None:
+    """An age too large for a date is a usage error, not a traceback."""
+    with pytest.raises(typer.BadParameter, match="--created-after '9999999d' is not a time"):
+        when("9999999d", "--created-after")
+
+
+@pytest.mark.slow
+async def test_bulk_command_returns_when_the_operation_ends_between_its_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`duragent bulk` waits for the operation's next change after reading it: an
+    operation that ends just after that read (its last commit before the wait) must
+    not be waited for forever."""
+    url = f"sqlite:///{tmp_path}/bulk.db"
+    await setup(url)
+    async with Runtime(url, run_worker=False) as rt:
+        op = await rt.bulk("retry", TaskFilter(metadata={"team": "blue"}), owner="ops")
+    real_get = Runtime.get
+    delayed: list[str] = []
+
+    async def get_after_the_end(self: Runtime, task_id: str, **kw: Any) -> Any:
+        if task_id == op.id and not delayed:  # the command's first read of it
+            delayed.append(task_id)
+            await self.wait(task_id, timeout=60)  # it ends meanwhile
+        return await real_get(self, task_id, **kw)
+
+    monkeypatch.setattr(Runtime, "get", get_after_the_end)
+    done = await asyncio.wait_for(run_here(url, op.id, show=False), timeout=30)
+    assert (done.status, done.done) == ("done", 1)
+
+
+def test_bulk_command_with_json_asks_on_stderr(tmp_path: Path) -> None:
+    """With --json, stdout carries JSON only: the confirmation is asked on stderr."""
+    url = f"sqlite:///{tmp_path}/bulk.db"
+
+    async def create() -> None:
+        async with Runtime(url, run_worker=False):
+            pass
+
+    asyncio.run(create())
+    done = duragent("bulk", "retry", "--store", url, "--json", stdin="n\n")
+    assert done.returncode == 1
+    # (click reads the answer with input(" "): a space, which JSON readers skip)
+    assert done.stdout.strip() == "" and "retry 0 tasks? [y/N]" in done.stderr

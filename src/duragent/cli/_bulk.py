@@ -40,11 +40,11 @@ def when(text: str | None, option: str) -> datetime | None:
     """A time: ISO 8601 with a zone, or an age (2h, 30d: that long ago)."""
     if text is None:
         return None
-    if text[-1:] in ("s", "m", "h", "d") and text[:-1].replace(".", "", 1).isdigit():
-        return utcnow() - _duration(text, "an age")
     try:
+        if text[-1:] in ("s", "m", "h", "d") and text[:-1].replace(".", "", 1).isdigit():
+            return utcnow() - _duration(text, "an age")
         at = datetime.fromisoformat(text)
-    except ValueError:
+    except (ValueError, OverflowError):  # not a time, or an age reaching before year 1
         at = None
     if at is None or at.tzinfo is None:
         raise typer.BadParameter(
@@ -103,13 +103,16 @@ async def run_here(url: str, op_id: str, show: bool) -> BulkOperation:
         await rt.resume()
         last = ""
         while True:
-            op = await rt.bulk_operation(op_id)
+            # One read for what is shown and the version waited past: an operation
+            # that ends between two reads would be waited for forever.
+            task = await rt.get(op_id)
+            op = BulkOperation.of(task)
             if show and line(op) != last:
                 last = line(op)
                 console.print(last)
             if op.status != "running":
                 return op
-            await rt.wait(op_id, timeout=None, until=moved_from((await rt.get(op_id)).version))
+            await rt.wait(op_id, timeout=None, until=moved_from(task.version))
 
 
 @app.command()
@@ -156,7 +159,8 @@ def bulk(
             make_console().print(f"{action} would touch {n} tasks (dry run: nothing changed)")
         return
     if not yes:
-        typer.confirm(f"{action} {n} tasks?", abort=True)
+        # With --json, stdout is for the JSON alone: asked on stderr.
+        typer.confirm(f"{action} {n} tasks?", abort=True, err=as_json)
 
     async def start() -> BulkOperation:
         async with operator_runtime(store) as rt:

@@ -1,16 +1,17 @@
 """How a bulk operation runs: the built-in agent `duragent.bulk` and its actions.
 
 The operation's task has one tool call, `run_bulk_operation` (replay "safe"),
-whose durable steps are "count" and then one step per page of matching tasks:
-each page's step records the cursor after it and the counts so far, and its
-commit carries the counts into the task's context, which `BulkOperation`
-reads. A crash re-runs the call: recorded pages are skipped, and the page the
-crash cut short is read again and acted on again, where each action must
-not act twice:
+whose durable steps are "count" and then two steps per page of matching tasks:
+"read n" records the page's task ids and the cursor after it, "page n" the
+counts after acting on them, and its commit carries the counts into the task's
+context, which `BulkOperation` reads. A crash re-runs the call: recorded steps
+are skipped, and the page the crash cut short is acted on again (the same
+tasks: its ids were recorded, so a task acted on that left the filter since is
+still counted), where each action must not act twice:
 
 - every action commits a marker document (`acted:<task id>` in the
   operation's task scope) once it has acted, and a task with one is counted
-  done and left alone;
+  done and left alone (the markers are deleted once the last page is recorded);
 - retry and resume write that marker in the same commit as the action, and
   only if it is not there yet, so even two runs at once act once;
 - pause, abort and purge move a task to a status the action does not apply
@@ -192,6 +193,16 @@ def marker_of(op_id: str, task_id: str) -> DocumentWrite:
     return DocumentWrite(task_scope(op_id), f"acted:{task_id}", {"acted": True}, expect_version=0)
 
 
+async def forget_markers(store: Store, op_id: str) -> int:
+    """Delete operation `op_id`'s markers (once its last page is recorded), 500 a commit."""
+    keys = [d.key for d in await store.list_documents(task_scope(op_id))]
+    acted = [k for k in keys if k.startswith("acted:")]
+    for i in range(0, len(acted), 500):
+        deletes = [DocumentWrite(task_scope(op_id), k, delete=True) for k in acted[i : i + 500]]
+        await store.commit(Commit(documents=deletes))
+    return len(acted)
+
+
 @dataclass
 class PageRun:
     """One page of one operation: its tasks acted on, and the counts after it."""
@@ -201,14 +212,14 @@ class PageRun:
     action: BulkAction
     trace: TraceFn | None
 
-    async def act_on(self, task: Task) -> tuple[str, str | None]:
+    async def act_on(self, task_id: str) -> tuple[str, str | None]:
         """("done" | "skipped" | "failed", the reason of a failure)."""
         store = self.verbs.store
-        marker = marker_of(self.op.id, task.id)
+        marker = marker_of(self.op.id, task_id)
         if await store.get_document(marker.scope, marker.key) is not None:
             return "done", None  # acted on by a run a crash cut short
         try:
-            current = await store.get_task(task.id)
+            current = await store.get_task(task_id)
         except DuragentError:
             return "skipped", None  # gone meanwhile (purged with its parent)
         if current.status not in self.action.statuses:
@@ -227,23 +238,28 @@ class PageRun:
                 await store.commit(Commit(documents=[marker]))
         return "done", None
 
-    async def run(self, progress: dict[str, Any], page_size: int) -> dict[str, Any]:
-        query = snapshot_query(self.op, limit=page_size, cursor=progress["cursor"])
+    async def read(self, cursor: str | None, page_size: int) -> dict[str, Any]:
+        """The page after `cursor`: its tasks' ids (bulk operations left out) and the
+        next cursor, recorded before any is acted on."""
+        query = snapshot_query(self.op, limit=page_size, cursor=cursor)
         page = (
             TaskPage([], None) if query.status == [] else await self.verbs.store.list_tasks(query)
         )
+        ids = [t.id for t in page.tasks if t.agent != BULK_AGENT]
+        return {"ids": ids, "cursor": page.next_cursor}
+
+    async def run(self, progress: dict[str, Any], page: dict[str, Any]) -> dict[str, Any]:
+        """Act on the tasks of `page` (from `read`): the counts after it."""
         out = dict(progress, errors=list(progress.get("errors", ())))
-        for task in page.tasks:
-            if task.agent == BULK_AGENT:
-                continue
-            outcome, error = await self.act_on(task)
+        for task_id in page["ids"]:
+            outcome, error = await self.act_on(task_id)
             out[outcome] += 1
             if error is not None and len(out["errors"]) < MAX_ERRORS:
-                out["errors"].append({"task_id": task.id, "error": error})
+                out["errors"].append({"task_id": task_id, "error": error})
             if self.trace is not None:
-                await self.trace("bulk_task", task_id=self.op.id, target=task.id, outcome=outcome)
-        out["cursor"] = page.next_cursor
-        out["finished"] = page.next_cursor is None
+                await self.trace("bulk_task", task_id=self.op.id, target=task_id, outcome=outcome)
+        out["cursor"] = page["cursor"]
+        out["finished"] = page["cursor"] is None
         return out
 
 
@@ -263,8 +279,8 @@ def bulk_agent(verbs: BulkVerbs, trace: TraceFn | None = None) -> Agent:
             ctx.update_state(bulk=progress)  # rides along with the step's commit
             return progress
 
-        async def page(progress: dict[str, Any]) -> dict[str, Any]:
-            out = await run.run(progress, int(spec.get("page_size", 100)))
+        async def page(progress: dict[str, Any], tasks: dict[str, Any]) -> dict[str, Any]:
+            out = await run.run(progress, tasks)
             ctx.update_state(bulk=out)
             return out
 
@@ -272,7 +288,11 @@ def bulk_agent(verbs: BulkVerbs, trace: TraceFn | None = None) -> Agent:
         n = 0
         while not progress.get("finished"):
             n += 1
-            progress = await ctx.step(f"page {n}", page, progress)
+            size = int(spec.get("page_size", 100))
+            tasks = await ctx.step(f"read {n}", run.read, progress["cursor"], size)
+            progress = await ctx.step(f"page {n}", page, progress, tasks)
+        # Every page recorded: no page runs again, so the markers guard nothing now.
+        await ctx.step("forget markers", forget_markers, verbs.store, op.id)
         done = {k: progress[k] for k in ("total", "done", "skipped", "failed")}
         return json.dumps(done)
 
