@@ -126,15 +126,16 @@ class BulkOperations:
         page_size: int = 100,
         options: Mapping[str, Any] | None = None,
     ) -> BulkOperation | int:
-        """Act on every task `filter` matches: "retry", "abort", "pause", "resume" or
-        "purge" (the keys of `runtime._bulk_run.ACTIONS`).
+        """Act on every task `filter` matches: "retry", "abort", "pause", "resume",
+        "migrate" or "purge" (the keys of `runtime._bulk_run.ACTIONS`).
 
         `dry_run=True` touches nothing and returns how many tasks match now.
         Otherwise the operation starts as a task (owned by `owner`, who alone
         sees it) that a worker runs `page_size` tasks at a time, each page
         committed: a crash finishes the rest once, never twice. `filter.owner`
         narrows it to one owner's tasks (None: every owner's). `options`: what
-        the action needs besides the filter (JSON; none of these five needs any).
+        the action needs besides the filter (JSON): migrate needs `{"to": version}` (a task
+        already on it is skipped); the others take none.
         """
         filter = filter or TaskFilter()
         query = query_for(action, filter)  # checks the action and the statuses

@@ -177,10 +177,11 @@ class TaskQuery:
     updated_after: datetime | None = None
     updated_before: datetime | None = None
     id_prefix: str | None = None  # the task id starts with this text (compared exactly)
+    agent_version: str | None = None  # the version the task is pinned to (`Task.agent_version`)
 
     def equal_filters(self) -> list[tuple[str, str]]:
         """The (field, value) pairs a task must match exactly: the ones that are set."""
-        fields = ("owner", "session_id", "parent_id", "root_id", "agent", "queue")
+        fields = ("owner", "session_id", "parent_id", "root_id", "agent", "queue", "agent_version")
         return [(f, v) for f in fields if (v := getattr(self, f)) is not None]
 
     def null_filters(self) -> list[str]:
