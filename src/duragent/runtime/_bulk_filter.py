@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from duragent.runtime._fingerprint import VERSION_PATTERN
 from duragent.store._commits import TaskQuery
 from duragent.types import TaskStatus
 
@@ -27,6 +28,7 @@ class TaskFilter(BaseModel):
         default=None,
         min_length=1,
         max_length=64,
+        pattern=VERSION_PATTERN,
         description="Only tasks pinned to this agent version (`Task.agent_version`).",
     )
     metadata: dict[str, str] | None = Field(
