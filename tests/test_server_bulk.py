@@ -5,6 +5,7 @@ only their own operations (another's answers 404); an admin acts on everyone's."
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -202,7 +203,7 @@ async def test_bulk_migrate_over_rest_moves_only_my_tasks_of_that_version(
 async def test_to_version_is_required_for_migrate_and_refused_for_the_others(
     client: httpx.AsyncClient,  # noqa: F811
 ) -> None:
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"action": "migrate"}, "migrate needs to_version: the version to move the tasks to"),
         ({"action": "pause", "to_version": "v2"}, "pause takes no to_version (only migrate does)"),
         ({"action": "migrate", "to_version": "v 2"}, "to_version"),
