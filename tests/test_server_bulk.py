@@ -228,6 +228,6 @@ async def test_the_python_client_migrates_by_filter_and_lists_by_version(
         task = await c.submit("asker", "go")
         await wait_for(runtime, task.id, TaskStatus.WAITING)
         op = await c.bulk("migrate", {"agent": "asker"}, to_version="v7")
-        assert isinstance(op, BulkOut)
+        assert isinstance(op, BulkOut) and op.to_version == "v7"
         await runtime.wait(op.id, timeout=30)
         assert [t.id for t in (await c.list(version="v7")).tasks] == [task.id]

@@ -720,6 +720,11 @@ export interface components {
              * @description Why a failed operation stopped.
              */
             error?: string | null;
+            /**
+             * To Version
+             * @description migrate: the version the tasks go to.
+             */
+            to_version?: string | null;
         };
         /** BulkPageOut */
         BulkPageOut: {

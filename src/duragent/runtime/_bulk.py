@@ -15,7 +15,7 @@ their page is read (a task that left the filter meanwhile is not touched).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -53,6 +53,7 @@ class BulkOperation:
     created_at: datetime
     errors: tuple[dict[str, str], ...] = ()
     error: str | None = None  # why a failed operation stopped
+    options: Mapping[str, Any] = field(default_factory=dict)  # e.g. migrate's {"to": version}
 
     @classmethod
     def of(cls, task: Task) -> BulkOperation:
@@ -78,6 +79,7 @@ class BulkOperation:
             created_at=task.created_at,
             errors=tuple(progress.get("errors", ())),
             error=error,
+            options=dict(spec.get("options") or {}),
         )
 
 

@@ -103,6 +103,7 @@ class BulkOut(BaseModel):
     created_at: datetime
     errors: list[BulkError] = Field(default_factory=list)
     error: str | None = Field(None, description="Why a failed operation stopped.")
+    to_version: str | None = Field(None, description="migrate: the version the tasks go to.")
 
     @classmethod
     def of(cls, op: BulkOperation) -> BulkOut:
@@ -117,6 +118,7 @@ class BulkOut(BaseModel):
             created_at=op.created_at,
             errors=[BulkError(**e) for e in op.errors],
             error=op.error,
+            to_version=op.options.get("to"),
         )
 
 
