@@ -303,3 +303,67 @@ def test_the_operations_view_follows_a_running_operation_to_done(
         expect(op.locator('[data-field="total"]')).to_have_text("2")
         for tid in ids:
             assert c.get(f"/v1/tasks/{tid}").json()["status"] == "paused"
+
+
+@pytest.mark.slow
+def test_the_version_filter_narrows_the_list_and_migrate_asks_for_the_version(
+    server: LiveServer, browser: Any
+) -> None:
+    batch = uuid.uuid4().hex[:8]
+    with http(server, "alice") as c:
+        later = {"start_at": "2099-01-01T00:00:00Z", "metadata": {"batch": batch}}
+        ids = [submit(c, "quick", "later", **later) for _ in range(3)]
+        version = c.get(f"/v1/tasks/{ids[0]}").json()["agent_version"]
+        r = c.post(f"/v1/tasks/{ids[0]}/migrate", json={"to_version": "old1"})
+        assert r.status_code == 200, r.text
+    with http(server, "bob") as c:
+        theirs = submit(c, "quick", "later", **later)
+
+    page = new_page(browser)
+    sign_in(page, server)
+    page.fill("#filter-meta", f"batch:{batch}")
+    expect(page.locator("#tasks .task-item")).to_have_count(3)
+    page.fill("#filter-version", version)
+    expect(page.locator("#tasks .task-item")).to_have_count(2)
+    assert page.evaluate("window.duragent.filter()") == {
+        "version": version,
+        "meta": [f"batch:{batch}"],
+    }
+    assert f"version={version}" in page.evaluate("location.hash")
+    page.reload()  # the URL keeps it
+    expect(page.locator("#filter-version")).to_have_value(version)
+    expect(page.locator("#tasks .task-item")).to_have_count(2)
+
+    dialog = page.locator("#bulk-dialog")
+    go = page.locator("#bulk-go")
+    page.select_option("#bulk-action", "migrate")
+    expect(dialog).to_be_visible()
+    words = f"version {version} · meta batch:{batch}"
+    expect(page.locator("#bulk-question")).to_have_text(
+        f"Migrate the tasks matching: {words} to which version?"
+    )
+    expect(go).to_be_disabled()
+    page.fill("#bulk-version", "v 9")
+    expect(page.locator("#bulk-dialog-error")).to_contain_text("a version is 1-64 letters")
+    expect(go).to_be_disabled()
+    page.fill("#bulk-version", "v9")
+    expect(page.locator("#bulk-question")).to_have_text(
+        f"Migrate 2 tasks matching: {words} to version v9?"
+    )
+    expect(page.locator("#bulk-dialog-error")).to_have_text("")
+    shot(page, "44-bulk-migrate-confirm")
+    expect(go).to_be_enabled()
+    go.click()
+    expect(dialog).to_be_hidden()
+    op = page.locator("#bulk-list .bulk-op").first
+    expect(op).to_have_attribute("data-status", "done")
+    expect(op.locator('[data-field="done"]')).to_have_text("2 done")
+    expect(op.locator(".bulk-action-name")).to_have_text("Migrate to v9")
+    with http(server, "alice") as c:
+        got = [c.get(f"/v1/tasks/{t}").json()["agent_version"] for t in ids]
+        assert got == ["old1", "v9", "v9"]
+    with http(server, "bob") as c:
+        assert c.get(f"/v1/tasks/{theirs}").json()["agent_version"] == version
+    page.click('.view-tab[data-view="tasks"]')
+    page.fill("#filter-version", "v9")
+    expect(page.locator("#tasks .task-item")).to_have_count(2)

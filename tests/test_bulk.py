@@ -17,7 +17,14 @@ from duragent.runtime._bulk import TaskFilter
 from duragent.runtime._bulk_run import BULK_AGENT
 from duragent.store._protocol import Store
 from duragent.types import task_scope
-from support.bulk import failed_tasks, failing_agent, retries_of, waiting_agent
+from support.bulk import (
+    failed_tasks,
+    failing_agent,
+    migrations_of,
+    retries_of,
+    waiting_agent,
+    waiting_tasks,
+)
 
 
 @pytest.mark.slow
@@ -133,3 +140,52 @@ async def test_a_finished_bulk_operation_keeps_no_marker_documents(store: Store)
         assert [await retries_of(store, t) for t in ids] == [1] * 5
         docs = await store.list_documents(task_scope(op.id))
         assert [d.key for d in docs if d.key.startswith("acted:")] == []
+
+
+@pytest.mark.slow
+async def test_bulk_migrate_moves_each_matching_task_once(store: Store) -> None:
+    """Migrate by filter (agent and version): only the matching tasks move, each by
+    one recorded migration; one already on the target is skipped; a second run
+    of the same operation migrates nothing again."""
+    agents = [waiting_agent(version="v1"), waiting_agent("other", version="v1")]
+    async with Runtime(store, agents=agents) as rt:
+        slow = await waiting_tasks(rt, "slow", 4, "al")
+        other = await waiting_tasks(rt, "other", 2, "al")
+        theirs = await waiting_tasks(rt, "slow", 1, "bo")
+        await rt.migrate(slow[0], "v2", by="al")  # already on the target: skipped
+        v1 = TaskFilter(agent="slow", version="v1", owner="al")
+        assert await rt.bulk("migrate", v1, dry_run=True, options={"to": "v2"}) == 3
+        assert {t.id for t in (await rt.list_tasks(version="v1", agent="slow")).tasks} == {
+            *slow[1:],
+            *theirs,
+        }
+        with pytest.raises(InvalidOption, match="migrate needs the version"):
+            await rt.bulk("migrate", v1)
+        with pytest.raises(InvalidOption, match="agent version"):
+            await rt.bulk("migrate", v1, options={"to": "v 2"})
+        op = await rt.bulk("migrate", TaskFilter(agent="slow", owner="al"), options={"to": "v2"})
+        await rt.wait(op.id, timeout=60)
+        got = await rt.bulk_operation(op.id)
+        assert (got.status, got.total, got.done, got.skipped, got.failed) == (
+            "done",
+            4,
+            3,
+            1,
+            0,
+        )
+        by = f"bulk operation {op.id}"
+        for task_id in slow[1:]:
+            assert await migrations_of(store, task_id) == [{"from": "v1", "to": "v2", "by": by}]
+            assert (await rt.get(task_id)).agent_version == "v2"
+        assert await migrations_of(store, slow[0]) == [{"from": "v1", "to": "v2", "by": "al"}]
+        for task_id in other + theirs:
+            assert await migrations_of(store, task_id) == []
+            assert (await rt.get(task_id)).agent_version == "v1"
+        listed = await rt.list_tasks(version="v2", owner="al")
+        assert {t.id for t in listed.tasks} == set(slow)
+        again = await rt.bulk("migrate", TaskFilter(agent="slow", owner="al"), options={"to": "v2"})
+        await rt.wait(again.id, timeout=60)
+        got = await rt.bulk_operation(again.id)
+        assert (got.done, got.skipped) == (0, 4)
+        for task_id in slow[1:]:
+            assert len(await migrations_of(store, task_id)) == 1

@@ -5,6 +5,7 @@ And `duragent worker` runs bulk operations started elsewhere."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,14 @@ import typer
 
 from duragent import Runtime, TaskFilter, TaskStatus
 from duragent.cli._bulk import run_here, when
-from support.bulk import failed_tasks, failing_agent, retries_of
+from support.bulk import (
+    failed_tasks,
+    failing_agent,
+    migrations_of,
+    retries_of,
+    waiting_agent,
+    waiting_tasks,
+)
 from support.workerlib import WorkerProc, workers
 
 __all__ = ["workers"]  # the fixture this module uses from support.workerlib
@@ -135,3 +143,65 @@ def test_bulk_command_with_json_asks_on_stderr(tmp_path: Path) -> None:
     assert done.returncode == 1
     # (click reads the answer with input(" "): a space, which JSON readers skip)
     assert done.stdout.strip() == "" and "retry 0 tasks? [y/N]" in done.stderr
+
+
+async def versioned(url: str) -> tuple[list[str], list[str]]:
+    agents = [waiting_agent(version="v1"), waiting_agent("other", version="v1")]
+    async with Runtime(url, agents=agents) as rt:
+        return await waiting_tasks(rt, "slow", 3, "al"), await waiting_tasks(rt, "other", 1, "al")
+
+
+async def versions(url: str, ids: list[str]) -> list[tuple[str | None, int]]:
+    """Each task's version and how many migrations its log records."""
+    async with Runtime(url, run_worker=False) as rt:
+        return [
+            ((await rt.get(t)).agent_version, len(await migrations_of(rt.store, t))) for t in ids
+        ]
+
+
+@pytest.mark.slow
+def test_migrate_by_filter_is_a_bulk_operation_and_the_other_forms_stay(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/migrate.db"
+    slow, other = asyncio.run(versioned(url))
+    listed = duragent("ls", "--store", url, "--version", "v1", "--json")
+    assert {t["id"] for t in json.loads(listed.stdout)} == {*slow, *other}
+    by_filter = ["--store", url, "--agent", "slow", "--version", "v1", "--to", "v4"]
+
+    done = duragent("migrate", *by_filter, "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert "migrate to v4 would touch 3 tasks (dry run: nothing changed)" in done.stdout
+    done = duragent("migrate", *by_filter, stdin="n\n")
+    assert done.returncode == 1 and "migrate to v4 3 tasks? [y/N]" in done.stdout
+    assert asyncio.run(versions(url, slow)) == [("v1", 0)] * 3
+    done = duragent("migrate", *by_filter, "--yes", "--page-size", "2")
+    assert done.returncode == 0, done.stderr
+    assert "migrate: 3/3 (3 done, 0 skipped, 0 failed) done" in done.stdout
+    assert asyncio.run(versions(url, slow + other)) == [("v4", 1)] * 3 + [("v1", 0)]
+    listed = duragent("ls", "--store", url, "--version", "v4", "--json")
+    assert {t["id"] for t in json.loads(listed.stdout)} == set(slow)
+
+    # `duragent bulk migrate` is the same operation; a re-run skips what is there.
+    done = duragent("bulk", "migrate", "--store", url, "--to", "v4", "--yes")
+    assert done.returncode == 0, done.stderr
+    assert "migrate: 4/4 (1 done, 3 skipped, 0 failed) done" in done.stdout
+    assert asyncio.run(versions(url, slow + other)) == [("v4", 1)] * 4
+
+    # The single-task form and the schema migration are still there.
+    done = duragent("migrate", slow[0], "--to", "v5", "--store", url)
+    assert done.returncode == 0 and f"task {slow[0]} is waiting (input) on slow@v5" in done.stdout
+    done = duragent("migrate", "--store", url)
+    assert done.returncode == 0 and "(up to date)" in done.stdout
+    assert asyncio.run(versions(url, slow[:1])) == [("v5", 2)]
+
+    # Mistakes: a one-line reason, nothing moved.
+    done = duragent("migrate", "--store", url, "--agent", "slow")
+    assert done.returncode != 0 and "a migration by filter needs --to" in done.stdout + done.stderr
+    done = duragent("migrate", slow[1], "--to", "v6", "--agent", "slow", "--store", url)
+    assert done.returncode != 0 and "a TASK or filters, not both" in done.stdout + done.stderr
+    done = duragent("bulk", "migrate", "--store", url, "--yes")
+    assert done.returncode != 0 and "migrate needs the version" in done.stdout + done.stderr
+    done = duragent("bulk", "pause", "--store", url, "--to", "v6", "--yes")
+    assert done.returncode != 0 and "pause takes no option to" in done.stdout + done.stderr
+    done = duragent("migrate", "--store", url, "--to", "v 6", "--yes")
+    assert done.returncode != 0 and "agent version" in done.stdout + done.stderr
+    assert asyncio.run(versions(url, slow + other)) == [("v5", 2)] + [("v4", 1)] * 3

@@ -5,6 +5,7 @@ only their own operations (another's answers 404); an admin acts on everyone's."
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -164,3 +165,69 @@ async def test_the_python_client_starts_reads_and_lists_bulk_operations(
         done = await c.bulk_operation(op.id)
         assert (done.status, done.total, done.done) == ("done", 1, 1)
         assert [o.id for o in (await c.bulk_operations()).operations] == [op.id]
+
+
+@pytest.mark.slow
+async def test_bulk_migrate_over_rest_moves_only_my_tasks_of_that_version(
+    client: httpx.AsyncClient,  # noqa: F811
+    runtime: Runtime,  # noqa: F811
+) -> None:
+    mine = await askers(client, runtime, "alice", 2)
+    theirs = await askers(client, runtime, "bob", 1)
+    version = (await runtime.get(mine[0])).agent_version
+    assert version is not None
+    # The task list and the bulk filter agree on `version`.
+    r = await client.get("/v1/tasks", params={"version": version}, headers=auth("alice"))
+    assert {t["id"] for t in r.json()["tasks"]} == set(mine)
+    r = await client.get("/v1/tasks", params={"version": "v9"}, headers=auth("alice"))
+    assert r.json()["tasks"] == []
+    body = {"action": "migrate", "filter": {"agent": "asker", "version": version}}
+    r = await client.post(
+        "/v1/bulk", json={**body, "to_version": "v9", "dry_run": True}, headers=auth("alice")
+    )
+    assert r.json() == {"count": 2}
+    r = await client.post("/v1/bulk", json={**body, "to_version": "v9"}, headers=auth("alice"))
+    assert r.status_code == 202, r.text
+    op = r.json()
+    await runtime.wait(op["id"], timeout=30)
+    got = (await client.get(f"/v1/bulk/{op['id']}", headers=auth("alice"))).json()
+    assert (got["status"], got["total"], got["done"]) == ("done", 2, 2)
+    assert {(await runtime.get(t)).agent_version for t in mine} == {"v9"}
+    assert (await runtime.get(theirs[0])).agent_version == version  # bob's: untouched
+    r = await client.get("/v1/tasks", params={"version": "v9"}, headers=auth("alice"))
+    assert {t["id"] for t in r.json()["tasks"]} == set(mine)
+    r = await client.get("/v1/tasks", params={"version": "v9"}, headers=auth("bob"))
+    assert r.json()["tasks"] == []
+
+
+async def test_to_version_is_required_for_migrate_and_refused_for_the_others(
+    client: httpx.AsyncClient,  # noqa: F811
+) -> None:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"action": "migrate"}, "migrate needs to_version: the version to move the tasks to"),
+        ({"action": "pause", "to_version": "v2"}, "pause takes no to_version (only migrate does)"),
+        ({"action": "migrate", "to_version": "v 2"}, "to_version"),
+        ({"action": "migrate", "to_version": "v2", "filter": {"version": ""}}, "version"),
+    ]
+    for body, message in cases:
+        r = await client.post("/v1/bulk", json={**body, "dry_run": True}, headers=auth("alice"))
+        problem = assert_problem(r, 422, "Validation error")
+        assert message in problem["detail"] and "\n" not in problem["detail"], problem
+    r = await client.get("/v1/tasks", params={"version": "v 2"}, headers=auth("alice"))
+    assert_problem(r, 422, "Validation error")
+
+
+async def test_the_python_client_migrates_by_filter_and_lists_by_version(
+    runtime: Runtime,  # noqa: F811
+) -> None:
+    app = create_app(runtime, TokenStore.from_mapping(TOKENS))
+    http = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://api", headers=auth("alice")
+    )
+    async with AsyncClient(http=http) as c, http:
+        task = await c.submit("asker", "go")
+        await wait_for(runtime, task.id, TaskStatus.WAITING)
+        op = await c.bulk("migrate", {"agent": "asker"}, to_version="v7")
+        assert isinstance(op, BulkOut) and op.to_version == "v7"
+        await runtime.wait(op.id, timeout=30)
+        assert [t.id for t in (await c.list(version="v7")).tasks] == [task.id]

@@ -286,6 +286,26 @@ async def test_list_tasks_by_id_prefix_compares_text_exactly(store: Store) -> No
     }
 
 
+async def test_list_and_count_tasks_by_agent_version(store: Store) -> None:
+    v3 = [await make(store, agent="a", agent_version="v3", owner="al") for _ in range(2)]
+    await make(store, agent="a", agent_version="v4", owner="al")
+    await make(store, agent="b", agent_version="v3", owner="al")
+    await make(store, agent="a", owner="al")  # from before versions: on none
+    await make(store, agent="a", agent_version="v3", owner="bo")
+    mine = TaskQuery(owner="al", agent="a", agent_version="v3")
+    assert {t.id for t in (await store.list_tasks(mine)).tasks} == {t.id for t in v3}
+    assert sum((await store.count_tasks(mine)).values()) == 2
+    assert len((await store.list_tasks(TaskQuery(agent_version="v3"))).tasks) == 4
+    odd = TaskQuery(agent_version="v3' OR '1'='1")  # a parameter, never SQL text
+    assert (await store.list_tasks(odd)).tasks == []
+    # A migration moves a task between the filter's answers.
+    moved = v3[0]
+    await store.commit(Commit(patches=[TaskPatch(moved.id, {"agent_version": "v4"})]))
+    assert [t.id for t in (await store.list_tasks(mine)).tasks] == [v3[1].id]
+    v4 = (await store.list_tasks(TaskQuery(agent_version="v4", owner="al"))).tasks
+    assert moved.id in {t.id for t in v4} and len(v4) == 2
+
+
 async def test_entries_after_seq_by_kind_with_limit_and_streamed(store: Store) -> None:
     task = await make(store)
     await store.commit(

@@ -20,10 +20,11 @@ def failing_agent(name: str = "flaky") -> Agent:
     return Agent(name=name, model=ScriptedModel(script), builtin_tools=BuiltinTools(plan=False))
 
 
-def waiting_agent(name: str = "slow") -> Agent:
+def waiting_agent(name: str = "slow", version: str | None = None) -> Agent:
     """Asks a question at once: its tasks wait for input until answered."""
     return Agent(
         name=name,
+        version=version,
         model=ScriptedModel([[ToolCall("ask_user", {"question": "go?"})], "ok"]),
         builtin_tools=BuiltinTools(plan=False, ask_user=True),
     )
@@ -42,3 +43,16 @@ async def failed_tasks(rt: Runtime, n: int, owner: str, **meta: str) -> list[str
     for task_id in ids:
         assert (await rt.wait(task_id, timeout=30)).status is TaskStatus.FAILED
     return ids
+
+
+async def waiting_tasks(rt: Runtime, agent: str, n: int, owner: str) -> list[str]:
+    ids = [(await rt.submit(agent, f"w{i}", owner=owner)).task_id for i in range(n)]
+    for task_id in ids:
+        await rt.wait(task_id, timeout=30, until=lambda t: t.status is TaskStatus.WAITING)
+    return ids
+
+
+async def migrations_of(store: Store, task_id: str) -> list[dict[str, Any]]:
+    """The migrations the task's log records ({"from", "to", "by"} each)."""
+    entries = await store.entries(task_id, kinds=[EntryKind.STATUS])
+    return [e.payload["migration"] for e in entries if "migration" in e.payload]

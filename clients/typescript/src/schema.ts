@@ -525,7 +525,7 @@ export interface paths {
         put?: never;
         /**
          * Start a bulk operation, or count what it would touch
-         * @description Retry, abort, pause, resume or purge every task the filter matches, as one durable operation (a crash finishes the rest once). `dry_run` answers 200 with the count and touches nothing. Others' tasks are never matched; an admin may name any `owner` in the filter, or none for everyone's.
+         * @description Retry, abort, pause, resume, migrate (to `to_version`) or purge every task the filter matches, as one durable operation (a crash finishes the rest once). `dry_run` answers 200 with the count and touches nothing. Others' tasks are never matched; an admin may name any `owner` in the filter, or none for everyone's.
          */
         post: operations["startBulk"];
         delete?: never;
@@ -720,6 +720,11 @@ export interface components {
              * @description Why a failed operation stopped.
              */
             error?: string | null;
+            /**
+             * To Version
+             * @description migrate: the version the tasks go to.
+             */
+            to_version?: string | null;
         };
         /** BulkPageOut */
         BulkPageOut: {
@@ -735,7 +740,7 @@ export interface components {
              * @description What to do to each matching task.
              * @enum {string}
              */
-            action: "retry" | "abort" | "pause" | "resume" | "purge";
+            action: "retry" | "abort" | "pause" | "resume" | "purge" | "migrate";
             /** @description Which tasks: every field given must match. `status` defaults to every status the action applies to. */
             filter?: components["schemas"]["TaskFilter"];
             /**
@@ -743,6 +748,11 @@ export interface components {
              * @description Only count the tasks that would be touched (200 {count}). Default: false.
              */
             dry_run?: boolean;
+            /**
+             * To Version
+             * @description migrate (required there, refused for the other actions): the version of their agent the tasks go on with; a task already on it is skipped.
+             */
+            to_version?: string | null;
         };
         /**
          * CallRecord
@@ -1509,6 +1519,11 @@ export interface components {
             /** Queue */
             queue?: string | null;
             /**
+             * Version
+             * @description Only tasks pinned to this agent version (`Task.agent_version`).
+             */
+            version?: string | null;
+            /**
              * Metadata
              * @description Labels every matched task has with exactly these values.
              */
@@ -2123,6 +2138,8 @@ export interface operations {
                 updated_before?: string | null;
                 /** @description Task ids starting with this text. */
                 id_prefix?: string | null;
+                /** @description Tasks pinned to this version of their agent. */
+                version?: string | null;
             };
             header?: never;
             path?: never;

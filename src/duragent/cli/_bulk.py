@@ -1,4 +1,5 @@
-"""`duragent bulk ACTION [filters]`: one action on every matching task, with a count first.
+"""`duragent bulk ACTION [filters]`: one action on every matching task, with a count first
+(`duragent migrate --to V [filters]` is `duragent bulk migrate --to V [filters]`).
 
 The operation is a task of the built-in agent `duragent.bulk` (runtime/_bulk.py):
 this command starts it and runs it here, showing its progress; stopped (Ctrl-C,
@@ -60,6 +61,7 @@ def task_filter(
     meta: list[str] | None,
     owner: str | None,
     times: dict[str, str | None],
+    version: str | None = None,
 ) -> TaskFilter:
     labels = {}
     for pair in meta or []:
@@ -73,6 +75,7 @@ def task_filter(
             {
                 "status": status or None,
                 "agent": agent,
+                "version": version,
                 "queue": queue,
                 "metadata": labels or None,
                 "owner": owner,
@@ -115,56 +118,52 @@ async def run_here(url: str, op_id: str, show: bool) -> BulkOperation:
             await rt.wait(op_id, timeout=None, until=moved_from(task.version))
 
 
-@app.command()
-def bulk(
-    action: str = typer.Argument(..., help=f"What to do: {', '.join(ACTIONS)}."),
-    store: str = STORE,
-    status: list[TaskStatus] | None = typer.Option(
-        None,
-        help="Only tasks in this status (repeat; default: every status the action applies to).",
-    ),
-    agent: str | None = typer.Option(None, help="Only this agent's tasks."),
-    queue: str | None = typer.Option(None, help="Only this queue's tasks."),
-    meta: list[str] | None = typer.Option(None, help="key=value: metadata equal to (repeat)."),
-    owner: str | None = typer.Option(None, help="Only this user's tasks (default: everyone's)."),
-    created_after: str | None = typer.Option(None, help="A time (ISO 8601) or an age (2h)."),
-    created_before: str | None = typer.Option(None, help="A time (ISO 8601) or an age (2h)."),
-    updated_after: str | None = typer.Option(None, help="A time (ISO 8601) or an age (2h)."),
-    updated_before: str | None = typer.Option(None, help="A time (ISO 8601) or an age (30d)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Only count; touch nothing."),
-    yes: bool = typer.Option(False, "--yes", help="Do not ask for confirmation."),
-    page_size: int = typer.Option(100, min=1, max=1000, help="Tasks per committed page."),
-    as_json: bool = JSON,
+STATUS = typer.Option(
+    None, help="Only tasks in this status (repeat; default: every status the action applies to)."
+)
+AGENT = typer.Option(None, help="Only this agent's tasks.")
+VERSION = typer.Option(None, "--version", help="Only tasks on this version of their agent.")
+QUEUE = typer.Option(None, help="Only this queue's tasks.")
+META = typer.Option(None, help="key=value: metadata equal to (repeat).")
+OWNER = typer.Option(None, help="Only this user's tasks (default: everyone's).")
+TIME = typer.Option(None, help="A time (ISO 8601) or an age (2h).")
+DRY_RUN = typer.Option(False, "--dry-run", help="Only count; touch nothing.")
+YES = typer.Option(False, "--yes", help="Do not ask for confirmation.")
+PAGE_SIZE = typer.Option(100, min=1, max=1000, help="Tasks per committed page.")
+
+
+def run_bulk(
+    store: str,
+    action: str,
+    flt: TaskFilter,
+    options: dict[str, str],
+    *,
+    dry_run: bool,
+    yes: bool,
+    page_size: int,
+    as_json: bool,
 ) -> None:
-    """Retry, abort, pause, resume or purge every matching task, as one durable operation."""
-    if action not in ACTIONS:
-        raise typer.BadParameter(f"{action!r} is not one of: {', '.join(ACTIONS)}")
-    times = {
-        "created_after": created_after,
-        "created_before": created_before,
-        "updated_after": updated_after,
-        "updated_before": updated_before,
-    }
-    flt = task_filter(status, agent, queue, meta, owner, times)
+    """Count, ask (unless `yes`), start the operation and run it here to its end."""
 
     async def count() -> int:
         async with operator_runtime(store) as rt:
-            return await rt.bulk(action, flt, dry_run=True)
+            return await rt.bulk(action, flt, dry_run=True, options=options)
 
     n = run_async(count())
+    what = f"{action} to {options['to']}" if "to" in options else action
     if dry_run:
         if as_json:
             emit_json({"count": n})
         else:
-            make_console().print(f"{action} would touch {n} tasks (dry run: nothing changed)")
+            make_console().print(f"{what} would touch {n} tasks (dry run: nothing changed)")
         return
     if not yes:
         # With --json, stdout is for the JSON alone: asked on stderr.
-        typer.confirm(f"{action} {n} tasks?", abort=True, err=as_json)
+        typer.confirm(f"{what} {n} tasks?", abort=True, err=as_json)
 
     async def start() -> BulkOperation:
         async with operator_runtime(store) as rt:
-            return await rt.bulk(action, flt, page_size=page_size)
+            return await rt.bulk(action, flt, page_size=page_size, options=options)
 
     op = run_async(start())
     if not as_json:
@@ -175,3 +174,40 @@ def bulk(
     if done.status != "done":
         make_console(stderr=True).print(f"error: the operation failed: {done.error}")
         raise typer.Exit(1)
+
+
+@app.command()
+def bulk(
+    action: str = typer.Argument(..., help=f"What to do: {', '.join(ACTIONS)}."),
+    store: str = STORE,
+    status: list[TaskStatus] | None = STATUS,
+    agent: str | None = AGENT,
+    version: str | None = VERSION,
+    queue: str | None = QUEUE,
+    meta: list[str] | None = META,
+    owner: str | None = OWNER,
+    created_after: str | None = TIME,
+    created_before: str | None = TIME,
+    updated_after: str | None = TIME,
+    updated_before: str | None = TIME,
+    to: str | None = typer.Option(None, "--to", help="migrate: the version the tasks go on with."),
+    dry_run: bool = DRY_RUN,
+    yes: bool = YES,
+    page_size: int = PAGE_SIZE,
+    as_json: bool = JSON,
+) -> None:
+    """Retry, abort, pause, resume, migrate (--to V) or purge every matching task, as
+    one durable operation."""
+    if action not in ACTIONS:
+        raise typer.BadParameter(f"{action!r} is not one of: {', '.join(ACTIONS)}")
+    times = {
+        "created_after": created_after,
+        "created_before": created_before,
+        "updated_after": updated_after,
+        "updated_before": updated_before,
+    }
+    flt = task_filter(status, agent, queue, meta, owner, times, version)
+    options = {} if to is None else {"to": to}
+    run_bulk(
+        store, action, flt, options, dry_run=dry_run, yes=yes, page_size=page_size, as_json=as_json
+    )

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from duragent._payloads import progress_of
 from duragent._terminal import clean, safe
+from duragent.cli import _bulk as bulk_cli
 from duragent.cli._common import (
     JSON,
     STORE,
@@ -159,6 +160,7 @@ def list_tasks(
     queue: str | None = typer.Option(None, help="Only this queue's tasks."),
     meta: list[str] | None = typer.Option(None, help="key=value: metadata equal to (repeat)."),
     since: str | None = typer.Option(None, help="Created within: 30d, 12h, 15m, 90s."),
+    version: str | None = bulk_cli.VERSION,
     as_json: bool = JSON,
 ) -> None:
     """List tasks, newest first."""
@@ -180,6 +182,7 @@ def list_tasks(
                 queue=queue,
                 metadata=labels or None,
                 created_after=after,
+                version=version,
             )
             return list(page.tasks), await rt.unserved(page.tasks)
 
@@ -398,15 +401,60 @@ def migrate(
         None, "--to", help="The version the task goes on with (e.g. v4, or a fingerprint)."
     ),
     store: str = STORE,
+    status: list[TaskStatus] | None = bulk_cli.STATUS,
+    agent: str | None = bulk_cli.AGENT,
+    version: str | None = bulk_cli.VERSION,
+    queue: str | None = bulk_cli.QUEUE,
+    meta: list[str] | None = bulk_cli.META,
+    owner: str | None = bulk_cli.OWNER,
+    created_after: str | None = bulk_cli.TIME,
+    created_before: str | None = bulk_cli.TIME,
+    updated_after: str | None = bulk_cli.TIME,
+    updated_before: str | None = bulk_cli.TIME,
+    dry_run: bool = bulk_cli.DRY_RUN,
+    yes: bool = bulk_cli.YES,
+    page_size: int = bulk_cli.PAGE_SIZE,
+    as_json: bool = JSON,
 ) -> None:
     """Bring the store's schema to this duragent's version (report before/after); or,
     with TASK --to VERSION, move a task to another version of its agent at its next
-    safe point (recorded in its log)."""
-    if task_id is not None or to is not None:
-        if task_id is None or to is None:
+    safe point (recorded in its log); or, with --to VERSION and filters (no TASK),
+    move every matching task, as one durable bulk operation (`duragent bulk migrate`)."""
+    times = {
+        "created_after": created_after,
+        "created_before": created_before,
+        "updated_after": updated_after,
+        "updated_before": updated_before,
+    }
+    filters = [status, agent, version, queue, meta, owner, *times.values()]
+    bulk_form = any(f is not None and f != [] for f in filters) or dry_run or yes
+    if task_id is not None:
+        if to is None:
             fail(UsageError("name a task and its new version: duragent migrate TASK --to v4"))
+        if bulk_form:
+            fail(UsageError("name a TASK or filters, not both (filters: no TASK)"))
         migrate_task(store, task_id, to)
-        return
+    elif to is not None:
+        flt = bulk_cli.task_filter(status, agent, queue, meta, owner, times, version)
+        opts = {"to": to}
+        bulk_cli.run_bulk(
+            store,
+            "migrate",
+            flt,
+            opts,
+            dry_run=dry_run,
+            yes=yes,
+            page_size=page_size,
+            as_json=as_json,
+        )
+    elif bulk_form:
+        fail(UsageError("a migration by filter needs --to: duragent migrate --agent A --to v4"))
+    else:
+        migrate_schema(store)
+
+
+def migrate_schema(store: str) -> None:
+    """`duragent migrate`: the store's schema brought to this duragent's version."""
 
     async def go() -> tuple[int | None, int]:
         prepare_store(store)  # migrating a store that is not there yet makes it

@@ -179,6 +179,7 @@ class AsyncClient:
         limit: int = 50,
         cursor: str | None = None,
         id_prefix: str | None = None,
+        version: str | None = None,
     ) -> TaskPageOut:
         """One page of the caller's tasks, newest first; pass the page's
         `next_cursor` as `cursor` for the next (`tasks()` walks them all)."""
@@ -196,6 +197,7 @@ class AsyncClient:
             "limit": limit,
             "cursor": cursor,
             "id_prefix": id_prefix,
+            "version": version,
         }
         return await self._call("GET", "/v1/tasks", TaskPageOut, params=params)
 
@@ -362,12 +364,20 @@ class AsyncClient:
     # --- bulk operations -----------------------------------------------------------
 
     async def bulk(
-        self, action: str, filter: Mapping[str, Any] | None = None, *, dry_run: bool = False
+        self,
+        action: str,
+        filter: Mapping[str, Any] | None = None,
+        *,
+        dry_run: bool = False,
+        to_version: str | None = None,
     ) -> BulkOut | BulkCount:
-        """Retry, abort, pause, resume or purge every task of mine `filter` matches
-        (`status`, `agent`, `queue`, `metadata`, `created_after`, ..., `owner` for an
-        admin): the started operation, or with `dry_run` only the count (`BulkCount`)."""
+        """Retry, abort, pause, resume, migrate (to `to_version`) or purge every task
+        of mine `filter` matches (`status`, `agent`, `version`, `queue`, `metadata`,
+        `created_after`, ..., `owner` for an admin): the started operation, or with
+        `dry_run` only the count (`BulkCount`)."""
         body = {"action": action, "filter": dict(filter or {}), "dry_run": dry_run}
+        if to_version is not None:
+            body["to_version"] = to_version
         model: type[BulkOut] | type[BulkCount] = BulkCount if dry_run else BulkOut
         return await self._call("POST", "/v1/bulk", model, json=to_jsonable_python(body))
 

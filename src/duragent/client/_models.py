@@ -130,6 +130,7 @@ class BulkOut(BaseModel):
     created_at: datetime
     errors: list[BulkError] = Field(default_factory=list)
     error: str | None = None
+    to_version: str | None = None  # migrate: the version the tasks go to
 
 
 class BulkCount(BaseModel):

@@ -15,7 +15,7 @@ their page is read (a task that left the filter meanwhile is not touched).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -53,6 +53,7 @@ class BulkOperation:
     created_at: datetime
     errors: tuple[dict[str, str], ...] = ()
     error: str | None = None  # why a failed operation stopped
+    options: Mapping[str, Any] = field(default_factory=dict)  # e.g. migrate's {"to": version}
 
     @classmethod
     def of(cls, task: Task) -> BulkOperation:
@@ -78,6 +79,7 @@ class BulkOperation:
             created_at=task.created_at,
             errors=tuple(progress.get("errors", ())),
             error=error,
+            options=dict(spec.get("options") or {}),
         )
 
 
@@ -126,15 +128,16 @@ class BulkOperations:
         page_size: int = 100,
         options: Mapping[str, Any] | None = None,
     ) -> BulkOperation | int:
-        """Act on every task `filter` matches: "retry", "abort", "pause", "resume" or
-        "purge" (the keys of `runtime._bulk_run.ACTIONS`).
+        """Act on every task `filter` matches: "retry", "abort", "pause", "resume",
+        "migrate" or "purge" (the keys of `runtime._bulk_run.ACTIONS`).
 
         `dry_run=True` touches nothing and returns how many tasks match now.
         Otherwise the operation starts as a task (owned by `owner`, who alone
         sees it) that a worker runs `page_size` tasks at a time, each page
         committed: a crash finishes the rest once, never twice. `filter.owner`
         narrows it to one owner's tasks (None: every owner's). `options`: what
-        the action needs besides the filter (JSON; none of these five needs any).
+        the action needs besides the filter (JSON): migrate needs `{"to": version}` (a task
+        already on it is skipped); the others take none.
         """
         filter = filter or TaskFilter()
         query = query_for(action, filter)  # checks the action and the statuses

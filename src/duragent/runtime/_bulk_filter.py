@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from duragent.runtime._fingerprint import VERSION_PATTERN
 from duragent.store._commits import TaskQuery
 from duragent.types import TaskStatus
 
@@ -23,6 +24,13 @@ class TaskFilter(BaseModel):
     status: list[TaskStatus] | None = None
     agent: str | None = Field(default=None, min_length=1, max_length=200)
     queue: str | None = Field(default=None, min_length=1, max_length=200)
+    version: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        pattern=VERSION_PATTERN,
+        description="Only tasks pinned to this agent version (`Task.agent_version`).",
+    )
     metadata: dict[str, str] | None = Field(
         default=None, description="Labels every matched task has with exactly these values."
     )
@@ -64,5 +72,6 @@ class TaskFilter(BaseModel):
             "updated_before": self.updated_before,
             "id_prefix": self.id_prefix,
             "owner": self.owner,
+            "agent_version": self.version,
         }
         return TaskQuery(**{**fields, **more})

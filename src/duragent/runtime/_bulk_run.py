@@ -14,6 +14,8 @@ still counted), where each action must not act twice:
   done and left alone (the markers are deleted once the last page is recorded);
 - retry and resume write that marker in the same commit as the action, and
   only if it is not there yet, so even two runs at once act once;
+- migrate writes it in the migration's commit too, and leaves a task already
+  on the target version alone (skipped): a re-run migrates nothing twice;
 - pause, abort and purge move a task to a status the action does not apply
   to, so a task acted on before a crash and not yet marked is skipped
   (counted "skipped", not "done": the count may be off by what one page did).
@@ -41,6 +43,7 @@ from duragent.llm._scripted import ScriptedModel, ToolCall
 from duragent.runtime._agent import Agent, BuiltinTools
 from duragent.runtime._bulk_filter import TaskFilter
 from duragent.runtime._context import ToolContext
+from duragent.runtime._fingerprint import check_version
 from duragent.runtime._tools import tool
 from duragent.store._commits import Commit, DocumentWrite, TaskPage, TaskQuery
 from duragent.store._protocol import Store
@@ -74,6 +77,16 @@ class BulkVerbs(Protocol):
         self, task_id: str, reason: str | None = None, *, timeout: float = 60.0
     ) -> Task: ...
 
+    async def _migrate(
+        self,
+        task_id: str,
+        to_version: str,
+        *,
+        owner: str | None,
+        by: str | None,
+        documents: Sequence[DocumentWrite],
+    ) -> Task: ...
+
 
 TraceFn = Callable[..., Awaitable[None]]
 
@@ -102,6 +115,8 @@ class BulkAction:
     statuses: tuple[TaskStatus, ...]
     act: ActFn
     options: tuple[str, ...] = ()
+    # Checks the options given (all of them named in `options`): raises InvalidOption.
+    check: Callable[[Mapping[str, Any]], None] | None = None
 
 
 async def _retry(a: Acting) -> bool:
@@ -127,6 +142,24 @@ async def _abort(a: Acting) -> bool:
     return False
 
 
+async def _migrate(a: Acting) -> bool:
+    to = str(a.options["to"])
+    if a.task.agent_version == to:
+        # Already there (before the operation, or by a run of it a crash cut short,
+        # whose marker would have been found): nothing to do, counted "skipped".
+        raise InvalidTransition(a.task.status.value, "migrated", f"already on version {to}")
+    op_id = a.marker.scope.removeprefix("task:")
+    by = f"bulk operation {op_id}"
+    await a.verbs._migrate(a.task.id, to, owner=None, by=by, documents=[a.marker])
+    return True
+
+
+def _check_migrate(options: Mapping[str, Any]) -> None:
+    if "to" not in options:
+        raise InvalidOption("migrate needs the version to move the tasks to (option 'to')")
+    check_version(options["to"])
+
+
 async def _purge(a: Acting) -> bool:
     await a.verbs.store.delete_task(a.task.id)
     return False
@@ -140,6 +173,9 @@ ACTIONS: dict[str, BulkAction] = {
     "pause": BulkAction(ACTIVE, _pause),
     "resume": BulkAction((TaskStatus.PAUSED, TaskStatus.BLOCKED), _resume),
     "purge": BulkAction(FINISHED, _purge),
+    "migrate": BulkAction(
+        (*ACTIVE, TaskStatus.PAUSED, TaskStatus.BLOCKED), _migrate, ("to",), _check_migrate
+    ),
 }
 
 
@@ -160,6 +196,9 @@ def check_options(action: str, options: Mapping[str, Any]) -> None:
     if unknown:
         takes = ", ".join(ACTIONS[action].options) or "none"
         raise InvalidOption(f"{action} takes no option {', '.join(unknown)} (it takes: {takes})")
+    check = ACTIONS[action].check
+    if check is not None:
+        check(options)
 
 
 def query_for(action: str, flt: TaskFilter, **more: Any) -> TaskQuery:

@@ -95,9 +95,11 @@ class ReadsTasks:
         updated_after: datetime | None = None,
         updated_before: datetime | None = None,
         id_prefix: str | None = None,
+        version: str | None = None,
     ) -> TaskPage:
         """A page of tasks matching every filter given (`TaskQuery`), newest first;
-        `next_cursor` asks for the next page. `id_prefix`: ids starting with it."""
+        `next_cursor` asks for the next page. `id_prefix`: ids starting with it;
+        `version`: tasks pinned to that agent version (`Task.agent_version`)."""
         return await self.store.list_tasks(
             TaskQuery(
                 owner=owner,
@@ -114,6 +116,7 @@ class ReadsTasks:
                 updated_after=updated_after,
                 updated_before=updated_before,
                 id_prefix=id_prefix,
+                agent_version=version,
             )
         )
 

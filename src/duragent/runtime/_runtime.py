@@ -449,6 +449,19 @@ class Runtime(ReadsTasks, StopsTasks, ManyTasks, BulkOperations, SendsMessages, 
         for an ended task (InvalidTransition); `owner`: only that user's task
         (another's is not found).
         """
+        return await self._migrate(task_id, to_version, owner=owner, by=by, documents=())
+
+    async def _migrate(
+        self,
+        task_id: str,
+        to_version: str,
+        *,
+        owner: str | None,
+        by: str | None,
+        documents: Sequence[DocumentWrite],
+    ) -> Task:
+        """`migrate`, with `documents` written in the migration's commit (a bulk
+        operation's marker: the migration and its marker land together or not)."""
         check_version(to_version)
         for _ in range(10):
             task = await self.get(task_id, owner=owner)
@@ -462,6 +475,7 @@ class Runtime(ReadsTasks, StopsTasks, ManyTasks, BulkOperations, SendsMessages, 
                 return task
             live = task.status is TaskStatus.RUNNING and lease_alive(task)
             commit = migration_commit(task, to_version, by, self.agents.get(task.agent), live)
+            commit.documents.extend(documents)
             try:
                 res = await self.store.commit(commit)
             except Conflict:

@@ -13,10 +13,12 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.config import JsonDict
 
 from duragent.runtime._bulk import BulkOperation, TaskFilter
 from duragent.runtime._bulk_run import ACTIONS
+from duragent.runtime._versions import VERSION_PATTERN
 from duragent.server._deps import RuntimeDep, UserDep, is_admin
 from duragent.server._problems import Forbidden, problem_responses
 from duragent.server._strict_json import StrictJsonRoute
@@ -27,8 +29,16 @@ router = APIRouter(prefix="/v1/bulk", tags=["bulk operations"], route_class=Stri
 BulkId = Annotated[str, Path(min_length=1, max_length=200, description="A bulk operation's id.")]
 
 
+# to_version: required for migrate, refused for the other actions (`_options`).
+_TO_VERSION_RULE: JsonDict = {
+    "if": {"properties": {"action": {"const": "migrate"}}, "required": ["action"]},
+    "then": {"required": ["to_version"], "properties": {"to_version": {"type": "string"}}},
+    "else": {"not": {"required": ["to_version"]}},
+}
+
+
 class BulkRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_TO_VERSION_RULE)
 
     action: str = Field(
         description="What to do to each matching task.",
@@ -42,6 +52,14 @@ class BulkRequest(BaseModel):
     dry_run: bool = Field(
         default=False, description="Only count the tasks that would be touched (200 {count})."
     )
+    to_version: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        pattern=VERSION_PATTERN,
+        description="migrate (required there, refused for the other actions): the version "
+        "of their agent the tasks go on with; a task already on it is skipped.",
+    )
 
     @field_validator("action")
     @classmethod
@@ -49,6 +67,18 @@ class BulkRequest(BaseModel):
         if value not in ACTIONS:
             raise ValueError(f"unknown bulk action {value!r}; one of: {', '.join(ACTIONS)}")
         return value
+
+    @model_validator(mode="after")
+    def _options(self) -> BulkRequest:
+        if self.action == "migrate" and self.to_version is None:
+            raise ValueError("migrate needs to_version: the version to move the tasks to")
+        if self.action != "migrate" and self.to_version is not None:
+            raise ValueError(f"{self.action} takes no to_version (only migrate does)")
+        return self
+
+    def options(self) -> dict[str, Any]:
+        """The action's options (`Runtime.bulk(options=)`) this body gives."""
+        return {} if self.to_version is None else {"to": self.to_version}
 
 
 class BulkCount(BaseModel):
@@ -73,6 +103,7 @@ class BulkOut(BaseModel):
     created_at: datetime
     errors: list[BulkError] = Field(default_factory=list)
     error: str | None = Field(None, description="Why a failed operation stopped.")
+    to_version: str | None = Field(None, description="migrate: the version the tasks go to.")
 
     @classmethod
     def of(cls, op: BulkOperation) -> BulkOut:
@@ -87,6 +118,7 @@ class BulkOut(BaseModel):
             created_at=op.created_at,
             errors=[BulkError(**e) for e in op.errors],
             error=op.error,
+            to_version=op.options.get("to"),
         )
 
 
@@ -105,10 +137,10 @@ def _seen_by(request: Request, user: str) -> str | None:
     status_code=202,
     response_model=BulkOut,
     summary="Start a bulk operation, or count what it would touch",
-    description="Retry, abort, pause, resume or purge every task the filter matches, as "
-    "one durable operation (a crash finishes the rest once). `dry_run` answers 200 with "
-    "the count and touches nothing. Others' tasks are never matched; an admin may name "
-    "any `owner` in the filter, or none for everyone's.",
+    description="Retry, abort, pause, resume, migrate (to `to_version`) or purge every "
+    "task the filter matches, as one durable operation (a crash finishes the rest "
+    "once). `dry_run` answers 200 with the count and touches nothing. Others' tasks "
+    "are never matched; an admin may name any `owner` in the filter, or none for everyone's.",
     responses={
         200: {"model": BulkCount, "description": "dry_run: how many tasks would be touched"},
         **problem_responses(400, 401, 403, 422),
@@ -125,9 +157,9 @@ async def start_bulk(
             )
         flt = flt.model_copy(update={"owner": user})
     if body.dry_run:
-        count = await runtime.bulk(body.action, flt, dry_run=True)
+        count = await runtime.bulk(body.action, flt, dry_run=True, options=body.options())
         return JSONResponse(BulkCount(count=count).model_dump(), status_code=200)
-    return BulkOut.of(await runtime.bulk(body.action, flt, owner=user))
+    return BulkOut.of(await runtime.bulk(body.action, flt, owner=user, options=body.options()))
 
 
 @router.get(

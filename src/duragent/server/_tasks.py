@@ -11,6 +11,7 @@ from pydantic import StringConstraints
 
 from duragent.runtime._presence import last_seen
 from duragent.runtime._runtime import Submission
+from duragent.runtime._versions import VERSION_PATTERN
 from duragent.runtime._waits import open_waits
 from duragent.server._deps import OwnedTask, RuntimeDep, UserDep
 from duragent.server._limits import MAX_SEQ, check_task_sizes
@@ -167,6 +168,15 @@ async def list_tasks(
         str | None,
         Query(min_length=1, max_length=200, description="Task ids starting with this text."),
     ] = None,
+    version: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=64,
+            pattern=VERSION_PATTERN,
+            description="Tasks pinned to this version of their agent.",
+        ),
+    ] = None,
 ) -> TaskPageOut:
     if cursor is not None:
         try:
@@ -190,6 +200,7 @@ async def list_tasks(
         updated_after=updated_after,
         updated_before=updated_before,
         id_prefix=id_prefix,
+        version=version,
     )
     return await _bounded_page(
         runtime, page.tasks, page.next_cursor, request.app.state.limits.max_page

@@ -177,10 +177,11 @@ class TaskQuery:
     updated_after: datetime | None = None
     updated_before: datetime | None = None
     id_prefix: str | None = None  # the task id starts with this text (compared exactly)
+    agent_version: str | None = None  # the version the task is pinned to (`Task.agent_version`)
 
     def equal_filters(self) -> list[tuple[str, str]]:
         """The (field, value) pairs a task must match exactly: the ones that are set."""
-        fields = ("owner", "session_id", "parent_id", "root_id", "agent", "queue")
+        fields = ("owner", "session_id", "parent_id", "root_id", "agent", "queue", "agent_version")
         return [(f, v) for f in fields if (v := getattr(self, f)) is not None]
 
     def null_filters(self) -> list[str]:
@@ -237,7 +238,12 @@ class TaskQuery:
         """Whether the counts a store keeps per (owner, agent, queue, status) answer
         this query's count: it filters by nothing else."""
         others = (self.session_id, self.parent_id, self.root_id, self.metadata, self.id_prefix)
-        return all(v is None for v in others) and not self.range_filters()
+        # (nor per agent version: a count by version reads the tasks)
+        return (
+            all(v is None for v in others)
+            and self.agent_version is None
+            and not self.range_filters()
+        )
 
     def statuses(self) -> list[str] | None:
         if self.status is None:

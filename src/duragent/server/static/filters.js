@@ -1,5 +1,5 @@
 // The task list's filters as one object with the REST filter names of GET /v1/tasks
-// (and of POST /v1/bulk's `filter`): status, agent, queue, meta, created_after,
+// (and of POST /v1/bulk's `filter`): status, agent, version, queue, meta, created_after,
 // created_before, updated_after, updated_before, and id_prefix (the search box:
 // task ids starting with it; GET /v1/tasks only). A name is present only when set;
 // status and meta are lists (the REST repeats them), times are ISO 8601 in UTC.
@@ -7,7 +7,7 @@
 // shares them, and a reload keeps them.
 
 export const FILTER_NAMES = [
-  "status", "agent", "queue", "meta",
+  "status", "agent", "version", "queue", "meta",
   "created_after", "created_before", "updated_after", "updated_before", "id_prefix",
 ];
 export const TIME_NAMES = FILTER_NAMES.filter((n) => n.endsWith("_after") || n.endsWith("_before"));
@@ -46,7 +46,7 @@ export function currentFilter() {
   const out = {};
   const status = field("status").value;
   if (status) out.status = [status];
-  for (const name of ["agent", "queue", "id_prefix"]) {
+  for (const name of ["agent", "version", "queue", "id_prefix"]) {
     const v = field(name).value.trim();
     if (v) out[name] = v;
   }
@@ -79,6 +79,7 @@ export function showFilter(params) {
     select.append(new Option(agent, agent));
   }
   select.value = agent;
+  field("version").value = params.get("version") || "";
   field("queue").value = params.get("queue") || "";
   field("id_prefix").value = params.get("id_prefix") || "";
   field("meta").value = params.getAll("meta").join(", ");
