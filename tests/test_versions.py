@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 from duragent import Agent, Runtime, ScriptedModel, TaskStatus, Timing, ToolCall, tool
-from duragent.errors import InvalidOption, InvalidTransition, TaskNotFound
+from duragent.errors import ControlPending, InvalidOption, InvalidTransition, TaskNotFound
 from duragent.runtime._presence import WORKERS_SCOPE, announce, served_agents, served_versions
 from duragent.runtime._submit import new_task
 from duragent.runtime._versions import pinned_version
@@ -187,3 +187,19 @@ async def test_old_tasks_without_a_version_run_on_any_version(url: str) -> None:
         rt.start_worker()
         done = await rt.wait(created.id, timeout=30)
     assert done.status is TaskStatus.COMPLETED and done.agent_version is None
+
+
+async def test_a_migration_keeps_a_stop_already_requested_on_the_row(
+    url: str, submitter: Runtime
+) -> None:
+    # A pause left on the row for a worker that has not acted on it (gone, its lease
+    # not yet expired): the migration must not replace it with its hand-back, or
+    # the next claim clears it and the task runs on instead of pausing.
+    task = await submitter.submit("a", "for v2")
+    held = await submitter.store.claim_task("gone", task_id=task.task_id, ttl=600)
+    assert held is not None
+    with pytest.raises(ControlPending):
+        await submitter.pause(task.task_id, timeout=0.05)
+    moved = await submitter.migrate(task.task_id, "v1")
+    assert moved.agent_version == "v1"
+    assert moved.control is not None and moved.control["action"] == "pause"

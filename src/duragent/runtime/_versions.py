@@ -108,7 +108,9 @@ def migration_commit(
     changes: dict[str, Any] = {"agent_version": to_version}
     if definition is not None and definition.version == to_version:
         changes["config"] = with_pins(definition, task.config)
-    if live:
+    if live and not task.control:
+        # A stop already asked for (pause, abort) hands the task back too, and must
+        # stay: a release in its place would be cleared by the next claim.
         changes["control"] = {"action": "release", "reason": "migration"}
     record = {"from": task.agent_version, "to": to_version, "by": by}
     r = task.iterations + 1
