@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from duragent import Agent, Runtime, ScriptedModel, TaskStatus, Timing, ToolCall, tool
 from duragent.errors import ControlPending, InvalidOption, InvalidTransition, TaskNotFound
+from duragent.runtime._agent import agents_by_name
 from duragent.runtime._presence import WORKERS_SCOPE, announce, served_agents, served_versions
 from duragent.runtime._submit import new_task
 from duragent.runtime._versions import pinned_version
@@ -203,3 +204,33 @@ async def test_a_migration_keeps_a_stop_already_requested_on_the_row(
     moved = await submitter.migrate(task.task_id, "v1")
     assert moved.agent_version == "v1"
     assert moved.control is not None and moved.control["action"] == "pause"
+
+
+def test_an_agents_fingerprint_covers_the_agents_it_hands_off_to() -> None:
+    # A task handed off runs its later rounds on the target's definition, under
+    # the root's version: a change there (or a new handoff) is a new version.
+    def root(target_instructions: str | None) -> Agent:
+        targets = (
+            []
+            if target_instructions is None
+            else [agent(name="b", instructions=target_instructions)]
+        )
+        return agent(instructions="route", handoffs=targets)
+
+    assert root("refund").version == root("refund").version
+    assert len({root(None).version, root("refund").version, root("refund twice").version}) == 3
+    assert root(None).version == agent(instructions="route").version  # no handoffs: as before
+
+    def cycle(b_instructions: str) -> tuple[Agent, Agent]:
+        a = agent(instructions="route")
+        b = agent(name="b", instructions=b_instructions, handoffs=[a])
+        a.handoffs = [b]  # closed after both exist
+        agents_by_name([a])
+        return a, b
+
+    (a1, b1), (a2, b2) = cycle("x"), cycle("x")
+    assert (a1.version, b1.version) == (a2.version, b2.version)
+    a3, b3 = cycle("y")
+    assert a3.version != a1.version and b3.version != b1.version
+    lone_b = agent(name="b", instructions="x", handoffs=[agent(instructions="route")])
+    assert b1.version != lone_b.version  # its target `a` hands back to it now

@@ -24,6 +24,18 @@ def check_version(version: object) -> None:
         )
 
 
+def with_handoffs(own: str, graph: list[list[Any]]) -> str:
+    """The fingerprint of an agent that hands off: its own (`fingerprint`) and, for
+    every agent its handoffs reach (itself included), [name, version or own
+    fingerprint, names of its targets, handoff description], sorted: a task
+    handed off runs its later rounds on those definitions. `own` when it hands
+    off to no one, so such an agent's version is its own fingerprint."""
+    if not graph:
+        return own
+    raw = json.dumps([own, sorted(graph)], separators=(",", ":"))
+    return hashlib.sha256(raw.encode()).hexdigest()[:12]
+
+
 def fingerprint(
     instructions: str, tools: Iterable[Tool], output: dict[str, Any] | None, model: str
 ) -> str:
