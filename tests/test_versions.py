@@ -234,3 +234,43 @@ def test_an_agents_fingerprint_covers_the_agents_it_hands_off_to() -> None:
     assert a3.version != a1.version and b3.version != b1.version
     lone_b = agent(name="b", instructions="x", handoffs=[agent(instructions="route")])
     assert b1.version != lone_b.version  # its target `a` hands back to it now
+
+
+def test_a_wrapped_framework_agents_version_follows_the_agent_it_wraps() -> None:
+    # The wrapper's own definition (one run tool, a driver model) is the same for
+    # every agent it wraps: the version must come from the wrapped agent.
+    import agents
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai.models.test import TestModel
+
+    from duragent import openai_agents, pydantic_ai
+
+    def pyd(instructions: str, model: str = "m", tools: bool = True) -> str | None:
+        wrapped = PydanticAgent(TestModel(model_name=model), instructions=instructions)
+        if tools:
+            wrapped.tool_plain(lookup.fn)
+        return pydantic_ai.DurableAgent(wrapped, name="p").agent.version
+
+    assert pyd("be brief") == pyd("be brief")
+    assert (
+        len({pyd("be brief"), pyd("be long"), pyd("be brief", "n"), pyd("be brief", tools=False)})
+        == 4
+    )
+
+    def sdk(instructions: str, model: str = "gpt-4o", target: str = "refunds") -> str | None:
+        other = agents.Agent(name="b", instructions=target)
+        wrapped = agents.Agent(name="a", instructions=instructions, model=model, handoffs=[other])
+        return openai_agents.DurableAgent(wrapped, name="o").agent.version
+
+    assert sdk("be brief") == sdk("be brief")
+    versions = {
+        sdk("be brief"),
+        sdk("be long"),
+        sdk("be brief", "gpt-5"),
+        sdk("be brief", target="x"),
+    }
+    assert len(versions) == 4
+    declared = openai_agents.DurableAgent(
+        agents.Agent(name="a"), name="o", options={"version": "v7"}
+    )
+    assert declared.agent.version == "v7"
