@@ -189,3 +189,14 @@ def test_the_cli_forks_and_retries_a_pydantic_ai_task(tmp_path: Path) -> None:
     fork_id = out.output.split()[2]
     assert asyncio.run(run(fork_id)) == f"{fork_id} completed 1a 2a 3a / b"
     assert script.ran == []
+
+
+async def test_a_fork_keeps_its_sources_agent_version(store: Store) -> None:
+    # A fork's rounds were made by its source's code: it runs on the same version
+    # (as a native task's fork does), not on whatever version a worker serves.
+    durable = Script().durable()
+    async with Runtime(store, agents=[durable.agent], poll_interval=0.05) as rt:
+        source = await durable.run(rt, "go", timeout=30)
+        assert source.task.agent_version == durable.agent.version
+        sub = await rt.fork(source.task.id, 2)
+        assert (await rt.get(sub.task_id)).agent_version == durable.agent.version

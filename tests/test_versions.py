@@ -13,7 +13,8 @@ import pytest
 from pydantic import BaseModel
 
 from duragent import Agent, Runtime, ScriptedModel, TaskStatus, Timing, ToolCall, tool
-from duragent.errors import InvalidOption, InvalidTransition, TaskNotFound
+from duragent.errors import ControlPending, InvalidOption, InvalidTransition, TaskNotFound
+from duragent.runtime._agent import agents_by_name
 from duragent.runtime._presence import WORKERS_SCOPE, announce, served_agents, served_versions
 from duragent.runtime._submit import new_task
 from duragent.runtime._versions import pinned_version
@@ -187,3 +188,89 @@ async def test_old_tasks_without_a_version_run_on_any_version(url: str) -> None:
         rt.start_worker()
         done = await rt.wait(created.id, timeout=30)
     assert done.status is TaskStatus.COMPLETED and done.agent_version is None
+
+
+async def test_a_migration_keeps_a_stop_already_requested_on_the_row(
+    url: str, submitter: Runtime
+) -> None:
+    # A pause left on the row for a worker that has not acted on it (gone, its lease
+    # not yet expired): the migration must not replace it with its hand-back, or
+    # the next claim clears it and the task runs on instead of pausing.
+    task = await submitter.submit("a", "for v2")
+    held = await submitter.store.claim_task("gone", task_id=task.task_id, ttl=600)
+    assert held is not None
+    with pytest.raises(ControlPending):
+        await submitter.pause(task.task_id, timeout=0.05)
+    moved = await submitter.migrate(task.task_id, "v1")
+    assert moved.agent_version == "v1"
+    assert moved.control is not None and moved.control["action"] == "pause"
+
+
+def test_an_agents_fingerprint_covers_the_agents_it_hands_off_to() -> None:
+    # A task handed off runs its later rounds on the target's definition, under
+    # the root's version: a change there (or a new handoff) is a new version.
+    def root(target_instructions: str | None) -> Agent:
+        targets = (
+            []
+            if target_instructions is None
+            else [agent(name="b", instructions=target_instructions)]
+        )
+        return agent(instructions="route", handoffs=targets)
+
+    assert root("refund").version == root("refund").version
+    assert len({root(None).version, root("refund").version, root("refund twice").version}) == 3
+    assert root(None).version == agent(instructions="route").version  # no handoffs: as before
+
+    def cycle(b_instructions: str) -> tuple[Agent, Agent]:
+        a = agent(instructions="route")
+        b = agent(name="b", instructions=b_instructions, handoffs=[a])
+        a.handoffs = [b]  # closed after both exist
+        agents_by_name([a])
+        return a, b
+
+    (a1, b1), (a2, b2) = cycle("x"), cycle("x")
+    assert (a1.version, b1.version) == (a2.version, b2.version)
+    a3, b3 = cycle("y")
+    assert a3.version != a1.version and b3.version != b1.version
+    lone_b = agent(name="b", instructions="x", handoffs=[agent(instructions="route")])
+    assert b1.version != lone_b.version  # its target `a` hands back to it now
+
+
+def test_a_wrapped_framework_agents_version_follows_the_agent_it_wraps() -> None:
+    # The wrapper's own definition (one run tool, a driver model) is the same for
+    # every agent it wraps: the version must come from the wrapped agent.
+    import agents
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai.models.test import TestModel
+
+    from duragent import openai_agents, pydantic_ai
+
+    def pyd(instructions: str, model: str = "m", tools: bool = True) -> str | None:
+        wrapped = PydanticAgent(TestModel(model_name=model), instructions=instructions)
+        if tools:
+            wrapped.tool_plain(lookup.fn)
+        return pydantic_ai.DurableAgent(wrapped, name="p").agent.version
+
+    assert pyd("be brief") == pyd("be brief")
+    assert (
+        len({pyd("be brief"), pyd("be long"), pyd("be brief", "n"), pyd("be brief", tools=False)})
+        == 4
+    )
+
+    def sdk(instructions: str, model: str = "gpt-4o", target: str = "refunds") -> str | None:
+        other = agents.Agent(name="b", instructions=target)
+        wrapped = agents.Agent(name="a", instructions=instructions, model=model, handoffs=[other])
+        return openai_agents.DurableAgent(wrapped, name="o").agent.version
+
+    assert sdk("be brief") == sdk("be brief")
+    versions = {
+        sdk("be brief"),
+        sdk("be long"),
+        sdk("be brief", "gpt-5"),
+        sdk("be brief", target="x"),
+    }
+    assert len(versions) == 4
+    declared = openai_agents.DurableAgent(
+        agents.Agent(name="a"), name="o", options={"version": "v7"}
+    )
+    assert declared.agent.version == "v7"

@@ -46,6 +46,7 @@ from duragent.errors import InvalidOption, MissingExtra
 from duragent.llm._scripted import ScriptedModel
 from duragent.runtime._agent import Agent
 from duragent.runtime._context import FailTask, ToolContext
+from duragent.runtime._fingerprint import wrapped_version
 from duragent.runtime._runtime import Runtime
 from duragent.runtime._steps import StepInterrupted
 from duragent.runtime._tools import Tool, tool
@@ -358,6 +359,13 @@ def _durable_handoff(
     return dataclasses.replace(handoff, on_invoke_handoff=on_invoke_handoff)
 
 
+def _model_name(model: Any) -> Any:
+    """A model as a version counts it: its name, or its class and the name it holds."""
+    if model is None or isinstance(model, str):
+        return model
+    return [type(model).__qualname__, str(getattr(model, "model", ""))]
+
+
 def _graph(agent: agents.Agent[Any]) -> dict[str, agents.Agent[Any]]:
     """The agents a run can reach through handoffs, by name, as far as they are known.
 
@@ -422,8 +430,30 @@ class DurableAgent:
                 driver(RUN_TOOL, "OpenAI Agents"), name=f"openai-agents:{self.name}"
             ),
             tools=[self._run_tool()],
-            **self.options,
+            **{"version": wrapped_version(self._describe()), **self.options},
         )
+
+    def _describe(self) -> list[Any]:
+        """What decides how the SDK agent answers, for its version when none is
+        declared (runtime/_fingerprint.py `wrapped_version`): for each agent its
+        handoffs reach, its instructions (a function by its name), its tools'
+        schemas, its handoffs, output type and model; and the run's model."""
+        config = self.run_config or RunConfig()
+        return [
+            [
+                a.name,
+                a.instructions,
+                a.handoff_description,
+                sorted(
+                    [t.name, getattr(t, "description", ""), getattr(t, "params_json_schema", None)]
+                    for t in a.tools
+                ),
+                sorted(getattr(h, "agent_name", getattr(h, "name", "")) for h in a.handoffs),
+                a.output_type,
+                _model_name(a.model),
+            ]
+            for a in sorted(_graph(self.wrapped).values(), key=lambda a: a.name)
+        ] + [_model_name(config.model)]
 
     def _run_tool(self) -> Tool:
         outer = self

@@ -48,6 +48,7 @@ from duragent.errors import InvalidOption, MissingExtra, StepFailed
 from duragent.llm._scripted import ScriptedModel
 from duragent.runtime._agent import Agent
 from duragent.runtime._context import FailTask, ToolContext, WaitForInput
+from duragent.runtime._fingerprint import wrapped_version
 from duragent.runtime._runtime import Runtime
 from duragent.runtime._steps import StepInterrupted
 from duragent.runtime._tools import Tool, tool
@@ -355,6 +356,31 @@ class DurableRunResult:
     task: Task
 
 
+def _describe(pyd: pydantic_ai.Agent[Any, Any]) -> dict[str, Any]:
+    """What decides how a Pydantic AI agent answers, for its version when none is
+    declared (runtime/_fingerprint.py `wrapped_version`): its model, instructions
+    and system prompts (a function by its name), its tools' schemas, its output
+    type. Read from the agent's attributes; one a Pydantic AI release renames
+    counts as absent (the version stays stable, only less fine)."""
+    model = pyd.model
+    instructions = [getattr(i, "instruction", i) for i in getattr(pyd, "_instructions", ())]
+    prompts = [getattr(f, "function", f) for f in getattr(pyd, "_system_prompt_functions", ())]
+    tools = getattr(getattr(pyd, "_function_toolset", None), "tools", {})
+    return {
+        "model": model
+        if isinstance(model, str)
+        else [getattr(model, "system", ""), getattr(model, "model_name", "")],
+        "instructions": instructions,
+        "system_prompts": [*getattr(pyd, "_system_prompts", ()), *prompts],
+        "tools": sorted(
+            [name, t.description, getattr(getattr(t, "function_schema", None), "json_schema", None)]
+            for name, t in tools.items()
+        ),
+        "toolsets": [type(ts).__qualname__ for ts in getattr(pyd, "_user_toolsets", ())],
+        "output": getattr(pyd, "output_type", None),
+    }
+
+
 @dataclass
 class DurableAgent:
     """A Pydantic AI agent that runs as a duragent task (see the module's docstring)."""
@@ -383,7 +409,7 @@ class DurableAgent:
             name=self.name,
             model=ScriptedModel(driver(RUN_TOOL, "Pydantic AI"), name=f"pydantic-ai:{self.name}"),
             tools=[self._run_tool()],
-            **self.options,
+            **{"version": wrapped_version(_describe(self.wrapped)), **self.options},
         )
         # Forks are taken at rounds of the Pydantic AI run (runtime/_hosted.py).
         self.agent.hosted_loop = RUN_TOOL

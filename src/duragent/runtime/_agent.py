@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -12,7 +13,7 @@ from duragent.llm import ChatModel, resolve_model
 from duragent.runtime._builtin import ask_user, update_plan
 from duragent.runtime._context_policy import ContextPolicy
 from duragent.runtime._deadlines import deadline_at
-from duragent.runtime._fingerprint import check_version, fingerprint
+from duragent.runtime._fingerprint import check_version, fingerprint, with_handoffs
 from duragent.runtime._guardrails import Guardrail, named_guardrails
 from duragent.runtime._handoffs import transfer_name
 from duragent.runtime._inbox import MultitaskStrategy, check_strategy
@@ -205,7 +206,7 @@ class Agent:
         self.hosted_loop: str | None = None
         self.version_declared = self.version is not None
         if self.version is None:
-            self.version = fingerprint(
+            self.own_print = self.version = fingerprint(
                 self.instructions, self.tool_map.values(), self.output_pin, self.model_name
             )
         else:
@@ -221,7 +222,28 @@ class Agent:
             # tool name -> the agent it hands the task to
             self.__dict__["transfers"] = transfers(self.name, value, self.tool_map)
             value = tuple(value)
+            super().__setattr__(name, value)
+            with contextlib.suppress(InvalidOption):  # two agents with one name: said later
+                self.refresh_version()
+            return
         super().__setattr__(name, value)
+
+    def refresh_version(self) -> None:
+        """A fingerprint version covers the agents its handoffs reach (see
+        `with_handoffs`): set again once `handoffs` change, and by `agents_by_name`
+        once a cycle closed after both agents were made."""
+        if self.version_declared:
+            return
+        graph = [
+            [
+                a.name,
+                a.version if a.version_declared else a.own_print,
+                sorted(t.name for t in a.handoffs),
+                a.handoff_description,
+            ]
+            for a in reachable(self)
+        ]
+        self.version = with_handoffs(self.own_print, graph if self.handoffs else [])
 
     @property
     def chat_model(self) -> ChatModel:
@@ -305,4 +327,6 @@ def agents_by_name(agents: Iterable[Agent]) -> dict[str, Agent]:
                 f"two agents are named {agent.name!r}: give each agent its own name "
                 "(a task names the agent that runs it)"
             )
+    for agent in named.values():
+        agent.refresh_version()  # the handoffs are all in place by now
     return named

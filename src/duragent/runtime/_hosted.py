@@ -90,6 +90,7 @@ async def new_hosted_fork(
     task = Task(
         id=fork_id,
         agent=source.agent,
+        agent_version=source.agent_version,  # its steps were made by that code
         owner=source.owner,
         session_id=source.session_id,
         request_id=request_id,

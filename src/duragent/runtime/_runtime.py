@@ -443,7 +443,8 @@ class Runtime(ReadsTasks, StopsTasks, ManyTasks, BulkOperations, SendsMessages, 
         "interrupted"), and a worker of `to_version` goes on with it; any other
         task is claimed next by such a worker. A pending call then runs on the new
         version's tool of that name, under that tool's replay rule; a call to a
-        tool the new version lacks is answered "unknown tool". Pins: re-pinned to
+        tool the new version lacks blocks the task (`missing_definition`, naming
+        the tool; runtime/_recovery.py). Pins: re-pinned to
         this runtime's definition when it is `to_version`, else kept (a worker whose
         definition contradicts them blocks the task `pinned`: `repin` it). Refused
         for an ended task (InvalidTransition); `owner`: only that user's task

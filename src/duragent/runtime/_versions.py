@@ -2,14 +2,15 @@
 
 An agent has a version: declared (`Agent(..., version="v3")`) or, when not, a
 fingerprint of what decides how it answers: its instructions, its tools'
-schemas, its output schema and its model (runtime/_fingerprint.py). A task
-records the version it was created with (`Task.agent_version`, a column of
-every store), and a worker claims only the tasks of the versions it serves
-(`Store.claim_tasks(versions=...)`): after a deploy, the old code finishes the
-old tasks and the new code takes the new ones. A task from before versions has
-none: any worker of its agent runs it. A process that only submits, naming the
-agent with a stand-in definition (`model="scripted:none"`), pins no version
-unless it declares one, as it pins no provider URL (runtime/_pins.py).
+schemas, its output schema and its model, and the agents its handoffs reach
+(runtime/_fingerprint.py). A task records the version it was created with
+(`Task.agent_version`, a column of every store), and a worker claims only the
+tasks of the versions it serves (`Store.claim_tasks(versions=...)`): after a
+deploy, the old code finishes the old tasks and the new code takes the new ones.
+A task from before versions has none: any worker of its agent runs it. A process
+that only submits, naming the agent with a stand-in definition
+(`model="scripted:none"`), pins no version unless it declares one, as it pins no
+provider URL (runtime/_pins.py).
 
 Workers announce the versions they serve in their presence records
 (runtime/_presence.py); a pending task whose version no live worker serves
@@ -108,7 +109,9 @@ def migration_commit(
     changes: dict[str, Any] = {"agent_version": to_version}
     if definition is not None and definition.version == to_version:
         changes["config"] = with_pins(definition, task.config)
-    if live:
+    if live and not task.control:
+        # A stop already asked for (pause, abort) hands the task back too, and must
+        # stay: a release in its place would be cleared by the next claim.
         changes["control"] = {"action": "release", "reason": "migration"}
     record = {"from": task.agent_version, "to": to_version, "by": by}
     r = task.iterations + 1
