@@ -189,3 +189,10 @@ async def test_bulk_migrate_moves_each_matching_task_once(store: Store) -> None:
         assert (got.done, got.skipped) == (0, 4)
         for task_id in slow[1:]:
             assert len(await migrations_of(store, task_id)) == 1
+
+
+def test_the_bulk_agent_declares_its_version() -> None:
+    """Its version is declared, not a fingerprint of its tool's text: a duragent
+    upgrade that rewords the tool leaves the operations in flight served."""
+    agent = Runtime("memory://", run_worker=False).bulk_agent
+    assert agent.name == BULK_AGENT and agent.version_declared and agent.version == "1"

@@ -343,4 +343,8 @@ def bulk_agent(verbs: BulkVerbs, trace: TraceFn | None = None) -> Agent:
         model=ScriptedModel([[ToolCall("run_bulk_operation")], answer], name="duragent.bulk"),
         tools=[run_bulk_operation],
         builtin_tools=BuiltinTools(plan=False),
+        # Declared, not a fingerprint: an upgrade of duragent that rewords the tool
+        # must not leave the operations in flight with no worker serving them.
+        # (A new number when the operation's steps change so a run cannot resume.)
+        version="1",
     )
