@@ -260,3 +260,47 @@ async def test_a_draining_worker_keeps_renewing_the_leases_of_tasks_not_yet_hand
         task = await store.get_task(task_id)
         assert task.status is TaskStatus.PENDING and task.restarts == 0
         assert await store.get_document(WORKERS_SCOPE, w.id) is None
+
+
+async def test_a_draining_worker_fires_no_more_schedules() -> None:
+    """Once a drain begins, the worker's housekeeping (schedule ticks, queue TTLs)
+    stops, while its running task still finishes: a draining worker would else go
+    on firing scheduled tasks pinned to its own, outgoing, version."""
+
+    started, finish = asyncio.Event(), asyncio.Event()
+
+    @tool
+    async def slow() -> str:
+        """Run until the test lets go."""
+        started.set()
+        await finish.wait()
+        return "done"
+
+    agent = Agent(
+        name="slow",
+        model=ScriptedModel(lambda m: [ToolCall("slow")] if len(m) < 2 else "ok"),
+        tools=[slow],
+        timing=Timing(tool_grace=600),
+    )
+    store = MemoryStore()
+    async with Runtime(store, agents=[agent], run_worker=False) as rt:
+        await rt.submit("slow", "x")
+        w = Worker(store, [agent], WorkerOptions(lease_ttl=60, shutdown_grace=600))
+        housekeeping, stopped = asyncio.Event(), asyncio.Event()
+
+        async def housekeeper_run() -> None:
+            housekeeping.set()
+            try:
+                await asyncio.Event().wait()  # fires ticks until cancelled
+            finally:
+                stopped.set()
+
+        w.housekeeper.run = housekeeper_run  # type: ignore[method-assign]
+        job = asyncio.ensure_future(w.run())
+        await asyncio.wait_for(asyncio.gather(started.wait(), housekeeping.wait()), 30)
+        stopping = asyncio.ensure_future(w.stop())
+        await asyncio.wait_for(stopped.wait(), 30)  # while the tool still runs
+        assert not finish.is_set() and not stopping.done()
+        finish.set()
+        await asyncio.wait_for(stopping, 30)
+        await job

@@ -299,8 +299,11 @@ class Worker:
                 finally:
                     if changed is not None:
                         changed.cancel()
-            # Stopping: leases are renewed, controls heard and the presence record
-            # kept (saying `draining`) until every runner has ended (see `stop`).
+            # Stopping: no more schedule ticks from here (a draining worker would
+            # otherwise fire tasks pinned to its own version as it goes). Leases
+            # are renewed, controls heard and the presence record kept (saying
+            # `draining`) until every runner has ended (see `stop`).
+            await stop_housekeeping(house)
             while self._jobs:
                 await asyncio.wait(list(self._jobs.values()))
                 await asyncio.sleep(0)
