@@ -74,7 +74,7 @@ def test_serve_with_tokens_from_the_environment(tmp_path: Path) -> None:
         me = httpx.get(
             f"{server.url}/v1/me", headers={"Authorization": "Bearer carol-env-token-3"}, timeout=10
         )
-        assert me.json() == {"user": "carol"}
+        assert me.json() == {"user": "carol", "admin": False}
         denied = httpx.get(f"{server.url}/v1/me", headers=server.headers(), timeout=10)
         assert denied.status_code == 401
         page = httpx.get(f"{server.url}/", timeout=10)
