@@ -246,3 +246,51 @@ async def test_a_stream_on_one_server_sees_commits_made_through_another(
         assert [e["seq"] for e in got] == list(range(1, len(got) + 1))
     finally:
         drop_schema(schema)
+
+
+class Stale(Counted):
+    """A store whose get_task, in the asyncio task `armed` names, returns the row
+    it read only after `release` is set: a stream's open read made before a
+    commit that lands (and reaches the watcher) while it is on its way back."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.armed: asyncio.Task[None] | None = None
+        self.reading = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def get_task(self, task_id: str) -> Task:
+        task = await super().get_task(task_id)
+        if self.armed is not None and asyncio.current_task() is self.armed:
+            self.armed = None
+            self.reading.set()
+            await self.release.wait()
+        return task
+
+
+async def test_a_stream_joining_a_watched_task_misses_no_commit(store: Store) -> None:
+    stale = Stale(store)
+    watch = TaskWatch(cast(Store, stale))
+    task = await make(store)
+    streams = Streams(watch)
+    streams.open(task.id)  # the task is watched already when the second stream opens
+    late: list[int] = []
+
+    async def second() -> None:
+        async for chunk in entry_events(watch, task.id, 1, keepalive=3600):
+            if chunk.startswith("id: "):
+                late.append(int(chunk.split("\n")[0][4:]))
+                streams._moved.set()
+
+    try:
+        await streams.until(lambda: streams.got[0] == [1])
+        stale.armed = asyncio.create_task(second())
+        streams.tasks.append(stale.armed)
+        await stale.reading.wait()  # its open read holds the row of seq 1
+        await store.commit(Commit(entries=[ui(task.id, "meanwhile")]))
+        await streams.until(lambda: streams.got[0] == [1, 2])  # the watcher has read it
+        stale.release.set()
+        await streams.until(lambda: late == [2])
+    finally:
+        streams.close()
+        await asyncio.gather(*streams.tasks, return_exceptions=True)

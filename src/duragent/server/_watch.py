@@ -103,7 +103,13 @@ class TaskWatch:
     @contextlib.asynccontextmanager
     async def feed(self, task: Task) -> AsyncIterator[Feed]:
         """A Feed of `task`'s new entries for as long as the block runs."""
+        fresh = task.id not in self._watched
         w = self._slot(task)
+        if not fresh:
+            # Watched already: a commit the watcher read while the caller's own
+            # read was on its way back is behind `w.seq`; read the row once more
+            # for the new stream, which catches up from it.
+            self._mark(frozenset([task.id]))
         if not w.feeds and w.task is not None:
             w.seq = max(w.seq, w.task.last_seq)  # nobody needed its entries until now
         feed = Feed()
