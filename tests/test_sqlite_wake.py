@@ -288,3 +288,32 @@ async def test_the_tasks_a_commit_moved_reach_the_other_process_and_a_gap_means_
     finally:
         sender.close()
         receiver.close()
+
+
+async def test_a_last_message_a_full_queue_refused_still_reaches_the_other_process(
+    tmp_path: Path,
+) -> None:
+    # A receiver's queue holds a bounded number of datagrams: a sender that
+    # commits faster than it reads finds it full and its message is lost. A
+    # later message shows the gap; with none (the task's last commit), the
+    # receiver must still learn that something moved.
+    sender, receiver = WakeUps(str(tmp_path / "m.db")), WakeUps(str(tmp_path / "m.db"))
+    heard: list[frozenset[str] | None] = []
+    got = asyncio.Event()
+
+    def noted(work: bool, change: bool, ids: list[str], moved: frozenset[str] | None) -> None:
+        heard.append(moved)
+        got.set()
+
+    try:
+        assert receiver.listen(noted, changes=True)
+        n = 5000  # far more than a queue holds; the receiver reads none meanwhile
+        for i in range(n):
+            sender.announce(work=False, tasks=[f"t{i}"])
+        async with asyncio.timeout(10):
+            while not any(h is None or f"t{n - 1}" in h for h in heard):
+                got.clear()
+                await got.wait()
+    finally:
+        sender.close()
+        receiver.close()
