@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -317,3 +318,46 @@ async def test_a_last_message_a_full_queue_refused_still_reaches_the_other_proce
     finally:
         sender.close()
         receiver.close()
+
+
+async def test_a_first_message_a_full_queue_refused_is_not_hidden_by_the_next(
+    tmp_path: Path,
+) -> None:
+    # Another process filled the receiver's queue; this sender's first message
+    # is refused, its second taken: the receiver, having heard nothing from it
+    # before, sees no gap in its numbers, so it must be told '*' all the same.
+    path = str(tmp_path / "m.db")
+    flood, sender, receiver = WakeUps(path), WakeUps(path), WakeUps(path)
+    heard: list[frozenset[str] | None] = []
+    got = asyncio.Event()
+
+    def noted(work: bool, change: bool, ids: list[str], moved: frozenset[str] | None) -> None:
+        heard.append(moved)
+        got.set()
+
+    async def until(done: Callable[[], bool]) -> None:
+        async with asyncio.timeout(10):
+            while not done():
+                got.clear()
+                await got.wait()
+
+    try:
+        assert receiver.listen(noted, changes=True)
+        for i in range(5000):
+            flood.announce(work=False, tasks=[f"f{i}"])
+        sender.announce(work=False, tasks=["lost"])
+
+        def queued() -> bool:
+            assert receiver._sock is not None
+            try:
+                return bool(receiver._sock.recv(1, socket.MSG_PEEK) or True)
+            except BlockingIOError:
+                return False
+
+        while queued():  # the receiver drains its queue on this loop
+            await asyncio.sleep(0)
+        sender.announce(work=False, tasks=["next"])
+        await until(lambda: any(h is None or "lost" in h for h in heard))
+    finally:
+        for w in (flood, sender, receiver):
+            w.close()

@@ -14,7 +14,8 @@ event loop until a datagram arrives.
   to list). A receiver that finds a sender's n skip a number, or a message
   without `=` (from an older version), tells `watch_tasks` None: re-read all.
   A `.c` peer whose full queue refused a message is sent `*` once it takes
-  one, unless a later message of the sender's showed it the gap first.
+  one: a later message may never come, and one that does shows no gap to a
+  receiver that had heard nothing from the sender before.
 - A registration whose socket refuses datagrams is removed by the first
   sender that finds its process gone (the token ends with the pid); a
   refusal alone may mean a peer in another network namespace. A process also
@@ -64,8 +65,8 @@ OnMessage = Callable[[bool, bool, list[str], "frozenset[str] | None"], None]
 # After a failed registration, waits poll; a new attempt is made this often.
 _RETRY_S = 30.0
 
-# A peer whose full queue refused a message is sent `*` this long after, until
-# it takes one (unless a later message of ours, which shows it the gap, does).
+# A peer whose full queue refused a message is sent `*` this long after, and
+# again as long as its queue is full.
 _OWED_S = 0.05
 
 log = logging.getLogger("duragent.store")
@@ -282,7 +283,6 @@ class WakeUps:
                 continue
             try:
                 self._sender.sendto(for_all, self._address(name))
-                self._owed.discard(name)  # its number shows the message it missed
             except BlockingIOError:
                 if kind == "c":  # a task it watches may have moved: see _pay
                     self._owe(name)
@@ -297,9 +297,9 @@ class WakeUps:
                 pass  # removed already, or its queue is full: it has wake-ups pending
 
     def _owe(self, name: str) -> None:
-        """`name` missed a message (its queue was full). Should no later one of
-        ours reach it, which would show it the gap, it is sent `*` (re-read
-        all) once it takes one: the lost message may be a task's last commit."""
+        """`name` missed a message (its queue was full): it is sent `*` (re-read
+        all) once it takes one. The lost message may be a task's last commit,
+        and our next one shows no gap to a peer that had not heard us before."""
         self._owed.add(name)
         if self._paying is None:
             try:
