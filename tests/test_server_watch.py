@@ -294,3 +294,36 @@ async def test_a_stream_joining_a_watched_task_misses_no_commit(store: Store) ->
     finally:
         streams.close()
         await asyncio.gather(*streams.tasks, return_exceptions=True)
+
+
+class Broken(Counted):
+    """A store whose reads of one task fail when the watcher makes them."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.bad = ""
+        self.watcher: asyncio.Task[None] | None = None
+
+    async def get_task(self, task_id: str) -> Task:
+        if task_id == self.bad and asyncio.current_task() is self.watcher:
+            raise ValueError("a row that cannot be read")
+        return await super().get_task(task_id)
+
+
+async def test_a_task_the_watcher_cannot_read_does_not_hold_up_the_others(store: Store) -> None:
+    broken = Broken(store)
+    watch = TaskWatch(cast(Store, broken), recheck=3600)  # its retry: not within the test
+    bad, good = await make(store), await make(store)
+    broken.bad = bad.id
+    streams = Streams(watch)
+    streams.open(bad.id)
+    streams.open(good.id)
+    try:
+        await streams.until(lambda: streams.got == [[1], [1]])
+        broken.watcher = watch._loop
+        await store.commit(Commit(entries=[ui(bad.id, "unreadable")]))
+        await store.commit(Commit(entries=[ui(good.id, "fine")]))
+        await streams.until(lambda: streams.got[1] == [1, 2])
+    finally:
+        streams.close()
+        await asyncio.gather(*streams.tasks, return_exceptions=True)
