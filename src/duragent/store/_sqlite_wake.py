@@ -98,6 +98,7 @@ class WakeUps:
         self._sender: socket.socket | None = None
         self._owed: set[str] = set()  # `.c` peers whose full queue refused a message
         self._paying: asyncio.TimerHandle | None = None
+        self._paying_on: asyncio.AbstractEventLoop | None = None  # the loop it runs on
         self._peers: list[str] = []
         self._listed: tuple[int, int] | None = None  # (dir mtime, when listed), ns
         self._retry_at = 0.0  # monotonic: no new registration attempt before
@@ -301,12 +302,12 @@ class WakeUps:
         all) once it takes one. The lost message may be a task's last commit,
         and our next one shows no gap to a peer that had not heard us before."""
         self._owed.add(name)
-        if self._paying is None:
+        if self._paying is None or self._paying_on is None or self._paying_on.is_closed():
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
                 return  # no loop to come back on: the peer waits for our next message
-            self._paying = loop.call_later(_OWED_S, self._pay)
+            self._paying, self._paying_on = loop.call_later(_OWED_S, self._pay), loop
 
     def _pay(self) -> None:
         self._paying = None
