@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import duragent
-from duragent import Runtime
+from duragent import Runtime, Task
 from duragent.store import _sqlite_wake as sqlite_wake
 from duragent.store._sqlite import SQLiteStore
 from duragent.store._sqlite_wake import WakeUps
@@ -361,3 +361,36 @@ async def test_a_first_message_a_full_queue_refused_is_not_hidden_by_the_next(
     finally:
         for w in (flood, sender, receiver):
             w.close()
+
+
+async def test_a_watcher_whose_registration_was_removed_is_told_to_re_read_all(
+    tmp_path: Path,
+) -> None:
+    # While its registration is gone, other processes' commits do not reach it:
+    # once it registers again, its watchers must re-read what they watch.
+    store = SQLiteStore(str(tmp_path / "s.db"), poll_interval=0.05)
+    await store.open()
+    other = SQLiteStore(str(tmp_path / "s.db"))  # another process's end of the file
+    await other.open()
+    heard: list[frozenset[str] | None] = []
+    got = asyncio.Event()
+
+    def noted(ids: frozenset[str] | None) -> None:
+        heard.append(ids)
+        got.set()
+
+    stop = store.watch_tasks(noted)
+    try:
+        wake_dir = tmp_path / ".s.db.wake"
+        (mine,) = list(wake_dir.iterdir())
+        mine.unlink()
+        task, _ = await other.create_task(Task(agent="a"))  # heard by nobody
+        async with asyncio.timeout(10):
+            while not any(h is None or task.id in h for h in heard):
+                got.clear()
+                await got.wait()
+        assert [p.name for p in wake_dir.iterdir()] == [mine.name]
+    finally:
+        stop()
+        await store.close()
+        await other.close()

@@ -98,6 +98,9 @@ class WakeUps:
         self._sender: socket.socket | None = None
         self._owed: set[str] = set()  # `.c` peers whose full queue refused a message
         self._paying: asyncio.TimerHandle | None = None
+        # Registrations made (a removed one made anew counts): what went to the
+        # process between two of them went unheard.
+        self.registrations = 0
         self._paying_on: asyncio.AbstractEventLoop | None = None  # the loop it runs on
         self._peers: list[str] = []
         self._listed: tuple[int, int] | None = None  # (dir mtime, when listed), ns
@@ -188,6 +191,7 @@ class WakeUps:
         else:
             os.replace(os.path.join(self.dir, f".{self.token}"), new)
         self.kind = kind
+        self.registrations += 1
 
     def _drain(self) -> None:
         assert self._sock is not None
