@@ -202,9 +202,21 @@ def test_a_notify_lists_the_moved_tasks_or_says_it_cannot() -> None:
     work, moved = change_notifies("ns", True, {"b", "a"})
     assert work.params == (WORK_CHANNEL, "ns")
     assert moved.params[0] == TASKS_CHANNEL and json.loads(moved.params[1]) == ["ns", ["a", "b"]]
-    # A payload must stay under 8000 bytes: past that, "re-read what you watch".
-    (many,) = change_notifies("ns", False, {f"task-{i:040d}" for i in range(400)})
+    # A payload must stay under 8000 bytes: a batch that moved more tasks than
+    # one holds lists them in several; past a few, "re-read what you watch".
+    (many,) = change_notifies("ns", False, {f"task-{i:040d}" for i in range(5000)})
     assert json.loads(many.params[1]) == ["ns", None]
+
+
+def test_a_batch_of_many_tasks_lists_them_in_several_payloads() -> None:
+    # A group commit of a few hundred tasks (a busy writer's batch) would
+    # otherwise make every watcher re-read every task it watches.
+    ids = {f"task-{i:040d}" for i in range(400)}
+    notes = change_notifies("ns", False, ids)
+    assert len(notes) > 1 and all(len(n.params[1].encode()) < 8000 for n in notes)
+    listed = [json.loads(n.params[1]) for n in notes]
+    assert all(ns == "ns" and moved for ns, moved in listed)
+    assert set().union(*(moved for _, moved in listed)) == ids
 
 
 @pytest.mark.slow
@@ -246,3 +258,84 @@ async def test_a_stream_on_one_server_sees_commits_made_through_another(
         assert [e["seq"] for e in got] == list(range(1, len(got) + 1))
     finally:
         drop_schema(schema)
+
+
+class Stale(Counted):
+    """A store whose get_task, in the asyncio task `armed` names, returns the row
+    it read only after `release` is set: a stream's open read made before a
+    commit that lands (and reaches the watcher) while it is on its way back."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.armed: asyncio.Task[None] | None = None
+        self.reading = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def get_task(self, task_id: str) -> Task:
+        task = await super().get_task(task_id)
+        if self.armed is not None and asyncio.current_task() is self.armed:
+            self.armed = None
+            self.reading.set()
+            await self.release.wait()
+        return task
+
+
+async def test_a_stream_joining_a_watched_task_misses_no_commit(store: Store) -> None:
+    stale = Stale(store)
+    watch = TaskWatch(cast(Store, stale))
+    task = await make(store)
+    streams = Streams(watch)
+    streams.open(task.id)  # the task is watched already when the second stream opens
+    late: list[int] = []
+
+    async def second() -> None:
+        async for chunk in entry_events(watch, task.id, 1, keepalive=3600):
+            if chunk.startswith("id: "):
+                late.append(int(chunk.split("\n")[0][4:]))
+                streams._moved.set()
+
+    try:
+        await streams.until(lambda: streams.got[0] == [1])
+        stale.armed = asyncio.create_task(second())
+        streams.tasks.append(stale.armed)
+        await stale.reading.wait()  # its open read holds the row of seq 1
+        await store.commit(Commit(entries=[ui(task.id, "meanwhile")]))
+        await streams.until(lambda: streams.got[0] == [1, 2])  # the watcher has read it
+        stale.release.set()
+        await streams.until(lambda: late == [2])
+    finally:
+        streams.close()
+        await asyncio.gather(*streams.tasks, return_exceptions=True)
+
+
+class Broken(Counted):
+    """A store whose reads of one task fail when the watcher makes them."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.bad = ""
+        self.watcher: asyncio.Task[None] | None = None
+
+    async def get_task(self, task_id: str) -> Task:
+        if task_id == self.bad and asyncio.current_task() is self.watcher:
+            raise ValueError("a row that cannot be read")
+        return await super().get_task(task_id)
+
+
+async def test_a_task_the_watcher_cannot_read_does_not_hold_up_the_others(store: Store) -> None:
+    broken = Broken(store)
+    watch = TaskWatch(cast(Store, broken), recheck=3600)  # its retry: not within the test
+    bad, good = await make(store), await make(store)
+    broken.bad = bad.id
+    streams = Streams(watch)
+    streams.open(bad.id)
+    streams.open(good.id)
+    try:
+        await streams.until(lambda: streams.got == [[1], [1]])
+        broken.watcher = watch._loop
+        await store.commit(Commit(entries=[ui(bad.id, "unreadable")]))
+        await store.commit(Commit(entries=[ui(good.id, "fine")]))
+        await streams.until(lambda: streams.got[1] == [1, 2])
+    finally:
+        streams.close()
+        await asyncio.gather(*streams.tasks, return_exceptions=True)

@@ -9,12 +9,13 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import duragent
-from duragent import Runtime
+from duragent import Runtime, Task
 from duragent.store import _sqlite_wake as sqlite_wake
 from duragent.store._sqlite import SQLiteStore
 from duragent.store._sqlite_wake import WakeUps
@@ -288,3 +289,108 @@ async def test_the_tasks_a_commit_moved_reach_the_other_process_and_a_gap_means_
     finally:
         sender.close()
         receiver.close()
+
+
+async def test_a_last_message_a_full_queue_refused_still_reaches_the_other_process(
+    tmp_path: Path,
+) -> None:
+    # A receiver's queue holds a bounded number of datagrams: a sender that
+    # commits faster than it reads finds it full and its message is lost. A
+    # later message shows the gap; with none (the task's last commit), the
+    # receiver must still learn that something moved.
+    sender, receiver = WakeUps(str(tmp_path / "m.db")), WakeUps(str(tmp_path / "m.db"))
+    heard: list[frozenset[str] | None] = []
+    got = asyncio.Event()
+
+    def noted(work: bool, change: bool, ids: list[str], moved: frozenset[str] | None) -> None:
+        heard.append(moved)
+        got.set()
+
+    try:
+        assert receiver.listen(noted, changes=True)
+        n = 5000  # far more than a queue holds; the receiver reads none meanwhile
+        for i in range(n):
+            sender.announce(work=False, tasks=[f"t{i}"])
+        async with asyncio.timeout(10):
+            while not any(h is None or f"t{n - 1}" in h for h in heard):
+                got.clear()
+                await got.wait()
+    finally:
+        sender.close()
+        receiver.close()
+
+
+async def test_a_first_message_a_full_queue_refused_is_not_hidden_by_the_next(
+    tmp_path: Path,
+) -> None:
+    # Another process filled the receiver's queue; this sender's first message
+    # is refused, its second taken: the receiver, having heard nothing from it
+    # before, sees no gap in its numbers, so it must be told '*' all the same.
+    path = str(tmp_path / "m.db")
+    flood, sender, receiver = WakeUps(path), WakeUps(path), WakeUps(path)
+    heard: list[frozenset[str] | None] = []
+    got = asyncio.Event()
+
+    def noted(work: bool, change: bool, ids: list[str], moved: frozenset[str] | None) -> None:
+        heard.append(moved)
+        got.set()
+
+    async def until(done: Callable[[], bool]) -> None:
+        async with asyncio.timeout(10):
+            while not done():
+                got.clear()
+                await got.wait()
+
+    try:
+        assert receiver.listen(noted, changes=True)
+        for i in range(5000):
+            flood.announce(work=False, tasks=[f"f{i}"])
+        sender.announce(work=False, tasks=["lost"])
+
+        def queued() -> bool:
+            assert receiver._sock is not None
+            try:
+                return bool(receiver._sock.recv(1, socket.MSG_PEEK) or True)
+            except BlockingIOError:
+                return False
+
+        while queued():  # the receiver drains its queue on this loop
+            await asyncio.sleep(0)
+        sender.announce(work=False, tasks=["next"])
+        await until(lambda: any(h is None or "lost" in h for h in heard))
+    finally:
+        for w in (flood, sender, receiver):
+            w.close()
+
+
+async def test_a_watcher_whose_registration_was_removed_is_told_to_re_read_all(
+    tmp_path: Path,
+) -> None:
+    # While its registration is gone, other processes' commits do not reach it:
+    # once it registers again, its watchers must re-read what they watch.
+    store = SQLiteStore(str(tmp_path / "s.db"), poll_interval=0.05)
+    await store.open()
+    other = SQLiteStore(str(tmp_path / "s.db"))  # another process's end of the file
+    await other.open()
+    heard: list[frozenset[str] | None] = []
+    got = asyncio.Event()
+
+    def noted(ids: frozenset[str] | None) -> None:
+        heard.append(ids)
+        got.set()
+
+    stop = store.watch_tasks(noted)
+    try:
+        wake_dir = tmp_path / ".s.db.wake"
+        (mine,) = list(wake_dir.iterdir())
+        mine.unlink()
+        task, _ = await other.create_task(Task(agent="a"))  # heard by nobody
+        async with asyncio.timeout(10):
+            while not any(h is None or task.id in h for h in heard):
+                got.clear()
+                await got.wait()
+        assert [p.name for p in wake_dir.iterdir()] == [mine.name]
+    finally:
+        stop()
+        await store.close()
+        await other.close()

@@ -5,6 +5,7 @@ when it is migrated."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import subprocess
 import sys
@@ -253,3 +254,15 @@ async def test_a_writer_killed_mid_commit_leaves_postgres_counts_equal_a_recount
         await check_counts(store)
     finally:
         await store.close()
+
+
+def test_a_count_filtered_by_anything_but_the_kept_keys_reads_the_tasks() -> None:
+    # The counts are kept per (owner, agent, queue, status): any other filter,
+    # including one added to TaskQuery later (a version, a label...), must send
+    # the count to the tasks themselves, never be dropped silently.
+    keys = {"owner", "no_owner", "status", "agent", "queue", "limit", "cursor"}
+    assert TaskQuery(owner="o", agent="a", queue="q", status=TaskStatus.PENDING).counted()
+    for f in dataclasses.fields(TaskQuery):
+        if f.name not in keys:
+            set_one: dict[str, Any] = {f.name: "x"}
+            assert not TaskQuery(**set_one).counted(), f.name

@@ -1146,3 +1146,50 @@ async def test_a_version_6_store_with_tasks_gets_its_counts_built_by_version_7(
         assert await again.count_tasks(TaskQuery(owner="alice")) == {("b", "paused"): 1}
     finally:
         await again.close()
+
+
+async def test_a_write_committed_while_version_7_counts_the_tasks_is_counted(
+    pg_url: str, schema: str
+) -> None:
+    """An older process keeps writing while a newer one migrates (a rolling
+    deploy): a write committed after the migration's count of the tasks but
+    before its trigger exists must still be in the counts."""
+    store = PostgresStore(pg_url, schema=schema)
+    await store.open()
+    task, _ = await store.create_task(Task(agent="a"))
+    await store.close()
+    path = psycopg.sql.SQL("SET search_path TO {}").format(psycopg.sql.Identifier(schema))
+    with admin(pg_url) as conn, conn.transaction():
+        conn.execute(path)
+        for ddl in DOWNGRADE_TO_6:
+            conn.execute(ddl)
+
+    def migrate() -> None:
+        async def run() -> None:
+            again = PostgresStore(pg_url, schema=schema)
+            await again.open()
+            await again.close()
+
+        asyncio.run(run())
+
+    with admin(pg_url) as old, admin(pg_url) as watch:
+        old.autocommit = False
+        old.execute(path)
+        old.execute("UPDATE tasks SET status = 'paused' WHERE id = %s", (task.id,))
+        migrating = asyncio.create_task(asyncio.to_thread(migrate))
+        # The migration waits for the older process's transaction (on the tasks table).
+        async with asyncio.timeout(30):
+            while not watch.execute(
+                "SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE NOT l.granted AND c.relname = 'tasks' AND n.nspname = %s",
+                (schema,),
+            ).fetchone():
+                await asyncio.sleep(0.01)
+        old.commit()
+        await migrating
+        watch.execute(path)
+        kept = watch.execute(
+            "SELECT status, sum(n)::bigint AS n FROM task_counts GROUP BY 1 HAVING sum(n) <> 0"
+        ).fetchall()
+    assert kept == [{"status": "paused", "n": 1}]

@@ -24,7 +24,7 @@ from duragent.types import Entry, Task
 
 log = logging.getLogger("duragent.server")
 
-RECHECK = 1.0  # seconds before a read the store refused is tried again
+RECHECK = 1.0  # seconds before a read of a task that failed is tried again
 PAGE = 500  # entries read at once
 BACKLOG = 2000  # entries a stream may hold unsent; past it, it reads them itself
 
@@ -103,7 +103,13 @@ class TaskWatch:
     @contextlib.asynccontextmanager
     async def feed(self, task: Task) -> AsyncIterator[Feed]:
         """A Feed of `task`'s new entries for as long as the block runs."""
+        fresh = task.id not in self._watched
         w = self._slot(task)
+        if not fresh:
+            # Watched already: a commit the watcher read while the caller's own
+            # read was on its way back is behind `w.seq`; read the row once more
+            # for the new stream, which catches up from it.
+            self._mark(frozenset([task.id]))
         if not w.feeds and w.task is not None:
             w.seq = max(w.seq, w.task.last_seq)  # nobody needed its entries until now
         feed = Feed()
@@ -161,13 +167,15 @@ class TaskWatch:
                         continue
                     try:
                         await self._read(task_id, w)
-                    except Exception as exc:  # a store out of reach: read it again later
+                    except Exception as exc:  # a store out of reach, a bad row: read it later
                         log.warning(
                             "watching tasks: %s; trying again",
                             str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
                         )
-                        self._mark(frozenset([task_id]))
-                        await asyncio.sleep(self.recheck)
+                        # Not a sleep here: the other tasks' reads go on meanwhile.
+                        asyncio.get_running_loop().call_later(
+                            self.recheck, self._mark, frozenset([task_id])
+                        )
         finally:
             if self._unwatch is not None:
                 self._unwatch()

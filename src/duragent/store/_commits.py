@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -159,6 +160,10 @@ class CopyEntries:
     count: int | None = None
 
 
+# The fields of a TaskQuery the kept counts answer (and the paging, which a count ignores).
+_COUNT_KEYS = frozenset({"owner", "no_owner", "status", "agent", "queue", "limit", "cursor"})
+
+
 @dataclass(slots=True)
 class TaskQuery:
     owner: str | None = None
@@ -236,13 +241,12 @@ class TaskQuery:
 
     def counted(self) -> bool:
         """Whether the counts a store keeps per (owner, agent, queue, status) answer
-        this query's count: it filters by nothing else."""
-        others = (self.session_id, self.parent_id, self.root_id, self.metadata, self.id_prefix)
-        # (nor per agent version: a count by version reads the tasks)
-        return (
-            all(v is None for v in others)
-            and self.agent_version is None
-            and not self.range_filters()
+        this query's count: it filters by nothing else. Every other field is
+        named by what it is not, so that a filter added later reads the tasks."""
+        return all(
+            getattr(self, f.name) == f.default
+            for f in dataclasses.fields(self)
+            if f.name not in _COUNT_KEYS
         )
 
     def statuses(self) -> list[str] | None:

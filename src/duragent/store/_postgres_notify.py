@@ -35,9 +35,12 @@ WORK_CHANNEL = "duragent_work"
 CONTROL_CHANNEL = "duragent_control"
 TASKS_CHANNEL = "duragent_tasks"
 
-# A NOTIFY payload must be shorter than 8000 bytes; past this, the ids are left
-# out (null): every watcher re-reads what it watches.
+# A NOTIFY payload must be shorter than 8000 bytes: a commit's ids are listed
+# in payloads of at most _TASKS_MAX bytes, at most _TASKS_NOTIFIES of them (a
+# group commit of a few hundred tasks); past that they are left out (null):
+# every watcher re-reads what it watches.
 _TASKS_MAX = 7000
+_TASKS_NOTIFIES = 8
 
 
 def control_payload(namespace: str, task_id: str) -> str:
@@ -52,11 +55,27 @@ def change_notifies(
     out = []
     if work:
         out.append(Statement("SELECT pg_notify(%s, %s)", (WORK_CHANNEL, namespace), False))
-    payload = json.dumps([namespace, sorted(task_ids)])
-    if len(payload.encode()) > _TASKS_MAX:
-        payload = json.dumps([namespace, None])
-    out.append(Statement("SELECT pg_notify(%s, %s)", (TASKS_CHANNEL, payload), False))
+    for payload in _tasks_payloads(namespace, sorted(task_ids)):
+        out.append(Statement("SELECT pg_notify(%s, %s)", (TASKS_CHANNEL, payload), False))
     return out
+
+
+def _tasks_payloads(namespace: str, ids: list[str]) -> list[str]:
+    """`[namespace, ids]` payloads listing `ids` (one, with [], for none), each
+    under _TASKS_MAX bytes; `[namespace, null]` alone when they take too many."""
+    empty = len(json.dumps([namespace, []]).encode())
+    chunks: list[list[str]] = [[]]
+    size = empty
+    for task_id in ids:
+        more = len(json.dumps(task_id).encode()) + 2  # with its ", "
+        if size + more > _TASKS_MAX:
+            if empty + more > _TASKS_MAX or len(chunks) == _TASKS_NOTIFIES:
+                return [json.dumps([namespace, None])]
+            chunks.append([])
+            size = empty
+        chunks[-1].append(task_id)
+        size += more
+    return [json.dumps([namespace, chunk]) for chunk in chunks]
 
 
 class Signals:

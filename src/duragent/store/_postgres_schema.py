@@ -183,6 +183,10 @@ def _count_step(t: str, n: int) -> str:
 
 
 COUNTS_AND_LIST_INDEXES: list[Step] = [
+    # Older processes may be writing meanwhile (a rolling deploy): their writes
+    # wait from here to the commit, so none lands between the count below and
+    # the trigger that keeps it (its commit would be in neither).
+    "LOCK TABLE tasks IN SHARE ROW EXCLUSIVE MODE",
     """CREATE TABLE task_counts (
         okey text COLLATE "C" NOT NULL, agent text NOT NULL, queue text COLLATE "C" NOT NULL,
         status text NOT NULL, shard integer NOT NULL, n bigint NOT NULL,

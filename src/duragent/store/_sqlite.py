@@ -589,11 +589,16 @@ class SQLiteStore(TxWrites):
         return remove
 
     async def _poll_moved(self) -> None:
+        made = self._wake.registrations
         while self._moved and not self._closed:
             await asyncio.sleep(self.poll_interval)
-            # Listening again each time re-creates a registration someone removed.
-            if self._moved and not self._closed and not self._listen(changes=True):
-                self._moved.fire(None)
+            # Listening again each time re-creates a registration someone removed;
+            # what was sent meanwhile went unheard, as without wake-ups.
+            if self._moved and not self._closed:
+                hears = self._listen(changes=True)
+                if not hears or self._wake.registrations != made:
+                    made = self._wake.registrations
+                    self._moved.fire(None)
 
     def watch_controls(self, callback: ControlCallback) -> Callable[[], None]:
         """Call `callback(task_id)` when any process commits a control request on a task."""

@@ -13,6 +13,9 @@ event loop until a datagram arrives.
   message) and `+<id>` per task the commit wrote or deleted (`*` when too many
   to list). A receiver that finds a sender's n skip a number, or a message
   without `=` (from an older version), tells `watch_tasks` None: re-read all.
+  A `.c` peer whose full queue refused a message is sent `*` once it takes
+  one: a later message may never come, and one that does shows no gap to a
+  receiver that had heard nothing from the sender before.
 - A registration whose socket refuses datagrams is removed by the first
   sender that finds its process gone (the token ends with the pid); a
   refusal alone may mean a peer in another network namespace. A process also
@@ -62,6 +65,10 @@ OnMessage = Callable[[bool, bool, list[str], "frozenset[str] | None"], None]
 # After a failed registration, waits poll; a new attempt is made this often.
 _RETRY_S = 30.0
 
+# A peer whose full queue refused a message is sent `*` this long after, and
+# again as long as its queue is full.
+_OWED_S = 0.05
+
 log = logging.getLogger("duragent.store")
 
 
@@ -89,6 +96,12 @@ class WakeUps:
         self._sent = 0  # messages sent (each carries its number: receivers see gaps)
         self._heard_from: dict[str, int] = {}  # sender token -> its last message's number
         self._sender: socket.socket | None = None
+        self._owed: set[str] = set()  # `.c` peers whose full queue refused a message
+        self._paying: asyncio.TimerHandle | None = None
+        # Registrations made (a removed one made anew counts): what went to the
+        # process between two of them went unheard.
+        self.registrations = 0
+        self._paying_on: asyncio.AbstractEventLoop | None = None  # the loop it runs on
         self._peers: list[str] = []
         self._listed: tuple[int, int] | None = None  # (dir mtime, when listed), ns
         self._retry_at = 0.0  # monotonic: no new registration attempt before
@@ -178,6 +191,7 @@ class WakeUps:
         else:
             os.replace(os.path.join(self.dir, f".{self.token}"), new)
         self.kind = kind
+        self.registrations += 1
 
     def _drain(self) -> None:
         assert self._sock is not None
@@ -237,6 +251,9 @@ class WakeUps:
         another thread's loop must not open a socket nobody closes."""
         self._closed = True
         self._unlisten()
+        if self._paying is not None:
+            self._paying.cancel()
+            self._paying = None
         if self._sender is not None:
             self._sender.close()
             self._sender = None
@@ -271,6 +288,9 @@ class WakeUps:
                 continue
             try:
                 self._sender.sendto(for_all, self._address(name))
+            except BlockingIOError:
+                if kind == "c":  # a task it watches may have moved: see _pay
+                    self._owe(name)
             except ConnectionRefusedError:
                 # Nothing listens there, from here. Its process may live in
                 # another network namespace: forget it, for everyone, only
@@ -280,6 +300,34 @@ class WakeUps:
                         os.unlink(os.path.join(self.dir, name))
             except OSError:
                 pass  # removed already, or its queue is full: it has wake-ups pending
+
+    def _owe(self, name: str) -> None:
+        """`name` missed a message (its queue was full): it is sent `*` (re-read
+        all) once it takes one. The lost message may be a task's last commit,
+        and our next one shows no gap to a peer that had not heard us before."""
+        self._owed.add(name)
+        if self._paying is None or self._paying_on is None or self._paying_on.is_closed():
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # no loop to come back on: the peer waits for our next message
+            self._paying, self._paying_on = loop.call_later(_OWED_S, self._pay), loop
+
+    def _pay(self) -> None:
+        self._paying = None
+        if self._closed or self._sender is None:
+            return
+        data = f"c\n={self.token} {self._sent}\n*".encode()
+        for name in list(self._owed):
+            try:
+                self._sender.sendto(data, self._address(name))
+            except BlockingIOError:
+                continue  # still full
+            except OSError:
+                pass  # gone
+            self._owed.discard(name)
+        if self._owed:
+            self._paying = asyncio.get_running_loop().call_later(_OWED_S, self._pay)
 
     def _current_peers(self) -> list[str]:
         try:
