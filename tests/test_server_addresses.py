@@ -101,7 +101,7 @@ def test_a_valid_token_is_admitted_from_an_address_throttled_for_wrong_ones(
         assert throttled.status_code == 429 and 1 <= int(throttled.headers["retry-after"]) <= 60
         # A neighbour's wrong tokens lock nobody out: a valid token is checked and admitted.
         r = httpx.get(me, headers=server.headers(), timeout=30)
-        assert r.status_code == 200 and r.json() == {"user": "alice"}
+        assert r.status_code == 200 and r.json() == {"user": "alice", "admin": False}
         # X-Forwarded-For from a peer that is not a configured proxy changes nothing.
         for i in range(5):
             forged = bearer(WRONG, **{"X-Forwarded-For": f"10.9.9.{i}"})

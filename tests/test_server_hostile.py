@@ -254,7 +254,7 @@ def test_slow_headers_are_dropped_and_everyone_else_is_served(tmp_path: Path) ->
             for s in slow:
                 s.close()
         r = httpx.get(f"{server.url}/v1/me", headers=server.headers(), timeout=30)
-        assert r.json() == {"user": "alice"}
+        assert r.json() == {"user": "alice", "admin": False}
         log = server.log_text()
     assert "Traceback" not in log
 
@@ -354,7 +354,7 @@ def test_event_streams_per_user_are_limited_with_429(tmp_path: Path) -> None:
             assert re.search(rb"(?i)retry-after: \d+", head) and b"streams-per-user" in head
             # Another user is not locked out by alice's streams.
             bob = httpx.get(f"{server.url}/v1/me", headers=server.headers("bob"), timeout=30)
-            assert bob.json() == {"user": "bob"}
+            assert bob.json() == {"user": "bob", "admin": False}
             # A closed stream gives its slot back.
             streams.pop().close()
             deadline = time.monotonic() + 30
@@ -597,13 +597,19 @@ def test_short_tokens_are_refused_at_startup(tmp_path: Path) -> None:
 def test_a_removed_token_stops_working_without_a_restart(tmp_path: Path) -> None:
     with live_server(tmp_path, workers=1) as server:
         me = f"{server.url}/v1/me"
-        assert httpx.get(me, headers=server.headers("bob"), timeout=30).json() == {"user": "bob"}
+        assert httpx.get(me, headers=server.headers("bob"), timeout=30).json() == {
+            "user": "bob",
+            "admin": False,
+        }
         assert server.tokens_path is not None
         server.tokens_path.write_text(f"alice:{TOKENS['alice']}\ncarol:carol-live-token-3\n")
         assert_problem(httpx.get(me, headers=server.headers("bob"), timeout=30), 401)
         carol = httpx.get(me, headers=bearer("carol-live-token-3"), timeout=30)
-        assert carol.json() == {"user": "carol"}
-        assert httpx.get(me, headers=server.headers(), timeout=30).json() == {"user": "alice"}
+        assert carol.json() == {"user": "carol", "admin": False}
+        assert httpx.get(me, headers=server.headers(), timeout=30).json() == {
+            "user": "alice",
+            "admin": False,
+        }
         # A file that cannot be read signs everyone out (fail closed), and logs why.
         server.tokens_path.write_text("not a tokens line\n")
         assert_problem(httpx.get(me, headers=server.headers(), timeout=30), 401)

@@ -209,8 +209,10 @@ async def _invoke(
         return Outcome(
             cid, f"Error: {exception_text(exc)}", "error", documents=ctx.staged_documents()
         )
-    if isinstance(value, SpawnSubtask) and value.agent not in host.agents:
-        known = ", ".join(sorted(host.agents))
+    # The built-in agents (`duragent.bulk`) run no one's sub-tasks.
+    mine = sorted(a for a in host.agents if not a.startswith("duragent."))
+    if isinstance(value, SpawnSubtask) and value.agent not in mine:
+        known = ", ".join(mine)
         return Outcome(
             cid,
             f"Error: no agent named {value.agent!r} to run a sub-task; known: {known}",
