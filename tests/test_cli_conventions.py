@@ -414,8 +414,8 @@ def test_worker_says_where_it_runs_and_keeps_http_requests_out_of_its_log(
         server.close()
     text = log.read_text()
     assert (
-        f"worker w-conventions started: store {url}, agents duragent.bulk, remote, 32 at once, queues all"
-        in text
+        f"worker w-conventions started: store {url}, agents duragent.bulk, remote, "
+        "32 at once, queues all" in text
     ), text
     assert server.requests, "the model was called over HTTP"
     assert "HTTP Request" not in text, text
