@@ -77,7 +77,10 @@ def sqlite_insert(path: str, tasks: list[Any], first_num: int) -> None:
         cols = task_columns(task, to_ts, created=True)
         cols.update(num=first_num + k, input=dumps(task.input), metadata=dumps(task.metadata))
         rows.append(cols)
-        labels += [(key, label_value(v), first_num + k) for key, v in task.metadata.items()]
+        labels += [
+            (key, label_value(v), cols["created_at"], first_num + k)
+            for key, v in task.metadata.items()
+        ]
     names = list(rows[0])
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("BEGIN")
@@ -85,7 +88,9 @@ def sqlite_insert(path: str, tasks: list[Any], first_num: int) -> None:
         f"INSERT INTO tasks ({', '.join(names)}) VALUES ({', '.join(':' + n for n in names)})",
         rows,
     )
-    conn.executemany("INSERT INTO task_labels (key, value, task_num) VALUES (?, ?, ?)", labels)
+    conn.executemany(
+        "INSERT INTO task_labels (key, value, task_created, task_num) VALUES (?, ?, ?, ?)", labels
+    )
     conn.execute("COMMIT")
     conn.close()
 
@@ -226,14 +231,12 @@ async def measure(url: str, n: int, reps: int) -> dict[str, list[float]]:
 def sqlite_plans(path: str) -> list[str]:
     import sqlite3
 
-    from duragent.store._sqlite import _task_filters
+    from duragent.store._sqlite_queries import list_sql
 
     conn = sqlite3.connect(path)
     out = []
     for label, q in plan_queries():
-        where, params = _task_filters(q)
-        text = "SELECT data, input FROM tasks" + (" WHERE " + " AND ".join(where) if where else "")
-        text += " ORDER BY created_at DESC, id DESC LIMIT 51"
+        text, params = list_sql(q)
         plan = conn.execute("EXPLAIN QUERY PLAN " + text, params).fetchall()
         out.append(f"{label}: " + "; ".join(r[3] for r in plan))
     conn.close()

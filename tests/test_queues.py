@@ -262,3 +262,22 @@ async def test_a_metadata_filter_pages_newest_first_through_the_cursor(store: St
     first = await store.list_tasks(q)
     q.cursor = first.next_cursor
     assert [t.id for t in first.tasks + (await store.list_tasks(q)).tasks] == labelled[::-1]
+
+
+async def test_a_metadata_filter_pages_tasks_of_one_time_by_id_through_the_cursor(
+    store: Store,
+) -> None:
+    """Labelled tasks made in one commit share their time: they come id descending,
+    each once, one per page, after a later one; the cursor's tie on time is
+    decided by the id under a label too."""
+    tied = [Task(agent="a", metadata={"campaign": "y"} if n != 2 else {}) for n in range(5)]
+    await store.commit(Commit(new_tasks=tied))
+    later, _ = await store.create_task(Task(agent="a", metadata={"campaign": "y"}))
+    want = [later.id, *sorted((t.id for t in tied if t.metadata), reverse=True)]
+    seen, cursor = [], None
+    while True:
+        page = await store.list_tasks(TaskQuery(metadata={"campaign": "y"}, limit=1, cursor=cursor))
+        seen += [t.id for t in page.tasks]
+        if (cursor := page.next_cursor) is None:
+            break
+    assert seen == want

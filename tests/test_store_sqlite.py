@@ -412,8 +412,29 @@ async def test_a_new_store_files_meta_table_has_no_index_of_its_own(tmp_path: Pa
     conn.close()
 
 
+def _downgrade_to_version_9(path: Path) -> None:
+    """Take a store back to version 9: label rows without their task's time."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN")
+    for ddl in [
+        """CREATE TABLE task_labels_v9 (
+            key TEXT NOT NULL, value TEXT NOT NULL, task_num INTEGER NOT NULL,
+            PRIMARY KEY (key, value, task_num)
+        ) WITHOUT ROWID""",
+        "INSERT INTO task_labels_v9 SELECT key, value, task_num FROM task_labels",
+        "DROP TABLE task_labels",
+        "ALTER TABLE task_labels_v9 RENAME TO task_labels",
+        "CREATE INDEX task_labels_task ON task_labels(task_num)",
+        "UPDATE meta SET value='9' WHERE key='schema_version'",
+    ]:
+        conn.execute(ddl)
+    conn.execute("COMMIT")
+    conn.close()
+
+
 def _downgrade_to_version_8(path: Path) -> None:
     """Take a store back to version 8: no kept counts, no listing indexes."""
+    _downgrade_to_version_9(path)
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("BEGIN")
     for ddl in [
@@ -450,7 +471,7 @@ async def test_a_version_7_store_migrates_its_tasks_to_any_agent_version(tmp_pat
     again = open_store(f"sqlite:///{path}")
     await again.open()
     try:
-        assert again.migrated_from == 7 and again.schema_version == 9
+        assert again.migrated_from == 7 and again.schema_version == SCHEMA_VERSION
         new, _ = await again.create_task(Task(agent="a", agent_version="v2"))
         assert await again.claim_task("w", agents=["a"], versions={"a": "v3"}) is not None
         assert await again.claim_task("w", agents=["a"], versions={"a": "v3"}) is None
@@ -837,3 +858,54 @@ async def test_a_version_8_store_with_tasks_gets_its_counts_built_by_version_9(
     await again.delete_task(pending.tasks[0].id)
     assert await again.count_tasks(TaskQuery(owner="alice")) == {("b", "paused"): 1}
     await again.close()
+
+
+async def test_a_version_9_store_pages_its_labelled_tasks_in_list_order_after_version_10(
+    tmp_path: Path,
+) -> None:
+    """Version 10 gives each label row its task's time: the migration fills it for
+    the tasks already there, and a page filtered by metadata is read from the
+    label's key newest first, cursor by cursor, as before the migration."""
+    path = tmp_path / "v9.db"
+    store = open_store(f"sqlite:///{path}")
+    await store.open()
+    made = []
+    for n in range(7):
+        task, _ = await store.create_task(
+            Task(agent="a", metadata={"batch": "b1" if n % 2 else "b2", "n": str(n)})
+        )
+        made.append(task)
+    await store.close()
+    _downgrade_to_version_9(path)
+    conn = sqlite3.connect(path)
+    assert "task_created" not in str(conn.execute("PRAGMA table_info(task_labels)").fetchall())
+    conn.close()
+
+    again = open_store(f"sqlite:///{path}")
+    await again.open()
+    try:
+        assert isinstance(again, SQLiteStore) and again.migrated_from == 9
+        later, _ = await again.create_task(Task(agent="a", metadata={"batch": "b1"}))
+        b1 = [t for t in [*made, later] if t.metadata["batch"] == "b1"]
+        want = [t.id for t in sorted(b1, key=lambda t: (t.created_at, t.id), reverse=True)]
+        got, cursor = [], None
+        while True:
+            page = await again.list_tasks(
+                TaskQuery(metadata={"batch": "b1"}, limit=2, cursor=cursor)
+            )
+            got += [t.id for t in page.tasks]
+            if not (cursor := page.next_cursor):
+                break
+        assert got == want
+        both = await again.list_tasks(TaskQuery(metadata={"batch": "b2", "n": "4"}))
+        assert [t.id for t in both.tasks] == [made[4].id]
+    finally:
+        await again.close()
+    conn = sqlite3.connect(path)
+    stale = conn.execute(
+        "SELECT count(*) FROM task_labels l JOIN tasks t ON t.num = l.task_num"
+        " WHERE l.task_created IS NOT t.created_at"
+    ).fetchone()[0]
+    rows = conn.execute("SELECT count(*) FROM task_labels").fetchone()[0]
+    conn.close()
+    assert stale == 0 and rows == 7 * 2 + 1

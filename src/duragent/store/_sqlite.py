@@ -29,7 +29,6 @@ from duragent.errors import (
 )
 from duragent.store._codec import (
     MAX_SEQ,
-    decode_cursor,
     encode_cursor,
     entry_key,
     entry_range,
@@ -51,6 +50,7 @@ from duragent.store._signals import (
     TasksCallback,
     TaskWatchers,
 )
+from duragent.store._sqlite_queries import list_sql, task_filters
 from duragent.store._sqlite_schema import (
     ENTRY_RANGE,
     KIND_CODES,
@@ -65,7 +65,6 @@ from duragent.store._sqlite_tx import (
     RowCache,
     SqliteTx,
     TaskNumbers,
-    label_value,
     row_document,
     row_task,
 )
@@ -274,18 +273,7 @@ class SQLiteStore(TxWrites):
 
     async def list_tasks(self, query: TaskQuery | None = None) -> TaskPage:
         q = query or TaskQuery()
-        where, params = _task_filters(q)
-        if q.cursor:
-            ts, cid = decode_cursor(q.cursor)
-            # The first term lets an index seek; the second decides on the
-            # cursor's rounded time (a REAL's last digits are not the cursor's).
-            where.append("created_at < ? AND (round(created_at, 6), id) < (?, ?)")
-            params.extend([ts + 1e-6, ts, cid])
-        sql = "SELECT data, input FROM tasks"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at DESC, id DESC LIMIT ?"
-        params.append(q.limit + 1)
+        sql, params = list_sql(q)
 
         def read(conn: sqlite3.Connection) -> TaskPage:
             tasks = [row_task(r) for r in conn.execute(sql, params)]
@@ -304,7 +292,7 @@ class SQLiteStore(TxWrites):
                 sql += " WHERE " + " AND ".join(where)
             sql += " GROUP BY queue, status HAVING sum(n) <> 0"
         else:
-            where, params = _task_filters(q)
+            where, params = task_filters(q)
             sql = "SELECT queue, status, count(*) FROM tasks"
             if where:
                 sql += " WHERE " + " AND ".join(where)
@@ -499,7 +487,7 @@ class SQLiteStore(TxWrites):
 
     async def purge_tasks(self, query: TaskQuery) -> int:
         """Delete up to `query.limit` matching tasks (and their sub-tasks) in one transaction."""
-        where, params = _task_filters(query)
+        where, params = task_filters(query)
         sql = "SELECT id FROM tasks" + (" WHERE " + " AND ".join(where) if where else "")
         sql += " LIMIT ?"
 
@@ -613,42 +601,6 @@ _VIEW_PAYLOADS = (
     "SELECT CASE WHEN kind IN (?, ?) THEN NULL ELSE payload END FROM entry_rows"
     f" WHERE {ENTRY_RANGE} AND kind IN ({{marks}}) ORDER BY eid"
 )
-
-
-def _task_filters(q: TaskQuery) -> tuple[list[str], list[Any]]:
-    """The WHERE terms and parameters of a task query (metadata through `task_labels`)."""
-    where: list[str] = []
-    params: list[Any] = []
-    for column, value in q.equal_filters():
-        where.append(f"{column}=?")
-        params.append(value)
-    where += [f"{column} IS NULL" for column in q.null_filters()]
-    statuses = q.statuses()
-    if statuses is not None:
-        where.append("status IN (" + ", ".join("?" * len(statuses)) + ")")
-        params.extend(statuses)
-    for column, op, bound in q.range_filters():
-        where.append(f"{column} {op} ?")
-        params.append(bound.timestamp())
-    for key, value in (q.metadata or {}).items():
-        where.append("num IN (SELECT task_num FROM task_labels WHERE key=? AND value=?)")
-        params.extend([key, label_value(value)])
-    if q.id_prefix is not None:  # a parameter, never LIKE: % and _ are plain characters
-        # A range of the id index, then the exact test. SQLite keeps no statistics
-        # here: a prefix of 6 characters or more is said to be rare (likelihood),
-        # so the id index serves it, not the owner's (every task of theirs read);
-        # a shorter one ("t", "t_" as the search box is typed in) reads the owner's
-        # index newest first and stops at the page's end.
-        low, high = q.id_range()
-        rare = 0.001 if len(q.id_prefix) >= 6 else 0.5
-        where.append(f"likelihood(id >= ?, {rare})")
-        params.append(low)
-        if high is not None:
-            where.append(f"likelihood(id < ?, {rare})")
-            params.append(high)
-        where.append("substr(id, 1, ?) = ?")
-        params.extend([len(q.id_prefix), q.id_prefix])
-    return where, params
 
 
 def _view_text(conn: sqlite3.Connection, task_id: str) -> str:

@@ -305,6 +305,27 @@ COUNTS_AND_LIST_INDEXES: list[Step] = [
     "CREATE INDEX tasks_queue ON tasks(queue, status, created_at)",
 ]
 MIGRATIONS[9] = COUNTS_AND_LIST_INDEXES
+
+# Version 10: a page filtered by metadata in list order by a range seek. Each
+# label row holds its task's `created_at` as `task_created` (a task's time and
+# metadata never change after it is made), keyed (key, value, task_created,
+# task_num): the list query reads a label's rows newest first from the key, the
+# cursor a range of it, and joins each to its task, instead of reading and
+# sorting every task with the label. The column is NOT NULL, so a process of
+# an older version still running is refused on its next labelled insert.
+LABEL_TIMES: list[Step] = [
+    """CREATE TABLE task_labels_v10 (
+        key TEXT NOT NULL, value TEXT NOT NULL, task_created REAL NOT NULL,
+        task_num INTEGER NOT NULL, PRIMARY KEY (key, value, task_created, task_num)
+    ) WITHOUT ROWID""",
+    "INSERT INTO task_labels_v10 (key, value, task_created, task_num)"
+    " SELECT l.key, l.value, t.created_at, l.task_num FROM task_labels l"
+    " JOIN tasks t ON t.num = l.task_num",
+    "DROP TABLE task_labels",
+    "ALTER TABLE task_labels_v10 RENAME TO task_labels",
+    "CREATE INDEX task_labels_task ON task_labels(task_num)",
+]
+MIGRATIONS[10] = LABEL_TIMES
 SCHEMA_VERSION = max(MIGRATIONS)
 
 # A task's entries with seqs in a range, by `eid`: served by the table's key.

@@ -242,8 +242,8 @@ class SqliteTx:
         num = self.new_nums[task.id] = int(cur.lastrowid or 0)
         if task.metadata:
             self.conn.executemany(
-                "INSERT INTO task_labels (key, value, task_num) VALUES (?, ?, ?)",
-                [(k, label_value(v), num) for k, v in task.metadata.items()],
+                "INSERT INTO task_labels (key, value, task_created, task_num) VALUES (?, ?, ?, ?)",
+                [(k, label_value(v), cols["created_at"], num) for k, v in task.metadata.items()],
             )
         self.written[task.id] = task
         self.notes.wrote(task, created=True)
