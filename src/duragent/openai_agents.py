@@ -36,7 +36,7 @@ import contextvars
 import copy
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Collection, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -142,8 +142,8 @@ class DuragentModel(Model):
         conversation_id: str | None,
         prompt: Any,
     ) -> ModelResponse:
-        if _IN_TOOL_STEP.get():  # a nested run's call: inside its tool's step
-            return await self.wrapped.get_response(
+        def call() -> Awaitable[ModelResponse]:
+            return self.wrapped.get_response(
                 system_instructions,
                 input,
                 model_settings,
@@ -155,24 +155,16 @@ class DuragentModel(Model):
                 conversation_id=conversation_id,
                 prompt=prompt,
             )
+
+        if _IN_TOOL_STEP.get():  # a nested run's call: inside its tool's step
+            return await call()
         # Numbered by the turns that got an answer: an attempt that failed (and the
         # SDK's runner may retry) is no step, so a replay numbers the turns alike.
         n = self._run.requests + 1
 
         async def ask() -> Any:
             try:
-                response = await self.wrapped.get_response(
-                    system_instructions,
-                    input,
-                    model_settings,
-                    tools,
-                    output_schema,
-                    handoffs,
-                    tracing,
-                    previous_response_id=previous_response_id,
-                    conversation_id=conversation_id,
-                    prompt=prompt,
-                )
+                response = await call()
             except Exception as exc:
                 raise _Unrecorded(exc) from None
             return _RESPONSE.dump_python(response, mode="json", by_alias=True)

@@ -54,6 +54,17 @@ def when(text: str | None, option: str) -> datetime | None:
     return at
 
 
+def meta_labels(meta: list[str] | None) -> dict[str, str]:
+    """`--meta key=value` options (repeated) as a dict; a usage error names a bad one."""
+    labels = {}
+    for pair in meta or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"--meta {pair!r} should be key=value")
+        labels[key] = value
+    return labels
+
+
 def task_filter(
     status: list[TaskStatus] | None,
     agent: str | None,
@@ -63,12 +74,7 @@ def task_filter(
     times: dict[str, str | None],
     version: str | None = None,
 ) -> TaskFilter:
-    labels = {}
-    for pair in meta or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise typer.BadParameter(f"--meta {pair!r} should be key=value")
-        labels[key] = value
+    labels = meta_labels(meta)
     bounds = {k: when(v, "--" + k.replace("_", "-")) for k, v in times.items()}
     try:
         return TaskFilter.model_validate(

@@ -164,12 +164,7 @@ def list_tasks(
     as_json: bool = JSON,
 ) -> None:
     """List tasks, newest first."""
-    labels = {}
-    for pair in meta or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise typer.BadParameter(f"--meta {pair!r} should be key=value")
-        labels[key] = value
+    labels = bulk_cli.meta_labels(meta)
     after = datetime.now(UTC) - parse_age(since) if since else None
 
     async def go() -> tuple[list[Task], dict[str, str]]:
