@@ -33,7 +33,7 @@ BulkId = Annotated[str, Path(min_length=1, max_length=200, description="A bulk o
 _TO_VERSION_RULE: JsonDict = {
     "if": {"properties": {"action": {"const": "migrate"}}, "required": ["action"]},
     "then": {"required": ["to_version"], "properties": {"to_version": {"type": "string"}}},
-    "else": {"not": {"required": ["to_version"]}},
+    "else": {"properties": {"to_version": {"type": "null"}}},  # absent or null
 }
 
 
