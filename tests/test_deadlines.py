@@ -208,7 +208,10 @@ async def test_a_long_tool_gets_the_grace_then_is_cancelled(store: Store) -> Non
         timing=Timing(tool_grace=0.2),
     )
     async with Runtime(store, agents=[agent]) as rt:
-        sub = await rt.submit("stuck", "go", deadline=0.3)
+        # The deadline must pass while the tool runs: 2 s leaves the tool time to
+        # start on a loaded machine (0.3 s did not, beside a CPU hog). Deadlines are
+        # wall-clock; there is no clock to inject here.
+        sub = await rt.submit("stuck", "go", deadline=2.0)
         task = await ended(rt, sub.task_id)
         view = await rt.messages(task.id)
     assert started.is_set()
