@@ -361,11 +361,9 @@ class SQLiteStore(TxWrites):
     async def start_reads(
         self, task_id: str, after_seq: int
     ) -> tuple[list[Entry], list[dict[str, Any]]]:
-        # Each read on a reader's connection of its own, at the same time.
-        entries, view = await asyncio.gather(
-            self.entries(task_id, after_seq=after_seq), self.model_view_data(task_id)
-        )
-        return entries, view
+        # One after the other on the reader's connection (reads are synchronous here:
+        # nothing to overlap, no round trip to save).
+        return await self.entries(task_id, after_seq=after_seq), await self.model_view_data(task_id)
 
     async def ui_messages(self, task_id: str) -> list[UIMessage]:
         sql = f"SELECT seq, payload FROM entry_rows WHERE {ENTRY_RANGE} AND kind=? ORDER BY eid"
