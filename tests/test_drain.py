@@ -218,10 +218,8 @@ async def test_a_second_signal_stops_at_once_and_the_tasks_are_taken_over(
         await one_result_per_call(rt, task_id)
 
 
-async def test_a_draining_worker_keeps_renewing_the_leases_of_tasks_not_yet_handed_back() -> None:
-    """In one process: while a drain waits for a tool, the task's lease is renewed
-    (else it would lapse and be taken over) and the presence record says so."""
-
+def held_tool_agent() -> tuple[Agent, asyncio.Event, asyncio.Event]:
+    """An agent whose one tool runs until `finish` is set (`started` once it runs)."""
     started, finish = asyncio.Event(), asyncio.Event()
 
     @tool
@@ -237,6 +235,14 @@ async def test_a_draining_worker_keeps_renewing_the_leases_of_tasks_not_yet_hand
         tools=[slow],
         timing=Timing(tool_grace=600),
     )
+    return agent, started, finish
+
+
+async def test_a_draining_worker_keeps_renewing_the_leases_of_tasks_not_yet_handed_back() -> None:
+    """In one process: while a drain waits for a tool, the task's lease is renewed
+    (else it would lapse and be taken over) and the presence record says so."""
+
+    agent, started, finish = held_tool_agent()
     store = MemoryStore()
     async with Runtime(store, agents=[agent], run_worker=False) as rt:
         task_id = (await rt.submit("slow", "x")).task_id
@@ -267,21 +273,7 @@ async def test_a_draining_worker_fires_no_more_schedules() -> None:
     stops, while its running task still finishes: a draining worker would else go
     on firing scheduled tasks pinned to its own, outgoing, version."""
 
-    started, finish = asyncio.Event(), asyncio.Event()
-
-    @tool
-    async def slow() -> str:
-        """Run until the test lets go."""
-        started.set()
-        await finish.wait()
-        return "done"
-
-    agent = Agent(
-        name="slow",
-        model=ScriptedModel(lambda m: [ToolCall("slow")] if len(m) < 2 else "ok"),
-        tools=[slow],
-        timing=Timing(tool_grace=600),
-    )
+    agent, started, finish = held_tool_agent()
     store = MemoryStore()
     async with Runtime(store, agents=[agent], run_worker=False) as rt:
         await rt.submit("slow", "x")
